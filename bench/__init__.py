@@ -1,0 +1,1 @@
+"""Reproducible benchmarks; results are kept in bench/RESULTS.md."""

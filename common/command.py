@@ -1,0 +1,124 @@
+"""V2 client→server commands: the parsed form, and the encoders clients use (SPEC.md §1.2).
+
+The server side parses bytes into `Command` objects with `common.command_parser`; our own
+client, the tools and the tests build the same bytes with the `encode_*` functions here.
+"""
+
+import json
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+MAGIC_V2 = b"  V2"
+
+_SIZE = struct.Struct(">i")
+_TRACE_ID = struct.Struct(">Q")
+_JSON_LENGTH = struct.Struct(">H")
+
+
+@dataclass(slots=True)
+class Command:
+    """One complete command. `name` and `args` are the raw bytes of the line split on spaces
+    (`args` excludes the name); `body` is the body of a body-carrying command; `messages`
+    holds the individual bodies of an MPUB-family command."""
+
+    name: bytes
+    args: list[bytes]
+    body: bytes | None = None
+    messages: list[bytes] | None = None
+
+
+def _line(name: bytes, args: Iterable[bytes | str | int]) -> bytes:
+    parts = [name]
+    for arg in args:
+        if isinstance(arg, int):
+            parts.append(b"%d" % arg)
+        elif isinstance(arg, str):
+            parts.append(arg.encode())
+        else:
+            parts.append(arg)
+    return b" ".join(parts) + b"\n"
+
+
+def encode_command(name: bytes | str, *args: bytes | str | int, body: bytes | None = None) -> bytes:
+    """Any command line, with a size-prefixed body when one is given."""
+    line = _line(name.encode() if isinstance(name, str) else name, args)
+    if body is None:
+        return line
+    return line + _SIZE.pack(len(body)) + body
+
+
+def encode_identify(settings: dict) -> bytes:
+    return encode_command(b"IDENTIFY", body=json.dumps(settings).encode())
+
+
+def encode_auth(secret: bytes | str) -> bytes:
+    return encode_command(b"AUTH", body=secret.encode() if isinstance(secret, str) else secret)
+
+
+def encode_sub(topic: str, channel: str, *extra: bytes | str | int) -> bytes:
+    return encode_command(b"SUB", topic, channel, *extra)
+
+
+def encode_rdy(count: int) -> bytes:
+    return b"RDY %d\n" % count
+
+
+def encode_fin(message_id: bytes) -> bytes:
+    return b"FIN " + message_id + b"\n"
+
+
+def encode_req(message_id: bytes, timeout_ms: int) -> bytes:
+    return b"REQ " + message_id + b" %d\n" % timeout_ms
+
+
+def encode_touch(message_id: bytes) -> bytes:
+    return b"TOUCH " + message_id + b"\n"
+
+
+NOP = b"NOP\n"
+CLS = b"CLS\n"
+
+
+def encode_pub(topic: str, body: bytes, *partition: int) -> bytes:
+    return encode_command(b"PUB", topic, *partition, body=body)
+
+
+def encode_dpub(topic: str, defer_ms: int, body: bytes) -> bytes:
+    return encode_command(b"DPUB", topic, defer_ms, body=body)
+
+
+def encode_mpub_body(bodies: Iterable[bytes]) -> bytes:
+    """`[4-byte count]([4-byte size][body])*`, the body of MPUB (SPEC.md §2.8)."""
+    bodies = list(bodies)
+    parts = [_SIZE.pack(len(bodies))]
+    for body in bodies:
+        parts.append(_SIZE.pack(len(body)))
+        parts.append(body)
+    return b"".join(parts)
+
+
+def encode_mpub(topic: str, bodies: Iterable[bytes], *partition: int) -> bytes:
+    return encode_command(b"MPUB", topic, *partition, body=encode_mpub_body(bodies))
+
+
+def encode_trace_body(trace_id: int, data: bytes) -> bytes:
+    """The body of PUB_TRACE and each message of MPUB_TRACE: `[8 trace id][data]` (§3.6)."""
+    return _TRACE_ID.pack(trace_id) + data
+
+
+def encode_ext_body(header: dict | bytes, data: bytes) -> bytes:
+    """The body of PUB_EXT and each message of MPUB_EXT: `[2 json length][json][data]` (§3.6)."""
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return _JSON_LENGTH.pack(len(raw)) + raw + data
+
+
+def split_trace_body(body: bytes) -> tuple[int, bytes]:
+    """(trace id, data) of a PUB_TRACE body; the parser has checked it is longer than 8."""
+    return _TRACE_ID.unpack_from(body)[0], body[8:]
+
+
+def split_ext_body(body: bytes) -> tuple[bytes, bytes]:
+    """(json header bytes, data) of a PUB_EXT body; the parser has checked the lengths."""
+    (json_length,) = _JSON_LENGTH.unpack_from(body)
+    return body[2 : 2 + json_length], body[2 + json_length :]

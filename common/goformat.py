@@ -1,0 +1,95 @@
+"""Go's text formatting where NSQ error texts use it, so our errors read byte for byte like Go's."""
+
+_GO_ESCAPES = {
+    0x07: "\\a",
+    0x08: "\\b",
+    0x0C: "\\f",
+    0x0A: "\\n",
+    0x0D: "\\r",
+    0x09: "\\t",
+    0x0B: "\\v",
+    0x5C: "\\\\",
+    0x22: '\\"',
+}
+
+
+def go_quote(raw: bytes | str) -> str:
+    """Go's `%q` of a string (strconv.Quote): printable runes kept, the rest escaped.
+
+    nsqd formats bad names with `%q` (`E_BAD_TOPIC PUB topic name "a b" is not valid`), and
+    names arrive as raw bytes that may not even be UTF-8; Go escapes each invalid byte as `\\xNN`.
+    """
+    data = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else raw
+    out = ['"']
+    text = data.decode("utf-8", "surrogateescape")
+    for char in text:
+        code = ord(char)
+        if 0xDC80 <= code <= 0xDCFF:  # a byte that was not valid UTF-8
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[code])
+        elif char.isprintable() or char == " ":
+            out.append(char)
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    out.append('"')
+    return "".join(out)
+
+
+def go_byte_slice(raw: bytes) -> str:
+    """Go's `%v` of a []byte (`[70 73 78]`), which Youzan nsqd prints in some error texts."""
+    return "[" + " ".join(str(b) for b in raw) + "]"
+
+
+def go_text(raw: bytes) -> str:
+    """Go's `%s` of a []byte: the bytes as they are. Invalid UTF-8 survives a round trip."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+_UINT64_MAX = (1 << 64) - 1
+
+
+def go_atoi(raw: bytes) -> int:
+    """Go's strconv.Atoi on 64-bit: optional sign then ASCII digits, nothing else.
+
+    Raises ValueError with Go's error text (`strconv.Atoi: parsing "x": invalid syntax`),
+    which Youzan nsqd puts in `E_BAD_PARTITION` replies. Python's int() would also accept
+    spaces and underscores, which Go refuses.
+    """
+    digits = raw[1:] if raw[:1] in (b"+", b"-") else raw
+    leading = digits[: len(digits) - len(digits.lstrip(b"0123456789"))]
+    # Go's ParseUint reads left to right and reports overflow past uint64 as soon as it
+    # happens, so `99999999999999999999x` is out of range, not invalid syntax. Leading zeros
+    # are dropped before int(), which refuses strings of more than 4300 digits.
+    significant = leading.lstrip(b"0")
+    if len(significant) > 20 or (significant and int(significant) > _UINT64_MAX):
+        raise ValueError(f"strconv.Atoi: parsing {go_quote(raw)}: value out of range")
+    if not digits or len(leading) != len(digits):
+        raise ValueError(f"strconv.Atoi: parsing {go_quote(raw)}: invalid syntax")
+    value = int(significant or b"0")
+    if raw[:1] == b"-":
+        value = -value
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise ValueError(f"strconv.Atoi: parsing {go_quote(raw)}: value out of range")
+    return value
+
+
+def go_base10(raw: bytes) -> int | None:
+    """nsqd's protocol.ByteToBase10: ASCII digits only, no sign; empty is 0. None if invalid.
+
+    Go accumulates in a uint64 that silently wraps, so the result is taken modulo 2**64. The
+    digits are converted in pieces because int() refuses strings of more than 4300 digits.
+    """
+    if raw and not (raw.isdigit() and raw.isascii()):
+        return None
+    value = 0
+    for start in range(0, len(raw), 4000):
+        piece = raw[start : start + 4000]
+        value = (value * 10 ** len(piece) + int(piece)) & _UINT64_MAX
+    return value

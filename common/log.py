@@ -1,0 +1,61 @@
+"""Logging in Go NSQ's format: `[nsqd] 2026/11/21 23:33:16.123456 INFO: TCP: listening on ...`.
+
+Harnesses read the real ports from these lines (`TCP: listening on 127.0.0.1:PORT`), so the
+daemons write them to stderr exactly as Go does: the prefix, Go's log.Ldate|Ltime|Lmicroseconds
+timestamp, the level name and the message.
+"""
+
+import logging
+import sys
+import time
+
+# Go's lg levels, by their flag spelling; WARNING is how lg prints warn.
+LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "fatal": logging.CRITICAL,
+}
+_LEVEL_NAMES = {
+    logging.DEBUG: "DEBUG",
+    logging.INFO: "INFO",
+    logging.WARNING: "WARNING",
+    logging.ERROR: "ERROR",
+    logging.CRITICAL: "FATAL",
+}
+
+
+def parse_log_level(text: str) -> str:
+    """The `--log-level` flag: a level name, any case (Go's lg.ParseLogLevel)."""
+    lowered = text.lower()
+    if lowered == "warning":
+        lowered = "warn"
+    if lowered not in LOG_LEVELS:
+        raise ValueError(f"invalid log level {text!r}")
+    return lowered
+
+
+class GoFormatter(logging.Formatter):
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        seconds = int(record.created)
+        stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(seconds))
+        micros = int((record.created - seconds) * 1_000_000)
+        level = _LEVEL_NAMES.get(record.levelno, record.levelname)
+        return f"{self.prefix}{stamp}.{micros:06d} {level}: {record.getMessage()}"
+
+
+def setup_logger(name: str, prefix: str, level: str, stream=None) -> logging.Logger:
+    """The daemon's logger, writing Go-format lines to stderr (or `stream`)."""
+    logger = logging.getLogger(name)
+    logger.handlers.clear()
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(GoFormatter(prefix))
+    logger.addHandler(handler)
+    logger.setLevel(LOG_LEVELS[level])
+    logger.propagate = False
+    return logger

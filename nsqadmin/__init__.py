@@ -1,0 +1,1 @@
+"""nsqadmin, as nsqpy builds it."""

@@ -1,0 +1,1 @@
+"""nsqd, as nsqpy builds it."""

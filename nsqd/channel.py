@@ -1,0 +1,281 @@
+"""A channel: its own copy of every message of its topic, shared out among its clients.
+
+Messages wait in a bounded in-memory deque (`--mem-queue-size`) and, past it, in the
+channel's diskqueue (`<topic>:<channel>`, as Go names it). A delivered message is in flight
+until FIN, REQ or its timeout; REQ with a delay and DPUB hold it in the deferred queue.
+Clients' message pumps take batches with `take()`; a pump with room and nothing to take
+waits in `_waiting` and is woken when messages arrive (DESIGN.md, hot path 3).
+"""
+
+import random
+from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from common.goformat import go_text
+from common.names import is_ephemeral
+from nsqd.inflight import DeadlineQueue
+from nsqd.message import Message
+
+if TYPE_CHECKING:
+    from nsqd.client import Client
+    from nsqd.topic import Topic
+
+
+class ChannelError(Exception):
+    """Why FIN, REQ or TOUCH could not act on a message; the text is Go's."""
+
+
+class Channel:
+    def __init__(self, topic: "Topic", name: str) -> None:
+        nsqd = topic.nsqd
+        self.topic = topic
+        self.topic_name = topic.name
+        self.name = name
+        self.nsqd = nsqd
+        self.ephemeral = is_ephemeral(name)
+        self.mem_queue_size = nsqd.options.mem_queue_size
+        self.memory: deque[Message] = deque()
+        self.backend = nsqd.open_backend(f"{topic.name}:{name}", ephemeral=self.ephemeral)
+        self.in_flight = DeadlineQueue()
+        self.deferred = DeadlineQueue()
+        self.clients: dict[int, Client] = {}
+        self.paused = False
+        self.deleted = False
+        self.message_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+        self._waiting: list[Client] = []
+
+    # -- putting messages in ------------------------------------------------------------
+
+    def put_messages(self, messages: list[Message], now: float) -> None:
+        """Messages fanned out from the topic; DPUB ones go to the deferred queue."""
+        self.message_count += len(messages)
+        if messages[0].defer or messages[-1].defer:
+            ready = []
+            for message in messages:
+                if message.defer:
+                    self.deferred.push(message, now + message.defer)
+                else:
+                    ready.append(message)
+            if not ready:
+                return
+            messages = ready
+        self._put(messages)
+
+    def _put(self, messages: list[Message]) -> None:
+        """Go's channel.put: memory while it has room, then the diskqueue."""
+        memory = self.memory
+        room = self.mem_queue_size - len(memory)
+        if room >= len(messages):
+            memory.extend(messages)
+        else:
+            if room > 0:
+                memory.extend(messages[:room])
+                messages = messages[room:]
+            self._write_to_backend(messages)
+        self.notify()
+
+    def _write_to_backend(self, messages: Iterable[Message]) -> None:
+        self.backend.put_many([message.to_record() for message in messages])
+        self.nsqd.backend_written(self.backend)
+
+    @property
+    def depth(self) -> int:
+        return len(self.memory) + self.backend.depth
+
+    @property
+    def backend_depth(self) -> int:
+        return self.backend.depth
+
+    def has_messages(self) -> bool:
+        return bool(self.memory) or self.backend.depth > 0
+
+    # -- taking messages out --------------------------------------------------------------
+
+    def take(self, max_count: int) -> list[Message]:
+        """Up to `max_count` messages to deliver, memory first, then the diskqueue."""
+        memory = self.memory
+        if len(memory) >= max_count:
+            popleft = memory.popleft
+            return [popleft() for _ in range(max_count)]
+        taken = list(memory)
+        memory.clear()
+        if len(taken) < max_count and self.backend.depth:
+            from_record = Message.from_record
+            taken.extend(from_record(r) for r in self.backend.get_many(max_count - len(taken)))
+        return taken
+
+    def start_in_flight(self, messages: list[Message], client_id: int, timeout: float, now: float) -> None:
+        deadline = now + timeout
+        push = self.in_flight.push
+        for message in messages:
+            message.attempts += 1
+            message.deliver_at = now
+            message.client_id = client_id
+            push(message, deadline)
+
+    def wait_for_messages(self, client: "Client") -> None:
+        """Register a pump that has room; `notify` wakes one when messages arrive."""
+        if not client.waiting_on_channel:
+            client.waiting_on_channel = True
+            self._waiting.append(client)
+
+    def stop_waiting(self, client: "Client") -> None:
+        if client.waiting_on_channel:
+            client.waiting_on_channel = False
+            self._waiting.remove(client)
+
+    def notify(self) -> None:
+        """Wake one waiting pump, chosen at random as Go's select among clients is random.
+
+        The woken pump takes what it can and, if messages remain, notifies again; so a burst
+        spreads over as many clients as it needs and a lone message wakes only one.
+        """
+        waiting = self._waiting
+        if waiting and not self.paused and self.has_messages():
+            index = random.randrange(len(waiting))
+            waiting[index], waiting[-1] = waiting[-1], waiting[index]
+            client = waiting.pop()
+            client.waiting_on_channel = False
+            client.wakeup.set()
+
+    def notify_all(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for client in waiting:
+            client.waiting_on_channel = False
+            client.wakeup.set()
+
+    # -- FIN, REQ, TOUCH ----------------------------------------------------------------
+
+    def _pop_in_flight(self, client_id: int, message_id: bytes) -> Message:
+        message = self.in_flight.get(message_id)
+        if message is None:
+            raise ChannelError("ID not in flight")
+        if message.client_id != client_id:
+            raise ChannelError("client does not own message")
+        self.in_flight.pop(message_id)
+        return message
+
+    def finish(self, client_id: int, message_id: bytes) -> Message:
+        return self._pop_in_flight(client_id, message_id)
+
+    def requeue(self, client_id: int, message_id: bytes, delay: float, now: float) -> None:
+        message = self._pop_in_flight(client_id, message_id)
+        self.requeue_count += 1
+        if delay <= 0:
+            self._put([message])
+        else:
+            self.deferred.push(message, now + delay)
+
+    def touch(self, client_id: int, message_id: bytes, msg_timeout: float, now: float) -> None:
+        message = self.in_flight.get(message_id)
+        if message is None:
+            raise ChannelError("ID not in flight")
+        if message.client_id != client_id:
+            raise ChannelError("client does not own message")
+        deadline = now + msg_timeout
+        # Go caps the extension at delivery time + --max-msg-timeout.
+        cap = message.deliver_at + self.nsqd.options.max_msg_timeout
+        self.in_flight.reschedule(message, min(deadline, cap))
+
+    # -- the queue-scan's work ------------------------------------------------------------
+
+    def process_in_flight(self, now: float) -> bool:
+        """Requeue timed-out messages; True when there was work (Go's "dirty")."""
+        expired = self.in_flight.pop_due(now)
+        if not expired:
+            return False
+        self.timeout_count += len(expired)
+        for message in expired:
+            client = self.clients.get(message.client_id)
+            if client is not None:
+                client.timed_out_message()
+        self._put(expired)
+        return True
+
+    def process_deferred(self, now: float) -> bool:
+        due = self.deferred.pop_due(now)
+        if not due:
+            return False
+        self._put(due)
+        return True
+
+    # -- clients --------------------------------------------------------------------------
+
+    def add_client(self, client: "Client") -> None:
+        limit = self.nsqd.options.max_channel_consumers
+        if limit and client.id not in self.clients and len(self.clients) >= limit:
+            raise ChannelError(
+                f"consumers for {self.topic_name}:{self.name} exceeds limit of {limit}"
+            )
+        self.clients[client.id] = client
+
+    def remove_client(self, client: "Client") -> None:
+        self.stop_waiting(client)
+        if self.clients.pop(client.id, None) is None:
+            return
+        # Go deletes an ephemeral channel when its last client leaves.
+        if self.ephemeral and not self.clients and not self.deleted:
+            self.topic.delete_channel(self.name)
+
+    # -- pause, empty, shutdown -------------------------------------------------------------
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def unpause(self) -> None:
+        self.paused = False
+        # Paused pumps were not waiting on the channel, so wake every client's pump.
+        self.notify_all()
+        for client in self.clients.values():
+            client.wakeup.set()
+
+    def empty(self) -> None:
+        """Go's channel.Empty: drop queued and in-flight messages (clients' counts reset)."""
+        self.memory.clear()
+        self.in_flight.clear()
+        self.deferred.clear()
+        for client in self.clients.values():
+            client.empty_in_flight()
+        self.backend.empty()
+
+    def flush(self) -> int:
+        """On shutdown: memory, in-flight and deferred messages into the diskqueue (Go's flush).
+
+        In-flight and deferred messages are delivered again after the restart, so a message
+        is never lost to a restart, only possibly repeated (at-least-once).
+        """
+        messages = list(self.memory)
+        messages.extend(self.in_flight.clear())
+        messages.extend(self.deferred.clear())
+        self.memory.clear()
+        if messages and not self.ephemeral:
+            self._write_to_backend(messages)
+        return len(messages)
+
+    def close(self) -> None:
+        self.deleted = True
+        self.notify_all()
+        self.backend.close()
+
+    def delete(self) -> None:
+        """Go's channel.Delete: the messages and the diskqueue files go."""
+        self.deleted = True
+        self.memory.clear()
+        self.in_flight.clear()
+        self.deferred.clear()
+        for client in list(self.clients.values()):
+            client.channel_deleted()
+        self.notify_all()
+        self.backend.delete()
+
+    def __repr__(self) -> str:
+        return f"Channel({self.topic_name}:{self.name})"
+
+
+def message_id_text(message_id: bytes) -> str:
+    """How Go prints a MessageID with %s: the 16 bytes as they are."""
+    return go_text(message_id)
+

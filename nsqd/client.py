@@ -1,0 +1,115 @@
+"""One V2 connection's state: identity, negotiated settings, RDY and counters (Go's clientV2)."""
+
+import itertools
+import time
+from typing import TYPE_CHECKING
+
+from nsqd.wakeup import Wakeup
+
+if TYPE_CHECKING:
+    from nsqd.channel import Channel
+    from nsqd.options import Options
+
+# Go's connection states (SPEC.md §1.5).
+STATE_INIT = 0
+STATE_DISCONNECTED = 1
+STATE_CONNECTED = 2
+STATE_SUBSCRIBED = 3
+STATE_CLOSING = 4
+
+# Go nsqd's bufio default, the IDENTIFY default for output_buffer_size.
+DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
+
+_client_ids = itertools.count(1)
+
+
+class Client:
+    def __init__(self, options: "Options", remote_address: str) -> None:
+        self.id = next(_client_ids)
+        self.remote_address = remote_address
+        self.state = STATE_INIT
+        # Until IDENTIFY says otherwise Go uses the host part of the address for both.
+        host = remote_address.rsplit(":", 1)[0]
+        self.client_id = host
+        self.hostname = host
+        self.user_agent = ""
+        self.heartbeat_interval = options.client_timeout / 2
+        self.output_buffer_size = DEFAULT_OUTPUT_BUFFER_SIZE
+        self.output_buffer_timeout = options.output_buffer_timeout
+        self.msg_timeout = options.msg_timeout
+        self.sample_rate = 0
+        self.tls = False
+        self.snappy = False
+        self.deflate = False
+        self.deflate_level = 0
+        self.identified = False
+        self.auth_secret = ""
+        self.auth_state = None
+
+        self.channel: Channel | None = None
+        self.ready_count = 0
+        self.in_flight_count = 0
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.pub_counts: dict[str, int] = {}
+        self.connect_time = time.time()
+        self.waiting_on_channel = False
+        # Set whenever something may let the message pump send: messages, RDY, FIN, close.
+        self.wakeup = Wakeup()
+
+    def is_ready(self) -> bool:
+        """Go's IsReadyForMessages: subscribed, channel running, room under RDY."""
+        channel = self.channel
+        return (
+            channel is not None
+            and not channel.paused
+            and self.in_flight_count < self.ready_count
+            and self.state == STATE_SUBSCRIBED
+        )
+
+    def set_ready_count(self, count: int) -> None:
+        self.ready_count = count
+        self.wakeup.set()
+
+    def sent_messages(self, count: int) -> None:
+        self.message_count += count
+        self.in_flight_count += count
+
+    def finished_message(self) -> None:
+        self.finish_count += 1
+        self.in_flight_count -= 1
+        self.wakeup.set()
+
+    def requeued_message(self) -> None:
+        self.requeue_count += 1
+        self.in_flight_count -= 1
+        self.wakeup.set()
+
+    def timed_out_message(self) -> None:
+        self.in_flight_count -= 1
+        self.wakeup.set()
+
+    def empty_in_flight(self) -> None:
+        self.in_flight_count = 0
+        self.wakeup.set()
+
+    def published(self, topic: str, count: int) -> None:
+        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + count
+
+    def start_close(self) -> None:
+        """CLS: no more messages; in-flight ones may still be FINished."""
+        self.ready_count = 0
+        self.state = STATE_CLOSING
+        self.wakeup.set()
+
+    def channel_deleted(self) -> None:
+        """Go closes the connections of a deleted channel's clients."""
+        self.state = STATE_CLOSING
+        self.closed_by_server = True
+        self.wakeup.set()
+
+    closed_by_server = False
+
+    def __str__(self) -> str:
+        return f"{self.remote_address}"

@@ -1,0 +1,43 @@
+"""A message as nsqd holds it: one object per message per channel (SPEC.md §1.6).
+
+Go nsqd gives each channel its own copy of a published message because attempts, delivery
+time and ownership are per channel; the body bytes are shared, never copied.
+"""
+
+import struct
+
+from common.message import MESSAGE_HEADER_SIZE
+
+_RECORD_HEADER = struct.Struct(">qH16s")
+
+
+class Message:
+    __slots__ = ("id", "body", "timestamp", "attempts", "deliver_at", "deadline", "client_id", "defer")
+
+    def __init__(self, message_id: bytes, body: bytes, timestamp: int, attempts: int = 0) -> None:
+        self.id = message_id
+        self.body = body
+        self.timestamp = timestamp  # ns since the epoch, set when published
+        self.attempts = attempts  # incremented before each delivery: the first has 1
+        self.deliver_at = 0.0  # trio clock time of the latest delivery (TOUCH's cap counts from it)
+        self.deadline = 0.0  # in-flight timeout or deferred due time, on the trio clock
+        self.client_id = 0  # the client it is in flight to
+        self.defer = 0.0  # DPUB: seconds to hold the message before the first delivery
+
+    def copy(self) -> "Message":
+        """A channel's own copy; `defer` travels with it so every channel defers a DPUB."""
+        message = Message(self.id, self.body, self.timestamp, self.attempts)
+        message.defer = self.defer
+        return message
+
+    def to_record(self) -> bytes:
+        """The diskqueue record, byte-compatible with Go nsqd's `[8 ts][2 attempts][16 id][body]`."""
+        return _RECORD_HEADER.pack(self.timestamp, self.attempts, self.id) + self.body
+
+    @classmethod
+    def from_record(cls, record: bytes) -> "Message":
+        timestamp, attempts, message_id = _RECORD_HEADER.unpack_from(record)
+        return cls(message_id, record[MESSAGE_HEADER_SIZE:], timestamp, attempts)
+
+    def __repr__(self) -> str:
+        return f"Message({self.id!r}, attempts={self.attempts}, {len(self.body)} bytes)"

@@ -1,0 +1,499 @@
+"""The V2 protocol over one TCP connection: read loop, command handlers, message pump.
+
+Go's protocol_v2.go, on trio. The connection owns a cancel scope with two tasks: the read loop
+(parse every complete command in each receive, answer them with one send) and the message
+pump (take as many messages as RDY allows, encode them into one buffer, one send). Either
+task ends the connection by cancelling the scope: a fatal error, EOF, a missed heartbeat or a
+dead socket.
+"""
+
+import json
+import math
+from typing import TYPE_CHECKING
+
+import trio
+
+from common.command_parser import CommandParser
+from common.errors import ProtocolError
+from common.frame import (
+    CLOSE_WAIT_FRAME,
+    HEARTBEAT_FRAME,
+    OK_FRAME,
+    encode_error,
+    encode_message_frames,
+    encode_response,
+)
+from common.goformat import go_base10, go_quote, go_text
+from common.message import MESSAGE_ID_LENGTH
+from common.names import is_valid_name
+from common.version import VERSION
+from nsqd.channel import ChannelError
+from nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Client
+
+if TYPE_CHECKING:
+    from nsqd.server import NSQD
+
+RECEIVE_SIZE = 64 * 1024
+# The most messages one pump pass sends; bounds one buffer and lets FINs interleave.
+MAX_PUMP_BATCH = 1024
+
+
+class _IdentifyFields:
+    """IDENTIFY's JSON fields and their Go types (identifyDataV2); unknown keys are ignored."""
+
+    INT = {
+        "heartbeat_interval",
+        "output_buffer_size",
+        "output_buffer_timeout",
+        "deflate_level",
+        "msg_timeout",
+    }
+    INT32 = {"sample_rate"}
+    BOOL = {"feature_negotiation", "tls_v1", "deflate", "snappy"}
+    STR = {"client_id", "hostname", "user_agent"}
+
+
+def decode_identify(body: bytes) -> dict:
+    """Decode an IDENTIFY body as Go's json.Unmarshal into identifyDataV2 would.
+
+    A value of the wrong JSON type fails the whole decode (Go's UnmarshalTypeError); keys
+    match case-insensitively, null leaves the zero value, invalid UTF-8 is replaced.
+    """
+    error = ProtocolError("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
+    try:
+        raw = json.loads(body.decode("utf-8", "replace"))
+    except ValueError:
+        raise error from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise error
+    decoded: dict = {}
+    for key, value in raw.items():
+        name = key.lower()
+        if value is None:
+            continue
+        if name in _IdentifyFields.INT or name in _IdentifyFields.INT32:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise error
+            if name in _IdentifyFields.INT32 and not -(2**31) <= value < 2**31:
+                raise error
+        elif name in _IdentifyFields.BOOL:
+            if not isinstance(value, bool):
+                raise error
+        elif name in _IdentifyFields.STR:
+            if not isinstance(value, str):
+                raise error
+        else:
+            decoded.setdefault("_extra", {})[key] = value
+            continue
+        decoded[name] = value
+    return decoded
+
+
+class ProtocolV2:
+    def __init__(self, nsqd: "NSQD", stream: trio.abc.Stream, remote_address: str) -> None:
+        options = nsqd.options
+        self.nsqd = nsqd
+        self.options = options
+        self.stream = stream
+        self.client = Client(options, remote_address)
+        self.parser = CommandParser(
+            max_msg_size=options.max_msg_size,
+            max_body_size=options.max_body_size,
+            max_req_timeout_ms=int(options.max_req_timeout * 1000),
+            before_body=self._check_body_command,
+        )
+        self._send_lock = trio.Lock()
+        self._cancel_scope = trio.CancelScope()
+        self._handlers = {
+            b"FIN": self.fin,
+            b"RDY": self.rdy,
+            b"REQ": self.req,
+            b"PUB": self.pub,
+            b"MPUB": self.mpub,
+            b"DPUB": self.dpub,
+            b"NOP": self.nop,
+            b"TOUCH": self.touch,
+            b"SUB": self.sub,
+            b"CLS": self.cls,
+            b"AUTH": self.auth,
+            b"IDENTIFY": self.identify,
+        }
+
+    # -- connection life ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the connection until it ends, from the protocol magic on."""
+        client = self.client
+        self.nsqd.add_client(client)
+        try:
+            with self._cancel_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._message_pump)
+                    await self._read_loop()
+                    nursery.cancel_scope.cancel()
+        finally:
+            self.nsqd.remove_client(client)
+            if client.channel is not None:
+                client.channel.remove_client(client)
+            with trio.CancelScope(shield=True):
+                await self.stream.aclose()
+
+    def close(self) -> None:
+        """Server-side close (shutdown, channel deleted)."""
+        self._cancel_scope.cancel()
+
+    async def _read_loop(self) -> None:
+        client = self.client
+        while True:
+            heartbeat = client.heartbeat_interval
+            # Go sets a read deadline of twice the heartbeat interval on each command read.
+            timeout = heartbeat * 2 if heartbeat > 0 else math.inf
+            with trio.move_on_after(timeout) as deadline:
+                try:
+                    data = await self.stream.receive_some(RECEIVE_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+            if deadline.cancelled_caught:
+                self.nsqd.log.error("[%s] IOLoop error - read deadline exceeded", client)
+                return
+            if not data:
+                try:
+                    self.parser.receive_eof()
+                except ProtocolError as error:
+                    await self._send(encode_error(error.text))
+                return
+            self.parser.receive_data(data)
+            if not await self._process_commands():
+                return
+
+    async def _process_commands(self) -> bool:
+        """Run every complete command, then send all replies at once. False: close."""
+        replies: list[bytes] = []
+        keep_open = True
+        handlers = self._handlers
+        parser = self.parser
+        while True:
+            try:
+                command = parser.next_command()
+                if command is None:
+                    break
+                handler = handlers.get(command.name)
+                if handler is None:
+                    raise ProtocolError("E_INVALID", f"invalid command {go_text(command.name)}")
+                reply = handler(command)
+            except ProtocolError as error:
+                self.nsqd.log.error("[%s] - %s", self.client, error.text)
+                replies.append(encode_error(error.text))
+                if error.fatal:
+                    keep_open = False
+                    break
+                continue
+            if reply is not None:
+                replies.append(reply)
+        # Acknowledge publishes only once their writes reached the diskqueue files.
+        await self.nsqd.commit_backend_writes()
+        if replies:
+            await self._send(b"".join(replies) if len(replies) > 1 else replies[0])
+        if self.client.closed_by_server:
+            return False
+        return keep_open
+
+    async def _send(self, data: bytes) -> None:
+        client = self.client
+        try:
+            async with self._send_lock:
+                # Go sets a write deadline of one heartbeat interval on every write.
+                timeout = client.heartbeat_interval if client.heartbeat_interval > 0 else math.inf
+                with trio.move_on_after(timeout) as deadline:
+                    await self.stream.send_all(data)
+                if deadline.cancelled_caught:
+                    self.nsqd.log.error("[%s] write deadline exceeded", client)
+                    self._cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._cancel_scope.cancel()
+
+    # -- the message pump -----------------------------------------------------------------
+
+    async def _message_pump(self) -> None:
+        client = self.client
+        last_heartbeat = trio.current_time()
+        while True:
+            channel = client.channel
+            if channel is not None and client.is_ready():
+                room = client.ready_count - client.in_flight_count
+                messages = channel.take(min(room, MAX_PUMP_BATCH))
+                if messages and client.sample_rate:
+                    messages = self._sample(messages)
+                if messages:
+                    now = trio.current_time()
+                    channel.start_in_flight(messages, client.id, client.msg_timeout, now)
+                    client.sent_messages(len(messages))
+                    if channel.has_messages():
+                        channel.notify()
+                    await self._send(encode_message_frames(messages))
+                    continue
+                channel.wait_for_messages(client)
+            if client.closed_by_server:
+                self._cancel_scope.cancel()
+                return
+            interval = client.heartbeat_interval
+            if interval > 0:
+                with trio.move_on_at(last_heartbeat + interval):
+                    await client.wakeup.wait()
+                if trio.current_time() >= last_heartbeat + interval:
+                    last_heartbeat = trio.current_time()
+                    await self._send(HEARTBEAT_FRAME)
+            else:
+                await client.wakeup.wait()
+
+    def _sample(self, messages: list) -> list:
+        """Go skips (and so drops for this client) a message when rand(100) > sample_rate."""
+        rate = self.client.sample_rate
+        randbelow = self.nsqd.random.randrange
+        return [message for message in messages if randbelow(100) <= rate]
+
+    # -- state checks ---------------------------------------------------------------------
+
+    def _check_body_command(self, name: bytes) -> None:
+        """Go checks IDENTIFY's and AUTH's state before it reads their bodies."""
+        if name == b"IDENTIFY" and self.client.state != STATE_INIT:
+            raise ProtocolError("E_INVALID", "cannot IDENTIFY in current state")
+        if name == b"AUTH" and self.client.state != STATE_INIT:
+            raise ProtocolError("E_INVALID", "cannot AUTH in current state")
+
+    def _require_message_state(self, label: str) -> None:
+        if self.client.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
+            raise ProtocolError("E_INVALID", f"cannot {label} in current state")
+
+    @staticmethod
+    def _message_id(args: list[bytes], label: str) -> bytes:
+        if not args:
+            raise ProtocolError("E_INVALID", f"{label} insufficient number of params")
+        message_id = args[0]
+        if len(message_id) != MESSAGE_ID_LENGTH:
+            raise ProtocolError("E_INVALID", "invalid message ID")
+        return message_id
+
+    # -- commands -------------------------------------------------------------------------
+
+    def nop(self, command) -> None:
+        return None
+
+    def identify(self, command) -> bytes:
+        client = self.client
+        options = self.options
+        data = decode_identify(command.body)
+        client.client_id = data.get("client_id", "")
+        client.hostname = data.get("hostname", "")
+        client.user_agent = data.get("user_agent", "")
+
+        heartbeat = data.get("heartbeat_interval", 0)
+        max_heartbeat_ms = int(options.max_heartbeat_interval * 1000)
+        if heartbeat == -1:
+            client.heartbeat_interval = 0
+        elif heartbeat == 0:
+            pass
+        elif 1000 <= heartbeat <= max_heartbeat_ms:
+            client.heartbeat_interval = heartbeat / 1000
+        else:
+            raise ProtocolError("E_BAD_BODY", f"IDENTIFY heartbeat interval ({heartbeat}) is invalid")
+
+        buffer_timeout = data.get("output_buffer_timeout", 0)
+        if buffer_timeout == -1:
+            client.output_buffer_timeout = 0
+        elif buffer_timeout == 0:
+            pass
+        elif (
+            int(options.min_output_buffer_timeout * 1000)
+            <= buffer_timeout
+            <= int(options.max_output_buffer_timeout * 1000)
+        ):
+            client.output_buffer_timeout = buffer_timeout / 1000
+        else:
+            raise ProtocolError(
+                "E_BAD_BODY", f"IDENTIFY output buffer timeout ({buffer_timeout}) is invalid"
+            )
+
+        buffer_size = data.get("output_buffer_size", 0)
+        if buffer_size == -1:
+            client.output_buffer_size = 1
+            client.output_buffer_timeout = 0
+        elif buffer_size == 0:
+            pass
+        elif 64 <= buffer_size <= options.max_output_buffer_size:
+            client.output_buffer_size = buffer_size
+        else:
+            raise ProtocolError(
+                "E_BAD_BODY", f"IDENTIFY output buffer size ({buffer_size}) is invalid"
+            )
+
+        sample_rate = data.get("sample_rate", 0)
+        if not 0 <= sample_rate <= 99:
+            raise ProtocolError("E_BAD_BODY", f"IDENTIFY sample rate ({sample_rate}) is invalid")
+        client.sample_rate = sample_rate
+
+        msg_timeout = data.get("msg_timeout", 0)
+        if msg_timeout == 0:
+            pass
+        elif 1000 <= msg_timeout <= int(options.max_msg_timeout * 1000):
+            client.msg_timeout = msg_timeout / 1000
+        else:
+            raise ProtocolError("E_BAD_BODY", f"IDENTIFY msg timeout ({msg_timeout}) is invalid")
+
+        client.identified = True
+        # The pump's heartbeat timer follows the new interval at once.
+        client.wakeup.set()
+        self.nsqd.log.info("[%s] IDENTIFY: %s", client, data)
+        if not data.get("feature_negotiation", False):
+            return OK_FRAME
+
+        deflate_level = 6
+        requested_level = data.get("deflate_level", 0)
+        # TLS, snappy and deflate are granted only once the connection can upgrade to them.
+        tls = snappy = deflate = False
+        if deflate and requested_level > 0:
+            deflate_level = requested_level
+        deflate_level = min(deflate_level, options.max_deflate_level)
+        reply = {
+            "max_rdy_count": options.max_rdy_count,
+            "version": VERSION,
+            "max_msg_timeout": int(options.max_msg_timeout * 1000),
+            "msg_timeout": int(client.msg_timeout * 1000),
+            "tls_v1": tls,
+            "deflate": deflate,
+            "deflate_level": deflate_level,
+            "max_deflate_level": options.max_deflate_level,
+            "snappy": snappy,
+            "sample_rate": client.sample_rate,
+            "auth_required": False,
+            "output_buffer_size": client.output_buffer_size,
+            "output_buffer_timeout": int(client.output_buffer_timeout * 1000),
+        }
+        return encode_response(json.dumps(reply, separators=(",", ":")).encode())
+
+    def auth(self, command) -> bytes:
+        raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
+
+    def sub(self, command) -> bytes:
+        client = self.client
+        if client.state != STATE_INIT:
+            raise ProtocolError("E_INVALID", "cannot SUB in current state")
+        if client.heartbeat_interval <= 0:
+            raise ProtocolError("E_INVALID", "cannot SUB with heartbeats disabled")
+        args = command.args
+        if len(args) < 2:
+            raise ProtocolError("E_INVALID", "SUB insufficient number of parameters")
+        topic_name = go_text(args[0])
+        if not is_valid_name(topic_name):
+            raise ProtocolError("E_BAD_TOPIC", f"SUB topic name {go_quote(args[0])} is not valid")
+        channel_name = go_text(args[1])
+        if not is_valid_name(channel_name):
+            raise ProtocolError(
+                "E_BAD_CHANNEL", f"SUB channel name {go_quote(args[1])} is not valid"
+            )
+        if self.nsqd.exiting:
+            raise ProtocolError("E_SUB_FAILED", "SUB failed to deleted topic/channel")
+        channel = self.nsqd.get_topic(topic_name).get_channel(channel_name)
+        try:
+            channel.add_client(client)
+        except ChannelError as error:
+            raise ProtocolError("E_SUB_FAILED", f"SUB failed {error}") from None
+        client.state = STATE_SUBSCRIBED
+        client.channel = channel
+        client.wakeup.set()
+        return OK_FRAME
+
+    def rdy(self, command) -> None:
+        client = self.client
+        if client.state == STATE_CLOSING:
+            return None  # Go ignores RDY after CLS
+        if client.state != STATE_SUBSCRIBED:
+            raise ProtocolError("E_INVALID", "cannot RDY in current state")
+        count = 1
+        if command.args:
+            parsed = go_base10(command.args[0])
+            if parsed is None:
+                raise ProtocolError(
+                    "E_INVALID", f"RDY could not parse count {go_text(command.args[0])}"
+                )
+            count = parsed
+        if count > self.options.max_rdy_count:
+            raise ProtocolError(
+                "E_INVALID", f"RDY count {count} out of range 0-{self.options.max_rdy_count}"
+            )
+        client.set_ready_count(count)
+        return None
+
+    def fin(self, command) -> None:
+        self._require_message_state("FIN")
+        message_id = self._message_id(command.args, "FIN")
+        client = self.client
+        try:
+            message = client.channel.finish(client.id, message_id)
+        except ChannelError as error:
+            raise ProtocolError(
+                "E_FIN_FAILED", f"FIN {go_text(message_id)} failed {error}"
+            ) from None
+        client.finished_message()
+        self.nsqd.message_finished(client.channel, message)
+        return None
+
+    def req(self, command) -> None:
+        self._require_message_state("REQ")
+        args = command.args
+        if len(args) < 2:
+            raise ProtocolError("E_INVALID", "REQ insufficient number of params")
+        message_id = self._message_id(args, "REQ")
+        timeout_ms = go_base10(args[1])
+        if timeout_ms is None:
+            raise ProtocolError("E_INVALID", f"REQ could not parse timeout {go_text(args[1])}")
+        # Go clamps an out-of-range REQ timeout instead of refusing it.
+        delay = min(timeout_ms / 1000, self.options.max_req_timeout)
+        client = self.client
+        try:
+            client.channel.requeue(client.id, message_id, delay, trio.current_time())
+        except ChannelError as error:
+            raise ProtocolError(
+                "E_REQ_FAILED", f"REQ {go_text(message_id)} failed {error}"
+            ) from None
+        client.requeued_message()
+        return None
+
+    def touch(self, command) -> None:
+        self._require_message_state("TOUCH")
+        message_id = self._message_id(command.args, "TOUCH")
+        client = self.client
+        try:
+            client.channel.touch(client.id, message_id, client.msg_timeout, trio.current_time())
+        except ChannelError as error:
+            raise ProtocolError(
+                "E_TOUCH_FAILED", f"TOUCH {go_text(message_id)} failed {error}"
+            ) from None
+        return None
+
+    def cls(self, command) -> bytes:
+        if self.client.state != STATE_SUBSCRIBED:
+            raise ProtocolError("E_INVALID", "cannot CLS in current state")
+        self.client.start_close()
+        return CLOSE_WAIT_FRAME
+
+    def _publish(self, label: str, code: str, topic_arg: bytes, bodies: list[bytes], defer=0.0):
+        if self.nsqd.exiting:
+            raise ProtocolError(code, f"{label} failed exiting")
+        topic_name = go_text(topic_arg)
+        self.nsqd.get_topic(topic_name).publish(bodies, defer)
+        self.client.published(topic_name, len(bodies))
+        return OK_FRAME
+
+    def pub(self, command) -> bytes:
+        return self._publish("PUB", "E_PUB_FAILED", command.args[0], [command.body])
+
+    def mpub(self, command) -> bytes:
+        return self._publish("MPUB", "E_MPUB_FAILED", command.args[0], command.messages)
+
+    def dpub(self, command) -> bytes:
+        defer = go_base10(command.args[1]) / 1000
+        return self._publish("DPUB", "E_DPUB_FAILED", command.args[0], [command.body], defer)
+

@@ -1,0 +1,293 @@
+"""The nsqd daemon: topics, clients, listeners and the background loops, on one trio nursery.
+
+`NSQD.serve()` is the whole life of the daemon (DESIGN.md, "Concurrency"): load the metadata
+and diskqueues, bind the listeners and log their real addresses, run the TCP listener, the
+queue-scan loop, the metadata writer and the diskqueue sync timer in one nursery, and on
+shutdown stop accepting, close clients, write every message to disk, sync, write the
+metadata last.
+"""
+
+import logging
+import os
+import random
+import socket
+import time
+
+import trio
+
+from common.names import is_valid_name
+from common.version import VERSION
+from diskqueue import DiskQueue
+from nsqd.backend import open_backend
+from nsqd.channel import Channel
+from nsqd.client import Client
+from nsqd.metadata import (
+    ChannelMetadata,
+    TopicMetadata,
+    encode_metadata,
+    read_metadata,
+    write_metadata,
+)
+from nsqd.options import Options
+from nsqd.protocol_v2 import ProtocolV2
+from nsqd.queue_scan import QueueScanner
+from nsqd.topic import Topic
+from nsqd.wakeup import Wakeup
+
+
+def split_address(address: str) -> tuple[str, int] | None:
+    """`host:port` (IPv6 in brackets) as Go's net.SplitHostPort reads it; None means the
+    address is a unix socket path, as Go nsqd decides (util.TypeOfAddr)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        return None
+    return host, int(port)
+
+
+def format_address(sockname) -> str:
+    if isinstance(sockname, str):
+        return sockname
+    host, port = sockname[0], sockname[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def open_listener(address: str) -> trio.SocketListener:
+    """A listener on `host:port` (port 0 binds an ephemeral port) or on a unix socket path."""
+    parts = split_address(address)
+    if parts is None:
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if os.path.exists(address):
+            os.unlink(address)
+        await sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+        return trio.SocketListener(sock)
+    host, port = parts
+    # trio sets SO_REUSEADDR, so a harness can restart us on the same port at once.
+    listeners = await trio.open_tcp_listeners(port, host=host or None)
+    return listeners[0]
+
+
+class NSQD:
+    def __init__(self, options: Options, log: logging.Logger | None = None) -> None:
+        self.options = options
+        self.log = log or logging.getLogger("nsqd")
+        self.data_path = options.effective_data_path()
+        self.topics: dict[str, Topic] = {}
+        self.clients: dict[int, Client] = {}
+        self.exiting = False
+        self.random = random.Random()
+        self.start_time = int(time.time())
+        self.tcp_address: str | None = None
+        self.queue_scanner = QueueScanner(self)
+        self._connections: set[ProtocolV2] = set()
+        self._written_backends: set[DiskQueue] = set()
+        self._metadata_wakeup = Wakeup()
+        self._metadata_loading = False
+        self._shutdown = trio.Event()
+        self._nursery: trio.Nursery | None = None
+
+    # -- topics -----------------------------------------------------------------------------
+
+    def get_topic(self, name: str) -> Topic:
+        topic = self.topics.get(name)
+        if topic is None:
+            topic = Topic(self, name)
+            self.topics[name] = topic
+            self.log.info("TOPIC(%s): created", name)
+            if self._nursery is not None:
+                self._nursery.start_soon(topic.pump)
+            self.topology_changed()
+        return topic
+
+    def delete_topic(self, name: str) -> None:
+        topic = self.topics.pop(name, None)
+        if topic is None:
+            return
+        self.log.info("TOPIC(%s): deleting", name)
+        topic.delete()
+        self.topology_changed()
+
+    def all_channels(self) -> list[Channel]:
+        return [c for topic in self.topics.values() for c in topic.channels.values()]
+
+    def open_backend(self, name: str, *, ephemeral: bool):
+        return open_backend(name, self.options, ephemeral=ephemeral)
+
+    def topology_changed(self) -> None:
+        """A topic or channel came, went, paused or unpaused: persist and rescan."""
+        self.queue_scanner.refresh_needed = True
+        if not self._metadata_loading:
+            self._metadata_wakeup.set()
+
+    # -- clients ----------------------------------------------------------------------------
+
+    def add_client(self, client: Client) -> None:
+        self.clients[client.id] = client
+
+    def remove_client(self, client: Client) -> None:
+        self.clients.pop(client.id, None)
+
+    def message_finished(self, channel: Channel, message) -> None:
+        """A FIN: the hook for end-to-end latency statistics."""
+
+    # -- durability -------------------------------------------------------------------------
+
+    def backend_written(self, backend) -> None:
+        self._written_backends.add(backend)
+
+    async def commit_backend_writes(self) -> None:
+        """Before publishes are acknowledged: fsync every diskqueue whose `--sync-every` count
+        is reached, in a worker thread so the event loop never waits on the disk."""
+        if not self._written_backends:
+            return
+        backends, self._written_backends = self._written_backends, set()
+        for backend in backends:
+            if backend.sync_due:
+                await trio.to_thread.run_sync(backend.prepare_sync())
+
+    async def _sync_timer(self) -> None:
+        """Go's diskqueue syncs dirty queues every `--sync-timeout` even when writes stop."""
+        while True:
+            await trio.sleep(self.options.sync_timeout)
+            for backend in self._all_backends():
+                if backend.dirty:
+                    await trio.to_thread.run_sync(backend.prepare_sync())
+
+    def _all_backends(self) -> list[DiskQueue]:
+        backends = []
+        for topic in self.topics.values():
+            if not topic.ephemeral:
+                backends.append(topic.backend)
+            backends.extend(c.backend for c in topic.channels.values() if not c.ephemeral)
+        return backends
+
+    def metadata(self) -> bytes:
+        topics = []
+        for topic in self.topics.values():
+            if topic.ephemeral:
+                continue
+            channels = [
+                ChannelMetadata(c.name, c.paused)
+                for c in topic.channels.values()
+                if not c.ephemeral
+            ]
+            topics.append(TopicMetadata(topic.name, topic.paused, channels))
+        return encode_metadata(topics, VERSION)
+
+    async def _metadata_writer(self) -> None:
+        while True:
+            await self._metadata_wakeup.wait()
+            encoded = self.metadata()
+            await trio.to_thread.run_sync(write_metadata, self.data_path, encoded)
+
+    def load_metadata(self) -> None:
+        """Recreate the topics and channels of `nsqd.dat`; their diskqueues reopen with them."""
+        self._metadata_loading = True
+        try:
+            for topic_meta in read_metadata(self.data_path):
+                if not is_valid_name(topic_meta.name):
+                    self.log.warning("skipping creation of invalid topic %s", topic_meta.name)
+                    continue
+                topic = self.get_topic(topic_meta.name)
+                if topic_meta.paused:
+                    topic.paused = True
+                for channel_meta in topic_meta.channels:
+                    if not is_valid_name(channel_meta.name):
+                        self.log.warning(
+                            "skipping creation of invalid channel %s", channel_meta.name
+                        )
+                        continue
+                    channel = topic.get_channel(channel_meta.name)
+                    if channel_meta.paused:
+                        channel.paused = True
+        finally:
+            self._metadata_loading = False
+
+    # -- life -------------------------------------------------------------------------------
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        options = self.options
+        os.makedirs(self.data_path, exist_ok=True)
+        self.load_metadata()
+        tcp_listener = await open_listener(options.tcp_address)
+        self.tcp_address = format_address(tcp_listener.socket.getsockname())
+        self.log.info("TCP: listening on %s", self.tcp_address)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for topic in self.topics.values():
+                    nursery.start_soon(topic.pump)
+                async with trio.open_nursery() as listener_nursery:
+                    listener_nursery.start_soon(self._accept_loop, tcp_listener, nursery)
+                    nursery.start_soon(self.queue_scanner.run)
+                    nursery.start_soon(self._metadata_writer)
+                    nursery.start_soon(self._sync_timer)
+                    task_status.started(self)
+                    await self._shutdown.wait()
+                    listener_nursery.cancel_scope.cancel()
+                await self._close_connections()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await tcp_listener.aclose()
+                await self._persist_on_exit()
+
+    def shutdown(self) -> None:
+        """Begin a clean exit (SIGTERM, SIGINT, or an embedding program)."""
+        self.exiting = True
+        self._shutdown.set()
+
+    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as error:
+                self.log.error("TCP: accept error - %s", error)
+                await trio.sleep(0.05)
+                continue
+            nursery.start_soon(self._handle_connection, stream)
+
+    async def _handle_connection(self, stream: trio.SocketStream) -> None:
+        try:
+            peer = format_address(stream.socket.getpeername())
+        except OSError:
+            peer = "unknown"
+        self.log.info("TCP: new client(%s)", peer)
+        connection = ProtocolV2(self, stream, peer)
+        self._connections.add(connection)
+        try:
+            await connection.run()
+        finally:
+            self._connections.discard(connection)
+            self.log.info("PROTOCOL(V2): [%s] exiting ioloop", peer)
+
+    async def _close_connections(self) -> None:
+        for connection in list(self._connections):
+            connection.close()
+        # Each connection's own task finishes its cleanup at the next scheduling point.
+        while self._connections:
+            await trio.lowlevel.checkpoint()
+
+    async def _persist_on_exit(self) -> None:
+        """Go's NSQD.Exit: every topic and channel flushes its messages to disk and closes
+        its diskqueue (which syncs), then the metadata is written."""
+        self.exiting = True
+        flushed = 0
+        for topic in self.topics.values():
+            flushed += topic.flush()
+        if flushed:
+            self.log.info("NSQ: flushed %d messages to disk", flushed)
+
+        def close_all() -> None:
+            for topic in self.topics.values():
+                topic.close()
+
+        encoded = self.metadata()
+        await trio.to_thread.run_sync(close_all)
+        self.log.info("NSQ: persisting topic/channel metadata to %s", self.data_path)
+        await trio.to_thread.run_sync(write_metadata, self.data_path, encoded)
+

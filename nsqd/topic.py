@@ -1,0 +1,182 @@
+"""A topic: where publishers put messages, fanned out to every channel.
+
+When the topic has channels and is not paused, a publish goes straight to the channels in the
+same call (DESIGN.md, hot path 2: a loop over channels, not over awaits). Otherwise messages
+wait in the topic (memory up to `--mem-queue-size`, then its diskqueue) until the topic's pump
+moves them on: Go keeps a topic's messages until its first channel appears, and holds them
+while it is paused.
+"""
+
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+import trio
+
+from common.guid import GUIDFactory
+from common.names import is_ephemeral
+from nsqd.channel import Channel
+from nsqd.message import Message
+from nsqd.wakeup import Wakeup
+
+if TYPE_CHECKING:
+    from nsqd.server import NSQD
+
+# How many backlog messages the pump moves before letting other tasks run.
+_PUMP_BATCH = 1024
+
+
+class Topic:
+    def __init__(self, nsqd: "NSQD", name: str) -> None:
+        self.nsqd = nsqd
+        self.name = name
+        self.ephemeral = is_ephemeral(name)
+        self.mem_queue_size = nsqd.options.mem_queue_size
+        self.channels: dict[str, Channel] = {}
+        self.memory: deque[Message] = deque()
+        self.backend = nsqd.open_backend(name, ephemeral=self.ephemeral)
+        self.paused = False
+        self.deleted = False
+        self.message_count = 0
+        self.message_bytes = 0
+        self.guid_factory = GUIDFactory(nsqd.options.node_id)
+        self._pump_wakeup = Wakeup()
+
+    # -- publishing -------------------------------------------------------------------------
+
+    def publish(self, bodies: list[bytes], defer: float = 0.0) -> list[Message]:
+        """PUB, MPUB, DPUB and HTTP /pub: new messages with fresh IDs, all or nothing."""
+        timestamp = time.time_ns()
+        ids = self.guid_factory.next_ids(len(bodies))
+        messages = [Message(mid, body, timestamp) for mid, body in zip(ids, bodies, strict=True)]
+        if defer:
+            for message in messages:
+                message.defer = defer
+        self.message_count += len(messages)
+        self.message_bytes += sum(map(len, bodies))
+        if self.channels and not self.paused and not self.has_backlog():
+            self._fan_out(messages)
+        else:
+            self._store(messages)
+        return messages
+
+    def _fan_out(self, messages: list[Message]) -> None:
+        now = trio.current_time()
+        first = True
+        for channel in list(self.channels.values()):
+            if first:
+                channel.put_messages(messages, now)
+                first = False
+            else:
+                channel.put_messages([message.copy() for message in messages], now)
+
+    def _store(self, messages: list[Message]) -> None:
+        memory = self.memory
+        room = self.mem_queue_size - len(memory)
+        if room >= len(messages):
+            memory.extend(messages)
+        else:
+            if room > 0:
+                memory.extend(messages[:room])
+                messages = messages[room:]
+            self.backend.put_many([message.to_record() for message in messages])
+            self.nsqd.backend_written(self.backend)
+        self._pump_wakeup.set()
+
+    def has_backlog(self) -> bool:
+        return bool(self.memory) or self.backend.depth > 0
+
+    @property
+    def depth(self) -> int:
+        return len(self.memory) + self.backend.depth
+
+    @property
+    def backend_depth(self) -> int:
+        return self.backend.depth
+
+    async def pump(self) -> None:
+        """Move the topic's backlog into its channels whenever it has channels and runs."""
+        while not self.deleted:
+            if self.channels and not self.paused and self.has_backlog():
+                self._fan_out(self._take_backlog(_PUMP_BATCH))
+                await trio.lowlevel.checkpoint()
+            else:
+                await self._pump_wakeup.wait()
+
+    def _take_backlog(self, max_count: int) -> list[Message]:
+        memory = self.memory
+        taken: list[Message] = []
+        while memory and len(taken) < max_count:
+            taken.append(memory.popleft())
+        if len(taken) < max_count and self.backend.depth:
+            from_record = Message.from_record
+            taken.extend(from_record(r) for r in self.backend.get_many(max_count - len(taken)))
+        return taken
+
+    # -- channels ---------------------------------------------------------------------------
+
+    def get_channel(self, name: str) -> Channel:
+        """The channel, created on first use (SUB, HTTP /channel/create, metadata load)."""
+        channel = self.channels.get(name)
+        if channel is None:
+            channel = Channel(self, name)
+            self.channels[name] = channel
+            self.nsqd.log.info("TOPIC(%s): new channel(%s)", self.name, name)
+            self.nsqd.topology_changed()
+            self._pump_wakeup.set()
+        return channel
+
+    def delete_channel(self, name: str) -> None:
+        channel = self.channels.pop(name, None)
+        if channel is None:
+            return
+        self.nsqd.log.info("TOPIC(%s): deleting channel %s", self.name, name)
+        channel.delete()
+        self.nsqd.topology_changed()
+        # Go deletes an ephemeral topic when its last channel goes.
+        if self.ephemeral and not self.channels and not self.deleted:
+            self.nsqd.delete_topic(self.name)
+
+    # -- pause, empty, shutdown -------------------------------------------------------------
+
+    def pause(self) -> None:
+        self.paused = True
+        self.nsqd.topology_changed()
+
+    def unpause(self) -> None:
+        self.paused = False
+        self.nsqd.topology_changed()
+        self._pump_wakeup.set()
+
+    def empty(self) -> None:
+        self.memory.clear()
+        self.backend.empty()
+
+    def flush(self) -> int:
+        """On shutdown: the topic's in-memory backlog and every channel's messages to disk."""
+        count = len(self.memory)
+        if self.memory and not self.ephemeral:
+            self.backend.put_many([message.to_record() for message in self.memory])
+        self.memory.clear()
+        for channel in self.channels.values():
+            count += channel.flush()
+        return count
+
+    def close(self) -> None:
+        self.deleted = True
+        self._pump_wakeup.set()
+        for channel in self.channels.values():
+            channel.close()
+        self.backend.close()
+
+    def delete(self) -> None:
+        self.deleted = True
+        self._pump_wakeup.set()
+        for channel in list(self.channels.values()):
+            channel.delete()
+        self.channels.clear()
+        self.memory.clear()
+        self.backend.delete()
+
+    def __repr__(self) -> str:
+        return f"Topic({self.name})"

@@ -1,0 +1,1 @@
+"""nsqlookupd, as nsqpy builds it."""

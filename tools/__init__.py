@@ -1,0 +1,1 @@
+"""The NSQ utilities and the local cluster runner behind `make run`."""
