@@ -14,7 +14,6 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from diskqueue import DiskQueue
@@ -103,10 +102,7 @@ def run_once(args: argparse.Namespace, batch: int | None) -> tuple[float, float]
 
 
 def summary(rates: list[float]) -> str:
-    return (
-        f"{statistics.median(rates):>11,.0f}/s"
-        f" (min {min(rates):,.0f}, max {max(rates):,.0f})"
-    )
+    return f"{statistics.median(rates):>11,.0f}/s (min {min(rates):,.0f}, max {max(rates):,.0f})"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -128,9 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     modes: list[tuple[str, int | None]] = [("single", None), (f"batch {args.batch}", args.batch)]
     for label, batch in modes:
         results = [run_once(args, batch) for _ in range(args.runs)]
-        show: Callable[[int], str] = lambda i: summary([r[i] for r in results])  # noqa: E731
-        print(f"  {label:<10} writes {show(0)}")
-        print(f"  {label:<10} reads  {show(1)}")
+        print(f"  {label:<10} writes {summary([w for w, _ in results])}")
+        print(f"  {label:<10} reads  {summary([r for _, r in results])}")
 
 
 if __name__ == "__main__":

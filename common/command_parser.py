@@ -25,9 +25,9 @@ from common.names import is_valid_name
 _SIZE = struct.Struct(">i")
 _JSON_LENGTH = struct.Struct(">H")
 
-# Go nsqd reads commands with a 16 KiB bufio.Reader; a longer line makes ReadSlice fail and
-# the connection close.
-DEFAULT_MAX_LINE_LENGTH = 16 * 1024
+# Go nsqd reads commands with a 16 KiB bufio.Reader, so the longest line it takes is 16383
+# bytes plus the newline; a longer one makes ReadSlice fail and the connection close.
+DEFAULT_MAX_LINE_LENGTH = 16 * 1024 - 1
 
 TRACE_ID_LENGTH = 8
 
@@ -51,7 +51,9 @@ class _BodyCommand:
     def truncated_body_error(self, partial: bytes, parser: "CommandParser") -> ProtocolError:
         raise NotImplementedError
 
-    def build(self, name: bytes, args: list[bytes], body: bytes, parser: "CommandParser") -> Command:
+    def build(
+        self, name: bytes, args: list[bytes], body: bytes, parser: "CommandParser"
+    ) -> Command:
         return Command(name, args, body)
 
 
@@ -145,7 +147,9 @@ class _Mpub(_BodyCommand):
         return _mpub_truncation_error(partial, parser)
 
     def build(self, name, args, body, parser):
-        return Command(name, args, body, parse_mpub_body(body, parser.max_msg_size, parser.max_body_size))
+        return Command(
+            name, args, body, parse_mpub_body(body, parser.max_msg_size, parser.max_body_size)
+        )
 
 
 class _YouzanPub(_BodyCommand):
@@ -244,13 +248,19 @@ BODY_COMMANDS: dict[bytes, _BodyCommand] = {
 
 
 def parse_mpub_body(
-    body: bytes, max_msg_size: int, max_body_size: int, min_message_size: int = 1
+    body: bytes,
+    max_msg_size: int,
+    max_body_size: int,
+    min_message_size: int = 1,
+    *,
+    exact: bool = True,
 ) -> list[bytes]:
     """The message bodies of an MPUB body, with Go's readMPUB checks and texts (SPEC.md §2.8).
 
     Go reads the messages straight off the socket; we have the whole body, so running out of it
     reports the same "failed to read" errors Go reports when the stream ends. A body longer than
-    its messages is refused too: Go would have parsed the rest as the next command.
+    its messages is refused too: Go would have parsed the rest as the next command. HTTP
+    /mpub?binary=true passes `exact=False`: there Go stops reading after the last message.
     """
     end = len(body)
     if end < 4:
@@ -282,7 +292,7 @@ def parse_mpub_body(
             raise ProtocolError("E_BAD_MESSAGE", "MPUB failed to read message body")
         append(body[position : position + size])
         position += size
-    if position != end:
+    if exact and position != end:
         raise ProtocolError(
             "E_BAD_BODY",
             f"MPUB body size {end} does not match its {count} messages ({position} bytes)",
@@ -379,12 +389,11 @@ class CommandParser:
         if newline < 0:
             unparsed = len(data) - position
             if unparsed > self.max_line_length:
-                raise ProtocolError(
-                    "E_INVALID",
-                    f"command line longer than {self.max_line_length} bytes without a newline",
-                )
+                raise self._line_too_long()
             self._wanted = unparsed + 1
             return None
+        if newline - position > self.max_line_length:
+            raise self._line_too_long()
         line = data[position:newline]
         self._position = newline + 1
         if self.binary_ids and line.startswith((b"FIN ", b"REQ ", b"TOUCH ")):
@@ -405,6 +414,10 @@ class CommandParser:
                 return self._read_body()
         self._compact()
         return command
+
+    def _line_too_long(self) -> ProtocolError:
+        # Go closes without a word; a one-line reason is kinder and costs nothing.
+        return ProtocolError("E_INVALID", f"command line longer than {self.max_line_length} bytes")
 
     def receive_eof(self) -> None:
         """The peer closed its side. Raise the error Go sends when a command is cut short."""

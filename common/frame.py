@@ -44,7 +44,11 @@ def encode_message_frame(timestamp_ns: int, attempts: int, message_id: bytes, bo
     """One message frame (frame type 2) with the official payload layout (SPEC.md §1.6)."""
     return (
         _MESSAGE_FRAME_HEADER.pack(
-            len(body) + _MESSAGE_FRAME_OVERHEAD, FRAME_TYPE_MESSAGE, timestamp_ns, attempts, message_id
+            len(body) + _MESSAGE_FRAME_OVERHEAD,
+            FRAME_TYPE_MESSAGE,
+            timestamp_ns,
+            attempts,
+            message_id,
         )
         + body
     )
@@ -63,7 +67,13 @@ def encode_message_frames(messages) -> bytes:
     for message in messages:
         body = message.body
         append(
-            pack(len(body) + overhead, FRAME_TYPE_MESSAGE, message.timestamp, message.attempts, message.id)
+            pack(
+                len(body) + overhead,
+                FRAME_TYPE_MESSAGE,
+                message.timestamp,
+                message.attempts,
+                message.id,
+            )
         )
         append(body)
     return b"".join(parts)

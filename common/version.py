@@ -19,5 +19,8 @@ VERSION = f"{NSQ_PROTOCOL_VERSION}+nsqpy.{PACKAGE_VERSION}"
 
 
 def version_line(daemon: str) -> str:
-    """The `--version` line in the shape tools parse: `nsqd v1.3.0+nsqpy.0.1.0 (built w/python3.11.7)`."""
+    """The `--version` line in the shape tools parse.
+
+    `nsqd v1.3.0+nsqpy.0.1.0 (built w/python3.11.7)`, like Go's `nsqd v1.3.0 (built w/go1.19.8)`.
+    """
     return f"{daemon} v{VERSION} (built w/python{platform.python_version()})"

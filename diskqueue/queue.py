@@ -23,7 +23,7 @@ import itertools
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 
 from diskqueue.errors import MessageSizeError, QueueClosedError
@@ -353,8 +353,10 @@ class DiskQueue:
             raise error
 
     def delete(self) -> None:
-        """Close without persisting anything: go-diskqueue's Delete. Files stay on disk;
-        nsqd deletes a topic or channel with ``empty()`` then ``delete()``, as Go's does."""
+        """Close without persisting anything: go-diskqueue's Delete. Unread data files and
+        the metadata stay on disk (files already read are removed, as Go would have removed
+        them); nsqd deletes a topic or channel with ``empty()`` then ``delete()``, as Go's
+        does."""
         if self._closed:
             return
         logger.info("DISKQUEUE(%s): deleting", self.name)
@@ -388,7 +390,7 @@ class DiskQueue:
 
     # -- writing --------------------------------------------------------------------------
 
-    def _write_framed(self, records: list[bytes], lengths: list[int], nbytes: int) -> None:
+    def _write_framed(self, records: Sequence[bytes], lengths: list[int], nbytes: int) -> None:
         """Write ``records`` (all bound for the current write file) with one ``os.write``."""
         parts: list[bytes] = [b""] * (2 * len(records))
         parts[0::2] = map(_pack_header, lengths)

@@ -103,8 +103,8 @@ class SyncJob:
                 while state.pending_fds:
                     ok = _fsync_and_close(state.pending_fds.popleft(), state.name) and ok
                 if fd is not None:
-                    ok = _fsync_and_close(fd, state.name) and ok
-                    fd = None
+                    own_fd, fd = fd, None
+                    ok = _fsync_and_close(own_fd, state.name) and ok
                 if ok and self._seq > state.written_seq:
                     write_metadata(state.metadata_path, self._metadata)
                     state.written_seq = self._seq
@@ -113,12 +113,13 @@ class SyncJob:
                 logger.error("DISKQUEUE(%s) failed to sync - %s", state.name, e)
                 ok = False
             finally:
-                if fd is not None:
+                if fd is not None:  # only if a pending descriptor's close raised
                     os.close(fd)
         return ok
 
 
 def _fsync_and_close(fd: int, name: str) -> bool:
+    """fsync then close ``fd``; False (logged) if the fsync failed. Always closes."""
     try:
         os.fsync(fd)
     except OSError as e:

@@ -8,12 +8,14 @@ waits in `_waiting` and is woken when messages arrive (DESIGN.md, hot path 3).
 """
 
 import random
+import time
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from common.goformat import go_text
 from common.names import is_ephemeral
+from nsqd.e2e import LatencyStream, merged_result
 from nsqd.inflight import DeadlineQueue
 from nsqd.message import Message
 
@@ -46,6 +48,12 @@ class Channel:
         self.requeue_count = 0
         self.timeout_count = 0
         self._waiting: list[Client] = []
+        percentiles = nsqd.options.e2e_processing_latency_percentile
+        self.e2e = (
+            LatencyStream(percentiles, nsqd.options.e2e_processing_latency_window_time, nsqd.random)
+            if percentiles
+            else None
+        )
 
     # -- putting messages in ------------------------------------------------------------
 
@@ -107,7 +115,9 @@ class Channel:
             taken.extend(from_record(r) for r in self.backend.get_many(max_count - len(taken)))
         return taken
 
-    def start_in_flight(self, messages: list[Message], client_id: int, timeout: float, now: float) -> None:
+    def start_in_flight(
+        self, messages: list[Message], client_id: int, timeout: float, now: float
+    ) -> None:
         deadline = now + timeout
         push = self.in_flight.push
         for message in messages:
@@ -158,8 +168,15 @@ class Channel:
         self.in_flight.pop(message_id)
         return message
 
-    def finish(self, client_id: int, message_id: bytes) -> Message:
-        return self._pop_in_flight(client_id, message_id)
+    def finish(self, client_id: int, message_id: bytes, now: float) -> Message:
+        message = self._pop_in_flight(client_id, message_id)
+        if self.e2e is not None:
+            self.e2e.insert(time.time_ns() - message.timestamp, now)
+        return message
+
+    def e2e_result(self, now: float) -> dict:
+        percentiles = self.nsqd.options.e2e_processing_latency_percentile
+        return merged_result(percentiles, [self.e2e] if self.e2e else [], now)
 
     def requeue(self, client_id: int, message_id: bytes, delay: float, now: float) -> None:
         message = self._pop_in_flight(client_id, message_id)
@@ -278,4 +295,3 @@ class Channel:
 def message_id_text(message_id: bytes) -> str:
     """How Go prints a MessageID with %s: the 16 bytes as they are."""
     return go_text(message_id)
-

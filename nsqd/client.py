@@ -39,6 +39,10 @@ class Client:
         self.msg_timeout = options.msg_timeout
         self.sample_rate = 0
         self.tls = False
+        self.tls_cipher_suite = ""
+        self.tls_version = ""
+        self.tls_negotiated_protocol = ""
+        self.tls_negotiated_protocol_is_mutual = False
         self.snappy = False
         self.deflate = False
         self.deflate_level = 0
@@ -110,6 +114,16 @@ class Client:
         self.wakeup.set()
 
     closed_by_server = False
+
+    def tls_stats(self) -> dict:
+        """The TLS fields of Go's client stats; filled in once the connection is on TLS."""
+        return {
+            "tls": self.tls,
+            "tls_cipher_suite": self.tls_cipher_suite,
+            "tls_version": self.tls_version,
+            "tls_negotiated_protocol": self.tls_negotiated_protocol,
+            "tls_negotiated_protocol_is_mutual": self.tls_negotiated_protocol_is_mutual,
+        }
 
     def __str__(self) -> str:
         return f"{self.remote_address}"

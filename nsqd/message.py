@@ -12,7 +12,16 @@ _RECORD_HEADER = struct.Struct(">qH16s")
 
 
 class Message:
-    __slots__ = ("id", "body", "timestamp", "attempts", "deliver_at", "deadline", "client_id", "defer")
+    __slots__ = (
+        "id",
+        "body",
+        "timestamp",
+        "attempts",
+        "deliver_at",
+        "deadline",
+        "client_id",
+        "defer",
+    )
 
     def __init__(self, message_id: bytes, body: bytes, timestamp: int, attempts: int = 0) -> None:
         self.id = message_id
@@ -31,7 +40,7 @@ class Message:
         return message
 
     def to_record(self) -> bytes:
-        """The diskqueue record, byte-compatible with Go nsqd's `[8 ts][2 attempts][16 id][body]`."""
+        """The diskqueue record, as Go nsqd writes it: `[8 ts][2 attempts][16 id][body]`."""
         return _RECORD_HEADER.pack(self.timestamp, self.attempts, self.id) + self.body
 
     @classmethod

@@ -59,7 +59,9 @@ def decode_metadata(raw: bytes, path: str) -> list[TopicMetadata]:
                 ChannelMetadata(str(c["name"]), bool(c.get("paused", False)))
                 for c in topic.get("channels") or []
             ]
-            topics.append(TopicMetadata(str(topic["name"]), bool(topic.get("paused", False)), channels))
+            topics.append(
+                TopicMetadata(str(topic["name"]), bool(topic.get("paused", False)), channels)
+            )
         return topics
     except (ValueError, TypeError, KeyError, AttributeError) as error:
         raise MetadataError(f"failed to parse metadata in {path} - {error}") from None

@@ -226,7 +226,10 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
             ),
             Flag("sync-every", Kind.INT64, d.sync_every, "number of messages per diskqueue fsync"),
             Flag(
-                "sync-timeout", Kind.DURATION, d.sync_timeout, "duration of time per diskqueue fsync"
+                "sync-timeout",
+                Kind.DURATION,
+                d.sync_timeout,
+                "duration of time per diskqueue fsync",
             ),
             Flag(
                 "queue-scan-worker-pool-max",

@@ -298,7 +298,9 @@ class ProtocolV2:
         elif 1000 <= heartbeat <= max_heartbeat_ms:
             client.heartbeat_interval = heartbeat / 1000
         else:
-            raise ProtocolError("E_BAD_BODY", f"IDENTIFY heartbeat interval ({heartbeat}) is invalid")
+            raise ProtocolError(
+                "E_BAD_BODY", f"IDENTIFY heartbeat interval ({heartbeat}) is invalid"
+            )
 
         buffer_timeout = data.get("output_buffer_timeout", 0)
         if buffer_timeout == -1:
@@ -431,13 +433,12 @@ class ProtocolV2:
         message_id = self._message_id(command.args, "FIN")
         client = self.client
         try:
-            message = client.channel.finish(client.id, message_id)
+            client.channel.finish(client.id, message_id, trio.current_time())
         except ChannelError as error:
             raise ProtocolError(
                 "E_FIN_FAILED", f"FIN {go_text(message_id)} failed {error}"
             ) from None
         client.finished_message()
-        self.nsqd.message_finished(client.channel, message)
         return None
 
     def req(self, command) -> None:
@@ -496,4 +497,3 @@ class ProtocolV2:
     def dpub(self, command) -> bytes:
         defer = go_base10(command.args[1]) / 1000
         return self._publish("DPUB", "E_DPUB_FAILED", command.args[0], [command.body], defer)
-

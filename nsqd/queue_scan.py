@@ -82,6 +82,3 @@ class QueueScanner:
                     dirty = channel.process_in_flight(now)
                     dirty = channel.process_deferred(now) or dirty
                 await response_send.send(dirty)
-
-
-

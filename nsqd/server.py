@@ -12,15 +12,19 @@ import os
 import random
 import socket
 import time
+from functools import partial
 
 import trio
 
+from common.http_server import serve_http_connection
 from common.names import is_valid_name
+from common.net import format_address, open_listener
 from common.version import VERSION
 from diskqueue import DiskQueue
 from nsqd.backend import open_backend
 from nsqd.channel import Channel
 from nsqd.client import Client
+from nsqd.http_api import HTTPAPI
 from nsqd.metadata import (
     ChannelMetadata,
     TopicMetadata,
@@ -28,47 +32,11 @@ from nsqd.metadata import (
     read_metadata,
     write_metadata,
 )
-from nsqd.options import Options
+from nsqd.options import Options, build_flags
 from nsqd.protocol_v2 import ProtocolV2
 from nsqd.queue_scan import QueueScanner
 from nsqd.topic import Topic
 from nsqd.wakeup import Wakeup
-
-
-def split_address(address: str) -> tuple[str, int] | None:
-    """`host:port` (IPv6 in brackets) as Go's net.SplitHostPort reads it; None means the
-    address is a unix socket path, as Go nsqd decides (util.TypeOfAddr)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        return None
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        return None
-    return host, int(port)
-
-
-def format_address(sockname) -> str:
-    if isinstance(sockname, str):
-        return sockname
-    host, port = sockname[0], sockname[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-async def open_listener(address: str) -> trio.SocketListener:
-    """A listener on `host:port` (port 0 binds an ephemeral port) or on a unix socket path."""
-    parts = split_address(address)
-    if parts is None:
-        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        if os.path.exists(address):
-            os.unlink(address)
-        await sock.bind(address)
-        sock.listen(socket.SOMAXCONN)
-        return trio.SocketListener(sock)
-    host, port = parts
-    # trio sets SO_REUSEADDR, so a harness can restart us on the same port at once.
-    listeners = await trio.open_tcp_listeners(port, host=host or None)
-    return listeners[0]
 
 
 class NSQD:
@@ -80,8 +48,12 @@ class NSQD:
         self.clients: dict[int, Client] = {}
         self.exiting = False
         self.random = random.Random()
-        self.start_time = int(time.time())
+        self.start_time_precise = time.time()
+        self.start_time = int(self.start_time_precise)
         self.tcp_address: str | None = None
+        self.http_address: str | None = None
+        self.hostname = socket.gethostname()
+        self.health = "OK"
         self.queue_scanner = QueueScanner(self)
         self._connections: set[ProtocolV2] = set()
         self._written_backends: set[DiskQueue] = set()
@@ -123,6 +95,43 @@ class NSQD:
         if not self._metadata_loading:
             self._metadata_wakeup.set()
 
+    # -- options and health -------------------------------------------------------------------
+
+    @property
+    def tcp_port(self) -> int:
+        return self.options.broadcast_tcp_port or _port_of(self.tcp_address)
+
+    @property
+    def http_port(self) -> int:
+        return self.options.broadcast_http_port or _port_of(self.http_address)
+
+    def set_health(self, error: Exception | None) -> None:
+        """Go's SetHealth: `/ping` answers `NOK - <err>` with 500 while a disk write fails."""
+        self.health = "OK" if error is None else f"NOK - {error}"
+
+    def set_options(self, **changes) -> None:
+        """PUT /config: swap in new options (Go's swapOpts)."""
+        self.options = self.options.replace(**changes)
+        if "log_level" in changes:
+            from common.log import LOG_LEVELS
+
+            self.log.setLevel(LOG_LEVELS[self.options.log_level])
+
+    def option_by_config_name(self, name: str):
+        """GET /config/<cfg name>: the value as Go marshals it (durations in ns, the log
+        level as lg's number). KeyError for an unknown name."""
+        for flag in _FLAGS.flags.values():
+            if flag.config_key == name:
+                break
+        else:
+            raise KeyError(name)
+        value = getattr(self.options, flag.dest)
+        if flag.dest == "log_level":
+            return _GO_LOG_LEVELS[value]
+        if flag.kind.value == "duration":
+            return int(round(value * 1e9))
+        return value
+
     # -- clients ----------------------------------------------------------------------------
 
     def add_client(self, client: Client) -> None:
@@ -130,9 +139,6 @@ class NSQD:
 
     def remove_client(self, client: Client) -> None:
         self.clients.pop(client.id, None)
-
-    def message_finished(self, channel: Channel, message) -> None:
-        """A FIN: the hook for end-to-end latency statistics."""
 
     # -- durability -------------------------------------------------------------------------
 
@@ -178,6 +184,10 @@ class NSQD:
             topics.append(TopicMetadata(topic.name, topic.paused, channels))
         return encode_metadata(topics, VERSION)
 
+    async def persist_metadata(self) -> None:
+        """Write `nsqd.dat` now (HTTP pause/unpause do, as Go's handlers do)."""
+        await trio.to_thread.run_sync(write_metadata, self.data_path, self.metadata())
+
     async def _metadata_writer(self) -> None:
         while True:
             await self._metadata_wakeup.wait()
@@ -216,6 +226,10 @@ class NSQD:
         tcp_listener = await open_listener(options.tcp_address)
         self.tcp_address = format_address(tcp_listener.socket.getsockname())
         self.log.info("TCP: listening on %s", self.tcp_address)
+        http_listener = await open_listener(options.http_address)
+        self.http_address = format_address(http_listener.socket.getsockname())
+        self.log.info("HTTP: listening on %s", self.http_address)
+        http_api = HTTPAPI(self)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -223,6 +237,9 @@ class NSQD:
                     nursery.start_soon(topic.pump)
                 async with trio.open_nursery() as listener_nursery:
                     listener_nursery.start_soon(self._accept_loop, tcp_listener, nursery)
+                    listener_nursery.start_soon(
+                        self._accept_http, http_listener, http_api, listener_nursery
+                    )
                     nursery.start_soon(self.queue_scanner.run)
                     nursery.start_soon(self._metadata_writer)
                     nursery.start_soon(self._sync_timer)
@@ -234,6 +251,7 @@ class NSQD:
         finally:
             with trio.CancelScope(shield=True):
                 await tcp_listener.aclose()
+                await http_listener.aclose()
                 await self._persist_on_exit()
 
     def shutdown(self) -> None:
@@ -251,6 +269,34 @@ class NSQD:
                 continue
             nursery.start_soon(self._handle_connection, stream)
 
+    async def _accept_http(self, listener, http_api: HTTPAPI, nursery: trio.Nursery) -> None:
+        max_body = max(self.options.max_body_size, self.options.max_msg_size)
+
+        def log_error(error: BaseException) -> None:
+            self.log.error("HTTP: internal error - %r", error, exc_info=error)
+
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as error:
+                self.log.error("HTTP: accept error - %s", error)
+                await trio.sleep(0.05)
+                continue
+            try:
+                remote = format_address(stream.socket.getpeername())
+            except OSError:
+                remote = ""
+            nursery.start_soon(
+                partial(
+                    serve_http_connection,
+                    stream,
+                    http_api.router,
+                    max_body_size=max_body,
+                    remote=remote,
+                    on_error=log_error,
+                )
+            )
+
     async def _handle_connection(self, stream: trio.SocketStream) -> None:
         try:
             peer = format_address(stream.socket.getpeername())
@@ -261,6 +307,9 @@ class NSQD:
         self._connections.add(connection)
         try:
             await connection.run()
+        except Exception:
+            # A bug must cost one connection, never the daemon and everyone else on it.
+            self.log.exception("PROTOCOL(V2): [%s] internal error, closing the connection", peer)
         finally:
             self._connections.discard(connection)
             self.log.info("PROTOCOL(V2): [%s] exiting ioloop", peer)
@@ -291,3 +340,13 @@ class NSQD:
         self.log.info("NSQ: persisting topic/channel metadata to %s", self.data_path)
         await trio.to_thread.run_sync(write_metadata, self.data_path, encoded)
 
+
+_FLAGS = build_flags()
+# lg.LogLevel's numbers, which is how Go's /config/log_level marshals the level.
+_GO_LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
+
+
+def _port_of(address: str | None) -> int:
+    if not address or ":" not in address:
+        return 0
+    return int(address.rsplit(":", 1)[1])

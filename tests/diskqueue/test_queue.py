@@ -225,6 +225,21 @@ def test_finished_files_are_deleted_by_the_sync_after_the_reader_leaves_them(
     assert data_files(tmp_path) == ["test.diskqueue.000002.dat"]
 
 
+def test_a_finished_file_outlives_metadata_that_points_into_it(tmp_path: Path) -> None:
+    q = open_queue(tmp_path, max_bytes_per_file=100)
+    q.put_many([b"x" * 20] * 6)  # four records in file 0, two in file 1
+    early_job = q.prepare_sync()  # its snapshot has the reader in file 0
+    assert len(q.get_many(5)) == 5  # the reader leaves file 0
+    assert early_job()
+    assert meta_text(tmp_path) == "6\n0,0\n1,48\n"
+    # A crash now restarts the reader in file 0, so file 0 must still be there.
+    assert (tmp_path / "test.diskqueue.000000.dat").exists()
+    q.sync()
+    assert meta_text(tmp_path) == "1\n1,24\n1,48\n"
+    assert not (tmp_path / "test.diskqueue.000000.dat").exists()
+    q.close()
+
+
 def test_reader_caught_up_at_a_roll_leaves_no_bad_file(tmp_path: Path) -> None:
     # go-diskqueue issue #42: a reader that has read all of the current write file when the
     # writer rolls gets EOF on its next read and renames a good file to .bad.
@@ -236,9 +251,17 @@ def test_reader_caught_up_at_a_roll_leaves_no_bad_file(tmp_path: Path) -> None:
             q.sync()
     assert data_files(tmp_path, ".bad") == []
     assert len(data_files(tmp_path)) == 1
+    # The metadata has the reader on the new file at once, so a Go nsqd opening this
+    # directory does not hit #42 either.
+    q.put(b"z" * 40)
+    q.put(b"z" * 40)
+    assert q.get_many(2) == [b"z" * 40] * 2
+    q.put(b"z" * 40)  # rolls to file 6 with the reader at the end of file 5
+    q.sync()
+    assert meta_text(tmp_path) == "1\n6,0\n6,44\n"
     q.close()
     with open_queue(tmp_path, max_bytes_per_file=100) as q:
-        assert q.get() is None
+        assert q.get_many(5) == [b"z" * 40]
     assert data_files(tmp_path, ".bad") == []
 
 

@@ -1,0 +1,42 @@
+"""Listening addresses the way Go NSQ reads them: `host:port` (port 0 is ephemeral) or a path."""
+
+import os
+import socket
+
+import trio
+
+
+def split_address(address: str) -> tuple[str, int] | None:
+    """`host:port` (IPv6 in brackets) as Go's net.SplitHostPort reads it; None means the
+    address is a unix socket path, as Go nsqd decides (util.TypeOfAddr)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        return None
+    return host, int(port)
+
+
+def format_address(sockname) -> str:
+    if isinstance(sockname, str):
+        return sockname
+    host, port = sockname[0], sockname[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def open_listener(address: str) -> trio.SocketListener:
+    """A listener on `host:port` (port 0 binds an ephemeral port) or on a unix socket path."""
+    parts = split_address(address)
+    if parts is None:
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if os.path.exists(address):
+            os.unlink(address)
+        await sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+        return trio.SocketListener(sock)
+    host, port = parts
+    # trio sets SO_REUSEADDR, so a harness can restart us on the same port at once.
+    listeners = await trio.open_tcp_listeners(port, host=host or None)
+    return listeners[0]

@@ -1,0 +1,336 @@
+"""nsqd's HTTP API, endpoint for endpoint Go nsqd v1.3.0's http.go (SPEC.md §6.1).
+
+Handlers check their arguments in Go's order and fail with Go's status and message, so a
+client or nsqadmin sees the same response from either daemon.
+"""
+
+import gc
+import json
+from typing import TYPE_CHECKING
+
+from common.command_parser import parse_mpub_body
+from common.errors import ProtocolError
+from common.goformat import go_atoi
+from common.http_server import (
+    HTTPError,
+    QueryError,
+    Request,
+    Response,
+    Router,
+    text_response,
+    v1_response,
+)
+from common.log import parse_log_level
+from common.names import is_valid_name
+from common.version import VERSION
+from nsqd.stats import gather, memory_stats, text_report
+
+if TYPE_CHECKING:
+    from nsqd.server import NSQD
+
+# Go's boolParams for include_clients / include_mem.
+_BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
+# Go's strconv.ParseBool for /mpub?binary=.
+_PARSE_BOOL = {
+    "1": True,
+    "t": True,
+    "T": True,
+    "TRUE": True,
+    "true": True,
+    "True": True,
+    "0": False,
+    "f": False,
+    "F": False,
+    "FALSE": False,
+    "false": False,
+    "False": False,
+}
+
+
+def _query(request: Request) -> dict[str, list[str]]:
+    try:
+        return request.query()
+    except QueryError:
+        raise HTTPError(400, "INVALID_REQUEST") from None
+
+
+def _first(params: dict[str, list[str]], key: str) -> str | None:
+    values = params.get(key)
+    return values[0] if values else None
+
+
+class HTTPAPI:
+    def __init__(self, nsqd: "NSQD") -> None:
+        self.nsqd = nsqd
+        router = self.router = Router()
+        router.add("GET", "/ping", self.ping)
+        router.add("GET", "/info", self.info)
+        for path in ("/pub", "/put"):
+            router.add("POST", path, self.pub)
+        router.add("POST", "/mpub", self.mpub)
+        router.add("GET", "/stats", self.stats)
+        router.add("POST", "/topic/create", self.topic_create)
+        router.add("POST", "/topic/delete", self.topic_delete)
+        router.add("POST", "/topic/empty", self.topic_empty)
+        router.add("POST", "/topic/pause", self.topic_pause)
+        router.add("POST", "/topic/unpause", self.topic_pause)
+        router.add("POST", "/channel/create", self.channel_create)
+        router.add("POST", "/channel/delete", self.channel_delete)
+        router.add("POST", "/channel/empty", self.channel_empty)
+        router.add("POST", "/channel/pause", self.channel_pause)
+        router.add("POST", "/channel/unpause", self.channel_pause)
+        router.add("GET", "/config/*", self.config)
+        router.add("PUT", "/config/*", self.config)
+        router.add("POST", "/debug/freememory", self.free_memory)
+
+    # -- health and identity -------------------------------------------------------------
+
+    async def ping(self, request: Request) -> Response:
+        health = self.nsqd.health
+        if health != "OK":
+            return text_response(500, health)
+        return text_response(200, "OK")
+
+    async def info(self, request: Request) -> Response:
+        nsqd = self.nsqd
+        options = nsqd.options
+        return v1_response(
+            200,
+            {
+                "version": VERSION,
+                "broadcast_address": options.broadcast_address,
+                "hostname": nsqd.hostname,
+                "http_port": nsqd.http_port,
+                "tcp_port": nsqd.tcp_port,
+                "start_time": nsqd.start_time,
+                "max_heartbeat_interval": int(options.max_heartbeat_interval * 1e9),
+                "max_output_buffer_size": options.max_output_buffer_size,
+                "max_output_buffer_timeout": int(options.max_output_buffer_timeout * 1e9),
+                "max_deflate_level": options.max_deflate_level,
+            },
+        )
+
+    # -- publishing ----------------------------------------------------------------------
+
+    def _topic_from_query(self, params: dict[str, list[str]]):
+        topic_name = _first(params, "topic")
+        if topic_name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_name(topic_name):
+            raise HTTPError(400, "INVALID_TOPIC")
+        return self.nsqd.get_topic(topic_name)
+
+    async def pub(self, request: Request) -> Response:
+        options = self.nsqd.options
+        body = request.body
+        if len(body) > options.max_msg_size:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        if not body:
+            raise HTTPError(400, "MSG_EMPTY")
+        params = _query(request)
+        topic = self._topic_from_query(params)
+        defer = 0.0
+        defer_text = _first(params, "defer")
+        if defer_text is not None:
+            try:
+                defer_ms = go_atoi(defer_text.encode("utf-8", "surrogateescape"))
+            except ValueError:
+                raise HTTPError(400, "INVALID_DEFER") from None
+            if not 0 <= defer_ms <= options.max_req_timeout * 1000:
+                raise HTTPError(400, "INVALID_DEFER")
+            defer = defer_ms / 1000
+        await self._publish(topic, [body], defer)
+        return v1_response(200, "OK")
+
+    async def mpub(self, request: Request) -> Response:
+        options = self.nsqd.options
+        body = request.body
+        if len(body) > options.max_body_size:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        params = _query(request)
+        topic = self._topic_from_query(params)
+        binary_text = _first(params, "binary")
+        # Text mode is the default; a value ParseBool does not know means binary (Go).
+        binary = binary_text is not None and _PARSE_BOOL.get(binary_text, True)
+        if binary:
+            try:
+                bodies = parse_mpub_body(
+                    body, options.max_msg_size, options.max_body_size, exact=False
+                )
+            except ProtocolError as error:
+                raise HTTPError(413, error.code[2:]) from None
+        else:
+            bodies = []
+            for line in body.split(b"\n"):
+                if not line:
+                    continue  # Go silently drops empty messages in text mode
+                if len(line) > options.max_msg_size:
+                    raise HTTPError(413, "MSG_TOO_BIG")
+                bodies.append(line)
+        if bodies:
+            await self._publish(topic, bodies, 0.0)
+        return v1_response(200, "OK")
+
+    async def _publish(self, topic, bodies: list[bytes], defer: float) -> None:
+        if self.nsqd.exiting:
+            raise HTTPError(503, "EXITING")
+        try:
+            topic.publish(bodies, defer)
+        except OSError:
+            raise HTTPError(503, "EXITING") from None
+        await self.nsqd.commit_backend_writes()
+
+    # -- stats ---------------------------------------------------------------------------
+
+    async def stats(self, request: Request) -> Response:
+        params = _query(request)
+        json_format = _first(params, "format") == "json"
+        topic_name = _first(params, "topic") or ""
+        channel_name = _first(params, "channel") or ""
+        include_clients = _BOOL_PARAMS.get(_first(params, "include_clients") or "", True)
+        include_mem = _BOOL_PARAMS.get(_first(params, "include_mem") or "", True)
+        nsqd = self.nsqd
+        topics, producers = gather(nsqd, topic_name, channel_name, include_clients)
+        memory = memory_stats() if include_mem else None
+        if not json_format:
+            return v1_response(200, text_report(nsqd, topics, producers, memory, nsqd.health))
+        document = {
+            "version": VERSION,
+            "health": nsqd.health,
+            "start_time": nsqd.start_time,
+            "topics": topics,
+        }
+        if memory is not None:
+            document["memory"] = memory
+        document["producers"] = producers
+        return v1_response(200, document)
+
+    # -- topics ---------------------------------------------------------------------------
+
+    async def topic_create(self, request: Request) -> Response:
+        self._topic_from_query(_query(request))
+        return v1_response(200)
+
+    def _existing_topic(self, params: dict[str, list[str]], validate: bool):
+        topic_name = _first(params, "topic")
+        if topic_name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if validate and not is_valid_name(topic_name):
+            raise HTTPError(400, "INVALID_TOPIC")
+        topic = self.nsqd.topics.get(topic_name)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return topic
+
+    async def topic_delete(self, request: Request) -> Response:
+        topic = self._existing_topic(_query(request), validate=False)
+        self.nsqd.delete_topic(topic.name)
+        return v1_response(200)
+
+    async def topic_empty(self, request: Request) -> Response:
+        topic = self._existing_topic(_query(request), validate=True)
+        try:
+            topic.empty()
+        except OSError:
+            raise HTTPError(500, "INTERNAL_ERROR") from None
+        return v1_response(200)
+
+    async def topic_pause(self, request: Request) -> Response:
+        topic = self._existing_topic(_query(request), validate=False)
+        if request.path.endswith("/unpause"):
+            topic.unpause()
+        else:
+            topic.pause()
+        await self.nsqd.persist_metadata()
+        return v1_response(200)
+
+    # -- channels -------------------------------------------------------------------------
+
+    def _topic_and_channel_name(self, params: dict[str, list[str]]):
+        """Go's getExistingTopicChannelFromQuery with http_api.GetTopicChannelArgs."""
+        topic_name = _first(params, "topic")
+        if topic_name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_name(topic_name):
+            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        channel_name = _first(params, "channel")
+        if channel_name is None:
+            raise HTTPError(400, "MISSING_ARG_CHANNEL")
+        if not is_valid_name(channel_name):
+            raise HTTPError(400, "INVALID_ARG_CHANNEL")
+        topic = self.nsqd.topics.get(topic_name)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return topic, channel_name
+
+    def _existing_channel(self, request: Request):
+        topic, channel_name = self._topic_and_channel_name(_query(request))
+        channel = topic.channels.get(channel_name)
+        if channel is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        return topic, channel
+
+    async def channel_create(self, request: Request) -> Response:
+        topic, channel_name = self._topic_and_channel_name(_query(request))
+        topic.get_channel(channel_name)
+        return v1_response(200)
+
+    async def channel_delete(self, request: Request) -> Response:
+        topic, channel = self._existing_channel(request)
+        topic.delete_channel(channel.name)
+        return v1_response(200)
+
+    async def channel_empty(self, request: Request) -> Response:
+        _topic, channel = self._existing_channel(request)
+        try:
+            channel.empty()
+        except OSError:
+            raise HTTPError(500, "INTERNAL_ERROR") from None
+        return v1_response(200)
+
+    async def channel_pause(self, request: Request) -> Response:
+        _topic, channel = self._existing_channel(request)
+        if request.path.endswith("/unpause"):
+            channel.unpause()
+        else:
+            channel.pause()
+        self.nsqd.topology_changed()
+        await self.nsqd.persist_metadata()
+        return v1_response(200)
+
+    # -- runtime configuration -------------------------------------------------------------
+
+    async def config(self, request: Request) -> Response:
+        nsqd = self.nsqd
+        name = request.path[len("/config/") :]
+        if request.method == "PUT":
+            body = request.body
+            if not body or len(body) > nsqd.options.max_msg_size:
+                raise HTTPError(413, "INVALID_VALUE")
+            if name == "nsqlookupd_tcp_addresses":
+                try:
+                    addresses = json.loads(body)
+                except ValueError:
+                    raise HTTPError(400, "INVALID_VALUE") from None
+                if not isinstance(addresses, list) or not all(
+                    isinstance(a, str) for a in addresses
+                ):
+                    raise HTTPError(400, "INVALID_VALUE")
+                nsqd.set_options(lookupd_tcp_address=addresses)
+            elif name == "log_level":
+                try:
+                    level = parse_log_level(body.decode("utf-8", "replace"))
+                except ValueError:
+                    raise HTTPError(400, "INVALID_VALUE") from None
+                nsqd.set_options(log_level=level)
+            else:
+                raise HTTPError(400, "INVALID_OPTION")
+        try:
+            value = nsqd.option_by_config_name(name)
+        except KeyError:
+            raise HTTPError(400, "INVALID_OPTION") from None
+        return v1_response(200, value)
+
+    async def free_memory(self, request: Request) -> Response:
+        gc.collect()
+        return v1_response(200)

@@ -1,0 +1,274 @@
+"""nsqd's statistics in Go nsqd v1.3.0's shapes: the `/stats` JSON (keys in Go's struct order)
+and the text report, plus the memory figures of this Python process under Go's key names.
+"""
+
+import datetime
+import gc
+import os
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import trio
+
+from common.duration import format_duration
+from common.version import version_line
+from nsqd.e2e import merged_result
+
+if TYPE_CHECKING:
+    from nsqd.channel import Channel
+    from nsqd.client import Client
+    from nsqd.server import NSQD
+    from nsqd.topic import Topic
+
+
+# -- memory ----------------------------------------------------------------------------------
+
+
+class GCPauses:
+    """Durations of the last collections, via gc.callbacks, for Go's gc_pause_usec_* keys."""
+
+    KEEP = 256  # Go's runtime.MemStats.PauseNs holds the last 256 pauses
+
+    def __init__(self) -> None:
+        self.pauses_usec: list[int] = []
+        self._started = 0.0
+
+    def install(self) -> None:
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses_usec.append(int((time.perf_counter() - self._started) * 1e6))
+            if len(self.pauses_usec) > self.KEEP:
+                del self.pauses_usec[: -self.KEEP]
+
+    def percentile(self, fraction: float) -> int:
+        if not self.pauses_usec:
+            return 0
+        ordered = sorted(self.pauses_usec)
+        index = min(len(ordered) - 1, max(0, int(len(ordered) * fraction + 0.5) - 1))
+        return ordered[index]
+
+
+gc_pauses = GCPauses()
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def memory_stats() -> dict:
+    """Go's memStats keys, filled from what Python can tell honestly: allocated blocks for
+    heap objects, resident memory for heap in use, collector runs and pause percentiles.
+    Go-only figures with no Python counterpart (idle, released, next GC) are 0."""
+    return {
+        "heap_objects": sys.getallocatedblocks(),
+        "heap_idle_bytes": 0,
+        "heap_in_use_bytes": _resident_bytes(),
+        "heap_released_bytes": 0,
+        "gc_pause_usec_100": gc_pauses.percentile(1.0),
+        "gc_pause_usec_99": gc_pauses.percentile(0.99),
+        "gc_pause_usec_95": gc_pauses.percentile(0.95),
+        "next_gc_bytes": 0,
+        "gc_total_runs": sum(generation["collections"] for generation in gc.get_stats()),
+    }
+
+
+# -- topics, channels, clients ---------------------------------------------------------------
+
+
+def client_stats(client: "Client", topic_filter: str = "") -> dict:
+    stats = {
+        "client_id": client.client_id,
+        "hostname": client.hostname,
+        "version": "V2",
+        "remote_address": client.remote_address,
+        "state": client.state,
+        "ready_count": client.ready_count,
+        "in_flight_count": client.in_flight_count,
+        "message_count": client.message_count,
+        "finish_count": client.finish_count,
+        "requeue_count": client.requeue_count,
+        "connect_ts": int(client.connect_time),
+        "sample_rate": client.sample_rate,
+        "deflate": client.deflate,
+        "snappy": client.snappy,
+        "user_agent": client.user_agent,
+    }
+    # omitempty fields, as Go's struct tags
+    if client.auth_state is not None:
+        stats["authed"] = True
+        identity = getattr(client.auth_state, "identity", "")
+        identity_url = getattr(client.auth_state, "identity_url", "")
+        if identity:
+            stats["auth_identity"] = identity
+        if identity_url:
+            stats["auth_identity_url"] = identity_url
+    pub_counts = [
+        {"topic": topic, "count": count}
+        for topic, count in sorted(client.pub_counts.items())
+        if not topic_filter or topic == topic_filter
+    ]
+    if pub_counts:
+        stats["pub_counts"] = pub_counts
+    stats.update(client.tls_stats())
+    return stats
+
+
+def channel_stats(channel: "Channel", include_clients: bool, now: float) -> dict:
+    clients = [client_stats(c) for c in channel.clients.values()] if include_clients else None
+    return {
+        "channel_name": channel.name,
+        "depth": channel.depth,
+        "backend_depth": channel.backend_depth,
+        "in_flight_count": len(channel.in_flight),
+        "deferred_count": len(channel.deferred),
+        "message_count": channel.message_count,
+        "requeue_count": channel.requeue_count,
+        "timeout_count": channel.timeout_count,
+        "client_count": len(channel.clients),
+        "clients": clients,
+        "paused": channel.paused,
+        "e2e_processing_latency": channel.e2e_result(now),
+    }
+
+
+def topic_stats(topic: "Topic", channels: list[dict], now: float) -> dict:
+    streams = [c.e2e for c in topic.channels.values() if c.e2e is not None]
+    percentiles = topic.nsqd.options.e2e_processing_latency_percentile
+    return {
+        "topic_name": topic.name,
+        "channels": channels,
+        "depth": topic.depth,
+        "backend_depth": topic.backend_depth,
+        "message_count": topic.message_count,
+        "message_bytes": topic.message_bytes,
+        "paused": topic.paused,
+        "e2e_processing_latency": merged_result(percentiles, streams, now),
+    }
+
+
+def gather(nsqd: "NSQD", topic_name: str, channel_name: str, include_clients: bool):
+    """Go's NSQD.GetStats: (topics, producers); topics None when the named topic is unknown."""
+    now = trio.current_time()
+    if topic_name:
+        topic = nsqd.topics.get(topic_name)
+        topics = [topic] if topic is not None else None
+    else:
+        topics = sorted(nsqd.topics.values(), key=lambda t: t.name)
+    topic_list = None
+    if topics is not None:
+        topic_list = []
+        for topic in topics:
+            if channel_name:
+                channel = topic.channels.get(channel_name)
+                if channel is None:
+                    continue
+                channels = [channel]
+            else:
+                channels = sorted(topic.channels.values(), key=lambda c: c.name)
+            channel_list = [channel_stats(c, include_clients, now) for c in channels]
+            topic_list.append(topic_stats(topic, channel_list, now))
+    producers = None
+    if include_clients:
+        producers = [
+            client_stats(c, topic_name) for c in nsqd.clients.values() if c.pub_counts
+        ] or None
+    return topic_list, producers
+
+
+# -- the text report -------------------------------------------------------------------------
+
+
+def _human_ns(value: float) -> str:
+    """Go's quantile.NanoSecondToHuman."""
+    if value > 1_000_000_000:
+        return f"{value / 1_000_000_000:0.1f}s"
+    if value > 1_000_000:
+        return f"{value / 1_000_000:0.1f}ms"
+    if value > 1000:
+        return f"{value / 1000:0.1f}us"
+    return f"{value:0.1f}ns"
+
+
+def _e2e_text(result: dict) -> str:
+    return ", ".join(_human_ns(p["value"]) for p in result["percentiles"] or [])
+
+
+def _client_line(stats: dict) -> str:
+    connected = format_duration(max(0, int(time.time()) - stats["connect_ts"]))
+    port = stats["remote_address"].rsplit(":", 1)[-1]
+    ident = f"{stats['hostname']}:{port} {stats['user_agent']}"
+    if stats.get("pub_counts"):
+        total = sum(p["count"] for p in stats["pub_counts"])
+        topics = ",".join(f"{p['topic']}={p['count']}" for p in stats["pub_counts"])
+        return (
+            f"[{stats['version']} {ident:<21}] msgs: {total:<8} topics: {topics}"
+            f" connected: {connected}"
+        )
+    return (
+        f"[{stats['version']} {ident:<21}] state: {stats['state']}"
+        f" inflt: {stats['in_flight_count']:<4} rdy: {stats['ready_count']:<4}"
+        f" fin: {stats['finish_count']:<8} re-q: {stats['requeue_count']:<8}"
+        f" msgs: {stats['message_count']:<8} connected: {connected}"
+    )
+
+
+def _rfc3339(seconds: int) -> str:
+    moment = datetime.datetime.fromtimestamp(seconds).astimezone()
+    text = moment.isoformat(timespec="seconds")
+    return text[:-6] + "Z" if moment.utcoffset() == datetime.timedelta(0) else text
+
+
+def text_report(nsqd: "NSQD", topics, producers, memory, health: str) -> str:
+    """Go's httpServer.printStats, line for line."""
+    uptime = time.time() - nsqd.start_time_precise
+    lines = [
+        version_line("nsqd"),
+        f"start_time {_rfc3339(nsqd.start_time)}",
+        f"uptime {format_duration(uptime)}",
+        "",
+        f"Health: {health}",
+    ]
+    if memory is not None:
+        lines += ["", "Memory:"]
+        lines += [f"   {key:<25}\t{value}" for key, value in memory.items()]
+    out = "\n".join(lines) + "\n"
+    if not topics:
+        out += "\nTopics: None\n"
+    else:
+        out += "\nTopics:"
+    for topic in topics or []:
+        prefix = "*P " if topic["paused"] else "   "
+        out += (
+            f"\n{prefix}[{topic['topic_name']:<15}] depth: {topic['depth']:<5}"
+            f" be-depth: {topic['backend_depth']:<5} msgs: {topic['message_count']:<8}"
+            f" e2e%: {_e2e_text(topic['e2e_processing_latency'])}\n"
+        )
+        for channel in topic["channels"]:
+            prefix = "   *P " if channel["paused"] else "      "
+            out += (
+                f"{prefix}[{channel['channel_name']:<25}] depth: {channel['depth']:<5}"
+                f" be-depth: {channel['backend_depth']:<5}"
+                f" inflt: {channel['in_flight_count']:<4} def: {channel['deferred_count']:<4}"
+                f" re-q: {channel['requeue_count']:<5} timeout: {channel['timeout_count']:<5}"
+                f" msgs: {channel['message_count']:<8}"
+                f" e2e%: {_e2e_text(channel['e2e_processing_latency'])}\n"
+            )
+            for client in channel["clients"] or []:
+                out += f"        {_client_line(client)}\n"
+    if not producers:
+        out += "\nProducers: None\n"
+    else:
+        out += "\nProducers:\n"
+        for producer in producers:
+            out += f"   {_client_line(producer)}\n"
+    return out

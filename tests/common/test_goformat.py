@@ -1,0 +1,178 @@
+"""Go's formatting where NSQ error texts use it: %q, %v of []byte, strconv.Atoi, ByteToBase10."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common.goformat import go_atoi, go_base10, go_byte_slice, go_quote, go_text
+
+# What Go's strconv.Quote (fmt's %q) prints for each input, byte for byte.
+GO_QUOTES = [
+    (b"", '""'),
+    (b"a b", '"a b"'),
+    (b'a"b', '"a\\"b"'),
+    (b"'", '"\'"'),
+    (b"\\", '"\\\\"'),
+    (b"\n", '"\\n"'),
+    (b"\x00", '"\\x00"'),
+    (b"\x07\x08\x0c\r\t\x0b", '"\\a\\b\\f\\r\\t\\v"'),
+    (b"\x1b", '"\\x1b"'),
+    (b"\x7f", '"\\x7f"'),
+    ("é".encode(), '"é"'),
+    ("日本".encode(), '"日本"'),
+    ("😀".encode(), '"😀"'),
+    ("\ufffd".encode(), '"\ufffd"'),  # a real U+FFFD is printable
+    # invalid UTF-8: each bad byte as \xNN
+    (b"\xff", '"\\xff"'),
+    (b"a\xffb", '"a\\xffb"'),
+    (b"\xc3", '"\\xc3"'),  # truncated 2-byte sequence
+    (b"\xe2\x82a", '"\\xe2\\x82a"'),  # truncated 3-byte sequence
+    (b"\xc0\x80", '"\\xc0\\x80"'),  # overlong NUL
+    (b"\xed\xa0\x80", '"\\xed\\xa0\\x80"'),  # UTF-16 surrogate
+    (b"\xf4\x90\x80\x80", '"\\xf4\\x90\\x80\\x80"'),  # beyond U+10FFFF
+    # valid but not printable: \u or \U
+    ("\u0085".encode(), '"\\u0085"'),  # C1 control
+    ("\u00a0".encode(), '"\\u00a0"'),  # no-break space
+    ("\u00ad".encode(), '"\\u00ad"'),  # soft hyphen
+    ("\u200b".encode(), '"\\u200b"'),
+    ("\u2028".encode(), '"\\u2028"'),
+    ("\ufeff".encode(), '"\\ufeff"'),
+    ("\ue000".encode(), '"\\ue000"'),  # private use
+    ("\u0378".encode(), '"\\u0378"'),  # unassigned
+    ("\U000e0001".encode(), '"\\U000e0001"'),
+]
+
+
+@pytest.mark.parametrize(("raw", "quoted"), GO_QUOTES)
+def test_go_quote(raw: bytes, quoted: str) -> None:
+    assert go_quote(raw) == quoted
+    # The str a parser gets from go_text() quotes the same.
+    assert go_quote(go_text(raw)) == quoted
+
+
+def test_go_quote_of_plain_str() -> None:
+    assert go_quote("a b") == '"a b"'
+    assert go_quote("é") == '"é"'
+    assert go_quote('x"\n') == '"x\\"\\n"'
+
+
+def test_go_byte_slice() -> None:
+    assert go_byte_slice(b"FIN") == "[70 73 78]"
+    assert go_byte_slice(b"") == "[]"
+    assert go_byte_slice(b"\x00\xff") == "[0 255]"
+
+
+def test_go_text_round_trips_any_bytes() -> None:
+    assert go_text(b"abc") == "abc"
+    assert go_text("é".encode()) == "é"
+    raw = b"a\xff\xfe\n"
+    assert go_text(raw).encode("utf-8", "surrogateescape") == raw
+
+
+@given(st.binary(max_size=64))
+def test_go_text_round_trip_property(raw: bytes) -> None:
+    assert go_text(raw).encode("utf-8", "surrogateescape") == raw
+
+
+@given(st.binary(max_size=64))
+def test_go_quote_is_ascii_safe_and_quoted(raw: bytes) -> None:
+    quoted = go_quote(raw)
+    assert quoted.startswith('"') and quoted.endswith('"')
+    # Nothing unprintable survives, so the text always encodes as UTF-8.
+    quoted.encode("utf-8")
+    assert "\n" not in quoted and "\x00" not in quoted
+
+
+# -- strconv.Atoi ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        (b"0", 0),
+        (b"7", 7),
+        (b"-1", -1),
+        (b"+42", 42),
+        (b"-0", 0),
+        (b"007", 7),
+        (b"9223372036854775807", 2**63 - 1),
+        (b"-9223372036854775808", -(2**63)),
+        (b"0" * 5000 + b"12", 12),  # leading zeros, beyond int()'s 4300-digit limit
+    ],
+)
+def test_go_atoi_values(raw: bytes, value: int) -> None:
+    assert go_atoi(raw) == value
+
+
+@pytest.mark.parametrize(
+    ("raw", "text"),
+    [
+        (b"", 'strconv.Atoi: parsing "": invalid syntax'),
+        (b"x", 'strconv.Atoi: parsing "x": invalid syntax'),
+        (b"+", 'strconv.Atoi: parsing "+": invalid syntax'),
+        (b"-", 'strconv.Atoi: parsing "-": invalid syntax'),
+        (b"+-1", 'strconv.Atoi: parsing "+-1": invalid syntax'),
+        (b"1.0", 'strconv.Atoi: parsing "1.0": invalid syntax'),
+        (b"1_000", 'strconv.Atoi: parsing "1_000": invalid syntax'),
+        (b" 1", 'strconv.Atoi: parsing " 1": invalid syntax'),
+        (b"1\r", 'strconv.Atoi: parsing "1\\r": invalid syntax'),
+        (b"0x10", 'strconv.Atoi: parsing "0x10": invalid syntax'),
+        ("١".encode(), 'strconv.Atoi: parsing "١": invalid syntax'),
+        (b"\xff", 'strconv.Atoi: parsing "\\xff": invalid syntax'),
+        (b"9223372036854775808", 'strconv.Atoi: parsing "9223372036854775808": value out of range'),
+        (b"-9223372036854775809",
+         'strconv.Atoi: parsing "-9223372036854775809": value out of range'),
+        (b"18446744073709551616",
+         'strconv.Atoi: parsing "18446744073709551616": value out of range'),
+        # ParseUint reports overflow when it happens, before it reaches the bad byte ...
+        (b"99999999999999999999x",
+         'strconv.Atoi: parsing "99999999999999999999x": value out of range'),
+        # ... but a bad byte reached while the value still fits a uint64 is a syntax error.
+        (b"18446744073709551615x",
+         'strconv.Atoi: parsing "18446744073709551615x": invalid syntax'),
+        (b"9223372036854775808x",
+         'strconv.Atoi: parsing "9223372036854775808x": invalid syntax'),
+        (b"1" * 5000, f'strconv.Atoi: parsing "{"1" * 5000}": value out of range'),
+    ],
+)  # fmt: skip
+def test_go_atoi_errors(raw: bytes, text: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        go_atoi(raw)
+    assert str(caught.value) == text
+
+
+@given(st.integers(-(2**63), 2**63 - 1))
+def test_go_atoi_of_any_int64(value: int) -> None:
+    assert go_atoi(str(value).encode()) == value
+
+
+# -- protocol.ByteToBase10 ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        (b"", 0),  # Go's loop never runs
+        (b"0", 0),
+        (b"123", 123),
+        (b"000", 0),
+        (b"3600000", 3_600_000),
+        (b"18446744073709551615", 2**64 - 1),
+        # Go accumulates in a uint64 that wraps silently.
+        (b"18446744073709551616", 0),
+        (b"18446744073709551621", 5),
+        (b"9" * 5000, (10**5000 - 1) % 2**64),
+    ],
+)
+def test_go_base10_values(raw: bytes, value: int) -> None:
+    assert go_base10(raw) == value
+
+
+@pytest.mark.parametrize("raw", [b"-1", b"+1", b" 1", b"1 ", b"1a", b"x", "١".encode(), b"\xff"])
+def test_go_base10_invalid(raw: bytes) -> None:
+    assert go_base10(raw) is None
+
+
+@given(st.integers(0, 2**70))
+def test_go_base10_wraps_like_a_uint64(value: int) -> None:
+    assert go_base10(str(value).encode()) == value % 2**64

@@ -1,0 +1,162 @@
+"""Running real nsqd processes and talking to them, for the tests.
+
+`DaemonProcess` starts a console script from this virtualenv the way client harnesses do
+(single-dash flags, port 0), reads the real ports from its `... listening on` log lines and
+keeps every log line for assertions. `V2Connection` is a tiny blocking V2 client over a real
+socket and our codec, for wire-level tests.
+"""
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from common.command import MAGIC_V2
+from common.frame import FRAME_TYPE_MESSAGE, Frame, FrameDecoder
+from common.message import DecodedMessage, decode_message
+
+BIN = Path(sys.executable).parent
+_LISTENING = re.compile(r"(TCP|HTTP|HTTPS): listening on (\S+)")
+
+
+class DaemonProcess:
+    def __init__(self, name: str, args: list[str], cwd: str | os.PathLike | None = None) -> None:
+        self.name = name
+        self.args = args
+        self.cwd = cwd
+        self.addresses: dict[str, str] = {}
+        self.lines: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self.process: subprocess.Popen | None = None
+
+    def start(self, wait_for: tuple[str, ...] = ("TCP",), timeout: float = 20.0) -> "DaemonProcess":
+        self.addresses.clear()
+        self.process = subprocess.Popen(
+            [str(BIN / self.name), *self.args],
+            cwd=self.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        threading.Thread(target=self._pump_stderr, args=(self.process,), daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while not all(kind in self.addresses for kind in wait_for):
+            line = self.next_line(deadline - time.monotonic())
+            if line is None:
+                raise RuntimeError(f"{self.name} exited: {self.process.wait()}\n" + self.log)
+        return self
+
+    def next_line(self, timeout: float) -> str | None:
+        """The next log line, None when the process ended; TimeoutError after `timeout`."""
+        try:
+            line = self._lines.get(timeout=max(timeout, 0))
+        except queue.Empty:
+            raise TimeoutError(f"{self.name}: no log line in time\n{self.log}") from None
+        if line is not None:
+            match = _LISTENING.search(line)
+            if match:
+                self.addresses[match.group(1)] = match.group(2)
+        return line
+
+    def wait_for_log(self, pattern: str, timeout: float = 10.0) -> str:
+        regex = re.compile(pattern)
+        for line in self.lines:
+            if regex.search(line):
+                return line
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.next_line(deadline - time.monotonic())
+            if line is None:
+                raise RuntimeError(f"{self.name} exited before logging {pattern!r}\n{self.log}")
+            if regex.search(line):
+                return line
+
+    def _pump_stderr(self, process: subprocess.Popen) -> None:
+        for line in process.stderr:
+            line = line.rstrip("\n")
+            self.lines.append(line)
+            self._lines.put(line)
+        self._lines.put(None)
+
+    @property
+    def log(self) -> str:
+        return "\n".join(self.lines)
+
+    def port(self, kind: str = "TCP") -> int:
+        return int(self.addresses[kind].rsplit(":", 1)[1])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.process.send_signal(sig)
+        return self.process.wait(timeout)
+
+    def kill(self) -> int:
+        return self.stop(signal.SIGKILL)
+
+
+def start_nsqd(data_path: str | os.PathLike, *extra: str) -> DaemonProcess:
+    args = [
+        "-tcp-address=127.0.0.1:0",
+        "-http-address=127.0.0.1:0",
+        f"-data-path={data_path}",
+        *extra,
+    ]
+    return DaemonProcess("nsqd", args, cwd=data_path).start(wait_for=("TCP", "HTTP"))
+
+
+class V2Connection:
+    """A blocking V2 client over a real socket, for wire-level tests."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.decoder = FrameDecoder()
+        self._frames: list[Frame] = []
+        self.sock.sendall(MAGIC_V2)
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def read_frame(self) -> Frame:
+        while not self._frames:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("connection closed by nsqd")
+            self._frames.extend(self.decoder.receive_data(data))
+        return self._frames.pop(0)
+
+    def read_response(self) -> Frame:
+        """The next non-message, non-heartbeat frame."""
+        while True:
+            frame = self.read_frame()
+            if frame.frame_type != FRAME_TYPE_MESSAGE and frame.data != b"_heartbeat_":
+                return frame
+
+    def read_messages(self, count: int) -> list[DecodedMessage]:
+        messages = []
+        while len(messages) < count:
+            frame = self.read_frame()
+            if frame.frame_type == FRAME_TYPE_MESSAGE:
+                messages.append(decode_message(frame.data))
+        return messages
+
+    def is_closed_by_peer(self) -> bool:
+        """True once nsqd has closed the connection (reads EOF), after any pending frames."""
+        try:
+            while True:
+                data = self.sock.recv(65536)
+                if not data:
+                    return True
+                self._frames.extend(self.decoder.receive_data(data))
+        except ConnectionResetError:
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
