@@ -3,6 +3,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+# nsqjs for the interop tests, from the committed lock file; the stamp is inside
+# node_modules so that a missing node_modules reinstalls too.
+NODE_DIR := tests/interop/node
+NODE_INSTALLED := $(NODE_DIR)/node_modules/.installed
 
 .PHONY: install run test lint bench clean
 
@@ -12,7 +16,14 @@ $(INSTALLED): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(INSTALLED)
 
-install: $(INSTALLED)
+$(NODE_INSTALLED): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { \
+		echo "error: npm not found: the nsqjs interop tests ($(NODE_DIR)) need Node.js and npm (e.g. apt-get install nodejs npm)" >&2; \
+		exit 1; }
+	npm ci --prefix $(NODE_DIR) --no-audit --no-fund --loglevel=error
+	touch $(NODE_INSTALLED)
+
+install: $(INSTALLED) $(NODE_INSTALLED)
 
 ## Start nsqlookupd, nsqd and nsqadmin on localhost and print their URLs.
 run: install

@@ -20,7 +20,9 @@ Each figure is the median of ``--runs`` runs with min and max. CPU seconds are m
 the timed window: nsqd's from /proc/<pid>/stat, the clients' from time.process_time() in each
 client process (summed), so one can tell who was busy (nsqd is single-threaded: 1.0 CPU-s per
 wall-s is one saturated core). Then nsqd is profiled with py-spy (if installed in the venv)
-under one publish and one consume run, and the top functions by own time are printed.
+under one publish and one consume run, and the top functions by own time are printed
+(``--runs 0``: only the profile). ``--nsqd-gc off|T0,T1,T2`` starts nsqd's entry point with
+the cyclic GC disabled or re-tuned, an experiment that leaves nsqd's code alone.
 """
 
 import argparse
@@ -28,6 +30,7 @@ import datetime
 import multiprocessing
 import os
 import platform
+import queue
 import re
 import shutil
 import signal
@@ -63,16 +66,35 @@ _ID_END = 34
 # -- nsqd ------------------------------------------------------------------------------------
 
 
+# `--nsqd-gc`: run nsqd's console entry point with the cyclic GC tuned, nsqd itself unchanged.
+_GC_PRELUDE = """import gc, sys
+mode = {mode!r}
+if mode == "off":
+    gc.disable()
+else:
+    gc.set_threshold(*map(int, mode.split(",")))
+from nsqd.__main__ import main
+sys.exit(main())
+"""
+
+
+def nsqd_command(gc_mode: str) -> list[str]:
+    if gc_mode == "default":
+        return [str(BIN / "nsqd")]
+    return [sys.executable, "-c", _GC_PRELUDE.format(mode=gc_mode)]
+
+
 class Nsqd:
     """Our nsqd as a subprocess on port 0 in a fresh temporary data dir."""
 
-    def __init__(self, extra_args: list[str]) -> None:
+    def __init__(self, extra_args: list[str], gc_mode: str = "default") -> None:
         self.data_path = tempfile.mkdtemp(prefix="nsqpy-bench-")
         self.lines: list[str] = []
         self.process = subprocess.Popen(
             [
-                str(BIN / "nsqd"),
+                *nsqd_command(gc_mode),
                 "-tcp-address=127.0.0.1:0",
+                "-http-address=127.0.0.1:0",
                 f"-data-path={self.data_path}",
                 *extra_args,
             ],
@@ -185,7 +207,7 @@ def publisher(port, topic, batches, batch, size, window, barrier, results) -> No
             sock.sendall(command * more)
             sent += more
     end = time.monotonic()
-    results.put((acked * batch, start, end, time.process_time() - cpu))
+    results.put((acked * batch, start, end, time.process_time() - cpu, 0))
     sock.close()
 
 
@@ -200,7 +222,7 @@ def consumer(port, topic, channel, rdy, target, total, barrier, results) -> None
     sock.sendall(encode_rdy(rdy))
     sock.settimeout(0.05)
     unpack_from = FRAME_HEADER.unpack_from
-    received = 0
+    received = chunks = 0
     pending = b""
     while True:
         try:
@@ -233,6 +255,7 @@ def consumer(port, topic, channel, rdy, target, total, barrier, results) -> None
         if ids:
             sock.sendall(b"FIN " + b"\nFIN ".join(ids) + b"\n")
             received += len(ids)
+            chunks += 1
             last = time.monotonic()
             with total.get_lock():
                 total.value += len(ids)
@@ -241,7 +264,7 @@ def consumer(port, topic, channel, rdy, target, total, barrier, results) -> None
                 break
         elif total.value >= target:
             break
-    results.put((received, start, last, time.process_time() - cpu))
+    results.put((received, start, last, time.process_time() - cpu, chunks))
     sock.close()
 
 
@@ -254,6 +277,7 @@ class Sample:
     wall: float
     nsqd_cpu: float
     client_cpu: float
+    chunks: int = 0  # consume: receives that held messages, all consumers
 
     @property
     def rate(self) -> float:
@@ -284,17 +308,23 @@ def _run_clients(nsqd: Nsqd, context, target, args_list) -> Sample:
     while len(collected) < parties:
         try:
             collected.append(results.get(timeout=5))
-        except Exception:  # queue.Empty: check the daemon and the clients are still alive
+        except queue.Empty:  # still running? nsqd and every client that has not finished
             nsqd.check_alive()
-            if not all(p.is_alive() for p in processes) and results.empty():
-                dead = [p.exitcode for p in processes]
-                raise RuntimeError(f"a client process failed: exit codes {dead}") from None
+            if any(process.exitcode not in (None, 0) for process in processes):
+                codes = [process.exitcode for process in processes]
+                raise RuntimeError(f"a client process failed: exit codes {codes}") from None
     cpu_after = nsqd.cpu_seconds()
     for process in processes:
         process.join()
     messages = sum(r[0] for r in collected)
     wall = max(r[2] for r in collected) - min(r[1] for r in collected)
-    return Sample(messages, wall, cpu_after - cpu_before, sum(r[3] for r in collected))
+    return Sample(
+        messages,
+        wall,
+        cpu_after - cpu_before,
+        sum(r[3] for r in collected),
+        sum(r[4] for r in collected),
+    )
 
 
 def publish(nsqd: Nsqd, context, args, connections: int) -> Sample:
@@ -329,13 +359,13 @@ def nsqd_args(args) -> list[str]:
 
 
 def run_publish(context, args, connections: int) -> Sample:
-    with Nsqd(nsqd_args(args)) as nsqd:
+    with Nsqd(nsqd_args(args), args.nsqd_gc) as nsqd:
         return publish(nsqd, context, args, connections)
 
 
 def run_consume(context, args, connections: int) -> tuple[Sample, Sample]:
     """Fill the channel with --fill-publishers connections, then consume it all."""
-    with Nsqd(nsqd_args(args)) as nsqd:
+    with Nsqd(nsqd_args(args), args.nsqd_gc) as nsqd:
         create_channel(nsqd)
         filled = publish(nsqd, context, args, args.fill_publishers)
         return filled, consume(nsqd, context, args, connections, filled.messages)
@@ -436,15 +466,19 @@ def summarize_profile(path: str, wall: float, rate: int, top: int) -> str:
     if not samples:
         return "    (no samples)"
     lines = [
-        f"    {samples} main-thread samples at {rate} Hz (~{samples / rate / wall:.0%} of the"
-        f" {wall:.2f} s workload; py-spy leaves out idle samples), {other_threads} samples"
-        " in other threads",
+        f"    {samples} main-thread samples at {rate} Hz (~{samples / rate:.1f} s on CPU; the"
+        f" timed workload took {wall:.2f} s; py-spy leaves out idle samples),"
+        f" {other_threads} samples in other threads (trio.to_thread workers)",
         "    own time (the function itself, not its callees):",
     ]
     for name, count in own.most_common(top):
         lines.append(f"      {count / samples:6.1%}  {name}")
     lines.append("    inclusive time (function and callees), nsqd/common/diskqueue only:")
-    ours = [(name, count) for name, count in inclusive.most_common() if name.startswith(_OURS)]
+    ours = [
+        (name, count)
+        for name, count in inclusive.most_common()
+        if name.startswith(_OURS) and not name.startswith("nsqd/__main__.py")
+    ]
     for name, count in ours[:top]:
         lines.append(f"      {count / samples:6.1%}  {name}")
     return "\n".join(lines)
@@ -462,7 +496,7 @@ def profile(context, args) -> None:
     os.makedirs(out_dir, exist_ok=True)
     publishers = args.publishers[0]
     consumers = args.consumers[0]
-    with Nsqd(nsqd_args(args)) as nsqd:
+    with Nsqd(nsqd_args(args), args.nsqd_gc) as nsqd:
         output = os.path.join(out_dir, "publish.txt")
         profiler = Profiler(executable, nsqd.pid, output, args.profile_rate)
         sample = publish(nsqd, context, args, publishers)
@@ -470,7 +504,7 @@ def profile(context, args) -> None:
         print(f"\nprofile: nsqd under publish ({publishers} connection(s), no channel),")
         print(f"  {sample.rate:,.0f} msgs/s while sampled; raw stacks in {output}")
         print(summarize_profile(output, sample.wall, args.profile_rate, args.profile_top))
-    with Nsqd(nsqd_args(args)) as nsqd:
+    with Nsqd(nsqd_args(args), args.nsqd_gc) as nsqd:
         create_channel(nsqd)
         filled = publish(nsqd, context, args, args.fill_publishers)
         output = os.path.join(out_dir, "consume.txt")
@@ -508,6 +542,29 @@ def table(figures: list[Figure]) -> str:
     return "\n".join(rows)
 
 
+def git_revision() -> str:
+    """The short commit, with `+uncommitted` when the work tree has uncommitted changes."""
+    here = Path(__file__).resolve().parent.parent
+    try:
+        revision = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return (revision or "unknown") + ("+uncommitted" if dirty else "")
+
+
+def load_average() -> str:
+    """The 1-minute load average: other work on the machine makes the figures noisy."""
+    return f"{os.getloadavg()[0]:.2f}"
+
+
 def _int_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part]
 
@@ -519,13 +576,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=200, help="messages per MPUB")
     parser.add_argument("--window", type=int, default=8, help="MPUBs outstanding per conn")
     parser.add_argument("--rdy", type=int, default=2500)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=3, help="0: only the profile")
     parser.add_argument("--publishers", type=_int_list, default=[1, 4], help="e.g. 1,4")
     parser.add_argument("--consumers", type=_int_list, default=[1, 4], help="e.g. 1,4")
     parser.add_argument("--fill-publishers", type=int, default=4)
     parser.add_argument("--mem-queue-size", type=int, default=1_000_000)
     parser.add_argument(
         "--nsqd-arg", action="append", default=[], help="extra nsqd flag (repeatable)"
+    )
+    parser.add_argument(
+        "--nsqd-gc",
+        default="default",
+        help="experiment: 'off' (gc.disable()) or 'T0,T1,T2' (gc.set_threshold) in nsqd",
     )
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--profile-rate", type=int, default=200, help="py-spy samples/s")
@@ -539,10 +601,12 @@ def main(argv: list[str] | None = None) -> None:
         f"pub_sub: {args.count:,} messages of {args.size} bytes per run, MPUB batches of"
         f" {args.batch}, window {args.window}, RDY {args.rdy}, {args.runs} runs,"
         f" nsqd {' '.join(nsqd_args(args))}"
+        + ("" if args.nsqd_gc == "default" else f", nsqd GC {args.nsqd_gc}")
     )
     print(
-        f"  {datetime.date.today()} {platform.python_implementation()}"
-        f" {platform.python_version()}, {os.cpu_count()} CPUs"
+        f"  {datetime.datetime.now(datetime.UTC):%Y-%m-%d}, commit {git_revision()},"
+        f" {platform.python_implementation()} {platform.python_version()},"
+        f" {os.cpu_count()} CPUs, load average {load_average()}"
     )
     figures: list[Figure] = []
     for connections in args.publishers:
@@ -560,17 +624,19 @@ def main(argv: list[str] | None = None) -> None:
             figure.samples.append(sample)
             print(
                 f"  fill x{args.fill_publishers}: {filled.rate:,.0f} msgs/s,"
-                f" consume x{connections}: {sample.rate:,.0f} msgs/s",
+                f" consume x{connections}: {sample.rate:,.0f} msgs/s"
+                f" ({sample.messages / max(sample.chunks, 1):,.0f} msgs per receive)",
                 flush=True,
             )
         figures.append(figure)
     if fill.samples:
         figures.insert(len(args.publishers), fill)
-    print()
-    print(table(figures))
+    if args.runs > 0:
+        print()
+        print(table(figures))
     if args.profile:
         profile(context, args)
-    print(f"\npub_sub: done in {time.monotonic() - started:.0f} s")
+    print(f"\npub_sub: done in {time.monotonic() - started:.0f} s, load average {load_average()}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,14 @@ def format_address(sockname) -> str:
 
 async def open_listener(address: str) -> trio.SocketListener:
     """A listener on `host:port` (port 0 binds an ephemeral port) or on a unix socket path."""
+    try:
+        return await _open_listener(address)
+    except OSError as error:
+        # Go: `listen (0.0.0.0:4150) failed - listen tcp 0.0.0.0:4150: bind: address in use`
+        raise OSError(error.errno, f"listen ({address}) failed - {error.strerror or error}") from None
+
+
+async def _open_listener(address: str) -> trio.SocketListener:
     parts = split_address(address)
     if parts is None:
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -38,5 +46,7 @@ async def open_listener(address: str) -> trio.SocketListener:
         return trio.SocketListener(sock)
     host, port = parts
     # trio sets SO_REUSEADDR, so a harness can restart us on the same port at once.
-    listeners = await trio.open_tcp_listeners(port, host=host or None)
+    listeners = await trio.open_tcp_listeners(port, host=host or "0.0.0.0")
+    for extra in listeners[1:]:
+        await extra.aclose()
     return listeners[0]

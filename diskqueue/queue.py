@@ -458,7 +458,9 @@ class DiskQueue:
         if reader_on_it and self._read_pos >= finished_size:
             # The reader already has everything from the finished file. go-diskqueue would
             # try one more read from it, hit EOF and rename it .bad (go-diskqueue issue
-            # #42); we move the reader on and delete the file, as moveForward would.
+            # #42). We move the reader on now, as moveForward would, so the metadata this
+            # roll's sync writes has it on the new file and a Go nsqd reopening the
+            # directory does not hit #42 either.
             self._advance_read_file()
 
     # -- reading --------------------------------------------------------------------------

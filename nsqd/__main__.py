@@ -1,5 +1,6 @@
 """The `nsqd` console script: Go nsqd's command line, then the daemon until SIGTERM/SIGINT."""
 
+import gc
 import signal
 import sys
 
@@ -28,15 +29,26 @@ def main(argv: list[str] | None = None) -> None:
         log.critical("failed to instantiate nsqd - %s", error)
         sys.exit(1)
     log = setup_logger("nsqd", options.log_prefix, options.log_level)
+    # Queued messages are long-lived objects; the default gen-0 threshold of 700 makes the
+    # collector rescan them constantly (about half of publish CPU, bench/RESULTS.md).
+    gc.set_threshold(100_000, 50, 100)
     nsqd = NSQD(options, log)
     try:
         trio.run(_run, nsqd)
-    except MetadataError as error:
-        log.critical("failed to load metadata - %s", error)
+    except* MetadataError as group:
+        log.critical("failed to load metadata - %s", _first_leaf(group))
         sys.exit(1)
-    except OSError as error:
-        log.critical("%s", error)
+    except* OSError as group:
+        # A listener that cannot bind, a data path that cannot be created: one line, exit 1.
+        log.critical("%s", _first_leaf(group))
         sys.exit(1)
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
 
 
 async def _run(nsqd: NSQD) -> None:

@@ -286,6 +286,8 @@ class Channel:
         for client in list(self.clients.values()):
             client.channel_deleted()
         self.notify_all()
+        # Go's channel.exit(deleted): Empty() removes the files, Delete() closes the queue.
+        self.backend.empty()
         self.backend.delete()
 
     def __repr__(self) -> str:

@@ -176,6 +176,8 @@ class Topic:
             channel.delete()
         self.channels.clear()
         self.memory.clear()
+        # Go's topic.exit(deleted): Empty() removes the files, Delete() closes the queue.
+        self.backend.empty()
         self.backend.delete()
 
     def __repr__(self) -> str:

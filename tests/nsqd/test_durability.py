@@ -10,10 +10,13 @@ The Go files are written and read back with `struct` in this module, never with 
 `diskqueue` package, so the format is checked against the spec rather than against itself.
 """
 
+import itertools
 import json
 import re
 import struct
+import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +35,7 @@ BARRIER_TOPIC = "barrier"
 _GO_MESSAGE_HEADER = struct.Struct(">qH16s")  # nsqd Message.WriteTo: ts, attempts, id
 _GO_RECORD_SIZE = struct.Struct(">i")  # go-diskqueue writeOne: binary.Write(BigEndian, int32)
 _GO_QUEUE_METADATA = re.compile(rb"(-?\d+)\n(\d+),(\d+)\n(\d+),(\d+)\n")
+_GO_DATA_FILE = re.compile(r"nsqd\.dat|.+\.diskqueue\.(\d{6}\.dat|meta\.dat)")
 
 
 # -- Go's files -----------------------------------------------------------------------------
@@ -220,9 +224,19 @@ def numbered(count: int) -> list[bytes]:
     return [b"message %05d" % n for n in range(count)]
 
 
+def number_of_body(body: bytes) -> int:
+    assert body.startswith(b"message "), body
+    return int(body[8:])
+
+
 def number_of(message: DecodedMessage) -> int:
-    assert message.body.startswith(b"message "), message.body
-    return int(message.body[8:])
+    return number_of_body(message.body)
+
+
+def nsqd_process(data_path: Path) -> DaemonProcess:
+    """An nsqd on ephemeral ports, not yet started (for tests that expect it to fail)."""
+    args = ["-tcp-address=127.0.0.1:0", "-http-address=127.0.0.1:0", f"-data-path={data_path}"]
+    return DaemonProcess("nsqd", args, cwd=data_path)
 
 
 def drain_and_stop(daemon: DaemonProcess, consumer: Consumer) -> None:
@@ -241,9 +255,12 @@ def drain_and_stop(daemon: DaemonProcess, consumer: Consumer) -> None:
 # -- clean restart ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mem_queue_size", [10000, 100], ids=["in-memory", "mostly-on-disk"])
-def test_clean_restart_delivers_exactly_what_was_not_finished(tmp_path, mem_queue_size):
-    flags = (f"-mem-queue-size={mem_queue_size}",)
+@pytest.mark.parametrize(
+    "flags",
+    [(), ("-mem-queue-size=100", "-max-bytes-per-file=65536")],
+    ids=["in-memory", "on-disk-in-many-files"],
+)
+def test_clean_restart_delivers_exactly_what_was_not_finished(tmp_path, flags):
     daemon = start_nsqd(tmp_path, *flags)
     try:
         consumer = Consumer(daemon.port(), "t", "c")
@@ -285,16 +302,28 @@ def test_clean_restart_delivers_exactly_what_was_not_finished(tmp_path, mem_queu
         daemon.kill()
 
 
-def test_paused_topic_and_channel_survive_restart(tmp_path):
-    # Pausing needs the HTTP API, which nsqd does not have yet: Go's nsqd.dat pauses them.
-    (tmp_path / "nsqd.dat").write_bytes(
-        go_nsqd_dat(
-            [
-                ("paused_topic", True, [("c", False)]),
-                ("open_topic", False, [("paused_channel", True), ("open_channel", False)]),
-            ]
-        )
-    )
+def http_post(daemon: DaemonProcess, path: str) -> int:
+    url = f"http://127.0.0.1:{daemon.port('HTTP')}{path}"
+    request = urllib.request.Request(url, data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status
+
+
+def stats_paused_flags(daemon: DaemonProcess) -> dict[str, bool]:
+    """`{"topic": paused, "topic:channel": paused}` as GET /stats reports them."""
+    url = f"http://127.0.0.1:{daemon.port('HTTP')}/stats?format=json"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        stats = json.load(response)
+    flags = {}
+    for topic in stats["topics"]:
+        flags[topic["topic_name"]] = topic["paused"]
+        for channel in topic["channels"]:
+            flags[f"{topic['topic_name']}:{channel['channel_name']}"] = channel["paused"]
+    return flags
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "kill-9"])
+def test_paused_topic_and_channel_survive_restart(tmp_path, stop):
     expected = {
         "paused_topic": True,
         "paused_topic:c": False,
@@ -303,11 +332,26 @@ def test_paused_topic_and_channel_survive_restart(tmp_path):
         "open_topic:open_channel": False,
     }
     daemon = start_nsqd(tmp_path)
-    assert daemon.stop() == 0, daemon.log
-    assert paused_flags(read_nsqd_dat(tmp_path)) == expected
-
-    daemon = start_nsqd(tmp_path)
     try:
+        for path in [
+            "/topic/create?topic=paused_topic",
+            "/channel/create?topic=paused_topic&channel=c",
+            "/topic/create?topic=open_topic",
+            "/channel/create?topic=open_topic&channel=paused_channel",
+            "/channel/create?topic=open_topic&channel=open_channel",
+            "/topic/pause?topic=paused_topic",
+            "/channel/pause?topic=open_topic&channel=paused_channel",
+        ]:
+            assert http_post(daemon, path) == 200
+        # Go nsqd persists the metadata before it answers a pause, so even kill -9 keeps it.
+        if stop == "sigterm":
+            assert daemon.stop() == 0, daemon.log
+        else:
+            daemon.kill()
+        assert paused_flags(read_nsqd_dat(tmp_path)) == expected
+
+        daemon = start_nsqd(tmp_path)
+        assert stats_paused_flags(daemon) == expected
         port = daemon.port()
         held_by_topic = Consumer(port, "paused_topic", "c", ready=10)
         held_by_channel = Consumer(port, "open_topic", "paused_channel", ready=10)
@@ -334,28 +378,88 @@ def test_paused_topic_and_channel_survive_restart(tmp_path):
     assert read_go_queue(tmp_path, "open_topic:open_channel").records == []
 
 
+def test_sigterm_while_publishing_keeps_every_acknowledged_message(tmp_path):
+    """A publisher still sending when SIGTERM arrives: whatever got OK is delivered after the
+    restart; what came after is refused (`E_MPUB_FAILED`) or cut off, never acknowledged and
+    then lost."""
+    flags = ("-mem-queue-size=50",)
+    daemon = start_nsqd(tmp_path, *flags)
+    acknowledged: list[bytes] = []
+    enough = threading.Event()
+
+    def publish_until_refused(port: int) -> None:
+        connection = V2Connection(port)
+        try:
+            for batch in itertools.count():
+                bodies = [b"message %05d" % (batch * 10 + n) for n in range(10)]
+                connection.send(encode_mpub("t", bodies))
+                if connection.read_response().data != b"OK":
+                    return
+                acknowledged.extend(bodies)
+                if len(acknowledged) >= 5000:
+                    enough.set()
+        except OSError:
+            return  # nsqd closed the connection on its way out
+        finally:
+            enough.set()
+            connection.close()
+
+    try:
+        consumer = Consumer(daemon.port(), "t", "c")
+        publisher = threading.Thread(target=publish_until_refused, args=(daemon.port(),))
+        publisher.start()
+        assert enough.wait(20)
+        assert daemon.stop() == 0, daemon.log
+        publisher.join(10)
+        consumer.close()
+        assert len(acknowledged) >= 5000
+
+        daemon = start_nsqd(tmp_path, *flags)
+        consumer = Consumer(daemon.port(), "t", "c", ready=1000)
+        seen: set[int] = set()
+        wanted = {number_of_body(body) for body in acknowledged}
+
+        def finish_each(message: DecodedMessage) -> None:
+            seen.add(number_of(message))
+            consumer.finish([message])
+
+        consumer.receive_until(lambda: wanted <= seen, on_message=finish_each)
+        drain_and_stop(daemon, consumer)
+    finally:
+        daemon.kill()
+
+
 # -- kill -9 -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("with_channel", [True, False], ids=["channel-queue", "topic-queue"])
-def test_kill_9_loses_no_acknowledged_publish(tmp_path, with_channel):
+@pytest.mark.parametrize(
+    "with_channel, command",
+    [(True, "PUB"), (False, "PUB"), (True, "MPUB")],
+    ids=["PUB-channel-queue", "PUB-topic-queue", "MPUB-channel-queue"],
+)
+def test_kill_9_loses_no_acknowledged_publish(tmp_path, with_channel, command):
     flags = ("-mem-queue-size=0", "-sync-every=1")
     daemon = start_nsqd(tmp_path, *flags)
     try:
         if with_channel:
-            # The channel exists (RDY 0), so the PUBs land in its queue.
+            # The channel exists (RDY 0), so the publishes land in its queue.
             idle_consumer = Consumer(daemon.port(), "t", "c")
             assert idle_consumer.received == []
         bodies = numbered(5000)
         publisher = V2Connection(daemon.port())
-        # Pipelined in windows so the test is quick; each PUB still waits for its own OK.
+        # Pipelined in windows of 50 so the test is quick; every PUB (or MPUB of 10) still
+        # gets its own OK, and all 5,000 messages are acknowledged before the kill.
         acknowledged = 0
-        window = 50
-        for start in range(0, len(bodies), window):
-            publisher.send(b"".join(encode_pub("t", b) for b in bodies[start : start + window]))
-            for _ in bodies[start : start + window]:
+        for start in range(0, len(bodies), 50):
+            window = bodies[start : start + 50]
+            if command == "PUB":
+                commands = [encode_pub("t", body) for body in window]
+            else:
+                commands = [encode_mpub("t", window[i : i + 10]) for i in range(0, 50, 10)]
+            publisher.send(b"".join(commands))
+            for _ in commands:
                 assert publisher.read_response().data == b"OK"
-                acknowledged += 1
+            acknowledged += len(window)
         assert acknowledged == 5000
         daemon.kill()
 
@@ -450,7 +554,10 @@ def test_go_data_directory_is_served_and_left_in_go_format(tmp_path):
     queue_metadata_file(tmp_path, "gotopic").write_bytes(
         go_queue_metadata(2, 0, 0, 0, len(topic_file))
     )
-    (tmp_path / "nsqd.dat").write_bytes(go_nsqd_dat([("gotopic", False, [("gochan", False)])]))
+    # A second channel, paused: the topic's backlog waits in it undelivered.
+    (tmp_path / "nsqd.dat").write_bytes(
+        go_nsqd_dat([("gotopic", False, [("gochan", False), ("gopaused", True)])])
+    )
 
     daemon = start_nsqd(tmp_path)
     try:
@@ -473,18 +580,22 @@ def test_go_data_directory_is_served_and_left_in_go_format(tmp_path):
 
     # What Go would find: the three unfinished messages, as they were last delivered.
     document = read_nsqd_dat(tmp_path)
-    go_topic = {
-        "name": "gotopic",
-        "paused": False,
-        "channels": [{"name": "gochan", "paused": False}],
-    }
-    assert go_topic in document["topics"]
+    go_channels = [{"name": "gochan", "paused": False}, {"name": "gopaused", "paused": True}]
+    assert {"name": "gotopic", "paused": False, "channels": go_channels} in document["topics"]
     assert isinstance(document["version"], str)
     assert read_go_queue(tmp_path, "gotopic").records == []
     left = read_go_queue(tmp_path, "gotopic:gochan").records
     assert sorted(left, key=lambda m: m.id) == sorted(
         (m for m in delivered.values() if m not in finished), key=lambda m: m.id
     )
+    # The paused channel's copies of the topic backlog, exactly as Go wrote them.
+    undelivered = read_go_queue(tmp_path, "gotopic:gopaused").records
+    assert sorted(undelivered, key=lambda m: m.id) == [
+        DecodedMessage(*record) for record in topic_records
+    ]
+    # No file Go would not know: no temporary files left behind, no files of our own.
+    strays = [p.name for p in tmp_path.iterdir() if not _GO_DATA_FILE.fullmatch(p.name)]
+    assert strays == []
 
 
 # -- corruption -------------------------------------------------------------------------------
@@ -498,9 +609,7 @@ def test_go_data_directory_is_served_and_left_in_go_format(tmp_path):
 def test_corrupt_nsqd_dat_stops_nsqd_with_one_clear_line(tmp_path, content):
     metadata = tmp_path / "nsqd.dat"
     metadata.write_bytes(content)
-    daemon = DaemonProcess(
-        "nsqd", ["-tcp-address=127.0.0.1:0", f"-data-path={tmp_path}"], cwd=tmp_path
-    )
+    daemon = nsqd_process(tmp_path)
     with pytest.raises(RuntimeError, match="exited"):
         daemon.start()
     assert daemon.process.wait(10) != 0
@@ -513,9 +622,7 @@ def test_corrupt_nsqd_dat_stops_nsqd_with_one_clear_line(tmp_path, content):
 def test_unreadable_nsqd_dat_stops_nsqd_with_one_clear_line(tmp_path):
     metadata = tmp_path / "nsqd.dat"
     metadata.mkdir()
-    daemon = DaemonProcess(
-        "nsqd", ["-tcp-address=127.0.0.1:0", f"-data-path={tmp_path}"], cwd=tmp_path
-    )
+    daemon = nsqd_process(tmp_path)
     with pytest.raises(RuntimeError, match="exited"):
         daemon.start()
     assert daemon.process.wait(10) != 0

@@ -1,0 +1,1 @@
+"""Interop tests: real third-party NSQ clients against our nsqd."""
