@@ -18,6 +18,7 @@ NODE_ID_BITS = 10
 SEQUENCE_BITS = 12
 MAX_NODE_ID = (1 << NODE_ID_BITS) - 1
 _SEQUENCE_MASK = (1 << SEQUENCE_BITS) - 1
+_SUFFIXES = [b"%03x" % sequence for sequence in range(1 << SEQUENCE_BITS)]
 _TIMESTAMP_SHIFT = NODE_ID_BITS + SEQUENCE_BITS
 _ID_MASK = (1 << 64) - 1
 # 2010-11-04 01:42:54.288 UTC in pseudo-milliseconds, Go's `twepoch`.
@@ -55,8 +56,11 @@ class GUIDFactory:
             # Go's guid is an int64 written out as its 8 bytes, so a clock before twepoch
             # (a fake clock) gives two's complement, still 16 hex digits.
             base = (((timestamp - TWEPOCH) << _TIMESTAMP_SHIFT) | node_bits) & _ID_MASK
-            for value in range(base | sequence, (base | sequence) + room):
-                append(b"%016x" % value)
+            # The low 12 bits are exactly the last 3 hex digits, so the other 13 digits are
+            # formatted once per batch and each ID is that prefix plus a precomputed suffix.
+            prefix = b"%013x" % (base >> SEQUENCE_BITS)
+            for suffix in _SUFFIXES[sequence : sequence + room]:
+                append(prefix + suffix)
             sequence += room
             remaining -= room
         self._last_timestamp = timestamp

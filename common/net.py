@@ -32,7 +32,9 @@ async def open_listener(address: str) -> trio.SocketListener:
         return await _open_listener(address)
     except OSError as error:
         # Go: `listen (0.0.0.0:4150) failed - listen tcp 0.0.0.0:4150: bind: address in use`
-        raise OSError(error.errno, f"listen ({address}) failed - {error.strerror or error}") from None
+        raise OSError(
+            error.errno, f"listen ({address}) failed - {error.strerror or error}"
+        ) from None
 
 
 async def _open_listener(address: str) -> trio.SocketListener:

@@ -13,6 +13,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import trio
+
 from common.goformat import go_text
 from common.names import is_ephemeral
 from nsqd.e2e import LatencyStream, merged_result
@@ -118,13 +120,11 @@ class Channel:
     def start_in_flight(
         self, messages: list[Message], client_id: int, timeout: float, now: float
     ) -> None:
-        deadline = now + timeout
-        push = self.in_flight.push
         for message in messages:
             message.attempts += 1
             message.deliver_at = now
             message.client_id = client_id
-            push(message, deadline)
+        self.in_flight.push_batch(messages, now + timeout)
 
     def wait_for_messages(self, client: "Client") -> None:
         """Register a pump that has room; `notify` wakes one when messages arrive."""
@@ -168,10 +168,10 @@ class Channel:
         self.in_flight.pop(message_id)
         return message
 
-    def finish(self, client_id: int, message_id: bytes, now: float) -> Message:
+    def finish(self, client_id: int, message_id: bytes) -> Message:
         message = self._pop_in_flight(client_id, message_id)
         if self.e2e is not None:
-            self.e2e.insert(time.time_ns() - message.timestamp, now)
+            self.e2e.insert(time.time_ns() - message.timestamp, trio.current_time())
         return message
 
     def e2e_result(self, now: float) -> dict:

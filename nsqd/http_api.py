@@ -23,6 +23,8 @@ from common.http_server import (
 from common.log import parse_log_level
 from common.names import is_valid_name
 from common.version import VERSION
+from nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from nsqd.metrics import render_metrics
 from nsqd.stats import gather, memory_stats, text_report
 
 if TYPE_CHECKING:
@@ -82,6 +84,7 @@ class HTTPAPI:
         router.add("GET", "/config/*", self.config)
         router.add("PUT", "/config/*", self.config)
         router.add("POST", "/debug/freememory", self.free_memory)
+        router.add("GET", "/metrics", self.metrics)
 
     # -- health and identity -------------------------------------------------------------
 
@@ -330,6 +333,10 @@ class HTTPAPI:
         except KeyError:
             raise HTTPError(400, "INVALID_OPTION") from None
         return v1_response(200, value)
+
+    async def metrics(self, request: Request) -> Response:
+        body = render_metrics(self.nsqd).encode()
+        return Response(200, body, [("Content-Type", METRICS_CONTENT_TYPE)])
 
     async def free_memory(self, request: Request) -> Response:
         gc.collect()

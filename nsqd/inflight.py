@@ -1,9 +1,10 @@
 """Messages keyed by ID and ordered by a deadline: the in-flight and the deferred queues.
 
 DESIGN.md, hot path 4: FIN is a dict pop; the queue-scan pops expired entries off a heap.
-Removal from the heap is lazy: an entry is live only while the dict still maps its ID to the
-same message with the same deadline (TOUCH pushes a new entry and leaves the old one stale).
-Stale entries are purged when they outnumber the live ones, so memory stays proportional to
+A pump batch shares one deadline, so it is one heap entry, not one per message. Removal from
+the heap is lazy: a message in an entry is live only while the dict still maps its ID to that
+message with that deadline (TOUCH pushes a new entry and leaves the old one stale). Stale
+references are purged when they outnumber the live messages, so memory stays proportional to
 what is really in flight even when consumers FIN long before the timeout.
 """
 
@@ -13,17 +14,18 @@ from collections.abc import Iterator
 
 from nsqd.message import Message
 
-# Below this many heap entries a rebuild is not worth doing.
-_MIN_HEAP_FOR_REBUILD = 1024
+# Below this many referenced messages a rebuild is not worth doing.
+_MIN_REFERENCES_FOR_REBUILD = 1024
 
 
 class DeadlineQueue:
-    __slots__ = ("_by_id", "_heap", "_order")
+    __slots__ = ("_by_id", "_heap", "_order", "_references")
 
     def __init__(self) -> None:
         self._by_id: dict[bytes, Message] = {}
-        self._heap: list[tuple[float, int, Message]] = []
+        self._heap: list[tuple[float, int, tuple[Message, ...]]] = []
         self._order = itertools.count()
+        self._references = 0  # messages referenced from the heap, live or stale
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -38,14 +40,21 @@ class DeadlineQueue:
         return self._by_id.get(message_id)
 
     def push(self, message: Message, deadline: float) -> None:
-        message.deadline = deadline
-        self._by_id[message.id] = message
-        heapq.heappush(self._heap, (deadline, next(self._order), message))
-        if len(self._heap) > _MIN_HEAP_FOR_REBUILD and len(self._heap) > 2 * len(self._by_id):
+        self.push_batch((message,), deadline)
+
+    def push_batch(self, messages: tuple[Message, ...] | list[Message], deadline: float) -> None:
+        """Many messages with one deadline: one heap entry (a pump batch, DESIGN.md)."""
+        by_id = self._by_id
+        for message in messages:
+            message.deadline = deadline
+            by_id[message.id] = message
+        heapq.heappush(self._heap, (deadline, next(self._order), tuple(messages)))
+        self._references += len(messages)
+        if self._references > _MIN_REFERENCES_FOR_REBUILD and self._references > 2 * len(by_id):
             self._rebuild()
 
     def reschedule(self, message: Message, deadline: float) -> None:
-        """Move a message's deadline (TOUCH); the old heap entry goes stale."""
+        """Move a message's deadline (TOUCH); the old heap reference goes stale."""
         self.push(message, deadline)
 
     def pop(self, message_id: bytes) -> Message | None:
@@ -57,18 +66,25 @@ class DeadlineQueue:
         by_id = self._by_id
         due: list[Message] = []
         while heap and heap[0][0] <= now:
-            deadline, _order, message = heapq.heappop(heap)
-            if by_id.get(message.id) is message and message.deadline == deadline:
-                del by_id[message.id]
-                due.append(message)
+            deadline, _order, messages = heapq.heappop(heap)
+            self._references -= len(messages)
+            for message in messages:
+                if message.deadline == deadline and by_id.get(message.id) is message:
+                    del by_id[message.id]
+                    due.append(message)
         return due
 
     def clear(self) -> list[Message]:
         messages = list(self._by_id.values())
         self._by_id.clear()
         self._heap.clear()
+        self._references = 0
         return messages
 
     def _rebuild(self) -> None:
-        self._heap = [(m.deadline, next(self._order), m) for m in self._by_id.values()]
+        groups: dict[float, list[Message]] = {}
+        for message in self._by_id.values():
+            groups.setdefault(message.deadline, []).append(message)
+        self._heap = [(d, next(self._order), tuple(ms)) for d, ms in groups.items()]
         heapq.heapify(self._heap)
+        self._references = len(self._by_id)

@@ -433,7 +433,7 @@ class ProtocolV2:
         message_id = self._message_id(command.args, "FIN")
         client = self.client
         try:
-            client.channel.finish(client.id, message_id, trio.current_time())
+            client.channel.finish(client.id, message_id)
         except ChannelError as error:
             raise ProtocolError(
                 "E_FIN_FAILED", f"FIN {go_text(message_id)} failed {error}"

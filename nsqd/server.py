@@ -35,6 +35,8 @@ from nsqd.metadata import (
 from nsqd.options import Options, build_flags
 from nsqd.protocol_v2 import ProtocolV2
 from nsqd.queue_scan import QueueScanner
+from nsqd.stats import gc_pauses
+from nsqd.statsd import StatsdPusher
 from nsqd.topic import Topic
 from nsqd.wakeup import Wakeup
 
@@ -55,6 +57,7 @@ class NSQD:
         self.hostname = socket.gethostname()
         self.health = "OK"
         self.queue_scanner = QueueScanner(self)
+        gc_pauses.install()
         self._connections: set[ProtocolV2] = set()
         self._written_backends: set[DiskQueue] = set()
         self._metadata_wakeup = Wakeup()
@@ -243,6 +246,8 @@ class NSQD:
                     nursery.start_soon(self.queue_scanner.run)
                     nursery.start_soon(self._metadata_writer)
                     nursery.start_soon(self._sync_timer)
+                    if options.statsd_address:
+                        nursery.start_soon(StatsdPusher(self).run)
                     task_status.started(self)
                     await self._shutdown.wait()
                     listener_nursery.cancel_scope.cancel()

@@ -1,0 +1,142 @@
+"""`GET /metrics`: nsqd's stats in the Prometheus text exposition format (version 0.0.4).
+
+Go nsqd has no such endpoint (operators run a separate exporter); ours serves the same figures
+as `/stats` directly. Counters end in `_total`, label values are escaped as the format says
+(backslash, double quote, newline), and every family has its HELP and TYPE lines.
+"""
+
+from typing import TYPE_CHECKING
+
+from nsqd.stats import gather, memory_stats
+
+if TYPE_CHECKING:
+    from nsqd.server import NSQD
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(**labels: str) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{key}="{_escape(str(value))}"' for key, value in labels.items())
+    return "{" + inner + "}"
+
+
+class _Family:
+    def __init__(self, name: str, kind: str, help_text: str) -> None:
+        self.name = name
+        self.kind = kind
+        self.help_text = help_text
+        self.samples: list[str] = []
+
+    def add(self, value: float, **labels: str) -> None:
+        self.samples.append(f"{self.name}{_labels(**labels)} {value}")
+
+    def render(self) -> str:
+        head = f"# HELP {self.name} {self.help_text}\n# TYPE {self.name} {self.kind}\n"
+        return head + "".join(sample + "\n" for sample in self.samples)
+
+
+def render_metrics(nsqd: "NSQD") -> str:
+    topics, _producers = gather(nsqd, "", "", include_clients=True)
+    families: dict[str, _Family] = {}
+
+    def family(name: str, kind: str, help_text: str) -> _Family:
+        if name not in families:
+            families[name] = _Family(name, kind, help_text)
+        return families[name]
+
+    family("nsq_up", "gauge", "1 while nsqd is healthy, 0 while a disk write fails").add(
+        1 if nsqd.health == "OK" else 0
+    )
+    family("nsq_start_time_seconds", "gauge", "When nsqd started (unix time)").add(nsqd.start_time)
+    for topic in topics or []:
+        t = topic["topic_name"]
+        family("nsq_topic_depth", "gauge", "Messages queued in the topic").add(
+            topic["depth"], topic=t
+        )
+        family("nsq_topic_backend_depth", "gauge", "Topic messages on disk").add(
+            topic["backend_depth"], topic=t
+        )
+        family("nsq_topic_messages_total", "counter", "Messages published to the topic").add(
+            topic["message_count"], topic=t
+        )
+        family("nsq_topic_message_bytes_total", "counter", "Bytes published to the topic").add(
+            topic["message_bytes"], topic=t
+        )
+        family("nsq_topic_paused", "gauge", "1 while the topic is paused").add(
+            int(topic["paused"]), topic=t
+        )
+        _latency(family, "nsq_topic_e2e_processing_latency_seconds", topic, topic=t)
+        for channel in topic["channels"]:
+            c = channel["channel_name"]
+            labels = {"topic": t, "channel": c}
+            family("nsq_channel_depth", "gauge", "Messages queued in the channel").add(
+                channel["depth"], **labels
+            )
+            family("nsq_channel_backend_depth", "gauge", "Channel messages on disk").add(
+                channel["backend_depth"], **labels
+            )
+            family("nsq_channel_in_flight", "gauge", "Messages delivered, not yet finished").add(
+                channel["in_flight_count"], **labels
+            )
+            family("nsq_channel_deferred", "gauge", "Messages deferred (DPUB, REQ)").add(
+                channel["deferred_count"], **labels
+            )
+            family("nsq_channel_messages_total", "counter", "Messages the channel received").add(
+                channel["message_count"], **labels
+            )
+            family("nsq_channel_requeues_total", "counter", "Messages requeued by clients").add(
+                channel["requeue_count"], **labels
+            )
+            family("nsq_channel_timeouts_total", "counter", "In-flight messages timed out").add(
+                channel["timeout_count"], **labels
+            )
+            family("nsq_channel_clients", "gauge", "Clients subscribed to the channel").add(
+                channel["client_count"], **labels
+            )
+            family("nsq_channel_paused", "gauge", "1 while the channel is paused").add(
+                int(channel["paused"]), **labels
+            )
+            _latency(family, "nsq_channel_e2e_processing_latency_seconds", channel, **labels)
+            for client in channel["clients"] or []:
+                client_labels = {
+                    **labels,
+                    "client_id": client["client_id"],
+                    "remote_address": client["remote_address"],
+                }
+                family("nsq_client_ready", "gauge", "The client's RDY count").add(
+                    client["ready_count"], **client_labels
+                )
+                family("nsq_client_in_flight", "gauge", "Messages in flight to the client").add(
+                    client["in_flight_count"], **client_labels
+                )
+                family("nsq_client_messages_total", "counter", "Messages sent to the client").add(
+                    client["message_count"], **client_labels
+                )
+                family("nsq_client_finishes_total", "counter", "Messages the client finished").add(
+                    client["finish_count"], **client_labels
+                )
+                family("nsq_client_requeues_total", "counter", "Messages the client requeued").add(
+                    client["requeue_count"], **client_labels
+                )
+    memory = memory_stats()
+    family("nsq_process_resident_memory_bytes", "gauge", "Resident memory of nsqd").add(
+        memory["heap_in_use_bytes"]
+    )
+    family("nsq_process_gc_runs_total", "counter", "Python garbage collector runs").add(
+        memory["gc_total_runs"]
+    )
+    return "".join(f.render() for f in families.values())
+
+
+def _latency(family, name: str, stats: dict, **labels: str) -> None:
+    result = stats["e2e_processing_latency"]
+    for item in result["percentiles"] or []:
+        family(name, "gauge", "End-to-end processing latency (publish to FIN)").add(
+            item["value"] / 1e9, quantile=str(item["quantile"]), **labels
+        )
