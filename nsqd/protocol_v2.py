@@ -420,8 +420,9 @@ class ProtocolV2:
                 raise ProtocolError(
                     "E_INVALID", f"RDY could not parse count {go_text(command.args[0])}"
                 )
-            count = parsed
-        if count > self.options.max_rdy_count:
+            # Go parses a uint64 and stores it in an int64, so huge counts turn negative.
+            count = parsed - (1 << 64) if parsed >= 1 << 63 else parsed
+        if not 0 <= count <= self.options.max_rdy_count:
             raise ProtocolError(
                 "E_INVALID", f"RDY count {count} out of range 0-{self.options.max_rdy_count}"
             )

@@ -25,6 +25,7 @@ from nsqd.backend import open_backend
 from nsqd.channel import Channel
 from nsqd.client import Client
 from nsqd.http_api import HTTPAPI
+from nsqd.lookup import LookupPeers
 from nsqd.metadata import (
     ChannelMetadata,
     TopicMetadata,
@@ -57,6 +58,7 @@ class NSQD:
         self.hostname = socket.gethostname()
         self.health = "OK"
         self.queue_scanner = QueueScanner(self)
+        self.lookup_peers = LookupPeers(self)
         gc_pauses.install()
         self._connections: set[ProtocolV2] = set()
         self._written_backends: set[DiskQueue] = set()
@@ -76,6 +78,7 @@ class NSQD:
             if self._nursery is not None:
                 self._nursery.start_soon(topic.pump)
             self.topology_changed()
+            self.lookup_peers.notify("REGISTER", name)
         return topic
 
     def delete_topic(self, name: str) -> None:
@@ -85,6 +88,17 @@ class NSQD:
         self.log.info("TOPIC(%s): deleting", name)
         topic.delete()
         self.topology_changed()
+        self.lookup_peers.notify("UNREGISTER", name)
+
+    def registrations(self) -> list[tuple[str, str | None]]:
+        """What nsqlookupd must know: each channel, or the topic alone when it has none."""
+        pairs: list[tuple[str, str | None]] = []
+        for topic in self.topics.values():
+            if topic.channels:
+                pairs.extend((topic.name, channel) for channel in topic.channels)
+            else:
+                pairs.append((topic.name, None))
+        return pairs
 
     def all_channels(self) -> list[Channel]:
         return [c for topic in self.topics.values() for c in topic.channels.values()]
@@ -115,6 +129,8 @@ class NSQD:
     def set_options(self, **changes) -> None:
         """PUT /config: swap in new options (Go's swapOpts)."""
         self.options = self.options.replace(**changes)
+        if "lookupd_tcp_address" in changes:
+            self.lookup_peers.set_addresses(self.options.lookupd_tcp_address)
         if "log_level" in changes:
             from common.log import LOG_LEVELS
 
@@ -246,6 +262,7 @@ class NSQD:
                     nursery.start_soon(self.queue_scanner.run)
                     nursery.start_soon(self._metadata_writer)
                     nursery.start_soon(self._sync_timer)
+                    nursery.start_soon(self.lookup_peers.run, options.lookupd_tcp_address)
                     if options.statsd_address:
                         nursery.start_soon(StatsdPusher(self).run)
                     task_status.started(self)

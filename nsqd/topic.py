@@ -123,6 +123,7 @@ class Topic:
             self.channels[name] = channel
             self.nsqd.log.info("TOPIC(%s): new channel(%s)", self.name, name)
             self.nsqd.topology_changed()
+            self.nsqd.lookup_peers.notify("REGISTER", self.name, name)
             self._pump_wakeup.set()
         return channel
 
@@ -133,6 +134,7 @@ class Topic:
         self.nsqd.log.info("TOPIC(%s): deleting channel %s", self.name, name)
         channel.delete()
         self.nsqd.topology_changed()
+        self.nsqd.lookup_peers.notify("UNREGISTER", self.name, name)
         # Go deletes an ephemeral topic when its last channel goes.
         if self.ephemeral and not self.channels and not self.deleted:
             self.nsqd.delete_topic(self.name)

@@ -34,7 +34,6 @@ HEARTBEAT_INTERVAL_MS = 1000  # Go's smallest IDENTIFY heartbeat_interval
 HEARTBEATS_BEFORE_PUBLISH = 3
 
 COUNTS = {"pubsub": 10_000, "requeue": 20, "timeout": 3, "heartbeat": 1}
-SCENARIOS = tuple(COUNTS)
 
 # A client run must end within this, whole; clients in scripts stop themselves at it too.
 CLIENT_DEADLINE = 45.0

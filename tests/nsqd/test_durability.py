@@ -339,19 +339,23 @@ def test_paused_topic_and_channel_survive_restart(tmp_path, stop):
             "/topic/create?topic=open_topic",
             "/channel/create?topic=open_topic&channel=paused_channel",
             "/channel/create?topic=open_topic&channel=open_channel",
-            "/topic/pause?topic=paused_topic",
-            "/channel/pause?topic=open_topic&channel=paused_channel",
         ]:
             assert http_post(daemon, path) == 200
+        # Toggled a few times, as an operator might, ending paused: each answer comes after
+        # nsqd.dat was written, and no older state may overwrite it later.
+        for action in ["pause", "unpause"] * 5 + ["pause"]:
+            assert http_post(daemon, f"/topic/{action}?topic=paused_topic") == 200
+            channel = "topic=open_topic&channel=paused_channel"
+            assert http_post(daemon, f"/channel/{action}?{channel}") == 200
         # Go nsqd persists the metadata before it answers a pause, so even kill -9 keeps it.
         if stop == "sigterm":
             assert daemon.stop() == 0, daemon.log
         else:
             daemon.kill()
-        assert paused_flags(read_nsqd_dat(tmp_path)) == expected
+        assert paused_flags(read_nsqd_dat(tmp_path)).items() >= expected.items()
 
         daemon = start_nsqd(tmp_path)
-        assert stats_paused_flags(daemon) == expected
+        assert stats_paused_flags(daemon).items() >= expected.items()
         port = daemon.port()
         held_by_topic = Consumer(port, "paused_topic", "c", ready=10)
         held_by_channel = Consumer(port, "open_topic", "paused_channel", ready=10)

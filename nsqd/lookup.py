@@ -1,0 +1,164 @@
+"""nsqd's side of discovery: one peer task per `--lookupd-tcp-address` (Go's lookup.go).
+
+Each peer connects, sends the V1 magic and IDENTIFY, registers every topic and channel this
+nsqd hosts, then sends REGISTER/UNREGISTER as topics and channels come and go and PINGs every
+15 s. When the connection fails it reconnects with a growing delay and registers everything
+again, so a restarted nsqlookupd learns the whole state back.
+
+The REGISTER grammar follows the lookupd (SPEC.md §8 row 7): an nsqlookupd that reports a
+Youzan ("HA") or nsqpy version gets the partitioned form `REGISTER t 0 [c]`; an official
+nsqlookupd gets the classic `REGISTER t [c]`, which is the only form it parses correctly.
+"""
+
+import json
+from collections import deque
+from typing import TYPE_CHECKING
+
+import trio
+
+from common.lookup_protocol import (
+    MAGIC_V1,
+    LookupClientConnection,
+    LookupResponseError,
+    encode_identify,
+    encode_ping,
+    encode_register,
+    encode_unregister,
+)
+from common.version import VERSION
+from nsqd.wakeup import Wakeup
+
+if TYPE_CHECKING:
+    from nsqd.server import NSQD
+
+PING_INTERVAL = 15.0
+RESPONSE_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 5.0
+MAX_RECONNECT_DELAY = 5.0
+# The partition every topic of a standalone nsqd is, in the partitioned grammar.
+DEFAULT_PARTITION = 0
+
+
+class LookupPeer:
+    def __init__(self, nsqd: "NSQD", address: str) -> None:
+        self.nsqd = nsqd
+        self.address = address
+        self.info: dict = {}
+        self.partitioned = False
+        self.connected = False
+        self._pending: deque[tuple[str, str, str | None]] = deque()
+        self._wakeup = Wakeup()
+        self.cancel_scope = trio.CancelScope()
+
+    def notify(self, action: str, topic: str, channel: str | None) -> None:
+        """Queue REGISTER or UNREGISTER for the open connection (dropped while disconnected:
+        the next connection registers the whole state anyway)."""
+        if self.connected:
+            self._pending.append((action, topic, channel))
+            self._wakeup.set()
+
+    async def run(self) -> None:
+        log = self.nsqd.log
+        delay = 0.1
+        with self.cancel_scope:
+            while True:
+                try:
+                    await self._session()
+                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                    log.error("LOOKUPD(%s): error - %s", self.address, error)
+                except (LookupResponseError, ValueError, trio.TooSlowError) as error:
+                    log.error("LOOKUPD(%s): bad response - %s", self.address, error)
+                finally:
+                    self.connected = False
+                    self._pending.clear()
+                await trio.sleep(delay)
+                delay = min(delay * 2, MAX_RECONNECT_DELAY)
+
+    async def _session(self) -> None:
+        nsqd = self.nsqd
+        host, _, port = self.address.rpartition(":")
+        with trio.fail_after(CONNECT_TIMEOUT):
+            stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+        async with stream:
+            decoder = LookupClientConnection()
+            await stream.send_all(MAGIC_V1)
+            identify = {
+                "version": VERSION,
+                "tcp_port": nsqd.tcp_port,
+                "http_port": nsqd.http_port,
+                "hostname": nsqd.hostname,
+                "broadcast_address": nsqd.options.broadcast_address,
+                "distributed_id": f"{nsqd.options.broadcast_address}:{nsqd.tcp_port}:nsqpy",
+            }
+            reply = await self._command(stream, decoder, encode_identify(identify))
+            if reply == b"E_INVALID":
+                nsqd.log.info("LOOKUPD(%s): lookupd returned %s", self.address, reply)
+                return
+            self.info = json.loads(reply)
+            version = str(self.info.get("version", ""))
+            self.partitioned = "HA" in version or "nsqpy" in version
+            nsqd.log.info("LOOKUPD(%s): peer info %s", self.address, self.info)
+            self.connected = True
+            for topic, channel in nsqd.registrations():
+                await self._command(stream, decoder, self._encode("REGISTER", topic, channel))
+            next_ping = trio.current_time() + PING_INTERVAL
+            while True:
+                while self._pending:
+                    action, topic, channel = self._pending.popleft()
+                    nsqd.log.info(
+                        "LOOKUPD(%s): %s %s %s", self.address, action, topic, channel or ""
+                    )
+                    await self._command(stream, decoder, self._encode(action, topic, channel))
+                if trio.current_time() >= next_ping:
+                    await self._command(stream, decoder, encode_ping())
+                    next_ping = trio.current_time() + PING_INTERVAL
+                with trio.move_on_at(next_ping):
+                    await self._wakeup.wait()
+
+    def _encode(self, action: str, topic: str, channel: str | None) -> bytes:
+        partition = DEFAULT_PARTITION if self.partitioned else None
+        encode = encode_register if action == "REGISTER" else encode_unregister
+        return encode(topic, channel, partition)
+
+    async def _command(self, stream, decoder: LookupClientConnection, data: bytes) -> bytes:
+        await stream.send_all(data)
+        with trio.fail_after(RESPONSE_TIMEOUT):
+            while True:
+                data = await stream.receive_some(64 * 1024)
+                if not data:
+                    raise trio.BrokenResourceError("nsqlookupd closed the connection")
+                replies = decoder.receive_data(data)
+                if replies:
+                    return replies[0]
+
+
+class LookupPeers:
+    """The set of peers, changed at run time by PUT /config/nsqlookupd_tcp_addresses."""
+
+    def __init__(self, nsqd: "NSQD") -> None:
+        self.nsqd = nsqd
+        self.peers: dict[str, LookupPeer] = {}
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, addresses: list[str]) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self.set_addresses(addresses)
+            await trio.sleep_forever()
+
+    def set_addresses(self, addresses: list[str]) -> None:
+        if self._nursery is None:
+            return
+        wanted = list(dict.fromkeys(addresses))
+        for address in list(self.peers):
+            if address not in wanted:
+                self.peers.pop(address).cancel_scope.cancel()
+        for address in wanted:
+            if address not in self.peers:
+                peer = LookupPeer(self.nsqd, address)
+                self.peers[address] = peer
+                self._nursery.start_soon(peer.run)
+
+    def notify(self, action: str, topic: str, channel: str | None = None) -> None:
+        for peer in self.peers.values():
+            peer.notify(action, topic, channel)

@@ -1,0 +1,288 @@
+"""nsqlookupd's HTTP API: Go nsqlookupd v1.3.0's http.go, plus Youzan's `/lookup` parameters
+and `/listlookup` (SPEC.md §5). Always the v1 form: no envelope, real status codes."""
+
+from typing import TYPE_CHECKING
+
+from common.http_server import (
+    HTTPError,
+    QueryError,
+    Request,
+    Response,
+    Router,
+    text_response,
+    v1_response,
+)
+from common.names import is_valid_name
+from common.version import VERSION
+from nsqlookupd.registry import ANY, active
+
+if TYPE_CHECKING:
+    from nsqlookupd.server import NSQLookupd
+
+_NO_CHANNEL = "Topic has no channel, should init at least one for the new topic"
+
+
+def _query(request: Request) -> dict[str, list[str]]:
+    try:
+        return request.query()
+    except QueryError:
+        raise HTTPError(400, "INVALID_REQUEST") from None
+
+
+def _first(params: dict[str, list[str]], key: str) -> str | None:
+    values = params.get(key)
+    return values[0] if values else None
+
+
+def _topic_and_channel(params: dict[str, list[str]]) -> tuple[str, str]:
+    """Go's http_api.GetTopicChannelArgs."""
+    topic = _first(params, "topic")
+    if topic is None:
+        raise HTTPError(400, "MISSING_ARG_TOPIC")
+    if not is_valid_name(topic):
+        raise HTTPError(400, "INVALID_ARG_TOPIC")
+    channel = _first(params, "channel")
+    if channel is None:
+        raise HTTPError(400, "MISSING_ARG_CHANNEL")
+    if not is_valid_name(channel):
+        raise HTTPError(400, "INVALID_ARG_CHANNEL")
+    return topic, channel
+
+
+class HTTPAPI:
+    def __init__(self, lookupd: "NSQLookupd") -> None:
+        self.lookupd = lookupd
+        router = self.router = Router()
+        router.add("GET", "/ping", self.ping)
+        router.add("GET", "/info", self.info)
+        router.add("GET", "/debug", self.debug)
+        router.add("GET", "/lookup", self.lookup)
+        router.add("GET", "/topics", self.topics)
+        router.add("GET", "/channels", self.channels)
+        router.add("GET", "/nodes", self.nodes)
+        router.add("GET", "/listlookup", self.listlookup)
+        router.add("POST", "/topic/create", self.topic_create)
+        router.add("POST", "/topic/delete", self.topic_delete)
+        router.add("POST", "/channel/create", self.channel_create)
+        router.add("POST", "/channel/delete", self.channel_delete)
+        router.add("POST", "/topic/tombstone", self.topic_tombstone)
+
+    async def ping(self, request: Request) -> Response:
+        return text_response(200, "OK")
+
+    async def info(self, request: Request) -> Response:
+        return v1_response(200, {"version": VERSION})
+
+    async def topics(self, request: Request) -> Response:
+        return v1_response(200, {"topics": self.lookupd.db.topics()})
+
+    async def channels(self, request: Request) -> Response:
+        params = _query(request)
+        topic = _first(params, "topic")
+        if topic is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        partition = self._partition_filter(params)
+        return v1_response(200, {"channels": self.lookupd.db.channels(topic, partition)})
+
+    @staticmethod
+    def _partition_filter(params: dict[str, list[str]]):
+        text = _first(params, "partition")
+        if text is None or text in ("", "*"):
+            return ANY
+        try:
+            return int(text)
+        except ValueError:
+            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION") from None
+
+    async def lookup(self, request: Request) -> Response:
+        lookupd = self.lookupd
+        options = lookupd.options
+        db = lookupd.db
+        params = _query(request)
+        topic = _first(params, "topic")
+        if topic is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        access = _first(params, "access") or "r"
+        if access not in ("r", "w"):
+            raise HTTPError(400, "INVALID_ACCESS_MODE")
+        partition = self._partition_filter(params)
+        if not db.find_registrations("topic", topic, ""):
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+
+        channels = db.channels(topic)
+        timeout = options.inactive_producer_timeout
+        lifetime = options.tombstone_lifetime
+        producers = active(db.find_producers("topic", topic, "", partition), timeout, lifetime)
+        partitions: dict[str, dict] = {}
+        dropped_for_no_channel = 0
+        for registration in sorted(
+            db.find_registrations("topic", topic, "", partition),
+            key=lambda r: -1 if r[3] is None else r[3],
+        ):
+            pid = registration[3]
+            if pid is None or pid < 0:
+                continue
+            live = active(db.producers_of(registration), timeout, lifetime)
+            if not live:
+                continue
+            if (
+                access == "w"
+                and not options.allow_write_with_nochannels
+                and not db.find_registrations("channel", topic, ANY, pid)
+            ):
+                dropped_for_no_channel += 1
+                continue
+            partitions[str(pid)] = live[0].peer.as_json()
+        if access == "w":
+            # Writers get only nodes that take writes: no tombstoned, no classic nodes.
+            producers = [p for p in producers if p.peer.partitioned and not p.tombstoned]
+            if dropped_for_no_channel and not partitions:
+                raise HTTPError(404, _NO_CHANNEL)
+        document: dict = {"channels": channels}
+        if _first(params, "metainfo"):
+            document["meta"] = self._meta(topic, partitions)
+        document["partitions"] = partitions
+        document["producers"] = [p.peer.as_json() for p in producers]
+        return v1_response(200, document)
+
+    def _meta(self, topic: str, partitions: dict[str, dict]) -> dict:
+        stored = self.lookupd.topic_meta.get(topic, {})
+        registered = {
+            r[3]
+            for r in self.lookupd.db.find_registrations("topic", topic, "")
+            if r[3] is not None and r[3] >= 0
+        }
+        return {
+            "disable_channel_auto_create": stored.get("disable_channel_auto_create", False),
+            "extend_support": stored.get("extend_support", False),
+            "multi_part": stored.get("multi_part", False),
+            "ordered": stored.get("ordered", False),
+            "partition_num": stored.get("partition_num", max(1, len(registered))),
+            "replica": stored.get("replica", 1),
+        }
+
+    async def nodes(self, request: Request) -> Response:
+        db = self.lookupd.db
+        options = self.lookupd.options
+        clients = active(db.find_producers("client", "", ""), options.inactive_producer_timeout, 0)
+        nodes = []
+        for producer in clients:
+            peer = producer.peer
+            topics = []
+            tombstones = []
+            partitions: dict[str, list[str]] = {}
+            for registration in db.registrations_of_peer(peer.id):
+                if registration[0] != "topic":
+                    continue
+                topic = registration[1]
+                if topic not in topics:
+                    topics.append(topic)
+                    own = db.registrations[registration][peer.id]
+                    tombstones.append(own.is_tombstoned(options.tombstone_lifetime))
+                if registration[3] is not None and registration[3] >= 0:
+                    partitions.setdefault(topic, []).append(str(registration[3]))
+            node = {**peer.official(), "tombstones": tombstones, "topics": topics}
+            if peer.partitioned:
+                node["partitions"] = partitions
+            nodes.append(node)
+        return v1_response(200, {"producers": nodes})
+
+    async def debug(self, request: Request) -> Response:
+        data: dict[str, list[dict]] = {}
+        for registration, producers in self.lookupd.db.registrations.items():
+            category, key, subkey, partition = registration
+            name = f"{category}:{key}:{subkey}"
+            if partition is not None:
+                name = f"{category}:{key}:{subkey}:{partition}"
+            for producer in producers.values():
+                peer = producer.peer
+                data.setdefault(name, []).append(
+                    {
+                        "broadcast_address": peer.broadcast_address,
+                        "hostname": peer.hostname,
+                        "http_port": peer.http_port,
+                        "id": peer.id,
+                        "last_update": peer.last_update,
+                        "tcp_port": peer.tcp_port,
+                        "tombstoned": producer.tombstoned,
+                        # Go prints the zero time.Time's UnixNano when never tombstoned.
+                        "tombstoned_at": int(producer.tombstoned_at * 1e9)
+                        if producer.tombstoned
+                        else -6795364578871345152,
+                        "version": peer.version,
+                    }
+                )
+        return v1_response(200, dict(sorted(data.items())))
+
+    async def listlookup(self, request: Request) -> Response:
+        lookupd = self.lookupd
+        node = {
+            "ID": f"{lookupd.options.broadcast_address}:{lookupd.http_port}:{lookupd.tcp_port}",
+            "NodeIP": lookupd.options.broadcast_address,
+            "TcpPort": str(lookupd.tcp_port),
+            "HttpPort": str(lookupd.http_port),
+            "RpcPort": "",
+            "Epoch": 0,
+        }
+        return v1_response(200, {"lookupdleader": node, "lookupdnodes": [node]})
+
+    # -- administration --------------------------------------------------------------------
+
+    async def topic_create(self, request: Request) -> Response:
+        params = _query(request)
+        topic = _first(params, "topic")
+        if topic is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_name(topic):
+            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        self.lookupd.log.info("DB: adding topic(%s)", topic)
+        self.lookupd.db.add_registration(("topic", topic, "", None))
+        return v1_response(200)
+
+    async def topic_delete(self, request: Request) -> Response:
+        params = _query(request)
+        topic = _first(params, "topic")
+        if topic is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        db = self.lookupd.db
+        for registration in db.find_registrations("channel", topic, ANY):
+            self.lookupd.log.info("DB: removing channel(%s) from topic(%s)", registration[2], topic)
+            db.remove_registration(registration)
+        for registration in db.find_registrations("topic", topic, ""):
+            self.lookupd.log.info("DB: removing topic(%s)", topic)
+            db.remove_registration(registration)
+        self.lookupd.topic_meta.pop(topic, None)
+        return v1_response(200)
+
+    async def topic_tombstone(self, request: Request) -> Response:
+        params = _query(request)
+        topic = _first(params, "topic")
+        if topic is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        node = _first(params, "node")
+        if node is None:
+            raise HTTPError(400, "MISSING_ARG_NODE")
+        self.lookupd.log.info("DB: setting tombstone for producer@%s of topic(%s)", node, topic)
+        for registration in self.lookupd.db.find_registrations("topic", topic, ""):
+            for producer in self.lookupd.db.producers_of(registration):
+                peer = producer.peer
+                if f"{peer.broadcast_address}:{peer.http_port}" == node:
+                    producer.tombstone()
+        return v1_response(200)
+
+    async def channel_create(self, request: Request) -> Response:
+        topic, channel = _topic_and_channel(_query(request))
+        self.lookupd.log.info("DB: adding channel(%s) in topic(%s)", channel, topic)
+        self.lookupd.db.add_registration(("channel", topic, channel, None))
+        self.lookupd.db.add_registration(("topic", topic, "", None))
+        return v1_response(200)
+
+    async def channel_delete(self, request: Request) -> Response:
+        topic, channel = _topic_and_channel(_query(request))
+        registrations = self.lookupd.db.find_registrations("channel", topic, channel)
+        if not registrations:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        self.lookupd.log.info("DB: removing channel(%s) from topic(%s)", channel, topic)
+        for registration in registrations:
+            self.lookupd.db.remove_registration(registration)
+        return v1_response(200)

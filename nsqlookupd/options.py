@@ -1,0 +1,94 @@
+"""nsqlookupd's options: Go nsqlookupd v1.3.0's flags and defaults (SPEC.md §7.2), plus
+Youzan's `--allow-write-with-nochannels` for `/lookup?access=w` (SPEC.md §5.3)."""
+
+import dataclasses
+import socket
+from dataclasses import dataclass, field
+
+from common.flags import Flag, FlagSet, Kind
+from common.log import LOG_LEVELS, parse_log_level
+
+
+@dataclass(frozen=True)
+class Options:
+    log_level: str = "info"
+    log_prefix: str = "[nsqlookupd] "
+    verbose: bool = False  # deprecated, no effect
+    tcp_address: str = "0.0.0.0:4160"
+    http_address: str = "0.0.0.0:4161"
+    broadcast_address: str = field(default_factory=socket.gethostname)
+    inactive_producer_timeout: float = 300.0
+    tombstone_lifetime: float = 45.0
+    allow_write_with_nochannels: bool = False
+
+    def replace(self, **changes) -> "Options":
+        return dataclasses.replace(self, **changes)
+
+
+def build_flags(defaults: Options | None = None) -> FlagSet:
+    d = defaults or Options()
+    return FlagSet(
+        "nsqlookupd",
+        [
+            Flag("config", Kind.STRING, "", "path to config file", config_key=None),
+            Flag("version", Kind.BOOL, False, "print version string", config_key=None),
+            Flag(
+                "log-level",
+                Kind.VALUE,
+                d.log_level,
+                "set log verbosity: debug, info, warn, error, or fatal",
+                parse=parse_log_level,
+                default_text=d.log_level.upper(),
+            ),
+            Flag("log-prefix", Kind.STRING, d.log_prefix, "log message prefix"),
+            Flag("verbose", Kind.BOOL, False, "[deprecated] has no effect, use --log-level"),
+            Flag(
+                "tcp-address",
+                Kind.STRING,
+                d.tcp_address,
+                "<addr>:<port> to listen on for TCP clients",
+            ),
+            Flag(
+                "http-address",
+                Kind.STRING,
+                d.http_address,
+                "<addr>:<port> to listen on for HTTP clients",
+            ),
+            Flag(
+                "broadcast-address",
+                Kind.STRING,
+                d.broadcast_address,
+                "address of this lookupd node, (default to the OS hostname)",
+            ),
+            Flag(
+                "inactive-producer-timeout",
+                Kind.DURATION,
+                d.inactive_producer_timeout,
+                "duration of time a producer will remain in the active list since its last ping",
+            ),
+            Flag(
+                "tombstone-lifetime",
+                Kind.DURATION,
+                d.tombstone_lifetime,
+                "duration of time a producer will remain tombstoned if registration remains",
+            ),
+            Flag(
+                "allow-write-with-nochannels",
+                Kind.BOOL,
+                False,
+                "[youzan] list partitions that have no channel yet in /lookup?access=w",
+            ),
+        ],
+    )
+
+
+class OptionsError(ValueError):
+    """Options nsqlookupd refuses at start."""
+
+
+def options_from_values(values: dict) -> Options:
+    known = {f.name for f in dataclasses.fields(Options)}
+    options = Options(**{key: value for key, value in values.items() if key in known})
+    if options.log_level not in LOG_LEVELS:
+        raise OptionsError(f"invalid log level {options.log_level!r}")
+    return options
