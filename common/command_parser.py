@@ -419,6 +419,17 @@ class CommandParser:
         # Go closes without a word; a one-line reason is kinder and costs nothing.
         return ProtocolError("E_INVALID", f"command line longer than {self.max_line_length} bytes")
 
+    def take_buffered(self) -> bytes:
+        """Hand over every byte not parsed yet (the connection is switching to TLS or
+        compression, and those bytes belong to the new layer)."""
+        data = self._data[self._position :] + b"".join(self._chunks)
+        self._data = b""
+        self._position = 0
+        self._chunks.clear()
+        self._chunks_length = 0
+        self._wanted = 0
+        return data
+
     def receive_eof(self) -> None:
         """The peer closed its side. Raise the error Go sends when a command is cut short."""
         if self._pending is None:

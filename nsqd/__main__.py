@@ -32,7 +32,11 @@ def main(argv: list[str] | None = None) -> None:
     # Queued messages are long-lived objects; the default gen-0 threshold of 700 makes the
     # collector rescan them constantly (about half of publish CPU, bench/RESULTS.md).
     gc.set_threshold(100_000, 50, 100)
-    nsqd = NSQD(options, log)
+    try:
+        nsqd = NSQD(options, log)
+    except OSError as error:  # a TLS certificate or key that cannot be loaded
+        log.critical("failed to instantiate nsqd - %s", error)
+        sys.exit(1)
     try:
         trio.run(_run, nsqd)
     except* MetadataError as group:

@@ -43,6 +43,7 @@ class Client:
         self.tls_version = ""
         self.tls_negotiated_protocol = ""
         self.tls_negotiated_protocol_is_mutual = False
+        self.tls_common_name = ""
         self.snappy = False
         self.deflate = False
         self.deflate_level = 0

@@ -12,6 +12,8 @@ from common.command_parser import parse_mpub_body
 from common.errors import ProtocolError
 from common.goformat import go_atoi
 from common.http_server import (
+    NSQ_V1_HEADER,
+    TEXT_CONTENT_TYPE,
     HTTPError,
     QueryError,
     Request,
@@ -341,3 +343,20 @@ class HTTPAPI:
     async def free_memory(self, request: Request) -> Response:
         gc.collect()
         return v1_response(200)
+
+
+class TLSRequiredRouter:
+    """The plain HTTP port under `--tls-required=tcp-https`: every request gets Go's 403."""
+
+    def __init__(self, nsqd: "NSQD") -> None:
+        self.nsqd = nsqd
+
+    async def dispatch(self, request: Request) -> Response:
+        port = _port(self.nsqd.https_address)
+        # Go writes this body by hand, spaces and all, and sets no Content-Type.
+        body = f'{{"message": "TLS_REQUIRED", "https_port": {port}}}'.encode()
+        return Response(403, body, [NSQ_V1_HEADER, ("Content-Type", TEXT_CONTENT_TYPE)])
+
+
+def _port(address: str | None) -> int:
+    return int(address.rsplit(":", 1)[1]) if address and ":" in address else 0

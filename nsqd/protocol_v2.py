@@ -27,8 +27,11 @@ from common.goformat import go_base10, go_quote, go_text
 from common.message import MESSAGE_ID_LENGTH
 from common.names import is_valid_name
 from common.version import VERSION
+from nsqd.auth import AuthError, query_any
 from nsqd.channel import ChannelError
 from nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Client
+from nsqd.compression import CompressedStream, PrefixedStream
+from nsqd.tls import connection_details, peer_common_name
 
 if TYPE_CHECKING:
     from nsqd.server import NSQD
@@ -36,6 +39,23 @@ if TYPE_CHECKING:
 RECEIVE_SIZE = 64 * 1024
 # The most messages one pump pass sends; bounds one buffer and lets FINs interleave.
 MAX_PUMP_BATCH = 1024
+# Go gives the TLS handshake 5 s.
+TLS_HANDSHAKE_TIMEOUT = 5.0
+# A TLS close_notify to a peer that stopped reading must not hold the connection's task.
+CLOSE_TIMEOUT = 1.0
+
+
+class _Upgrade:
+    """IDENTIFY's reply when it negotiated TLS or compression: the read loop sends the reply,
+    then switches the stream (TLS first, then snappy or deflate)."""
+
+    __slots__ = ("reply", "tls", "snappy", "deflate_level")
+
+    def __init__(self, reply: bytes, tls: bool, snappy: bool, deflate_level: int) -> None:
+        self.reply = reply
+        self.tls = tls
+        self.snappy = snappy
+        self.deflate_level = deflate_level
 
 
 class _IdentifyFields:
@@ -120,6 +140,15 @@ class ProtocolV2:
             b"AUTH": self.auth,
             b"IDENTIFY": self.identify,
         }
+        self._async_commands = {b"AUTH"}
+        self._handlers_unchecked = dict(self._handlers)
+        if nsqd.auth_enabled:
+            self._handlers[b"SUB"] = self.sub_authorized
+            for name in (b"PUB", b"MPUB", b"DPUB"):
+                self._handlers[name] = self.pub_authorized
+            self._async_commands |= {b"SUB", b"PUB", b"MPUB", b"DPUB"}
+        # Until the connection is on TLS, a TLS-requiring nsqd takes nothing but IDENTIFY.
+        self._tls_gate = options.tls_required != "false" and nsqd.tls_context is not None
 
     # -- connection life ----------------------------------------------------------------------
 
@@ -137,7 +166,8 @@ class ProtocolV2:
             self.nsqd.remove_client(client)
             if client.channel is not None:
                 client.channel.remove_client(client)
-            with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True) as closing:
+                closing.deadline = trio.current_time() + CLOSE_TIMEOUT
                 await self.stream.aclose()
 
     def close(self) -> None:
@@ -179,10 +209,19 @@ class ProtocolV2:
                 command = parser.next_command()
                 if command is None:
                     break
-                handler = handlers.get(command.name)
+                name = command.name
+                if self._tls_gate:
+                    self._enforce_tls_policy(name)
+                handler = handlers.get(name)
                 if handler is None:
-                    raise ProtocolError("E_INVALID", f"invalid command {go_text(command.name)}")
-                reply = handler(command)
+                    raise ProtocolError("E_INVALID", f"invalid command {go_text(name)}")
+                if name in self._async_commands:
+                    reply = await handler(command)
+                else:
+                    reply = handler(command)
+                if type(reply) is _Upgrade:
+                    await self._upgrade(reply, replies)
+                    continue
             except ProtocolError as error:
                 self.nsqd.log.error("[%s] - %s", self.client, error.text)
                 replies.append(encode_error(error.text))
@@ -256,8 +295,18 @@ class ProtocolV2:
 
     # -- state checks ---------------------------------------------------------------------
 
+    def _enforce_tls_policy(self, name: bytes) -> None:
+        if self.client.tls:
+            self._tls_gate = False
+        elif name != b"IDENTIFY":
+            raise ProtocolError(
+                "E_INVALID", f"cannot {go_text(name)} in current state (TLS required)"
+            )
+
     def _check_body_command(self, name: bytes) -> None:
-        """Go checks IDENTIFY's and AUTH's state before it reads their bodies."""
+        """Go checks the TLS policy and IDENTIFY's and AUTH's state before reading bodies."""
+        if self._tls_gate:
+            self._enforce_tls_policy(name)
         if name == b"IDENTIFY" and self.client.state != STATE_INIT:
             raise ProtocolError("E_INVALID", "cannot IDENTIFY in current state")
         if name == b"AUTH" and self.client.state != STATE_INIT:
@@ -281,7 +330,7 @@ class ProtocolV2:
     def nop(self, command) -> None:
         return None
 
-    def identify(self, command) -> bytes:
+    def identify(self, command) -> "bytes | _Upgrade":
         client = self.client
         options = self.options
         data = decode_identify(command.body)
@@ -351,13 +400,18 @@ class ProtocolV2:
         if not data.get("feature_negotiation", False):
             return OK_FRAME
 
+        tls = self.nsqd.tls_context is not None and data.get("tls_v1", False)
+        deflate = options.deflate and data.get("deflate", False)
+        snappy = options.snappy and data.get("snappy", False)
         deflate_level = 6
         requested_level = data.get("deflate_level", 0)
-        # TLS, snappy and deflate are granted only once the connection can upgrade to them.
-        tls = snappy = deflate = False
         if deflate and requested_level > 0:
             deflate_level = requested_level
         deflate_level = min(deflate_level, options.max_deflate_level)
+        if deflate and snappy:
+            raise ProtocolError(
+                "E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression"
+            )
         reply = {
             "max_rdy_count": options.max_rdy_count,
             "version": VERSION,
@@ -369,16 +423,118 @@ class ProtocolV2:
             "max_deflate_level": options.max_deflate_level,
             "snappy": snappy,
             "sample_rate": client.sample_rate,
-            "auth_required": False,
+            "auth_required": self.nsqd.auth_enabled,
             "output_buffer_size": client.output_buffer_size,
             "output_buffer_timeout": int(client.output_buffer_timeout * 1000),
         }
+        frame = encode_response(json.dumps(reply, separators=(",", ":")).encode())
+        if tls or snappy or deflate:
+            return _Upgrade(frame, tls, snappy, deflate_level if deflate else 0)
+        return frame
+
+    async def _upgrade(self, upgrade: "_Upgrade", replies: list[bytes]) -> None:
+        """After the IDENTIFY reply: TLS, then compression, each confirmed by an `OK` sent
+        through the new layer (SPEC.md §2.1)."""
+        client = self.client
+        async with self._send_lock:
+            await self.stream.send_all(b"".join(replies) + upgrade.reply)
+            replies.clear()
+            stream = self.stream
+            leftover = self.parser.take_buffered()
+            if leftover:
+                stream = PrefixedStream(stream, leftover)
+            try:
+                if upgrade.tls:
+                    ssl_stream = trio.SSLStream(stream, self.nsqd.tls_context, server_side=True)
+                    with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+                        await ssl_stream.do_handshake()
+                    client.tls = True
+                    details = connection_details(ssl_stream._ssl_object)
+                    client.tls_version = details["tls_version"]
+                    client.tls_cipher_suite = details["tls_cipher_suite"]
+                    client.tls_negotiated_protocol = details["tls_negotiated_protocol"]
+                    client.tls_negotiated_protocol_is_mutual = True
+                    client.tls_common_name = peer_common_name(ssl_stream._ssl_object)
+                    stream = ssl_stream
+                    await stream.send_all(OK_FRAME)
+                if upgrade.snappy:
+                    stream = CompressedStream.snappy(stream)
+                    client.snappy = True
+                    await stream.send_all(OK_FRAME)
+                if upgrade.deflate_level:
+                    stream = CompressedStream.deflate(stream, upgrade.deflate_level)
+                    client.deflate = True
+                    client.deflate_level = upgrade.deflate_level
+                    await stream.send_all(OK_FRAME)
+            except (trio.TooSlowError, trio.BrokenResourceError, OSError) as error:
+                raise ProtocolError("E_IDENTIFY_FAILED", f"IDENTIFY failed {error}") from None
+            finally:
+                self.stream = stream
+
+    async def auth(self, command) -> bytes:
+        client = self.client
+        if client.auth_state is not None and client.auth_state.authorizations:
+            raise ProtocolError("E_INVALID", "AUTH already set")
+        if not self.nsqd.auth_enabled:
+            raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
+        client.auth_secret = command.body.decode("utf-8", "surrogateescape")
+        try:
+            await self._query_auth()
+        except AuthError as error:
+            # Go does not leak auth server errors to untrusted clients; it logs them.
+            self.nsqd.log.warning("PROTOCOL(V2): [%s] AUTH failed %s", client, error)
+            raise ProtocolError("E_AUTH_FAILED", "AUTH failed") from None
+        state = client.auth_state
+        if not state.authorizations:
+            raise ProtocolError("E_UNAUTHORIZED", "AUTH no authorizations found")
+        reply = {
+            "identity": state.identity,
+            "identity_url": state.identity_url,
+            "permission_count": len(state.authorizations),
+        }
         return encode_response(json.dumps(reply, separators=(",", ":")).encode())
 
-    def auth(self, command) -> bytes:
-        raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
+    async def _query_auth(self) -> None:
+        client = self.client
+        options = self.options
+        client.auth_state = await query_any(
+            options.auth_http_address,
+            client.remote_address.rsplit(":", 1)[0].strip("[]"),
+            client.tls,
+            client.auth_secret,
+            client.tls_common_name,
+            options.http_client_connect_timeout + options.http_client_request_timeout,
+        )
 
-    def sub(self, command) -> bytes:
+    async def _check_auth(self, label: str, topic: str, channel: str) -> None:
+        """Go's CheckAuth: authorizations first, refreshed when their TTL ran out."""
+        client = self.client
+        state = client.auth_state
+        if state is None or not state.authorizations:
+            raise ProtocolError("E_AUTH_FIRST", f"AUTH required before {label}")
+        if state.is_expired():
+            try:
+                await self._query_auth()
+            except AuthError as error:
+                self.nsqd.log.warning("PROTOCOL(V2): [%s] Auth Failed %s", client, error)
+                raise ProtocolError("E_AUTH_FAILED", "AUTH failed") from None
+        if not client.auth_state.is_allowed(topic, channel):
+            raise ProtocolError(
+                "E_UNAUTHORIZED",
+                f"AUTH failed for {label} on {go_quote(topic)} {go_quote(channel)}",
+            )
+
+    async def sub_authorized(self, command) -> bytes:
+        topic_name, channel_name = self._sub_names(command)
+        await self._check_auth("SUB", topic_name, channel_name)
+        return self._subscribe(topic_name, channel_name)
+
+    async def pub_authorized(self, command) -> bytes:
+        label = command.name.decode()
+        await self._check_auth(label, go_text(command.args[0]), "")
+        return self._handlers_unchecked[command.name](command)
+
+    def _sub_names(self, command) -> tuple[str, str]:
         client = self.client
         if client.state != STATE_INIT:
             raise ProtocolError("E_INVALID", "cannot SUB in current state")
@@ -395,6 +551,13 @@ class ProtocolV2:
             raise ProtocolError(
                 "E_BAD_CHANNEL", f"SUB channel name {go_quote(args[1])} is not valid"
             )
+        return topic_name, channel_name
+
+    def sub(self, command) -> bytes:
+        return self._subscribe(*self._sub_names(command))
+
+    def _subscribe(self, topic_name: str, channel_name: str) -> bytes:
+        client = self.client
         if self.nsqd.exiting:
             raise ProtocolError("E_SUB_FAILED", "SUB failed to deleted topic/channel")
         channel = self.nsqd.get_topic(topic_name).get_channel(channel_name)

@@ -24,7 +24,7 @@ from diskqueue import DiskQueue
 from nsqd.backend import open_backend
 from nsqd.channel import Channel
 from nsqd.client import Client
-from nsqd.http_api import HTTPAPI
+from nsqd.http_api import HTTPAPI, TLSRequiredRouter
 from nsqd.lookup import LookupPeers
 from nsqd.metadata import (
     ChannelMetadata,
@@ -38,6 +38,7 @@ from nsqd.protocol_v2 import ProtocolV2
 from nsqd.queue_scan import QueueScanner
 from nsqd.stats import gc_pauses
 from nsqd.statsd import StatsdPusher
+from nsqd.tls import server_context
 from nsqd.topic import Topic
 from nsqd.wakeup import Wakeup
 
@@ -59,6 +60,9 @@ class NSQD:
         self.health = "OK"
         self.queue_scanner = QueueScanner(self)
         self.lookup_peers = LookupPeers(self)
+        self.tls_context = server_context(options)
+        self.auth_enabled = bool(options.auth_http_address)
+        self.https_address: str | None = None
         gc_pauses.install()
         self._connections: set[ProtocolV2] = set()
         self._written_backends: set[DiskQueue] = set()
@@ -249,6 +253,13 @@ class NSQD:
         self.http_address = format_address(http_listener.socket.getsockname())
         self.log.info("HTTP: listening on %s", self.http_address)
         http_api = HTTPAPI(self)
+        https_listener = None
+        if self.tls_context is not None:
+            https_listener = await open_listener(options.https_address)
+            self.https_address = format_address(https_listener.socket.getsockname())
+            self.log.info("HTTPS: listening on %s", self.https_address)
+        # --tls-required=tcp-https: the plain HTTP port only points to the HTTPS one (Go).
+        plain_router = TLSRequiredRouter(self) if options.tls_required == "tcp-https" else None
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -257,8 +268,20 @@ class NSQD:
                 async with trio.open_nursery() as listener_nursery:
                     listener_nursery.start_soon(self._accept_loop, tcp_listener, nursery)
                     listener_nursery.start_soon(
-                        self._accept_http, http_listener, http_api, listener_nursery
+                        self._accept_http,
+                        http_listener,
+                        plain_router or http_api.router,
+                        listener_nursery,
+                        False,
                     )
+                    if https_listener is not None:
+                        listener_nursery.start_soon(
+                            self._accept_http,
+                            https_listener,
+                            http_api.router,
+                            listener_nursery,
+                            True,
+                        )
                     nursery.start_soon(self.queue_scanner.run)
                     nursery.start_soon(self._metadata_writer)
                     nursery.start_soon(self._sync_timer)
@@ -274,6 +297,8 @@ class NSQD:
             with trio.CancelScope(shield=True):
                 await tcp_listener.aclose()
                 await http_listener.aclose()
+                if https_listener is not None:
+                    await https_listener.aclose()
                 await self._persist_on_exit()
 
     def shutdown(self) -> None:
@@ -291,7 +316,7 @@ class NSQD:
                 continue
             nursery.start_soon(self._handle_connection, stream)
 
-    async def _accept_http(self, listener, http_api: HTTPAPI, nursery: trio.Nursery) -> None:
+    async def _accept_http(self, listener, router, nursery: trio.Nursery, tls: bool) -> None:
         max_body = max(self.options.max_body_size, self.options.max_msg_size)
 
         def log_error(error: BaseException) -> None:
@@ -308,11 +333,15 @@ class NSQD:
                 remote = format_address(stream.socket.getpeername())
             except OSError:
                 remote = ""
+            if tls:
+                stream = trio.SSLStream(
+                    stream, self.tls_context, server_side=True, https_compatible=True
+                )
             nursery.start_soon(
                 partial(
                     serve_http_connection,
                     stream,
-                    http_api.router,
+                    router,
                     max_body_size=max_body,
                     remote=remote,
                     on_error=log_error,

@@ -1,0 +1,115 @@
+"""AUTH against `--auth-http-address` servers (Go's internal/auth, SPEC.md §2.2).
+
+nsqd asks `GET /auth?remote_ip=&tls=&secret=&common_name=` of the auth servers in random
+order until one answers, keeps the authorizations for their `ttl` seconds, and matches topics
+and channels against their regular expressions (unanchored, as Go's MatchString). Anything
+that goes wrong while asking denies: an unreachable auth server never lets a client in.
+"""
+
+import json
+import random
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+
+import trio
+
+
+class AuthError(Exception):
+    """The auth servers could not be asked, or answered something unusable."""
+
+
+@dataclass
+class Authorization:
+    topic: str
+    channels: list[str]
+    permissions: list[str]
+
+    def is_allowed(self, topic: str, channel: str) -> bool:
+        needed = "subscribe" if channel else "publish"
+        if needed not in self.permissions:
+            return False
+        try:
+            if not re.search(self.topic, topic):
+                return False
+            return any(re.search(pattern, channel) for pattern in self.channels)
+        except re.error:
+            return False
+
+
+@dataclass
+class AuthState:
+    identity: str = ""
+    identity_url: str = ""
+    expires: float = 0.0
+    authorizations: list[Authorization] = field(default_factory=list)
+
+    def is_expired(self) -> bool:
+        return time.monotonic() >= self.expires
+
+    def is_allowed(self, topic: str, channel: str) -> bool:
+        return any(a.is_allowed(topic, channel) for a in self.authorizations)
+
+
+def _auth_url(address: str, remote_ip: str, tls: bool, secret: str, common_name: str) -> str:
+    query = urllib.parse.urlencode(
+        {
+            "remote_ip": remote_ip,
+            "tls": "true" if tls else "false",
+            "secret": secret,
+            "common_name": common_name,
+        }
+    )
+    if address.startswith(("http://", "https://")):
+        separator = "&" if "?" in address else "?"
+        return f"{address}{separator}{query}"
+    return f"http://{address}/auth?{query}"
+
+
+def _query_one(url: str, timeout: float) -> AuthState:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            if response.status != 200:
+                raise AuthError(f"got response {response.status} from {url}")
+            document = json.loads(response.read())
+    except (OSError, urllib.error.URLError, ValueError) as error:
+        raise AuthError(f"{url}: {error}") from error
+    try:
+        authorizations = [
+            Authorization(
+                str(item["topic"]),
+                [str(c) for c in item.get("channels") or []],
+                [str(p) for p in item.get("permissions") or []],
+            )
+            for item in document.get("authorizations") or []
+        ]
+        return AuthState(
+            identity=str(document.get("identity", "")),
+            identity_url=str(document.get("identity_url", "")),
+            expires=time.monotonic() + float(document.get("ttl", 0)),
+            authorizations=authorizations,
+        )
+    except (TypeError, KeyError, AttributeError, ValueError) as error:
+        raise AuthError(f"{url}: invalid response - {error}") from error
+
+
+async def query_any(
+    addresses: list[str],
+    remote_ip: str,
+    tls: bool,
+    secret: str,
+    common_name: str,
+    timeout: float,
+) -> AuthState:
+    """The first auth server (in random order) that answers; AuthError if none does."""
+    errors = []
+    for address in random.sample(addresses, len(addresses)):
+        url = _auth_url(address, remote_ip, tls, secret, common_name)
+        try:
+            return await trio.to_thread.run_sync(_query_one, url, timeout)
+        except AuthError as error:
+            errors.append(str(error))
+    raise AuthError("; ".join(errors) or "no auth server")

@@ -1,0 +1,74 @@
+"""TLS for nsqd: the server context from `--tls-*` options, and the details /stats shows.
+
+Go's policies map onto the stdlib ssl module: `--tls-client-auth-policy=require-verify`
+demands a client certificate signed by `--tls-root-ca-file`; `require` demands a certificate
+too (Python's ssl cannot take a certificate without checking it, so it is checked against the
+root CA file when one is given, else against the system's).
+"""
+
+import ssl
+
+from nsqd.options import Options
+
+_MIN_VERSIONS = {
+    "ssl3.0": ssl.TLSVersion.TLSv1,  # SSLv3 cannot be enabled in modern OpenSSL
+    "tls1.0": ssl.TLSVersion.TLSv1,
+    "tls1.1": ssl.TLSVersion.TLSv1_1,
+    "tls1.2": ssl.TLSVersion.TLSv1_2,
+    "tls1.3": ssl.TLSVersion.TLSv1_3,
+}
+
+
+def server_context(options: Options) -> ssl.SSLContext | None:
+    """None when TLS is not configured (no certificate and key)."""
+    if not (options.tls_cert and options.tls_key):
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.minimum_version = _MIN_VERSIONS[options.tls_min_version]
+    except ValueError:
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if options.tls_min_version in ("ssl3.0", "tls1.0", "tls1.1"):
+        # Old protocol versions need OpenSSL's lowest security level to be negotiable.
+        context.set_ciphers("DEFAULT:@SECLEVEL=0")
+    context.load_cert_chain(options.tls_cert, options.tls_key)
+    if options.tls_client_auth_policy:
+        context.verify_mode = ssl.CERT_REQUIRED
+        if options.tls_root_ca_file:
+            context.load_verify_locations(options.tls_root_ca_file)
+        else:
+            context.load_default_certs(ssl.Purpose.CLIENT_AUTH)
+    elif options.tls_root_ca_file:
+        # Go's ClientAuth defaults to VerifyClientCertIfGiven when a root CA is set.
+        context.verify_mode = ssl.CERT_OPTIONAL
+        context.load_verify_locations(options.tls_root_ca_file)
+    return context
+
+
+_VERSION_NAMES = {
+    "TLSv1": "TLS1.0",
+    "TLSv1.1": "TLS1.1",
+    "TLSv1.2": "TLS1.2",
+    "TLSv1.3": "TLS1.3",
+}
+
+
+def connection_details(ssl_object: ssl.SSLObject) -> dict:
+    """The TLS fields of Go's client stats for a finished handshake."""
+    cipher = ssl_object.cipher()
+    return {
+        "tls_version": _VERSION_NAMES.get(ssl_object.version() or "", ssl_object.version() or ""),
+        "tls_cipher_suite": cipher[0] if cipher else "",
+        "tls_negotiated_protocol": ssl_object.selected_alpn_protocol() or "",
+        "tls_negotiated_protocol_is_mutual": True,
+    }
+
+
+def peer_common_name(ssl_object: ssl.SSLObject) -> str:
+    """The client certificate's subject CN (sent to the auth server as `common_name`)."""
+    certificate = ssl_object.getpeercert()
+    for entry in (certificate or {}).get("subject", ()):
+        for key, value in entry:
+            if key == "commonName":
+                return value
+    return ""
