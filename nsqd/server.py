@@ -67,6 +67,7 @@ class NSQD:
         self._connections: set[ProtocolV2] = set()
         self._written_backends: set[DiskQueue] = set()
         self._metadata_wakeup = Wakeup()
+        self._metadata_lock = trio.Lock()
         self._metadata_loading = False
         self._shutdown = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -208,14 +209,17 @@ class NSQD:
         return encode_metadata(topics, VERSION)
 
     async def persist_metadata(self) -> None:
-        """Write `nsqd.dat` now (HTTP pause/unpause do, as Go's handlers do)."""
-        await trio.to_thread.run_sync(write_metadata, self.data_path, self.metadata())
+        """Write `nsqd.dat` now (HTTP pause/unpause do, as Go's handlers do). One writer at a
+        time, snapshot taken inside the lock, so an older snapshot never lands last (Go holds
+        the nsqd lock around PersistMetadata)."""
+        async with self._metadata_lock:
+            encoded = self.metadata()
+            await trio.to_thread.run_sync(write_metadata, self.data_path, encoded)
 
     async def _metadata_writer(self) -> None:
         while True:
             await self._metadata_wakeup.wait()
-            encoded = self.metadata()
-            await trio.to_thread.run_sync(write_metadata, self.data_path, encoded)
+            await self.persist_metadata()
 
     def load_metadata(self) -> None:
         """Recreate the topics and channels of `nsqd.dat`; their diskqueues reopen with them."""
@@ -386,10 +390,9 @@ class NSQD:
             for topic in self.topics.values():
                 topic.close()
 
-        encoded = self.metadata()
         await trio.to_thread.run_sync(close_all)
         self.log.info("NSQ: persisting topic/channel metadata to %s", self.data_path)
-        await trio.to_thread.run_sync(write_metadata, self.data_path, encoded)
+        await self.persist_metadata()
 
 
 _FLAGS = build_flags()

@@ -433,6 +433,35 @@ def test_sigterm_while_publishing_keeps_every_acknowledged_message(tmp_path):
         daemon.kill()
 
 
+def test_pause_answered_over_http_survives_kill_9(tmp_path):
+    """Go's pause handlers write nsqd.dat before they answer, so a pause answered 200 is never
+    lost, even to a kill -9 right after, and no older state written later may replace it.
+
+    Each round makes a topology change (a new channel, which nsqd persists in the background)
+    between the two pauses, then kills nsqd at once; the rounds add up on one data path."""
+    paused: dict[str, bool] = {}
+    daemon = start_nsqd(tmp_path)
+    try:
+        for round_number in range(6):
+            topic = f"t{round_number}"
+            for path in [
+                f"/topic/create?topic={topic}",
+                f"/channel/create?topic={topic}&channel=paused",
+                f"/topic/pause?topic={topic}",
+                f"/channel/create?topic={topic}&channel=other",
+                f"/channel/pause?topic={topic}&channel=paused",
+            ]:
+                assert http_post(daemon, path) == 200
+            paused.update({topic: True, f"{topic}:paused": True, f"{topic}:other": False})
+            daemon.kill()
+            assert paused_flags(read_nsqd_dat(tmp_path)) == paused, f"round {round_number}"
+            daemon = start_nsqd(tmp_path)
+            assert stats_paused_flags(daemon) == paused
+        assert daemon.stop() == 0, daemon.log
+    finally:
+        daemon.kill()
+
+
 # -- kill -9 -----------------------------------------------------------------------------------
 
 
