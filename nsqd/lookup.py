@@ -35,8 +35,6 @@ PING_INTERVAL = 15.0
 RESPONSE_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 5.0
 MAX_RECONNECT_DELAY = 5.0
-# The partition every topic of a standalone nsqd is, in the partitioned grammar.
-DEFAULT_PARTITION = 0
 
 
 class LookupPeer:
@@ -46,15 +44,15 @@ class LookupPeer:
         self.info: dict = {}
         self.partitioned = False
         self.connected = False
-        self._pending: deque[tuple[str, str, str | None]] = deque()
+        self._pending: deque[tuple[str, str, str | None, int]] = deque()
         self._wakeup = Wakeup()
         self.cancel_scope = trio.CancelScope()
 
-    def notify(self, action: str, topic: str, channel: str | None) -> None:
+    def notify(self, action: str, topic: str, channel: str | None, partition: int) -> None:
         """Queue REGISTER or UNREGISTER for the open connection (dropped while disconnected:
         the next connection registers the whole state anyway)."""
         if self.connected:
-            self._pending.append((action, topic, channel))
+            self._pending.append((action, topic, channel, partition))
             self._wakeup.set()
 
     async def run(self) -> None:
@@ -99,26 +97,28 @@ class LookupPeer:
             self.partitioned = "HA" in version or "nsqpy" in version
             nsqd.log.info("LOOKUPD(%s): peer info %s", self.address, self.info)
             self.connected = True
-            for topic, channel in nsqd.registrations():
-                await self._command(stream, decoder, self._encode("REGISTER", topic, channel))
+            for topic, channel, partition in nsqd.registrations():
+                register = self._encode("REGISTER", topic, channel, partition)
+                await self._command(stream, decoder, register)
             next_ping = trio.current_time() + PING_INTERVAL
             while True:
                 while self._pending:
-                    action, topic, channel = self._pending.popleft()
+                    action, topic, channel, partition = self._pending.popleft()
                     nsqd.log.info(
                         "LOOKUPD(%s): %s %s %s", self.address, action, topic, channel or ""
                     )
-                    await self._command(stream, decoder, self._encode(action, topic, channel))
+                    command = self._encode(action, topic, channel, partition)
+                    await self._command(stream, decoder, command)
                 if trio.current_time() >= next_ping:
                     await self._command(stream, decoder, encode_ping())
                     next_ping = trio.current_time() + PING_INTERVAL
                 with trio.move_on_at(next_ping):
                     await self._wakeup.wait()
 
-    def _encode(self, action: str, topic: str, channel: str | None) -> bytes:
-        partition = DEFAULT_PARTITION if self.partitioned else None
+    def _encode(self, action: str, topic: str, channel: str | None, partition: int) -> bytes:
         encode = encode_register if action == "REGISTER" else encode_unregister
-        return encode(topic, channel, partition)
+        # An official nsqlookupd knows no partitions: it hears about the topic as a whole.
+        return encode(topic, channel, partition if self.partitioned else None)
 
     async def _command(self, stream, decoder: LookupClientConnection, data: bytes) -> bytes:
         await stream.send_all(data)
@@ -159,6 +159,8 @@ class LookupPeers:
                 self.peers[address] = peer
                 self._nursery.start_soon(peer.run)
 
-    def notify(self, action: str, topic: str, channel: str | None = None) -> None:
+    def notify(
+        self, action: str, topic: str, channel: str | None = None, partition: int = 0
+    ) -> None:
         for peer in self.peers.values():
-            peer.notify(action, topic, channel)
+            peer.notify(action, topic, channel, partition)

@@ -8,6 +8,9 @@ import struct
 
 from common.message import MESSAGE_HEADER_SIZE
 
+# A record in a partition's queue: its 4-byte length prefix, the message header, the body.
+RECORD_OVERHEAD = 4 + MESSAGE_HEADER_SIZE
+
 _RECORD_HEADER = struct.Struct(">qH16s")
 
 
@@ -21,6 +24,8 @@ class Message:
         "deadline",
         "client_id",
         "defer",
+        "offset",
+        "trace_id",
     )
 
     def __init__(self, message_id: bytes, body: bytes, timestamp: int, attempts: int = 0) -> None:
@@ -32,11 +37,18 @@ class Message:
         self.deadline = 0.0  # in-flight timeout or deferred due time, on the trio clock
         self.client_id = 0  # the client it is in flight to
         self.defer = 0.0  # DPUB: seconds to hold the message before the first delivery
+        # Youzan: the partition's virtual byte position of the message's record (the DETAIL
+        # section and PUB_TRACE's reply), and the publisher's trace id. Kept in memory only:
+        # Go's record layout has no room for them.
+        self.offset = 0
+        self.trace_id = 0
 
     def copy(self) -> "Message":
         """A channel's own copy; `defer` travels with it so every channel defers a DPUB."""
         message = Message(self.id, self.body, self.timestamp, self.attempts)
         message.defer = self.defer
+        message.offset = self.offset
+        message.trace_id = self.trace_id
         return message
 
     def to_record(self) -> bytes:

@@ -29,6 +29,12 @@ class TopicMetadata:
     name: str
     paused: bool = False
     channels: list[ChannelMetadata] = field(default_factory=list)
+    # Youzan partitions (SPEC.md §3.2). Written only for partitioned topics, after Go's keys,
+    # so Go nsqd reading the file still sees its own shape (and ignores the rest).
+    partition: int | None = None
+    ordered: bool = False
+    ext: bool = False
+    next_offset: int = 0
 
 
 def metadata_path(data_path: str) -> str:
@@ -36,17 +42,22 @@ def metadata_path(data_path: str) -> str:
 
 
 def encode_metadata(topics: list[TopicMetadata], version: str) -> bytes:
-    document = {
-        "topics": [
-            {
-                "name": topic.name,
-                "paused": topic.paused,
-                "channels": [{"name": c.name, "paused": c.paused} for c in topic.channels],
-            }
-            for topic in topics
-        ],
-        "version": version,
-    }
+    entries = []
+    for topic in topics:
+        entry = {
+            "name": topic.name,
+            "paused": topic.paused,
+            "channels": [{"name": c.name, "paused": c.paused} for c in topic.channels],
+        }
+        if topic.partition is not None:
+            entry.update(
+                partition=topic.partition,
+                ordered=topic.ordered,
+                ext=topic.ext,
+                next_offset=topic.next_offset,
+            )
+        entries.append(entry)
+    document = {"topics": entries, "version": version}
     return json.dumps(document, separators=(",", ":")).encode()
 
 

@@ -48,7 +48,10 @@ class NSQD:
         self.options = options
         self.log = log or logging.getLogger("nsqd")
         self.data_path = options.effective_data_path()
+        # name -> the topic's default (lowest) local partition, which classic commands use
         self.topics: dict[str, Topic] = {}
+        # name -> partition number -> partition
+        self.partitions: dict[str, dict[int, Topic]] = {}
         self.clients: dict[int, Client] = {}
         self.exiting = False
         self.random = random.Random()
@@ -75,38 +78,86 @@ class NSQD:
     # -- topics -----------------------------------------------------------------------------
 
     def get_topic(self, name: str) -> Topic:
+        """The topic a classic command means: its lowest local partition, created as the
+        classic partition 0 on first use (SPEC.md §8 #2, #3)."""
         topic = self.topics.get(name)
         if topic is None:
-            topic = Topic(self, name)
-            self.topics[name] = topic
-            self.log.info("TOPIC(%s): created", name)
-            if self._nursery is not None:
-                self._nursery.start_soon(topic.pump)
-            self.topology_changed()
-            self.lookup_peers.notify("REGISTER", name)
+            topic = self.create_partition(name, 0)
         return topic
 
-    def delete_topic(self, name: str) -> None:
-        topic = self.topics.pop(name, None)
-        if topic is None:
-            return
-        self.log.info("TOPIC(%s): deleting", name)
-        topic.delete()
-        self.topology_changed()
-        self.lookup_peers.notify("UNREGISTER", name)
+    def get_partition(self, name: str, partition: int) -> Topic | None:
+        """An explicit partition, never created on the fly; -1 means the default one."""
+        if partition == -1:
+            return self.topics.get(name)
+        return self.partitions.get(name, {}).get(partition)
 
-    def registrations(self) -> list[tuple[str, str | None]]:
-        """What nsqlookupd must know: each channel, or the topic alone when it has none."""
-        pairs: list[tuple[str, str | None]] = []
-        for topic in self.topics.values():
+    def create_partition(
+        self,
+        name: str,
+        partition: int,
+        *,
+        partitioned: bool = False,
+        ordered: bool = False,
+        ext: bool = False,
+    ) -> Topic:
+        existing = self.partitions.get(name, {}).get(partition)
+        if existing is not None:
+            return existing
+        topic = Topic(self, name, partition, partitioned=partitioned, ordered=ordered, ext=ext)
+        self.partitions.setdefault(name, {})[partition] = topic
+        self._refresh_default(name)
+        if partitioned:
+            self.log.info("TOPIC(%s): created partition %d", name, partition)
+        else:
+            self.log.info("TOPIC(%s): created", name)
+        if self._nursery is not None:
+            self._nursery.start_soon(topic.pump)
+        self.topology_changed()
+        self.lookup_peers.notify("REGISTER", name, None, partition)
+        return topic
+
+    def _refresh_default(self, name: str) -> None:
+        partitions = self.partitions.get(name)
+        if partitions:
+            self.topics[name] = partitions[min(partitions)]
+        else:
+            self.partitions.pop(name, None)
+            self.topics.pop(name, None)
+
+    def all_partitions(self) -> list[Topic]:
+        """Every partition of every topic, by name then partition."""
+        return [
+            self.partitions[name][partition]
+            for name in sorted(self.partitions)
+            for partition in sorted(self.partitions[name])
+        ]
+
+    def delete_topic(self, name: str, partition: int | None = None) -> None:
+        """Delete one partition, or (None) the whole topic, files and all."""
+        partitions = self.partitions.get(name, {})
+        doomed = list(partitions) if partition is None else [partition]
+        for number in doomed:
+            topic = partitions.pop(number, None)
+            if topic is None:
+                continue
+            self.log.info("TOPIC(%s): deleting", name)
+            topic.delete()
+            self.lookup_peers.notify("UNREGISTER", name, None, number)
+        self._refresh_default(name)
+        self.topology_changed()
+
+    def registrations(self) -> list[tuple[str, str | None, int]]:
+        """What nsqlookupd must know: each channel, or the partition alone when it has none."""
+        entries: list[tuple[str, str | None, int]] = []
+        for topic in self.all_partitions():
             if topic.channels:
-                pairs.extend((topic.name, channel) for channel in topic.channels)
+                entries.extend((topic.name, channel, topic.partition) for channel in topic.channels)
             else:
-                pairs.append((topic.name, None))
-        return pairs
+                entries.append((topic.name, None, topic.partition))
+        return entries
 
     def all_channels(self) -> list[Channel]:
-        return [c for topic in self.topics.values() for c in topic.channels.values()]
+        return [c for topic in self.all_partitions() for c in topic.channels.values()]
 
     def open_backend(self, name: str, *, ephemeral: bool):
         return open_backend(name, self.options, ephemeral=ephemeral)
@@ -189,7 +240,7 @@ class NSQD:
 
     def _all_backends(self) -> list[DiskQueue]:
         backends = []
-        for topic in self.topics.values():
+        for topic in self.all_partitions():
             if not topic.ephemeral:
                 backends.append(topic.backend)
             backends.extend(c.backend for c in topic.channels.values() if not c.ephemeral)
@@ -197,7 +248,7 @@ class NSQD:
 
     def metadata(self) -> bytes:
         topics = []
-        for topic in self.topics.values():
+        for topic in self.all_partitions():
             if topic.ephemeral:
                 continue
             channels = [
@@ -205,7 +256,13 @@ class NSQD:
                 for c in topic.channels.values()
                 if not c.ephemeral
             ]
-            topics.append(TopicMetadata(topic.name, topic.paused, channels))
+            entry = TopicMetadata(topic.name, topic.paused, channels)
+            if topic.partitioned:
+                entry.partition = topic.partition
+                entry.ordered = topic.ordered
+                entry.ext = topic.ext
+                entry.next_offset = topic.next_offset
+            topics.append(entry)
         return encode_metadata(topics, VERSION)
 
     async def persist_metadata(self) -> None:
@@ -229,7 +286,17 @@ class NSQD:
                 if not is_valid_name(topic_meta.name):
                     self.log.warning("skipping creation of invalid topic %s", topic_meta.name)
                     continue
-                topic = self.get_topic(topic_meta.name)
+                if topic_meta.partition is None:
+                    topic = self.get_topic(topic_meta.name)
+                else:
+                    topic = self.create_partition(
+                        topic_meta.name,
+                        topic_meta.partition,
+                        partitioned=True,
+                        ordered=topic_meta.ordered,
+                        ext=topic_meta.ext,
+                    )
+                    topic.next_offset = topic_meta.next_offset
                 if topic_meta.paused:
                     topic.paused = True
                 for channel_meta in topic_meta.channels:
@@ -267,7 +334,7 @@ class NSQD:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                for topic in self.topics.values():
+                for topic in self.all_partitions():
                     nursery.start_soon(topic.pump)
                 async with trio.open_nursery() as listener_nursery:
                     listener_nursery.start_soon(self._accept_loop, tcp_listener, nursery)
@@ -381,13 +448,13 @@ class NSQD:
         its diskqueue (which syncs), then the metadata is written."""
         self.exiting = True
         flushed = 0
-        for topic in self.topics.values():
+        for topic in self.all_partitions():
             flushed += topic.flush()
         if flushed:
             self.log.info("NSQ: flushed %d messages to disk", flushed)
 
         def close_all() -> None:
-            for topic in self.topics.values():
+            for topic in self.all_partitions():
                 topic.close()
 
         await trio.to_thread.run_sync(close_all)

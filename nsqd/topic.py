@@ -16,7 +16,7 @@ import trio
 from common.guid import GUIDFactory
 from common.names import is_ephemeral
 from nsqd.channel import Channel
-from nsqd.message import Message
+from nsqd.message import RECORD_OVERHEAD, Message
 from nsqd.wakeup import Wakeup
 
 if TYPE_CHECKING:
@@ -27,14 +27,32 @@ _PUMP_BATCH = 1024
 
 
 class Topic:
-    def __init__(self, nsqd: "NSQD", name: str) -> None:
+    """One partition of a topic. A classic topic is partition 0 and nothing else; Youzan
+    topics (SPEC.md §3.2) have partitions created explicitly, `partitioned` marks them."""
+
+    def __init__(
+        self,
+        nsqd: "NSQD",
+        name: str,
+        partition: int = 0,
+        *,
+        partitioned: bool = False,
+        ordered: bool = False,
+        ext: bool = False,
+    ) -> None:
         self.nsqd = nsqd
         self.name = name
+        self.partition = partition
+        self.partitioned = partitioned
+        self.ordered = ordered
+        self.ext = ext
         self.ephemeral = is_ephemeral(name)
         self.mem_queue_size = nsqd.options.mem_queue_size
         self.channels: dict[str, Channel] = {}
         self.memory: deque[Message] = deque()
-        self.backend = nsqd.open_backend(name, ephemeral=self.ephemeral)
+        self.backend = nsqd.open_backend(self.backend_name, ephemeral=self.ephemeral)
+        # The partition's virtual byte position: where the next record would begin.
+        self.next_offset = 0
         self.paused = False
         self.deleted = False
         self.message_count = 0
@@ -42,13 +60,34 @@ class Topic:
         self.guid_factory = GUIDFactory(nsqd.options.node_id)
         self._pump_wakeup = Wakeup()
 
+    @property
+    def backend_name(self) -> str:
+        """Partition 0 keeps Go's queue name; others add `#<n>` (`#` is not allowed in topic
+        names, so no classic topic can collide with it)."""
+        return self.name if self.partition == 0 else f"{self.name}#{self.partition}"
+
+    @property
+    def full_name(self) -> str:
+        """Youzan's `topic_full_name`: `<topic>-<partition>`."""
+        return f"{self.name}-{self.partition}"
+
     # -- publishing -------------------------------------------------------------------------
 
-    def publish(self, bodies: list[bytes], defer: float = 0.0) -> list[Message]:
+    def publish(
+        self, bodies: list[bytes], defer: float = 0.0, trace_ids: list[int] | None = None
+    ) -> list[Message]:
         """PUB, MPUB, DPUB and HTTP /pub: new messages with fresh IDs, all or nothing."""
         timestamp = time.time_ns()
         ids = self.guid_factory.next_ids(len(bodies))
         messages = [Message(mid, body, timestamp) for mid, body in zip(ids, bodies, strict=True)]
+        offset = self.next_offset
+        for message in messages:
+            message.offset = offset
+            offset += RECORD_OVERHEAD + len(message.body)
+        self.next_offset = offset
+        if trace_ids is not None:
+            for message, trace_id in zip(messages, trace_ids, strict=True):
+                message.trace_id = trace_id
         if defer:
             for message in messages:
                 message.defer = defer
@@ -123,7 +162,7 @@ class Topic:
             self.channels[name] = channel
             self.nsqd.log.info("TOPIC(%s): new channel(%s)", self.name, name)
             self.nsqd.topology_changed()
-            self.nsqd.lookup_peers.notify("REGISTER", self.name, name)
+            self.nsqd.lookup_peers.notify("REGISTER", self.name, name, self.partition)
             self._pump_wakeup.set()
         return channel
 
@@ -134,10 +173,10 @@ class Topic:
         self.nsqd.log.info("TOPIC(%s): deleting channel %s", self.name, name)
         channel.delete()
         self.nsqd.topology_changed()
-        self.nsqd.lookup_peers.notify("UNREGISTER", self.name, name)
+        self.nsqd.lookup_peers.notify("UNREGISTER", self.name, name, self.partition)
         # Go deletes an ephemeral topic when its last channel goes.
         if self.ephemeral and not self.channels and not self.deleted:
-            self.nsqd.delete_topic(self.name)
+            self.nsqd.delete_topic(self.name, self.partition)
 
     # -- pause, empty, shutdown -------------------------------------------------------------
 
@@ -183,4 +222,4 @@ class Topic:
         self.backend.delete()
 
     def __repr__(self) -> str:
-        return f"Topic({self.name})"
+        return f"Topic({self.name}, partition {self.partition})"
