@@ -68,7 +68,16 @@ def _unescape(text: str) -> str:
 
 
 class Request:
-    __slots__ = ("method", "path", "query_string", "headers", "body", "keep_alive", "remote")
+    __slots__ = (
+        "method",
+        "path",
+        "query_string",
+        "headers",
+        "body",
+        "keep_alive",
+        "remote",
+        "content_length",
+    )
 
     def __init__(self, method: str, url: bytes, headers: dict[str, str], body: bytes) -> None:
         self.method = method
@@ -79,6 +88,12 @@ class Request:
         self.body = body
         self.keep_alive = True
         self.remote = ""
+        # The declared Content-Length (Go's req.ContentLength; -1 when not given), which
+        # handlers check before the body, as Go's do.
+        try:
+            self.content_length = int(headers.get("content-length", "-1"))
+        except ValueError:
+            self.content_length = -1
 
     def query(self) -> dict[str, list[str]]:
         return parse_query(self.query_string)
@@ -126,6 +141,10 @@ def v1_response(status: int, data=None) -> Response:
     return Response(200, go_json(data), [("Content-Type", JSON_CONTENT_TYPE), NSQ_V1_HEADER])
 
 
+# Go's net/http answers a request it cannot parse with a plain-text 400 and closes.
+_BAD_REQUEST = Response(400, b"400 Bad Request", [("Content-Type", "text/plain; charset=utf-8")])
+
+
 def text_response(status: int, text: str) -> Response:
     return Response(status, text.encode(), [("Content-Type", TEXT_CONTENT_TYPE)])
 
@@ -149,9 +168,25 @@ class Router:
     def __init__(self) -> None:
         self._routes: dict[str, dict[str, Handler]] = {}
         self._prefixes: list[tuple[str, dict[str, Handler]]] = []
+        self._body_limits: dict[tuple[str, str], Callable[[], int]] = {}
 
-    def add(self, method: str, path: str, handler: Handler) -> None:
+    def body_limit(self, method: str, path: str) -> int | None:
+        """The largest body the route takes, when it declared one. A request declaring more
+        is answered from its headers alone, as Go's handlers answer from ContentLength."""
+        limit = self._body_limits.get((method, path))
+        return limit() if limit is not None else None
+
+    def add(
+        self,
+        method: str,
+        path: str,
+        handler: Handler,
+        *,
+        max_body: Callable[[], int] | None = None,
+    ) -> None:
         """`path` ending in `/*` matches every path under it (httprouter's catch-all)."""
+        if max_body is not None:
+            self._body_limits[(method, path)] = max_body
         if path.endswith("/*"):
             prefix = path[:-1]
             for existing, methods in self._prefixes:
@@ -211,23 +246,35 @@ class _DateCache:
 _dates = _DateCache()
 
 
-def encode_response(response: Response, close: bool) -> bytes:
+def encode_response(response: Response, close: bool, http10: bool = False) -> bytes:
+    """Go's net/http framing: an HTTP/1.0 request gets an HTTP/1.0 status line, with
+    `Connection: keep-alive` when it asked to keep the connection and nothing when not;
+    HTTP/1.1 says `Connection: close` when the server closes."""
     status = response.status
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}"]
+    version = "HTTP/1.0" if http10 else "HTTP/1.1"
+    lines = [f"{version} {status} {_REASONS.get(status, 'Unknown')}"]
     lines.extend(f"{name}: {value}" for name, value in response.headers)
     lines.append(f"Date: {_dates.get()}")
     lines.append(f"Content-Length: {len(response.body)}")
-    if close:
+    if http10:
+        if not close:
+            lines.append("Connection: keep-alive")
+    elif close:
         lines.append("Connection: close")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + response.body
+
+
+class _AnswerEarly(Exception):
+    """Raised inside the parser when a request's headers already decide its answer."""
 
 
 class _ParserEvents:
     """httptools callbacks collecting complete requests, with the body capped at `max_body`."""
 
-    def __init__(self, max_body: int) -> None:
+    def __init__(self, max_body: int, router: "Router") -> None:
         self.max_body = max_body
-        self.completed: list[tuple[str, bytes, dict[str, str], bytes, bool]] = []
+        self.router = router
+        self.completed: list[tuple[str, bytes, dict[str, str], bytes, bool, bool]] = []
         self.parser: httptools.HttpRequestParser | None = None
         self._url = b""
         self._headers: dict[str, str] = {}
@@ -246,6 +293,19 @@ class _ParserEvents:
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
+    def on_headers_complete(self) -> None:
+        declared = self._headers.get("content-length")
+        if declared is None or not declared.isdigit():
+            return
+        method = self.parser.get_method().decode("latin-1")
+        path = unquote_plus(self._url.partition(b"?")[0].decode("latin-1"))
+        limit = self.router.body_limit(method, path)
+        if int(declared) > (self.max_body if limit is None else limit):
+            # Answer now without the body and close afterwards, as Go does for a request
+            # whose Content-Length is over the limit.
+            self._complete(b"", keep_alive=False)
+            raise _AnswerEarly
+
     def on_body(self, body: bytes) -> None:
         # Keep one byte past the cap so a handler can tell "too big" from "exactly the cap",
         # as Go's io.LimitReader(body, max+1) does; drop the rest.
@@ -255,14 +315,18 @@ class _ParserEvents:
         self._body_size += len(body)
 
     def on_message_complete(self) -> None:
+        self._complete(b"".join(self._body), self.parser.should_keep_alive())
+
+    def _complete(self, body: bytes, keep_alive: bool) -> None:
         parser = self.parser
         self.completed.append(
             (
                 parser.get_method().decode("latin-1"),
                 self._url,
                 self._headers,
-                b"".join(self._body),
-                parser.should_keep_alive(),
+                body,
+                keep_alive,
+                parser.get_http_version() == "1.0",
             )
         )
 
@@ -276,7 +340,7 @@ async def serve_http_connection(
     on_error: Callable[[BaseException], None] | None = None,
 ) -> None:
     """Serve requests on one connection until the client closes it or asks to."""
-    events = _ParserEvents(max_body_size)
+    events = _ParserEvents(max_body_size, router)
     parser = httptools.HttpRequestParser(events)
     events.parser = parser
     try:
@@ -290,17 +354,18 @@ async def serve_http_connection(
             try:
                 parser.feed_data(data)
             except httptools.HttpParserUpgrade:
-                await _send_quietly(stream, encode_response(v1_response(400, "BAD_REQUEST"), True))
+                await _send_quietly(stream, encode_response(_BAD_REQUEST, True))
                 return
-            except httptools.HttpParserError:
-                await _send_quietly(stream, encode_response(v1_response(400, "BAD_REQUEST"), True))
-                return
+            except httptools.HttpParserError as error:
+                if not isinstance(error.__context__, _AnswerEarly):
+                    await _send_quietly(stream, encode_response(_BAD_REQUEST, True))
+                    return
             if not events.completed:
                 continue
             completed, events.completed = events.completed, []
             out: list[bytes] = []
             close = False
-            for method, url, headers, body, keep_alive in completed:
+            for method, url, headers, body, keep_alive, http10 in completed:
                 request = Request(method, url, headers, body)
                 request.remote = remote
                 request.keep_alive = keep_alive
@@ -311,7 +376,7 @@ async def serve_http_connection(
                         on_error(error)
                     response = v1_response(500, "INTERNAL_ERROR")
                 close = not keep_alive
-                out.append(encode_response(response, close))
+                out.append(encode_response(response, close, http10))
                 if close:
                     break
             if not await _send_quietly(stream, b"".join(out)) or close:

@@ -29,10 +29,8 @@ _LEVEL_NAMES = {
 def parse_log_level(text: str) -> str:
     """The `--log-level` flag: a level name, any case (Go's lg.ParseLogLevel)."""
     lowered = text.lower()
-    if lowered == "warning":
-        lowered = "warn"
     if lowered not in LOG_LEVELS:
-        raise ValueError(f"invalid log level {text!r}")
+        raise ValueError(f"invalid log-level '{text}'")
     return lowered
 
 

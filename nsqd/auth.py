@@ -55,23 +55,24 @@ class AuthState:
 
 
 def _auth_url(address: str, remote_ip: str, tls: bool, secret: str, common_name: str) -> str:
+    # Go's url.Values.Encode sorts the keys; a full URL gets `?query` appended as it is.
     query = urllib.parse.urlencode(
         {
-            "remote_ip": remote_ip,
-            "tls": "true" if tls else "false",
-            "secret": secret,
             "common_name": common_name,
+            "remote_ip": remote_ip,
+            "secret": secret,
+            "tls": "true" if tls else "false",
         }
     )
     if address.startswith(("http://", "https://")):
-        separator = "&" if "?" in address else "?"
-        return f"{address}{separator}{query}"
+        return f"{address}?{query}"
     return f"http://{address}/auth?{query}"
 
 
 def _query_one(url: str, timeout: float) -> AuthState:
+    request = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             if response.status != 200:
                 raise AuthError(f"got response {response.status} from {url}")
             document = json.loads(response.read())
@@ -86,6 +87,7 @@ def _query_one(url: str, timeout: float) -> AuthState:
             )
             for item in document.get("authorizations") or []
         ]
+        _validate(authorizations, int(document.get("ttl", 0)))
         return AuthState(
             identity=str(document.get("identity", "")),
             identity_url=str(document.get("identity_url", "")),
@@ -94,6 +96,22 @@ def _query_one(url: str, timeout: float) -> AuthState:
         )
     except (TypeError, KeyError, AttributeError, ValueError) as error:
         raise AuthError(f"{url}: invalid response - {error}") from error
+
+
+def _validate(authorizations: list[Authorization], ttl: int) -> None:
+    """Go's QueryAuthd refuses what it could not apply: unknown permissions, patterns that do
+    not compile, a TTL that is not positive."""
+    for authorization in authorizations:
+        for permission in authorization.permissions:
+            if permission not in ("subscribe", "publish"):
+                raise AuthError(f"unknown permission {permission}")
+        for pattern in (authorization.topic, *authorization.channels):
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise AuthError(f"unable to compile {pattern!r} {error}") from None
+    if ttl <= 0:
+        raise AuthError(f"invalid TTL {ttl} (must be >0)")
 
 
 async def query_any(

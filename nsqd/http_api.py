@@ -12,6 +12,7 @@ from common.command_parser import parse_mpub_body
 from common.errors import ProtocolError
 from common.goformat import go_atoi
 from common.http_server import (
+    JSON_CONTENT_TYPE,
     NSQ_V1_HEADER,
     TEXT_CONTENT_TYPE,
     HTTPError,
@@ -32,23 +33,10 @@ from nsqd.stats import gather, memory_stats, text_report
 if TYPE_CHECKING:
     from nsqd.server import NSQD
 
-# Go's boolParams for include_clients / include_mem.
+# A JSON body of `null` (v1_response sends None as an empty body).
+_JSON_NULL = b"null"
+# Go's boolParams for include_clients / include_mem and /mpub's binary.
 _BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
-# Go's strconv.ParseBool for /mpub?binary=.
-_PARSE_BOOL = {
-    "1": True,
-    "t": True,
-    "T": True,
-    "TRUE": True,
-    "true": True,
-    "True": True,
-    "0": False,
-    "f": False,
-    "F": False,
-    "FALSE": False,
-    "false": False,
-    "False": False,
-}
 
 
 def _query(request: Request) -> dict[str, list[str]]:
@@ -69,9 +57,10 @@ class HTTPAPI:
         router = self.router = Router()
         router.add("GET", "/ping", self.ping)
         router.add("GET", "/info", self.info)
+        options = lambda: self.nsqd.options  # noqa: E731 - read at request time
         for path in ("/pub", "/put"):
-            router.add("POST", path, self.pub)
-        router.add("POST", "/mpub", self.mpub)
+            router.add("POST", path, self.pub, max_body=lambda: options().max_msg_size)
+        router.add("POST", "/mpub", self.mpub, max_body=lambda: options().max_body_size)
         router.add("GET", "/stats", self.stats)
         router.add("POST", "/topic/create", self.topic_create)
         router.add("POST", "/topic/delete", self.topic_delete)
@@ -128,7 +117,7 @@ class HTTPAPI:
     async def pub(self, request: Request) -> Response:
         options = self.nsqd.options
         body = request.body
-        if len(body) > options.max_msg_size:
+        if request.content_length > options.max_msg_size or len(body) > options.max_msg_size:
             raise HTTPError(413, "MSG_TOO_BIG")
         if not body:
             raise HTTPError(400, "MSG_EMPTY")
@@ -150,13 +139,13 @@ class HTTPAPI:
     async def mpub(self, request: Request) -> Response:
         options = self.nsqd.options
         body = request.body
-        if len(body) > options.max_body_size:
+        if request.content_length > options.max_body_size or len(body) > options.max_body_size:
             raise HTTPError(413, "BODY_TOO_BIG")
         params = _query(request)
         topic = self._topic_from_query(params)
         binary_text = _first(params, "binary")
-        # Text mode is the default; a value ParseBool does not know means binary (Go).
-        binary = binary_text is not None and _PARSE_BOOL.get(binary_text, True)
+        # Text mode is the default; a value other than true/1/false/0 means binary (Go).
+        binary = binary_text is not None and _BOOL_PARAMS.get(binary_text, True)
         if binary:
             try:
                 bodies = parse_mpub_body(
@@ -317,6 +306,12 @@ class HTTPAPI:
                     addresses = json.loads(body)
                 except ValueError:
                     raise HTTPError(400, "INVALID_VALUE") from None
+                if addresses is None:
+                    # Go unmarshals null into a nil slice: no lookupds, and `null` back.
+                    nsqd.set_options(lookupd_tcp_address=[])
+                    return Response(
+                        200, _JSON_NULL, [("Content-Type", JSON_CONTENT_TYPE), NSQ_V1_HEADER]
+                    )
                 if not isinstance(addresses, list) or not all(
                     isinstance(a, str) for a in addresses
                 ):
@@ -346,7 +341,8 @@ class HTTPAPI:
 
 
 class TLSRequiredRouter:
-    """The plain HTTP port under `--tls-required=tcp-https`: every request gets Go's 403."""
+    """The plain HTTP port under `--tls-required=true` (Go's TLSRequired; `tcp-https` is
+    TLSRequiredExceptHTTP and leaves plain HTTP open): every request gets Go's 403."""
 
     def __init__(self, nsqd: "NSQD") -> None:
         self.nsqd = nsqd

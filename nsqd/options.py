@@ -101,9 +101,9 @@ class Options:
 
 
 def _parse_tls_required(text: str) -> str:
-    # Go's tlsRequiredOption: "true"/"false" as ParseBool, or "tcp-https".
-    if text == "tcp-https":
-        return text
+    # Go's tlsRequiredOption: lower-cased, "tcp-https", else ParseBool.
+    if text.lower() == "tcp-https":
+        return "tcp-https"
     lowered = text.lower()
     if lowered in ("1", "t", "true"):
         return "true"

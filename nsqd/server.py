@@ -329,8 +329,13 @@ class NSQD:
             https_listener = await open_listener(options.https_address)
             self.https_address = format_address(https_listener.socket.getsockname())
             self.log.info("HTTPS: listening on %s", self.https_address)
-        # --tls-required=tcp-https: the plain HTTP port only points to the HTTPS one (Go).
-        plain_router = TLSRequiredRouter(self) if options.tls_required == "tcp-https" else None
+        # --tls-required=true (or a client auth policy): the plain HTTP port only points to
+        # the HTTPS one; `tcp-https` means TLS for TCP only (Go's TLSRequiredExceptHTTP).
+        plain_router = (
+            TLSRequiredRouter(self)
+            if options.tls_required == "true" and self.tls_context is not None
+            else None
+        )
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

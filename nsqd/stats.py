@@ -143,8 +143,9 @@ def channel_stats(channel: "Channel", include_clients: bool, now: float) -> dict
 
 def topic_stats(topic: "Topic", channels: list[dict], now: float) -> dict:
     streams = [c.e2e for c in topic.channels.values() if c.e2e is not None]
-    percentiles = topic.nsqd.options.e2e_processing_latency_percentile
-    return {
+    # Go merges the channels' streams; a topic without one reports no stream at all.
+    percentiles = topic.nsqd.options.e2e_processing_latency_percentile if streams else []
+    stats = {
         "topic_name": topic.name,
         "channels": channels,
         "depth": topic.depth,
@@ -154,29 +155,34 @@ def topic_stats(topic: "Topic", channels: list[dict], now: float) -> dict:
         "paused": topic.paused,
         "e2e_processing_latency": merged_result(percentiles, streams, now),
     }
+    if topic.partitioned:
+        # Youzan's /stats names each partition (SPEC.md §6.2).
+        stats["topic_partition"] = topic.partition
+        stats["topic_full_name"] = topic.full_name
+    return stats
 
 
 def gather(nsqd: "NSQD", topic_name: str, channel_name: str, include_clients: bool):
     """Go's NSQD.GetStats: (topics, producers); topics None when the named topic is unknown."""
     now = trio.current_time()
     if topic_name:
-        topic = nsqd.topics.get(topic_name)
-        topics = [topic] if topic is not None else None
+        topics = [t for t in nsqd.all_partitions() if t.name == topic_name]
+        if not topics:
+            # Go's GetStats returns before it looks at producers at all.
+            return None, None
     else:
-        topics = sorted(nsqd.topics.values(), key=lambda t: t.name)
-    topic_list = None
-    if topics is not None:
-        topic_list = []
-        for topic in topics:
-            if channel_name:
-                channel = topic.channels.get(channel_name)
-                if channel is None:
-                    continue
-                channels = [channel]
-            else:
-                channels = sorted(topic.channels.values(), key=lambda c: c.name)
-            channel_list = [channel_stats(c, include_clients, now) for c in channels]
-            topic_list.append(topic_stats(topic, channel_list, now))
+        topics = nsqd.all_partitions()
+    topic_list = []
+    for topic in topics:
+        if channel_name:
+            channel = topic.channels.get(channel_name)
+            if channel is None:
+                continue
+            channels = [channel]
+        else:
+            channels = sorted(topic.channels.values(), key=lambda c: c.name)
+        channel_list = [channel_stats(c, include_clients, now) for c in channels]
+        topic_list.append(topic_stats(topic, channel_list, now))
     producers = None
     if include_clients:
         producers = [

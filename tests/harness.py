@@ -102,14 +102,18 @@ class DaemonProcess:
         return self.stop(signal.SIGKILL)
 
 
-def start_nsqd(data_path: str | os.PathLike, *extra: str) -> DaemonProcess:
+def start_nsqd(
+    data_path: str | os.PathLike, *extra: str, wait_for: tuple[str, ...] = ("TCP", "HTTP")
+) -> DaemonProcess:
+    """nsqd on ephemeral ports; returns once it logged the listeners in `wait_for` (add
+    "HTTPS" when it is started with a TLS certificate and `-https-address=127.0.0.1:0`)."""
     args = [
         "-tcp-address=127.0.0.1:0",
         "-http-address=127.0.0.1:0",
         f"-data-path={data_path}",
         *extra,
     ]
-    return DaemonProcess("nsqd", args, cwd=data_path).start(wait_for=("TCP", "HTTP"))
+    return DaemonProcess("nsqd", args, cwd=data_path).start(wait_for=wait_for)
 
 
 class V2Connection:

@@ -17,12 +17,18 @@ import trio.testing
 
 from common.command import encode_dpub, encode_fin, encode_mpub, encode_pub, encode_rdy, encode_req
 from tests.conftest import wait_until
-from tests.nsqd.wire import Wire, consumer, override_options, with_options
+from tests.nsqd.wire import Wire, close_all_wires, consumer, override_options, with_options
 
 
 @pytest.fixture
 def nsqd_options(nsqd_options, request):
     return override_options(nsqd_options, request)
+
+
+@pytest.fixture(autouse=True)
+async def close_connections():
+    yield
+    close_all_wires()
 
 
 async def publish(nsqd, topic: str, bodies: list[bytes], batch: int = 200) -> None:

@@ -31,12 +31,25 @@ from common.command import (
 from common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
 from common.version import VERSION
 from tests.conftest import wait_until
-from tests.nsqd.wire import UNKNOWN_ID, Wire, consumer, override_options, with_options
+from tests.nsqd.wire import (
+    UNKNOWN_ID,
+    Wire,
+    close_all_wires,
+    consumer,
+    override_options,
+    with_options,
+)
 
 
 @pytest.fixture
 def nsqd_options(nsqd_options, request):
     return override_options(nsqd_options, request)
+
+
+@pytest.fixture(autouse=True)
+async def close_connections():
+    yield
+    close_all_wires()
 
 
 def size(n: int) -> bytes:
@@ -72,11 +85,11 @@ async def test_magic_may_arrive_in_pieces(nsqd):
 async def test_message_frame_payload(nsqd):
     wire = await consumer(nsqd, "t", "c", rdy=1)
     before = time.time_ns()
-    await wire.send(encode_pub("t", b"payload"))
+    await wire.send(encode_pub("t", b"pay\nload \x00\r\xff"))
     await wire.expect_ok()
     after = time.time_ns()
     message = await wire.read_message()
-    assert message.body == b"payload"
+    assert message.body == b"pay\nload \x00\r\xff"
     assert message.attempts == 1
     assert before <= message.timestamp <= after
     assert len(message.id) == 16
@@ -171,6 +184,8 @@ async def test_identify_reply_reflects_server_options(nsqd):
         ({"msg_timeout": 900000}, {"msg_timeout": 900000}),
         ({"heartbeat_interval": 60000}, {}),
         ({"heartbeat_interval": -1}, {}),
+        # No TLS configured: tls_v1 is refused by answering false, not by an error.
+        ({"tls_v1": True}, {}),
         ({"heartbeat_interval": 0, "msg_timeout": 0, "output_buffer_size": 0}, {}),
     ],
 )
@@ -270,6 +285,20 @@ async def test_identify_without_feature_negotiation_replies_ok(nsqd, body):
     await wire.expect_ok()
     await wire.send(encode_pub("t", b"x"))
     await wire.expect_ok()
+
+
+async def test_identify_cannot_enable_both_deflate_and_snappy(nsqd):
+    # Go nsqd enables both by default (--deflate, --snappy) and refuses a client asking for both.
+    wire = await connect(nsqd)
+    await wire.send(encode_identify({"feature_negotiation": True, "deflate": True, "snappy": True}))
+    await wire.expect_error("E_IDENTIFY_FAILED cannot enable both deflate and snappy compression")
+
+
+@with_options(deflate=False, snappy=False)
+async def test_identify_compression_disabled_on_the_server_is_not_granted(nsqd):
+    wire = await connect(nsqd)
+    reply = await wire.identify(feature_negotiation=True, deflate=True, snappy=True)
+    assert (reply["deflate"], reply["snappy"]) == (False, False)
 
 
 async def test_identify_again_before_sub_is_allowed(nsqd):
@@ -798,6 +827,24 @@ async def test_pub_cut_short_by_eof(nsqd, data, text):
     await wire.send_eof()
     await wire.expect_error(f"E_BAD_MESSAGE {text}")
     assert "t" not in nsqd.topics or nsqd.topics["t"].depth == 0
+
+
+@pytest.mark.parametrize(
+    "data, text",
+    [
+        (encode_pub("t", b"x"), "E_PUB_FAILED PUB failed exiting"),
+        (encode_mpub("t", [b"x"]), "E_MPUB_FAILED MPUB failed exiting"),
+        (encode_dpub("t", 10, b"x"), "E_DPUB_FAILED DPUB failed exiting"),
+    ],
+    ids=["PUB", "MPUB", "DPUB"],
+)
+async def test_publish_while_nsqd_exits(nsqd, data, text):
+    wire = await connect(nsqd)
+    # What a connection still open during shutdown sees once the topics have started to exit
+    # (Go's topic.PutMessage returns "exiting").
+    nsqd.exiting = True
+    await wire.send(data)
+    await wire.expect_error(text)
 
 
 # -- 2.8 MPUB ---------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from nsqd.client import Client
 from nsqd.options import Options
 from nsqd.server import NSQD
 from tests.conftest import wait_until
-from tests.nsqd.wire import Wire, consumer, override_options, with_options
+from tests.nsqd.wire import Wire, close_all_wires, consumer, override_options, with_options
 
 SCAN = Options.queue_scan_interval  # how late the queue-scan may notice a deadline
 
@@ -35,6 +35,12 @@ SCAN = Options.queue_scan_interval  # how late the queue-scan may notice a deadl
 @pytest.fixture
 def nsqd_options(nsqd_options, request):
     return override_options(nsqd_options, request)
+
+
+@pytest.fixture(autouse=True)
+async def close_connections():
+    yield
+    close_all_wires()
 
 
 @pytest.fixture

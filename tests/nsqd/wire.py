@@ -33,6 +33,17 @@ UNKNOWN_ID = b"0000000000000000"
 READ_TIMEOUT = 10.0
 
 
+# Every connection a test opened, closed at teardown by `close_all_wires`.
+_open_wires: list["Wire"] = []
+
+
+def close_all_wires() -> None:
+    """Close the client side of every connection the test opened (an autouse fixture calls
+    this in each test module), so no socket outlives its test."""
+    while _open_wires:
+        _open_wires.pop().stream.socket.close()
+
+
 class ConnectionClosed(Exception):
     """nsqd closed the connection while a frame was expected."""
 
@@ -68,6 +79,7 @@ class Wire:
     ) -> "Wire":
         stream = await trio.open_tcp_stream("127.0.0.1", tcp_port(nsqd))
         wire = cls(stream, answer_heartbeats=answer_heartbeats)
+        _open_wires.append(wire)
         if magic:
             await wire.send(magic)
         return wire

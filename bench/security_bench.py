@@ -1,0 +1,361 @@
+"""Consume throughput of our nsqd over a negotiated connection: plain, snappy, deflate, TLS,
+TLS+snappy.
+
+    .venv/bin/python -m bench.security_bench [--count 200000] [--runs 3] [--modes plain,tls]
+
+Every run starts a fresh nsqd (subprocess, temporary data dir, port 0, ``--mem-queue-size``
+above ``--count`` so every message stays in memory, a trustme certificate for TLS) and stops it
+with SIGKILL. The channel is created and filled over a plain connection (MPUB batches of 200,
+not timed). Then one consumer — in this process, on raw sockets with our codec, the stdlib
+``ssl`` and python-snappy / zlib, as go-nsq negotiates — sends IDENTIFY with the mode's
+features, checks that the reply granted them and that each upgrade answered ``OK`` through its
+new layer, SUBs, and times from ``RDY --rdy`` to the last message, answering each received
+chunk with all its FINs in one send (compressed when the connection is). Bodies are
+``--size``-byte JSON-like log lines padded with ``x`` (the message frames compress about 7:1
+with snappy, 14:1 with deflate), the workload compression is meant for. The figure is the
+median (min–max) of ``--runs`` runs; nsqd's CPU seconds over the timed window come from
+/proc/<pid>/stat (CPU/wall 1.0 = one saturated core), the consumer's from
+time.process_time(), so one can tell which side limits a mode; CPU µs per message is the
+figure that survives a busy machine.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import ssl
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import snappy
+import trustme
+
+from common.command import (
+    MAGIC_V2,
+    NOP,
+    encode_identify,
+    encode_mpub,
+    encode_rdy,
+    encode_sub,
+)
+from common.frame import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
+
+BIN = Path(sys.executable).parent
+TOPIC = "bench_security"
+CHANNEL = "bench_channel"
+SOCKET_BUFFER = 4 * 1024 * 1024
+RECEIVE_SIZE = 1024 * 1024
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+FRAME_HEADER = struct.Struct(">Ii")
+_ID_START = 18  # [4 size][4 type][8 timestamp][2 attempts][16 id][body]
+_ID_END = 34
+_LISTENING = re.compile(r"TCP: listening on (\S+)")
+# IDENTIFY fields of each mode.
+MODES = {
+    "plain": {},
+    "snappy": {"snappy": True},
+    "deflate": {"deflate": True, "deflate_level": 6},
+    "tls": {"tls_v1": True},
+    "tls+snappy": {"tls_v1": True, "snappy": True},
+}
+
+
+# -- nsqd ------------------------------------------------------------------------------------
+
+
+class Nsqd:
+    def __init__(self, extra_args: list[str]) -> None:
+        self.data_path = tempfile.mkdtemp(prefix="nsqpy-bench-")
+        self.lines: list[str] = []
+        self.process = subprocess.Popen(
+            [
+                str(BIN / "nsqd"),
+                "-tcp-address=127.0.0.1:0",
+                "-http-address=127.0.0.1:0",
+                "-https-address=127.0.0.1:0",
+                f"-data-path={self.data_path}",
+                *extra_args,
+            ],
+            cwd=self.data_path,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.port = 0
+        for line in self.process.stderr:
+            self.lines.append(line.rstrip("\n"))
+            match = _LISTENING.search(line)
+            if match:
+                self.port = int(match.group(1).rsplit(":", 1)[1])
+                break
+        if not self.port:
+            self.stop()
+            raise RuntimeError("nsqd did not start:\n" + "\n".join(self.lines))
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def cpu_seconds(self) -> float:
+        with open(f"/proc/{self.process.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.data_path, ignore_errors=True)
+
+    def __enter__(self) -> "Nsqd":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+class Certificates:
+    def __init__(self, directory: str) -> None:
+        ca = trustme.CA()
+        server = ca.issue_cert("127.0.0.1", "localhost")
+        self.ca = os.path.join(directory, "ca.pem")
+        self.cert = os.path.join(directory, "cert.pem")
+        self.key = os.path.join(directory, "key.pem")
+        ca.cert_pem.write_to_path(self.ca)
+        server.cert_chain_pems[0].write_to_path(self.cert)
+        server.private_key_pem.write_to_path(self.key)
+
+
+# -- the client ------------------------------------------------------------------------------
+
+
+def _connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+    return sock
+
+
+class Layers:
+    """The transport (socket or SSLSocket) and the compression codec of one connection, and
+    the received bytes (after every layer) not yet parsed into frames."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.transport = sock
+        self.compress = None
+        self.decompress = None
+        self.buffer = b""
+
+    def send(self, data: bytes) -> None:
+        self.transport.sendall(self.compress(data) if self.compress else data)
+
+    def receive(self) -> bytes:
+        data = self.transport.recv(RECEIVE_SIZE)
+        if not data:
+            raise ConnectionError("nsqd closed the connection")
+        return self.decompress(data) if self.decompress else data
+
+    def expect_response(self) -> bytes:
+        """The next response frame (heartbeats skipped); what follows it stays buffered."""
+        while True:
+            while len(self.buffer) >= 8:
+                size, frame_type = FRAME_HEADER.unpack_from(self.buffer)
+                if len(self.buffer) < 4 + size:
+                    break
+                data, self.buffer = self.buffer[8 : 4 + size], self.buffer[4 + size :]
+                if frame_type != FRAME_TYPE_RESPONSE:
+                    raise RuntimeError(f"unexpected frame {frame_type} {data[:200]!r}")
+                if data != b"_heartbeat_":
+                    return data
+            self.buffer += self.receive()
+
+    def start_compression(self, compress, decompress) -> None:
+        # Whatever arrived after the last plain frame is already compressed.
+        self.compress, self.decompress = compress, decompress
+        self.buffer = decompress(self.buffer) if self.buffer else b""
+
+
+def negotiate(port: int, features: dict, ca: str) -> Layers:
+    """IDENTIFY with these features, then TLS and compression as granted, OK after each."""
+    layers = Layers(_connect(port))
+    layers.send(MAGIC_V2 + encode_identify({"feature_negotiation": True, **features}))
+    reply = json.loads(layers.expect_response())
+    for feature in ("tls_v1", "snappy", "deflate"):
+        if reply[feature] != features.get(feature, False):
+            raise RuntimeError(f"nsqd granted {feature}={reply[feature]}: {reply}")
+    if reply["tls_v1"]:
+        if layers.buffer:
+            raise RuntimeError("bytes after the IDENTIFY reply before the TLS handshake")
+        context = ssl.create_default_context(cafile=ca)
+        layers.transport = context.wrap_socket(layers.sock, server_hostname="localhost")
+        if layers.expect_response() != b"OK":
+            raise RuntimeError("no OK after TLS")
+    if reply["snappy"]:
+        compressor, decompressor = snappy.StreamCompressor(), snappy.StreamDecompressor()
+        layers.start_compression(compressor.add_chunk, decompressor.decompress)
+    elif reply["deflate"]:
+        compressor = zlib.compressobj(reply["deflate_level"], zlib.DEFLATED, -15)
+        decompressor = zlib.decompressobj(-15)
+
+        def deflate(data: bytes) -> bytes:
+            return compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH)
+
+        layers.start_compression(deflate, decompressor.decompress)
+    if (reply["snappy"] or reply["deflate"]) and layers.expect_response() != b"OK":
+        raise RuntimeError("no OK after the compression upgrade")
+    return layers
+
+
+def fill(port: int, count: int, size: int) -> None:
+    """Create the channel, then MPUB `count` bodies over a plain connection."""
+    layers = negotiate(port, {}, "")
+    layers.send(encode_sub(TOPIC, CHANNEL))
+    if layers.expect_response() != b"OK":
+        raise RuntimeError("SUB failed")
+    layers.sock.close()
+    layers = negotiate(port, {}, "")
+    batch = 200
+    template = b'{"seq":%08d,"event":"page_view","user":"user-%05d","path":"/products/%04d"'
+    for start in range(0, count, batch):
+        bodies = []
+        for seq in range(start, min(start + batch, count)):
+            body = template % (seq, seq % 7919, seq % 1000)
+            bodies.append(body + b',"pad":"' + b"x" * max(0, size - len(body) - 10) + b'"}')
+        layers.send(encode_mpub(TOPIC, bodies))
+        if layers.expect_response() != b"OK":
+            raise RuntimeError("MPUB failed")
+    layers.sock.close()
+
+
+def consume(port: int, features: dict, ca: str, count: int, rdy: int) -> tuple[float, float]:
+    """Negotiate, SUB, RDY; (wall seconds, client CPU seconds) of receiving `count` messages
+    and sending their FINs."""
+    layers = negotiate(port, features, ca)
+    layers.send(encode_sub(TOPIC, CHANNEL))
+    if layers.expect_response() != b"OK":
+        raise RuntimeError("SUB failed")
+    unpack_from = FRAME_HEADER.unpack_from
+    received = 0
+    pending = layers.buffer
+    start = time.monotonic()
+    cpu = time.process_time()
+    layers.send(encode_rdy(rdy))
+    while received < count:
+        data = layers.receive()
+        if pending:
+            data = pending + data
+        ids = []
+        position = 0
+        available = len(data)
+        while available - position >= 8:
+            frame_size, frame_type = unpack_from(data, position)
+            end = position + 4 + frame_size
+            if end > available:
+                break
+            if frame_type == FRAME_TYPE_MESSAGE:
+                ids.append(data[position + _ID_START : position + _ID_END])
+            elif data[position + 8 : end] == b"_heartbeat_":
+                layers.send(NOP)
+            else:
+                raise RuntimeError(f"unexpected frame {data[position:end]!r}")
+            position = end
+        pending = data[position:]
+        if ids:
+            layers.send(b"FIN " + b"\nFIN ".join(ids) + b"\n")
+            received += len(ids)
+    wall = time.monotonic() - start
+    cpu = time.process_time() - cpu
+    layers.transport.close()
+    return wall, cpu
+
+
+# -- runs ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    rate: float
+    wall: float
+    nsqd_cpu: float
+    client_cpu: float
+
+
+def rate(sample: Sample) -> float:
+    return sample.rate
+
+
+def run(mode: str, args, certs: Certificates) -> Sample:
+    flags = [f"-mem-queue-size={args.count + 10_000}", f"-tls-cert={certs.cert}"]
+    flags.append(f"-tls-key={certs.key}")
+    with Nsqd(flags) as nsqd:
+        fill(nsqd.port, args.count, args.size)
+        cpu_before = nsqd.cpu_seconds()
+        wall, client_cpu = consume(nsqd.port, MODES[mode], certs.ca, args.count, args.rdy)
+        nsqd_cpu = nsqd.cpu_seconds() - cpu_before
+    return Sample(args.count / wall, wall, nsqd_cpu, client_cpu)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=200_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--size", type=int, default=200)
+    parser.add_argument("--rdy", type=int, default=2500)
+    parser.add_argument("--modes", default=",".join(MODES))
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+    for mode in modes:
+        if mode not in MODES:
+            parser.error(f"unknown mode {mode}; known: {', '.join(MODES)}")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True)
+    print(
+        f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d}, commit {commit}"
+        f"{'+uncommitted' if dirty.stdout.strip() else ''}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}; {args.count:,} messages of {args.size} B, "
+        f"RDY {args.rdy}, 1 consumer, median (min–max) of {args.runs} runs"
+    )
+    print(
+        "| mode | msgs/s median (min–max) | vs plain | wall s | nsqd CPU s | nsqd CPU/wall "
+        "| nsqd CPU µs/msg | client CPU s |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    plain_rate = None
+    with tempfile.TemporaryDirectory(prefix="nsqpy-bench-certs-") as directory:
+        certs = Certificates(directory)
+        for mode in modes:
+            samples = sorted((run(mode, args, certs) for _ in range(args.runs)), key=rate)
+            median = samples[len(samples) // 2]  # the middle run (of an odd count)
+            rates = [sample.rate for sample in samples]
+            if mode == "plain":
+                plain_rate = median.rate
+            ratio = f"{median.rate / plain_rate:.2f}×" if plain_rate else "–"
+            print(
+                f"| {mode} | {median.rate:,.0f} ({rates[0]:,.0f}–{rates[-1]:,.0f}) | {ratio} "
+                f"| {median.wall:.2f} | {median.nsqd_cpu:.2f} "
+                f"| {median.nsqd_cpu / median.wall:.2f} "
+                f"| {median.nsqd_cpu / args.count * 1e6:.2f} | {median.client_cpu:.2f} |",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
