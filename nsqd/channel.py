@@ -46,6 +46,8 @@ class Channel:
         self.clients: dict[int, Client] = {}
         self.paused = False
         self.deleted = False
+        # Youzan ordered consumption: one message in flight, redeliveries first (§3.5).
+        self.ordered = topic.ordered
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
@@ -170,6 +172,8 @@ class Channel:
 
     def finish(self, client_id: int, message_id: bytes) -> Message:
         message = self._pop_in_flight(client_id, message_id)
+        if self.ordered:
+            self.notify()  # the next message may go now, to whichever client is waiting
         if self.e2e is not None:
             self.e2e.insert(time.time_ns() - message.timestamp, trio.current_time())
         return message
@@ -178,13 +182,32 @@ class Channel:
         percentiles = self.nsqd.options.e2e_processing_latency_percentile
         return merged_result(percentiles, [self.e2e] if self.e2e else [], now)
 
-    def requeue(self, client_id: int, message_id: bytes, delay: float, now: float) -> None:
+    def requeue(self, client_id: int, message_id: bytes, delay: float, now: float) -> bool:
+        """False when the REQ was ignored: Youzan keeps a message of an ordered channel in
+        flight on `REQ id <ms>` with ms > 0, until its timeout redelivers it."""
+        if self.ordered and delay > 0:
+            if self.in_flight.get(message_id) is None:
+                raise ChannelError("ID not in flight")
+            return False
         message = self._pop_in_flight(client_id, message_id)
         self.requeue_count += 1
-        if delay <= 0:
+        if self.ordered:
+            self._redeliver_first([message])
+        elif delay <= 0:
             self._put([message])
         else:
             self.deferred.push(message, now + delay)
+        return True
+
+    def _redeliver_first(self, messages: list[Message]) -> None:
+        """An ordered channel's redelivery goes before everything queued."""
+        self.memory.extendleft(reversed(messages))
+        self.notify()
+
+    def skip_queued(self) -> None:
+        """SUB_ADVANCED special:-1: start at the end, skipping what is queued now."""
+        self.memory.clear()
+        self.backend.empty()
 
     def touch(self, client_id: int, message_id: bytes, msg_timeout: float, now: float) -> None:
         message = self.in_flight.get(message_id)
@@ -209,7 +232,10 @@ class Channel:
             client = self.clients.get(message.client_id)
             if client is not None:
                 client.timed_out_message()
-        self._put(expired)
+        if self.ordered:
+            self._redeliver_first(expired)
+        else:
+            self._put(expired)
         return True
 
     def process_deferred(self, now: float) -> bool:

@@ -26,6 +26,7 @@ from common.http_server import (
 from common.log import parse_log_level
 from common.names import is_valid_name
 from common.version import VERSION
+from nsqd.message import RECORD_OVERHEAD
 from nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from nsqd.metrics import render_metrics
 from nsqd.stats import gather, memory_stats, text_report
@@ -76,6 +77,8 @@ class HTTPAPI:
         router.add("PUT", "/config/*", self.config)
         router.add("POST", "/debug/freememory", self.free_memory)
         router.add("GET", "/metrics", self.metrics)
+        router.add("POST", "/pubtrace", self.pubtrace, max_body=lambda: options().max_msg_size)
+        router.add("POST", "/disable/write", self.disable_write)
 
     # -- health and identity -------------------------------------------------------------
 
@@ -202,8 +205,49 @@ class HTTPAPI:
     # -- topics ---------------------------------------------------------------------------
 
     async def topic_create(self, request: Request) -> Response:
-        self._topic_from_query(_query(request))
+        """Classic: the topic. Youzan (SPEC.md §6.2): `partition_num=N` creates partitions
+        0..N-1, `partition=p` that one (nsqlookupd places partitions this way), with
+        `orderedmulti=true` / `ext=true` flags."""
+        params = _query(request)
+        topic_name = _first(params, "topic")
+        partition_num = _first(params, "partition_num")
+        partition = _first(params, "partition")
+        if partition_num is None and partition is None:
+            self._topic_from_query(params)
+            return v1_response(200)
+        if topic_name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_name(topic_name):
+            raise HTTPError(400, "INVALID_TOPIC")
+        if partition_num is not None:
+            if not partition_num.isdigit() or not 1 <= int(partition_num) <= 255:
+                raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
+            numbers = range(int(partition_num))
+        else:
+            if not partition.isdigit() or not 0 <= int(partition) < 255:
+                raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION")
+            numbers = [int(partition)]
+        ordered = _first(params, "orderedmulti") == "true"
+        ext = _first(params, "ext") == "true" or _first(params, "extend") == "true"
+        for number in numbers:
+            self.nsqd.create_partition(
+                topic_name, number, partitioned=True, ordered=ordered, ext=ext
+            )
         return v1_response(200)
+
+    def _partitions(self, params: dict[str, list[str]], topic_name: str) -> list:
+        """The partitions a topic endpoint acts on: `partition=p` (Youzan), else all."""
+        text = _first(params, "partition")
+        partitions = self.nsqd.partitions.get(topic_name, {})
+        if text is None or text in ("", "-1"):
+            return [partitions[p] for p in sorted(partitions)]
+        try:
+            topic = partitions.get(int(text))
+        except ValueError:
+            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION") from None
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return [topic]
 
     def _existing_topic(self, params: dict[str, list[str]], validate: bool):
         topic_name = _first(params, "topic")
@@ -211,37 +255,39 @@ class HTTPAPI:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         if validate and not is_valid_name(topic_name):
             raise HTTPError(400, "INVALID_TOPIC")
-        topic = self.nsqd.topics.get(topic_name)
-        if topic is None:
+        if topic_name not in self.nsqd.topics:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
-        return topic
+        return self._partitions(params, topic_name)
 
     async def topic_delete(self, request: Request) -> Response:
-        topic = self._existing_topic(_query(request), validate=False)
-        self.nsqd.delete_topic(topic.name)
+        params = _query(request)
+        for topic in self._existing_topic(params, validate=False):
+            partition = topic.partition if _first(params, "partition") else None
+            self.nsqd.delete_topic(topic.name, partition)
         return v1_response(200)
 
     async def topic_empty(self, request: Request) -> Response:
-        topic = self._existing_topic(_query(request), validate=True)
-        try:
-            topic.empty()
-        except OSError:
-            raise HTTPError(500, "INTERNAL_ERROR") from None
+        for topic in self._existing_topic(_query(request), validate=True):
+            try:
+                topic.empty()
+            except OSError:
+                raise HTTPError(500, "INTERNAL_ERROR") from None
         return v1_response(200)
 
     async def topic_pause(self, request: Request) -> Response:
-        topic = self._existing_topic(_query(request), validate=False)
-        if request.path.endswith("/unpause"):
-            topic.unpause()
-        else:
-            topic.pause()
+        for topic in self._existing_topic(_query(request), validate=False):
+            if request.path.endswith("/unpause"):
+                topic.unpause()
+            else:
+                topic.pause()
         await self.nsqd.persist_metadata()
         return v1_response(200)
 
     # -- channels -------------------------------------------------------------------------
 
     def _topic_and_channel_name(self, params: dict[str, list[str]]):
-        """Go's getExistingTopicChannelFromQuery with http_api.GetTopicChannelArgs."""
+        """Go's getExistingTopicChannelFromQuery with http_api.GetTopicChannelArgs; the
+        partitions it names (Youzan's `partition=`, else all of the topic's)."""
         topic_name = _first(params, "topic")
         if topic_name is None:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
@@ -252,44 +298,92 @@ class HTTPAPI:
             raise HTTPError(400, "MISSING_ARG_CHANNEL")
         if not is_valid_name(channel_name):
             raise HTTPError(400, "INVALID_ARG_CHANNEL")
-        topic = self.nsqd.topics.get(topic_name)
-        if topic is None:
+        if topic_name not in self.nsqd.topics:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
-        return topic, channel_name
+        return self._partitions(params, topic_name), channel_name
 
-    def _existing_channel(self, request: Request):
-        topic, channel_name = self._topic_and_channel_name(_query(request))
-        channel = topic.channels.get(channel_name)
-        if channel is None:
+    def _existing_channels(self, request: Request):
+        topics, channel_name = self._topic_and_channel_name(_query(request))
+        found = [(t, t.channels[channel_name]) for t in topics if channel_name in t.channels]
+        if not found:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
-        return topic, channel
+        return found
 
     async def channel_create(self, request: Request) -> Response:
-        topic, channel_name = self._topic_and_channel_name(_query(request))
-        topic.get_channel(channel_name)
+        topics, channel_name = self._topic_and_channel_name(_query(request))
+        for topic in topics:
+            topic.get_channel(channel_name)
         return v1_response(200)
 
     async def channel_delete(self, request: Request) -> Response:
-        topic, channel = self._existing_channel(request)
-        topic.delete_channel(channel.name)
+        for topic, channel in self._existing_channels(request):
+            topic.delete_channel(channel.name)
         return v1_response(200)
 
     async def channel_empty(self, request: Request) -> Response:
-        _topic, channel = self._existing_channel(request)
-        try:
-            channel.empty()
-        except OSError:
-            raise HTTPError(500, "INTERNAL_ERROR") from None
+        for _topic, channel in self._existing_channels(request):
+            try:
+                channel.empty()
+            except OSError:
+                raise HTTPError(500, "INTERNAL_ERROR") from None
         return v1_response(200)
 
     async def channel_pause(self, request: Request) -> Response:
-        _topic, channel = self._existing_channel(request)
-        if request.path.endswith("/unpause"):
-            channel.unpause()
-        else:
-            channel.pause()
+        for _topic, channel in self._existing_channels(request):
+            if request.path.endswith("/unpause"):
+                channel.unpause()
+            else:
+                channel.pause()
         self.nsqd.topology_changed()
         await self.nsqd.persist_metadata()
+        return v1_response(200)
+
+    # -- Youzan -------------------------------------------------------------------------------
+
+    async def pubtrace(self, request: Request) -> Response:
+        """POST /pubtrace?topic=&partition=&trace_id= with Youzan's JSON reply (§6.2)."""
+        options = self.nsqd.options
+        body = request.body
+        if request.content_length > options.max_msg_size or len(body) > options.max_msg_size:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        if not body:
+            raise HTTPError(400, "MSG_EMPTY")
+        params = _query(request)
+        trace_text = _first(params, "trace_id") or ""
+        if not trace_text.isdigit() or int(trace_text) >= 1 << 64:
+            raise HTTPError(400, "INVALID_TRACE_ID")
+        topic_name = _first(params, "topic")
+        if topic_name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        partition_text = _first(params, "partition") or "-1"
+        try:
+            topic = self.nsqd.get_partition(topic_name, int(partition_text))
+        except ValueError:
+            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION") from None
+        if topic is None:
+            raise HTTPError(404, "E_TOPIC_NOT_EXIST")
+        if self.nsqd.write_disabled_for(topic):
+            raise HTTPError(400, "E_FAILED_ON_NOT_WRITABLE")
+        trace_id = int(trace_text)
+        if self.nsqd.exiting:
+            raise HTTPError(503, "EXITING")
+        (message,) = topic.publish([body], trace_ids=[trace_id])
+        await self.nsqd.commit_backend_writes()
+        return v1_response(
+            200,
+            {
+                "status": "OK",
+                "id": int(message.id, 16),
+                "trace_id": trace_text,
+                "queue_offset": message.offset,
+                "rawsize": RECORD_OVERHEAD + len(body),
+            },
+        )
+
+    async def disable_write(self, request: Request) -> Response:
+        """POST /disable/write?type=all|ordered (anything else enables writes again)."""
+        kind = _first(_query(request), "type")
+        self.nsqd.write_disabled = kind if kind in ("all", "ordered") else None
         return v1_response(200)
 
     # -- runtime configuration -------------------------------------------------------------

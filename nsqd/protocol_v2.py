@@ -31,6 +31,7 @@ from nsqd.auth import AuthError, query_any
 from nsqd.channel import ChannelError
 from nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Client
 from nsqd.compression import CompressedStream, PrefixedStream
+from nsqd.protocol_youzan import YouzanCommands, encode_binary_id_frames
 from nsqd.tls import connection_details, peer_common_name
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def decode_identify(body: bytes) -> dict:
     return decoded
 
 
-class ProtocolV2:
+class ProtocolV2(YouzanCommands):
     def __init__(self, nsqd: "NSQD", stream: trio.abc.Stream, remote_address: str) -> None:
         options = nsqd.options
         self.nsqd = nsqd
@@ -135,18 +136,38 @@ class ProtocolV2:
             b"DPUB": self.dpub,
             b"NOP": self.nop,
             b"TOUCH": self.touch,
-            b"SUB": self.sub,
+            b"SUB": self.sub_family,
             b"CLS": self.cls,
             b"AUTH": self.auth,
             b"IDENTIFY": self.identify,
+            # Youzan's commands (SPEC.md §3.1); SUB_ORDER is the name Youzan's article uses.
+            b"SUB_ORDERED": self.sub_family,
+            b"SUB_ORDER": self.sub_family,
+            b"SUB_ADVANCED": self.sub_family,
+            b"PUB_TRACE": self.pub_trace,
+            b"MPUB_TRACE": self.mpub_trace,
+            b"PUB_EXT": self.pub_ext,
+            b"MPUB_EXT": self.mpub_ext,
+            b"INTERNAL_CREATE_TOPIC": self.internal_create_topic,
         }
         self._async_commands = {b"AUTH"}
         self._handlers_unchecked = dict(self._handlers)
         if nsqd.auth_enabled:
-            self._handlers[b"SUB"] = self.sub_authorized
-            for name in (b"PUB", b"MPUB", b"DPUB"):
+            subscribe = (b"SUB", b"SUB_ORDERED", b"SUB_ORDER", b"SUB_ADVANCED")
+            publish = (
+                b"PUB",
+                b"MPUB",
+                b"DPUB",
+                b"PUB_TRACE",
+                b"MPUB_TRACE",
+                b"PUB_EXT",
+                b"MPUB_EXT",
+            )
+            for name in subscribe:
+                self._handlers[name] = self.sub_authorized
+            for name in publish:
                 self._handlers[name] = self.pub_authorized
-            self._async_commands |= {b"SUB", b"PUB", b"MPUB", b"DPUB"}
+            self._async_commands |= {*subscribe, *publish}
         # Until the connection is on TLS, a TLS-requiring nsqd takes nothing but IDENTIFY.
         self._tls_gate = options.tls_required != "false" and nsqd.tls_context is not None
 
@@ -261,8 +282,11 @@ class ProtocolV2:
         while True:
             channel = client.channel
             if channel is not None and client.is_ready():
-                room = client.ready_count - client.in_flight_count
-                messages = channel.take(min(room, MAX_PUMP_BATCH))
+                room = min(client.ready_count - client.in_flight_count, MAX_PUMP_BATCH)
+                if channel.ordered:
+                    # One message in flight per ordered channel, whatever RDY says (§3.5).
+                    room = 0 if channel.in_flight else 1
+                messages = channel.take(room) if room else []
                 if messages and client.sample_rate:
                     messages = self._sample(messages)
                 if messages:
@@ -271,7 +295,11 @@ class ProtocolV2:
                     client.sent_messages(len(messages))
                     if channel.has_messages():
                         channel.notify()
-                    await self._send(encode_message_frames(messages))
+                    if self.youzan:
+                        frames = encode_binary_id_frames(messages, self.detail)
+                    else:
+                        frames = encode_message_frames(messages)
+                    await self._send(frames)
                     continue
                 channel.wait_for_messages(client)
             if client.closed_by_server:
@@ -316,14 +344,16 @@ class ProtocolV2:
         if self.client.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
             raise ProtocolError("E_INVALID", f"cannot {label} in current state")
 
-    @staticmethod
-    def _message_id(args: list[bytes], label: str) -> bytes:
+    def _message_id(self, args: list[bytes], label: str) -> tuple[bytes, str]:
+        """(in-flight key, the ID as the error texts print it) of FIN, REQ or TOUCH."""
+        if self.youzan:
+            return self.wire_message_key(args, label)
         if not args:
             raise ProtocolError("E_INVALID", f"{label} insufficient number of params")
         message_id = args[0]
         if len(message_id) != MESSAGE_ID_LENGTH:
             raise ProtocolError("E_INVALID", "invalid message ID")
-        return message_id
+        return message_id, go_text(message_id)
 
     # -- commands -------------------------------------------------------------------------
 
@@ -393,6 +423,7 @@ class ProtocolV2:
         else:
             raise ProtocolError("E_BAD_BODY", f"IDENTIFY msg timeout ({msg_timeout}) is invalid")
 
+        self.note_identify_extensions(data.get("_extra", {}))
         client.identified = True
         # The pump's heartbeat timer follows the new interval at once.
         client.wakeup.set()
@@ -427,6 +458,8 @@ class ProtocolV2:
             "output_buffer_size": client.output_buffer_size,
             "output_buffer_timeout": int(client.output_buffer_timeout * 1000),
         }
+        if self.desired_tag:
+            reply["desired_tag"] = self.desired_tag
         frame = encode_response(json.dumps(reply, separators=(",", ":")).encode())
         if tls or snappy or deflate:
             return _Upgrade(frame, tls, snappy, deflate_level if deflate else 0)
@@ -527,7 +560,7 @@ class ProtocolV2:
     async def sub_authorized(self, command) -> bytes:
         topic_name, channel_name = self._sub_names(command)
         await self._check_auth("SUB", topic_name, channel_name)
-        return self._subscribe(topic_name, channel_name)
+        return self.sub_family(command)
 
     async def pub_authorized(self, command) -> bytes:
         label = command.name.decode()
@@ -553,14 +586,11 @@ class ProtocolV2:
             )
         return topic_name, channel_name
 
-    def sub(self, command) -> bytes:
-        return self._subscribe(*self._sub_names(command))
-
-    def _subscribe(self, topic_name: str, channel_name: str) -> bytes:
+    def _subscribe_to(self, topic, channel_name: str) -> bytes:
         client = self.client
         if self.nsqd.exiting:
             raise ProtocolError("E_SUB_FAILED", "SUB failed to deleted topic/channel")
-        channel = self.nsqd.get_topic(topic_name).get_channel(channel_name)
+        channel = topic.get_channel(channel_name)
         try:
             channel.add_client(client)
         except ChannelError as error:
@@ -594,14 +624,12 @@ class ProtocolV2:
 
     def fin(self, command) -> None:
         self._require_message_state("FIN")
-        message_id = self._message_id(command.args, "FIN")
+        message_id, printed = self._message_id(command.args, "FIN")
         client = self.client
         try:
             client.channel.finish(client.id, message_id)
         except ChannelError as error:
-            raise ProtocolError(
-                "E_FIN_FAILED", f"FIN {go_text(message_id)} failed {error}"
-            ) from None
+            raise ProtocolError("E_FIN_FAILED", f"FIN {printed} failed {error}") from None
         client.finished_message()
         return None
 
@@ -610,7 +638,7 @@ class ProtocolV2:
         args = command.args
         if len(args) < 2:
             raise ProtocolError("E_INVALID", "REQ insufficient number of params")
-        message_id = self._message_id(args, "REQ")
+        message_id, printed = self._message_id(args, "REQ")
         timeout_ms = go_base10(args[1])
         if timeout_ms is None:
             raise ProtocolError("E_INVALID", f"REQ could not parse timeout {go_text(args[1])}")
@@ -618,24 +646,21 @@ class ProtocolV2:
         delay = min(timeout_ms / 1000, self.options.max_req_timeout)
         client = self.client
         try:
-            client.channel.requeue(client.id, message_id, delay, trio.current_time())
+            requeued = client.channel.requeue(client.id, message_id, delay, trio.current_time())
         except ChannelError as error:
-            raise ProtocolError(
-                "E_REQ_FAILED", f"REQ {go_text(message_id)} failed {error}"
-            ) from None
-        client.requeued_message()
+            raise ProtocolError("E_REQ_FAILED", f"REQ {printed} failed {error}") from None
+        if requeued:
+            client.requeued_message()
         return None
 
     def touch(self, command) -> None:
         self._require_message_state("TOUCH")
-        message_id = self._message_id(command.args, "TOUCH")
+        message_id, printed = self._message_id(command.args, "TOUCH")
         client = self.client
         try:
             client.channel.touch(client.id, message_id, client.msg_timeout, trio.current_time())
         except ChannelError as error:
-            raise ProtocolError(
-                "E_TOUCH_FAILED", f"TOUCH {go_text(message_id)} failed {error}"
-            ) from None
+            raise ProtocolError("E_TOUCH_FAILED", f"TOUCH {printed} failed {error}") from None
         return None
 
     def cls(self, command) -> bytes:
@@ -644,20 +669,21 @@ class ProtocolV2:
         self.client.start_close()
         return CLOSE_WAIT_FRAME
 
-    def _publish(self, label: str, code: str, topic_arg: bytes, bodies: list[bytes], defer=0.0):
+    def _publish(self, label: str, code: str, args: list[bytes], bodies: list[bytes], defer=0.0):
+        # DPUB's second parameter is its delay, never a partition (Youzan has no DPUB).
+        topic = self._publish_target(args if label != "DPUB" else args[:1], label)
         if self.nsqd.exiting:
-            raise ProtocolError(code, f"{label} failed exiting")
-        topic_name = go_text(topic_arg)
-        self.nsqd.get_topic(topic_name).publish(bodies, defer)
-        self.client.published(topic_name, len(bodies))
+            raise self.publish_failed(code, label)
+        topic.publish(bodies, defer)
+        self.client.published(topic.name, len(bodies))
         return OK_FRAME
 
     def pub(self, command) -> bytes:
-        return self._publish("PUB", "E_PUB_FAILED", command.args[0], [command.body])
+        return self._publish("PUB", "E_PUB_FAILED", command.args, [command.body])
 
     def mpub(self, command) -> bytes:
-        return self._publish("MPUB", "E_MPUB_FAILED", command.args[0], command.messages)
+        return self._publish("MPUB", "E_MPUB_FAILED", command.args, command.messages)
 
     def dpub(self, command) -> bytes:
         defer = go_base10(command.args[1]) / 1000
-        return self._publish("DPUB", "E_DPUB_FAILED", command.args[0], [command.body], defer)
+        return self._publish("DPUB", "E_DPUB_FAILED", command.args, [command.body], defer)

@@ -61,6 +61,8 @@ class NSQD:
         self.http_address: str | None = None
         self.hostname = socket.gethostname()
         self.health = "OK"
+        # Youzan's POST /disable/write: None, "all" or "ordered" (SPEC.md §5.6).
+        self.write_disabled: str | None = None
         self.queue_scanner = QueueScanner(self)
         self.lookup_peers = LookupPeers(self)
         self.tls_context = server_context(options)
@@ -115,6 +117,10 @@ class NSQD:
         self.topology_changed()
         self.lookup_peers.notify("REGISTER", name, None, partition)
         return topic
+
+    def write_disabled_for(self, topic: Topic) -> bool:
+        mode = self.write_disabled
+        return mode == "all" or (mode == "ordered" and topic.ordered)
 
     def _refresh_default(self, name: str) -> None:
         partitions = self.partitions.get(name)

@@ -1,7 +1,11 @@
 """nsqlookupd's HTTP API: Go nsqlookupd v1.3.0's http.go, plus Youzan's `/lookup` parameters
 and `/listlookup` (SPEC.md §5). Always the v1 form: no envelope, real status codes."""
 
+import urllib.request
 from typing import TYPE_CHECKING
+from urllib.parse import urlencode
+
+import trio
 
 from common.http_server import (
     HTTPError,
@@ -20,6 +24,13 @@ if TYPE_CHECKING:
     from nsqlookupd.server import NSQLookupd
 
 _NO_CHANNEL = "Topic has no channel, should init at least one for the new topic"
+_HTTP_TIMEOUT = 5.0
+
+
+def _post(url: str) -> None:
+    request = urllib.request.Request(url, data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT) as response:
+        response.read()
 
 
 def _query(request: Request) -> dict[str, list[str]]:
@@ -66,6 +77,7 @@ class HTTPAPI:
         router.add("POST", "/channel/create", self.channel_create)
         router.add("POST", "/channel/delete", self.channel_delete)
         router.add("POST", "/topic/tombstone", self.topic_tombstone)
+        router.add("POST", "/disable/write", self.disable_write)
 
     async def ping(self, request: Request) -> Response:
         return text_response(200, "OK")
@@ -139,10 +151,14 @@ class HTTPAPI:
             if dropped_for_no_channel and not partitions:
                 raise HTTPError(404, _NO_CHANNEL)
         document: dict = {"channels": channels}
-        if _first(params, "metainfo"):
+        disabled = lookupd.write_disabled
+        ordered = lookupd.topic_meta.get(topic, {}).get("ordered", False)
+        blocked = access == "w" and (disabled == "all" or (disabled == "ordered" and ordered))
+        if _first(params, "metainfo") or (blocked and disabled == "ordered"):
             document["meta"] = self._meta(topic, partitions)
-        document["partitions"] = partitions
-        document["producers"] = [p.peer.as_json() for p in producers]
+        # With writes disabled, writers get null lists (Youzan's /disable/write).
+        document["partitions"] = None if blocked else partitions
+        document["producers"] = None if blocked else [p.peer.as_json() for p in producers]
         return v1_response(200, document)
 
     def _meta(self, topic: str, partitions: dict[str, dict]) -> dict:
@@ -235,8 +251,67 @@ class HTTPAPI:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         if not is_valid_name(topic):
             raise HTTPError(400, "INVALID_ARG_TOPIC")
+        if _first(params, "partition_num") is not None:
+            await self._create_partitioned(topic, params)
         self.lookupd.log.info("DB: adding topic(%s)", topic)
         self.lookupd.db.add_registration(("topic", topic, "", None))
+        return v1_response(200)
+
+    async def _create_partitioned(self, topic: str, params: dict[str, list[str]]) -> None:
+        """Youzan's `/topic/create?partition_num=N&replicator=R`: place the partitions on the
+        registered nsqds round-robin, through their HTTP API, and keep the topic's meta for
+        `/lookup?metainfo=` (SPEC.md §5.6)."""
+        text = _first(params, "partition_num") or ""
+        if not text.isdigit() or not 1 <= int(text) <= 255:
+            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
+        replicator_text = _first(params, "replicator") or "1"
+        if not replicator_text.isdigit() or not 1 <= int(replicator_text) <= 5:
+            raise HTTPError(400, "INVALID_ARG_TOPIC_REPLICATOR")
+        if int(replicator_text) > 1:
+            raise HTTPError(
+                400, "replicator > 1 is not supported: nsqpy has no partition replication yet"
+            )
+        options = self.lookupd.options
+        nodes = active(
+            self.lookupd.db.find_producers("client", "", ""),
+            options.inactive_producer_timeout,
+            options.tombstone_lifetime,
+        )
+        if not nodes:
+            raise HTTPError(400, "no nsqd is registered to place the partitions on")
+        flags = {
+            "orderedmulti": _first(params, "orderedmulti") == "true",
+            "ext": _first(params, "extend") == "true",
+        }
+        partition_num = int(text)
+        for partition in range(partition_num):
+            peer = nodes[partition % len(nodes)].peer
+            query = urlencode(
+                {
+                    "topic": topic,
+                    "partition": partition,
+                    **{key: "true" for key, on in flags.items() if on},
+                }
+            )
+            url = f"http://{peer.broadcast_address}:{peer.http_port}/topic/create?{query}"
+            try:
+                await trio.to_thread.run_sync(_post, url)
+            except OSError as error:
+                message = f"creating partition {partition} on {peer.id} failed: {error}"
+                raise HTTPError(500, message) from None
+        self.lookupd.topic_meta[topic] = {
+            "partition_num": partition_num,
+            "replica": 1,
+            "ordered": flags["orderedmulti"],
+            "extend_support": flags["ext"],
+            "multi_part": _first(params, "multipart") == "true",
+            "disable_channel_auto_create": _first(params, "disable_channel_auto_create") == "true",
+        }
+
+    async def disable_write(self, request: Request) -> Response:
+        """POST /disable/write?type=all|ordered (anything else enables writes again)."""
+        kind = _first(_query(request), "type")
+        self.lookupd.write_disabled = kind if kind in ("all", "ordered") else None
         return v1_response(200)
 
     async def topic_delete(self, request: Request) -> Response:

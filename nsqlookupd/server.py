@@ -44,6 +44,8 @@ class NSQLookupd:
         self.http_address: str | None = None
         # Youzan topic attributes set by POST /topic/create (partition_num, ordered, ...).
         self.topic_meta: dict[str, dict] = {}
+        # Youzan's POST /disable/write: None, "all" or "ordered".
+        self.write_disabled: str | None = None
         self._shutdown = trio.Event()
 
     @property
