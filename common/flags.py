@@ -38,6 +38,7 @@ from common.duration import (
     format_duration,
     parse_duration,
 )
+from common.goformat import go_quote
 
 __all__ = [
     "ConfigError",
@@ -107,33 +108,6 @@ class _NumError(ValueError):
         syntax = "invalid syntax" if reason == _ERR_PARSE else reason
         # strconv.NumError.Error(), which go-options passes through in its config errors.
         super().__init__(f"strconv.{func}: parsing {go_quote(text)}: {syntax}")
-
-
-def go_quote(text: str) -> str:
-    """Go's strconv.Quote (the `%q` verb): double quotes, backslash escapes, printable Unicode
-    kept as is. Used wherever Go's messages quote a user's value."""
-    out = ['"']
-    escapes = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
-    escapes["\v"] = "\\v"
-    for c in text:
-        code = ord(c)
-        if c in '"\\':
-            out.append("\\" + c)
-        elif 0xDC80 <= code <= 0xDCFF:
-            # An undecodable argv byte (surrogateescape); Go would see the raw byte.
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif c.isprintable():
-            out.append(c)
-        elif c in escapes:
-            out.append(escapes[c])
-        elif code < 0x20 or code == 0x7F:
-            out.append(f"\\x{code:02x}")
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    out.append('"')
-    return "".join(out)
 
 
 def _lower(c: str) -> str:

@@ -1,5 +1,8 @@
 """Go's text formatting where NSQ error texts use it, so our errors read byte for byte like Go's."""
 
+import json
+import re
+
 _GO_ESCAPES = {
     0x07: "\\a",
     0x08: "\\b",
@@ -93,3 +96,22 @@ def go_base10(raw: bytes) -> int | None:
         piece = raw[start : start + 4000]
         value = (value * 10 ** len(piece) + int(piece)) & _UINT64_MAX
     return value
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def go_json(value, *, sort_keys: bool = False) -> bytes:
+    """JSON as Go's encoding/json writes it: compact, `<`, `>`, `&`, U+2028 and U+2029
+    escaped, invalid UTF-8 as `\\ufffd`. Go sorts the keys of a map (`sort_keys`) and keeps
+    a struct's field order (a dict's order here)."""
+    text = json.dumps(value, sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False)
+    # These characters only ever appear inside strings, where Go escapes them.
+    text = (
+        text.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
+    return _SURROGATE.sub(lambda _: "\\ufffd", text).encode("utf-8")

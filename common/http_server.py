@@ -9,13 +9,14 @@ behaviour as Go NSQ uses it. Responses carry Go's headers (`Date`, `Content-Leng
 """
 
 import email.utils
-import json
 import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import unquote_plus
 
 import httptools
 import trio
+
+from common.goformat import go_json
 
 RECEIVE_SIZE = 64 * 1024
 
@@ -108,19 +109,6 @@ class Response:
         self.status = status
         self.body = body
         self.headers = headers if headers is not None else []
-
-
-def go_json(value) -> bytes:
-    """JSON as Go's encoding/json writes it: compact, with <, > and & escaped."""
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    return (
-        text.replace("<", "\\u003c")
-        .replace(">", "\\u003e")
-        .replace("&", "\\u0026")
-        .replace("\u2028", "\\u2028")
-        .replace("\u2029", "\\u2029")
-        .encode("utf-8", "surrogateescape")
-    )
 
 
 def v1_response(status: int, data=None) -> Response:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import ProtocolError
+from common.goformat import go_json as _go_json
 from common.names import is_valid_name
 
 MAGIC_V1 = b"  V1"
@@ -432,17 +433,7 @@ def encode_error(err: ProtocolError) -> bytes:
 
 def go_json(value: Any) -> bytes:
     """JSON the way Go's json.Marshal writes a map: sorted keys, no spaces, HTML-safe escapes."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    # These characters only ever appear inside strings, where Go escapes them.
-    text = (
-        text.replace("<", "\\u003c")
-        .replace(">", "\\u003e")
-        .replace("&", "\\u0026")
-        .replace("\u2028", "\\u2028")
-        .replace("\u2029", "\\u2029")
-    )
-    # Go writes invalid UTF-8 in a string as the escape \ufffd.
-    return _SURROGATE.sub(lambda _: "\\ufffd", text).encode("utf-8")
+    return _go_json(value, sort_keys=True)
 
 
 def identify_reply(

@@ -47,6 +47,7 @@ class LookupPeer:
         self._pending: deque[tuple[str, str, str | None, int]] = deque()
         self._wakeup = Wakeup()
         self.cancel_scope = trio.CancelScope()
+        self._lost = False
 
     def notify(self, action: str, topic: str, channel: str | None, partition: int) -> None:
         """Queue REGISTER or UNREGISTER for the open connection (dropped while disconnected:
@@ -67,12 +68,17 @@ class LookupPeer:
                 except (LookupResponseError, ValueError, trio.TooSlowError) as error:
                     log.error("LOOKUPD(%s): bad response - %s", self.address, error)
                 finally:
+                    registered = self.connected
                     self.connected = False
                     self._pending.clear()
+                if registered:
+                    delay = 0.1  # it worked for a while: start the back-off afresh
                 await trio.sleep(delay)
                 delay = min(delay * 2, MAX_RECONNECT_DELAY)
 
     async def _session(self) -> None:
+        """One connection's life, until it fails."""
+        self._lost = False
         nsqd = self.nsqd
         host, _, port = self.address.rpartition(":")
         with trio.fail_after(CONNECT_TIMEOUT):
@@ -113,7 +119,25 @@ class LookupPeer:
                     await self._command(stream, decoder, encode_ping())
                     next_ping = trio.current_time() + PING_INTERVAL
                 with trio.move_on_at(next_ping):
-                    await self._wakeup.wait()
+                    async with trio.open_nursery() as waiting:
+                        # A lookupd that went away (restart) is noticed at once, not at the
+                        # next PING, so everything is registered again without delay.
+                        waiting.start_soon(self._wait_for_eof, stream, waiting.cancel_scope)
+                        await self._wakeup.wait()
+                        waiting.cancel_scope.cancel()
+                if self._lost:
+                    raise trio.BrokenResourceError("nsqlookupd closed the connection")
+
+    async def _wait_for_eof(self, stream, scope: trio.CancelScope) -> None:
+        """While idle nothing is owed to us, so any read result means the end: EOF, a reset,
+        or bytes a lookupd should never send unasked."""
+        try:
+            await stream.receive_some(1)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        self._lost = True
+        self._wakeup.set()
+        scope.cancel()
 
     def _encode(self, action: str, topic: str, channel: str | None, partition: int) -> bytes:
         encode = encode_register if action == "REGISTER" else encode_unregister

@@ -114,18 +114,23 @@ class HTTPAPI:
         topic = _first(params, "topic")
         if topic is None:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
-        access = _first(params, "access") or "r"
+        access_text = _first(params, "access")
+        access = access_text or "r"
         if access not in ("r", "w"):
             raise HTTPError(400, "INVALID_ACCESS_MODE")
         partition = self._partition_filter(params)
         if not db.find_registrations("topic", topic, ""):
             raise HTTPError(404, "TOPIC_NOT_FOUND")
 
-        channels = db.channels(topic)
+        channels = db.channels(topic, partition)
         timeout = options.inactive_producer_timeout
-        lifetime = options.tombstone_lifetime
+        # Official lookups (no `access`) hide tombstoned nodes as Go does; Youzan readers
+        # (`access=r`) see them, so consumers can drain a node being retired (SPEC.md §5.3);
+        # writers never do.
+        lifetime = 0.0 if access_text == "r" else options.tombstone_lifetime
         producers = active(db.find_producers("topic", topic, "", partition), timeout, lifetime)
         partitions: dict[str, dict] = {}
+        writable: dict[str, object] = {}
         dropped_for_no_channel = 0
         for registration in sorted(
             db.find_registrations("topic", topic, "", partition),
@@ -135,6 +140,8 @@ class HTTPAPI:
             if pid is None or pid < 0:
                 continue
             live = active(db.producers_of(registration), timeout, lifetime)
+            if access == "w":
+                live = [p for p in live if not p.tombstoned]
             if not live:
                 continue
             if (
@@ -145,9 +152,11 @@ class HTTPAPI:
                 dropped_for_no_channel += 1
                 continue
             partitions[str(pid)] = live[0].peer.as_json()
+            writable.setdefault(live[0].peer.id, live[0])
         if access == "w":
-            # Writers get only nodes that take writes: no tombstoned, no classic nodes.
-            producers = [p for p in producers if p.peer.partitioned and not p.tombstoned]
+            # Writers get exactly the nodes of the partitions they may write to: no classic
+            # nodes, no tombstoned ones, none whose partitions have no channel yet.
+            producers = list(writable.values())
             if dropped_for_no_channel and not partitions:
                 raise HTTPError(404, _NO_CHANNEL)
         document: dict = {"channels": channels}
