@@ -1,0 +1,103 @@
+"""What every daemon's console script does around its server: Go's command line, the config
+file, Go-format logging, and a trio run that a SIGTERM or SIGINT ends cleanly.
+
+A daemon passes its flag set, how to turn parsed values into options, and how to build its
+server (an object with `async serve()` and `shutdown()`); any error a user can cause at start
+(a bad flag value, config file, certificate, busy port, corrupt metadata) ends in one log line
+and exit status 1, as Go's daemons do, never a traceback.
+"""
+
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import trio
+
+from common.flags import ConfigError, Flag, FlagSet, Kind, load_config, merge
+from common.log import parse_log_level, setup_logger
+from common.version import version_line
+
+
+def standard_flags(log_level: str, log_prefix: str) -> list[Flag]:
+    """The flags every Go NSQ daemon has: --config, --version, --log-level, --log-prefix and
+    the deprecated --verbose."""
+    return [
+        Flag("config", Kind.STRING, "", "path to config file", config_key=None),
+        Flag("version", Kind.BOOL, False, "print version string", config_key=None),
+        Flag(
+            "log-level",
+            Kind.VALUE,
+            log_level,
+            "set log verbosity: debug, info, warn, error, or fatal",
+            parse=parse_log_level,
+            default_text=log_level.upper(),
+        ),
+        Flag("log-prefix", Kind.STRING, log_prefix, "log message prefix"),
+        Flag("verbose", Kind.BOOL, False, "[deprecated] has no effect, use --log-level"),
+    ]
+
+
+class Server(Protocol):
+    async def serve(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def run_daemon(
+    name: str,
+    flags: FlagSet,
+    options_from_values: Callable[[dict], Any],
+    build_server: Callable[[Any, logging.Logger], Server],
+    *,
+    argv: list[str] | None = None,
+    startup_errors: tuple[type[BaseException], ...] = (),
+    option_errors: tuple[type[BaseException], ...] = (ValueError,),
+) -> None:
+    values, explicitly_set, _args = flags.parse_or_exit(sys.argv[1:] if argv is None else argv)
+    if values["version"]:
+        print(version_line(name))
+        return
+    log = setup_logger(name, values["log_prefix"], values["log_level"])
+    try:
+        if values["config"]:
+            values = merge(values, explicitly_set, load_config(values["config"]), flags)
+        options = options_from_values(values)
+    except (ConfigError, *option_errors) as error:
+        log.critical("failed to instantiate %s - %s", name, error)
+        sys.exit(1)
+    log = setup_logger(name, options.log_prefix, options.log_level)
+    try:
+        server = build_server(options, log)
+    except OSError as error:  # e.g. a TLS certificate or key that cannot be loaded
+        log.critical("failed to instantiate %s - %s", name, error)
+        sys.exit(1)
+    try:
+        trio.run(_serve_until_signal, server)
+    except* (OSError, *startup_errors) as group:
+        # A listener that cannot bind, a data path that cannot be created, metadata that
+        # cannot be read: one line, exit 1.
+        log.critical("%s", first_leaf(group))
+        sys.exit(1)
+
+
+def first_leaf(group: BaseExceptionGroup) -> BaseException:
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
+
+
+async def _serve_until_signal(server: Server) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_shutdown_on_signal, server)
+        await server.serve()
+        nursery.cancel_scope.cancel()
+
+
+async def _shutdown_on_signal(server: Server) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _signal in signals:
+            server.shutdown()
+            return
