@@ -18,6 +18,7 @@ import httptools
 import trio
 
 from common.goformat import go_json
+from common.net import accept_forever, format_address
 
 RECEIVE_SIZE = 64 * 1024
 
@@ -421,3 +422,31 @@ async def _send_quietly(stream: trio.abc.Stream, data: bytes) -> bool:
         return True
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         return False
+
+
+async def serve_http(
+    listener,
+    router: Router,
+    nursery: trio.Nursery,
+    log,
+    *,
+    max_body_size: int,
+    tls_context=None,
+) -> None:
+    """Serve HTTP (or HTTPS, with `tls_context`) on `listener` until cancelled."""
+
+    def log_error(error: BaseException) -> None:
+        log.error("HTTP: internal error - %r", error, exc_info=error)
+
+    async def serve(stream: trio.SocketStream) -> None:
+        try:
+            remote = format_address(stream.socket.getpeername())
+        except OSError:
+            remote = ""
+        if tls_context is not None:
+            stream = trio.SSLStream(stream, tls_context, server_side=True, https_compatible=True)
+        await serve_http_connection(
+            stream, router, max_body_size=max_body_size, remote=remote, on_error=log_error
+        )
+
+    await accept_forever(listener, serve, nursery, log, "HTTPS" if tls_context else "HTTP")

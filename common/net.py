@@ -52,3 +52,16 @@ async def _open_listener(address: str) -> trio.SocketListener:
     for extra in listeners[1:]:
         await extra.aclose()
     return listeners[0]
+
+
+async def accept_forever(listener, handler, nursery, log, kind: str) -> None:
+    """Accept connections for ever, each served by `handler(stream)` in `nursery`. An accept
+    error (out of file descriptors, say) is logged and retried shortly, as Go's servers do."""
+    while True:
+        try:
+            stream = await listener.accept()
+        except OSError as error:
+            log.error("%s: accept error - %s", kind, error)
+            await trio.sleep(0.05)
+            continue
+        nursery.start_soon(handler, stream)

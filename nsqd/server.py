@@ -16,9 +16,9 @@ from functools import partial
 
 import trio
 
-from common.http_server import serve_http_connection
+from common.http_server import serve_http
 from common.names import is_valid_name
-from common.net import format_address, open_listener
+from common.net import accept_forever, format_address, open_listener
 from common.version import VERSION
 from diskqueue import DiskQueue
 from nsqd.backend import open_backend
@@ -321,6 +321,7 @@ class NSQD:
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         options = self.options
+        log = self.log
         os.makedirs(self.data_path, exist_ok=True)
         self.load_metadata()
         tcp_listener = await open_listener(options.tcp_address)
@@ -348,21 +349,31 @@ class NSQD:
                 for topic in self.all_partitions():
                     nursery.start_soon(topic.pump)
                 async with trio.open_nursery() as listener_nursery:
-                    listener_nursery.start_soon(self._accept_loop, tcp_listener, nursery)
                     listener_nursery.start_soon(
-                        self._accept_http,
-                        http_listener,
-                        plain_router or http_api.router,
-                        listener_nursery,
-                        False,
+                        accept_forever, tcp_listener, self._handle_connection, nursery, log, "TCP"
+                    )
+                    max_body = max(options.max_body_size, options.max_msg_size)
+                    listener_nursery.start_soon(
+                        partial(
+                            serve_http,
+                            http_listener,
+                            plain_router or http_api.router,
+                            listener_nursery,
+                            log,
+                            max_body_size=max_body,
+                        )
                     )
                     if https_listener is not None:
                         listener_nursery.start_soon(
-                            self._accept_http,
-                            https_listener,
-                            http_api.router,
-                            listener_nursery,
-                            True,
+                            partial(
+                                serve_http,
+                                https_listener,
+                                http_api.router,
+                                listener_nursery,
+                                log,
+                                max_body_size=max_body,
+                                tls_context=self.tls_context,
+                            )
                         )
                     nursery.start_soon(self.queue_scanner.run)
                     nursery.start_soon(self._metadata_writer)
@@ -387,48 +398,6 @@ class NSQD:
         """Begin a clean exit (SIGTERM, SIGINT, or an embedding program)."""
         self.exiting = True
         self._shutdown.set()
-
-    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as error:
-                self.log.error("TCP: accept error - %s", error)
-                await trio.sleep(0.05)
-                continue
-            nursery.start_soon(self._handle_connection, stream)
-
-    async def _accept_http(self, listener, router, nursery: trio.Nursery, tls: bool) -> None:
-        max_body = max(self.options.max_body_size, self.options.max_msg_size)
-
-        def log_error(error: BaseException) -> None:
-            self.log.error("HTTP: internal error - %r", error, exc_info=error)
-
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as error:
-                self.log.error("HTTP: accept error - %s", error)
-                await trio.sleep(0.05)
-                continue
-            try:
-                remote = format_address(stream.socket.getpeername())
-            except OSError:
-                remote = ""
-            if tls:
-                stream = trio.SSLStream(
-                    stream, self.tls_context, server_side=True, https_compatible=True
-                )
-            nursery.start_soon(
-                partial(
-                    serve_http_connection,
-                    stream,
-                    router,
-                    max_body_size=max_body,
-                    remote=remote,
-                    on_error=log_error,
-                )
-            )
 
     async def _handle_connection(self, stream: trio.SocketStream) -> None:
         try:

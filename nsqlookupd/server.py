@@ -13,7 +13,7 @@ from functools import partial
 import trio
 
 from common.errors import ProtocolError
-from common.http_server import serve_http_connection
+from common.http_server import serve_http
 from common.lookup_protocol import (
     OK,
     LookupServerConnection,
@@ -22,7 +22,7 @@ from common.lookup_protocol import (
     identify_reply,
 )
 from common.names import is_ephemeral
-from common.net import format_address, open_listener
+from common.net import accept_forever, format_address, open_listener
 from common.version import VERSION
 from nsqlookupd.options import Options
 from nsqlookupd.registry import ANY, PeerInfo, RegistrationDB
@@ -32,6 +32,8 @@ from nsqlookupd.registry import ANY, PeerInfo, RegistrationDB
 # holding registrations forever once their TCP connection is half-open.
 PEER_READ_TIMEOUT = 60.0
 RECEIVE_SIZE = 64 * 1024
+# nsqlookupd's HTTP API takes no bodies worth the name.
+HTTP_MAX_BODY = 1024 * 1024
 
 
 class NSQLookupd:
@@ -71,8 +73,19 @@ class NSQLookupd:
         http_api = HTTPAPI(self)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._accept_tcp, tcp_listener, nursery)
-                nursery.start_soon(self._accept_http, http_listener, http_api, nursery)
+                nursery.start_soon(
+                    accept_forever, tcp_listener, self._serve_peer, nursery, self.log, "TCP"
+                )
+                nursery.start_soon(
+                    partial(
+                        serve_http,
+                        http_listener,
+                        http_api.router,
+                        nursery,
+                        self.log,
+                        max_body_size=HTTP_MAX_BODY,
+                    )
+                )
                 task_status.started(self)
                 await self._shutdown.wait()
                 nursery.cancel_scope.cancel()
@@ -81,40 +94,7 @@ class NSQLookupd:
                 await tcp_listener.aclose()
                 await http_listener.aclose()
 
-    # -- HTTP ---------------------------------------------------------------------------------
-
-    async def _accept_http(self, listener, http_api, nursery: trio.Nursery) -> None:
-        def log_error(error: BaseException) -> None:
-            self.log.error("HTTP: internal error - %r", error, exc_info=error)
-
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as error:
-                self.log.error("HTTP: accept error - %s", error)
-                await trio.sleep(0.05)
-                continue
-            nursery.start_soon(
-                partial(
-                    serve_http_connection,
-                    stream,
-                    http_api.router,
-                    max_body_size=1024 * 1024,
-                    on_error=log_error,
-                )
-            )
-
     # -- TCP: nsqd peers -----------------------------------------------------------------
-
-    async def _accept_tcp(self, listener, nursery: trio.Nursery) -> None:
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as error:
-                self.log.error("TCP: accept error - %s", error)
-                await trio.sleep(0.05)
-                continue
-            nursery.start_soon(self._serve_peer, stream)
 
     async def _serve_peer(self, stream: trio.SocketStream) -> None:
         try:
