@@ -26,6 +26,7 @@ class Message:
         "defer",
         "offset",
         "trace_id",
+        "ext_header",
     )
 
     def __init__(self, message_id: bytes, body: bytes, timestamp: int, attempts: int = 0) -> None:
@@ -42,6 +43,7 @@ class Message:
         # Go's record layout has no room for them.
         self.offset = 0
         self.trace_id = 0
+        self.ext_header = b""  # Youzan ext topics: the PUB_EXT JSON header
 
     def copy(self) -> "Message":
         """A channel's own copy; `defer` travels with it so every channel defers a DPUB."""
@@ -49,6 +51,7 @@ class Message:
         message.defer = self.defer
         message.offset = self.offset
         message.trace_id = self.trace_id
+        message.ext_header = self.ext_header
         return message
 
     def to_record(self) -> bytes:

@@ -72,6 +72,7 @@ class _IdentifyFields:
     INT32 = {"sample_rate"}
     BOOL = {"feature_negotiation", "tls_v1", "deflate", "snappy"}
     STR = {"client_id", "hostname", "user_agent"}
+    ALL = INT | INT32 | BOOL | STR
 
 
 def decode_identify(body: bytes) -> dict:
@@ -93,6 +94,9 @@ def decode_identify(body: bytes) -> dict:
     for key, value in raw.items():
         name = key.lower()
         if value is None:
+            if name not in _IdentifyFields.ALL:
+                # Youzan's keys count by their presence (`"ext_filter": null`, §8 #1).
+                decoded.setdefault("_extra", {})[key] = value
             continue
         if name in _IdentifyFields.INT or name in _IdentifyFields.INT32:
             if not isinstance(value, int) or isinstance(value, bool):
@@ -296,7 +300,8 @@ class ProtocolV2(YouzanCommands):
                     if channel.has_messages():
                         channel.notify()
                     if self.youzan:
-                        frames = encode_binary_id_frames(messages, self.detail)
+                        ext = self.extend_support and channel.topic.ext
+                        frames = encode_binary_id_frames(messages, self.detail, ext)
                     else:
                         frames = encode_message_frames(messages)
                     await self._send(frames)

@@ -30,9 +30,19 @@ SUB_FAMILY = (b"SUB", b"SUB_ORDERED", b"SUB_ORDER", b"SUB_ADVANCED")
 YOUZAN_IDENTIFY_KEYS = ("extend_support", "desired_tag", "ext_filter")
 
 
-def encode_binary_id_frames(messages, detail: bool) -> bytes:
-    """Message frames with Youzan's binary IDs, and the DETAIL section `[8 offset][4 size]`
-    for SUB_ORDERED/SUB_ADVANCED connections (SPEC.md §3.5)."""
+def ext_section(message) -> bytes:
+    """`[1 ext_ver]`, plus `[2 length][header]` when the message has a JSON header (ext_ver 4):
+    what an ext topic's messages carry for `extend_support` clients (SPEC.md §3.5)."""
+    header = message.ext_header
+    if not header:
+        return b"\x00"
+    return b"\x04" + len(header).to_bytes(2, "big") + header
+
+
+def encode_binary_id_frames(messages, detail: bool, ext: bool = False) -> bytes:
+    """Message frames with Youzan's binary IDs, the EXT section (ext topics, `extend_support`
+    clients) and the DETAIL section `[8 offset][4 size]` for SUB_ORDERED/SUB_ADVANCED
+    connections, in that order (SPEC.md §3.5)."""
     pack = _BINARY_FRAME_HEADER.pack
     pack_detail = _DETAIL.pack
     overhead = _BINARY_FRAME_HEADER.size - 4 + (_DETAIL.size if detail else 0)
@@ -40,9 +50,10 @@ def encode_binary_id_frames(messages, detail: bool) -> bytes:
     append = parts.append
     for message in messages:
         body = message.body
+        extension = ext_section(message) if ext else b""
         append(
             pack(
-                len(body) + overhead,
+                len(body) + len(extension) + overhead,
                 FRAME_TYPE_MESSAGE,
                 message.timestamp,
                 message.attempts,
@@ -50,6 +61,8 @@ def encode_binary_id_frames(messages, detail: bool) -> bytes:
                 message.trace_id,
             )
         )
+        if extension:
+            append(extension)
         if detail:
             append(pack_detail(message.offset, RECORD_OVERHEAD + len(body)))
         append(body)
@@ -210,7 +223,10 @@ class YouzanCommands:
             raw = None
         if raw is not None:
             self.become_youzan()
-        topic = self._resolve_partition(name, raw, create=raw is None)
+        # Only the official commands in their classic form create a topic (SPEC.md §8 #2);
+        # Youzan's never do, and their topic names are not even validated (§3.3).
+        classic = raw is None and label in ("PUB", "MPUB", "DPUB")
+        topic = self._resolve_partition(name, raw, create=classic)
         if topic.ordered and raw is None:
             raise ProtocolError(
                 "E_BAD_PARTITION", "topic partition is not valid for multi partition: -1"
@@ -282,7 +298,7 @@ class YouzanCommands:
         trace_id = self._ext_header(header, topic)
         if self.nsqd.exiting:
             raise self.publish_failed("E_PUB_FAILED", "PUB")
-        (message,) = topic.publish([data], trace_ids=[trace_id or 0])
+        (message,) = topic.publish([data], trace_ids=[trace_id or 0], ext_headers=[header])
         self.client.published(topic.name, 1)
         if trace_id is None:
             return OK_FRAME
@@ -295,6 +311,7 @@ class YouzanCommands:
         topic = self._publish_target(command.args, "MPUB_EXT")
         bodies = []
         trace_ids = []
+        headers = []
         for body in command.messages:
             if len(body) < 2 or len(body) <= 2 + int.from_bytes(body[:2], "big"):
                 raise ProtocolError(
@@ -302,10 +319,11 @@ class YouzanCommands:
                 )
             header, data = split_ext_body(body)
             trace_ids.append(self._ext_header(header, topic) or 0)
+            headers.append(header)
             bodies.append(data)
         if self.nsqd.exiting:
             raise self.publish_failed("E_MPUB_FAILED", "MPUB")
-        topic.publish(bodies, trace_ids=trace_ids)
+        topic.publish(bodies, trace_ids=trace_ids, ext_headers=headers)
         self.client.published(topic.name, len(bodies))
         return OK_FRAME
 
@@ -317,5 +335,8 @@ class YouzanCommands:
             raise ProtocolError("E_INVALID", f"{label} insufficient number of params")
         wire_id = args[0]
         if len(wire_id) != MESSAGE_ID_LENGTH:
+            raise ProtocolError("E_INVALID", "Invalid Message ID")
+        # Youzan's FIN also refuses an internal id that is not positive (a signed int64).
+        if label == "FIN" and int.from_bytes(wire_id[:8], "big", signed=True) <= 0:
             raise ProtocolError("E_INVALID", "Invalid Message ID")
         return message_key(wire_id), go_byte_slice(wire_id)

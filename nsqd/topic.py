@@ -74,7 +74,11 @@ class Topic:
     # -- publishing -------------------------------------------------------------------------
 
     def publish(
-        self, bodies: list[bytes], defer: float = 0.0, trace_ids: list[int] | None = None
+        self,
+        bodies: list[bytes],
+        defer: float = 0.0,
+        trace_ids: list[int] | None = None,
+        ext_headers: list[bytes] | None = None,
     ) -> list[Message]:
         """PUB, MPUB, DPUB and HTTP /pub: new messages with fresh IDs, all or nothing."""
         timestamp = time.time_ns()
@@ -88,6 +92,9 @@ class Topic:
         if trace_ids is not None:
             for message, trace_id in zip(messages, trace_ids, strict=True):
                 message.trace_id = trace_id
+        if ext_headers is not None and self.ext:
+            for message, header in zip(messages, ext_headers, strict=True):
+                message.ext_header = header
         if defer:
             for message in messages:
                 message.defer = defer

@@ -260,7 +260,7 @@ class HTTPAPI:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         if not is_valid_name(topic):
             raise HTTPError(400, "INVALID_ARG_TOPIC")
-        if _first(params, "partition_num") is not None:
+        if _first(params, "partition_num") is not None or _first(params, "replicator") is not None:
             await self._create_partitioned(topic, params)
         self.lookupd.log.info("DB: adding topic(%s)", topic)
         self.lookupd.db.add_registration(("topic", topic, "", None))
@@ -270,10 +270,14 @@ class HTTPAPI:
         """Youzan's `/topic/create?partition_num=N&replicator=R`: place the partitions on the
         registered nsqds round-robin, through their HTTP API, and keep the topic's meta for
         `/lookup?metainfo=` (SPEC.md §5.6)."""
-        text = _first(params, "partition_num") or ""
+        text = _first(params, "partition_num")
+        if text is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC_PARTITION_NUM")
         if not text.isdigit() or not 1 <= int(text) <= 255:
             raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
-        replicator_text = _first(params, "replicator") or "1"
+        replicator_text = _first(params, "replicator")
+        if replicator_text is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC_REPLICATOR")
         if not replicator_text.isdigit() or not 1 <= int(replicator_text) <= 5:
             raise HTTPError(400, "INVALID_ARG_TOPIC_REPLICATOR")
         if int(replicator_text) > 1:
