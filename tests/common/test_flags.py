@@ -19,8 +19,9 @@ from common.flags import (
     merge,
     parse_go_bool,
 )
+from tests.reference import REFERENCE_DIR
 
-REFERENCE = Path("/work/shared/reference/go-nsq-1.3.0")
+REFERENCE = REFERENCE_DIR
 REPO = Path(__file__).resolve().parents[2]
 
 

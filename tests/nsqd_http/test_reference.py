@@ -24,7 +24,6 @@ import re
 import shlex
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -32,8 +31,8 @@ import pytest
 from tests.conftest import wait_until
 from tests.nsqd.wire import Wire
 from tests.nsqd_http.rawhttp import HTTPResponse, parse_response, request
+from tests.reference import REFERENCE_DIR
 
-REFERENCE_DIR = Path(__file__).resolve().parents[3] / "shared" / "reference" / "go-nsq-1.3.0"
 REFERENCE_FILES = sorted(path.name for path in REFERENCE_DIR.glob("nsqd_*.http"))
 
 # What nsq_tail and to_nsq (go-nsq 1.1.0) sent in IDENTIFY on the capture machine ("vm").

@@ -30,7 +30,6 @@ import email.utils
 import re
 import socket
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -48,8 +47,8 @@ from tests.nsqlookupd.support import (
     parse_http_head,
     post,
 )
+from tests.reference import REFERENCE_DIR
 
-REFERENCE_DIR = Path(__file__).resolve().parents[3] / "shared" / "reference" / "go-nsq-1.3.0"
 REFERENCE_FILES = sorted(path.name for path in REFERENCE_DIR.glob("nsqlookupd_*.http"))
 # Captured while the registered nsqd hosted nothing yet; every other one after "test"/"ch".
 BEFORE_TOPICS = {"nsqlookupd_ping.http", "nsqlookupd_info.http"} | {
