@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed
 NODE_DIR := tests/interop/node
 NODE_INSTALLED := $(NODE_DIR)/node_modules/.installed
 
-.PHONY: install run test lint bench clean
+.PHONY: install browser run test lint bench clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,17 @@ install: $(INSTALLED) $(NODE_INSTALLED)
 run: install
 	$(BIN)/python -m tools.local_cluster
 
+## Debian's headless Chromium and its driver, for the nsqadmin browser tests (root on CI).
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+		command -v apt-get >/dev/null 2>&1 || { \
+			echo "error: /usr/bin/chromium not found and apt-get is not available: the nsqadmin browser tests (tests/nsqadmin/test_browser.py) need Chromium and chromedriver (Debian: apt-get install chromium chromium-driver)" >&2; \
+			exit 1; }; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; \
+	fi
+
 ## Lint, then the whole default test suite.
-test: install lint
+test: install browser lint
 	$(BIN)/python -m pytest
 
 lint: install

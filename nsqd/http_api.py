@@ -441,6 +441,9 @@ class TLSRequiredRouter:
     def __init__(self, nsqd: "NSQD") -> None:
         self.nsqd = nsqd
 
+    def body_limit(self, method: str, path: str) -> int | None:
+        return None  # every request gets the 403, whatever its body
+
     async def dispatch(self, request: Request) -> Response:
         port = _port(self.nsqd.https_address)
         # Go writes this body by hand, spaces and all, and sets no Content-Type.

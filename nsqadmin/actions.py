@@ -1,0 +1,130 @@
+"""The admin actions, shared by the JSON API (api.py) and the UI's forms (pages.py): who may
+act, what each action asks of which nsqd and nsqlookupd (cluster.py), and the notification
+Go nsqadmin sends for it (notify.py).
+
+Each returns the texts of the nodes that failed (a partial failure still did the rest), and
+raises `ActionError` for a request Go would refuse (403 FORBIDDEN, 400 INVALID_TOPIC ...) or
+`cluster.UpstreamError` when no node could be asked at all.
+"""
+
+from collections.abc import Callable
+
+from aiohttp import web
+
+from common.names import is_valid_channel_name, is_valid_topic_name
+from nsqadmin.cluster import ClusterInfo
+from nsqadmin.notify import Notifier, admin_action
+from nsqadmin.options import Options
+
+TOPIC_ACTIONS = ("pause", "unpause", "empty")
+
+
+class ActionError(Exception):
+    """A refused action: the HTTP status and Go's message (`FORBIDDEN`, `INVALID_TOPIC`)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Actions:
+    def __init__(
+        self, get_options: Callable[[], Options], cluster: ClusterInfo, notifier: Notifier
+    ) -> None:
+        self._get_options = get_options  # PUT /config can swap the options while we run
+        self.cluster = cluster
+        self.notifier = notifier
+
+    @property
+    def options(self) -> Options:
+        return self._get_options()
+
+    def user(self, request: web.Request) -> str | None:
+        return request.headers.get(self.options.acl_http_header)
+
+    def is_admin(self, request: web.Request) -> bool:
+        return self.options.is_admin(self.user(request))
+
+    def check_admin(self, request: web.Request) -> None:
+        if not self.is_admin(request):
+            raise ActionError(403, "FORBIDDEN")
+
+    def _notify(
+        self, request: web.Request, action: str, topic: str, channel: str = "", node: str = ""
+    ) -> None:
+        self.notifier.notify(admin_action(action, topic, channel, node, request))
+
+    @property
+    def _lookupds(self) -> list[str]:
+        return self.options.lookupd_http_address
+
+    @property
+    def _nsqds(self) -> list[str]:
+        return self.options.nsqd_http_address
+
+    async def create(self, request: web.Request, topic: str, channel: str = "") -> list[str]:
+        self.check_admin(request)
+        _check_topic(topic)
+        if channel:
+            _check_channel(channel)
+        errors = await self.cluster.create_topic_channel(
+            topic, channel, self._lookupds, self._nsqds
+        )
+        self._notify(request, "create_topic", topic)
+        if channel:
+            self._notify(request, "create_channel", topic, channel)
+        return errors
+
+    async def topic_action(self, request: web.Request, action: str, topic: str) -> list[str]:
+        """pause, unpause or empty a topic on every nsqd that has it."""
+        self.check_admin(request)
+        if action not in TOPIC_ACTIONS:
+            raise ActionError(400, "INVALID_ACTION")
+        self._notify(request, f"{action}_topic", topic)
+        return await self.cluster.topic_channel_action(
+            action, topic, "", self._lookupds, self._nsqds
+        )
+
+    async def channel_action(
+        self, request: web.Request, action: str, topic: str, channel: str
+    ) -> list[str]:
+        """pause, unpause or empty a channel on every nsqd that has its topic."""
+        self.check_admin(request)
+        if action not in TOPIC_ACTIONS:
+            raise ActionError(400, "INVALID_ACTION")
+        self._notify(request, f"{action}_channel", topic, channel)
+        return await self.cluster.topic_channel_action(
+            action, topic, channel, self._lookupds, self._nsqds
+        )
+
+    async def delete_topic(self, request: web.Request, topic: str) -> list[str]:
+        self.check_admin(request)
+        errors = await self.cluster.delete_topic(topic, self._lookupds, self._nsqds)
+        self._notify(request, "delete_topic", topic)
+        return errors
+
+    async def delete_channel(self, request: web.Request, topic: str, channel: str) -> list[str]:
+        self.check_admin(request)
+        errors = await self.cluster.delete_channel(topic, channel, self._lookupds, self._nsqds)
+        self._notify(request, "delete_channel", topic, channel)
+        return errors
+
+    async def tombstone(self, request: web.Request, topic: str, node: str) -> list[str]:
+        """Tombstone `node` (an nsqd's broadcast HTTP address) for `topic` on every
+        nsqlookupd, and delete the topic on that nsqd."""
+        self.check_admin(request)
+        _check_topic(topic)
+        errors = await self.cluster.tombstone_node_for_topic(topic, node, self._lookupds)
+        self._notify(request, "tombstone_topic_producer", topic, node=node)
+        return errors
+
+
+def _check_topic(topic: str) -> None:
+    if not is_valid_topic_name(topic):
+        raise ActionError(400, "INVALID_TOPIC")
+
+
+def _check_channel(channel: str) -> None:
+    if not is_valid_channel_name(channel):
+        raise ActionError(400, "INVALID_CHANNEL")

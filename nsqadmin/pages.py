@@ -1,0 +1,547 @@
+"""The web UI: server-rendered pages (usable without JavaScript) and the forms that act.
+
+Pages: Streams (every topic), Topic, Channel, Nodes, Node, Counter, Lookup; the paths are Go
+nsqadmin's. A node or nsqlookupd that cannot be reached puts a banner on the page, which
+shows everything else it could get.
+
+Forms POST to the page they sit on, with an `action` field. Destructive actions (empty,
+delete, tombstone) first answer with a confirmation page; then the action runs and the
+browser is redirected to the page to look at, which shows what happened once (a "flash").
+Only --admin-user users see the buttons or may post, and a form posted from another site
+(its Origin header names another host) is refused.
+"""
+
+import asyncio
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote, urlsplit
+
+import jinja2
+from aiohttp import web
+from markupsafe import Markup
+
+from common.version import VERSION
+from nsqadmin.actions import ActionError
+from nsqadmin.charts import render_chart, render_sparkline
+from nsqadmin.cluster import UpstreamError
+from nsqadmin.stats import (
+    E2eLatency,
+    NodeStats,
+    aggregate_topic,
+    aggregate_topics,
+    counter_stats,
+    find_producer,
+)
+
+if TYPE_CHECKING:
+    from nsqadmin.server import NSQAdmin
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Flash:
+    level: str  # "success" or "warning"
+    text: str
+    details: tuple[str, ...] = ()
+
+
+class FlashStore:
+    """What an action did, shown once on the page it redirects to. The redirect carries a
+    random key, never the text itself."""
+
+    _LIMIT = 256
+    _LIFETIME = 300.0
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[str, tuple[float, Flash]] = OrderedDict()
+
+    def put(self, flash: Flash) -> str:
+        key = secrets.token_urlsafe(9)
+        self._entries[key] = (time.monotonic(), flash)
+        while len(self._entries) > self._LIMIT:
+            self._entries.popitem(last=False)
+        return key
+
+    def pop(self, key: str | None) -> Flash | None:
+        if not key or key not in self._entries:
+            return None
+        created, flash = self._entries.pop(key)
+        return flash if time.monotonic() - created < self._LIFETIME else None
+
+
+@dataclass
+class Problems:
+    """What went wrong while building one page: `errors` when a whole question failed (no
+    node answered), `warnings` for the nodes that did not answer."""
+
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    async def get(self, call: Awaitable[tuple[T, list[str]]], default: T) -> T:
+        try:
+            value, warnings = await call
+        except UpstreamError as error:
+            self.errors.append(str(error))
+            return default
+        self.warnings.extend(warnings)
+        return value
+
+
+def percentile_average(e2e: E2eLatency | None, quantile: float) -> float | None:
+    """The average latency (ns) at `quantile` in `e2e`, for a table cell; None when no
+    message was measured (nsqd then reports 0)."""
+    if e2e is None or not e2e.count:
+        return None
+    for percentile in e2e.percentiles or []:
+        if percentile.get("quantile") == quantile:
+            return percentile.get("average")
+    return None
+
+
+def quantiles(e2e: E2eLatency | None) -> list[float]:
+    return [p.get("quantile", 0.0) for p in (e2e.percentiles if e2e else None) or []]
+
+
+def url_part(text: str) -> str:
+    return quote(text, safe="")
+
+
+class Pages:
+    def __init__(self, admin: "NSQAdmin", env: jinja2.Environment, prefix: str) -> None:
+        self.admin = admin
+        self.env = env
+        self.prefix = prefix
+        env.globals.update(
+            percentile_average=percentile_average, quantiles=quantiles, url_part=url_part
+        )
+
+    def routes(self) -> list[web.RouteDef]:
+        p = self.prefix
+        index = [web.get(f"{p}/", self.streams)]
+        if p:
+            index.append(web.get(p, self.streams))
+        return [
+            *index,
+            web.get(f"{p}/topics", self.streams),
+            web.get(f"{p}/topics/{{topic}}", self.topic),
+            web.post(f"{p}/topics/{{topic}}", self.topic_form),
+            web.get(f"{p}/topics/{{topic}}/{{channel}}", self.channel),
+            web.post(f"{p}/topics/{{topic}}/{{channel}}", self.channel_form),
+            web.get(f"{p}/nodes", self.nodes),
+            web.get(f"{p}/nodes/{{node}}", self.node),
+            web.post(f"{p}/nodes/{{node}}", self.node_form),
+            web.get(f"{p}/counter", self.counter),
+            web.get(f"{p}/lookup", self.lookup),
+            web.post(f"{p}/lookup", self.lookup_form),
+        ]
+
+    # ---------------------------------------------------------------------------- helpers
+
+    @property
+    def _lookupds(self) -> list[str]:
+        return self.admin.options.lookupd_http_address
+
+    @property
+    def _nsqds(self) -> list[str]:
+        return self.admin.options.nsqd_http_address
+
+    def _render(
+        self,
+        request: web.Request,
+        template: str,
+        status: int = 200,
+        problems: Problems | None = None,
+        **context: Any,
+    ) -> web.Response:
+        actions = self.admin.actions
+        page = {
+            "base": self.prefix,
+            "version": VERSION,
+            "user": actions.user(request),
+            "is_admin": actions.is_admin(request),
+            "lookupds": self._lookupds,
+            "nsqds": self._nsqds,
+            "errors": problems.errors if problems else [],
+            "warnings": problems.warnings if problems else [],
+            "flash": self.admin.flash.pop(request.query.get("flash")),
+            "now": time.time(),
+            "nav": "",
+            "request_path": request.rel_url.raw_path,
+        }
+        page.update(context)
+        html = self.env.get_template(template).render(**page)
+        return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
+
+    def _url(self, *parts: str) -> str:
+        return self.prefix + "/" + "/".join(url_part(p) for p in parts)
+
+    def _charts(self, topic: str, channel: str = "") -> list[Markup]:
+        history, now = self.admin.history, time.time()
+        return [
+            Markup(
+                render_chart(
+                    "Message rate",
+                    history.rate_points(topic, channel),
+                    now,
+                    unit="/s",
+                    css_class="rate",
+                )
+            ),
+            Markup(
+                render_chart(
+                    "Depth" if channel else "Depth (topic + channels)",
+                    history.depth_points(topic, channel),
+                    now,
+                    css_class="depth",
+                )
+            ),
+        ]
+
+    # ---------------------------------------------------------------------------- pages
+
+    async def streams(self, request: web.Request) -> web.Response:
+        problems = Problems()
+        cluster = self.admin.cluster
+        topics, producers = await asyncio.gather(
+            problems.get(cluster.get_topics(self._lookupds, self._nsqds), []),
+            problems.get(cluster.get_producers(self._lookupds, self._nsqds), []),
+        )
+        stats = await problems.get(
+            cluster.get_nsqd_stats(producers, include_clients=False), NodeStats()
+        )
+        totals = aggregate_topics(stats.topics)
+        history, now = self.admin.history, time.time()
+        rows = []
+        for name in sorted(set(topics) | set(totals)):
+            rows.append(
+                {
+                    "name": name,
+                    "total": totals.get(name),
+                    "rate": history.rate(name),
+                    "sparkline": Markup(
+                        render_sparkline(
+                            history.rate_points(name), now, label=f"{name} message rate"
+                        )
+                    ),
+                }
+            )
+        return self._render(request, "streams.html", problems=problems, nav="streams", rows=rows)
+
+    async def topic(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        problems = Problems()
+        cluster = self.admin.cluster
+        producers = await problems.get(
+            cluster.get_topic_producers(name, self._lookupds, self._nsqds), []
+        )
+        stats = await problems.get(
+            cluster.get_nsqd_stats(producers, name, include_clients=False), NodeStats()
+        )
+        total = aggregate_topic(name, stats.topics)
+        history = self.admin.history
+        channels = sorted(total.channels or [], key=lambda c: c.channel_name)
+        return self._render(
+            request,
+            "topic.html",
+            problems=problems,
+            nav="streams",
+            topic=name,
+            total=total,
+            nodes=total.nodes or [],
+            channels=channels,
+            rate=history.rate(name),
+            channel_rates={c.channel_name: history.rate(name, c.channel_name) for c in channels},
+            charts=self._charts(name),
+            can_tombstone=bool(self._lookupds),
+        )
+
+    async def channel(self, request: web.Request) -> web.Response:
+        topic = request.match_info["topic"]
+        name = request.match_info["channel"]
+        problems = Problems()
+        cluster = self.admin.cluster
+        producers = await problems.get(
+            cluster.get_topic_producers(topic, self._lookupds, self._nsqds), []
+        )
+        stats = await problems.get(cluster.get_nsqd_stats(producers, topic, name), NodeStats())
+        channel = stats.channels.get(name)
+        return self._render(
+            request,
+            "channel.html",
+            problems=problems,
+            nav="streams",
+            topic=topic,
+            name=name,
+            channel=channel,
+            nodes=(channel.nodes or []) if channel else [],
+            clients=(channel.clients or []) if channel else [],
+            rate=self.admin.history.rate(topic, name),
+            charts=self._charts(topic, name),
+        )
+
+    async def nodes(self, request: web.Request) -> web.Response:
+        problems = Problems()
+        cluster = self.admin.cluster
+        producers = await problems.get(cluster.get_producers(self._lookupds, self._nsqds), [])
+        stats = await problems.get(
+            cluster.get_nsqd_stats(producers, include_clients=False), NodeStats()
+        )
+        by_node: dict[str, dict[str, int]] = {}
+        for topic in stats.topics:
+            totals = by_node.setdefault(topic.node, {"clients": 0, "messages": 0, "depth": 0})
+            totals["clients"] += topic.client_count
+            totals["messages"] += topic.message_count
+            totals["depth"] += topic.depth
+        return self._render(
+            request,
+            "nodes.html",
+            problems=problems,
+            nav="nodes",
+            producers=producers,
+            node_totals=by_node,
+            lookupd_count=len(self._lookupds),
+        )
+
+    async def node(self, request: web.Request) -> web.Response:
+        node = request.match_info["node"]
+        problems = Problems()
+        cluster = self.admin.cluster
+        producers = await problems.get(cluster.get_producers(self._lookupds, self._nsqds), [])
+        producer = find_producer(producers, node)
+        if producer is None:
+            return self._render(
+                request,
+                "node.html",
+                status=404,
+                problems=problems,
+                nav="nodes",
+                node=node,
+                producer=None,
+                topics=[],
+            )
+        stats = await problems.get(cluster.get_nsqd_stats([producer]), NodeStats())
+        topics = sorted(stats.topics, key=lambda t: t.topic_name)
+        total_clients = sum(len(c.clients or []) for t in topics for c in t.channels or [])
+        return self._render(
+            request,
+            "node.html",
+            problems=problems,
+            nav="nodes",
+            node=node,
+            producer=producer,
+            topics=topics,
+            total_messages=sum(t.message_count for t in topics),
+            total_clients=total_clients,
+            can_tombstone=bool(self._lookupds),
+        )
+
+    async def counter(self, request: web.Request) -> web.Response:
+        problems = Problems()
+        cluster = self.admin.cluster
+        producers = await problems.get(cluster.get_producers(self._lookupds, self._nsqds), [])
+        stats = await problems.get(
+            cluster.get_nsqd_stats(producers, include_clients=False), NodeStats()
+        )
+        total = sum(entry["message_count"] for entry in counter_stats(stats.channels).values())
+        return self._render(request, "counter.html", problems=problems, nav="counter", total=total)
+
+    async def lookup(self, request: web.Request) -> web.Response:
+        problems = Problems()
+        cluster = self.admin.cluster
+        inactive: dict[str, list[str]] = {}
+        if self._lookupds:
+            inactive = await problems.get(cluster.get_inactive_topics(self._lookupds), {})
+        return self._render(
+            request, "lookup.html", problems=problems, nav="lookup", inactive=inactive
+        )
+
+    # ---------------------------------------------------------------------------- forms
+
+    async def topic_form(self, request: web.Request) -> web.StreamResponse:
+        topic = request.match_info["topic"]
+        form = await request.post()
+        action = str(form.get("action", ""))
+        actions = self.admin.actions
+        topic_page = self._url("topics", topic)
+        if action == "delete":
+            return await self._act(
+                request,
+                form,
+                question=f"Delete topic {topic} from every nsqd and nsqlookupd?",
+                confirm_label="Delete topic",
+                run=lambda: actions.delete_topic(request, topic),
+                done=f"Deleted topic {topic}.",
+                then=self._next(form, self._url("")),
+                cancel=topic_page,
+            )
+        if action == "empty":
+            return await self._act(
+                request,
+                form,
+                question=f"Empty topic {topic}? Its queued messages are lost.",
+                confirm_label="Empty topic",
+                run=lambda: actions.topic_action(request, "empty", topic),
+                done=f"Emptied topic {topic}.",
+                then=topic_page,
+                cancel=topic_page,
+            )
+        if action in ("pause", "unpause"):
+            return await self._act(
+                request,
+                form,
+                run=lambda: actions.topic_action(request, action, topic),
+                done=f"{'Paused' if action == 'pause' else 'Unpaused'} topic {topic}.",
+                then=topic_page,
+            )
+        return self._message(request, 400, "Unknown action", f"No such action: {action!r}.")
+
+    async def channel_form(self, request: web.Request) -> web.StreamResponse:
+        topic = request.match_info["topic"]
+        channel = request.match_info["channel"]
+        form = await request.post()
+        action = str(form.get("action", ""))
+        actions = self.admin.actions
+        channel_page = self._url("topics", topic, channel)
+        what = f"channel {channel} of topic {topic}"
+        if action == "delete":
+            return await self._act(
+                request,
+                form,
+                question=f"Delete {what} from every nsqd and nsqlookupd?",
+                confirm_label="Delete channel",
+                run=lambda: actions.delete_channel(request, topic, channel),
+                done=f"Deleted {what}.",
+                then=self._next(form, self._url("topics", topic)),
+                cancel=channel_page,
+            )
+        if action == "empty":
+            return await self._act(
+                request,
+                form,
+                question=f"Empty {what}? Its queued messages are lost.",
+                confirm_label="Empty channel",
+                run=lambda: actions.channel_action(request, "empty", topic, channel),
+                done=f"Emptied {what}.",
+                then=channel_page,
+                cancel=channel_page,
+            )
+        if action in ("pause", "unpause"):
+            return await self._act(
+                request,
+                form,
+                run=lambda: actions.channel_action(request, action, topic, channel),
+                done=f"{'Paused' if action == 'pause' else 'Unpaused'} {what}.",
+                then=channel_page,
+            )
+        return self._message(request, 400, "Unknown action", f"No such action: {action!r}.")
+
+    async def node_form(self, request: web.Request) -> web.StreamResponse:
+        node = request.match_info["node"]
+        form = await request.post()
+        action = str(form.get("action", ""))
+        topic = str(form.get("topic", ""))
+        if action != "tombstone" or not topic:
+            return self._message(request, 400, "Unknown action", f"No such action: {action!r}.")
+        topic_page = self._url("topics", topic)
+        return await self._act(
+            request,
+            form,
+            question=(
+                f"Tombstone topic {topic} on nsqd {node}? nsqlookupd stops listing this nsqd "
+                f"for the topic, and the topic is deleted on that nsqd."
+            ),
+            confirm_label="Tombstone",
+            run=lambda: self.admin.actions.tombstone(request, topic, node),
+            done=f"Tombstoned topic {topic} on {node}.",
+            then=self._next(form, topic_page),
+            cancel=self._next(form, topic_page),
+        )
+
+    async def lookup_form(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        topic = str(form.get("topic", "")).strip()
+        channel = str(form.get("channel", "")).strip()
+        what = f"topic {topic}" + (f" and its channel {channel}" if channel else "")
+        return await self._act(
+            request,
+            form,
+            run=lambda: self.admin.actions.create(request, topic, channel),
+            done=f"Created {what}.",
+            then=self._url("lookup") if self._lookupds else self._url("topics", topic),
+        )
+
+    def _next(self, form, default: str) -> str:
+        """Where to go after an action: a page named by the form's `next`, never a URL."""
+        pages = {
+            "lookup": self._url("lookup"),
+            "streams": self._url(""),
+            "nodes": self._url("nodes"),
+        }
+        node = str(form.get("node_page", ""))
+        if node:
+            pages["node"] = self._url("nodes", node)
+        return pages.get(str(form.get("next", "")), default)
+
+    async def _act(
+        self,
+        request: web.Request,
+        form,
+        *,
+        run: Callable[[], Awaitable[list[str]]],
+        done: str,
+        then: str,
+        question: str = "",
+        confirm_label: str = "",
+        cancel: str = "",
+    ) -> web.StreamResponse:
+        """Check who asks and from where, confirm if `question`, run, redirect to `then`."""
+        if not _same_origin(request):
+            return self._message(
+                request, 403, "Forbidden", "This form was posted from another site."
+            )
+        if not self.admin.actions.is_admin(request):
+            return self._message(
+                request,
+                403,
+                "Forbidden",
+                "Only admin users may change the cluster (--admin-user); "
+                f"you are {self.admin.actions.user(request) or 'not signed in'}.",
+            )
+        if question and form.get("confirm") != "yes":
+            fields = {k: str(v) for k, v in form.items() if k != "confirm"}
+            return self._render(
+                request,
+                "confirm.html",
+                question=question,
+                confirm_label=confirm_label,
+                fields=fields,
+                action_url=request.rel_url.raw_path,
+                cancel=cancel or then,
+            )
+        try:
+            failures = await run()
+        except ActionError as error:
+            return self._message(request, error.status, "Refused", error.message)
+        except UpstreamError as error:
+            failures = [str(error)]
+            done = "Nothing done: no node could be reached."
+        flash = Flash("warning" if failures else "success", done, tuple(failures))
+        raise web.HTTPSeeOther(f"{then}?flash={self.admin.flash.put(flash)}")
+
+    def _message(self, request: web.Request, status: int, title: str, text: str) -> web.Response:
+        return self._render(request, "message.html", status=status, title=title, text=text)
+
+
+def _same_origin(request: web.Request) -> bool:
+    """A form post is ours unless its Origin names another host (CSRF). Clients that send
+    no Origin (curl, scripts) are let through: they could call /api anyway."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True
+    hosts = {request.host, request.headers.get("X-Forwarded-Host", "")}
+    return origin != "null" and urlsplit(origin).netloc in hosts

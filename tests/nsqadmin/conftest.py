@@ -1,0 +1,32 @@
+"""A live cluster shared by the nsqadmin tests: nsqlookupd, two nsqd, nsqadmin. Each test
+works on topics of its own, so that the tests do not see each other's actions."""
+
+import itertools
+
+import pytest
+
+from tests.nsqadmin.support import (
+    Cluster,
+    start_cluster_nsqd,
+    start_nsqadmin,
+    start_nsqlookupd,
+)
+
+_names = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory) -> Cluster:
+    data = tmp_path_factory.mktemp("nsqadmin-cluster")
+    lookupd = start_nsqlookupd()
+    nsqds = [start_cluster_nsqd(data / f"nsqd{i}", lookupd) for i in (1, 2)]
+    admin = start_nsqadmin(f"-lookupd-http-address=127.0.0.1:{lookupd.port('HTTP')}")
+    running = Cluster(lookupd, nsqds, admin)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def topic_name(request) -> str:
+    """A topic name no other test uses."""
+    return f"t{next(_names)}-{request.node.name[:30].replace('[', '-').replace(']', '')}"

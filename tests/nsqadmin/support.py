@@ -1,0 +1,265 @@
+"""Helpers of the nsqadmin tests: the Go reference captures, a blocking HTTP client, polling
+with a deadline, real nsqlookupd/nsqd/nsqadmin processes and a real V2 consumer."""
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from common.command import encode_identify, encode_rdy, encode_sub
+from tests.harness import DaemonProcess, V2Connection, start_nsqd
+from tests.reference import REFERENCE_DIR
+
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+
+
+# -- the Go captures ------------------------------------------------------------------------
+
+
+@dataclass
+class Captured:
+    status: int
+    headers: dict[str, str]  # names lower-cased
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def reference(name: str) -> Captured:
+    """One `curl -i` capture of shared/reference/go-nsq-1.3.0."""
+    raw = (REFERENCE_DIR / name).read_bytes()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        key, _, value = line.partition(":")
+        headers[key.strip().lower()] = value.strip()
+    return Captured(int(lines[0].split(" ", 2)[1]), headers, body)
+
+
+# -- HTTP -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]  # names lower-cased
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def text(self) -> str:
+        return self.body.decode()
+
+
+def http(
+    method: str,
+    url: str,
+    body: bytes | str | dict | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 10.0,
+) -> Reply:
+    if isinstance(body, dict):
+        body = json.dumps(body)
+    if isinstance(body, str):
+        body = body.encode()
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return Reply(
+                response.status,
+                {k.lower(): v for k, v in response.headers.items()},
+                response.read(),
+            )
+    except urllib.error.HTTPError as error:
+        return Reply(error.code, {k.lower(): v for k, v in error.headers.items()}, error.read())
+
+
+def get_json(url: str) -> Any:
+    reply = http("GET", url)
+    assert reply.status == 200, (url, reply.status, reply.body)
+    return reply.json()
+
+
+def wait_until(
+    predicate: Callable[[], Any], timeout: float = 10.0, message: str = "", interval: float = 0.02
+) -> Any:
+    """Poll `predicate` every `interval` until it returns something true; fail after
+    `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met in {timeout}s: {message or predicate}")
+        time.sleep(interval)
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def start_nsqlookupd() -> DaemonProcess:
+    return DaemonProcess(
+        "nsqlookupd", ["-tcp-address=127.0.0.1:0", "-http-address=127.0.0.1:0"]
+    ).start(wait_for=("TCP", "HTTP"))
+
+
+def start_nsqadmin(*flags: str) -> DaemonProcess:
+    return DaemonProcess("nsqadmin", ["-http-address=127.0.0.1:0", *flags]).start(
+        wait_for=("HTTP",)
+    )
+
+
+@dataclass
+class Nsqd:
+    process: DaemonProcess
+
+    @property
+    def http_address(self) -> str:
+        return f"127.0.0.1:{self.process.port('HTTP')}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.http_address}"
+
+    @property
+    def tcp_port(self) -> int:
+        return self.process.port("TCP")
+
+    def stats(self, topic: str | None = None) -> dict:
+        query = f"&topic={quote(topic)}" if topic else ""
+        return get_json(f"{self.url}/stats?format=json{query}")
+
+    def topic(self, name: str) -> dict | None:
+        return next((t for t in self.stats()["topics"] if t["topic_name"] == name), None)
+
+    def channel(self, topic: str, name: str) -> dict | None:
+        found = self.topic(topic)
+        channels = found["channels"] if found else []
+        return next((c for c in channels if c["channel_name"] == name), None)
+
+    def publish(self, topic: str, count: int = 1, body: bytes = b"hello") -> None:
+        payload = b"\n".join(body for _ in range(count))
+        reply = http("POST", f"{self.url}/mpub?topic={quote(topic)}", payload)
+        assert reply.status == 200, reply.body
+
+    def create_channel(self, topic: str, channel: str) -> None:
+        """The topic (if need be) and the channel, as an operator would with curl."""
+        for path in (
+            f"topic/create?topic={topic}",
+            f"channel/create?topic={topic}&channel={channel}",
+        ):
+            reply = http("POST", f"{self.url}/{path}")
+            assert reply.status == 200, reply.body
+
+
+def start_cluster_nsqd(data_path: Path, lookupd: DaemonProcess | None) -> Nsqd:
+    data_path.mkdir(parents=True, exist_ok=True)
+    flags = ["-broadcast-address=127.0.0.1", "-e2e-processing-latency-percentile=0.99,0.5"]
+    if lookupd is not None:
+        flags.append(f"-lookupd-tcp-address=127.0.0.1:{lookupd.port('TCP')}")
+    return Nsqd(start_nsqd(data_path, *flags))
+
+
+@dataclass
+class Cluster:
+    """One nsqlookupd, two nsqd registered with it, one nsqadmin that asks the nsqlookupd."""
+
+    lookupd: DaemonProcess
+    nsqds: list[Nsqd]
+    admin: DaemonProcess
+    extra: list[DaemonProcess] = field(default_factory=list)
+
+    @property
+    def lookupd_url(self) -> str:
+        return f"http://127.0.0.1:{self.lookupd.port('HTTP')}"
+
+    @property
+    def lookupd_http_address(self) -> str:
+        return f"127.0.0.1:{self.lookupd.port('HTTP')}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.admin.port('HTTP')}"
+
+    def wait_registered(self, topic: str, count: int | None = None) -> None:
+        """Until nsqlookupd lists `count` (default: all) nsqd as producers of `topic`."""
+        wanted = len(self.nsqds) if count is None else count
+
+        def registered() -> bool:
+            reply = http("GET", f"{self.lookupd_url}/lookup?topic={quote(topic)}")
+            return reply.status == 200 and len(reply.json()["producers"]) == wanted
+
+        wait_until(registered, message=f"{wanted} producers of {topic} in nsqlookupd")
+
+    def stop(self) -> None:
+        for process in [*self.extra, self.admin, *(n.process for n in self.nsqds), self.lookupd]:
+            process.stop()
+
+
+# -- a consumer -----------------------------------------------------------------------------
+
+
+USER_AGENT = "nsqadmin-tests/1.0 (python)"
+
+
+def subscribe(nsqd: Nsqd, topic: str, channel: str, ready: int = 0) -> V2Connection:
+    """A real V2 consumer on `topic`/`channel` with RDY `ready` (it never FINs)."""
+    connection = V2Connection(nsqd.tcp_port)
+    connection.send(
+        encode_identify({"client_id": "tester", "hostname": "testhost", "user_agent": USER_AGENT})
+    )
+    connection.read_response()
+    connection.send(encode_sub(topic, channel))
+    assert connection.read_response().data == b"OK"
+    if ready:
+        connection.send(encode_rdy(ready))
+    return connection
+
+
+# -- an HTTP endpoint that records what is POSTed to it (notifications) ----------------------
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.headers: list[dict[str, str]] = []
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                length = int(self.headers.get("Content-Length", 0))
+                recorder.headers.append({k.lower(): v for k, v in self.headers.items()})
+                recorder.bodies.append(self.rfile.read(length))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/notify"
+
+    def received(self) -> list[dict]:
+        return [json.loads(body) for body in list(self.bodies)]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,344 @@
+"""The aggregation logic (nsqadmin/stats.py) against Go nsqadmin v1.3.0's own answers.
+
+The reference captures hold what Go nsqlookupd and Go nsqd answered and what Go nsqadmin made
+of it (`nsqadmin_api_*.http`, taken from the same cluster at the same moment). Fed the
+nsqlookupd and nsqd bodies, our aggregation must write Go nsqadmin's bodies byte for byte.
+Then the cases the captures do not show: several nodes, e2e percentiles, counters, versions.
+"""
+
+import copy
+
+from nsqadmin import gojson
+from nsqadmin.stats import (
+    ChannelStats,
+    E2eLatency,
+    NodeStats,
+    Producer,
+    TopicStats,
+    aggregate_topic,
+    aggregate_topics,
+    counter_stats,
+    find_producer,
+    merge_lookupd_producers,
+    merge_topic_producers,
+    semver_key,
+    warning_message,
+)
+from tests.nsqadmin.support import reference
+
+LOOKUPD = "127.0.0.1:24161"  # the capture's nsqlookupd, as nsqadmin was given it
+NSQD = "127.0.0.1:24151"
+
+
+def stats_without_clients(name: str) -> dict:
+    """A captured /stats body as nsqd answers it with include_clients=false (Go nsqadmin's
+    topic request): the same numbers, `clients` null."""
+    body = reference(name).json()
+    for topic in body["topics"]:
+        for channel in topic["channels"]:
+            channel["clients"] = None
+    return body
+
+
+def test_api_nodes_is_gos_byte_for_byte():
+    producers = merge_lookupd_producers([(LOOKUPD, reference("nsqlookupd_nodes.http").json())])
+    body = {"nodes": [p.to_json() for p in producers], "message": warning_message([])}
+    assert gojson.dumps(body).encode() == reference("nsqadmin_api_nodes.http").body
+
+
+def test_api_topics_is_gos_byte_for_byte():
+    topics = sorted(set(reference("nsqlookupd_topics.http").json()["topics"]))
+    body = {"topics": topics, "message": ""}
+    assert gojson.dumps(body).encode() == reference("nsqadmin_api_topics.http").body
+
+
+def test_api_topic_is_gos_byte_for_byte():
+    # nsqadmin asks nsqlookupd who produces the topic, then each producer for its /stats.
+    producers = merge_topic_producers([reference("nsqlookupd_lookup.http").json()])
+    assert [p.http_address for p in producers] == [NSQD]
+    stats = NodeStats()
+    for producer in producers:
+        body = stats_without_clients("nsqd_stats_json_with_producer.http")
+        stats.add_node(producer.http_address, producer.hostname, body, "test")
+    total = aggregate_topic("test", stats.finish().topics)
+    body = {**total.to_json(), "message": ""}
+    assert gojson.dumps(body).encode() == reference("nsqadmin_api_topic.http").body
+
+
+def test_nodes_from_two_lookupds_are_merged_and_remember_both():
+    nodes = reference("nsqlookupd_nodes.http").json()
+    producers = merge_lookupd_producers([(LOOKUPD, nodes), ("127.0.0.1:24261", nodes)])
+    assert len(producers) == 1
+    assert producers[0].remote_addresses == [
+        f"{LOOKUPD}/127.0.0.1:45306",
+        "127.0.0.1:24261/127.0.0.1:45306",
+    ]
+    assert not producers[0].is_inconsistent(2)
+    assert producers[0].is_inconsistent(3)
+    assert find_producer(producers, NSQD) is producers[0]
+    assert find_producer(producers, "127.0.0.1:1") is None
+
+
+def test_tombstoned_topics_and_out_of_date_versions():
+    nodes = {
+        "producers": [
+            {
+                "remote_address": "10.0.0.1:1",
+                "hostname": "b-host",
+                "broadcast_address": "10.0.0.1",
+                "tcp_port": 4150,
+                "http_port": 4151,
+                "version": "1.2.1",
+                "tombstones": [False, True],
+                "topics": ["zeta", "alpha"],
+            },
+            {
+                "remote_address": "10.0.0.2:1",
+                "hostname": "a-host",
+                "broadcast_address": "10.0.0.2",
+                "tcp_port": 4150,
+                "http_port": 4151,
+                "version": "1.3.0+nsqpy.0.1.0",
+                "tombstones": [],
+                "topics": [],
+            },
+        ]
+    }
+    producers = merge_lookupd_producers([(LOOKUPD, nodes)])
+    # Sorted by hostname; topics by name, each keeping its own tombstone.
+    assert [p.hostname for p in producers] == ["a-host", "b-host"]
+    old = producers[1]
+    assert [(t.topic, t.tombstoned) for t in old.topics] == [("alpha", True), ("zeta", False)]
+    assert old.out_of_date and not producers[0].out_of_date
+    assert producers[0].to_json()["topics"] is None  # Go's nil slice
+
+
+def test_semver_precedence_ignores_build_metadata():
+    assert semver_key("1.3.0+nsqpy.0.1.0") == semver_key("1.3.0")
+    assert semver_key("1.3.0-rc.1") < semver_key("1.3.0") < semver_key("1.10.0")
+    assert semver_key("1.3.0-alpha") < semver_key("1.3.0-alpha.1") < semver_key("1.3.0-beta")
+    assert semver_key("garbage") == semver_key("0.0.0")
+
+
+def _node_body(depth, backend, messages, channel_depth, in_flight, clients, percentiles=None):
+    body = copy.deepcopy(reference("nsqd_stats_json_with_producer.http").json())
+    topic = body["topics"][0]
+    topic.update(depth=depth, backend_depth=backend, message_count=messages)
+    channel = topic["channels"][0]
+    channel.update(
+        depth=channel_depth,
+        backend_depth=0,
+        in_flight_count=in_flight,
+        message_count=messages,
+        client_count=len(clients),
+        clients=clients,
+    )
+    if percentiles is not None:
+        e2e = {"count": 10, "percentiles": percentiles}
+        channel["e2e_processing_latency"] = topic["e2e_processing_latency"] = e2e
+    return body
+
+
+def _client(address: str, hostname: str) -> dict:
+    client = copy.deepcopy(
+        reference("nsqd_stats_json.http").json()["topics"][0]["channels"][0]["clients"][0]
+    )
+    client.update(remote_address=address, hostname=hostname)
+    return client
+
+
+def test_two_nodes_add_up_and_keep_their_own_rows():
+    stats = NodeStats()
+    stats.add_node(
+        "10.0.0.2:4151",
+        "node-b",
+        _node_body(5, 2, 70, 4, 3, [_client("10.9.0.1:1000", "consumer-z")]),
+        "test",
+        now=1795300805,
+    )
+    stats.add_node(
+        "10.0.0.1:4151",
+        "node-a",
+        _node_body(7, 0, 30, 6, 1, [_client("10.9.0.2:2000", "consumer-a")]),
+        "test",
+        now=1795300805,
+    )
+    stats.finish()
+    assert [t.hostname for t in stats.topics] == ["node-a", "node-b"]
+
+    total = aggregate_topic("test", stats.topics)
+    assert (total.node, total.depth, total.memory_depth, total.backend_depth) == ("*", 12, 10, 2)
+    assert total.message_count == 100
+    assert [n.node for n in total.nodes] == ["10.0.0.1:4151", "10.0.0.2:4151"]
+    [channel] = total.channels
+    assert channel.node == "*"
+    assert (channel.depth, channel.in_flight_count, channel.client_count) == (10, 4, 2)
+    assert [n.hostname for n in channel.nodes] == ["node-a", "node-b"]
+    # Go would have folded node-b into node-a's own channel entry; ours stays node-a's.
+    node_a_channel = stats.topics[0].channels[0]
+    assert (node_a_channel.node, node_a_channel.depth, node_a_channel.nodes) == (
+        "10.0.0.1:4151",
+        6,
+        None,
+    )
+    assert [c.hostname for c in channel.clients] == ["consumer-a", "consumer-z"]
+    assert channel.clients[0].node == "10.0.0.1:4151"
+    # connected = now (whole seconds) - connect_ts, in nanoseconds, as Go computes it.
+    assert channel.clients[0].connected == 10 * 1_000_000_000
+    assert channel.clients[0].hostname_port == "consumer-a:2000"
+
+    # The channel map Go's /api/topics/:topic/:channel reads: always an aggregate.
+    by_channel = stats.channels["ch"]
+    assert by_channel.node == "*" and by_channel.depth == 10
+    assert len(by_channel.clients) == 2
+    assert by_channel.e2e_processing_latency.to_json()["host"] == "*"
+
+
+def test_e2e_percentiles_merge_weighted_by_count():
+    first = E2eLatency.from_nsqd({"count": 10, "percentiles": [{"quantile": 0.99, "value": 1000}]})
+    second = E2eLatency.from_nsqd({"count": 30, "percentiles": [{"quantile": 0.99, "value": 2000}]})
+    # One node's view, as Go unmarshals it: min = max = average = value, count = count.
+    assert first.to_json()["percentiles"] == [
+        {
+            "average": 1000.0,
+            "count": 10.0,
+            "max": 1000.0,
+            "min": 1000.0,
+            "quantile": 0.99,
+            "value": 1000.0,
+        }
+    ]
+    total = E2eLatency(topic="t", host="*")
+    total.add(first)
+    total.add(second)
+    [merged] = total.percentiles
+    assert total.count == 40
+    assert merged["count"] == 40
+    assert merged["min"] == 1000 and merged["max"] == 2000
+    assert merged["average"] == 1750  # (10 * 1000 + 30 * 2000) / 40
+    assert gojson.dumps(total.to_json()) == (
+        '{"count":40,"percentiles":[{"average":1750,"count":40,"max":2000,"min":1000,'
+        '"quantile":0.99}],"topic":"t","channel":"","host":"*"}'
+    )
+
+
+def test_a_node_without_percentiles_leaves_them_null():
+    total = E2eLatency()
+    total.add(E2eLatency.from_nsqd({"count": 0, "percentiles": None}))
+    assert total.to_json()["percentiles"] is None
+
+
+def test_selected_topic_and_channel_filter_the_node_stats():
+    body = reference("nsqd_stats_json_with_producer.http").json()
+    extra = copy.deepcopy(body["topics"][0])
+    extra["topic_name"] = "other"
+    body["topics"].append(extra)
+    body["topics"][0]["channels"].append(
+        dict(copy.deepcopy(body["topics"][0]["channels"][0]), channel_name="ch2")
+    )
+    everything = NodeStats()
+    everything.add_node(NSQD, "vm", body)
+    assert [t.topic_name for t in everything.topics] == ["test", "other"]
+    assert sorted(everything.channels) == ["other:ch", "test:ch", "test:ch2"]
+
+    one_channel = NodeStats()
+    one_channel.add_node(NSQD, "vm", body, "test", "ch2")
+    assert [t.topic_name for t in one_channel.topics] == ["test"]
+    assert list(one_channel.channels) == ["ch2"]
+
+
+def test_topics_are_aggregated_per_name_for_the_streams_page():
+    stats = NodeStats()
+    body = reference("nsqd_stats_json_with_producer.http").json()
+    stats.add_node("10.0.0.1:4151", "a", body)
+    stats.add_node("10.0.0.2:4151", "b", body)
+    totals = aggregate_topics(stats.topics)
+    assert list(totals) == ["test"]
+    assert totals["test"].message_count == 14
+    assert totals["test"].client_count == 2
+    assert totals["test"].in_flight_count == 0
+    assert len(totals["test"].nodes) == 2
+
+
+def test_counter_counts_each_channel_on_each_node():
+    stats = NodeStats()
+    body = reference("nsqd_stats_json_with_producer.http").json()
+    stats.add_node("10.0.0.1:4151", "a", body)
+    stats.add_node("10.0.0.2:4151", "b", body)
+    counters = counter_stats(stats.channels)
+    assert counters == {
+        "test:ch:10.0.0.1:4151": {
+            "node": "10.0.0.1:4151",
+            "topic_name": "test",
+            "channel_name": "ch",
+            "message_count": 7,
+        },
+        "test:ch:10.0.0.2:4151": {
+            "node": "10.0.0.2:4151",
+            "topic_name": "test",
+            "channel_name": "ch",
+            "message_count": 7,
+        },
+    }
+
+
+def test_an_nsqd_asked_directly_describes_itself():
+    info = reference("nsqd_info.http").json()
+    stats = reference("nsqd_stats_json.http").json()
+    producer = Producer.from_nsqd("127.0.0.1:24151", info, stats)
+    assert producer.http_address == "127.0.0.1:24151"
+    assert producer.tcp_address == "127.0.0.1:24150"
+    assert producer.hostname == "vm"
+    assert [t.topic for t in producer.topics] == ["test"]
+    assert producer.remote_addresses is None  # no nsqlookupd involved
+    # A very old nsqd without broadcast_address: the address it was asked at.
+    old = Producer.from_nsqd("10.1.1.1:4151", {"version": "0.3.8"}, {"topics": []})
+    assert (old.http_address, old.hostname, old.topics) == ("10.1.1.1:4151", "10.1.1.1", None)
+
+
+def test_empty_aggregates_are_go_nils():
+    total = aggregate_topic("nothing", [])
+    assert total.to_json() == {
+        "node": "",
+        "hostname": "",
+        "topic_name": "nothing",
+        "depth": 0,
+        "memory_depth": 0,
+        "backend_depth": 0,
+        "message_count": 0,
+        "nodes": None,
+        "channels": None,
+        "paused": False,
+        "e2e_processing_latency": None,
+    }
+    assert TopicStats().in_flight_count == 0
+    assert ChannelStats.aggregate("t", "c").to_json()["clients"] is None
+
+
+def test_paused_anywhere_is_paused_in_the_total():
+    paused = reference("nsqd_stats_json.http").json()
+    paused["topics"][0]["paused"] = True
+    paused["topics"][0]["channels"][0]["paused"] = True
+    stats = NodeStats()
+    stats.add_node("10.0.0.1:4151", "a", reference("nsqd_stats_json.http").json())
+    stats.add_node("10.0.0.2:4151", "b", paused)
+    total = aggregate_topic("test", stats.topics)
+    assert total.paused and total.channels[0].paused
+    assert not total.nodes[0].paused
+
+
+def test_warning_message_is_gos():
+    assert warning_message([]) == ""
+    assert warning_message(["a", "b"]) == "WARNING: a; b"
+
+
+def test_go_json_encoding():
+    assert gojson.dumps({"b": 1, "a": [1.0, 0.5, None, True]}) == '{"b":1,"a":[1,0.5,null,true]}'
+    assert gojson.dumps("<a&b>") == '"\\u003ca\\u0026b\\u003e"'
+    assert gojson.dumps("é\u2028") == '"é\\u2028"'
+    assert [gojson.go_float(v) for v in (1e-7, 1.5e-5, 1e21, 123456789.0)] == [
+        "1e-7",
+        "0.000015",
+        "1e+21",
+        "123456789",
+    ]

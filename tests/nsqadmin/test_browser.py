@@ -1,0 +1,433 @@
+"""nsqadmin in a real browser: headless Chromium (Debian's `chromium` and `chromium-driver`,
+installed by `make test`) driven by selenium, against the live cluster of conftest.py.
+
+Every page is opened and its numbers compared with what each nsqd's /stats says; every action
+is taken by clicking, through the confirmation page where there is one, and checked on the
+nsqd and nsqlookupd afterwards. The Topic page's screenshot goes to
+tests/nsqadmin/artifacts/topic.png (its path is printed)."""
+
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, WebDriverException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.nsqadmin.support import (
+    ARTIFACTS,
+    USER_AGENT,
+    get_json,
+    http,
+    start_nsqadmin,
+    subscribe,
+    wait_until,
+)
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not Path(path).exists()]
+    assert not missing, f"{missing} not installed: `make browser` installs Debian's chromium"
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1000",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+# -- reading the page ------------------------------------------------------------------------
+
+
+def number(text: str) -> int:
+    return int(text.replace(",", "").strip())
+
+
+def field(driver, selector: str, name: str) -> str:
+    return driver.find_element(By.CSS_SELECTOR, f'{selector} [data-field="{name}"]').text
+
+
+def numbers(driver, selector: str, *names: str) -> dict[str, int]:
+    return {name: number(field(driver, selector, name)) for name in names}
+
+
+def click_through(driver, element) -> None:
+    """Click a button or link and wait until the next page has loaded. (The old page is
+    marked, and the mark gone means a new document: waiting for the button to go stale
+    trips over chromedriver while the page is being replaced.)"""
+    driver.execute_script("window.oldPage = true;")
+    element.click()
+    WebDriverWait(driver, 15, ignored_exceptions=(WebDriverException,)).until(
+        lambda d: d.execute_script(
+            "return window.oldPage === undefined && document.readyState === 'complete';"
+        )
+    )
+
+
+def click_action(driver, action: str, scope: str = "body") -> None:
+    """Click the button of an action and wait for the next page."""
+    click_through(
+        driver, driver.find_element(By.CSS_SELECTOR, f'{scope} button[data-action="{action}"]')
+    )
+
+
+def confirm(driver) -> None:
+    assert driver.find_element(By.TAG_NAME, "h1").text == "Are you sure?"
+    click_through(driver, driver.find_element(By.ID, "confirm"))
+
+
+def flash(driver) -> str:
+    return driver.find_element(By.ID, "flash").text
+
+
+# -- a topic on both nsqd, with a consumer ----------------------------------------------------
+
+
+@pytest.fixture
+def busy_topic(cluster, topic_name):
+    """Channel `ch` on both nsqd, 3 + 5 messages, a consumer on the first with 2 in flight."""
+    for nsqd, count in zip(cluster.nsqds, (3, 5), strict=True):
+        nsqd.create_channel(topic_name, "ch")
+        nsqd.publish(topic_name, count)
+    cluster.wait_registered(topic_name)
+    consumer = subscribe(cluster.nsqds[0], topic_name, "ch", ready=2)
+    wait_until(lambda: cluster.nsqds[0].channel(topic_name, "ch")["in_flight_count"] == 2)
+    yield topic_name
+    consumer.close()
+
+
+def test_every_page_shows_what_the_nsqds_report(cluster, browser, busy_topic):
+    topic = busy_topic
+    first, second = cluster.nsqds
+    topics = {n.http_address: n.topic(topic) for n in cluster.nsqds}
+    channels = {n.http_address: n.channel(topic, "ch") for n in cluster.nsqds}
+
+    # Streams: one row per topic, the cluster's totals.
+    browser.get(cluster.url + "/")
+    assert browser.title.startswith("Streams")
+    row = f'#topics tr[data-topic="{topic}"]'
+    assert numbers(browser, row, "message_count", "depth", "in_flight_count", "channels") == {
+        "message_count": sum(t["message_count"] for t in topics.values()),
+        "depth": sum(t["depth"] for t in topics.values()),
+        "in_flight_count": 2,
+        "channels": 1,
+    }
+    assert numbers(browser, row, "client_count", "nodes") == {"client_count": 1, "nodes": 2}
+    assert number(field(browser, row, "channel_depth")) == sum(
+        c["depth"] for c in channels.values()
+    )
+
+    # The charts need two polls of the cluster (2 s apart); publish between them for a rate.
+    def charts_drawn() -> bool:
+        first.publish(topic, 3)
+        page = http("GET", f"{cluster.url}/topics/{topic}").body
+        return page.count(b'class="chart-line"') == 2
+
+    wait_until(charts_drawn, timeout=15, message="the topic's charts", interval=0.2)
+    topics = {n.http_address: n.topic(topic) for n in cluster.nsqds}
+    channels = {n.http_address: n.channel(topic, "ch") for n in cluster.nsqds}
+
+    # Topic: a row per nsqd, the total, the channel.
+    click_through(browser, browser.find_element(By.LINK_TEXT, topic))
+    assert browser.title.startswith(topic)
+    for address, stats in topics.items():
+        row = f'#topic-nodes tr[data-node="{address}"]'
+        assert numbers(browser, row, "depth", "message_count") == {
+            "depth": stats["depth"],
+            "message_count": stats["message_count"],
+        }
+    assert number(field(browser, '#topic-nodes tr[data-node="*"]', "message_count")) == sum(
+        t["message_count"] for t in topics.values()
+    )
+    row = '#channels tr[data-channel="ch"]'
+    assert numbers(browser, row, "depth", "in_flight_count", "message_count", "client_count") == {
+        "depth": sum(c["depth"] for c in channels.values()),
+        "in_flight_count": 2,
+        "message_count": sum(c["message_count"] for c in channels.values()),
+        "client_count": 1,
+    }
+    # e2e percentile columns, as configured on the nsqd.
+    headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#channels th.e2e")]
+    assert headers == ["E2E 99TH", "E2E 50TH"]
+    assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart")) == 2
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / "topic.png"
+    browser.save_screenshot(str(screenshot))
+    print(f"\nTopic page screenshot: {screenshot}")
+
+    # Channel: a row per nsqd and the consumer.
+    click_through(browser, browser.find_element(By.LINK_TEXT, "ch"))
+    assert browser.title.startswith(f"{topic} / ch")
+    for address, stats in channels.items():
+        row = f'#channel-nodes tr[data-node="{address}"]'
+        assert numbers(
+            browser,
+            row,
+            "depth",
+            "in_flight_count",
+            "deferred_count",
+            "requeue_count",
+            "timeout_count",
+            "message_count",
+            "client_count",
+        ) == {
+            key: stats[key]
+            for key in (
+                "depth",
+                "in_flight_count",
+                "deferred_count",
+                "requeue_count",
+                "timeout_count",
+                "message_count",
+                "client_count",
+            )
+        }
+    client = channels[first.http_address]["clients"][0]
+    row = f'#clients tr[data-client="{client["remote_address"]}"]'
+    assert field(browser, row, "remote_address") == client["remote_address"]
+    assert field(browser, row, "user_agent") == USER_AGENT
+    assert field(browser, row, "attributes") == "plain"
+    assert numbers(browser, row, "ready_count", "in_flight_count", "message_count") == {
+        "ready_count": 2,
+        "in_flight_count": 2,
+        "message_count": client["message_count"],
+    }
+    assert browser.find_element(By.CSS_SELECTOR, row).get_attribute("data-node") == (
+        first.http_address
+    )
+    browser.save_screenshot(str(ARTIFACTS / "channel.png"))
+
+    # Nodes: both nsqd with their versions and topics.
+    click_through(browser, browser.find_element(By.LINK_TEXT, "Nodes"))
+    assert browser.title.startswith("Nodes")
+    for nsqd in cluster.nsqds:
+        row = f'#nodes tr[data-node="{nsqd.http_address}"]'
+        assert field(browser, row, "version") == nsqd.stats()["version"]
+        assert number(field(browser, row, "http_port")) == nsqd.process.port("HTTP")
+        badges = browser.find_elements(By.CSS_SELECTOR, f'{row} [data-field="topics"] a')
+        assert topic in [badge.text for badge in badges]
+    row = f'#nodes tr[data-node="{first.http_address}"]'
+    first_stats = first.stats()
+    assert number(field(browser, row, "client_count")) == sum(
+        c["client_count"] for t in first_stats["topics"] for c in t["channels"]
+    )
+
+    # Node: its totals and its topics.
+    browser.get(f"{cluster.url}/nodes/{second.http_address}")
+    second_stats = second.stats()
+    assert number(field(browser, ".summary", "total_messages")) == sum(
+        t["message_count"] for t in second_stats["topics"]
+    )
+    assert number(field(browser, ".summary", "topic_count")) == len(second_stats["topics"])
+    row = f'#node-topics tr.channel-row[data-topic="{topic}"][data-channel="ch"]'
+    assert number(field(browser, row, "depth")) == channels[second.http_address]["depth"]
+
+    # Counter: every channel's messages, counting live.
+    def counted() -> int:
+        return sum(
+            c["message_count"]
+            for n in cluster.nsqds
+            for t in n.stats()["topics"]
+            for c in t["channels"]
+        )
+
+    browser.get(cluster.url + "/counter")
+    value = browser.find_element(By.ID, "counter-value")
+    assert number(value.text) == counted()
+    second.publish(topic, 4)
+    expected = counted()
+    WebDriverWait(browser, 10).until(lambda _: number(value.text) == expected)
+
+    # Lookup: the create form.
+    browser.get(cluster.url + "/lookup")
+    assert browser.find_element(By.ID, "create-form").is_displayed()
+
+
+def test_pause_and_unpause_topic_and_channel(cluster, browser, busy_topic):
+    topic = busy_topic
+    browser.get(f"{cluster.url}/topics/{topic}")
+    click_action(browser, "pause")
+    assert flash(browser) == f"Paused topic {topic}."
+    assert all(n.topic(topic)["paused"] for n in cluster.nsqds)
+    assert browser.find_element(By.CSS_SELECTOR, "h1 .badge-paused").text == "paused"
+    click_action(browser, "unpause")
+    assert not any(n.topic(topic)["paused"] for n in cluster.nsqds)
+
+    browser.get(f"{cluster.url}/topics/{topic}/ch")
+    click_action(browser, "pause")
+    assert flash(browser) == f"Paused channel ch of topic {topic}."
+    assert all(n.channel(topic, "ch")["paused"] for n in cluster.nsqds)
+    click_action(browser, "unpause")
+    assert not any(n.channel(topic, "ch")["paused"] for n in cluster.nsqds)
+
+
+def test_empty_then_delete_channel(cluster, browser, busy_topic):
+    topic = busy_topic
+    page = f"{cluster.url}/topics/{topic}/ch"
+    browser.get(page)
+    depth_before = [n.channel(topic, "ch")["depth"] for n in cluster.nsqds]
+    assert sum(depth_before) > 0
+
+    # Cancel changes nothing.
+    click_action(browser, "empty")
+    assert "Empty channel ch" in browser.find_element(By.CSS_SELECTOR, ".question").text
+    click_through(browser, browser.find_element(By.ID, "cancel"))
+    assert browser.current_url == page
+    assert [n.channel(topic, "ch")["depth"] for n in cluster.nsqds] == depth_before
+
+    click_action(browser, "empty")
+    confirm(browser)
+    assert flash(browser) == f"Emptied channel ch of topic {topic}."
+    assert [n.channel(topic, "ch")["depth"] for n in cluster.nsqds] == [0, 0]
+    assert number(field(browser, '#channel-nodes tr[data-node="*"]', "depth")) == 0
+
+    click_action(browser, "delete")
+    confirm(browser)
+    assert browser.current_url.startswith(f"{cluster.url}/topics/{topic}?flash=")
+    assert flash(browser) == f"Deleted channel ch of topic {topic}."
+    assert all(n.channel(topic, "ch") is None for n in cluster.nsqds)
+    assert browser.find_elements(By.CSS_SELECTOR, '#channels tr[data-channel="ch"]') == []
+
+
+def test_tombstone_then_delete_topic(cluster, browser, busy_topic):
+    topic = busy_topic
+    first, second = cluster.nsqds
+    browser.get(f"{cluster.url}/topics/{topic}")
+    click_action(browser, "tombstone", f'#topic-nodes tr[data-node="{first.http_address}"]')
+    assert first.http_address in browser.find_element(By.CSS_SELECTOR, ".question").text
+    confirm(browser)
+    assert flash(browser) == f"Tombstoned topic {topic} on {first.http_address}."
+    assert first.topic(topic) is None and second.topic(topic) is not None
+
+    def lookupd_producers() -> list[int]:
+        body = get_json(f"{cluster.lookupd_url}/lookup?topic={topic}")
+        return [p["http_port"] for p in body["producers"]]
+
+    wait_until(lambda: lookupd_producers() == [second.process.port("HTTP")])
+    browser.get(f"{cluster.url}/topics/{topic}")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#topic-nodes tbody tr")
+    assert [r.get_attribute("data-node") for r in rows] == [second.http_address]
+
+    click_action(browser, "delete", ".page-head")
+    confirm(browser)
+    assert browser.current_url.startswith(f"{cluster.url}/?flash=")
+    assert flash(browser) == f"Deleted topic {topic}."
+    assert all(n.topic(topic) is None for n in cluster.nsqds)
+    assert topic not in get_json(f"{cluster.lookupd_url}/topics")["topics"]
+    assert browser.find_elements(By.CSS_SELECTOR, f'#topics tr[data-topic="{topic}"]') == []
+
+
+def test_create_and_delete_from_the_lookup_page(cluster, browser, topic_name):
+    browser.get(cluster.url + "/lookup")
+    browser.find_element(By.ID, "create-topic").send_keys(topic_name)
+    browser.find_element(By.ID, "create-channel").send_keys("early")
+    click_through(browser, browser.find_element(By.ID, "create-submit"))
+    assert flash(browser) == f"Created topic {topic_name} and its channel early."
+    assert topic_name in get_json(f"{cluster.lookupd_url}/topics")["topics"]
+    # No nsqd has it yet: nsqlookupd lists it with no producer, with its channel.
+    row = f'#inactive tr[data-topic="{topic_name}"]'
+    assert browser.find_element(By.CSS_SELECTOR, f'{row} [data-channel="early"]')
+
+    # Creating a channel of a topic the nsqd have creates it on each of them.
+    for nsqd in cluster.nsqds:
+        nsqd.publish(topic_name, 1)
+    cluster.wait_registered(topic_name)
+    browser.get(cluster.url + "/lookup")
+    browser.find_element(By.ID, "create-topic").send_keys(topic_name)
+    browser.find_element(By.ID, "create-channel").send_keys("late")
+    click_through(browser, browser.find_element(By.ID, "create-submit"))
+    assert all(n.channel(topic_name, "late") is not None for n in cluster.nsqds)
+
+    # A topic only nsqlookupd knows is deleted from the Lookup page.
+    only_in_lookupd = f"{topic_name}-x"
+    browser.get(cluster.url + "/lookup")
+    browser.find_element(By.ID, "create-topic").send_keys(only_in_lookupd)
+    click_through(browser, browser.find_element(By.ID, "create-submit"))
+    click_action(browser, "delete", f'#inactive tr[data-topic="{only_in_lookupd}"] td.name')
+    confirm(browser)
+    assert browser.current_url.startswith(f"{cluster.url}/lookup?flash=")
+    assert only_in_lookupd not in get_json(f"{cluster.lookupd_url}/topics")["topics"]
+
+
+def test_an_unreachable_nsqd_shows_a_banner_and_the_rest(cluster, browser, busy_topic):
+    dead = "127.0.0.1:9"
+    admin = start_nsqadmin(
+        f"-nsqd-http-address={cluster.nsqds[1].http_address}", f"-nsqd-http-address={dead}"
+    )
+    try:
+        browser.get(f"http://127.0.0.1:{admin.port('HTTP')}/topics/{busy_topic}")
+        banner = browser.find_element(By.CSS_SELECTOR, ".banner-warning")
+        assert banner.is_displayed() and dead in banner.text
+        row = f'#topic-nodes tr[data-node="{cluster.nsqds[1].http_address}"]'
+        assert number(field(browser, row, "message_count")) == 5
+        browser.save_screenshot(str(ARTIFACTS / "unreachable.png"))
+    finally:
+        admin.stop()
+
+
+def test_only_admin_users_see_and_use_the_buttons(cluster, browser, busy_topic):
+    admin = start_nsqadmin(
+        f"-lookupd-http-address={cluster.lookupd_http_address}", "-admin-user=alice"
+    )
+    url = f"http://127.0.0.1:{admin.port('HTTP')}/topics/{busy_topic}"
+    try:
+        browser.get(url)
+        with pytest.raises(NoSuchElementException):
+            browser.find_element(By.CSS_SELECTOR, 'button[data-action="pause"]')
+        # As the proxy in front of nsqadmin would say: this is alice.
+        browser.execute_cdp_cmd("Network.enable", {})
+        browser.execute_cdp_cmd(
+            "Network.setExtraHTTPHeaders", {"headers": {"X-Forwarded-User": "alice"}}
+        )
+        browser.get(url)
+        assert "alice" in browser.find_element(By.CSS_SELECTOR, ".topbar .user").text
+        click_action(browser, "pause")
+        assert all(n.topic(busy_topic)["paused"] for n in cluster.nsqds)
+    finally:
+        browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {}})
+        admin.stop()
+
+
+def test_pages_work_without_javascript(cluster, busy_topic):
+    """The same forms with JavaScript off: a plain form post, a confirmation, a redirect."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+    ):
+        options.add_argument(argument)
+    options.add_experimental_option(
+        "prefs", {"profile.managed_default_content_settings.javascript": 2}
+    )
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        driver.get(f"{cluster.url}/topics/{busy_topic}/ch")
+        assert driver.find_elements(By.ID, "auto-refresh") == []  # added by the script only
+        click_action(driver, "pause")
+        assert all(n.channel(busy_topic, "ch")["paused"] for n in cluster.nsqds)
+        click_action(driver, "empty")
+        confirm(driver)
+        assert [n.channel(busy_topic, "ch")["depth"] for n in cluster.nsqds] == [0, 0]
+    finally:
+        driver.quit()
