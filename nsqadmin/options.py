@@ -11,8 +11,9 @@ import ipaddress
 import posixpath
 from dataclasses import dataclass, field
 
+from common.daemon import standard_flags
 from common.flags import Flag, FlagSet, Kind
-from common.log import LOG_LEVELS, parse_log_level
+from common.log import LOG_LEVELS
 
 
 @dataclass(frozen=True)
@@ -66,18 +67,7 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
     return FlagSet(
         "nsqadmin",
         [
-            Flag("config", Kind.STRING, "", "path to config file", config_key=None),
-            Flag("version", Kind.BOOL, False, "print version string", config_key=None),
-            Flag(
-                "log-level",
-                Kind.VALUE,
-                d.log_level,
-                "set log verbosity: debug, info, warn, error, or fatal",
-                parse=parse_log_level,
-                default_text=d.log_level.upper(),
-            ),
-            Flag("log-prefix", Kind.STRING, d.log_prefix, "log message prefix"),
-            Flag("verbose", Kind.BOOL, False, "[deprecated] has no effect, use --log-level"),
+            *standard_flags(d.log_level, d.log_prefix),
             Flag(
                 "http-address",
                 Kind.STRING,
