@@ -35,7 +35,21 @@ class GUIDFactory:
         self._sequence = 0
 
     def next_id(self) -> bytes:
-        return self.next_ids(1)[0]
+        """One ID: the single-message path (PUB, HTTP /pub), without the batch loop."""
+        timestamp = self._clock() >> 20
+        last = self._last_timestamp
+        if timestamp <= last:
+            timestamp = last
+            sequence = self._sequence + 1
+            if sequence > _SEQUENCE_MASK:  # this pseudo-millisecond is used up: borrow
+                timestamp += 1
+                sequence = 0
+        else:
+            sequence = 0
+        self._last_timestamp = timestamp
+        self._sequence = sequence
+        base = (((timestamp - TWEPOCH) << _TIMESTAMP_SHIFT) | self._node_bits) & _ID_MASK
+        return b"%016x" % (base | sequence)
 
     def next_ids(self, count: int) -> list[bytes]:
         """`count` IDs with one clock read, the batch path for MPUB."""

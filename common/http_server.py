@@ -236,7 +236,30 @@ class _DateCache:
 _dates = _DateCache()
 
 
+class CachedResponse(Response):
+    """A response that never changes (`200 OK` to a publish): its bytes are encoded once per
+    second (the `Date` header) instead of once per request."""
+
+    __slots__ = ("_encoded",)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._encoded: tuple[str, bytes] | None = None
+
+    def encoded(self) -> bytes:
+        date = _dates.get()
+        if self._encoded is None or self._encoded[0] != date:
+            self._encoded = (date, _encode(self, False, False))
+        return self._encoded[1]
+
+
 def encode_response(response: Response, close: bool, http10: bool = False) -> bytes:
+    if not close and not http10 and type(response) is CachedResponse:
+        return response.encoded()
+    return _encode(response, close, http10)
+
+
+def _encode(response: Response, close: bool, http10: bool = False) -> bytes:
     """Go's net/http framing: an HTTP/1.0 request gets an HTTP/1.0 status line, with
     `Connection: keep-alive` when it asked to keep the connection and nothing when not;
     HTTP/1.1 says `Connection: close` when the server closes."""

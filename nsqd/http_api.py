@@ -15,6 +15,7 @@ from common.http_server import (
     JSON_CONTENT_TYPE,
     NSQ_V1_HEADER,
     TEXT_CONTENT_TYPE,
+    CachedResponse,
     HTTPError,
     QueryError,
     Request,
@@ -34,6 +35,8 @@ from nsqd.stats import gather, memory_stats, text_report
 if TYPE_CHECKING:
     from nsqd.server import NSQD
 
+# Every successful publish gets the same bytes (Go's RespondV1 with the string "OK").
+_OK = CachedResponse(200, b"OK", [NSQ_V1_HEADER, ("Content-Type", TEXT_CONTENT_TYPE)])
 # A JSON body of `null` (v1_response sends None as an empty body).
 _JSON_NULL = b"null"
 # Go's boolParams for include_clients / include_mem and /mpub's binary.
@@ -137,7 +140,7 @@ class HTTPAPI:
                 raise HTTPError(400, "INVALID_DEFER")
             defer = defer_ms / 1000
         await self._publish(topic, [body], defer)
-        return v1_response(200, "OK")
+        return _OK
 
     async def mpub(self, request: Request) -> Response:
         options = self.nsqd.options
@@ -166,7 +169,7 @@ class HTTPAPI:
                 bodies.append(line)
         if bodies:
             await self._publish(topic, bodies, 0.0)
-        return v1_response(200, "OK")
+        return _OK
 
     async def _publish(self, topic, bodies: list[bytes], defer: float) -> None:
         if self.nsqd.exiting:

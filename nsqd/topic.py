@@ -82,13 +82,22 @@ class Topic:
     ) -> list[Message]:
         """PUB, MPUB, DPUB and HTTP /pub: new messages with fresh IDs, all or nothing."""
         timestamp = time.time_ns()
-        ids = self.guid_factory.next_ids(len(bodies))
-        messages = [Message(mid, body, timestamp) for mid, body in zip(ids, bodies, strict=True)]
-        offset = self.next_offset
-        for message in messages:
-            message.offset = offset
-            offset += RECORD_OVERHEAD + len(message.body)
-        self.next_offset = offset
+        if len(bodies) == 1:
+            # PUB and HTTP /pub: one message, no batch machinery.
+            message = Message(self.guid_factory.next_id(), bodies[0], timestamp)
+            message.offset = self.next_offset
+            self.next_offset += RECORD_OVERHEAD + len(bodies[0])
+            messages = [message]
+        else:
+            ids = self.guid_factory.next_ids(len(bodies))
+            messages = [
+                Message(mid, body, timestamp) for mid, body in zip(ids, bodies, strict=True)
+            ]
+            offset = self.next_offset
+            for message in messages:
+                message.offset = offset
+                offset += RECORD_OVERHEAD + len(message.body)
+            self.next_offset = offset
         if trace_ids is not None:
             for message, trace_id in zip(messages, trace_ids, strict=True):
                 message.trace_id = trace_id
