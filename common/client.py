@@ -1,0 +1,268 @@
+"""A small blocking NSQ client over our codec: for the tools, the Spark connector, tests.
+
+Not a full client library (no backoff policy, no lookupd polling loop): a `Producer` that
+publishes over TCP and waits for each `OK`, a `Consumer` that subscribes, hands out messages
+and sends FIN/REQ/TOUCH, answering heartbeats on the way, and a few HTTP helpers for nsqd's
+and nsqlookupd's APIs. Everything is plain sockets, usable from threads or Spark executors.
+"""
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
+from dataclasses import dataclass
+
+from common.command import (
+    MAGIC_V2,
+    NOP,
+    encode_command,
+    encode_dpub,
+    encode_fin,
+    encode_identify,
+    encode_mpub,
+    encode_pub,
+    encode_rdy,
+    encode_req,
+    encode_sub,
+    encode_touch,
+)
+from common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
+from common.message import decode_message
+from common.version import VERSION
+
+USER_AGENT = f"nsqpy/{VERSION}"
+HEARTBEAT = b"_heartbeat_"
+
+
+class NSQError(Exception):
+    """nsqd answered with an error frame; `text` is nsqd's `CODE description`."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+        self.code = text.split(" ", 1)[0]
+
+
+@dataclass
+class Message:
+    """A delivered message; `finish`, `requeue` and `touch` answer for it."""
+
+    id: bytes
+    body: bytes
+    attempts: int
+    timestamp: int
+    consumer: "Consumer"
+
+    def finish(self) -> None:
+        self.consumer.finish(self.id)
+
+    def requeue(self, delay_ms: int = 0) -> None:
+        self.consumer.requeue(self.id, delay_ms)
+
+    def touch(self) -> None:
+        self.consumer.touch(self.id)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class Connection:
+    """One V2 connection: magic, IDENTIFY, framed replies, heartbeats answered."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 10.0,
+        identify: dict | None = None,
+        client_id: str | None = None,
+    ) -> None:
+        self.address = address
+        self.sock = socket.create_connection(split_address(address), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.decoder = FrameDecoder()
+        self.frames: deque = deque()
+        settings = {
+            "client_id": client_id or socket.gethostname().split(".")[0],
+            "hostname": socket.gethostname(),
+            "user_agent": USER_AGENT,
+            "feature_negotiation": True,
+        }
+        settings.update(identify or {})
+        self.sock.sendall(MAGIC_V2 + encode_identify(settings))
+        self.identify_reply = json.loads(self.read_response())
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def read_frame(self, timeout: float | None = None):
+        """The next frame (heartbeats are answered and skipped); None on timeout."""
+        while not self.frames:
+            self.sock.settimeout(timeout if timeout is not None else self.sock.gettimeout())
+            try:
+                data = self.sock.recv(256 * 1024)
+            except TimeoutError:
+                return None
+            if not data:
+                raise ConnectionError(f"nsqd {self.address} closed the connection")
+            for frame in self.decoder.receive_data(data):
+                if frame.frame_type == 0 and frame.data == HEARTBEAT:
+                    self.sock.sendall(NOP)
+                else:
+                    self.frames.append(frame)
+        return self.frames.popleft()
+
+    def read_response(self) -> bytes:
+        """The next response frame's data; NSQError for an error frame."""
+        while True:
+            frame = self.read_frame(timeout=None)
+            if frame is None:
+                continue
+            if frame.frame_type == FRAME_TYPE_ERROR:
+                raise NSQError(frame.data.decode("utf-8", "replace"))
+            if frame.frame_type != FRAME_TYPE_MESSAGE:
+                return frame.data
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+class Producer(Connection):
+    """Publishes over TCP; every call waits for nsqd's `OK` (NSQError otherwise)."""
+
+    def publish(self, topic: str, body: bytes) -> None:
+        self.send(encode_pub(topic, body))
+        self.read_response()
+
+    def multi_publish(self, topic: str, bodies: list[bytes]) -> None:
+        self.send(encode_mpub(topic, bodies))
+        self.read_response()
+
+    def deferred_publish(self, topic: str, defer_ms: int, body: bytes) -> None:
+        self.send(encode_dpub(topic, defer_ms, body))
+        self.read_response()
+
+
+class Consumer(Connection):
+    """Subscribes to `topic`/`channel` with `max_in_flight` messages outstanding."""
+
+    def __init__(
+        self,
+        address: str,
+        topic: str,
+        channel: str,
+        *,
+        max_in_flight: int = 100,
+        timeout: float = 10.0,
+        identify: dict | None = None,
+    ) -> None:
+        super().__init__(address, timeout=timeout, identify=identify)
+        self.topic = topic
+        self.channel = channel
+        self.send(encode_sub(topic, channel))
+        self.read_response()
+        self.max_in_flight = max_in_flight
+        self.send(encode_rdy(max_in_flight))
+
+    def receive(self, timeout: float | None = None) -> Message | None:
+        """The next message, or None if none arrived within `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            frame = self.read_frame(timeout=remaining)
+            if frame is None:
+                return None
+            if frame.frame_type == FRAME_TYPE_MESSAGE:
+                decoded = decode_message(frame.data)
+                return Message(decoded.id, decoded.body, decoded.attempts, decoded.timestamp, self)
+            if frame.frame_type == FRAME_TYPE_ERROR:
+                text = frame.data.decode("utf-8", "replace")
+                if text.split(" ", 1)[0] not in ("E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"):
+                    raise NSQError(text)
+
+    def finish(self, message_id: bytes) -> None:
+        self.send(encode_fin(message_id))
+
+    def requeue(self, message_id: bytes, delay_ms: int = 0) -> None:
+        self.send(encode_req(message_id, delay_ms))
+
+    def touch(self, message_id: bytes) -> None:
+        self.send(encode_touch(message_id))
+
+    def ready(self, count: int) -> None:
+        self.send(encode_rdy(count))
+
+    def close_gracefully(self, timeout: float = 5.0) -> None:
+        """CLS, then wait for `CLOSE_WAIT` (messages still in flight may be finished)."""
+        self.send(encode_command(b"CLS"))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            frame = self.read_frame(timeout=max(0.0, deadline - time.monotonic()))
+            if frame is None or frame.data == b"CLOSE_WAIT":
+                break
+        self.close()
+
+
+# -- HTTP -------------------------------------------------------------------------------------
+
+
+def http_request(
+    address: str, path: str, *, method: str = "GET", body: bytes | None = None, **params
+) -> bytes:
+    """One request to an nsqd or nsqlookupd HTTP API (`host:port` or a full URL); the body."""
+    base = address if address.startswith(("http://", "https://")) else f"http://{address}"
+    query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+    url = f"{base}{path}" + (f"?{query}" if query else "")
+    data = body if body is not None else (b"" if method == "POST" else None)
+    request = urllib.request.Request(
+        url,
+        data=data,
+        method=method,
+        headers={"Accept": "application/vnd.nsq; version=1.0", "User-Agent": USER_AGENT},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.read()
+
+
+def http_json(address: str, path: str, **params) -> dict:
+    return json.loads(http_request(address, path, **params) or b"null")
+
+
+def lookup_nsqds(lookupd_http_address: str, topic: str) -> list[str]:
+    """The TCP addresses (`broadcast_address:tcp_port`) of the nsqds that have `topic`."""
+    try:
+        document = http_json(lookupd_http_address, "/lookup", topic=topic)
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return []
+        raise
+    return [
+        f"{producer['broadcast_address']}:{producer['tcp_port']}"
+        for producer in document.get("producers") or []
+    ]
+
+
+def http_publish(nsqd_http_address: str, topic: str, bodies: list[bytes]) -> None:
+    """Publish with `/pub` (one body) or `/mpub?binary=true` (several)."""
+    if len(bodies) == 1:
+        http_request(nsqd_http_address, "/pub", method="POST", body=bodies[0], topic=topic)
+        return
+    payload = b"".join(len(b).to_bytes(4, "big") + b for b in bodies)
+    payload = len(bodies).to_bytes(4, "big") + payload
+    http_request(
+        nsqd_http_address, "/mpub", method="POST", body=payload, topic=topic, binary="true"
+    )
