@@ -40,7 +40,9 @@ class Channel:
         self.ephemeral = is_ephemeral(name)
         self.mem_queue_size = nsqd.options.mem_queue_size
         self.memory: deque[Message] = deque()
-        self.backend = nsqd.open_backend(f"{topic.name}:{name}", ephemeral=self.ephemeral)
+        # Go's `<topic>:<channel>`; a partition p > 0 names its channels `<topic>#<p>:<channel>`
+        # so two partitions' channels never share files.
+        self.backend = nsqd.open_backend(f"{topic.backend_name}:{name}", ephemeral=self.ephemeral)
         self.in_flight = DeadlineQueue()
         self.deferred = DeadlineQueue()
         self.clients: dict[int, Client] = {}
