@@ -1,0 +1,111 @@
+"""nsq_tail and to_nsq against a real nsqd and nsqlookupd (subprocesses, ephemeral ports)."""
+
+import re
+import subprocess
+
+from common.client import Consumer, Producer, http_json, http_request
+from tests.tools.conftest import (
+    lookupd_has_topic,
+    run_tool,
+    start_tool,
+    stop_tool,
+    topic_channels,
+    wait_until,
+)
+
+
+def test_to_nsq_publishes_each_line(nsqd, topic):
+    tcp = nsqd.addresses["TCP"]
+    result = run_tool(
+        "to_nsq", f"--topic={topic}", f"--nsqd-tcp-address={tcp}", stdin=b"one\ntwo\n\nthree"
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    # stderr is a pipe, not a terminal: no progress line.
+    assert b"msgs/s" not in result.stderr
+    with Consumer(tcp, topic, "check") as consumer:
+        bodies = [consumer.receive(timeout=5).body for _ in range(3)]
+    assert bodies == [b"one", b"two", b"three"]
+
+
+def test_to_nsq_delimiter_and_rate(nsqd, topic):
+    tcp = nsqd.addresses["TCP"]
+    result = run_tool(
+        "to_nsq",
+        "-topic",
+        topic,
+        "-nsqd-tcp-address",
+        tcp,
+        "--delimiter=,",
+        "--rate=1000",
+        stdin=b"a,b,c",
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    with Consumer(tcp, topic, "check") as consumer:
+        assert [consumer.receive(timeout=5).body for _ in range(3)] == [b"a", b"b", b"c"]
+
+
+def test_to_nsq_requires_topic():
+    result = run_tool("to_nsq", "--nsqd-tcp-address=127.0.0.1:1")
+    assert result.returncode == 1
+    assert b"--topic required" in result.stderr
+
+
+def test_nsq_tail_prints_n_messages_through_an_ephemeral_channel(nsqd, topic):
+    tcp = nsqd.addresses["TCP"]
+    with Producer(tcp) as producer:
+        producer.multi_publish(topic, [b"m%d" % i for i in range(5)])
+    result = run_tool("nsq_tail", f"--topic={topic}", f"--nsqd-tcp-address={tcp}", "-n", "3")
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout == b"m0\nm1\nm2\n"
+    # The ephemeral channel disappears with its last client.
+    wait_until(lambda: not topic_channels(nsqd, topic))
+
+
+def test_nsq_tail_via_lookupd_with_print_topic_stops_on_sigterm(nsqd, lookupd, topic):
+    tcp = nsqd.addresses["TCP"]
+    http_request(nsqd.addresses["HTTP"], "/topic/create", method="POST", topic=topic)
+    wait_until(lambda: lookupd_has_topic(lookupd, topic))
+    tail = start_tool(
+        "nsq_tail",
+        f"--topic={topic}",
+        f"--lookupd-http-address={lookupd.addresses['HTTP']}",
+        "--print-topic",
+        "--channel=tailer",
+    )
+    wait_until(
+        lambda: any(
+            c["channel_name"] == "tailer" and c["clients"] for c in topic_channels(nsqd, topic)
+        )
+    )
+    with Producer(tcp) as producer:
+        producer.publish(topic, b"hello")
+    wait_until(
+        lambda: any(
+            c["message_count"] == 1 and c["depth"] == 0 and c["in_flight_count"] == 0
+            for c in topic_channels(nsqd, topic)
+        )
+    )
+    out, _err = stop_tool(tail)
+    assert out == f"{topic} | hello\n".encode()
+
+
+def test_nsq_tail_version():
+    result = run_tool("nsq_tail", "--version")
+    assert result.returncode == 0
+    assert re.match(rb"nsq_tail v\d+\.\d+\.\d+", result.stdout)
+
+
+def test_to_nsq_stops_cleanly_on_sigterm_while_reading(nsqd, topic):
+    tcp = nsqd.addresses["TCP"]
+    tool = start_tool(
+        "to_nsq", f"--topic={topic}", f"--nsqd-tcp-address={tcp}", stdin=subprocess.PIPE
+    )
+    tool.stdin.write(b"first\n")
+    tool.stdin.flush()
+
+    def published():
+        stats = http_json(nsqd.addresses["HTTP"], "/stats", format="json", topic=topic)
+        return any(t["message_count"] == 1 for t in stats.get("topics") or [])
+
+    wait_until(published)
+    stop_tool(tool)

@@ -1,0 +1,94 @@
+"""nsq_tail: print the messages of one or more topics to stdout, as Go's `nsq_tail` does.
+
+Each body is written followed by a newline (with `--print-topic`, prefixed by `topic | `);
+`-n N` exits after N messages. Without `--channel` it reads through an ephemeral channel
+`tail<6 digits>#ephemeral`, so it never leaves a channel behind.
+"""
+
+import random
+import sys
+
+from common.flags import Flag, Kind
+from tools._common import (
+    ConsumerGroup,
+    StopFlag,
+    address_flags,
+    check_sources,
+    consumer_opt_flag,
+    fatal,
+    log_flags,
+    make_logger,
+    parse_args,
+)
+
+NAME = "nsq_tail"
+
+
+def flags() -> list[Flag]:
+    return [
+        Flag("channel", Kind.STRING, "", "NSQ channel"),
+        Flag("topic", Kind.STRING_LIST, (), "NSQ topic (may be given multiple times)"),
+        Flag("max-in-flight", Kind.INT, 200, "max number of messages to allow in flight"),
+        Flag("n", Kind.INT, 0, "total messages to show (will wait if starved)"),
+        Flag("print-topic", Kind.BOOL, False, "print topic name where message was received"),
+        *address_flags(),
+        consumer_opt_flag(),
+        *log_flags(NAME),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    values = parse_args(NAME, flags(), argv)
+    log = make_logger(NAME, values)
+    channel = values["channel"] or f"tail{random.randrange(999999):06d}#ephemeral"
+    topics = list(values["topic"])
+    if not topics:
+        fatal(log, "--topic is required")
+    check_sources(log, values)
+    total = values["n"]
+    max_in_flight = values["max_in_flight"]
+    # Don't ask for more messages than we want (Go does the same).
+    if 0 < total < max_in_flight:
+        max_in_flight = total
+    stop = StopFlag()
+    group = ConsumerGroup(
+        topics,
+        channel,
+        nsqd_tcp_addresses=values["nsqd_tcp_address"],
+        lookupd_http_addresses=values["lookupd_http_address"],
+        max_in_flight=max_in_flight,
+        user_agent=f"{NAME}/nsqpy",
+        log=log,
+    )
+    out = sys.stdout.buffer
+    shown = 0
+
+    def show(message) -> None:
+        nonlocal shown
+        if values["print_topic"]:
+            out.write(message.consumer.topic.encode() + b" | ")
+        out.write(message.body + b"\n")
+        out.flush()
+        group.finish(message)
+        shown += 1
+
+    try:
+        while not stop and not (total and shown >= total):
+            message = group.receive()
+            if message is not None:
+                show(message)
+        group.start_close()
+        for message in group.drain():
+            if total and shown >= total:
+                group.requeue(message)
+            else:
+                show(message)
+    except BrokenPipeError:
+        pass
+    finally:
+        group.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

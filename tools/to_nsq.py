@@ -1,0 +1,139 @@
+"""to_nsq: publish stdin to a topic, one message per `--delimiter`-separated record, as Go's
+`to_nsq` does: every record goes to every `--nsqd-tcp-address`, empty records are skipped,
+and `--rate N` throttles to N messages a second.
+"""
+
+import signal
+import sys
+import time
+
+from common.client import NSQError, Producer
+from common.flags import Flag, Kind
+from tools._common import Progress, fatal, log_flags, make_logger, parse_args, warn_ignored_opts
+
+NAME = "to_nsq"
+
+
+def flags() -> list[Flag]:
+    return [
+        Flag("topic", Kind.STRING, "", "NSQ topic to publish to"),
+        Flag(
+            "delimiter",
+            Kind.STRING,
+            "\n",
+            "character to split input from stdin",
+        ),
+        Flag(
+            "nsqd-tcp-address",
+            Kind.STRING_LIST,
+            (),
+            "destination nsqd TCP address (may be given multiple times)",
+        ),
+        Flag("rate", Kind.INT, 0, "Throttle messages to n/second. 0 to disable"),
+        Flag(
+            "producer-opt",
+            Kind.STRING_LIST,
+            (),
+            "option to passthrough to nsq.Producer (may be given multiple times)",
+        ),
+        *log_flags(NAME),
+    ]
+
+
+class _Interrupted(Exception):
+    pass
+
+
+class Throttle:
+    """At most `rate` calls of `wait()` a second (0: no limit); sleeps off the surplus."""
+
+    def __init__(self, rate: int) -> None:
+        self.interval = 1.0 / rate if rate > 0 else 0.0
+        self.next_at = time.monotonic()
+
+    def wait(self) -> None:
+        if not self.interval:
+            return
+        now = time.monotonic()
+        if self.next_at > now:
+            time.sleep(self.next_at - now)
+        self.next_at = max(self.next_at, now) + self.interval
+
+
+def records(stream, delimiter: bytes, chunk_size: int = 64 * 1024):
+    """The non-empty records of `stream` split on `delimiter` (a trailing record without a
+    delimiter counts too)."""
+    pending = b""
+    while True:
+        chunk = stream.read1(chunk_size) if hasattr(stream, "read1") else stream.read(chunk_size)
+        if not chunk:
+            break
+        pending += chunk
+        *complete, pending = pending.split(delimiter)
+        for record in complete:
+            if record:
+                yield record
+    if pending:
+        yield pending
+
+
+def main(argv: list[str] | None = None) -> int:
+    values = parse_args(NAME, flags(), argv)
+    log = make_logger(NAME, values)
+    topic = values["topic"]
+    if not topic:
+        fatal(log, "--topic required")
+    delimiter = values["delimiter"].encode()
+    if len(delimiter) != 1:
+        fatal(log, "--delimiter must be a single byte")
+    if not values["nsqd_tcp_address"]:
+        fatal(log, "--nsqd-tcp-address required")
+    if values["rate"] < 0:
+        fatal(log, "--rate must be >= 0")
+    warn_ignored_opts(log, values)
+
+    # A signal while we wait on stdin ends the reading; one during a publish lets it finish
+    # (nsqd's OK arrives) before we stop.
+    state = {"publishing": False, "stop": False}
+
+    def on_signal(signum, frame) -> None:
+        state["stop"] = True
+        if not state["publishing"]:
+            raise _Interrupted
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    producers = []
+    try:
+        for address in values["nsqd_tcp_address"]:
+            producers.append(Producer(address, identify={"user_agent": f"{NAME}/nsqpy"}))
+    except (OSError, NSQError) as error:
+        fatal(log, "failed to create nsq.Producer - %s", error)
+    throttle = Throttle(values["rate"])
+    progress = Progress()
+    status = 0
+    try:
+        for record in records(sys.stdin.buffer, delimiter):
+            throttle.wait()
+            state["publishing"] = True
+            for producer in producers:
+                producer.publish(topic, record)
+            state["publishing"] = False
+            progress.add()
+            if state["stop"]:
+                break
+    except _Interrupted:
+        pass
+    except (OSError, NSQError) as error:
+        log.critical("%s", error)
+        status = 1
+    finally:
+        progress.close()
+        for producer in producers:
+            producer.close()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
