@@ -23,7 +23,7 @@ from common.frame import (
     encode_message_frames,
     encode_response,
 )
-from common.goformat import go_base10, go_quote, go_text
+from common.goformat import go_base10, go_byte_slice, go_quote, go_text
 from common.message import MESSAGE_ID_LENGTH
 from common.names import is_valid_name
 from common.version import VERSION
@@ -349,8 +349,8 @@ class ProtocolV2(YouzanCommands):
         if self.client.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
             raise ProtocolError("E_INVALID", f"cannot {label} in current state")
 
-    def _message_id(self, args: list[bytes], label: str) -> tuple[bytes, str]:
-        """(in-flight key, the ID as the error texts print it) of FIN, REQ or TOUCH."""
+    def _message_id(self, args: list[bytes], label: str) -> bytes:
+        """The in-flight key of FIN, REQ or TOUCH (a Youzan binary ID maps to our hex one)."""
         if self.youzan:
             return self.wire_message_key(args, label)
         if not args:
@@ -358,7 +358,11 @@ class ProtocolV2(YouzanCommands):
         message_id = args[0]
         if len(message_id) != MESSAGE_ID_LENGTH:
             raise ProtocolError("E_INVALID", "invalid message ID")
-        return message_id, go_text(message_id)
+        return message_id
+
+    def _printed_id(self, wire_id: bytes) -> str:
+        """The ID as the failure texts print it: Go's %s of the hex ID, Youzan's byte slice."""
+        return go_byte_slice(wire_id) if self.youzan else go_text(wire_id)
 
     # -- commands -------------------------------------------------------------------------
 
@@ -629,12 +633,14 @@ class ProtocolV2(YouzanCommands):
 
     def fin(self, command) -> None:
         self._require_message_state("FIN")
-        message_id, printed = self._message_id(command.args, "FIN")
+        message_id = self._message_id(command.args, "FIN")
         client = self.client
         try:
             client.channel.finish(client.id, message_id)
         except ChannelError as error:
-            raise ProtocolError("E_FIN_FAILED", f"FIN {printed} failed {error}") from None
+            raise ProtocolError(
+                "E_FIN_FAILED", f"FIN {self._printed_id(command.args[0])} failed {error}"
+            ) from None
         client.finished_message()
         return None
 
@@ -643,7 +649,7 @@ class ProtocolV2(YouzanCommands):
         args = command.args
         if len(args) < 2:
             raise ProtocolError("E_INVALID", "REQ insufficient number of params")
-        message_id, printed = self._message_id(args, "REQ")
+        message_id = self._message_id(args, "REQ")
         timeout_ms = go_base10(args[1])
         if timeout_ms is None:
             raise ProtocolError("E_INVALID", f"REQ could not parse timeout {go_text(args[1])}")
@@ -653,19 +659,23 @@ class ProtocolV2(YouzanCommands):
         try:
             requeued = client.channel.requeue(client.id, message_id, delay, trio.current_time())
         except ChannelError as error:
-            raise ProtocolError("E_REQ_FAILED", f"REQ {printed} failed {error}") from None
+            raise ProtocolError(
+                "E_REQ_FAILED", f"REQ {self._printed_id(args[0])} failed {error}"
+            ) from None
         if requeued:
             client.requeued_message()
         return None
 
     def touch(self, command) -> None:
         self._require_message_state("TOUCH")
-        message_id, printed = self._message_id(command.args, "TOUCH")
+        message_id = self._message_id(command.args, "TOUCH")
         client = self.client
         try:
             client.channel.touch(client.id, message_id, client.msg_timeout, trio.current_time())
         except ChannelError as error:
-            raise ProtocolError("E_TOUCH_FAILED", f"TOUCH {printed} failed {error}") from None
+            raise ProtocolError(
+                "E_TOUCH_FAILED", f"TOUCH {self._printed_id(command.args[0])} failed {error}"
+            ) from None
         return None
 
     def cls(self, command) -> bytes:

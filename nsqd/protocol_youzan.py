@@ -15,7 +15,7 @@ from common.command import split_ext_body, split_trace_body
 from common.command_parser import parse_partition
 from common.errors import ProtocolError
 from common.frame import FRAME_TYPE_MESSAGE, OK_FRAME, encode_response
-from common.goformat import go_byte_slice, go_quote, go_text
+from common.goformat import go_quote, go_text
 from common.message import MESSAGE_ID_LENGTH
 from common.names import is_valid_name
 from nsqd.message import RECORD_OVERHEAD
@@ -329,8 +329,8 @@ class YouzanCommands:
 
     # -- FIN, REQ, TOUCH with binary IDs -------------------------------------------------
 
-    def wire_message_key(self, args: list[bytes], label: str) -> tuple[bytes, str]:
-        """(in-flight key, ID as Youzan prints it in errors) of a Youzan FIN/REQ/TOUCH."""
+    def wire_message_key(self, args: list[bytes], label: str) -> bytes:
+        """The in-flight key of a Youzan FIN/REQ/TOUCH."""
         if not args:
             raise ProtocolError("E_INVALID", f"{label} insufficient number of params")
         wire_id = args[0]
@@ -339,4 +339,4 @@ class YouzanCommands:
         # Youzan's FIN also refuses an internal id that is not positive (a signed int64).
         if label == "FIN" and int.from_bytes(wire_id[:8], "big", signed=True) <= 0:
             raise ProtocolError("E_INVALID", "Invalid Message ID")
-        return message_key(wire_id), go_byte_slice(wire_id)
+        return message_key(wire_id)
