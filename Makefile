@@ -8,12 +8,12 @@ INSTALLED := $(VENV)/.installed
 NODE_DIR := tests/interop/node
 NODE_INSTALLED := $(NODE_DIR)/node_modules/.installed
 
-.PHONY: install browser run test lint bench clean
+.PHONY: install browser java run test lint bench clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
 	touch $(INSTALLED)
 
 $(NODE_INSTALLED): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
@@ -38,8 +38,14 @@ browser:
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; \
 	fi
 
+## The Spark connector tests (marker `spark`) start a local JVM.
+java:
+	@command -v java >/dev/null 2>&1 || { \
+		echo "error: java not found: the Spark connector tests (tests/spark, marker spark) need Java 17 (Debian: apt-get install openjdk-17-jre-headless)" >&2; \
+		exit 1; }
+
 ## Lint, then the whole default test suite.
-test: install browser lint
+test: install browser java lint
 	$(BIN)/python -m pytest
 
 lint: install
