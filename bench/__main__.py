@@ -1,47 +1,178 @@
-"""Run every benchmark module in bench/, one after another, each in its own interpreter.
+"""Run the benchmark suite (or the named benchmarks), then print one summary with the targets.
 
-    .venv/bin/python -m bench                  # all of them
-    .venv/bin/python -m bench pub_sub          # only the named ones
+    .venv/bin/python -m bench                        # everything (~6-8 min on 2 cores)
+    .venv/bin/python -m bench tcp latency            # only these
+    .venv/bin/python -m bench --quick                # one run per figure instead of 3
+    .venv/bin/python -m bench --list                 # the benchmarks and what they run
+    .venv/bin/python -m bench --profile-missed       # then py-spy nsqd for each missed target
 
-A benchmark is any module of this package whose name does not start with an underscore; it
-runs as `python -m bench.<name>` with its default options.
+Each benchmark runs in its own interpreter as `python -m bench.<module> [preset options]`
+(run one by hand the same way, with its own options: `--help`), starts its own nsqd for every
+run (fresh data dir, ephemeral ports) and writes its figures as JSON for the summary. A
+benchmark that fails does not stop the others; the exit status says whether any failed.
 """
 
-import pkgutil
+import argparse
+import os
 import subprocess
 import sys
+import tempfile
 import time
-from pathlib import Path
+from dataclasses import dataclass
 
-import bench
+from bench._support import (
+    ROOT,
+    TARGETS,
+    Record,
+    banner,
+    git_revision,
+    load_average,
+    load_range,
+    read_records,
+    spread,
+    verdict,
+)
 
 
-def discover() -> list[str]:
-    return sorted(
-        info.name
-        for info in pkgutil.iter_modules(bench.__path__)
-        if not info.name.startswith("_") and not info.ispkg
-    )
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    module: str
+    args: tuple[str, ...]
+    description: str
+    aliases: tuple[str, ...] = ()
+
+
+SUITE = [
+    Benchmark(
+        "tcp",
+        "pub_sub",
+        (),
+        "TCP publish x1, x4 (MPUB, no channel) and consume x1, x4 (one channel), 1M msgs in memory",
+        ("pub_sub",),
+    ),
+    Benchmark("fanout", "fanout", (), "1 TCP publisher, 4 channels x 1 consumer"),
+    Benchmark(
+        "http", "http_pub", (), "HTTP /pub and /mpub, 32 keep-alive connections", ("http_pub",)
+    ),
+    Benchmark("latency", "latency", (), "publish→delivery at 100 msgs/s: p50/p99/max"),
+    Benchmark("memory", "memory", (), "nsqd RSS with 1,000,000 messages queued"),
+    Benchmark(
+        "diskqueue_bound",
+        "disk_bound",
+        (),
+        "TCP publish and consume with --mem-queue-size=0",
+        ("disk_bound",),
+    ),
+    Benchmark(
+        "diskqueue",
+        "diskqueue_bench",
+        (),
+        "DiskQueue alone: 1M puts then gets, single and batched",
+        ("diskqueue_bench",),
+    ),
+    Benchmark(
+        "security",
+        "security_bench",
+        (),
+        "TCP consume over plain, snappy, deflate, TLS, TLS+snappy",
+        ("security_bench",),
+    ),
+]
+BY_NAME = {name: bench for bench in SUITE for name in (bench.name, *bench.aliases)}
+# For --profile-missed: the bench.profile workload behind each target.
+PROFILE_OF_TARGET = {
+    "tcp_publish": "publish",
+    "tcp_consume": "consume",
+    "http_pub": "http-pub",
+    "rss": "memory",
+    "latency_p50": "latency",
+}
+
+
+def summary(records: list[Record]) -> str:
+    rows = [
+        "| benchmark | figure | median (min–max) | unit | runs | load avg | target | verdict |"
+        " notes (median run) |",
+        "| --- | --- | ---: | --- | ---: | ---: | --- | --- | --- |",
+    ]
+    for record in records:
+        fmt = ",.0f" if record.median >= 100 else ".2f"
+        target = TARGETS.get(record.target) if record.target else None
+        rows.append(
+            f"| {record.bench} | {record.workload} | {spread(record.values, fmt)} | {record.unit}"
+            f" | {record.runs or len(record.values)} | {load_range(record.loads)} |"
+            f" {target.text if target else '–'} |"
+            f" {verdict(record.median, target) if target else '–'} |"
+            f" {'; '.join(f'{key} {value}' for key, value in record.notes.items())} |"
+        )
+    return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    names = discover()
-    wanted = sys.argv[1:] if argv is None else argv
-    unknown = [name for name in wanted if name not in names]
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", metavar="NAME", help="benchmarks (default: all)")
+    parser.add_argument("--quick", action="store_true", help="one run per figure")
+    parser.add_argument("--list", action="store_true", help="list the benchmarks")
+    parser.add_argument(
+        "--profile-missed",
+        action="store_true",
+        help="afterwards, py-spy nsqd (bench.profile --format raw) under each missed target",
+    )
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.list:
+        for bench in SUITE:
+            aliases = f" (or {', '.join(bench.aliases)})" if bench.aliases else ""
+            print(f"  {bench.name:<16} {bench.description}{aliases}")
+            print(f"  {'':<16} python -m bench.{bench.module} {' '.join(bench.args)}")
+        return 0
+    unknown = [name for name in args.names if name not in BY_NAME]
     if unknown:
-        print(f"unknown benchmark(s) {', '.join(unknown)}; available: {', '.join(names)}")
+        print(f"unknown benchmark(s) {', '.join(unknown)}; see --list")
         return 2
-    failed = []
-    root = Path(bench.__file__).resolve().parent.parent
-    for name in wanted or names:
-        print(f"== bench.{name}", flush=True)
-        started = time.monotonic()
-        result = subprocess.run([sys.executable, "-m", f"bench.{name}"], cwd=root)
-        print(f"== bench.{name}: exit {result.returncode}, {time.monotonic() - started:.0f} s\n")
-        if result.returncode:
-            failed.append(name)
+    chosen = [BY_NAME[name] for name in args.names] or SUITE
+    banner("bench", f"{', '.join(b.name for b in chosen)}" + (" (quick)" if args.quick else ""))
+    started = time.monotonic()
+    revision = git_revision()
+    failed: list[str] = []
+    records: list[Record] = []
+    with tempfile.TemporaryDirectory(prefix="nsqpy-bench-run-") as scratch:
+        for bench in chosen:
+            output = os.path.join(scratch, f"{bench.name}.json")
+            command = [sys.executable, "-m", f"bench.{bench.module}", *bench.args]
+            command += ["--quick"] if args.quick else []
+            command += ["--json", output]
+            print(f"\n== {bench.name}: {' '.join(command[1:-2])}", flush=True)
+            began = time.monotonic()
+            result = subprocess.run(command, cwd=ROOT)
+            print(
+                f"== {bench.name}: exit {result.returncode}, {time.monotonic() - began:.0f} s,"
+                f" load average {load_average():.2f}",
+                flush=True,
+            )
+            if result.returncode or not os.path.exists(output):
+                failed.append(bench.name)
+                continue
+            records += read_records(output)
+    print(f"\n== summary ({time.monotonic() - started:.0f} s, commit {revision})\n")
+    print(summary(records))
+    if git_revision() != revision:
+        print(f"\nnote: the tree changed during the run: now {git_revision()}")
+    missed = sorted(
+        {
+            record.target
+            for record in records
+            if record.target and verdict(record.median, TARGETS[record.target]).startswith("MISS")
+        }
+    )
     if failed:
-        print(f"failed: {', '.join(failed)}")
+        print(f"\nfailed: {', '.join(failed)}")
+    if args.profile_missed and missed:
+        workloads = [PROFILE_OF_TARGET[target] for target in missed]
+        print(f"\n== profiles of nsqd under the missed targets: {', '.join(workloads)}")
+        subprocess.run(
+            [sys.executable, "-m", "bench.profile", "--format", "raw", *workloads], cwd=ROOT
+        )
     return 1 if failed else 0
 
 

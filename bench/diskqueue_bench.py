@@ -1,6 +1,6 @@
 """Write then read 1,000,000 records of 200 bytes through a DiskQueue, 3 runs.
 
-    .venv/bin/python -m bench.diskqueue_bench
+    .venv/bin/python -m bench.diskqueue_bench [--runs 3] [--quick] [--sync thread|inline]
 
 Options mirror nsqd's defaults (``--max-bytes-per-file`` 100 MiB, ``--sync-every`` 2500,
 records bounded like nsqd's: 26 .. 1 MiB + 26). Syncs run the way nsqd runs them: whenever
@@ -11,11 +11,19 @@ include waiting for the last sync job, and each run uses a fresh temporary direc
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from bench._support import (
+    Record,
+    Report,
+    add_common_arguments,
+    banner,
+    load_average,
+    runs_of,
+    spread,
+)
 from diskqueue import DiskQueue
 
 MIN_MSG_SIZE = 26  # nsqd: MsgIDLength + 8 + 2
@@ -101,31 +109,37 @@ def run_once(args: argparse.Namespace, batch: int | None) -> tuple[float, float]
     return write_rate, read_rate
 
 
-def summary(rates: list[float]) -> str:
-    return f"{statistics.median(rates):>11,.0f}/s (min {min(rates):,.0f}, max {max(rates):,.0f})"
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=1_000_000)
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--batch", type=int, default=200)
-    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sync-every", type=int, default=2500)
     parser.add_argument("--max-bytes-per-file", type=int, default=100 * 1024 * 1024)
     parser.add_argument("--sync", choices=["thread", "inline"], default="thread")
     parser.add_argument("--dir", default=None, help="parent of the temporary data dirs")
+    add_common_arguments(parser)
     args = parser.parse_args(argv)
+    runs = runs_of(args)
 
-    print(
-        f"diskqueue: {args.count:,} records of {args.size} bytes, sync_every={args.sync_every},"
-        f" max_bytes_per_file={args.max_bytes_per_file}, sync={args.sync}, {args.runs} runs"
+    banner(
+        "diskqueue",
+        f"{args.count:,} records of {args.size} bytes, sync_every={args.sync_every},"
+        f" max_bytes_per_file={args.max_bytes_per_file}, sync={args.sync}, {runs} run(s)",
     )
+    report = Report(args.json)
     modes: list[tuple[str, int | None]] = [("single", None), (f"batch {args.batch}", args.batch)]
     for label, batch in modes:
-        results = [run_once(args, batch) for _ in range(args.runs)]
-        print(f"  {label:<10} writes {summary([w for w, _ in results])}")
-        print(f"  {label:<10} reads  {summary([r for _, r in results])}")
+        results, loads = [], []
+        for _ in range(runs):
+            results.append(run_once(args, batch))
+            loads.append(load_average())
+        for index, kind in enumerate(("writes", "reads")):
+            rates = [result[index] for result in results]
+            print(f"  {label:<10} {kind:<6} {spread(rates)} /s", flush=True)
+            name = f"DiskQueue alone, {label} {kind}"
+            report.add(Record("diskqueue", name, f"{kind}/s", rates, loads))
+    report.write()
 
 
 if __name__ == "__main__":

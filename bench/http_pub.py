@@ -1,6 +1,6 @@
 """HTTP publish throughput of our nsqd: `POST /pub` and `POST /mpub` over keep-alive connections.
 
-    .venv/bin/python -m bench.http_pub [--connections 32] [--duration 5] [--runs 3]
+    .venv/bin/python -m bench.http_pub [--connections 32] [--duration 5] [--runs 3] [--quick]
                                        [--client auto|wrk|python] [--append-results]
 
 Every run starts a fresh nsqd (subprocess, port 0, temporary data dir, nsqd's defaults
@@ -25,11 +25,8 @@ topic's message_count from `/stats` is checked against the requests that got `20
 """
 
 import argparse
-import datetime
-import json
 import multiprocessing
 import os
-import platform
 import re
 import resource
 import selectors
@@ -39,95 +36,36 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from bench.pub_sub import git_revision, load_average
+from bench._support import (
+    RESULTS,
+    TARGETS,
+    Nsqd,
+    Record,
+    Report,
+    Window,
+    add_common_arguments,
+    banner,
+    git_revision,
+    load_average,
+    load_range,
+    machine,
+    median_of,
+    run_clients,
+    runs_of,
+    spread,
+    today,
+    verdict,
+)
 
-BIN = Path(sys.executable).parent
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 TOPIC = "http_bench"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-TARGET_PUB_RATE = 15_000
-_LISTENING = re.compile(r"(TCP|HTTP): listening on (\S+)")
 _CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length: *(\d+)")
 
 
-# -- nsqd ------------------------------------------------------------------------------------
-
-
-class Nsqd:
-    """Our nsqd as a subprocess on port 0 in a fresh temporary data dir."""
-
-    def __init__(self, extra_args: list[str]) -> None:
-        self.data_path = tempfile.mkdtemp(prefix="nsqpy-http-bench-")
-        self.command = [
-            str(BIN / "nsqd"),
-            "-tcp-address=127.0.0.1:0",
-            "-http-address=127.0.0.1:0",
-            f"-data-path={self.data_path}",
-            *extra_args,
-        ]
-        self.lines: list[str] = []
-        self.process = subprocess.Popen(
-            self.command,
-            cwd=self.data_path,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        addresses: dict[str, str] = {}
-        deadline = time.monotonic() + 20
-        for line in self.process.stderr:
-            self.lines.append(line.rstrip("\n"))
-            match = _LISTENING.search(line)
-            if match:
-                addresses[match.group(1)] = match.group(2)
-            if "HTTP" in addresses or time.monotonic() > deadline:
-                break
-        if "HTTP" not in addresses:
-            self.stop()
-            raise RuntimeError("nsqd did not start:\n" + "\n".join(self.lines))
-        self.http_port = int(addresses["HTTP"].rsplit(":", 1)[1])
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self) -> None:
-        for line in self.process.stderr:
-            self.lines.append(line.rstrip("\n"))
-
-    def cpu_seconds(self) -> float:
-        """utime + stime of the nsqd process (fields 14 and 15 of /proc/<pid>/stat)."""
-        with open(f"/proc/{self.process.pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-    def message_count(self) -> int:
-        url = f"http://127.0.0.1:{self.http_port}/stats?format=json&topic={TOPIC}"
-        with urllib.request.urlopen(url, timeout=30) as reply:
-            topics = json.load(reply)["topics"]
-        return topics[0]["message_count"] if topics else 0
-
-    def check_alive(self) -> None:
-        if self.process.poll() is not None:
-            raise RuntimeError(
-                f"nsqd exited with {self.process.returncode}:\n" + "\n".join(self.lines[-30:])
-            )
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()  # nothing to keep
-            self.process.wait()
-        shutil.rmtree(self.data_path, ignore_errors=True)
-
-    def __enter__(self) -> "Nsqd":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
+def message_count(nsqd: Nsqd) -> int:
+    return nsqd.topic_depth(TOPIC)[0]
 
 
 # -- workloads -------------------------------------------------------------------------------
@@ -159,6 +97,9 @@ class Sample:
     nsqd_cpu: float
     client_cpu: float
     published: int  # message_count of the topic afterwards
+    others_cpu: float = 0.0  # the rest of the machine, busy CPU seconds over the window
+    load: float = 0.0
+    preempted: int = 0  # nsqd's nonvoluntary context switches over the window
     latency_ms: float | None = None  # wrk's mean latency
 
     @property
@@ -224,9 +165,9 @@ def run_wrk(nsqd: Nsqd, workload: Workload, args) -> Sample:
             f"http://127.0.0.1:{nsqd.http_port}{workload.path}",
         ]
         children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu_before = nsqd.cpu_seconds()
+        window = Window(nsqd)
         completed = subprocess.run(command, capture_output=True, text=True, check=False)
-        cpu_after = nsqd.cpu_seconds()
+        window.close()
         children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if completed.returncode != 0:
         raise RuntimeError(
@@ -246,9 +187,12 @@ def run_wrk(nsqd: Nsqd, workload: Workload, args) -> Sample:
         requests=total - errors,
         errors=errors,
         wall=_wrk_duration_of(text),
-        nsqd_cpu=cpu_after - cpu_before,
+        nsqd_cpu=window.nsqd_cpu,
         client_cpu=client_cpu,
-        published=nsqd.message_count(),
+        published=message_count(nsqd),
+        others_cpu=window.others(client_cpu),
+        load=window.load,
+        preempted=window.preempted,
         latency_ms=_wrk_latency_ms(text),
     )
 
@@ -324,32 +268,19 @@ def run_python(nsqd: Nsqd, workload: Workload, args, context) -> Sample:
     shares = [
         args.connections // processes + (i < args.connections % processes) for i in range(processes)
     ]
-    barrier = context.Barrier(processes + 1)
-    results = context.Queue()
-    clients = [
-        context.Process(
-            target=python_client,
-            args=(nsqd.http_port, request, share, args.duration, barrier, results),
-            daemon=True,
-        )
-        for share in shares
-    ]
-    for client in clients:
-        client.start()
-    barrier.wait(timeout=60)
-    cpu_before = nsqd.cpu_seconds()
-    collected = [results.get(timeout=args.duration + 60) for _ in clients]
-    cpu_after = nsqd.cpu_seconds()
-    for client in clients:
-        client.join()
-    nsqd.check_alive()
+    jobs = [(python_client, (nsqd.http_port, request, share, args.duration)) for share in shares]
+    run = run_clients(nsqd, context, jobs, timeout=args.duration + 60)
+    client_cpu = sum(run.column(4))
     return Sample(
-        requests=sum(r[0] for r in collected),
-        errors=sum(r[1] for r in collected),
-        wall=max(r[3] for r in collected) - min(r[2] for r in collected),
-        nsqd_cpu=cpu_after - cpu_before,
-        client_cpu=sum(r[4] for r in collected),
-        published=nsqd.message_count(),
+        requests=sum(run.column(0)),
+        errors=sum(run.column(1)),
+        wall=max(run.column(3)) - min(run.column(2)),
+        nsqd_cpu=run.window.nsqd_cpu,
+        client_cpu=client_cpu,
+        published=message_count(nsqd),
+        others_cpu=run.window.others(client_cpu),
+        load=run.window.load,
+        preempted=run.window.preempted,
     )
 
 
@@ -357,7 +288,7 @@ def run_python(nsqd: Nsqd, workload: Workload, args, context) -> Sample:
 
 
 def one_run(workload: Workload, client: str, args, context) -> Sample:
-    with Nsqd(args.nsqd_arg) as nsqd:
+    with Nsqd(args.nsqd_arg) as nsqd:  # a fresh one per run
         if client == "wrk":
             sample = run_wrk(nsqd, workload, args)
         else:
@@ -372,29 +303,27 @@ def one_run(workload: Workload, client: str, args, context) -> Sample:
     return sample
 
 
-def _spread(values: list[float], fmt: str) -> str:
-    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}–{max(values):{fmt}})"
-
-
 def table(figures: list[Figure]) -> str:
     rows = [
         "| workload | client | conns | req/s median (min–max) | msgs/s median | errors |"
         " mean latency ms | nsqd CPU/wall | nsqd CPU µs/req | req per nsqd CPU-s |"
-        " client CPU s per run |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        " client CPU s per run | others CPU/wall | nsqd preempted per req | load avg |",
+        "| --- | --- |" + " ---: |" * 12,
     ]
     for figure in figures:
         samples = figure.samples
-        ordered = sorted(samples, key=lambda s: s.rate)
-        median = ordered[len(ordered) // 2]
+        median = median_of(samples, lambda s: s.rate)
         latency = f"{median.latency_ms:.2f}" if median.latency_ms is not None else "–"
         rows.append(
             f"| {figure.workload.label} | {figure.client} | {figure.connections} |"
-            f" {_spread([s.rate for s in samples], ',.0f')} |"
+            f" {spread([s.rate for s in samples])} |"
             f" {median.rate * figure.workload.messages_per_request:,.0f} |"
             f" {sum(s.errors for s in samples)} | {latency} |"
             f" {median.nsqd_cpu / median.wall:.2f} | {median.cpu_per_request * 1e6:,.0f} |"
             f" {1 / median.cpu_per_request:,.0f} | {median.client_cpu:.2f} |"
+            f" {median.others_cpu / median.wall:.2f} |"
+            f" {median.preempted / max(median.requests, 1):.2f} |"
+            f" {load_range([s.load for s in samples])} |"
         )
     return "\n".join(rows)
 
@@ -411,7 +340,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--duration", type=int, default=5, help="seconds per run")
-    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--size", type=int, default=200, help="message body bytes")
     parser.add_argument("--batch", type=int, default=100, help="messages per /mpub")
     parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto")
@@ -426,7 +354,9 @@ def main(argv: list[str] | None = None) -> None:
         "--nsqd-arg", action="append", default=[], help="extra nsqd flag (repeatable)"
     )
     parser.add_argument("--append-results", action="store_true", help="append to RESULTS.md")
+    add_common_arguments(parser)
     args = parser.parse_args(argv)
+    runs = runs_of(args)
 
     client = choose_client(args.client)
     context = multiprocessing.get_context("spawn")
@@ -434,22 +364,16 @@ def main(argv: list[str] | None = None) -> None:
     command = " ".join(
         [".venv/bin/python -m bench.http_pub", *(argv if argv is not None else sys.argv[1:])]
     )
-    date = f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d}"
-    machine = (
-        f"{os.cpu_count()} cores (`nproc`), {platform.python_implementation()}"
-        f" {platform.python_version()}"
+    banner(
+        "http_pub",
+        f"{args.connections} keep-alive connections, {args.duration:g} s per run,"
+        f" {runs} run(s), {args.size}-byte messages, /mpub batches of {args.batch},"
+        f" client {client}" + (f" ({args.processes} processes)" if client == "python" else ""),
     )
-    revision = git_revision()
-    print(
-        f"http_pub: {args.connections} keep-alive connections, {args.duration:g} s per run,"
-        f" {args.runs} runs, {args.size}-byte messages, /mpub batches of {args.batch},"
-        f" client {client}" + (f" ({args.processes} processes)" if client == "python" else "")
-    )
-    print(f"  {date}, commit {revision}, {machine}, load average {load_average()}")
     figures = []
     for workload in workloads(args.size, args.batch):
         figure = Figure(workload, client, args.connections)
-        for _ in range(args.runs):
+        for _ in range(runs):
             sample = one_run(workload, client, args, context)
             figure.samples.append(sample)
             print(
@@ -461,22 +385,46 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
         figures.append(figure)
-    report = table(figures)
+    text = table(figures)
     print()
-    print(report)
+    print(text)
+    report = Report(args.json)
+    for figure in figures:
+        median = median_of(figure.samples, lambda s: s.rate)
+        report.add(
+            Record(
+                "http",
+                f"HTTP {figure.workload.label}, {figure.connections} conns ({client})",
+                "req/s",
+                [s.rate for s in figure.samples],
+                [s.load for s in figure.samples],
+                "http_pub" if figure.workload.path.startswith("/pub") else None,
+                {
+                    "msgs/s": round(median.rate * figure.workload.messages_per_request),
+                    "nsqd CPU/wall": round(median.nsqd_cpu / median.wall, 2),
+                    "nsqd µs/req": round(median.cpu_per_request * 1e6),
+                    "client CPU s": round(median.client_cpu, 2),
+                    "others CPU/wall": round(median.others_cpu / median.wall, 2),
+                    "nsqd preempted/req": round(median.preempted / max(median.requests, 1), 2),
+                },
+            )
+        )
+    report.write()
+    target = TARGETS["http_pub"]
     pub_rate = statistics.median(s.rate for s in figures[0].samples)
-    verdict = "met" if pub_rate >= TARGET_PUB_RATE else "NOT met"
-    print(f"\ntarget /pub >= {TARGET_PUB_RATE:,} req/s: {verdict} ({pub_rate:,.0f})")
-    print(f"http_pub: done in {time.monotonic() - started:.0f} s, load average {load_average()}")
+    outcome = verdict(pub_rate, target)
+    print(f"\ntarget /pub {target.text}: {outcome} ({pub_rate:,.0f})")
+    print(f"http_pub: done in {time.monotonic() - started:.0f} s")
     if args.append_results:
         section = (
-            f"\n## nsqd HTTP publish (`bench/http_pub.py`), {date}\n\n"
-            f"* date {date}, commit {revision}, {machine}, load average {load_average()}\n"
+            f"\n## nsqd HTTP publish (`bench/http_pub.py`), {today()}\n\n"
+            f"* date {today()}, commit {git_revision()}, {machine()},"
+            f" load average {load_average():.2f}\n"
             f"* command: `{command}`\n"
             f"* {args.connections} keep-alive connections, one request outstanding each,"
-            f" {args.duration:g} s per run, median (min–max) of {args.runs} runs, fresh nsqd"
+            f" {args.duration:g} s per run, median (min–max) of {runs} runs, fresh nsqd"
             f" per run with its defaults (topic without channel, `--mem-queue-size` 10000)\n\n"
-            f"{report}\n\nTarget /pub ≥ {TARGET_PUB_RATE:,} req/s: {verdict}.\n"
+            f"{text}\n\nTarget /pub {target.text}: {outcome}.\n"
         )
         with open(RESULTS, "a") as results:
             results.write(section)

@@ -1,7 +1,8 @@
 """Consume throughput of our nsqd over a negotiated connection: plain, snappy, deflate, TLS,
 TLS+snappy.
 
-    .venv/bin/python -m bench.security_bench [--count 200000] [--runs 3] [--modes plain,tls]
+    .venv/bin/python -m bench.security_bench [--count 200000] [--runs 3] [--quick]
+                                             [--modes plain,tls]
 
 Every run starts a fresh nsqd (subprocess, temporary data dir, port 0, ``--mem-queue-size``
 above ``--count`` so every message stays in memory, a trustme certificate for TLS) and stops it
@@ -20,27 +21,33 @@ figure that survives a busy machine.
 """
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import re
-import shutil
 import socket
 import ssl
 import struct
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import snappy
 import trustme
 
+from bench._clients import RECEIVE_SIZE, connect
+from bench._support import (
+    Nsqd,
+    Record,
+    Report,
+    Window,
+    add_common_arguments,
+    banner,
+    load_range,
+    median_of,
+    runs_of,
+    spread,
+)
 from common.command import (
     MAGIC_V2,
     NOP,
@@ -51,16 +58,11 @@ from common.command import (
 )
 from common.frame import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 
-BIN = Path(sys.executable).parent
 TOPIC = "bench_security"
 CHANNEL = "bench_channel"
-SOCKET_BUFFER = 4 * 1024 * 1024
-RECEIVE_SIZE = 1024 * 1024
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 FRAME_HEADER = struct.Struct(">Ii")
 _ID_START = 18  # [4 size][4 type][8 timestamp][2 attempts][16 id][body]
 _ID_END = 34
-_LISTENING = re.compile(r"TCP: listening on (\S+)")
 # IDENTIFY fields of each mode.
 MODES = {
     "plain": {},
@@ -71,60 +73,7 @@ MODES = {
 }
 
 
-# -- nsqd ------------------------------------------------------------------------------------
-
-
-class Nsqd:
-    def __init__(self, extra_args: list[str]) -> None:
-        self.data_path = tempfile.mkdtemp(prefix="nsqpy-bench-")
-        self.lines: list[str] = []
-        self.process = subprocess.Popen(
-            [
-                str(BIN / "nsqd"),
-                "-tcp-address=127.0.0.1:0",
-                "-http-address=127.0.0.1:0",
-                "-https-address=127.0.0.1:0",
-                f"-data-path={self.data_path}",
-                *extra_args,
-            ],
-            cwd=self.data_path,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.port = 0
-        for line in self.process.stderr:
-            self.lines.append(line.rstrip("\n"))
-            match = _LISTENING.search(line)
-            if match:
-                self.port = int(match.group(1).rsplit(":", 1)[1])
-                break
-        if not self.port:
-            self.stop()
-            raise RuntimeError("nsqd did not start:\n" + "\n".join(self.lines))
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self) -> None:
-        for line in self.process.stderr:
-            self.lines.append(line.rstrip("\n"))
-
-    def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.process.pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        shutil.rmtree(self.data_path, ignore_errors=True)
-
-    def __enter__(self) -> "Nsqd":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
+# -- nsqd's certificate ----------------------------------------------------------------------
 
 
 class Certificates:
@@ -140,14 +89,6 @@ class Certificates:
 
 
 # -- the client ------------------------------------------------------------------------------
-
-
-def _connect(port: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
-    return sock
 
 
 class Layers:
@@ -192,7 +133,7 @@ class Layers:
 
 def negotiate(port: int, features: dict, ca: str) -> Layers:
     """IDENTIFY with these features, then TLS and compression as granted, OK after each."""
-    layers = Layers(_connect(port))
+    layers = Layers(connect(port))
     layers.send(MAGIC_V2 + encode_identify({"feature_negotiation": True, **features}))
     reply = json.loads(layers.expect_response())
     for feature in ("tls_v1", "snappy", "deflate"):
@@ -293,6 +234,8 @@ class Sample:
     wall: float
     nsqd_cpu: float
     client_cpu: float
+    others_cpu: float
+    load: float
 
 
 def rate(sample: Sample) -> float:
@@ -302,58 +245,77 @@ def rate(sample: Sample) -> float:
 def run(mode: str, args, certs: Certificates) -> Sample:
     flags = [f"-mem-queue-size={args.count + 10_000}", f"-tls-cert={certs.cert}"]
     flags.append(f"-tls-key={certs.key}")
-    with Nsqd(flags) as nsqd:
+    with Nsqd(flags, https=True) as nsqd:
         fill(nsqd.port, args.count, args.size)
-        cpu_before = nsqd.cpu_seconds()
+        window = Window(nsqd)
         wall, client_cpu = consume(nsqd.port, MODES[mode], certs.ca, args.count, args.rdy)
-        nsqd_cpu = nsqd.cpu_seconds() - cpu_before
-    return Sample(args.count / wall, wall, nsqd_cpu, client_cpu)
+        window.close()
+    return Sample(
+        args.count / wall,
+        wall,
+        window.nsqd_cpu,
+        client_cpu,
+        window.others(client_cpu),
+        window.load,
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=200_000)
-    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--rdy", type=int, default=2500)
     parser.add_argument("--modes", default=",".join(MODES))
+    add_common_arguments(parser)
     args = parser.parse_args()
+    runs = runs_of(args)
     modes = args.modes.split(",")
     for mode in modes:
         if mode not in MODES:
             parser.error(f"unknown mode {mode}; known: {', '.join(MODES)}")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True)
-    print(
-        f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d}, commit {commit}"
-        f"{'+uncommitted' if dirty.stdout.strip() else ''}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}; {args.count:,} messages of {args.size} B, "
-        f"RDY {args.rdy}, 1 consumer, median (min–max) of {args.runs} runs"
+    started = time.monotonic()
+    banner(
+        "security_bench",
+        f"{args.count:,} messages of {args.size} B, RDY {args.rdy}, 1 consumer,"
+        f" median (min–max) of {runs} run(s)",
     )
     print(
         "| mode | msgs/s median (min–max) | vs plain | wall s | nsqd CPU s | nsqd CPU/wall "
-        "| nsqd CPU µs/msg | client CPU s |"
+        "| nsqd CPU µs/msg | client CPU s | others CPU/wall | load avg |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    report = Report(args.json)
     plain_rate = None
     with tempfile.TemporaryDirectory(prefix="nsqpy-bench-certs-") as directory:
         certs = Certificates(directory)
         for mode in modes:
-            samples = sorted((run(mode, args, certs) for _ in range(args.runs)), key=rate)
-            median = samples[len(samples) // 2]  # the middle run (of an odd count)
-            rates = [sample.rate for sample in samples]
+            samples = [run(mode, args, certs) for _ in range(runs)]
+            median = median_of(samples, rate)
             if mode == "plain":
                 plain_rate = median.rate
             ratio = f"{median.rate / plain_rate:.2f}×" if plain_rate else "–"
+            loads = [sample.load for sample in samples]
             print(
-                f"| {mode} | {median.rate:,.0f} ({rates[0]:,.0f}–{rates[-1]:,.0f}) | {ratio} "
+                f"| {mode} | {spread([s.rate for s in samples])} | {ratio} "
                 f"| {median.wall:.2f} | {median.nsqd_cpu:.2f} "
                 f"| {median.nsqd_cpu / median.wall:.2f} "
-                f"| {median.nsqd_cpu / args.count * 1e6:.2f} | {median.client_cpu:.2f} |",
+                f"| {median.nsqd_cpu / args.count * 1e6:.2f} | {median.client_cpu:.2f} "
+                f"| {median.others_cpu / median.wall:.2f} | {load_range(loads)} |",
                 flush=True,
             )
+            report.add(
+                Record(
+                    "security",
+                    f"TCP consume x1 over {mode}",
+                    "msgs/s",
+                    [s.rate for s in samples],
+                    loads,
+                    None,
+                    {"nsqd µs/msg": round(median.nsqd_cpu / args.count * 1e6, 2)},
+                )
+            )
+    report.write()
+    print(f"\nsecurity_bench: done in {time.monotonic() - started:.0f} s")
     return 0
 
 

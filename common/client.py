@@ -8,6 +8,7 @@ and nsqlookupd's APIs. Everything is plain sockets, usable from threads or Spark
 
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -87,6 +88,8 @@ class Connection:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.decoder = FrameDecoder()
         self.frames: deque = deque()
+        # FIN from one thread and the heartbeat's NOP from the reading one must not interleave.
+        self._send_lock = threading.Lock()
         settings = {
             "client_id": client_id or socket.gethostname().split(".")[0],
             "hostname": socket.gethostname(),
@@ -98,7 +101,8 @@ class Connection:
         self.identify_reply = json.loads(self.read_response())
 
     def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
+        with self._send_lock:
+            self.sock.sendall(data)
 
     def read_frame(self, timeout: float | None = None):
         """The next frame (heartbeats are answered and skipped); None on timeout."""
@@ -112,7 +116,7 @@ class Connection:
                 raise ConnectionError(f"nsqd {self.address} closed the connection")
             for frame in self.decoder.receive_data(data):
                 if frame.frame_type == 0 and frame.data == HEARTBEAT:
-                    self.sock.sendall(NOP)
+                    self.send(NOP)
                 else:
                     self.frames.append(frame)
         return self.frames.popleft()
@@ -175,8 +179,10 @@ class Consumer(Connection):
         self.channel = channel
         self.send(encode_sub(topic, channel))
         self.read_response()
-        self.max_in_flight = max_in_flight
-        self.send(encode_rdy(max_in_flight))
+        # An RDY above the server's max_rdy_count is a fatal error: stay within it.
+        limit = self.identify_reply.get("max_rdy_count", max_in_flight)
+        self.max_in_flight = min(max_in_flight, limit)
+        self.send(encode_rdy(self.max_in_flight))
 
     def receive(self, timeout: float | None = None) -> Message | None:
         """The next message, or None if none arrived within `timeout` seconds."""
