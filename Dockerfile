@@ -8,6 +8,8 @@ COPY nsqd ./nsqd
 COPY nsqlookupd ./nsqlookupd
 COPY nsqadmin ./nsqadmin
 COPY tools ./tools
+# The pytest plugin the package declares (its fixtures start nsqd/nsqlookupd in-process).
+COPY nsqpy_pytest ./nsqpy_pytest
 RUN pip install --no-cache-dir .
 
 # nsqd TCP/HTTP/HTTPS, nsqlookupd TCP/HTTP, nsqadmin HTTP
