@@ -70,6 +70,20 @@ def _unescape(text: str) -> str:
     return unquote_plus(text, errors="surrogateescape")
 
 
+def query_params(request: "Request") -> dict[str, list[str]]:
+    """The request's query, or Go's 400 INVALID_REQUEST when it cannot be parsed."""
+    try:
+        return request.query()
+    except QueryError:
+        raise HTTPError(400, "INVALID_REQUEST") from None
+
+
+def first_param(params: dict[str, list[str]], key: str) -> str | None:
+    """Go's `reqParams.Get(key)`: the first value, None when the key is absent."""
+    values = params.get(key)
+    return values[0] if values else None
+
+
 class Request:
     __slots__ = (
         "method",

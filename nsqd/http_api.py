@@ -17,13 +17,14 @@ from common.http_server import (
     TEXT_CONTENT_TYPE,
     CachedResponse,
     HTTPError,
-    QueryError,
     Request,
     Response,
     Router,
     text_response,
     v1_response,
 )
+from common.http_server import first_param as _first
+from common.http_server import query_params as _query
 from common.log import parse_log_level
 from common.names import is_valid_name
 from common.version import VERSION
@@ -41,18 +42,6 @@ _OK = CachedResponse(200, b"OK", [NSQ_V1_HEADER, ("Content-Type", TEXT_CONTENT_T
 _JSON_NULL = b"null"
 # Go's boolParams for include_clients / include_mem and /mpub's binary.
 _BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
-
-
-def _query(request: Request) -> dict[str, list[str]]:
-    try:
-        return request.query()
-    except QueryError:
-        raise HTTPError(400, "INVALID_REQUEST") from None
-
-
-def _first(params: dict[str, list[str]], key: str) -> str | None:
-    values = params.get(key)
-    return values[0] if values else None
 
 
 class HTTPAPI:

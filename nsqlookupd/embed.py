@@ -18,12 +18,12 @@ This mirrors `nsqd.embed` (the daemons do not import each other).
 
 import contextlib
 import dataclasses
-import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
 import trio
 
+from common.embed import ServerThread
 from nsqlookupd.options import Options
 from nsqlookupd.server import NSQLookupd
 
@@ -60,72 +60,15 @@ async def serve(options: Options | None = None, **changes: Any) -> AsyncIterator
             server.shutdown()
 
 
-class NSQLookupdThread:
+class NSQLookupdThread(ServerThread):
     """An nsqlookupd running on its own trio loop in a daemon thread (see `run_in_thread`)."""
 
+    name = "nsqlookupd"
+
     def __init__(self, options: Options) -> None:
-        self.options = options
-        self.server: NSQLookupd | None = None
-        self.tcp_address: str = ""
-        self.http_address: str = ""
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._stop_requested: trio.Event | None = None
-        self._started = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="nsqlookupd", daemon=True)
-
-    def start(self, timeout: float = 30.0) -> "NSQLookupdThread":
-        self._thread.start()
-        if not self._started.wait(timeout):
-            raise TimeoutError(f"nsqlookupd did not start within {timeout}s")
-        if self._error is not None:
-            raise _single(self._error)
-        return self
-
-    def _run(self) -> None:
-        try:
-            trio.run(self._main)
-        except BaseException as error:  # reported to start(), or kept for stop()
-            self._error = error
-        finally:
-            self._started.set()
-
-    async def _main(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        async with serve(self.options) as server:
-            self.server = server
-            self.tcp_address = server.tcp_address
-            self.http_address = server.http_address
-            self._stop_requested = trio.Event()
-            self._started.set()
-            await self._stop_requested.wait()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Shut nsqlookupd down cleanly and wait for it; idempotent."""
-        if self._thread.is_alive() and self._token is not None and self._stop_requested is not None:
-            try:
-                self._token.run_sync_soon(self._stop_requested.set)
-            except trio.RunFinishedError:
-                pass
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise TimeoutError(f"nsqlookupd did not stop within {timeout}s")
-
-    def __enter__(self) -> "NSQLookupdThread":
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
+        super().__init__(options, serve)
 
 
 def run_in_thread(options: Options | None = None, **changes: Any) -> NSQLookupdThread:
     """Start nsqlookupd in a background thread; returns once it listens."""
     return NSQLookupdThread(embedded_options(options, **changes)).start()
-
-
-def _single(error: BaseException) -> BaseException:
-    """The one error inside nested single-member exception groups (a busy port is then a
-    plain OSError for the caller)."""
-    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        error = error.exceptions[0]
-    return error

@@ -9,13 +9,14 @@ import trio
 
 from common.http_server import (
     HTTPError,
-    QueryError,
     Request,
     Response,
     Router,
     text_response,
     v1_response,
 )
+from common.http_server import first_param as _first
+from common.http_server import query_params as _query
 from common.names import is_valid_name
 from common.version import VERSION
 from nsqlookupd.registry import ANY, active
@@ -31,18 +32,6 @@ def _post(url: str) -> None:
     request = urllib.request.Request(url, data=b"", method="POST")
     with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT) as response:
         response.read()
-
-
-def _query(request: Request) -> dict[str, list[str]]:
-    try:
-        return request.query()
-    except QueryError:
-        raise HTTPError(400, "INVALID_REQUEST") from None
-
-
-def _first(params: dict[str, list[str]], key: str) -> str | None:
-    values = params.get(key)
-    return values[0] if values else None
 
 
 def _topic_and_channel(params: dict[str, list[str]]) -> tuple[str, str]:
