@@ -99,7 +99,9 @@ class Request:
     def __init__(self, method: str, url: bytes, headers: dict[str, str], body: bytes) -> None:
         self.method = method
         path, _, query = url.partition(b"?")
-        self.path = unquote_plus(path.decode("latin-1"))
+        text = path.decode("latin-1")
+        # Most paths need no unescaping; unquote_plus costs more than the check.
+        self.path = unquote_plus(text) if "%" in text or "+" in text else text
         self.query_string = query.decode("latin-1")
         self.headers = headers  # lower-cased names
         self.body = body
@@ -291,6 +293,12 @@ def _encode(response: Response, close: bool, http10: bool = False) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + response.body
 
 
+# A Content-Length of 5 digits or more (10,000 bytes and up) is checked against the route's
+# limit as soon as the headers arrive; a smaller body is read and judged by the handler (Go
+# reads and discards a small unread body too, keeping the connection).
+_EARLY_CHECK_DIGITS = 5
+
+
 class _AnswerEarly(Exception):
     """Raised inside the parser when a request's headers already decide its answer."""
 
@@ -322,7 +330,9 @@ class _ParserEvents:
 
     def on_headers_complete(self) -> None:
         declared = self._headers.get("content-length")
-        if declared is None or not declared.isdigit():
+        # A small body is cheaper to read and let the handler judge than to look its route
+        # up for every request; only large declared bodies are answered from the headers.
+        if declared is None or len(declared) < _EARLY_CHECK_DIGITS or not declared.isdigit():
             return
         method = self.parser.get_method().decode("latin-1")
         path = unquote_plus(self._url.partition(b"?")[0].decode("latin-1"))

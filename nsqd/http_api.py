@@ -44,9 +44,14 @@ _JSON_NULL = b"null"
 _BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 
 
+# How many distinct /pub query strings are remembered before the memory starts afresh.
+_PUB_TARGET_CACHE = 1024
+
+
 class HTTPAPI:
     def __init__(self, nsqd: "NSQD") -> None:
         self.nsqd = nsqd
+        self._pub_targets: dict[str, tuple[str, float]] = {}
         router = self.router = Router()
         router.add("GET", "/ping", self.ping)
         router.add("GET", "/info", self.info)
@@ -116,8 +121,21 @@ class HTTPAPI:
             raise HTTPError(413, "MSG_TOO_BIG")
         if not body:
             raise HTTPError(400, "MSG_EMPTY")
+        # Publishers repeat the same query string: remember what a valid one means.
+        target = self._pub_targets.get(request.query_string)
+        if target is None:
+            target = self._pub_target(request)
+            if len(self._pub_targets) >= _PUB_TARGET_CACHE:
+                self._pub_targets.clear()
+            self._pub_targets[request.query_string] = target
+        topic_name, defer = target
+        await self._publish(self.nsqd.get_topic(topic_name), [body], defer)
+        return _OK
+
+    def _pub_target(self, request: Request) -> tuple[str, float]:
+        """(topic name, defer seconds) of a /pub query, or Go's 400 for a bad one."""
         params = _query(request)
-        topic = self._topic_from_query(params)
+        topic_name = self._topic_from_query(params).name
         defer = 0.0
         defer_text = _first(params, "defer")
         if defer_text is not None:
@@ -125,11 +143,10 @@ class HTTPAPI:
                 defer_ms = go_atoi(defer_text.encode("utf-8", "surrogateescape"))
             except ValueError:
                 raise HTTPError(400, "INVALID_DEFER") from None
-            if not 0 <= defer_ms <= options.max_req_timeout * 1000:
+            if not 0 <= defer_ms <= self.nsqd.options.max_req_timeout * 1000:
                 raise HTTPError(400, "INVALID_DEFER")
             defer = defer_ms / 1000
-        await self._publish(topic, [body], defer)
-        return _OK
+        return topic_name, defer
 
     async def mpub(self, request: Request) -> Response:
         options = self.nsqd.options
