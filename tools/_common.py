@@ -51,10 +51,13 @@ def parse_args(name: str, flags: list[Flag], argv: list[str] | None) -> dict:
             *flags,
         ],
     )
-    values, _explicit, _args = flag_set.parse_or_exit(sys.argv[1:] if argv is None else argv)
+    values, explicit, _args = flag_set.parse_or_exit(sys.argv[1:] if argv is None else argv)
     if values["version"]:
         print(version_line(name))
         sys.exit(0)
+    # Which flags were given (Go's FlagSet.Visit): an explicit --max-in-flight beats a
+    # max_in_flight passed through --consumer-opt.
+    values["_explicit"] = frozenset(explicit)
     return values
 
 
@@ -116,14 +119,6 @@ def check_sources(log: logging.Logger, values: dict) -> None:
         fatal(log, "--nsqd-tcp-address or --lookupd-http-address required")
     if values["nsqd_tcp_address"] and values["lookupd_http_address"]:
         fatal(log, "use --nsqd-tcp-address or --lookupd-http-address not both")
-    warn_ignored_opts(log, values)
-
-
-def warn_ignored_opts(log: logging.Logger, values: dict) -> None:
-    """go-nsq Config passthrough (--consumer-opt, --producer-opt) has no equivalent here."""
-    for flag in ("consumer_opt", "producer_opt"):
-        for option in values.get(flag) or ():
-            log.warning("--%s %s is not supported and is ignored", flag.replace("_", "-"), option)
 
 
 class StopFlag:
@@ -193,6 +188,7 @@ class ConsumerGroup:
         lookupd_http_addresses: Iterable[str] = (),
         max_in_flight: int = 200,
         user_agent: str = "",
+        identify: dict | None = None,
         log: logging.Logger | None = None,
         lookupd_poll_interval: float = LOOKUPD_POLL_INTERVAL,
     ) -> None:
@@ -201,7 +197,8 @@ class ConsumerGroup:
         self.nsqd_tcp_addresses = list(nsqd_tcp_addresses)
         self.lookupd_http_addresses = list(lookupd_http_addresses)
         self.max_in_flight = max_in_flight
-        self.identify = {"user_agent": user_agent} if user_agent else None
+        self.identify = {"user_agent": user_agent} if user_agent else {}
+        self.identify.update(identify or {})
         self.log = log or logging.getLogger("tools")
         self.lookupd_poll_interval = lookupd_poll_interval
         self.selector = selectors.DefaultSelector()
@@ -209,6 +206,12 @@ class ConsumerGroup:
         self.consumers: dict[tuple[str, str], Consumer] = {}
         self._next_discovery = 0.0
         self._closing = False
+
+    def add_topic(self, topic: str) -> None:
+        """Subscribe to one more topic (nsq_to_file's topic discovery); connects at once."""
+        if topic not in self.topics:
+            self.topics.append(topic)
+            self._next_discovery = 0.0
 
     # -- connections --------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from tools._common import (
     make_logger,
     parse_args,
 )
+from tools._options import consumer_settings
 
 NAME = "nsq_tail"
 
@@ -45,20 +46,19 @@ def main(argv: list[str] | None = None) -> int:
     if not topics:
         fatal(log, "--topic is required")
     check_sources(log, values)
+    settings = consumer_settings(log, values, f"{NAME}/nsqpy")
     total = values["n"]
-    max_in_flight = values["max_in_flight"]
     # Don't ask for more messages than we want (Go does the same).
-    if 0 < total < max_in_flight:
-        max_in_flight = total
+    if 0 < total < settings["max_in_flight"]:
+        settings["max_in_flight"] = total
     stop = StopFlag()
     group = ConsumerGroup(
         topics,
         channel,
         nsqd_tcp_addresses=values["nsqd_tcp_address"],
         lookupd_http_addresses=values["lookupd_http_address"],
-        max_in_flight=max_in_flight,
-        user_agent=f"{NAME}/nsqpy",
         log=log,
+        **settings,
     )
     out = sys.stdout.buffer
     shown = 0

@@ -8,14 +8,20 @@ or past `--rotate-size` bytes (uncompressed). Messages are FINished only once th
 been fsynced: every `--max-in-flight` messages, whenever the topic runs dry, every
 `--sync-interval`, and on exit. With gzip each sync ends one gzip member and starts the next
 (a concatenated gzip stream, readable by `zcat`), as Go does.
+
+Without `--topic`, Go's topic discovery: every topic the lookupds list that matches
+`--topic-pattern` is archived, the list being fetched again every `--topic-refresh`.
 """
 
 import gzip
 import os
+import re
 import socket
 import sys
 import time
+import urllib.error
 
+from common.client import http_json
 from common.flags import Flag, Kind
 from tools._common import (
     WAKE_INTERVAL,
@@ -30,6 +36,7 @@ from tools._common import (
     make_logger,
     parse_args,
 )
+from tools._options import consumer_settings
 
 NAME = "nsq_to_file"
 
@@ -83,6 +90,18 @@ def flags() -> list[Flag]:
             "rotate the file when it grows bigger than `rotate-size` bytes",
         ),
         Flag("rotate-interval", Kind.DURATION, 0.0, "rotate the file every duration"),
+        Flag(
+            "topic-refresh",
+            Kind.DURATION,
+            60.0,
+            "how frequently the topic list should be refreshed",
+        ),
+        Flag(
+            "topic-pattern",
+            Kind.STRING,
+            "",
+            "only log topics matching the following pattern",
+        ),
         Flag("sync-interval", Kind.DURATION, 30.0, "sync file to disk every duration"),
         *log_flags(NAME),
     ]
@@ -258,31 +277,93 @@ class FileLogger:
             self.writer = self.out
 
 
+class TopicDiscoverer:
+    """Go's topic discoverer: with no --topic, the topics every lookupd knows (`/topics`),
+    fetched again every --topic-refresh; only those matching --topic-pattern (a regular
+    expression searched anywhere in the name, like Go's regexp.MatchString) are archived."""
+
+    def __init__(self, values: dict, pattern: re.Pattern | None, log) -> None:
+        self.lookupds = list(values["lookupd_http_address"])
+        self.pattern = pattern
+        self.refresh = values["topic_refresh"]
+        self.log = log
+        self.next_refresh = 0.0
+
+    def allowed(self, topic: str) -> bool:
+        if self.pattern is None:
+            return True
+        if self.pattern.search(topic) is None:
+            self.log.debug(
+                "skipping topic %s (doesn't match pattern %s)", topic, self.pattern.pattern
+            )
+            return False
+        return True
+
+    def due(self) -> bool:
+        return time.monotonic() >= self.next_refresh
+
+    def lookup(self) -> list[str]:
+        """Every lookupd's topics (Go's GetLookupdTopics: union, sorted); errors are logged."""
+        self.next_refresh = time.monotonic() + self.refresh
+        topics: set[str] = set()
+        for lookupd in self.lookupds:
+            try:
+                topics.update(http_json(lookupd, "/topics").get("topics") or [])
+            except (OSError, ValueError, urllib.error.URLError) as error:
+                self.log.error("could not retrieve topic list: %s - %s", lookupd, error)
+        return sorted(topics)
+
+
 def main(argv: list[str] | None = None) -> int:
     values = parse_args(NAME, flags(), argv)
     log = make_logger(NAME, values)
-    topics = list(values["topic"])
-    if not topics:
-        fatal(log, "--topic is required")
+    # Go's checks, in Go's order.
     check_sources(log, values)
     if values["gzip_level"] < 1 or values["gzip_level"] > 9:
         fatal(log, "invalid --gzip-level value (%d), should be 1-9", values["gzip_level"])
+    if not values["topic"] and not values["topic_pattern"]:
+        fatal(log, "--topic or --topic-pattern required")
+    if not values["topic"] and not values["lookupd_http_address"]:
+        fatal(log, "--lookupd-http-address must be specified when no --topic specified")
+    if values["topic_refresh"] <= 0:
+        fatal(log, "--topic-refresh must be positive")
+    pattern = None
+    if values["topic_pattern"]:
+        try:
+            pattern = re.compile(values["topic_pattern"])
+        except re.error as error:
+            fatal(log, "invalid --topic-pattern %r - %s", values["topic_pattern"], error)
     if not values["work_dir"]:
         values["work_dir"] = values["output_dir"]
+    settings = consumer_settings(log, values, f"{NAME}/nsqpy")
+    values["max_in_flight"] = settings["max_in_flight"]
     try:
-        loggers = {topic: FileLogger(values, topic, log) for topic in topics}
+        filename_format(values, "<TOPIC>")  # a bad --filename-format fails now, not later
     except ValueError as error:
         fatal(log, "%s", error)
+    discoverer = TopicDiscoverer(values, pattern, log)
+    # --topic: those (that match --topic-pattern, if given), never refreshed; otherwise
+    # the lookupds' topics, refreshed every --topic-refresh.
+    discovering = not values["topic"]
+    topics = [] if discovering else [t for t in values["topic"] if discoverer.allowed(t)]
+    loggers = {topic: FileLogger(values, topic, log) for topic in topics}
     stop = StopFlag()
     group = ConsumerGroup(
         topics,
         values["channel"],
         nsqd_tcp_addresses=values["nsqd_tcp_address"],
         lookupd_http_addresses=values["lookupd_http_address"],
-        max_in_flight=values["max_in_flight"],
-        user_agent=f"{NAME}/nsqpy",
         log=log,
+        **settings,
     )
+
+    def refresh_topics() -> None:
+        for topic in discoverer.lookup():
+            if topic not in loggers and discoverer.allowed(topic):
+                log.info("new topic %s", topic)
+                loggers[topic] = FileLogger(values, topic, log)
+                group.add_topic(topic)
+
     progress = Progress()
     sync_interval = values["sync_interval"]
     next_tick = time.monotonic() + sync_interval
@@ -304,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         while not stop:
+            if discovering and discoverer.due():
+                refresh_topics()
             message = group.receive(timeout=min(WAKE_INTERVAL, sync_interval))
             if message is not None:
                 handle(message)

@@ -31,6 +31,7 @@ from tools._common import (
     make_logger,
     parse_args,
 )
+from tools._options import consumer_settings
 
 NAME = "nsq_to_http"
 MODES = ("round-robin", "hostpool", "epsilon-greedy", "fan-out")
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if not topic:
         fatal(log, "--topic is required")
     check_sources(log, values)
+    settings = consumer_settings(log, values, f"{NAME}/nsqpy")
     gets, posts = list(values["get"]), list(values["post"])
     if not gets and not posts:
         fatal(log, "--get or --post required")
@@ -186,9 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         values["channel"],
         nsqd_tcp_addresses=values["nsqd_tcp_address"],
         lookupd_http_addresses=values["lookupd_http_address"],
-        max_in_flight=values["max_in_flight"],
-        user_agent=f"{NAME}/nsqpy",
         log=log,
+        **settings,
     )
     progress = Progress()
     # Workers deliver; only this thread talks to nsqd (FIN/REQ), from the results queue.

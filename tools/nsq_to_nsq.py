@@ -23,6 +23,7 @@ from tools._common import (
     make_logger,
     parse_args,
 )
+from tools._options import consumer_settings, nsq_options
 
 NAME = "nsq_to_nsq"
 MODES = ("round-robin", "hostpool", "epsilon-greedy")
@@ -72,8 +73,9 @@ def flags() -> list[Flag]:
 class Destinations:
     """Producers to the destination nsqds, reconnected when a connection breaks."""
 
-    def __init__(self, addresses: list[str], mode: str, log) -> None:
+    def __init__(self, addresses: list[str], mode: str, log, identify: dict) -> None:
         self.addresses = addresses
+        self.identify = identify
         self.mode = mode
         self.log = log
         self.producers: dict[str, Producer] = {}
@@ -89,7 +91,7 @@ class Destinations:
             try:
                 producer = self.producers.get(address)
                 if producer is None:
-                    producer = Producer(address, identify={"user_agent": f"{NAME}/nsqpy"})
+                    producer = Producer(address, identify=self.identify)
                     self.producers[address] = producer
                 producer.publish(topic, body)
                 return None
@@ -112,21 +114,27 @@ def main(argv: list[str] | None = None) -> int:
     if not topic:
         fatal(log, "--topic is required")
     check_sources(log, values)
+    settings = consumer_settings(log, values, f"{NAME}/nsqpy")
     if not values["destination_nsqd_tcp_address"]:
         fatal(log, "--destination-nsqd-tcp-address required")
     if values["mode"] not in MODES:
         fatal(log, "invalid --mode %r (one of %s)", values["mode"], ", ".join(MODES))
     destination_topic = values["destination_topic"] or topic
-    destinations = Destinations(list(values["destination_nsqd_tcp_address"]), values["mode"], log)
+    producer_options = nsq_options(log, values, "producer-opt")
+    destinations = Destinations(
+        list(values["destination_nsqd_tcp_address"]),
+        values["mode"],
+        log,
+        producer_options.identify(f"{NAME}/nsqpy"),
+    )
     stop = StopFlag()
     group = ConsumerGroup(
         [topic],
         values["channel"],
         nsqd_tcp_addresses=values["nsqd_tcp_address"],
         lookupd_http_addresses=values["lookupd_http_address"],
-        max_in_flight=values["max_in_flight"],
-        user_agent=f"{NAME}/nsqpy",
         log=log,
+        **settings,
     )
     progress = Progress()
     copied = 0

@@ -9,7 +9,8 @@ import time
 
 from common.client import NSQError, Producer
 from common.flags import Flag, Kind
-from tools._common import Progress, fatal, log_flags, make_logger, parse_args, warn_ignored_opts
+from tools._common import Progress, fatal, log_flags, make_logger, parse_args
+from tools._options import nsq_options
 
 NAME = "to_nsq"
 
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         fatal(log, "--nsqd-tcp-address required")
     if values["rate"] < 0:
         fatal(log, "--rate must be >= 0")
-    warn_ignored_opts(log, values)
+    identify = nsq_options(log, values, "producer-opt").identify(f"{NAME}/nsqpy")
 
     # A signal while we wait on stdin ends the reading; one during a publish lets it finish
     # (nsqd's OK arrives) before we stop.
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     producers = []
     try:
         for address in values["nsqd_tcp_address"]:
-            producers.append(Producer(address, identify={"user_agent": f"{NAME}/nsqpy"}))
+            producers.append(Producer(address, identify=identify))
     except (OSError, NSQError) as error:
         fatal(log, "failed to create nsq.Producer - %s", error)
     throttle = Throttle(values["rate"])

@@ -41,3 +41,5 @@ def test_tools_doc_shell_examples_run(nsqd, lookupd):
     # to_nsq, then two nsq_tail runs on one channel: three lines, then the fourth.
     assert outputs[1] == "one\ntwo\nthree\nevents | four\n"
     assert "ingress" in outputs[2]
+    # go-nsq options: a publish and a read with --producer-opt/--consumer-opt.
+    assert outputs[3] == "five\n"
