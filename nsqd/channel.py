@@ -163,12 +163,17 @@ class Channel:
 
     # -- FIN, REQ, TOUCH ----------------------------------------------------------------
 
-    def _pop_in_flight(self, client_id: int, message_id: bytes) -> Message:
+    def _owned_in_flight(self, client_id: int, message_id: bytes) -> Message:
+        """The in-flight message, if this client owns it; Go's error texts otherwise."""
         message = self.in_flight.get(message_id)
         if message is None:
             raise ChannelError("ID not in flight")
         if message.client_id != client_id:
             raise ChannelError("client does not own message")
+        return message
+
+    def _pop_in_flight(self, client_id: int, message_id: bytes) -> Message:
+        message = self._owned_in_flight(client_id, message_id)
         self.in_flight.pop(message_id)
         return message
 
@@ -212,11 +217,7 @@ class Channel:
         self.backend.empty()
 
     def touch(self, client_id: int, message_id: bytes, msg_timeout: float, now: float) -> None:
-        message = self.in_flight.get(message_id)
-        if message is None:
-            raise ChannelError("ID not in flight")
-        if message.client_id != client_id:
-            raise ChannelError("client does not own message")
+        message = self._owned_in_flight(client_id, message_id)
         deadline = now + msg_timeout
         # Go caps the extension at delivery time + --max-msg-timeout.
         cap = message.deliver_at + self.nsqd.options.max_msg_timeout
