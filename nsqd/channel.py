@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from common.goformat import go_text
 from common.names import is_ephemeral
 from nsqd.e2e import LatencyStream, merged_result
 from nsqd.inflight import DeadlineQueue
@@ -321,8 +320,3 @@ class Channel:
 
     def __repr__(self) -> str:
         return f"Channel({self.topic_name}:{self.name})"
-
-
-def message_id_text(message_id: bytes) -> str:
-    """How Go prints a MessageID with %s: the 16 bytes as they are."""
-    return go_text(message_id)

@@ -24,7 +24,6 @@ from nsqd.message import RECORD_OVERHEAD
 _BINARY_FRAME_HEADER = struct.Struct(">IiqHQQ")
 _DETAIL = struct.Struct(">QI")
 _TRACE_REPLY = struct.Struct(">2sQQQI")
-_BINARY_ID = struct.Struct(">QQ")
 
 SUB_FAMILY = (b"SUB", b"SUB_ORDERED", b"SUB_ORDER", b"SUB_ADVANCED")
 YOUZAN_IDENTIFY_KEYS = ("extend_support", "desired_tag", "ext_filter")
@@ -67,10 +66,6 @@ def encode_binary_id_frames(messages, detail: bool, ext: bool = False) -> bytes:
             append(pack_detail(message.offset, RECORD_OVERHEAD + len(body)))
         append(body)
     return b"".join(parts)
-
-
-def binary_id(message) -> bytes:
-    return _BINARY_ID.pack(int(message.id, 16), message.trace_id)
 
 
 def message_key(wire_id: bytes) -> bytes:
