@@ -1,10 +1,30 @@
 """Where a topic's or channel's overflow goes: a diskqueue, or nowhere for #ephemeral ones."""
 
+import os
 from collections.abc import Iterable
 
 from common.message import MESSAGE_HEADER_SIZE
 from diskqueue import DiskQueue
+from diskqueue.layout import data_file_name
 from nsqd.options import Options
+
+
+class BackendWriteError(Exception):
+    """A diskqueue write failed (a full disk, an I/O error). `str()` is Go's error text, as
+    `writeOne` returns it: `write <file>: no space left on device`."""
+
+
+def write_error(backend, error: OSError) -> BackendWriteError:
+    """The OSError of a failed `put`/`put_many`, worded as Go's *os.PathError."""
+    reason = error.strerror or str(error)
+    reason = reason[:1].lower() + reason[1:]
+    if error.filename is not None:
+        return BackendWriteError(f"open {os.fsdecode(error.filename)}: {reason}")
+    file_num = getattr(backend, "_write_file_num", None)
+    data_path = getattr(backend, "data_path", None)
+    if file_num is None or data_path is None:
+        return BackendWriteError(f"write {backend.name}: {reason}")
+    return BackendWriteError(f"write {data_file_name(data_path, backend.name, file_num)}: {reason}")
 
 
 class DroppingQueue:

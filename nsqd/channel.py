@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from common.names import is_ephemeral
+from nsqd.backend import BackendWriteError, write_error
 from nsqd.e2e import LatencyStream, merged_result
 from nsqd.inflight import DeadlineQueue
 from nsqd.message import Message
@@ -62,8 +63,11 @@ class Channel:
 
     # -- putting messages in ------------------------------------------------------------
 
-    def put_messages(self, messages: list[Message], now: float) -> None:
-        """Messages fanned out from the topic; DPUB ones go to the deferred queue."""
+    def put_messages(
+        self, messages: list[Message], now: float, *, strict: bool = False
+    ) -> BackendWriteError | None:
+        """Messages fanned out from the topic; DPUB ones go to the deferred queue. See
+        `_put` for what a failed diskqueue write does."""
         self.message_count += len(messages)
         if messages[0].defer or messages[-1].defer:
             ready = []
@@ -73,26 +77,56 @@ class Channel:
                 else:
                     ready.append(message)
             if not ready:
-                return
+                return None
             messages = ready
-        self._put(messages)
+        return self._put(messages, strict=strict)
 
-    def _put(self, messages: list[Message]) -> None:
-        """Go's channel.put: memory while it has room, then the diskqueue."""
+    def _put(self, messages: list[Message], *, strict: bool = False) -> BackendWriteError | None:
+        """Go's channel.put: memory while it has room, then the diskqueue.
+
+        If the diskqueue write fails (a full disk), health turns NOK and: with `strict`
+        (a publish that is not acknowledged yet) the error is raised and none of the
+        messages is kept; otherwise (messages nsqd already holds: from the topic's backlog,
+        a requeue, a timeout) they stay in memory past `--mem-queue-size`, so none is lost,
+        and the error is returned.
+        """
         memory = self.memory
         room = self.mem_queue_size - len(memory)
         if room >= len(messages):
             memory.extend(messages)
         else:
+            # The overflow first, so a failed write leaves nothing half-kept in memory.
+            overflow = messages[room:] if room > 0 else messages
+            try:
+                self._write_to_backend(overflow)
+            except BackendWriteError as error:
+                if strict:
+                    raise
+                memory.extend(messages)
+                self.notify()
+                return error
             if room > 0:
                 memory.extend(messages[:room])
-                messages = messages[room:]
-            self._write_to_backend(messages)
         self.notify()
+        return None
 
     def _write_to_backend(self, messages: Iterable[Message]) -> None:
-        self.backend.put_many([message.to_record() for message in messages])
-        self.nsqd.backend_written(self.backend)
+        """BackendWriteError (health NOK) if the diskqueue write fails."""
+        backend = self.backend
+        try:
+            backend.put_many([message.to_record() for message in messages])
+        except OSError as os_error:
+            error = write_error(backend, os_error)
+            self.nsqd.log.error(
+                "CHANNEL(%s:%s) ERROR: failed to write messages to backend - %s",
+                self.topic_name,
+                self.name,
+                error,
+            )
+            self.nsqd.set_health(error)
+            raise error from None
+        self.nsqd.set_health(None)
+        self.nsqd.backend_written(backend)
 
     @property
     def depth(self) -> int:
@@ -297,7 +331,10 @@ class Channel:
         messages.extend(self.deferred.clear())
         self.memory.clear()
         if messages and not self.ephemeral:
-            self._write_to_backend(messages)
+            try:
+                self._write_to_backend(messages)
+            except BackendWriteError:
+                return 0  # logged; nowhere else to keep them on the way out
         return len(messages)
 
     def close(self) -> None:

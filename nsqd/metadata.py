@@ -9,13 +9,15 @@ file, so a data directory moves between Go nsqd and ours.
 import json
 import os
 import random
+import re
 from dataclasses import dataclass, field
 
 METADATA_FILE_NAME = "nsqd.dat"
 
 
 class MetadataError(Exception):
-    """nsqd.dat exists but cannot be used; Go nsqd refuses to start then."""
+    """nsqd.dat exists but cannot be used. Go nsqd refuses to start then; we set the file
+    aside and rebuild the topic list from the diskqueue files (NSQD.load_metadata)."""
 
 
 @dataclass
@@ -62,20 +64,37 @@ def encode_metadata(topics: list[TopicMetadata], version: str) -> bytes:
 
 
 def decode_metadata(raw: bytes, path: str) -> list[TopicMetadata]:
+    """The topics in `raw`; MetadataError for anything Go's json.Unmarshal into its Metadata
+    struct would refuse (not JSON, or a name that is not a string) or that has no topic list
+    where one belongs."""
     try:
         document = json.loads(raw)
+        if not isinstance(document, dict):
+            raise TypeError(f"cannot unmarshal {type(document).__name__} into Go value")
         topics = []
         for topic in document.get("topics") or []:
             channels = [
-                ChannelMetadata(str(c["name"]), bool(c.get("paused", False)))
+                ChannelMetadata(_name(c), bool(c.get("paused", False)))
                 for c in topic.get("channels") or []
             ]
-            topics.append(
-                TopicMetadata(str(topic["name"]), bool(topic.get("paused", False)), channels)
-            )
+            entry = TopicMetadata(_name(topic), bool(topic.get("paused", False)), channels)
+            partition = topic.get("partition")
+            if partition is not None:
+                entry.partition = int(partition)
+                entry.ordered = bool(topic.get("ordered", False))
+                entry.ext = bool(topic.get("ext", False))
+                entry.next_offset = int(topic.get("next_offset", 0))
+            topics.append(entry)
         return topics
     except (ValueError, TypeError, KeyError, AttributeError) as error:
         raise MetadataError(f"failed to parse metadata in {path} - {error}") from None
+
+
+def _name(entry: dict) -> str:
+    name = entry["name"]
+    if not isinstance(name, str):
+        raise TypeError(f"cannot unmarshal {type(name).__name__} into Go struct field .name")
+    return name
 
 
 def read_metadata(data_path: str) -> list[TopicMetadata]:
@@ -95,8 +114,69 @@ def write_metadata(data_path: str, encoded: bytes) -> None:
     """Atomically replace `nsqd.dat` (temp file, fsync, rename), blocking: run it in a thread."""
     path = metadata_path(data_path)
     temporary = f"{path}.{random.getrandbits(63)}.tmp"
-    with open(temporary, "wb") as file:
-        file.write(encoded)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as file:
+            file.write(encoded)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        # A full disk must not leave a stray temporary file behind to fill it further.
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def set_aside(data_path: str) -> str:
+    """Move an unusable `nsqd.dat` out of the way, to `nsqd.dat.corrupt` (or
+    `nsqd.dat.corrupt.<n>` when an earlier one is there); the new name. OSError if the
+    rename fails."""
+    path = metadata_path(data_path)
+    target = f"{path}.corrupt"
+    number = 0
+    while os.path.lexists(target):
+        number += 1
+        target = f"{path}.corrupt.{number}"
+    os.rename(path, target)
+    return target
+
+
+def scan_queue_names(data_path: str) -> list[str]:
+    """The diskqueue names (`<topic>`, `<topic>#<p>`, `<topic>:<channel>`, ...) that have a
+    metadata or data file in `data_path`: what nsqd.dat listed, as far as the disk knows."""
+    names = set()
+    try:
+        entries = os.listdir(data_path)
+    except OSError:
+        return []
+    for entry in entries:
+        match = _QUEUE_FILE.fullmatch(entry)
+        if match is not None:
+            names.add(match.group(1))
+    return sorted(names)
+
+
+def topics_from_queue_names(names: list[str]) -> list[TopicMetadata]:
+    """What `nsqd.dat` would have said, from queue names: `<topic>`, `<topic>#<p>` (a Youzan
+    partition, nsqd.topic.Topic.backend_name) and either with `:<channel>`. Pause flags,
+    and a partition's ordered/ext flags and offset, were only in nsqd.dat and come back off."""
+    topics: dict[tuple[str, int], TopicMetadata] = {}
+    for name in names:
+        queue, _, channel = name.partition(":")
+        topic_name, sep, number = queue.partition("#")
+        if sep and not (number.isdigit() and number.isascii()):
+            continue
+        partition = int(number) if sep else None
+        key = (topic_name, partition or 0)
+        topic = topics.get(key)
+        if topic is None:
+            topic = topics[key] = TopicMetadata(topic_name, partition=partition)
+        if channel:
+            topic.channels.append(ChannelMetadata(channel))
+    return [topics[key] for key in sorted(topics)]
+
+
+# go-diskqueue's `<name>.diskqueue.meta.dat` and `<name>.diskqueue.%06d.dat`.
+_QUEUE_FILE = re.compile(r"(.+)\.diskqueue\.(?:meta|\d{6,})\.dat")

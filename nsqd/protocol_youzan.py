@@ -18,6 +18,7 @@ from common.frame import FRAME_TYPE_MESSAGE, OK_FRAME, encode_response
 from common.goformat import go_quote, go_text
 from common.message import MESSAGE_ID_LENGTH
 from common.names import is_valid_name
+from nsqd.backend import BackendWriteError
 from nsqd.message import RECORD_OVERHEAD
 
 # [frame size][frame type][timestamp][attempts][internal id][trace id]
@@ -231,9 +232,11 @@ class YouzanCommands:
             raise ProtocolError("E_FAILED_ON_NOT_WRITABLE", "", fatal=not self.youzan)
         return topic
 
-    def publish_failed(self, code: str, label: str) -> ProtocolError:
-        # Official nsqd closes on a failed publish; Youzan's keeps the connection (§8 #4).
-        return ProtocolError(code, f"{label} failed exiting", fatal=not self.youzan)
+    def publish_failed(self, code: str, label: str, reason: object = "exiting") -> ProtocolError:
+        """Go's `<label> failed <err>`: `exiting`, or a diskqueue write error such as
+        `write <file>: no space left on device`. Official nsqd closes on a failed publish;
+        Youzan's keeps the connection (§8 #4)."""
+        return ProtocolError(code, f"{label} failed {reason}", fatal=not self.youzan)
 
     def pub_trace(self, command) -> bytes:
         self.become_youzan()
@@ -241,7 +244,10 @@ class YouzanCommands:
         trace_id, data = split_trace_body(command.body)
         if self.nsqd.exiting:
             raise self.publish_failed("E_PUB_FAILED", "PUB")
-        (message,) = topic.publish([data], trace_ids=[trace_id])
+        try:
+            (message,) = topic.publish([data], trace_ids=[trace_id])
+        except BackendWriteError as error:
+            raise self.publish_failed("E_PUB_FAILED", "PUB", error) from None
         self.client.published(topic.name, 1)
         return trace_reply(
             int(message.id, 16), trace_id, message.offset, RECORD_OVERHEAD + len(data)
@@ -253,7 +259,10 @@ class YouzanCommands:
         traced = [split_trace_body(body) for body in command.messages]
         if self.nsqd.exiting:
             raise self.publish_failed("E_MPUB_FAILED", "MPUB")
-        messages = topic.publish([d for _t, d in traced], trace_ids=[t for t, _d in traced])
+        try:
+            messages = topic.publish([d for _t, d in traced], trace_ids=[t for t, _d in traced])
+        except BackendWriteError as error:
+            raise self.publish_failed("E_MPUB_FAILED", "MPUB", error) from None
         self.client.published(topic.name, len(messages))
         total = sum(RECORD_OVERHEAD + len(m.body) for m in messages)
         # Youzan's reply to MPUB_TRACE: the first id, a zero trace id, the first offset and
@@ -266,7 +275,8 @@ class YouzanCommands:
             fields = json.loads(header)
             if not isinstance(fields, dict):
                 raise ValueError("not a JSON object")
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:
+            # RecursionError: nesting deeper than Python's decoder goes; refused all the same.
             raise ProtocolError(
                 "E_INVALID_JSON_HEADER", f"fail to parse json header:{error}", fatal=False
             ) from None
@@ -277,7 +287,8 @@ class YouzanCommands:
                 raise ProtocolError(
                     "INVALID_TRACE_ID", "passin trace id should be string", fatal=False
                 )
-            if not trace.isdigit():
+            # Youzan parses it with strconv.ParseUint(…, 10, 64): ASCII digits, below 2^64.
+            if not (trace.isascii() and trace.isdigit()) or int(trace) >= 1 << 64:
                 raise ProtocolError("INVALID_TRACE_ID", "invalid trace id", fatal=False)
             trace_id = int(trace)
         if not topic.ext:
@@ -293,7 +304,10 @@ class YouzanCommands:
         trace_id = self._ext_header(header, topic)
         if self.nsqd.exiting:
             raise self.publish_failed("E_PUB_FAILED", "PUB")
-        (message,) = topic.publish([data], trace_ids=[trace_id or 0], ext_headers=[header])
+        try:
+            (message,) = topic.publish([data], trace_ids=[trace_id or 0], ext_headers=[header])
+        except BackendWriteError as error:
+            raise self.publish_failed("E_PUB_FAILED", "PUB", error) from None
         self.client.published(topic.name, 1)
         if trace_id is None:
             return OK_FRAME
@@ -318,7 +332,10 @@ class YouzanCommands:
             bodies.append(data)
         if self.nsqd.exiting:
             raise self.publish_failed("E_MPUB_FAILED", "MPUB")
-        topic.publish(bodies, trace_ids=trace_ids, ext_headers=headers)
+        try:
+            topic.publish(bodies, trace_ids=trace_ids, ext_headers=headers)
+        except BackendWriteError as error:
+            raise self.publish_failed("E_MPUB_FAILED", "MPUB", error) from None
         self.client.published(topic.name, len(bodies))
         return OK_FRAME
 

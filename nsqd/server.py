@@ -28,9 +28,13 @@ from nsqd.http_api import HTTPAPI, TLSRequiredRouter
 from nsqd.lookup import LookupPeers
 from nsqd.metadata import (
     ChannelMetadata,
+    MetadataError,
     TopicMetadata,
     encode_metadata,
     read_metadata,
+    scan_queue_names,
+    set_aside,
+    topics_from_queue_names,
     write_metadata,
 )
 from nsqd.options import Options, build_flags
@@ -61,6 +65,9 @@ class NSQD:
         self.http_address: str | None = None
         self.hostname = socket.gethostname()
         self.health = "OK"
+        # Why health is not OK: the last diskqueue write failed, or the last sync did.
+        self._write_error: str | None = None
+        self._sync_error: str | None = None
         # Youzan's POST /disable/write: None, "all" or "ordered" (SPEC.md §5.6).
         self.write_disabled: str | None = None
         self.queue_scanner = QueueScanner(self)
@@ -184,9 +191,31 @@ class NSQD:
     def http_port(self) -> int:
         return self.options.broadcast_http_port or _port_of(self.http_address)
 
-    def set_health(self, error: Exception | None) -> None:
-        """Go's SetHealth: `/ping` answers `NOK - <err>` with 500 while a disk write fails."""
-        self.health = "OK" if error is None else f"NOK - {error}"
+    def set_health(self, error: Exception | str | None) -> None:
+        """Go's SetHealth, called after every diskqueue write: `/ping` answers 500
+        `NOK - <err>` from a failed write until a later write succeeds."""
+        if error is None and self._write_error is None:
+            return
+        self._write_error = None if error is None else str(error)
+        self._update_health()
+
+    def set_sync_health(self, error: str | None) -> None:
+        """A failed fsync or metadata write makes health NOK until the next one succeeds."""
+        if error == self._sync_error:
+            return
+        self._sync_error = error
+        self._update_health()
+
+    def _update_health(self) -> None:
+        error = self._write_error or self._sync_error
+        health = "OK" if error is None else f"NOK - {error}"
+        if health == self.health:
+            return
+        if error is None:
+            self.log.info("NSQ: health OK again, the disk accepts writes")
+        else:
+            self.log.error("NSQ: health %s", health)
+        self.health = health
 
     def set_options(self, **changes) -> None:
         """PUT /config: swap in new options (Go's swapOpts)."""
@@ -234,7 +263,7 @@ class NSQD:
         backends, self._written_backends = self._written_backends, set()
         for backend in backends:
             if backend.sync_due:
-                await trio.to_thread.run_sync(backend.prepare_sync())
+                await self._sync_backend(backend)
 
     async def _sync_timer(self) -> None:
         """Go's diskqueue syncs dirty queues every `--sync-timeout` even when writes stop."""
@@ -242,7 +271,15 @@ class NSQD:
             await trio.sleep(self.options.sync_timeout)
             for backend in self._all_backends():
                 if backend.dirty:
-                    await trio.to_thread.run_sync(backend.prepare_sync())
+                    await self._sync_backend(backend)
+
+    async def _sync_backend(self, backend) -> None:
+        """Run one sync job off the loop; a failure (the job logs it) makes health NOK."""
+        ok = await trio.to_thread.run_sync(backend.prepare_sync())
+        if not ok:
+            self.set_sync_health(f"DISKQUEUE({backend.name}) failed to sync")
+        elif self._sync_error is not None:
+            self.set_sync_health(None)
 
     def _all_backends(self) -> list[DiskQueue]:
         backends = []
@@ -282,13 +319,33 @@ class NSQD:
     async def _metadata_writer(self) -> None:
         while True:
             await self._metadata_wakeup.wait()
-            await self.persist_metadata()
+            try:
+                await self.persist_metadata()
+            except OSError as error:
+                # A full disk: keep the old nsqd.dat, say so, and try again shortly.
+                self.log.error("NSQ: failed to persist metadata - %s", error)
+                self.set_sync_health(f"failed to persist metadata - {error}")
+                await trio.sleep(self.options.sync_timeout)
+                self._metadata_wakeup.set()
+            else:
+                if self._sync_error is not None:
+                    self.set_sync_health(None)
 
     def load_metadata(self) -> None:
-        """Recreate the topics and channels of `nsqd.dat`; their diskqueues reopen with them."""
+        """Recreate the topics and channels of `nsqd.dat`; their diskqueues reopen with them.
+
+        An unreadable or corrupt `nsqd.dat` never stops nsqd (Go nsqd refuses to start): it
+        is set aside as `nsqd.dat.corrupt`, the topics and channels are found again from
+        their diskqueue files (unpaused: the pause flags were only in the lost file), and a
+        fresh `nsqd.dat` is written once nsqd runs.
+        """
+        try:
+            topics = read_metadata(self.data_path)
+        except MetadataError as error:
+            topics = self._recover_metadata(error)
         self._metadata_loading = True
         try:
-            for topic_meta in read_metadata(self.data_path):
+            for topic_meta in topics:
                 if not is_valid_name(topic_meta.name):
                     self.log.warning("skipping creation of invalid topic %s", topic_meta.name)
                     continue
@@ -316,6 +373,26 @@ class NSQD:
                         channel.paused = True
         finally:
             self._metadata_loading = False
+
+    def _recover_metadata(self, error: MetadataError) -> list[TopicMetadata]:
+        """The topic list rebuilt from the diskqueue files, after one ERROR line."""
+        try:
+            moved_to = set_aside(self.data_path)
+        except OSError as rename_error:
+            moved_to = f"nowhere ({rename_error})"
+        topics = topics_from_queue_names(scan_queue_names(self.data_path))
+        self.log.error(
+            "%s; moved it to %s and recovered %d topics and %d channels from the diskqueue"
+            " files in %s",
+            error,
+            moved_to,
+            len(topics),
+            sum(len(topic.channels) for topic in topics),
+            self.data_path,
+        )
+        # The metadata writer puts a fresh nsqd.dat in its place as soon as nsqd runs.
+        self._metadata_wakeup.set()
+        return topics
 
     # -- life -------------------------------------------------------------------------------
 
@@ -439,7 +516,11 @@ class NSQD:
 
         await trio.to_thread.run_sync(close_all)
         self.log.info("NSQ: persisting topic/channel metadata to %s", self.data_path)
-        await self.persist_metadata()
+        try:
+            await self.persist_metadata()
+        except OSError as error:
+            # The previous nsqd.dat stays; a full disk must not turn a clean exit into a crash.
+            self.log.error("NSQ: failed to persist metadata - %s", error)
 
 
 _FLAGS = build_flags()

@@ -15,6 +15,7 @@ import trio
 
 from common.guid import GUIDFactory
 from common.names import is_ephemeral
+from nsqd.backend import write_error
 from nsqd.channel import Channel
 from nsqd.message import RECORD_OVERHEAD, Message
 from nsqd.wakeup import Wakeup
@@ -80,7 +81,12 @@ class Topic:
         trace_ids: list[int] | None = None,
         ext_headers: list[bytes] | None = None,
     ) -> list[Message]:
-        """PUB, MPUB, DPUB and HTTP /pub: new messages with fresh IDs, all or nothing."""
+        """PUB, MPUB, DPUB and HTTP /pub: new messages with fresh IDs, all or nothing.
+
+        BackendWriteError if a diskqueue write failed (health is NOK then): the publish is
+        not acknowledged, and nothing of it is kept, except copies that other channels of
+        the topic already took (a retry then repeats it there: at-least-once).
+        """
         timestamp = time.time_ns()
         if len(bodies) == 1:
             # PUB and HTTP /pub: one message, no batch machinery.
@@ -107,35 +113,56 @@ class Topic:
         if defer:
             for message in messages:
                 message.defer = defer
-        self.message_count += len(messages)
-        self.message_bytes += sum(map(len, bodies))
         if self.channels and not self.paused and not self.has_backlog():
-            self._fan_out(messages)
+            self._fan_out(messages, strict=True)
         else:
             self._store(messages)
+        self.message_count += len(messages)
+        self.message_bytes += sum(map(len, bodies))
         return messages
 
-    def _fan_out(self, messages: list[Message]) -> None:
+    def _fan_out(self, messages: list[Message], *, strict: bool = False) -> None:
+        """Every channel gets the messages. `strict` (a publish): if the first channel cannot
+        store them nothing is stored and the error is raised; if a later one cannot, it keeps
+        them in memory and the error is raised too, so the publisher is not told OK about
+        a copy that is not on disk. Otherwise (the pump) a channel that cannot write keeps
+        them in memory (Channel._put)."""
         now = trio.current_time()
         first = True
+        failure = None
         for channel in list(self.channels.values()):
             if first:
-                channel.put_messages(messages, now)
+                channel.put_messages(messages, now, strict=strict)
                 first = False
             else:
-                channel.put_messages([message.copy() for message in messages], now)
+                error = channel.put_messages([message.copy() for message in messages], now)
+                failure = failure or error
+        if failure is not None and strict:
+            raise failure
 
     def _store(self, messages: list[Message]) -> None:
+        """Keep a publish until the topic has channels: memory, then the diskqueue (the
+        overflow is written first, so a failed write keeps nothing of the publish)."""
         memory = self.memory
         room = self.mem_queue_size - len(memory)
-        if room >= len(messages):
-            memory.extend(messages)
-        else:
+        if room < len(messages):
+            backend = self.backend
+            overflow = messages[room:] if room > 0 else messages
+            try:
+                backend.put_many([message.to_record() for message in overflow])
+            except OSError as os_error:
+                error = write_error(backend, os_error)
+                self.nsqd.log.error(
+                    "TOPIC(%s) ERROR: failed to write message to backend - %s", self.name, error
+                )
+                self.nsqd.set_health(error)
+                raise error from None
+            self.nsqd.set_health(None)
+            self.nsqd.backend_written(backend)
             if room > 0:
                 memory.extend(messages[:room])
-                messages = messages[room:]
-            self.backend.put_many([message.to_record() for message in messages])
-            self.nsqd.backend_written(self.backend)
+        else:
+            memory.extend(messages)
         self._pump_wakeup.set()
 
     def has_backlog(self) -> bool:
@@ -213,7 +240,16 @@ class Topic:
         """On shutdown: the topic's in-memory backlog and every channel's messages to disk."""
         count = len(self.memory)
         if self.memory and not self.ephemeral:
-            self.backend.put_many([message.to_record() for message in self.memory])
+            try:
+                self.backend.put_many([message.to_record() for message in self.memory])
+            except OSError as error:
+                self.nsqd.log.error(
+                    "TOPIC(%s) ERROR: failed to flush %d messages to disk - %s",
+                    self.name,
+                    count,
+                    write_error(self.backend, error),
+                )
+                count = 0
         self.memory.clear()
         for channel in self.channels.values():
             count += channel.flush()

@@ -636,31 +636,42 @@ def test_go_data_directory_is_served_and_left_in_go_format(tmp_path):
 
 @pytest.mark.parametrize(
     "content",
-    [b"{not json", b'{"topics": 5}', b'{"topics":[{"paused":false}]}', b"[1, 2]", b"\xff\xfe\x00"],
-    ids=["syntax", "topics-not-a-list", "topic-without-name", "not-an-object", "binary"],
+    [b"{not json", b'{"topics": 5}', b'{"topics":[{"paused":false}]}', b"[1, 2]", b"\xff\xfe\x00"]
+    + [None],
+    ids=["syntax", "topics-not-a-list", "topic-without-name", "not-an-object", "binary"]
+    + ["a-directory"],
 )
-def test_corrupt_nsqd_dat_stops_nsqd_with_one_clear_line(tmp_path, content):
+def test_corrupt_nsqd_dat_is_set_aside_and_queued_messages_served(tmp_path, content):
+    """Go nsqd refuses to start on a corrupt nsqd.dat; we log one ERROR line naming it, move
+    it to `nsqd.dat.corrupt`, find the topics and channels again from their diskqueue files,
+    serve what they hold, and write a fresh nsqd.dat (tests/reliability/test_corrupt_startup.py
+    has every other kind of damage)."""
+    ts = 1_700_000_000_000_000_000
+    stored = [(ts, 0, b"%016x" % n, b"stored %d" % n) for n in range(5)]
+    data = b"".join(go_framed(go_record(*r)) for r in stored)
+    queue_file(tmp_path, "t:c", 0).write_bytes(data)
+    queue_metadata_file(tmp_path, "t:c").write_bytes(go_queue_metadata(5, 0, 0, 0, len(data)))
     metadata = tmp_path / "nsqd.dat"
-    metadata.write_bytes(content)
-    daemon = nsqd_process(tmp_path)
-    with pytest.raises(RuntimeError, match="exited"):
-        daemon.start()
-    assert daemon.process.wait(10) != 0
-    assert "Traceback" not in daemon.log, daemon.log
-    naming = [line for line in daemon.lines if str(metadata) in line]
-    assert len(naming) == 1, daemon.log
-    assert naming[0] == daemon.lines[-1], "the error is the last thing nsqd says"
+    if content is None:
+        metadata.mkdir()
+    else:
+        metadata.write_bytes(content)
 
-
-def test_unreadable_nsqd_dat_stops_nsqd_with_one_clear_line(tmp_path):
-    metadata = tmp_path / "nsqd.dat"
-    metadata.mkdir()
-    daemon = nsqd_process(tmp_path)
-    with pytest.raises(RuntimeError, match="exited"):
-        daemon.start()
-    assert daemon.process.wait(10) != 0
-    assert "Traceback" not in daemon.log, daemon.log
-    assert [line for line in daemon.lines if str(metadata) in line] == [daemon.lines[-1]]
+    daemon = start_nsqd(tmp_path)
+    try:
+        consumer = Consumer(daemon.port(), "t", "c", ready=10)
+        consumer.receive_until(lambda: len(consumer.received) >= len(stored))
+        assert [m.body for m in consumer.received] == [r[3] for r in stored]
+        consumer.finish(consumer.received)
+        assert "Traceback" not in daemon.log, daemon.log
+        naming = [line for line in daemon.lines if str(metadata) in line]
+        assert len(naming) == 1 and "ERROR" in naming[0], daemon.log
+        drain_and_stop(daemon, consumer)
+    finally:
+        daemon.kill()
+    moved = tmp_path / "nsqd.dat.corrupt"
+    assert moved.is_dir() if content is None else moved.read_bytes() == content
+    assert paused_flags(read_nsqd_dat(tmp_path)) == {"t": False, "t:c": False, BARRIER_TOPIC: False}
 
 
 def test_corrupt_diskqueue_file_is_set_aside_and_later_records_delivered(tmp_path):

@@ -543,6 +543,10 @@ async def test_traced_and_ext_publish_size_errors_are_fatal(nsqd, data, error):
         ({"##trace_id": 5}, "INVALID_TRACE_ID passin trace id should be string"),
         ({"##trace_id": "x5"}, "INVALID_TRACE_ID invalid trace id"),
         ({"##trace_id": "-5"}, "INVALID_TRACE_ID invalid trace id"),
+        # Unicode digits and values past uint64, which Youzan's ParseUint refuses.
+        ({"##trace_id": "\u00b2"}, "INVALID_TRACE_ID invalid trace id"),
+        ({"##trace_id": "9" * 30}, "INVALID_TRACE_ID invalid trace id"),
+        ({"##trace_id": str(1 << 64)}, "INVALID_TRACE_ID invalid trace id"),
     ],
 )
 async def test_pub_ext_trace_id_errors_are_not_fatal(nsqd, header, error):
@@ -554,10 +558,11 @@ async def test_pub_ext_trace_id_errors_are_not_fatal(nsqd, header, error):
     await wire.command_ok(pub_ext("yz", {"k": "v"}, b"data", 0))
 
 
-async def test_pub_ext_bad_json_is_not_fatal(nsqd):
+@pytest.mark.parametrize("header", [b"{not json", b"[" * 60000], ids=["garbled", "deep"])
+async def test_pub_ext_bad_json_is_not_fatal(nsqd, header):
     await create_partitions(nsqd, "yz", 0, ext="true")
     wire = await connect(nsqd)
-    await wire.send(pub_ext("yz", b"{not json", b"data", 0))
+    await wire.send(pub_ext("yz", header, b"data", 0))
     await wire.expect_error_prefix("E_INVALID_JSON_HEADER fail to parse json header:", fatal=False)
     await wire.command_ok(pub_ext("yz", {"k": "v"}, b"data", 0))
 

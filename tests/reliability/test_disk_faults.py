@@ -1,0 +1,337 @@
+"""A full disk: nsqd says so, refuses what it cannot store, loses nothing, and recovers.
+
+Issue #10. nsqd runs as a real process with `--mem-queue-size=0 --sync-every=1`, so every
+message goes to a diskqueue file before its `OK`. Its data directory is on a disk that fills
+up and frees again. That disk is, in order of preference:
+
+* a real 2 MiB tmpfs (`mount -t tmpfs`, possible as root), filled with a file of our own
+  until the kernel answers ENOSPC, and freed by deleting that file;
+* otherwise (no permission to mount) the same nsqd started through a small wrapper that
+  makes `os.write` on regular files fail with ENOSPC while a flag file exists: a fault
+  injected at the OS boundary, nsqd itself untouched.
+
+Both disks go through the same scenario and the same assertions; the second one also runs
+on its own (`injected`) so that path is proven wherever the first one can mount.
+
+While the disk is full: PUB, MPUB and DPUB answer Go's `E_*_FAILED <CMD> failed write
+<file>: no space left on device` (fatal, as in Go), HTTP /pub and /mpub answer 500
+`{"message":"INTERNAL_ERROR"}`, `/ping` answers 500 `NOK - <the same error>`, and messages
+nsqd already holds (here: delivered, then requeued with REQ) stay in memory instead of being
+dropped. Once space returns, the next write succeeds, `/ping` is `OK` again, and after a
+clean restart every acknowledged message is delivered, and nothing that was never
+published.
+"""
+
+import contextlib
+import errno
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from common.command import encode_dpub, encode_mpub, encode_pub, encode_rdy, encode_sub
+from common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
+from common.message import decode_message
+from tests.harness import DaemonProcess, V2Connection
+
+# A record: 4-byte size + 26-byte message header + the body.
+BODY_SIZE = 200
+
+# nsqd with `os.write` failing on regular files while the flag file (argv[1]) exists.
+_INJECTING_NSQD = """
+import errno, os, stat, sys
+flag = sys.argv.pop(1)
+real_write = os.write
+def write(fd, data):
+    if os.path.exists(flag) and stat.S_ISREG(os.fstat(fd).st_mode):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return real_write(fd, data)
+os.write = write
+from nsqd.__main__ import main
+main(sys.argv[1:])
+"""
+
+_WRITE_FAILED = re.compile(r"write (/\S+\.diskqueue\.\d{6}\.dat): no space left on device")
+
+
+# -- the two disks ----------------------------------------------------------------------------
+
+
+class TmpfsDisk:
+    """A real, small tmpfs. `fill()` writes a file of ours until ENOSPC."""
+
+    kind = "tmpfs"
+
+    def __init__(self, mount_point: Path) -> None:
+        self.mount_point = mount_point
+        self.data_path = mount_point / "data"
+        self.filler = mount_point / "filler"
+
+    @classmethod
+    def mount(cls, root: Path) -> "TmpfsDisk | None":
+        mount_point = root / "tmpfs"
+        mount_point.mkdir()
+        if os.geteuid() != 0:
+            return None
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
+            capture_output=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            return None
+        disk = cls(mount_point)
+        disk.data_path.mkdir()
+        return disk
+
+    def daemon(self, args: list[str]) -> DaemonProcess:
+        return DaemonProcess("nsqd", args, cwd=self.data_path)
+
+    def fill(self) -> None:
+        with open(self.filler, "wb", buffering=0) as file:
+            for chunk in (b"\0" * 65536, b"\0" * 4096, b"\0"):
+                try:
+                    while True:
+                        file.write(chunk)
+                except OSError as error:
+                    assert error.errno == errno.ENOSPC, error
+
+    def free(self) -> None:
+        self.filler.unlink()
+
+    def close(self) -> None:
+        subprocess.run(["umount", "-l", str(self.mount_point)], check=False)
+
+
+class InjectedDisk:
+    """The test's own directory; ENOSPC comes from the wrapper while `flag` exists."""
+
+    kind = "injected"
+
+    def __init__(self, root: Path) -> None:
+        self.data_path = root / "data"
+        self.data_path.mkdir()
+        self.flag = root / "disk-is-full"
+
+    def daemon(self, args: list[str]) -> DaemonProcess:
+        args = ["-c", _INJECTING_NSQD, str(self.flag), *args]
+        return DaemonProcess("python", args, cwd=self.data_path)
+
+    def fill(self) -> None:
+        self.flag.touch()
+
+    def free(self) -> None:
+        self.flag.unlink()
+
+    def close(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def full_disk(root: Path, kind: str):
+    disk = TmpfsDisk.mount(root) if kind == "tmpfs-else-injected" else None
+    if disk is None:
+        disk = InjectedDisk(root)
+    try:
+        yield disk
+    finally:
+        disk.close()
+
+
+# -- clients ----------------------------------------------------------------------------------
+
+
+def http(port: int, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def command_reply(port: int, data: bytes) -> tuple[bool, bytes]:
+    """(ok, the response or error text) for one command on a fresh connection."""
+    connection = V2Connection(port)
+    try:
+        connection.send(data)
+        frame = connection.read_response()
+        if frame.frame_type == FRAME_TYPE_ERROR:
+            # Go's E_*_FAILED is fatal: nsqd closes the connection after the error.
+            assert connection.is_closed_by_peer(), "nsqd kept the connection open"
+            return False, frame.data
+        return True, frame.data
+    finally:
+        connection.close()
+
+
+def body(topic: str, n: int) -> bytes:
+    return (b"%s %06d " % (topic.encode(), n)).ljust(BODY_SIZE, b".")
+
+
+def receive_all(port: int, topic: str, channel: str, wanted: set[bytes], limit: set[bytes]):
+    """Subscribe and FIN until every body of `wanted` came; everything received must be in
+    `limit` (what was ever published)."""
+    connection = V2Connection(port)
+    received: set[bytes] = set()
+    try:
+        connection.send(encode_sub(topic, channel))
+        assert connection.read_response().data == b"OK"
+        connection.send(encode_rdy(100))
+        deadline = time.monotonic() + 10
+        while not wanted <= received:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"{topic}: {len(wanted - received)} acknowledged not delivered"
+            connection.sock.settimeout(remaining)
+            frame = connection.read_frame()
+            if frame.frame_type == FRAME_TYPE_MESSAGE:
+                message = decode_message(frame.data)
+                assert message.body in limit, f"never published: {message.body[:20]!r}"
+                received.add(message.body)
+                connection.send(b"FIN " + message.id + b"\n")
+    finally:
+        connection.close()
+    return received
+
+
+def start(disk, args: list[str]) -> DaemonProcess:
+    return disk.daemon(args).start(wait_for=("TCP", "HTTP"))
+
+
+# -- the scenario -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["tmpfs-else-injected", "injected"])
+def test_full_disk_refuses_publishes_keeps_everything_and_recovers(tmp_path, kind):
+    with full_disk(tmp_path, kind) as disk:
+        args = [
+            "-tcp-address=127.0.0.1:0",
+            "-http-address=127.0.0.1:0",
+            f"-data-path={disk.data_path}",
+            "-mem-queue-size=0",
+            "-sync-every=1",
+        ]
+        daemon = start(disk, args)
+        try:
+            run_scenario(disk, daemon, args)
+        finally:
+            daemon.kill()
+        assert "Traceback" not in daemon.log, daemon.log
+
+
+def run_scenario(disk, daemon: DaemonProcess, args: list[str]) -> None:
+    tcp, http_port = daemon.port(), daemon.port("HTTP")
+    # "t" has a channel: publishes go to the channel's queue; "u" has none: to its own.
+    acked: dict[str, set[bytes]] = {"t": set(), "u": set()}
+    tried: dict[str, set[bytes]] = {"t": set(), "u": set()}
+    counter = iter(range(1_000_000))
+
+    def pub(topic: str, defer_ms: int | None = None) -> tuple[bool, bytes]:
+        data = body(topic, next(counter))
+        tried[topic].add(data)
+        if defer_ms is None:
+            ok, reply = command_reply(tcp, encode_pub(topic, data))
+        else:
+            ok, reply = command_reply(tcp, encode_dpub(topic, defer_ms, data))
+        if ok:
+            acked[topic].add(data)
+        return ok, reply
+
+    def until_refused(topic: str, defer_ms: int | None = None) -> bytes:
+        """A real disk may still take a few records into the last page of a queue's file;
+        those were acknowledged and count as stored. The refusal's text."""
+        for _ in range(100):
+            ok, reply = pub(topic, defer_ms)
+            if not ok:
+                return reply
+        raise AssertionError(f"the full disk never refused a publish to {topic}")
+
+    assert http(http_port, "POST", "/topic/create?topic=t")[0] == 200
+    assert http(http_port, "POST", "/channel/create?topic=t&channel=c")[0] == 200
+    for _ in range(50):
+        assert pub("t") == (True, b"OK")
+    assert pub("u") == (True, b"OK")
+    assert http(http_port, "GET", "/ping") == (200, b"OK")
+
+    disk.fill()
+    reply = until_refused("t")
+    match = _WRITE_FAILED.fullmatch(reply.removeprefix(b"E_PUB_FAILED PUB failed ").decode())
+    assert reply.startswith(b"E_PUB_FAILED PUB failed ") and match, reply
+    assert "/t:c.diskqueue." in match.group(1), match.group(1)
+    # /ping names the very error the publisher got.
+    status, text = http(http_port, "GET", "/ping")
+    assert (status, text) == (500, b"NOK - " + match.group(0).encode())
+
+    batch = [body("t", next(counter)) for _ in range(5)]
+    tried["t"].update(batch)
+    ok, reply = command_reply(tcp, encode_mpub("t", batch))
+    assert not ok and reply.startswith(b"E_MPUB_FAILED MPUB failed write "), reply
+    assert reply.endswith(b": no space left on device"), reply
+    reply = until_refused("u", defer_ms=1)
+    assert reply.startswith(b"E_DPUB_FAILED DPUB failed write "), reply
+    assert b"/u.diskqueue." in reply and reply.endswith(b": no space left on device"), reply
+    over_http = body("t", next(counter))
+    tried["t"].add(over_http)
+    assert http(http_port, "POST", "/pub?topic=t", over_http) == (
+        500,
+        b'{"message":"INTERNAL_ERROR"}',
+    )
+    lines = [body("t", next(counter)) for _ in range(3)]
+    tried["t"].update(lines)
+    assert http(http_port, "POST", "/mpub?topic=t", b"\n".join(lines)) == (
+        500,
+        b'{"message":"INTERNAL_ERROR"}',
+    )
+
+    # Stored messages come out of the full disk, and a REQ puts them back where nsqd can
+    # (memory): nothing is dropped and nsqd keeps running.
+    consumer = V2Connection(tcp)
+    consumer.send(encode_sub("t", "c"))
+    assert consumer.read_response().data == b"OK"
+    consumer.send(encode_rdy(10))
+    for message in consumer.read_messages(10):
+        consumer.send(b"REQ " + message.id + b" 0\n")
+    redelivered = consumer.read_messages(10)
+    assert all(m.attempts == 2 for m in redelivered), redelivered
+    consumer.close()
+    assert daemon.process.poll() is None
+    assert http(http_port, "GET", "/ping")[0] == 500
+
+    disk.free()
+    # Space is back: the next write succeeds and health turns OK.
+    assert pub("t") == (True, b"OK")
+    assert pub("u") == (True, b"OK")
+    deadline = time.monotonic() + 10
+    while http(http_port, "GET", "/ping") != (200, b"OK"):
+        assert time.monotonic() < deadline, http(http_port, "GET", "/ping")
+        time.sleep(0.01)
+    batch = [body("t", next(counter)) for _ in range(5)]
+    tried["t"].update(batch)
+    assert command_reply(tcp, encode_mpub("t", batch)) == (True, b"OK")
+    acked["t"].update(batch)
+    over_http = body("t", next(counter))
+    tried["t"].add(over_http)
+    assert http(http_port, "POST", "/pub?topic=t", over_http) == (200, b"OK")
+    acked["t"].add(over_http)
+
+    # A clean restart: everything acknowledged is on disk and delivered.
+    assert daemon.stop() == 0, daemon.log
+    assert "Traceback" not in daemon.log, daemon.log
+    strays = [p.name for p in disk.data_path.iterdir() if p.name.endswith(".tmp")]
+    assert strays == [], "a failed metadata write left its temporary file"
+    restarted = start(disk, args)
+    try:
+        tcp = restarted.port()
+        for topic, channel in (("t", "c"), ("u", "c")):
+            receive_all(tcp, topic, channel, acked[topic], tried[topic])
+        assert http(restarted.port("HTTP"), "GET", "/ping") == (200, b"OK")
+        topics = json.loads(http(restarted.port("HTTP"), "GET", "/stats?format=json")[1])
+        assert {t["topic_name"] for t in topics["topics"]} == {"t", "u"}
+    finally:
+        restarted.stop()
