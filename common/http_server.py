@@ -94,6 +94,7 @@ class Request:
         "keep_alive",
         "remote",
         "content_length",
+        "http10",
     )
 
     def __init__(self, method: str, url: bytes, headers: dict[str, str], body: bytes) -> None:
@@ -106,6 +107,7 @@ class Request:
         self.headers = headers  # lower-cased names
         self.body = body
         self.keep_alive = True
+        self.http10 = False
         self.remote = ""
         # The declared Content-Length (Go's req.ContentLength; -1 when not given), which
         # handlers check before the body, as Go's do.
@@ -150,6 +152,16 @@ def v1_response(status: int, data=None) -> Response:
 # Go's net/http answers a request it cannot parse with a plain-text 400 and closes.
 _BAD_REQUEST = Response(400, b"400 Bad Request", [("Content-Type", "text/plain; charset=utf-8")])
 
+# Go's http.Server reads at most DefaultMaxHeaderBytes (1 MiB) plus 4096 bytes of request line
+# and headers, then answers this (its exact bytes: no Date, no Content-Length) and closes; a
+# client streaming an endless header or URL never makes us buffer more.
+MAX_HEADER_BYTES = (1 << 20) + 4096
+_HEADERS_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
+    b"431 Request Header Fields Too Large"
+)
+
 
 def text_response(status: int, text: str) -> Response:
     return Response(status, text.encode(), [("Content-Type", TEXT_CONTENT_TYPE)])
@@ -171,10 +183,13 @@ Handler = Callable[[Request], Awaitable[Response]]
 class Router:
     """Exact-path routes by method, answering unknown paths and methods as httprouter does."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, inline: bool = False) -> None:
+        # Whether routes are answered inline unless added with `inline=False`.
+        self._inline_by_default = inline
         self._routes: dict[str, dict[str, Handler]] = {}
         self._prefixes: list[tuple[str, dict[str, Handler]]] = []
         self._body_limits: dict[tuple[str, str], Callable[[], int]] = {}
+        self._inline: set[tuple[str, str]] = set()
 
     def body_limit(self, method: str, path: str) -> int | None:
         """The largest body the route takes, when it declared one. A request declaring more
@@ -189,10 +204,15 @@ class Router:
         handler: Handler,
         *,
         max_body: Callable[[], int] | None = None,
+        inline: bool | None = None,
     ) -> None:
-        """`path` ending in `/*` matches every path under it (httprouter's catch-all)."""
+        """`path` ending in `/*` matches every path under it (httprouter's catch-all).
+        `inline` routes never wait long (no calls out over the network): the HTTP poller
+        answers them in its own task, between other connections' requests."""
         if max_body is not None:
             self._body_limits[(method, path)] = max_body
+        if self._inline_by_default if inline is None else inline:
+            self._inline.add((method, path))
         if path.endswith("/*"):
             prefix = path[:-1]
             for existing, methods in self._prefixes:
@@ -211,6 +231,19 @@ class Router:
             if path.startswith(prefix):
                 return prefixed
         return None
+
+    def answers_inline(self, request: Request) -> bool:
+        """Whether the HTTP poller may answer `request` itself: an inline route, or an
+        unknown path or method (answered without a handler)."""
+        method, path = request.method, request.path
+        if (method, path) in self._inline:
+            return True
+        if path in self._routes:
+            return method not in self._routes[path]
+        for prefix, prefixed in self._prefixes:
+            if path.startswith(prefix):
+                return method not in prefixed or (method, prefix + "*") in self._inline
+        return True
 
     async def dispatch(self, request: Request) -> Response:
         methods = self._methods(request.path)
@@ -303,6 +336,10 @@ class _AnswerEarly(Exception):
     """Raised inside the parser when a request's headers already decide its answer."""
 
 
+class _HeadersTooLarge(Exception):
+    """Raised inside the parser when a request's line and headers are past Go's limit."""
+
+
 class _ParserEvents:
     """httptools callbacks collecting complete requests, with the body capped at `max_body`."""
 
@@ -315,20 +352,34 @@ class _ParserEvents:
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._body_size = 0
+        # Bytes fed while a request's line and headers are still incomplete.
+        self.in_headers = False
+        self.header_bytes = 0
+        self.header_size = 0  # request line and headers, as the callbacks saw them
 
     def on_message_begin(self) -> None:
         self._url = b""
         self._headers = {}
         self._body = []
         self._body_size = 0
+        self.in_headers = True
+        self.header_bytes = 0
+        self.header_size = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self.header_size += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        self.header_size += len(name) + len(value) + 4  # ": " and CRLF
 
     def on_headers_complete(self) -> None:
+        self.in_headers = False
+        if self.header_size > MAX_HEADER_BYTES:
+            # Headers that ended inside the chunk that took them past the limit; headers
+            # that never end are caught by counting the bytes fed (`header_bytes`).
+            raise _HeadersTooLarge
         declared = self._headers.get("content-length")
         # A small body is cheaper to read and let the handler judge than to look its route
         # up for every request; only large declared bodies are answered from the headers.
@@ -368,6 +419,97 @@ class _ParserEvents:
         )
 
 
+class ConnectionState:
+    """One HTTP connection without its I/O: bytes in, complete requests out, and their
+    answers as bytes. The per-connection task and the HTTP poller both drive it."""
+
+    __slots__ = ("router", "remote", "on_error", "events", "parser")
+
+    def __init__(
+        self,
+        router: Router,
+        max_body_size: int,
+        remote: str = "",
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.router = router
+        self.remote = remote
+        self.on_error = on_error
+        self.events = _ParserEvents(max_body_size, router)
+        self.parser = httptools.HttpRequestParser(self.events)
+        self.events.parser = self.parser
+
+    def feed(self, data: bytes) -> bytes | None:
+        """Parse `data`. Returns the last answer to send (after answering the requests that
+        completed before it) when the connection cannot go on: a request that does not
+        parse, or headers past the limit; None otherwise."""
+        events = self.events
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            return encode_response(_BAD_REQUEST, True)
+        except httptools.HttpParserError as error:
+            if isinstance(error.__context__, _HeadersTooLarge):
+                return _HEADERS_TOO_LARGE
+            if not isinstance(error.__context__, _AnswerEarly):
+                return encode_response(_BAD_REQUEST, True)
+        if events.in_headers:
+            events.header_bytes += len(data)
+            if events.header_bytes > MAX_HEADER_BYTES:
+                return _HEADERS_TOO_LARGE
+        return None
+
+    def take_requests(self) -> list[Request]:
+        completed = self.events.completed
+        if not completed:
+            return []
+        self.events.completed = []
+        requests = []
+        for method, url, headers, body, keep_alive, http10 in completed:
+            request = Request(method, url, headers, body)
+            request.remote = self.remote
+            request.keep_alive = keep_alive
+            request.http10 = http10
+            requests.append(request)
+        return requests
+
+    async def answer(self, request: Request) -> tuple[bytes, bool]:
+        """The encoded answer to `request`, and whether the connection closes after it."""
+        try:
+            response = await self.router.dispatch(request)
+        except Exception as error:
+            if self.on_error is not None:
+                self.on_error(error)
+            response = v1_response(500, "INTERNAL_ERROR")
+        close = not request.keep_alive
+        encoded = encode_response(response, close, request.http10)
+        if request.method == "HEAD" and response.body:
+            # A response to HEAD has no body (RFC 9110 §9.3.2), as Go's net/http writes it;
+            # sent anyway, it would be read as the next response.
+            encoded = encoded[: len(encoded) - len(response.body)]
+        return encoded, close
+
+
+async def _send_all_fd(fd: int, data: bytes) -> bool:
+    """Write all of `data` to a non-blocking descriptor, waiting whenever the client is not
+    reading; False when the connection broke."""
+    view = memoryview(data)
+    while view:
+        try:
+            sent = os.write(fd, view)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            return False
+        view = view[sent:]
+        if view:
+            try:
+                await trio.lowlevel.wait_writable(fd)
+            except trio.ClosedResourceError:
+                return False
+    return True
+
+
 async def serve_http_connection(
     stream: trio.abc.Stream,
     router: Router,
@@ -377,9 +519,7 @@ async def serve_http_connection(
     on_error: Callable[[BaseException], None] | None = None,
 ) -> None:
     """Serve requests on one connection until the client closes it or asks to."""
-    events = _ParserEvents(max_body_size, router)
-    parser = httptools.HttpRequestParser(events)
-    events.parser = parser
+    state = ConnectionState(router, max_body_size, remote, on_error)
     io = _SocketIO(stream) if isinstance(stream, trio.SocketStream) else stream
     try:
         while True:
@@ -389,35 +529,18 @@ async def serve_http_connection(
                 return
             if not data:
                 return
-            try:
-                parser.feed_data(data)
-            except httptools.HttpParserUpgrade:
-                await _send_quietly(stream, encode_response(_BAD_REQUEST, True))
-                return
-            except httptools.HttpParserError as error:
-                if not isinstance(error.__context__, _AnswerEarly):
-                    await _send_quietly(stream, encode_response(_BAD_REQUEST, True))
-                    return
-            if not events.completed:
-                continue
-            completed, events.completed = events.completed, []
+            final = state.feed(data)
             out: list[bytes] = []
             close = False
-            for method, url, headers, body, keep_alive, http10 in completed:
-                request = Request(method, url, headers, body)
-                request.remote = remote
-                request.keep_alive = keep_alive
-                try:
-                    response = await router.dispatch(request)
-                except Exception as error:
-                    if on_error is not None:
-                        on_error(error)
-                    response = v1_response(500, "INTERNAL_ERROR")
-                close = not keep_alive
-                out.append(encode_response(response, close, http10))
+            for request in state.take_requests():
+                answer, close = await state.answer(request)
+                out.append(answer)
                 if close:
                     break
-            if not await _send_quietly(io, b"".join(out)) or close:
+            if final is not None and not close:
+                out.append(final)
+                close = True
+            if out and not await _send_quietly(io, b"".join(out)) or close:
                 return
     finally:
         with trio.CancelScope(shield=True):
@@ -449,18 +572,8 @@ class _SocketIO:
                 raise trio.BrokenResourceError(str(error)) from error
 
     async def send_all(self, data: bytes) -> None:
-        fd = self.fd
-        view = memoryview(data)
-        while view:
-            try:
-                sent = os.write(fd, view)
-            except BlockingIOError:
-                sent = 0
-            except OSError as error:
-                raise trio.BrokenResourceError(str(error)) from error
-            view = view[sent:]
-            if view:
-                await trio.lowlevel.wait_writable(fd)
+        if not await _send_all_fd(self.fd, data):
+            raise trio.BrokenResourceError("connection lost")
 
 
 async def _send_quietly(stream: trio.abc.Stream, data: bytes) -> bool:
@@ -481,15 +594,24 @@ async def serve_http(
     tls_context=None,
 ) -> None:
     """Serve HTTP (or HTTPS, with `tls_context`) on `listener` until cancelled."""
+    from common.http_poller import HTTPPoller, polls_plain_sockets
 
     def log_error(error: BaseException) -> None:
         log.error("HTTP: internal error - %r", error, exc_info=error)
+
+    poller = None
+    if tls_context is None and polls_plain_sockets():
+        poller = HTTPPoller(router, nursery, max_body_size, log_error)
+        nursery.start_soon(poller.run)
 
     async def serve(stream: trio.SocketStream) -> None:
         try:
             remote = format_address(stream.socket.getpeername())
         except OSError:
             remote = ""
+        if poller is not None and isinstance(stream, trio.SocketStream):
+            poller.add(stream, remote)
+            return
         if tls_context is not None:
             stream = trio.SSLStream(stream, tls_context, server_side=True, https_compatible=True)
         await serve_http_connection(

@@ -28,6 +28,7 @@ from common.http_server import query_params as _query
 from common.log import parse_log_level
 from common.names import is_valid_name
 from common.version import VERSION
+from nsqd.backend import BackendWriteError
 from nsqd.message import RECORD_OVERHEAD
 from nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from nsqd.metrics import render_metrics
@@ -52,7 +53,8 @@ class HTTPAPI:
     def __init__(self, nsqd: "NSQD") -> None:
         self.nsqd = nsqd
         self._pub_targets: dict[str, tuple[str, float]] = {}
-        router = self.router = Router()
+        # No nsqd handler calls out over the network: the HTTP poller answers them all.
+        router = self.router = Router(inline=True)
         router.add("GET", "/ping", self.ping)
         router.add("GET", "/info", self.info)
         options = lambda: self.nsqd.options  # noqa: E731 - read at request time
@@ -182,8 +184,10 @@ class HTTPAPI:
             raise HTTPError(503, "EXITING")
         try:
             topic.publish(bodies, defer)
-        except OSError:
-            raise HTTPError(503, "EXITING") from None
+        except BackendWriteError:
+            # Go answers 503 EXITING to any PutMessage error; a full disk is no exit, so
+            # 500 INTERNAL_ERROR (which Go's /pub also answers) says what happened.
+            raise HTTPError(500, "INTERNAL_ERROR") from None
         await self.nsqd.commit_backend_writes()
 
     # -- stats ---------------------------------------------------------------------------
@@ -229,11 +233,12 @@ class HTTPAPI:
         if not is_valid_name(topic_name):
             raise HTTPError(400, "INVALID_TOPIC")
         if partition_num is not None:
-            if not partition_num.isdigit() or not 1 <= int(partition_num) <= 255:
+            # isascii: str.isdigit() also takes '²' and '٣', which int() refuses or reads.
+            if not _is_ascii_digits(partition_num) or not 1 <= int(partition_num) <= 255:
                 raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
             numbers = range(int(partition_num))
         else:
-            if not partition.isdigit() or not 0 <= int(partition) < 255:
+            if not _is_ascii_digits(partition) or not 0 <= int(partition) < 255:
                 raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION")
             numbers = [int(partition)]
         ordered = _first(params, "orderedmulti") == "true"
@@ -251,7 +256,7 @@ class HTTPAPI:
         if text is None or text in ("", "-1"):
             return [partitions[p] for p in sorted(partitions)]
         try:
-            topic = partitions.get(int(text))
+            topic = partitions.get(go_atoi(text.encode("utf-8", "surrogateescape")))
         except ValueError:
             raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION") from None
         if topic is None:
@@ -359,14 +364,15 @@ class HTTPAPI:
             raise HTTPError(400, "MSG_EMPTY")
         params = _query(request)
         trace_text = _first(params, "trace_id") or ""
-        if not trace_text.isdigit() or int(trace_text) >= 1 << 64:
+        if not _is_ascii_digits(trace_text) or int(trace_text) >= 1 << 64:
             raise HTTPError(400, "INVALID_TRACE_ID")
         topic_name = _first(params, "topic")
         if topic_name is None:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         partition_text = _first(params, "partition") or "-1"
         try:
-            topic = self.nsqd.get_partition(topic_name, int(partition_text))
+            partition = go_atoi(partition_text.encode("utf-8", "surrogateescape"))
+            topic = self.nsqd.get_partition(topic_name, partition)
         except ValueError:
             raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION") from None
         if topic is None:
@@ -376,7 +382,10 @@ class HTTPAPI:
         trace_id = int(trace_text)
         if self.nsqd.exiting:
             raise HTTPError(503, "EXITING")
-        (message,) = topic.publish([body], trace_ids=[trace_id])
+        try:
+            (message,) = topic.publish([body], trace_ids=[trace_id])
+        except BackendWriteError:
+            raise HTTPError(500, "INTERNAL_ERROR") from None
         await self.nsqd.commit_backend_writes()
         return v1_response(
             200,
@@ -407,7 +416,7 @@ class HTTPAPI:
             if name == "nsqlookupd_tcp_addresses":
                 try:
                     addresses = json.loads(body)
-                except ValueError:
+                except (ValueError, RecursionError):  # deep nesting too (Go: max depth)
                     raise HTTPError(400, "INVALID_VALUE") from None
                 if addresses is None:
                     # Go unmarshals null into a nil slice: no lookupds, and `null` back.
@@ -453,11 +462,18 @@ class TLSRequiredRouter:
     def body_limit(self, method: str, path: str) -> int | None:
         return None  # every request gets the 403, whatever its body
 
+    def answers_inline(self, request: Request) -> bool:
+        return True
+
     async def dispatch(self, request: Request) -> Response:
         port = _port(self.nsqd.https_address)
         # Go writes this body by hand, spaces and all, and sets no Content-Type.
         body = f'{{"message": "TLS_REQUIRED", "https_port": {port}}}'.encode()
         return Response(403, body, [NSQ_V1_HEADER, ("Content-Type", TEXT_CONTENT_TYPE)])
+
+
+def _is_ascii_digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 def _port(address: str | None) -> int:

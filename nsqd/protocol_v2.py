@@ -9,6 +9,7 @@ dead socket.
 
 import json
 import math
+import re
 from typing import TYPE_CHECKING
 
 import trio
@@ -28,6 +29,7 @@ from common.message import MESSAGE_ID_LENGTH
 from common.names import is_valid_name
 from common.version import VERSION
 from nsqd.auth import AuthError, query_any
+from nsqd.backend import BackendWriteError
 from nsqd.channel import ChannelError
 from nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Client
 from nsqd.compression import CompressedStream, PrefixedStream
@@ -40,10 +42,36 @@ if TYPE_CHECKING:
 RECEIVE_SIZE = 64 * 1024
 # The most messages one pump pass sends; bounds one buffer and lets FINs interleave.
 MAX_PUMP_BATCH = 1024
+# The most message bytes one send carries (at least one message): a batch of big messages
+# goes out in pieces, so a connection's output buffer stays bounded (Go's is the client's
+# output_buffer_size) instead of a copy of everything RDY let out at once.
+MAX_SEND_BYTES = 256 * 1024
 # Go gives the TLS handshake 5 s.
 TLS_HANDSHAKE_TIMEOUT = 5.0
 # A TLS close_notify to a peer that stopped reading must not hold the connection's task.
 CLOSE_TIMEOUT = 1.0
+
+
+def _split_by_size(messages: list, limit: int) -> list[list]:
+    """`messages` in consecutive pieces of at most `limit` body bytes, at least one message
+    each; the batch itself when it fits (small messages: one send per batch)."""
+    total = 0
+    for message in messages:
+        total += len(message.body)
+    if total <= limit:
+        return [messages]
+    pieces: list[list] = []
+    piece: list = []
+    size = 0
+    for message in messages:
+        length = len(message.body)
+        if piece and size + length > limit:
+            pieces.append(piece)
+            piece, size = [], 0
+        piece.append(message)
+        size += length
+    pieces.append(piece)
+    return pieces
 
 
 class _Upgrade:
@@ -75,6 +103,12 @@ class _IdentifyFields:
     ALL = INT | INT32 | BOOL | STR
 
 
+# A `\ud800` escape in JSON decodes to a lone surrogate, which cannot be encoded as UTF-8
+# (/metrics and every other text that showed the client_id failed); Go's decoder turns it
+# into U+FFFD.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def decode_identify(body: bytes) -> dict:
     """Decode an IDENTIFY body as Go's json.Unmarshal into identifyDataV2 would.
 
@@ -84,7 +118,9 @@ def decode_identify(body: bytes) -> dict:
     error = ProtocolError("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
     try:
         raw = json.loads(body.decode("utf-8", "replace"))
-    except ValueError:
+    except (ValueError, RecursionError):
+        # Deep nesting: Go's decoder stops at depth 10,000, Python's near 1,000; either way
+        # the body is refused, never the connection dropped without a word.
         raise error from None
     if raw is None:
         return {}
@@ -109,7 +145,10 @@ def decode_identify(body: bytes) -> dict:
         elif name in _IdentifyFields.STR:
             if not isinstance(value, str):
                 raise error
+            value = _LONE_SURROGATE.sub("\ufffd", value)
         else:
+            if isinstance(value, str):
+                value = _LONE_SURROGATE.sub("\ufffd", value)
             decoded.setdefault("_extra", {})[key] = value
             continue
         decoded[name] = value
@@ -131,6 +170,7 @@ class ProtocolV2(YouzanCommands):
         )
         self._send_lock = trio.Lock()
         self._cancel_scope = trio.CancelScope()
+        self._commands_run = 0
         self._handlers = {
             b"FIN": self.fin,
             b"RDY": self.rdy,
@@ -201,11 +241,16 @@ class ProtocolV2(YouzanCommands):
 
     async def _read_loop(self) -> None:
         client = self.client
+        read_deadline = None
         while True:
-            heartbeat = client.heartbeat_interval
-            # Go sets a read deadline of twice the heartbeat interval on each command read.
-            timeout = heartbeat * 2 if heartbeat > 0 else math.inf
-            with trio.move_on_after(timeout) as deadline:
+            if read_deadline is None:
+                heartbeat = client.heartbeat_interval
+                # Go sets a read deadline of twice the heartbeat interval before it reads each
+                # command, and reads the whole command (line and body) under it: a client
+                # dribbling one command a byte at a time (slowloris) is cut off, however
+                # often a byte arrives.
+                read_deadline = trio.current_time() + heartbeat * 2 if heartbeat > 0 else math.inf
+            with trio.move_on_at(read_deadline) as deadline:
                 try:
                     data = await self.stream.receive_some(RECEIVE_SIZE)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -220,8 +265,11 @@ class ProtocolV2(YouzanCommands):
                     await self._send(encode_error(error.text))
                 return
             self.parser.receive_data(data)
+            commands_run = self._commands_run
             if not await self._process_commands():
                 return
+            if self._commands_run != commands_run:
+                read_deadline = None  # a command completed: the next one gets a fresh deadline
 
     async def _process_commands(self) -> bool:
         """Run every complete command, then send all replies at once. False: close."""
@@ -234,6 +282,7 @@ class ProtocolV2(YouzanCommands):
                 command = parser.next_command()
                 if command is None:
                     break
+                self._commands_run += 1
                 name = command.name
                 if self._tls_gate:
                     self._enforce_tls_policy(name)
@@ -299,12 +348,15 @@ class ProtocolV2(YouzanCommands):
                     client.sent_messages(len(messages))
                     if channel.has_messages():
                         channel.notify()
-                    if self.youzan:
-                        ext = self.extend_support and channel.topic.ext
-                        frames = encode_binary_id_frames(messages, self.detail, ext)
-                    else:
-                        frames = encode_message_frames(messages)
-                    await self._send(frames)
+                    limit = max(client.output_buffer_size, MAX_SEND_BYTES)
+                    for piece in _split_by_size(messages, limit):
+                        if self.youzan:
+                            ext = self.extend_support and channel.topic.ext
+                            frames = encode_binary_id_frames(piece, self.detail, ext)
+                        else:
+                            frames = encode_message_frames(piece)
+                        await self._send(frames)
+                        del frames
                     continue
                 channel.wait_for_messages(client)
             if client.closed_by_server:
@@ -689,7 +741,11 @@ class ProtocolV2(YouzanCommands):
         topic = self._publish_target(args if label != "DPUB" else args[:1], label)
         if self.nsqd.exiting:
             raise self.publish_failed(code, label)
-        topic.publish(bodies, defer)
+        try:
+            topic.publish(bodies, defer)
+        except BackendWriteError as error:
+            # Go: `E_PUB_FAILED PUB failed write <file>: no space left on device`.
+            raise self.publish_failed(code, label, error) from None
         self.client.published(topic.name, len(bodies))
         return OK_FRAME
 

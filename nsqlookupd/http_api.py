@@ -52,7 +52,8 @@ def _topic_and_channel(params: dict[str, list[str]]) -> tuple[str, str]:
 class HTTPAPI:
     def __init__(self, lookupd: "NSQLookupd") -> None:
         self.lookupd = lookupd
-        router = self.router = Router()
+        # Answered by the HTTP poller, except topic creation, which may call out to nsqds.
+        router = self.router = Router(inline=True)
         router.add("GET", "/ping", self.ping)
         router.add("GET", "/info", self.info)
         router.add("GET", "/debug", self.debug)
@@ -61,7 +62,7 @@ class HTTPAPI:
         router.add("GET", "/channels", self.channels)
         router.add("GET", "/nodes", self.nodes)
         router.add("GET", "/listlookup", self.listlookup)
-        router.add("POST", "/topic/create", self.topic_create)
+        router.add("POST", "/topic/create", self.topic_create, inline=False)
         router.add("POST", "/topic/delete", self.topic_delete)
         router.add("POST", "/channel/create", self.channel_create)
         router.add("POST", "/channel/delete", self.channel_delete)

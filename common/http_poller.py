@@ -1,0 +1,161 @@
+"""One task serving every plain keep-alive HTTP connection, a batch of requests per wakeup.
+
+A task per connection costs trio a wakeup, an epoll re-arm and a reschedule for every request,
+which is most of what a `POST /pub` costs beyond the publish itself. The poller keeps the
+connections' descriptors in an epoll set of its own, level-triggered, and waits on that one
+descriptor through trio: each wakeup reads every ready connection, answers every request that
+completed, and writes each connection's answers with one write (bench/RESULTS.md, "HTTP
+poller").
+
+Routes that may wait long (a handler that calls out over the network, say) are answered off
+the poller: the connection leaves the epoll set, a task answers its requests and writes, and
+the connection comes back. A client that does not read its answers is handled the same way
+(the task waits until it can write). TLS connections keep a task of their own.
+"""
+
+import os
+import select
+
+import trio
+
+from common.http_server import (
+    RECEIVE_SIZE,
+    ConnectionState,
+    Router,
+    _send_all_fd,
+)
+
+# Level-triggered: a connection with unread bytes is reported again on the next wait.
+_READABLE = select.EPOLLIN | select.EPOLLRDHUP
+_MAX_EVENTS = 256
+
+
+def polls_plain_sockets() -> bool:
+    """epoll is Linux's; elsewhere every connection keeps a task of its own."""
+    return hasattr(select, "epoll")
+
+
+class HTTPPoller:
+    """Serves the connections handed to it by `add` until cancelled, then closes them."""
+
+    def __init__(self, router: Router, nursery: trio.Nursery, max_body_size: int, on_error) -> None:
+        self._router = router
+        self._nursery = nursery
+        self._max_body_size = max_body_size
+        self._on_error = on_error
+        self._epoll = select.epoll()
+        self._connections: dict[int, tuple[trio.socket.SocketType, ConnectionState]] = {}
+
+    def add(self, stream: trio.SocketStream, remote: str) -> None:
+        sock = stream.socket
+        state = ConnectionState(self._router, self._max_body_size, remote, self._on_error)
+        self._watch(sock, state)
+
+    def _watch(self, sock, state: ConnectionState) -> None:
+        fd = sock.fileno()
+        self._connections[fd] = (sock, state)
+        self._epoll.register(fd, _READABLE)
+
+    def _unwatch(self, fd: int):
+        self._epoll.unregister(fd)
+        return self._connections.pop(fd)
+
+    def _close(self, fd: int) -> None:
+        sock, _state = self._unwatch(fd)
+        sock.close()
+
+    async def run(self) -> None:
+        epoll = self._epoll
+        connections = self._connections
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(epoll.fileno())
+                for fd, _flags in epoll.poll(0, _MAX_EVENTS):
+                    entry = connections.get(fd)
+                    if entry is None:
+                        continue
+                    try:
+                        await self._serve_ready(fd, entry[1])
+                    except Exception as error:
+                        # A bug answering one connection must not end the others'.
+                        self._on_error(error)
+                        if fd in connections:
+                            self._close(fd)
+        finally:
+            for sock, _state in connections.values():
+                sock.close()
+            connections.clear()
+            epoll.close()
+
+    async def _serve_ready(self, fd: int, state: ConnectionState) -> None:
+        """Read what `fd` has, answer the requests it completes, write the answers."""
+        try:
+            data = os.read(fd, RECEIVE_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(fd)
+            return
+        final = state.feed(data)
+        requests = state.take_requests()
+        out: list[bytes] = []
+        close = False
+        answers_inline = self._router.answers_inline
+        while requests and answers_inline(requests[0]):
+            answer, close = await state.answer(requests.pop(0))
+            out.append(answer)
+            if close:
+                requests = []
+                break
+        if requests:
+            # A route that may wait: answered by a task of its own.
+            self._hand_over(fd, out, requests, final)
+            return
+        if final is not None and not close:
+            out.append(final)
+            close = True
+        if out:
+            data = out[0] if len(out) == 1 else b"".join(out)
+            try:
+                sent = os.write(fd, data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                self._close(fd)
+                return
+            if sent < len(data):
+                self._hand_over(fd, [data[sent:]], [], None, close=close)
+                return
+        if close:
+            self._close(fd)
+
+    def _hand_over(self, fd: int, out: list[bytes], requests, final, *, close: bool = False):
+        sock, state = self._unwatch(fd)
+        self._nursery.start_soon(self._answer_off_poller, sock, state, out, requests, final, close)
+
+    async def _answer_off_poller(self, sock, state, out, requests, final, close) -> None:
+        """Answer what the poller could not (slow routes, a client not reading), then give the
+        connection back to the poller, or close it."""
+        fd = sock.fileno()
+        try:
+            # What was answered already goes out before anything waits.
+            if out and not await _send_all_fd(fd, b"".join(out)):
+                close = True
+            for request in requests:
+                if close:
+                    break
+                answer, close = await state.answer(request)
+                if not await _send_all_fd(fd, answer):
+                    close = True
+            if final is not None and not close:
+                await _send_all_fd(fd, final)
+                close = True
+        except BaseException:
+            sock.close()
+            raise
+        if close:
+            sock.close()
+        else:
+            self._watch(sock, state)

@@ -1,0 +1,325 @@
+"""nsqd's HTTP API as data: every endpoint, its parameters, and every status and error message
+it may answer with (Go nsqd v1.3.0's http.go, SPEC.md §6, plus the Youzan endpoints nsqd
+serves). The HTTP fuzzer judges responses against this table, and docs/openapi.yaml is
+generated from it (`python -m fuzz.http_spec > docs/openapi.yaml`), so the two never differ.
+"""
+
+import json
+import sys
+from dataclasses import dataclass, field
+
+JSON = "application/json; charset=utf-8"
+TEXT = "text/plain; charset=utf-8"
+
+# Answers any route may give, whatever the request.
+NOT_FOUND = 404  # {"message":"NOT_FOUND"}: no such path
+METHOD_NOT_ALLOWED = 405  # {"message":"METHOD_NOT_ALLOWED"} and an Allow header
+BAD_REQUEST_TEXT = b"400 Bad Request"  # unparseable request: plain text, then close
+HEADERS_TOO_LARGE_TEXT = b"431 Request Header Fields Too Large"  # over 1 MiB + 4 KiB
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    description: str
+    schema: dict = field(default_factory=lambda: {"type": "string"})
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    method: str
+    path: str  # `{opt}` marks a path parameter
+    summary: str
+    params: tuple[Param, ...] = ()
+    body: str | None = None  # description of the request body, None: none is read
+    ok: str = "empty"  # "empty", "text:OK", "json", "text", "stats"
+    # status -> error messages of Go's V1 envelope {"message": ...}
+    errors: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    documented_5xx: str = ""
+
+
+TOPIC = Param("topic", "Topic name: 1..64 of `[.a-zA-Z0-9_-]`, optionally ending `#ephemeral`")
+TOPIC_REQ = Param(TOPIC.name, TOPIC.description, required=True)
+CHANNEL = Param("channel", "Channel name, same rules as topic names", required=True)
+PARTITION = Param("partition", "Youzan: one partition of the topic (default: all)")
+_QUERY = ("INVALID_REQUEST",)  # an unparseable query string (bad `%` escape, `;`)
+
+_TOPIC_ERRORS = {400: ("MISSING_ARG_TOPIC", "INVALID_ARG_TOPIC_PARTITION", *_QUERY),
+                 404: ("TOPIC_NOT_FOUND",)}  # fmt: skip
+_CHANNEL_ERRORS = {
+    400: ("MISSING_ARG_TOPIC", "INVALID_ARG_TOPIC", "MISSING_ARG_CHANNEL", "INVALID_ARG_CHANNEL",
+          "INVALID_ARG_TOPIC_PARTITION", *_QUERY),
+    404: ("TOPIC_NOT_FOUND", "CHANNEL_NOT_FOUND"),
+}  # fmt: skip
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint("GET", "/ping", "Health: `OK`, or 500 with `NOK - <reason>`", ok="text:OK",
+             errors={500: ()}, documented_5xx="500 plain text `NOK - <reason>` when unhealthy"),
+    Endpoint("GET", "/info", "Version, addresses, ports and limits", ok="json"),
+    Endpoint(
+        "POST", "/pub", "Publish one message (the body)",
+        (TOPIC_REQ, Param("defer", "Delay in ms, 0..max-req-timeout",
+                          {"type": "integer", "minimum": 0})),
+        body="The message, 1..max-msg-size bytes",
+        ok="text:OK",
+        errors={400: ("MISSING_ARG_TOPIC", "INVALID_TOPIC", "MSG_EMPTY", "INVALID_DEFER", *_QUERY),
+                413: ("MSG_TOO_BIG",), 500: ("INTERNAL_ERROR",), 503: ("EXITING",)},
+        documented_5xx="500 INTERNAL_ERROR when the write fails, 503 EXITING while stopping",
+    ),
+    Endpoint(
+        "POST", "/put", "Deprecated alias of /pub",
+        (TOPIC_REQ, Param("defer", "Delay in ms", {"type": "integer", "minimum": 0})),
+        body="The message", ok="text:OK",
+        errors={400: ("MISSING_ARG_TOPIC", "INVALID_TOPIC", "MSG_EMPTY", "INVALID_DEFER", *_QUERY),
+                413: ("MSG_TOO_BIG",), 500: ("INTERNAL_ERROR",), 503: ("EXITING",)},
+        documented_5xx="as /pub",
+    ),
+    Endpoint(
+        "POST", "/mpub", "Publish many messages: lines of text, or `binary=true` MPUB framing",
+        (TOPIC_REQ, Param("binary", "true/1: `[4-byte count]([4-byte size][body])*`; "
+                          "false/0 or absent: newline-separated")),
+        body="The messages", ok="text:OK",
+        errors={400: ("MISSING_ARG_TOPIC", "INVALID_TOPIC", *_QUERY),
+                413: ("BODY_TOO_BIG", "MSG_TOO_BIG", "BAD_BODY", "BAD_MESSAGE"),
+                500: ("INTERNAL_ERROR",), 503: ("EXITING",)},
+        documented_5xx="as /pub",
+    ),
+    Endpoint(
+        "GET", "/stats", "Topics, channels, clients and memory; text unless format=json",
+        (Param("format", "`json` for JSON"), Param("topic", "Only this topic"),
+         Param("channel", "Only this channel"),
+         Param("include_clients", "true/false (default true)"),
+         Param("include_mem", "true/false (default true)")),
+        ok="stats", errors={400: _QUERY},
+    ),
+    Endpoint(
+        "POST", "/topic/create", "Create a topic (Youzan: `partition_num` partitions)",
+        (TOPIC_REQ, Param("partition_num", "Youzan: 1..255 partitions"),
+         Param("partition", "Youzan: create this one partition, 0..254"),
+         Param("orderedmulti", "Youzan: `true` for an ordered topic"),
+         Param("ext", "Youzan: `true` for an ext topic")),
+        errors={400: ("MISSING_ARG_TOPIC", "INVALID_TOPIC", "INVALID_ARG_TOPIC_PARTITION_NUM",
+                      "INVALID_ARG_TOPIC_PARTITION", *_QUERY)},
+    ),
+    Endpoint("POST", "/topic/delete", "Delete a topic and its channels", (TOPIC_REQ, PARTITION),
+             errors=_TOPIC_ERRORS),
+    Endpoint("POST", "/topic/empty", "Drop every queued message of a topic",
+             (TOPIC_REQ, PARTITION),
+             errors={400: ("MISSING_ARG_TOPIC", "INVALID_TOPIC", "INVALID_ARG_TOPIC_PARTITION",
+                           *_QUERY), 404: ("TOPIC_NOT_FOUND",), 500: ("INTERNAL_ERROR",)},
+             documented_5xx="500 INTERNAL_ERROR when the queue files cannot be removed"),
+    Endpoint("POST", "/topic/pause", "Pause a topic", (TOPIC_REQ, PARTITION),
+             errors=_TOPIC_ERRORS),
+    Endpoint("POST", "/topic/unpause", "Unpause a topic", (TOPIC_REQ, PARTITION),
+             errors=_TOPIC_ERRORS),
+    Endpoint("POST", "/channel/create", "Create a channel of an existing topic",
+             (TOPIC_REQ, CHANNEL, PARTITION),
+             errors={400: _CHANNEL_ERRORS[400], 404: ("TOPIC_NOT_FOUND",)}),
+    Endpoint("POST", "/channel/delete", "Delete a channel", (TOPIC_REQ, CHANNEL, PARTITION),
+             errors=_CHANNEL_ERRORS),
+    Endpoint("POST", "/channel/empty", "Drop every queued message of a channel",
+             (TOPIC_REQ, CHANNEL, PARTITION),
+             errors={**_CHANNEL_ERRORS, 500: ("INTERNAL_ERROR",)},
+             documented_5xx="500 INTERNAL_ERROR when the queue files cannot be removed"),
+    Endpoint("POST", "/channel/pause", "Pause a channel", (TOPIC_REQ, CHANNEL, PARTITION),
+             errors=_CHANNEL_ERRORS),
+    Endpoint("POST", "/channel/unpause", "Unpause a channel", (TOPIC_REQ, CHANNEL, PARTITION),
+             errors=_CHANNEL_ERRORS),
+    Endpoint("GET", "/config/{opt}", "One option's value, by its config-file name",
+             (Param("opt", "Option name, e.g. `log_level`", required=True),),
+             ok="config", errors={400: ("INVALID_OPTION",)}),
+    Endpoint("PUT", "/config/{opt}",
+             "Change `nsqlookupd_tcp_addresses` (JSON array of strings) or `log_level`",
+             (Param("opt", "`nsqlookupd_tcp_addresses` or `log_level`", required=True),),
+             body="The new value", ok="config",
+             errors={400: ("INVALID_OPTION", "INVALID_VALUE"), 413: ("INVALID_VALUE",)}),
+    Endpoint("POST", "/debug/freememory", "Run a garbage collection"),
+    Endpoint("GET", "/metrics", "Prometheus text format", ok="text"),
+    Endpoint(
+        "POST", "/pubtrace", "Youzan: publish with a trace id; JSON reply with id and offset",
+        (Param("topic", "Topic name", required=True), PARTITION,
+         Param("trace_id", "Decimal uint64", required=True)),
+        body="The message", ok="json",
+        errors={400: ("MSG_EMPTY", "INVALID_TRACE_ID", "MISSING_ARG_TOPIC",
+                      "INVALID_ARG_TOPIC_PARTITION", "E_FAILED_ON_NOT_WRITABLE", *_QUERY),
+                404: ("E_TOPIC_NOT_EXIST",), 413: ("MSG_TOO_BIG",), 503: ("EXITING",)},
+        documented_5xx="503 EXITING while stopping",
+    ),
+    Endpoint("POST", "/disable/write", "Youzan: refuse writes (`all`, `ordered`) or allow them",
+             (Param("type", "`all`, `ordered`, anything else re-enables writes"),),
+             errors={400: _QUERY}),
+)  # fmt: skip
+
+
+def route(method: str, path: str) -> Endpoint | None:
+    for endpoint in ENDPOINTS:
+        if endpoint.method != method:
+            continue
+        if endpoint.path == path or (
+            endpoint.path.endswith("{opt}") and path.startswith(endpoint.path[: -len("{opt}")])
+        ):
+            return endpoint
+    return None
+
+
+def methods_of(path: str) -> set[str]:
+    found = set()
+    for endpoint in ENDPOINTS:
+        if endpoint.path == path or (
+            endpoint.path.endswith("{opt}") and path.startswith(endpoint.path[: -len("{opt}")])
+        ):
+            found.add(endpoint.method)
+    return found
+
+
+# -- OpenAPI ---------------------------------------------------------------------------------
+
+_OK_CONTENT = {
+    "empty": ("Success, empty body", None),
+    "text:OK": ("The text `OK`", {TEXT: {"schema": {"type": "string", "enum": ["OK"]}}}),
+    "json": ("JSON", {JSON: {"schema": {"type": "object"}}}),
+    "text": ("Text", {TEXT: {"schema": {"type": "string"}}}),
+    "config": (
+        "The value: text for a string option (Go's RespondV1), JSON otherwise",
+        {TEXT: {"schema": {"type": "string"}}, JSON: {}},
+    ),
+    "stats": (
+        "Text report, or JSON with format=json",
+        {TEXT: {"schema": {"type": "string"}}, JSON: {"schema": {"type": "object"}}},
+    ),
+}
+
+
+def openapi() -> dict:
+    paths: dict[str, dict] = {}
+    for endpoint in ENDPOINTS:
+        operation: dict = {"summary": endpoint.summary}
+        parameters = []
+        for param in endpoint.params:
+            parameters.append(
+                {
+                    "name": param.name,
+                    "in": "path" if param.name == "opt" else "query",
+                    "required": param.required or param.name == "opt",
+                    "description": param.description,
+                    "schema": param.schema,
+                }
+            )
+        if parameters:
+            operation["parameters"] = parameters
+        if endpoint.body is not None:
+            operation["requestBody"] = {
+                "description": endpoint.body,
+                "content": {"application/octet-stream": {"schema": {"type": "string"}}},
+            }
+        description, content = _OK_CONTENT[endpoint.ok]
+        responses: dict = {"200": {"description": description}}
+        if content:
+            responses["200"]["content"] = content
+        for status, messages in sorted(endpoint.errors.items()):
+            if endpoint.path == "/ping":
+                responses[str(status)] = {
+                    "description": endpoint.documented_5xx,
+                    "content": {TEXT: {"schema": {"type": "string"}}},
+                }
+                continue
+            responses[str(status)] = {
+                "description": "Go's V1 error envelope",
+                "content": {
+                    JSON: {
+                        "schema": {
+                            "$ref": "#/components/schemas/Error",
+                        },
+                        "examples": {m: {"value": {"message": m}} for m in messages},
+                    }
+                },
+            }
+        responses["404"] = responses.get("404") or {"$ref": "#/components/responses/NotFound"}
+        responses["405"] = {"$ref": "#/components/responses/MethodNotAllowed"}
+        operation["responses"] = responses
+        paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = operation
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "nsqd HTTP API",
+            "version": "1.3.0",
+            "description": (
+                "nsqpy's nsqd, wire compatible with Go nsqd v1.3.0 (SPEC.md §6). Every error "
+                'is Go\'s V1 envelope `{"message": "TEXT"}` with the status shown; every '
+                "response carries `X-Nsq-Content-Type: nsq; version=1.0` except /ping, /metrics "
+                "and the bare 400/431 answers to requests that cannot be parsed (plain text, "
+                "then the connection is closed: `400 Bad Request`, and `431 Request Header "
+                "Fields Too Large` past 1 MiB + 4 KiB of request line and headers). A request "
+                "whose Content-Length is over the route's limit is answered from its headers "
+                "(413) and the connection closed. Generated from fuzz/http_spec.py, which the "
+                "HTTP fuzzer checks every response against."
+            ),
+        },
+        "paths": paths,
+        "components": {
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "required": ["message"],
+                    "properties": {"message": {"type": "string"}},
+                }
+            },
+            "responses": {
+                "NotFound": {
+                    "description": "No such path (`NOT_FOUND`) or, where listed, no such object",
+                    "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}},
+                },
+                "MethodNotAllowed": {
+                    "description": "`METHOD_NOT_ALLOWED`, with an `Allow` header",
+                    "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}},
+                },
+            },
+        },
+    }
+
+
+def _yaml(value, indent: int = 0) -> list[str]:
+    """A small YAML emitter for the OpenAPI document (dicts, lists, strings, numbers, bools);
+    strings are written as JSON strings, which YAML reads as double-quoted scalars."""
+    pad = "  " * indent
+    lines: list[str] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            plain = key.replace("_", "").replace("-", "").isalnum() and not key.isdigit()
+            name = key if plain else json.dumps(key)
+            if isinstance(item, dict | list) and item:
+                lines.append(f"{pad}{name}:")
+                lines.extend(_yaml(item, indent + 1))
+            else:
+                lines.append(f"{pad}{name}: {_scalar(item)}")
+    else:
+        for item in value:
+            if isinstance(item, dict | list) and item:
+                sub = _yaml(item, indent + 1)
+                lines.append(f"{pad}- {sub[0].lstrip()}")
+                lines.extend(sub[1:])
+            else:
+                lines.append(f"{pad}- {_scalar(item)}")
+    return lines
+
+
+def _scalar(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, dict):
+        return "{}"
+    if isinstance(value, list):
+        return "[]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def openapi_yaml() -> str:
+    header = "# Generated by `python -m fuzz.http_spec > docs/openapi.yaml`; do not edit by hand.\n"
+    return header + "\n".join(_yaml(openapi())) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(openapi_yaml())
