@@ -9,6 +9,7 @@ dead socket.
 
 import json
 import math
+import os
 import re
 from typing import TYPE_CHECKING
 
@@ -169,6 +170,9 @@ class ProtocolV2(YouzanCommands):
             before_body=self._check_body_command,
         )
         self._send_lock = trio.Lock()
+        # The descriptor `_send` writes to directly while the connection is a plain socket
+        # (-1 once TLS or compression wraps it).
+        self._fd = stream.socket.fileno() if type(stream) is trio.SocketStream else -1
         self._cancel_scope = trio.CancelScope()
         self._commands_run = 0
         self._handlers = {
@@ -314,6 +318,21 @@ class ProtocolV2(YouzanCommands):
         return keep_open
 
     async def _send(self, data: bytes) -> None:
+        fd = self._fd
+        if fd >= 0 and not self._send_lock.locked():
+            # A plain socket and no send under way: write at once, without trio's socket
+            # wrappers and their two scheduler round trips; the socket buffer almost always
+            # takes it all. Only what is left waits, under the lock and the write deadline.
+            try:
+                sent = os.write(fd, data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                self._cancel_scope.cancel()
+                return
+            if sent == len(data):
+                return
+            data = data[sent:]
         client = self.client
         try:
             async with self._send_lock:
@@ -332,6 +351,7 @@ class ProtocolV2(YouzanCommands):
     async def _message_pump(self) -> None:
         client = self.client
         last_heartbeat = trio.current_time()
+        heartbeat_booked = -math.inf
         while True:
             channel = client.channel
             if channel is not None and client.is_ready():
@@ -357,6 +377,8 @@ class ProtocolV2(YouzanCommands):
                             frames = encode_message_frames(piece)
                         await self._send(frames)
                         del frames
+                    # A send that fit the socket buffer did not yield: let others run.
+                    await trio.lowlevel.checkpoint()
                     continue
                 channel.wait_for_messages(client)
             if client.closed_by_server:
@@ -364,13 +386,18 @@ class ProtocolV2(YouzanCommands):
                 return
             interval = client.heartbeat_interval
             if interval > 0:
-                with trio.move_on_at(last_heartbeat + interval):
-                    await client.wakeup.wait()
-                if trio.current_time() >= last_heartbeat + interval:
-                    last_heartbeat = trio.current_time()
+                now = trio.current_time()
+                due = last_heartbeat + interval
+                if now >= due:
+                    last_heartbeat = now
                     await self._send(HEARTBEAT_FRAME)
-            else:
-                await client.wakeup.wait()
+                    continue
+                # One wake-up booked at a time: a new one only once the last has fired, or
+                # when the heartbeat became due earlier (IDENTIFY shortened the interval).
+                if not now < heartbeat_booked <= due:
+                    self.nsqd.heartbeats.wake_at(due, client.wakeup)
+                    heartbeat_booked = due
+            await client.wakeup.wait()
 
     def _sample(self, messages: list) -> list:
         """Go skips (and so drops for this client) a message when rand(100) > sample_rate."""
@@ -531,6 +558,7 @@ class ProtocolV2(YouzanCommands):
         through the new layer (SPEC.md §2.1)."""
         client = self.client
         async with self._send_lock:
+            self._fd = -1
             await self.stream.send_all(b"".join(replies) + upgrade.reply)
             replies.clear()
             stream = self.stream

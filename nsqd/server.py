@@ -24,6 +24,7 @@ from diskqueue import DiskQueue
 from nsqd.backend import open_backend
 from nsqd.channel import Channel
 from nsqd.client import Client
+from nsqd.heartbeats import HeartbeatClock
 from nsqd.http_api import HTTPAPI, TLSRequiredRouter
 from nsqd.lookup import LookupPeers
 from nsqd.metadata import (
@@ -71,6 +72,7 @@ class NSQD:
         # Youzan's POST /disable/write: None, "all" or "ordered" (SPEC.md §5.6).
         self.write_disabled: str | None = None
         self.queue_scanner = QueueScanner(self)
+        self.heartbeats = HeartbeatClock()
         self.lookup_peers = LookupPeers(self)
         self.tls_context = server_context(options)
         self.auth_enabled = bool(options.auth_http_address)
@@ -453,6 +455,7 @@ class NSQD:
                             )
                         )
                     nursery.start_soon(self.queue_scanner.run)
+                    nursery.start_soon(self.heartbeats.run)
                     nursery.start_soon(self._metadata_writer)
                     nursery.start_soon(self._sync_timer)
                     nursery.start_soon(self.lookup_peers.run, options.lookupd_tcp_address)
