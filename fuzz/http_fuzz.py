@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 from fuzz import http_spec
 from fuzz.tcp_grammar import CANARY_TOPIC, INVALID_NAMES
+from fuzz.workers import run_workers
 
 MAX_MSG_SIZE = 1024 * 1024
 MAX_BODY_SIZE = 5 * 1024 * 1024
@@ -551,14 +552,7 @@ class HTTPFuzzer:
         return reader.eof
 
     def run(self) -> HTTPStats:
-        threads = [
-            threading.Thread(target=self._worker, args=(n,), daemon=True)
-            for n in range(self.workers)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        run_workers(self._worker, self.workers)
         return self.stats
 
 

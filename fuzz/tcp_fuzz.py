@@ -21,6 +21,7 @@ from common.errors import ProtocolError
 from common.frame import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, FrameDecoder
 from fuzz.tcp_grammar import Grammar, Session, chunks
 from fuzz.tcp_oracle import Matcher
+from fuzz.workers import run_workers
 
 # From the last byte sent, how long nsqd has to answer everything and close. Safety net
 # against a hang (reported as a violation), never a measure of speed.
@@ -258,12 +259,5 @@ class TCPFuzzer:
                 self.stats.merge(local)
 
     def run(self) -> TCPStats:
-        threads = [
-            threading.Thread(target=self._worker, args=(n,), daemon=True)
-            for n in range(self.workers)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        run_workers(self._worker, self.workers)
         return self.stats

@@ -12,28 +12,13 @@ import pytest
 from common.frame import FrameDecoder
 from fuzz import http_spec
 from fuzz.canary import Canary
-from fuzz.daemon import NSQDProcess, RSSSampler
+from fuzz.daemon import RSSSampler
 from fuzz.http_fuzz import HTTPFuzzer, HTTPSlowloris, ResponseReader
-from fuzz.run import NSQD_FLAGS
+from tests.reliability.fuzz_fixtures import fuzz_nsqd, shared_fuzz_nsqd  # noqa: F401
 
 SEED = 0x10F022
 SHORT_REQUESTS = 3000
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def nsqd(tmp_path):
-    daemon = NSQDProcess(tmp_path, *NSQD_FLAGS).start()
-    yield daemon
-    daemon.kill()
-
-
-@pytest.fixture(scope="module")
-def shared_nsqd(tmp_path_factory):
-    """One nsqd for the regression tests, which do not disturb one another."""
-    daemon = NSQDProcess(tmp_path_factory.mktemp("nsqd"), *NSQD_FLAGS).start()
-    yield daemon
-    daemon.kill()
 
 
 def _request(port: int, raw: bytes, *, head: bool = False, count: int = 1):

@@ -21,30 +21,16 @@ from common.frame import FRAME_TYPE_ERROR, FrameDecoder
 from common.goformat import go_quote
 from fuzz import codec_target
 from fuzz.canary import Canary
-from fuzz.daemon import NSQDProcess, RSSSampler
-from fuzz.run import NSQD_FLAGS, run_campaign
+from fuzz.daemon import RSSSampler
+from fuzz.run import run_campaign
 from fuzz.tcp_fuzz import TCPFuzzer, TCPStats, slowloris_session
 from fuzz.tcp_grammar import Grammar
 from fuzz.tcp_oracle import Matcher, expectation
+from tests.reliability.fuzz_fixtures import fuzz_nsqd, shared_fuzz_nsqd  # noqa: F401
 
 SEED = 0x10F022
 SHORT_INPUTS = 20_000
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def nsqd(tmp_path):
-    daemon = NSQDProcess(tmp_path, *NSQD_FLAGS).start()
-    yield daemon
-    daemon.kill()
-
-
-@pytest.fixture(scope="module")
-def shared_nsqd(tmp_path_factory):
-    """One nsqd for the regression tests, which do not disturb one another."""
-    daemon = NSQDProcess(tmp_path_factory.mktemp("nsqd"), *NSQD_FLAGS).start()
-    yield daemon
-    daemon.kill()
 
 
 def _exchange(port: int, payload: bytes, timeout: float = 20.0) -> list[tuple[int, bytes]]:
