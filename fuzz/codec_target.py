@@ -24,8 +24,10 @@ try:
 except ImportError:  # the plain-random mode needs no atheris
     atheris = None
 
-if atheris is not None and "--random" not in sys.argv:
+if atheris is not None and __name__ == "__main__" and "--random" not in sys.argv:
     # Coverage for our decoders only: instrumenting trio and the rest costs seconds of start-up.
+    # Only when run as the fuzzer: a process that imports this module (the tests) keeps its
+    # modules as they are.
     with atheris.instrument_imports(
         include=["common.command_parser", "common.frame", "common.goformat", "common.names",
                  "common.http_server", "nsqd.protocol_v2"]

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from common.command import MAGIC_V2
 from common.frame import FRAME_TYPE_ERROR, FrameDecoder
@@ -237,3 +239,58 @@ def test_grammar_is_deterministic_for_a_seed() -> None:
 
     assert sessions(5) == sessions(5)
     assert sessions(5) != sessions(6)
+
+
+# -- hypothesis-driven sessions ----------------------------------------------------------------
+
+_COMMAND_NAMES = ["PUB", "DPUB", "MPUB", "SUB", "RDY", "FIN", "REQ", "TOUCH", "CLS", "NOP",
+                  "IDENTIFY", "AUTH", "PUB_TRACE", "SUB_ORDERED", "pub", "NOPE"]  # fmt: skip
+_BODY_COMMANDS = {"PUB", "DPUB", "MPUB", "IDENTIFY", "AUTH", "PUB_TRACE"}
+_words = st.one_of(
+    st.sampled_from(
+        [
+            b"t",
+            b"c",
+            b"t#ephemeral",
+            b"0",
+            b"1",
+            b"-1",
+            b"2500",
+            b"a" * 64,
+            b"a" * 65,
+            b"0123456789abcdef",
+        ]
+    ),  # fmt: skip
+    st.binary(max_size=70).filter(lambda word: b" " not in word and b"\n" not in word),
+)
+
+
+@st.composite
+def _commands(draw) -> tuple[bytes, list]:
+    """A session: commands with drawn names, arguments and bodies, each well framed (a body
+    command's size prefix matches its body), and what each may get back."""
+    payload, expects = b"", []
+    for _ in range(draw(st.integers(1, 8))):
+        name = draw(st.sampled_from(_COMMAND_NAMES))
+        args = draw(st.lists(_words, max_size=3))
+        line = b" ".join([name.encode(), *args]) + b"\n"
+        if name in _BODY_COMMANDS:
+            body = draw(st.one_of(st.binary(max_size=64), st.just(b'{"client_id":"x"}')))
+            line += struct.pack(">I", len(body)) + body
+        payload += line
+        expects.append(expectation(name))
+    return payload, expects
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(session=_commands())
+def test_hypothesis_sessions_get_only_allowed_replies(shared_nsqd, session) -> None:
+    """Sessions hypothesis draws (and shrinks, when one fails) get, command by command, only
+    replies SPEC.md allows for that command, and a fatal error is the last thing said."""
+    payload, expects = session
+    matcher = Matcher(list(expects))
+    for frame_type, data in _exchange(shared_nsqd.port("TCP"), payload):
+        matcher.reply(frame_type, data)
+    matcher.closed(complete=True)
+    assert matcher.violations == [], (payload[:300], matcher.violations)
+    assert shared_nsqd.alive()
