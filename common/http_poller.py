@@ -15,6 +15,7 @@ the connection comes back. A client that does not read its answers is handled th
 
 import os
 import select
+import socket
 
 import trio
 
@@ -25,6 +26,12 @@ from common.http_server import (
     _send_all_fd,
 )
 
+# How long a connection the server closes may still send (and have it dropped): Go's
+# rstAvoidanceDelay.
+LINGER_SECONDS = 0.5
+# ... and how much of it we read and drop meanwhile, so a client streaming without end is not
+# read without end.
+LINGER_MAX_BYTES = 256 * 1024
 # Level-triggered: a connection with unread bytes is reported again on the next wait.
 _READABLE = select.EPOLLIN | select.EPOLLRDHUP
 _MAX_EVENTS = 256
@@ -129,7 +136,8 @@ class HTTPPoller:
                 self._hand_over(fd, [data[sent:]], [], None, close=close)
                 return
         if close:
-            self._close(fd)
+            sock, _state = self._unwatch(fd)
+            self._nursery.start_soon(_close_after_answer, sock)
 
     def _hand_over(self, fd: int, out: list[bytes], requests, final, *, close: bool = False):
         sock, state = self._unwatch(fd)
@@ -156,6 +164,28 @@ class HTTPPoller:
             sock.close()
             raise
         if close:
-            sock.close()
+            await _close_after_answer(sock)
         else:
             self._watch(sock, state)
+
+
+async def _close_after_answer(sock) -> None:
+    """Go's closeWriteAndWait: closing with unread input makes the kernel send a reset, which
+    can destroy the end of our answer before the client has read it (a client that sent more
+    after a request we refused, say). Send FIN first, read and drop what comes (up to a
+    limit) for a moment, then close."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        with trio.move_on_after(LINGER_SECONDS):
+            dropped = 0
+            while dropped < LINGER_MAX_BYTES:
+                data = await sock.recv(RECEIVE_SIZE)
+                if not data:
+                    return
+                dropped += len(data)
+            # A client still streaming: stop reading (as Go does) until the delay is over.
+            await trio.sleep_forever()
+    except OSError:
+        pass
+    finally:
+        sock.close()

@@ -179,3 +179,20 @@ async def test_connection_close_and_garbage_end_the_connection(server):
     assert await answers.next() == (200, b"/echo")
     assert (await answers.next())[0] == 400
     assert await answers.closed()
+
+
+async def test_a_refused_connection_gets_its_whole_answer_even_with_unread_input(server):
+    """The server closes after a request it cannot parse; input the client sent after it
+    must not turn the close into a reset that destroys the answers still unread."""
+    connect, _release, _errors = server
+    stream, answers = await connect()
+    body = b"x" * 500_000
+    await stream.send_all(request_bytes("POST", "/echo", body) + b"NOT HTTP\r\n\r\n")
+    # More input after the garbage, which the server never reads.
+    await stream.send_all(b"y" * 200_000)
+    # A slow reader: it pauses before reading (the behaviour under test, not a wait for a
+    # condition), so the server closes while its answers still sit unread in the buffers.
+    await trio.sleep(0.3)
+    assert await answers.next() == (200, body)
+    assert (await answers.next())[0] == 400
+    assert await answers.closed()

@@ -116,7 +116,9 @@ def test_an_endless_header_is_cut_off_at_the_limit(shared_nsqd) -> None:
         except (BrokenPipeError, ConnectionResetError):
             pass
         response = ResponseReader(sock).read(False)
-    assert sent < 4 * 1024 * 1024
+    # The header limit (1 MiB + 4 KiB), what a closing connection reads and drops
+    # (LINGER_MAX_BYTES), and the sockets' buffers: far from the 64 MiB offered.
+    assert sent < 6 * 1024 * 1024
     assert response is None or response.status == 431
 
 
