@@ -171,6 +171,29 @@ class Progress:
             self.stream.flush()
 
 
+def settle(
+    group: "ConsumerGroup",
+    message: Message,
+    error: str | None,
+    *,
+    progress: Progress,
+    log: logging.Logger,
+    status_every: int,
+    done: str,
+) -> None:
+    """After handing `message` on: FIN it and count it (a log line every `status_every`
+    messages: `N messages <done>`), or, when handing it on failed (`error`), log why and
+    requeue it. go-nsq backs a failed message off by its attempts; a plain delay does here."""
+    if error is None:
+        group.finish(message)
+        progress.add()
+        if status_every and progress.count % status_every == 0:
+            log.info("%d messages %s", progress.count, done)
+    else:
+        log.error("%s", error)
+        group.requeue(message, delay_ms=min(message.attempts, 60) * 1000)
+
+
 class ConsumerGroup:
     """One subscription (`topic`/`channel`) on every nsqd that has the topic.
 

@@ -30,6 +30,7 @@ from tools._common import (
     log_flags,
     make_logger,
     parse_args,
+    settle,
 )
 from tools._options import consumer_settings
 
@@ -204,10 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     for thread in workers:
         thread.start()
     outstanding = 0
-    delivered = 0
 
     def answer(block: bool) -> None:
-        nonlocal outstanding, delivered
+        nonlocal outstanding
         while outstanding:
             try:
                 message, error = (
@@ -216,17 +216,15 @@ def main(argv: list[str] | None = None) -> int:
             except queue.Empty:
                 return
             outstanding -= 1
-            if error is None:
-                group.finish(message)
-                delivered += 1
-                progress.add()
-                every = values["status_every"]
-                if every and delivered % every == 0:
-                    log.info("%d messages delivered", delivered)
-            else:
-                log.error("%s", error)
-                # go-nsq backs off a failed message by attempts; a plain delay does here.
-                group.requeue(message, delay_ms=min(message.attempts, 60) * 1000)
+            settle(
+                group,
+                message,
+                error,
+                progress=progress,
+                log=log,
+                status_every=values["status_every"],
+                done="delivered",
+            )
 
     def dispatch(message) -> None:
         nonlocal outstanding

@@ -22,6 +22,7 @@ from tools._common import (
     log_flags,
     make_logger,
     parse_args,
+    settle,
 )
 from tools._options import consumer_settings, nsq_options
 
@@ -137,21 +138,18 @@ def main(argv: list[str] | None = None) -> int:
         **settings,
     )
     progress = Progress()
-    copied = 0
 
     def copy(message) -> None:
-        nonlocal copied
         error = destinations.publish(destination_topic, message.body)
-        if error is None:
-            group.finish(message)
-            copied += 1
-            progress.add()
-            every = values["status_every"]
-            if every and copied % every == 0:
-                log.info("%d messages copied", copied)
-        else:
-            log.error("publish failed - %s", error)
-            group.requeue(message, delay_ms=min(message.attempts, 60) * 1000)
+        settle(
+            group,
+            message,
+            None if error is None else f"publish failed - {error}",
+            progress=progress,
+            log=log,
+            status_every=values["status_every"],
+            done="copied",
+        )
 
     try:
         while not stop:
