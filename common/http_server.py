@@ -223,32 +223,31 @@ class Router:
             return
         self._routes.setdefault(path, {})[method] = handler
 
-    def _methods(self, path: str) -> dict[str, Handler] | None:
+    def _route(self, path: str) -> tuple[str, dict[str, Handler]] | None:
+        """The route pattern `path` matches (as added: `/a/*` for a catch-all) and its
+        handlers by method; None for an unknown path."""
         methods = self._routes.get(path)
         if methods is not None:
-            return methods
+            return path, methods
         for prefix, prefixed in self._prefixes:
             if path.startswith(prefix):
-                return prefixed
+                return prefix + "*", prefixed
         return None
 
     def answers_inline(self, request: Request) -> bool:
         """Whether the HTTP poller may answer `request` itself: an inline route, or an
         unknown path or method (answered without a handler)."""
-        method, path = request.method, request.path
-        if (method, path) in self._inline:
+        route = self._route(request.path)
+        if route is None:
             return True
-        if path in self._routes:
-            return method not in self._routes[path]
-        for prefix, prefixed in self._prefixes:
-            if path.startswith(prefix):
-                return method not in prefixed or (method, prefix + "*") in self._inline
-        return True
+        pattern, methods = route
+        return request.method not in methods or (request.method, pattern) in self._inline
 
     async def dispatch(self, request: Request) -> Response:
-        methods = self._methods(request.path)
-        if methods is None:
+        route = self._route(request.path)
+        if route is None:
             return v1_response(404, "NOT_FOUND")
+        methods = route[1]
         handler = methods.get(request.method)
         if handler is None:
             allow = ", ".join(sorted({*methods, "OPTIONS"}))
