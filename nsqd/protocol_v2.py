@@ -135,6 +135,8 @@ def decode_identify(body: bytes) -> dict:
                 # Youzan's keys count by their presence (`"ext_filter": null`, §8 #1).
                 decoded.setdefault("_extra", {})[key] = value
             continue
+        if isinstance(value, str):
+            value = _LONE_SURROGATE.sub("\ufffd", value)
         if name in _IdentifyFields.INT or name in _IdentifyFields.INT32:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise error
@@ -146,10 +148,7 @@ def decode_identify(body: bytes) -> dict:
         elif name in _IdentifyFields.STR:
             if not isinstance(value, str):
                 raise error
-            value = _LONE_SURROGATE.sub("\ufffd", value)
         else:
-            if isinstance(value, str):
-                value = _LONE_SURROGATE.sub("\ufffd", value)
             decoded.setdefault("_extra", {})[key] = value
             continue
         decoded[name] = value
