@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from common.names import is_ephemeral
-from nsqd.backend import BackendWriteError, write_error
+from nsqd.backend import BackendWriteError
 from nsqd.e2e import LatencyStream, merged_result
 from nsqd.inflight import DeadlineQueue
 from nsqd.message import Message
@@ -112,21 +112,13 @@ class Channel:
 
     def _write_to_backend(self, messages: Iterable[Message]) -> None:
         """BackendWriteError (health NOK) if the diskqueue write fails."""
-        backend = self.backend
-        try:
-            backend.put_many([message.to_record() for message in messages])
-        except OSError as os_error:
-            error = write_error(backend, os_error)
-            self.nsqd.log.error(
-                "CHANNEL(%s:%s) ERROR: failed to write messages to backend - %s",
-                self.topic_name,
-                self.name,
-                error,
-            )
-            self.nsqd.set_health(error)
-            raise error from None
-        self.nsqd.set_health(None)
-        self.nsqd.backend_written(backend)
+        self.nsqd.write_to_backend(
+            self.backend,
+            messages,
+            "CHANNEL(%s:%s) ERROR: failed to write messages to backend",
+            self.topic_name,
+            self.name,
+        )
 
     @property
     def depth(self) -> int:

@@ -21,7 +21,7 @@ from common.names import is_valid_name
 from common.net import accept_forever, format_address, open_listener
 from common.version import VERSION
 from diskqueue import DiskQueue
-from nsqd.backend import open_backend
+from nsqd.backend import open_backend, write_error
 from nsqd.channel import Channel
 from nsqd.client import Client
 from nsqd.heartbeats import HeartbeatClock
@@ -254,7 +254,19 @@ class NSQD:
 
     # -- durability -------------------------------------------------------------------------
 
-    def backend_written(self, backend) -> None:
+    def write_to_backend(self, backend, messages, failure: str, *failure_args) -> None:
+        """Append `messages` to a diskqueue, to be synced by the next commit (before the
+        publish is acknowledged); health is OK again after it. A failed write (a full disk) is
+        logged as `failure % failure_args` and ` - <error>`, turns health NOK and raises
+        BackendWriteError."""
+        try:
+            backend.put_many([message.to_record() for message in messages])
+        except OSError as os_error:
+            error = write_error(backend, os_error)
+            self.log.error(failure + " - %s", *failure_args, error)
+            self.set_health(error)
+            raise error from None
+        self.set_health(None)
         self._written_backends.add(backend)
 
     async def commit_backend_writes(self) -> None:

@@ -146,19 +146,13 @@ class Topic:
         memory = self.memory
         room = self.mem_queue_size - len(memory)
         if room < len(messages):
-            backend = self.backend
             overflow = messages[room:] if room > 0 else messages
-            try:
-                backend.put_many([message.to_record() for message in overflow])
-            except OSError as os_error:
-                error = write_error(backend, os_error)
-                self.nsqd.log.error(
-                    "TOPIC(%s) ERROR: failed to write message to backend - %s", self.name, error
-                )
-                self.nsqd.set_health(error)
-                raise error from None
-            self.nsqd.set_health(None)
-            self.nsqd.backend_written(backend)
+            self.nsqd.write_to_backend(
+                self.backend,
+                overflow,
+                "TOPIC(%s) ERROR: failed to write message to backend",
+                self.name,
+            )
             if room > 0:
                 memory.extend(messages[:room])
         else:
