@@ -34,7 +34,7 @@ class Captured:
 
 
 def reference(name: str) -> Captured:
-    """One `curl -i` capture of shared/reference/go-nsq-1.3.0."""
+    """One `curl -i` capture of tests/reference/go-1.3.0."""
     raw = (REFERENCE_DIR / name).read_bytes()
     head, _, body = raw.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")

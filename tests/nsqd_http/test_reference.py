@@ -1,6 +1,6 @@
 """Our nsqd's HTTP responses against Go nsqd v1.3.0's, for every captured `nsqd_*.http` file.
 
-`shared/reference/go-nsq-1.3.0/` holds the raw `curl -i` output of Go nsqd for the requests of
+`tests/reference/go-1.3.0/` holds the raw `curl -i` output of Go nsqd for the requests of
 its INDEX.txt, taken in that order against one daemon: topic "test", channel "ch", a consumer
 (nsq_tail) connected with RDY 200 that FINs what it gets, a deferred message, and a producer
 (to_nsq) for the `_with_producer` capture. Each test builds the same state in a fresh

@@ -1,6 +1,6 @@
 """Our nsqlookupd's HTTP responses against Go nsqlookupd v1.3.0's, for every `nsqlookupd_*.http`.
 
-`shared/reference/go-nsq-1.3.0/` holds the raw `curl -i` output of Go nsqlookupd for the
+`tests/reference/go-1.3.0/` holds the raw `curl -i` output of Go nsqlookupd for the
 requests listed in its INDEX.txt. The captures were taken with one Go nsqd registered: first
 with nothing (`_empty`, `_no_topics`), then with topic "test" and channel "ch". Each test builds
 the same state in a fresh in-process nsqlookupd, replays the request and compares the response
