@@ -68,6 +68,8 @@ def run_daemon(
         log.critical("failed to instantiate %s - %s", name, error)
         sys.exit(1)
     log = setup_logger(name, options.log_prefix, options.log_level)
+    # Go's daemons log their version line first; harnesses read the version from it.
+    log.info("%s", version_line(name))
     try:
         server = build_server(options, log)
     except OSError as error:  # e.g. a TLS certificate or key that cannot be loaded

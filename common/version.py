@@ -18,9 +18,13 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 VERSION = f"{NSQ_PROTOCOL_VERSION}+nsqpy.{PACKAGE_VERSION}"
 
 
-def version_line(daemon: str) -> str:
-    """The `--version` line in the shape tools parse.
+def version_line(program: str) -> str:
+    r"""The `--version` line, in exactly the shape of Go's `nsqd v1.3.0 (built w/go1.19.8)`.
 
-    `nsqd v1.3.0+nsqpy.0.1.0 (built w/python3.11.7)`, like Go's `nsqd v1.3.0 (built w/go1.19.8)`.
+    Test harnesses read it with patterns such as gnsq's
+    `v(\d+\.\d+\.\d+)(?:-[a-z]+)? \(built w/`, which semver build metadata after the
+    version would break, so our identity goes inside the parentheses, where Go names its
+    toolchain: `nsqd v1.3.0 (built w/nsqpy-0.1.0 python3.11.7)`.
     """
-    return f"{daemon} v{VERSION} (built w/python{platform.python_version()})"
+    built_with = f"nsqpy-{PACKAGE_VERSION} python{platform.python_version()}"
+    return f"{program} v{NSQ_PROTOCOL_VERSION} (built w/{built_with})"

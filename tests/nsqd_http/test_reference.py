@@ -200,7 +200,7 @@ def json_differences(ours, go, path: str = "$") -> list[str]:
 def _text_line_pattern(line: str) -> str:
     """A regex for one line of Go's text `/stats`, the volatile parts left open."""
     if line.startswith("nsqd v"):
-        return r"nsqd v\S+ \(built w/\S+\)"
+        return r"nsqd v\d+\.\d+\.\d+ \(built w/[^)]+\)"
     for fixed in ("start_time ", "uptime "):
         if line.startswith(fixed):
             return re.escape(fixed) + r"\S+"
