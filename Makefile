@@ -1,58 +1,82 @@
 # Everything runs from a local virtualenv in .venv, built on first use.
+# `make run` needs Python 3.11 (with its venv module) and make, nothing else; `make test` also
+# installs the test tools: the test extras from PyPI, nsqjs from npm, and, where they are
+# missing, Debian's Chromium, Node.js and Java (apt-get, as root).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
+# The package alone, enough to run the daemons and utilities.
 INSTALLED := $(VENV)/.installed
+# The package with the test and spark extras.
+TEST_INSTALLED := $(VENV)/.installed-test
 # nsqjs for the interop tests, from the committed lock file; the stamp is inside
 # node_modules so that a missing node_modules reinstalls too.
 NODE_DIR := tests/interop/node
 NODE_INSTALLED := $(NODE_DIR)/node_modules/.installed
+APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y
 
-.PHONY: install browser java run test lint bench clean
+.PHONY: install install-test browser java node run test lint bench clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
+	$(BIN)/python -m pip install --quiet -e .
 	touch $(INSTALLED)
 
-$(NODE_INSTALLED): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
+$(TEST_INSTALLED): $(INSTALLED)
+	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
+	touch $(TEST_INSTALLED)
+
+## Node.js and npm for the nsqjs interop tests.
+node:
 	@command -v npm >/dev/null 2>&1 || { \
-		echo "error: npm not found: the nsqjs interop tests ($(NODE_DIR)) need Node.js and npm (e.g. apt-get install nodejs npm)" >&2; \
-		exit 1; }
+		command -v apt-get >/dev/null 2>&1 || { \
+			echo "error: npm not found and apt-get is not available: the nsqjs interop tests ($(NODE_DIR)) need Node.js and npm (Debian: apt-get install nodejs npm)" >&2; \
+			exit 1; }; \
+		apt-get update && $(APT_INSTALL) nodejs npm; \
+	}
+
+$(NODE_INSTALLED): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json | node
 	npm ci --prefix $(NODE_DIR) --no-audit --no-fund --loglevel=error
 	touch $(NODE_INSTALLED)
 
-install: $(INSTALLED) $(NODE_INSTALLED)
+## The package alone: what `make run` needs.
+install: $(INSTALLED)
+
+## Everything the test suite needs.
+install-test: $(TEST_INSTALLED) $(NODE_INSTALLED) browser java
 
 ## Start nsqlookupd, nsqd and nsqadmin on localhost and print their URLs.
 run: install
 	$(BIN)/python -m tools.local_cluster
 
-## Debian's headless Chromium and its driver, for the nsqadmin browser tests (root on CI).
+## Debian's headless Chromium and its driver, for the nsqadmin browser tests.
 browser:
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
 		command -v apt-get >/dev/null 2>&1 || { \
 			echo "error: /usr/bin/chromium not found and apt-get is not available: the nsqadmin browser tests (tests/nsqadmin/test_browser.py) need Chromium and chromedriver (Debian: apt-get install chromium chromium-driver)" >&2; \
 			exit 1; }; \
-		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; \
+		apt-get update && $(APT_INSTALL) chromium chromium-driver; \
 	fi
 
-## The Spark connector tests (marker `spark`) start a local JVM.
+## Java 17 for the Spark connector tests (marker `spark`), which start a local JVM.
 java:
 	@command -v java >/dev/null 2>&1 || { \
-		echo "error: java not found: the Spark connector tests (tests/spark, marker spark) need Java 17 (Debian: apt-get install openjdk-17-jre-headless)" >&2; \
-		exit 1; }
+		command -v apt-get >/dev/null 2>&1 || { \
+			echo "error: java not found and apt-get is not available: the Spark connector tests (tests/spark, marker spark) need Java 17 (Debian: apt-get install openjdk-17-jre-headless)" >&2; \
+			exit 1; }; \
+		apt-get update && $(APT_INSTALL) openjdk-17-jre-headless; \
+	}
 
 ## Lint, then the whole default test suite.
-test: install browser java lint
+test: install-test lint
 	$(BIN)/python -m pytest
 
-lint: install
+lint: $(TEST_INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-bench: install
+bench: install-test
 	$(BIN)/python -m bench
 
 clean:

@@ -1,0 +1,48 @@
+"""The README's two commands: `make run` needs Python alone, `make test` installs the test tools.
+
+Each test dry-runs make (`make -n`) in a folder holding only the Makefile and pyproject.toml,
+as a fresh clone with no virtualenv yet, and reads the commands make would run.
+"""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _dry_run(target: str, folder: Path) -> str:
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy2(REPO / name, folder / name)
+    node_dir = folder / "tests" / "interop" / "node"
+    node_dir.mkdir(parents=True)
+    for name in ("package.json", "package-lock.json"):
+        shutil.copy2(REPO / "tests" / "interop" / "node" / name, node_dir / name)
+    result = subprocess.run(
+        ["make", "-n", target], cwd=folder, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_make_run_installs_the_package_alone_and_starts_the_cluster(tmp_path: Path) -> None:
+    commands = _dry_run("run", tmp_path)
+    assert "pip install --quiet -e .\n" in commands
+    assert "python -m tools.local_cluster" in commands
+    for test_tool in ("npm", "[test", "spark", "apt-get", "chromium", "java", "pytest"):
+        assert test_tool not in commands
+
+
+def test_make_test_installs_every_test_tool_then_runs_the_suite(tmp_path: Path) -> None:
+    commands = _dry_run("test", tmp_path)
+    for step in (
+        "pip install --quiet -e '.[test,spark]'",
+        "npm ci --prefix tests/interop/node",
+        "chromium chromium-driver",
+        "openjdk-17-jre-headless",
+        "nodejs npm",
+        "ruff check .",
+        "python -m pytest",
+    ):
+        assert step in commands
+    assert commands.index("ruff check .") < commands.index("python -m pytest")
