@@ -7,6 +7,7 @@ their version lines, the image's CMD (`nsqd`) serves `/ping` and exits 0 on SIGT
 nsqadmin finds its templates and static assets (package data) once installed.
 """
 
+import json
 import os
 import queue
 import re
@@ -31,9 +32,9 @@ def _copy_sources(dockerfile: Path, build_dir: Path) -> list[str]:
     (dest relative to the WORKDIR; a dest ending in `/` or several sources means "into")."""
     copied = []
     for line in dockerfile.read_text().splitlines():
-        words = shlex.split(line, comments=True)
-        if not words or words[0].upper() != "COPY":
+        if not line.upper().startswith("COPY "):
             continue
+        words = shlex.split(line, comments=True)
         args = [word for word in words[1:] if not word.startswith("--")]
         *sources, dest = args
         assert sources and not dest.startswith("/"), line
@@ -50,6 +51,12 @@ def _copy_sources(dockerfile: Path, build_dir: Path) -> list[str]:
                 shutil.copy2(src, target)
             copied.append(source)
     return copied
+
+
+def _image_command(dockerfile: Path) -> list[str]:
+    """The Dockerfile's last CMD, in its exec (JSON array) form."""
+    commands = [line for line in dockerfile.read_text().splitlines() if line.startswith("CMD ")]
+    return json.loads(commands[-1].removeprefix("CMD "))
 
 
 def _clean_env() -> dict[str, str]:
@@ -188,13 +195,17 @@ def test_dockerfile_build_installs_working_console_scripts(tmp_path):
             timeout=30,
         )
         assert version.returncode == 0, version.stdout + version.stderr
-        assert version.stdout.startswith(f"{name} v1.3.0+nsqpy."), version.stdout
+        assert version.stdout.startswith(f"{name} v1.3.0 (built w/nsqpy-"), version.stdout
 
     data_path = tmp_path / "data"
     data_path.mkdir()
+    # The image's own CMD, with the data path and the listeners moved to this test's (later
+    # flags win, as in Go).
+    program, *image_arguments = _image_command(REPO / "Dockerfile")
     nsqd = _Daemon(
         [
-            str(bin_dir / "nsqd"),
+            str(bin_dir / program),
+            *image_arguments,
             "-tcp-address=127.0.0.1:0",
             "-http-address=127.0.0.1:0",
             f"-data-path={data_path}",
