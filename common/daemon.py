@@ -92,6 +92,10 @@ def first_leaf(group: BaseExceptionGroup) -> BaseException:
 
 
 async def _serve_until_signal(server: Server) -> None:
+    # What the signal receiver restores when it closes: a signal that comes once serve() has
+    # returned, everything written, is ignored instead of ending the process with 143.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_shutdown_on_signal, server)
         await server.serve()
@@ -99,7 +103,13 @@ async def _serve_until_signal(server: Server) -> None:
 
 
 async def _shutdown_on_signal(server: Server) -> None:
+    """The first SIGTERM or SIGINT begins the clean exit; later ones are ignored, as Go's
+    daemons ignore them, until serve() has written everything and returned.
+
+    The receiver stays open for the whole run: closed early, it would hand a signal still
+    pending (a terminal's SIGINT, then a supervisor's SIGTERM) back to the default handler,
+    which kills the process before its messages are on disk.
+    """
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for _signal in signals:
             server.shutdown()
-            return

@@ -26,10 +26,19 @@ _LISTENING = re.compile(r"(TCP|HTTP|HTTPS): listening on (\S+)")
 
 
 class DaemonProcess:
-    def __init__(self, name: str, args: list[str], cwd: str | os.PathLike | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        cwd: str | os.PathLike | None = None,
+        *,
+        new_session: bool = False,
+    ) -> None:
         self.name = name
         self.args = args
         self.cwd = cwd
+        # A process group of its own, to be signalled as a terminal signals its foreground job.
+        self.new_session = new_session
         self.addresses: dict[str, str] = {}
         self.lines: list[str] = []
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -44,6 +53,7 @@ class DaemonProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=self.new_session,
         )
         threading.Thread(target=self._pump_stderr, args=(self.process,), daemon=True).start()
         deadline = time.monotonic() + timeout

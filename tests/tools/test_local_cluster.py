@@ -1,0 +1,39 @@
+"""`make run`'s cluster runner: Ctrl-C stops every daemon once and cleanly, so nsqd writes the
+messages it holds and they are all there after a restart."""
+
+import os
+import signal
+import textwrap
+
+from tests.harness import DaemonProcess, start_nsqd
+from tests.nsqd.test_durability import numbered, publish
+from tests.nsqd.test_signals import _consume_all
+
+RUNNER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from tools.local_cluster import run
+    nsqd = ("nsqd", ["-tcp-address=127.0.0.1:0", "-http-address=127.0.0.1:0"], "nsqd")
+    sys.exit(run([nsqd], Path(sys.argv[1])))
+    """
+)
+
+
+def test_ctrl_c_stops_the_cluster_cleanly_and_keeps_nsqd_messages(tmp_path) -> None:
+    runner = DaemonProcess("python", ["-c", RUNNER, str(tmp_path)], new_session=True)
+    runner.start(wait_for=("TCP", "HTTP"))
+    try:
+        publish(runner.port("TCP"), "t", numbered(50))
+        # What a terminal does on Ctrl-C: SIGINT to every process of the foreground job.
+        os.killpg(runner.process.pid, signal.SIGINT)
+        assert runner.process.wait(30) == 0, runner.log
+        assert "exited with status" not in runner.log
+    finally:
+        runner.kill()
+
+    restarted = start_nsqd(tmp_path)
+    try:
+        assert _consume_all(restarted.port(), "t", "c", 50) == set(range(50))
+    finally:
+        restarted.kill()
