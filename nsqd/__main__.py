@@ -4,6 +4,7 @@ import gc
 import logging
 
 from common.daemon import run_daemon
+from nsqd.data_path import DataPathError
 from nsqd.metadata import MetadataError
 from nsqd.options import Options, OptionsError, build_flags, options_from_values
 from nsqd.server import NSQD
@@ -23,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
         options_from_values,
         _build,
         argv=argv,
-        startup_errors=(MetadataError,),
+        startup_errors=(MetadataError, DataPathError),
         option_errors=(OptionsError,),
     )
 

@@ -8,7 +8,6 @@ metadata last.
 """
 
 import logging
-import os
 import random
 import socket
 import time
@@ -24,6 +23,7 @@ from diskqueue import DiskQueue
 from nsqd.backend import open_backend, write_error
 from nsqd.channel import Channel
 from nsqd.client import Client
+from nsqd.data_path import prepare_data_path
 from nsqd.heartbeats import HeartbeatClock
 from nsqd.http_api import HTTPAPI, TLSRequiredRouter
 from nsqd.lookup import LookupPeers
@@ -413,7 +413,7 @@ class NSQD:
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         options = self.options
         log = self.log
-        os.makedirs(self.data_path, exist_ok=True)
+        prepare_data_path(self.data_path)
         self.load_metadata()
         tcp_listener = await open_listener(options.tcp_address)
         self.tcp_address = format_address(tcp_listener.socket.getsockname())

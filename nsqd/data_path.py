@@ -1,0 +1,43 @@
+"""The data directory: made ready, or refused, before nsqd accepts a single message.
+
+Go nsqd persists its metadata once at start and exits when it cannot, so a data path it cannot
+write never answers a publish it would lose at exit. nsqd checks the same before it listens,
+and says in words what is wrong.
+"""
+
+import errno
+import os
+
+
+class DataPathError(Exception):
+    """The data path cannot hold nsqd's files; the message names the path and the reason."""
+
+
+def prepare_data_path(path: str) -> None:
+    """Create `path` if it is missing, then prove nsqd can create, write and remove a file in it.
+
+    DataPathError when it is not a directory, cannot be created, or is not writable.
+    """
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise DataPathError(f"--data-path {path} is not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise DataPathError(f"--data-path {path} cannot be created: {_reason(error)}") from None
+    probe = os.path.join(path, f".nsqd-write-check.{os.getpid()}")
+    try:
+        descriptor = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(descriptor, b"nsqd")
+        finally:
+            os.close(descriptor)
+        os.unlink(probe)
+    except OSError as error:
+        raise DataPathError(f"--data-path {path} is not writable: {_reason(error)}") from None
+
+
+def _reason(error: OSError) -> str:
+    """`Permission denied`, `Read-only file system`, `Not a directory`: the words, no errno."""
+    if error.errno is not None and error.errno in errno.errorcode:
+        return os.strerror(error.errno)
+    return str(error)
