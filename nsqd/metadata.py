@@ -115,7 +115,9 @@ def write_metadata(data_path: str, encoded: bytes) -> None:
     path = metadata_path(data_path)
     temporary = f"{path}.{random.getrandbits(63)}.tmp"
     try:
-        with open(temporary, "wb") as file:
+        # Owner-only from the moment it exists, as Go writes it (os.OpenFile(..., 0600)).
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(descriptor, "wb") as file:
             file.write(encoded)
             file.flush()
             os.fsync(file.fileno())

@@ -3,6 +3,7 @@ refuses to start when it cannot write its metadata, instead of answering publish
 
 import contextlib
 import os
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import start_nsqd
-from tests.nsqd.test_durability import nsqd_process
+from tests.nsqd.test_durability import nsqd_process, publish
 
 
 @contextlib.contextmanager
@@ -85,3 +86,20 @@ def test_a_missing_data_path_is_created_and_left_clean(tmp_path) -> None:
     finally:
         assert daemon.stop() == 0, daemon.log
     assert sorted(path.name for path in data_path.iterdir()) == ["nsqd.dat"]
+
+
+def test_nsqd_dat_and_queue_files_are_readable_by_their_owner_only(tmp_path) -> None:
+    """Go writes nsqd.dat and its diskqueue files with mode 0600."""
+    old_umask = os.umask(0o022)
+    try:
+        daemon = start_nsqd(tmp_path, "-mem-queue-size=0")
+    finally:
+        os.umask(old_umask)
+    try:
+        publish(daemon.port(), "t", [b"on disk"])
+    finally:
+        assert daemon.stop() == 0, daemon.log
+    files = sorted(tmp_path.iterdir())
+    assert "nsqd.dat" in [path.name for path in files]
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in files if path.is_file()}
+    assert modes and set(modes.values()) == {0o600}, modes
