@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import trio
 
-from common.flags import ConfigError, Flag, FlagSet, Kind, load_config, merge
+from common.flags import ConfigError, Flag, FlagSet, Kind, merge, read_config
 from common.log import parse_log_level, setup_logger
 from common.version import version_line
 
@@ -62,7 +62,7 @@ def run_daemon(
     log = setup_logger(name, values["log_prefix"], values["log_level"])
     try:
         if values["config"]:
-            values = merge(values, explicitly_set, load_config(values["config"]), flags)
+            values = merge(values, explicitly_set, read_config(values["config"], flags), flags)
         options = options_from_values(values)
     except (ConfigError, *option_errors) as error:
         log.critical("failed to instantiate %s - %s", name, error)

@@ -16,7 +16,7 @@ A daemon declares a table and never touches argv itself::
     ])
     values, explicitly_set, _args = FLAGS.parse_or_exit(sys.argv[1:])
     if values["config"]:
-        values = merge(values, explicitly_set, load_config(values["config"]), FLAGS)
+        values = merge(values, explicitly_set, read_config(values["config"], FLAGS), FLAGS)
 
 Values are keyed by the flag name with `-` replaced by `_` (`values["mem_queue_size"]`),
 whatever the flag's config key is. Durations are float seconds.
@@ -667,9 +667,19 @@ class FlagSet:
         return parsed
 
     def unknown_config_keys(self, config: Mapping[str, Any]) -> list[str]:
-        """Config keys no flag reads. Go nsqd ignores them silently; a daemon may warn."""
+        """Config keys no flag reads (Go nsqd would ignore them silently)."""
         known = {flag.config_key for flag in self.flags.values()}
         return sorted(key for key in config if key not in known)
+
+    def describe_unknown_config_key(self, key: str) -> str:
+        """`"key"`, with what was probably meant when it is a flag's name rather than its
+        config key (`lookupd_tcp_address` for `nsqlookupd_tcp_addresses`)."""
+        flag = self.flags.get(key.replace("_", "-"))
+        if flag is None:
+            return f'"{key}"'
+        if flag.config_key is None:
+            return f'"{key}" (--{flag.name} cannot be set in a config file)'
+        return f'"{key}" (the config key of --{flag.name} is "{flag.config_key}")'
 
 
 def _unquote_usage(flag: Flag) -> tuple[str, str]:
@@ -699,6 +709,19 @@ def load_config(path: str) -> dict[str, Any]:
     except (OSError, tomllib.TOMLDecodeError) as err:
         # Go: logFatal("failed to load config file %s - %s", configFile, err)
         raise ConfigError(f"failed to load config file {path} - {err}") from None
+
+
+def read_config(path: str, flagset: FlagSet) -> dict[str, Any]:
+    """`load_config`, refusing a key that no flag reads: a misspelt or misplaced key would
+    otherwise be ignored silently (as Go does) and the daemon run with a setting nobody chose.
+    ConfigError names every such key."""
+    config = load_config(path)
+    unknown = flagset.unknown_config_keys(config)
+    if unknown:
+        described = ", ".join(flagset.describe_unknown_config_key(key) for key in unknown)
+        noun = "key" if len(unknown) == 1 else "keys"
+        raise ConfigError(f"failed to load config file {path} - unknown {noun} {described}")
+    return config
 
 
 def merge(

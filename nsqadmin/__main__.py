@@ -5,7 +5,7 @@ import asyncio
 import signal
 import sys
 
-from common.flags import ConfigError, load_config, merge
+from common.flags import ConfigError, merge, read_config
 from common.log import setup_logger
 from common.version import version_line
 from nsqadmin.options import OptionsError, build_flags, options_from_values
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     log = setup_logger("nsqadmin", values["log_prefix"], values["log_level"])
     try:
         if values["config"]:
-            values = merge(values, explicitly_set, load_config(values["config"]), flags)
+            values = merge(values, explicitly_set, read_config(values["config"], flags), flags)
         options = options_from_values(values)
     except (ConfigError, OptionsError) as error:
         log.critical("failed to instantiate nsqadmin - %s", error)

@@ -18,11 +18,13 @@ from common.flags import (
     load_config,
     merge,
     parse_go_bool,
+    read_config,
 )
 from tests.reference import REFERENCE_DIR
 
 REFERENCE = REFERENCE_DIR
 REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
 
 
 def parse_log_level(text: str) -> str:
@@ -982,3 +984,46 @@ def test_go_quote() -> None:
     assert go_quote("µs é") == '"µs é"'
     assert go_quote("\u00a0\u2028") == '"\\u00a0\\u2028"'
     assert go_quote("\udcff") == '"\\xff"'
+
+
+# -- unknown config keys end the start ---------------------------------------------------------
+
+
+def test_read_config_names_every_unknown_key_and_what_was_meant(tmp_path, flags) -> None:
+    path = tmp_path / "nsqd.cfg"
+    path.write_text('mem_queue_size = 5\nmem_queue_sise = 6\nlookupd_tcp_address = ["a:1"]\n')
+    with pytest.raises(ConfigError) as caught:
+        read_config(str(path), flags)
+    assert str(caught.value) == (
+        f"failed to load config file {path} - unknown keys "
+        '"lookupd_tcp_address" (the config key of --lookupd-tcp-address is '
+        '"nsqlookupd_tcp_addresses"), "mem_queue_sise"'
+    )
+
+
+def test_read_config_accepts_a_file_of_known_keys(tmp_path, flags) -> None:
+    path = tmp_path / "nsqd.cfg"
+    path.write_text('mem_queue_size = 5\nnsqlookupd_tcp_addresses = ["a:1"]\n')
+    assert read_config(str(path), flags) == {
+        "mem_queue_size": 5,
+        "nsqlookupd_tcp_addresses": ["a:1"],
+    }
+
+
+@pytest.mark.parametrize("daemon", ["nsqd", "nsqlookupd", "nsqadmin"])
+def test_a_daemon_given_an_unknown_config_key_exits_1_naming_it(tmp_path, daemon) -> None:
+    path = tmp_path / f"{daemon}.cfg"
+    path.write_text('log_level = "info"\nversion = true\n')
+    result = subprocess.run(
+        [str(BIN / daemon), f"-config={path}", "-http-address=127.0.0.1:0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1].endswith(
+        f"FATAL: failed to instantiate {daemon} - failed to load config file {path} - "
+        'unknown key "version" (--version cannot be set in a config file)'
+    )
+    assert "listening" not in result.stderr
