@@ -11,6 +11,9 @@ nsqlookupd gets the classic `REGISTER t [c]`, which is the only form it parses c
 """
 
 import json
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -188,3 +191,60 @@ class LookupPeers:
     ) -> None:
         for peer in self.peers.values():
             peer.notify(action, topic, channel, partition)
+
+    def http_addresses(self) -> list[str]:
+        """Each connected lookupd's HTTP address, as its IDENTIFY answer gave it (Go's
+        lookupdHTTPAddrs: broadcast_address and http_port; a lookupd without one is skipped)."""
+        addresses = []
+        for peer in self.peers.values():
+            host = str(peer.info.get("broadcast_address") or "")
+            if host and peer.info.get("http_port"):
+                host = f"[{host}]" if ":" in host else host
+                addresses.append(f"{host}:{peer.info['http_port']}")
+        return addresses
+
+
+async def topic_channels(addresses: list[str], topic: str, timeout: float) -> list[str]:
+    """The union of the channels every lookupd at `addresses` knows for `topic` (`GET
+    /channels?topic=`, Go's GetLookupdTopicChannels), asked all at once.
+
+    LookupChannelsError, with the channels found, when some lookupd did not answer.
+    """
+    found: set[str] = set()
+    errors: list[str] = []
+
+    async def ask(address: str) -> None:
+        try:
+            found.update(
+                await trio.to_thread.run_sync(
+                    _get_channels, address, topic, timeout, abandon_on_cancel=True
+                )
+            )
+        except (OSError, urllib.error.URLError, ValueError, TypeError, KeyError) as error:
+            errors.append(f"{address}: {error}")
+
+    async with trio.open_nursery() as nursery:
+        for address in addresses:
+            nursery.start_soon(ask, address)
+    channels = sorted(found)
+    if errors:
+        raise LookupChannelsError("; ".join(errors), channels)
+    return channels
+
+
+class LookupChannelsError(Exception):
+    def __init__(self, message: str, channels: list[str]) -> None:
+        super().__init__(message)
+        self.channels = channels
+
+
+def _get_channels(address: str, topic: str, timeout: float) -> list[str]:
+    url = f"http://{address}/channels?{urllib.parse.urlencode({'topic': topic})}"
+    # The Accept header Go's http_api.Client sends: a v1 lookupd answers the bare JSON.
+    request = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        document = json.loads(response.read())
+    # An nsqlookupd older than 1.0 wraps its answer in {"status_code", "data"}.
+    if "data" in document and "channels" not in document:
+        document = document["data"]
+    return [str(channel) for channel in document["channels"] or []]

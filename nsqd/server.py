@@ -16,7 +16,7 @@ from functools import partial
 import trio
 
 from common.http_server import serve_http
-from common.names import is_valid_name
+from common.names import is_ephemeral, is_valid_name
 from common.net import accept_forever, format_address, open_listener
 from common.version import VERSION
 from diskqueue import DiskQueue
@@ -26,7 +26,7 @@ from nsqd.client import Client
 from nsqd.data_path import prepare_data_path
 from nsqd.heartbeats import HeartbeatClock
 from nsqd.http_api import HTTPAPI, TLSRequiredRouter
-from nsqd.lookup import LookupPeers
+from nsqd.lookup import LookupChannelsError, LookupPeers, topic_channels
 from nsqd.metadata import (
     ChannelMetadata,
     MetadataError,
@@ -123,9 +123,48 @@ class NSQD:
             self.log.info("TOPIC(%s): created", name)
         if self._nursery is not None:
             self._nursery.start_soon(topic.pump)
+            if not partitioned and not self._metadata_loading:
+                self._precreate_channels(topic)
         self.topology_changed()
         self.lookup_peers.notify("REGISTER", name, None, partition)
         return topic
+
+    def _precreate_channels(self, topic: Topic) -> None:
+        """Go's GetTopic: a new topic first gets the channels the cluster's nsqlookupds know
+        for it, so a channel consumed on another nsqd receives what is published here too.
+        The topic holds its messages until then (the publish that created it is answered at
+        once, without waiting on the network)."""
+        addresses = self.lookup_peers.http_addresses()
+        if not addresses:
+            if self.options.lookupd_tcp_address:
+                self.log.error(
+                    "no available nsqlookupd to query for channels to pre-create for topic %s",
+                    topic.name,
+                )
+            return
+        topic.started = False
+        self._nursery.start_soon(self._create_lookupd_channels, topic, addresses)
+
+    async def _create_lookupd_channels(self, topic: Topic, addresses: list[str]) -> None:
+        timeout = (
+            self.options.http_client_connect_timeout + self.options.http_client_request_timeout
+        )
+        try:
+            channels = await topic_channels(addresses, topic.name, timeout)
+        except LookupChannelsError as error:
+            self.log.warning(
+                "failed to query nsqlookupd for channels to pre-create for topic %s - %s",
+                topic.name,
+                error,
+            )
+            channels = error.channels
+        try:
+            if not topic.deleted:
+                for name in channels:
+                    if is_valid_name(name) and not is_ephemeral(name):
+                        topic.get_channel(name)
+        finally:
+            topic.start()
 
     def write_disabled_for(self, topic: Topic) -> bool:
         mode = self.write_disabled

@@ -60,6 +60,10 @@ class Topic:
         self.message_bytes = 0
         self.guid_factory = GUIDFactory(nsqd.options.node_id)
         self._pump_wakeup = Wakeup()
+        # False while nsqd asks nsqlookupd which channels the topic has elsewhere in the
+        # cluster: its messages wait, as in Go, where the pump starts only after those
+        # channels exist, so each of them gets the topic's first message too.
+        self.started = True
 
     @property
     def backend_name(self) -> str:
@@ -113,7 +117,7 @@ class Topic:
         if defer:
             for message in messages:
                 message.defer = defer
-        if self.channels and not self.paused and not self.has_backlog():
+        if self.channels and not self.paused and self.started and not self.has_backlog():
             self._fan_out(messages, strict=True)
         else:
             self._store(messages)
@@ -173,7 +177,7 @@ class Topic:
     async def pump(self) -> None:
         """Move the topic's backlog into its channels whenever it has channels and runs."""
         while not self.deleted:
-            if self.channels and not self.paused and self.has_backlog():
+            if self.channels and not self.paused and self.started and self.has_backlog():
                 self._fan_out(self._take_backlog(_PUMP_BATCH))
                 await trio.lowlevel.checkpoint()
             else:
@@ -188,6 +192,11 @@ class Topic:
             from_record = Message.from_record
             taken.extend(from_record(r) for r in self.backend.get_many(max_count - len(taken)))
         return taken
+
+    def start(self) -> None:
+        """Let the messages flow to the channels (Go's topic.Start)."""
+        self.started = True
+        self._pump_wakeup.set()
 
     # -- channels ---------------------------------------------------------------------------
 
