@@ -12,6 +12,7 @@ redelivered by nsqd after its msg timeout, with attempts + 1.
 
 import datetime
 import logging
+import math
 import queue
 import time
 from collections.abc import Iterator, Mapping
@@ -64,8 +65,9 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
         self.last_lookup = 0.0
         # seq -> subscription -> [(id, attempts)]: handed to Spark, FINished on commit.
         self.pending: dict[int, dict[Subscription, list[tuple[bytes, int]]]] = {}
-        # availableNow: None when not in that mode, else messages still expected.
-        self.available_now_remaining: int | None = None
+        # availableNow: None when not in that mode, else messages still expected (infinite
+        # when some nsqd's depth is unknown: the idle timeout ends the run then).
+        self.available_now_remaining: float | None = None
         self.available_now_done = False
         self.last_message_at = time.monotonic()
         self._connect()
@@ -128,17 +130,22 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
     def prepareForTriggerAvailableNow(self) -> None:
         """Take in what the channel holds now: depth + in flight (a crashed run's messages come
         back) + the topic's own depth (not yet copied to a new channel); deferred messages are
-        not available now. Without an HTTP address only the idle timeout ends the run."""
+        not available now. An nsqd whose depth cannot be read (no `nsqd_http` for it, or no
+        answer from its /stats) leaves the count open: the run then reads until `idleTimeout`
+        passes without a message, which drains the channel."""
         self._start()
-        expected = 0
+        expected: float = 0
         for address in self.nsqd_addresses:
             http = self.http_addresses.get(address)
             if http is None:
+                log.info("nsq: no nsqd_http for %s; availableNow ends after idleTimeout", address)
+                expected = math.inf
                 continue
             try:
                 stats = http_json(http, "/stats", format="json", topic=self.topic)
             except OSError as error:
                 log.warning("nsq: no /stats from %s (%s); relying on idleTimeout", http, error)
+                expected = math.inf
                 continue
             for topic in (stats or {}).get("topics") or []:
                 if topic["topic_name"] != self.topic:

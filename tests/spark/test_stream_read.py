@@ -59,6 +59,37 @@ def test_available_now_receives_everything_and_finishes_it(spark, nsqd, tmp_path
     assert channel["message_count"] == 100 and channel["timeout_count"] == 0
 
 
+def test_available_now_without_nsqd_http_drains_the_channel(spark, nsqd, tmp_path):
+    """With no HTTP address the depth cannot be read up front: the run reads until idleTimeout
+    passes without a message, and every message is taken and FINished."""
+    tcp, http = addresses(nsqd)
+    bodies = [f"message-{i}".encode() for i in range(500)]
+    http_publish(http, "no-http", bodies)
+    received = []
+    query = (
+        spark.readStream.format("nsq")
+        .option("nsqd", tcp)
+        .option("topic", "no-http")
+        .option("channel", "spark")
+        .option("idleTimeout", "2s")
+        .option("maxBatch", "200")
+        .load()
+        .writeStream.foreachBatch(lambda batch, _: received.extend(batch.collect()))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert not query.isActive and query.exception() is None
+    assert sorted(bytes(row.body) for row in received) == sorted(bodies)
+
+    def drained():
+        channel = channel_stats(http, "no-http", "spark")
+        return channel["depth"] == 0 and channel["in_flight_count"] == 0 and channel
+
+    assert wait_until(drained, what="channel drained")["message_count"] == 500
+
+
 def test_failed_batch_is_redelivered_after_restart(spark, nsqd, tmp_path):
     tcp, http = addresses(nsqd)
     bodies = {f"job-{i}".encode() for i in range(60)}
