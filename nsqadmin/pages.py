@@ -18,14 +18,14 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import jinja2
 from aiohttp import web
 from markupsafe import Markup
 
 from common.version import VERSION
-from nsqadmin.actions import ActionError
+from nsqadmin.actions import ActionError, is_same_origin
 from nsqadmin.charts import render_chart, render_sparkline
 from nsqadmin.cluster import UpstreamError
 from nsqadmin.stats import (
@@ -86,7 +86,8 @@ class Problems:
         try:
             value, warnings = await call
         except UpstreamError as error:
-            self.errors.append(str(error))
+            if str(error) not in self.errors:
+                self.errors.append(str(error))
             return default
         self.warnings.extend(warnings)
         return value
@@ -500,7 +501,7 @@ class Pages:
         cancel: str = "",
     ) -> web.StreamResponse:
         """Check who asks and from where, confirm if `question`, run, redirect to `then`."""
-        if not _same_origin(request):
+        if not is_same_origin(request):
             return self._message(
                 request, 403, "Forbidden", "This form was posted from another site."
             )
@@ -535,13 +536,3 @@ class Pages:
 
     def _message(self, request: web.Request, status: int, title: str, text: str) -> web.Response:
         return self._render(request, "message.html", status=status, title=title, text=text)
-
-
-def _same_origin(request: web.Request) -> bool:
-    """A form post is ours unless its Origin names another host (CSRF). Clients that send
-    no Origin (curl, scripts) are let through: they could call /api anyway."""
-    origin = request.headers.get("Origin")
-    if origin is None:
-        return True
-    hosts = {request.host, request.headers.get("X-Forwarded-Host", "")}
-    return origin != "null" and urlsplit(origin).netloc in hosts

@@ -273,8 +273,36 @@ def test_pause_and_unpause_topic_and_channel(cluster, browser, busy_topic):
     click_action(browser, "pause")
     assert flash(browser) == f"Paused channel ch of topic {topic}."
     assert all(n.channel(topic, "ch")["paused"] for n in cluster.nsqds)
+    # While paused, the Streams page says so for the channel, and for the topic once it is too.
+    browser.get(f"{cluster.url}/")
+    row = f'#topics tr[data-topic="{topic}"]'
+    badge = browser.find_element(By.CSS_SELECTOR, f'{row} [data-paused-channel="ch"]')
+    assert badge.is_displayed() and badge.text == "ch: paused"
+    assert not browser.find_elements(By.CSS_SELECTOR, f"{row} span.badge-paused")
+    browser.get(f"{cluster.url}/topics/{topic}")
+    click_action(browser, "pause")
+    browser.get(f"{cluster.url}/")
+    assert browser.find_element(By.CSS_SELECTOR, f"{row} span.badge-paused").text == "paused"
+    browser.save_screenshot(str(ARTIFACTS / "streams-paused.png"))
+    browser.get(f"{cluster.url}/topics/{topic}")
+    click_action(browser, "unpause")
+
+    browser.get(f"{cluster.url}/topics/{topic}/ch")
     click_action(browser, "unpause")
     assert not any(n.channel(topic, "ch")["paused"] for n in cluster.nsqds)
+
+
+def test_an_unreachable_cluster_is_one_banner_in_the_browser(browser):
+    admin = start_nsqadmin("-lookupd-http-address=127.0.0.1:9")
+    try:
+        browser.get(f"http://127.0.0.1:{admin.port('HTTP')}/")
+        banners = browser.find_elements(By.CSS_SELECTOR, ".banner-error")
+        assert len(banners) == 1 and banners[0].is_displayed()
+        assert "127.0.0.1:9" in banners[0].text
+        assert "No topics exist" not in browser.find_element(By.TAG_NAME, "main").text
+        browser.save_screenshot(str(ARTIFACTS / "unreachable-cluster.png"))
+    finally:
+        admin.stop()
 
 
 def test_empty_then_delete_channel(cluster, browser, busy_topic):
