@@ -8,6 +8,7 @@ raises `ActionError` for a request Go would refuse (403 FORBIDDEN, 400 INVALID_T
 """
 
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -17,6 +18,21 @@ from nsqadmin.notify import Notifier, admin_action
 from nsqadmin.options import Options
 
 TOPIC_ACTIONS = ("pause", "unpause", "empty")
+
+
+def is_same_origin(request: web.Request) -> bool:
+    """A request that changes the cluster is ours unless its Origin names another host.
+
+    A page on any other site can make an operator's browser send a form post, or a "simple"
+    cross-site `fetch` (a `text/plain` JSON body needs no preflight), with whatever access the
+    operator's network or proxy grants; the browser then sends that site's Origin. Clients
+    that send no Origin (curl, scripts) are let through.
+    """
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True
+    hosts = {request.host, request.headers.get("X-Forwarded-Host", "")}
+    return origin != "null" and urlsplit(origin).netloc in hosts
 
 
 class ActionError(Exception):

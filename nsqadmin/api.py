@@ -8,6 +8,7 @@ Each reply that Go builds from several nodes says in `message` which ones failed
 
 import ipaddress
 import json
+import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -15,8 +16,8 @@ from aiohttp import web
 from common.flags import Kind
 from common.log import LOG_LEVELS, parse_log_level
 from nsqadmin import gojson
-from nsqadmin.actions import ActionError
-from nsqadmin.cluster import UpstreamError
+from nsqadmin.actions import ActionError, is_same_origin
+from nsqadmin.cluster import RequestError, UpstreamError
 from nsqadmin.options import build_flags
 from nsqadmin.stats import aggregate_topic, counter_stats, find_producer, warning_message
 
@@ -83,6 +84,7 @@ class API:
             web.get(f"{prefix}/api/nodes/{{node}}", self.node),
             web.delete(f"{prefix}/api/nodes/{{node}}", self.tombstone_node_for_topic),
             web.get(f"{prefix}/api/counter", self.counter),
+            web.get(f"{prefix}/api/graphite", self.graphite),
             web.get(f"{prefix}/config/{{opt}}", self.config),
             web.put(f"{prefix}/config/{{opt}}", self.config),
         ]
@@ -113,9 +115,11 @@ class API:
         cluster = self.admin.cluster
         try:
             producers, messages = await cluster.get_topic_producers(
-                topic_name, self._lookupds, self._nsqds
+                topic_name, self._lookupds, self._nsqds, unknown_is_failure=True
             )
-            stats, more = await cluster.get_nsqd_stats(producers, topic_name, include_clients=False)
+            stats, more = await cluster.get_nsqd_stats(
+                producers, topic_name, include_clients=False, none_is_failure=True
+            )
         except UpstreamError as error:
             return upstream_error(error)
         total = aggregate_topic(topic_name, stats.topics)
@@ -129,9 +133,11 @@ class API:
         cluster = self.admin.cluster
         try:
             producers, messages = await cluster.get_topic_producers(
-                topic_name, self._lookupds, self._nsqds
+                topic_name, self._lookupds, self._nsqds, unknown_is_failure=True
             )
-            stats, more = await cluster.get_nsqd_stats(producers, topic_name, channel_name)
+            stats, more = await cluster.get_nsqd_stats(
+                producers, topic_name, channel_name, none_is_failure=True
+            )
         except UpstreamError as error:
             return upstream_error(error)
         channel = stats.channels.get(channel_name)
@@ -181,17 +187,49 @@ class API:
         cluster = self.admin.cluster
         try:
             producers, messages = await cluster.get_producers(self._lookupds, self._nsqds)
-            stats, more = await cluster.get_nsqd_stats(producers, include_clients=False)
+            stats, more = await cluster.get_nsqd_stats(
+                producers, include_clients=False, none_is_failure=True
+            )
         except UpstreamError as error:
             return upstream_error(error)
         return v1_response(
             {"stats": counter_stats(stats.channels), "message": warning_message(messages + more)}
         )
 
+    async def graphite(self, request: web.Request) -> web.Response:
+        """Go's graphiteHandler: a channel's rate over the last statsd interval, from
+        `--graphite-url`'s `/render`. The arguments are checked first, as Go does."""
+        if request.query.get("metric") != "rate":
+            return v1_error(400, "INVALID_ARG_METRIC")
+        target = request.query.get("target")
+        if target is None:
+            return v1_error(400, "INVALID_ARG_TARGET")
+        options = self.admin.options
+        interval = int(options.statsd_interval)
+        query = urllib.parse.urlencode(
+            {
+                "format": "json",
+                "from": f"-{interval * 2}sec",
+                "target": target,
+                "until": f"-{interval}sec",
+            }
+        )
+        url = f"{options.graphite_url}/render?{query}"
+        try:
+            series = await self.admin.cluster.get_json(url)
+            rate = float(series[0]["datapoints"][0][0])
+        except (RequestError, LookupError, TypeError, ValueError) as error:
+            # Go answers 500 when graphite cannot be asked (no --graphite-url included).
+            self.admin.log.error("graphite request failed - %s", error)
+            return v1_error(500, "INTERNAL_ERROR")
+        return v1_response({"rate": "N/A" if rate < 0 else f"{rate / interval:.2f}"})
+
     # ---------------------------------------------------------------------------- actions
 
     async def _act(self, request: web.Request, action) -> web.Response:
         """Run an admin action: 200 with Go's `message`, or its error reply."""
+        if not is_same_origin(request):
+            return v1_error(403, "FORBIDDEN_ORIGIN")
         try:
             self.admin.actions.check_admin(request)
             messages = await action()
@@ -277,6 +315,8 @@ class API:
             if address.version != network.version or address not in network:
                 return v1_error(403, "FORBIDDEN")
         name = request.match_info["opt"]
+        if request.method == "PUT" and not is_same_origin(request):
+            return v1_error(403, "FORBIDDEN_ORIGIN")
         if request.method == "PUT":
             body = await request.read()
             if not body or len(body) > 1024 * 1024:

@@ -3,7 +3,7 @@ nsqadmin's `internal/clusterinfo` (data.go) does.
 
 Every nsqd or nsqlookupd is asked concurrently. One that cannot be reached does not spoil the
 answer: each method returns what the others said plus a list of error texts (Go's PartialErr),
-and raises `UpstreamError` only when every node asked failed (Go's "Failed to query any ...").
+and raises `UpstreamError` only when every node asked failed (Go's "failed to query any ...").
 Pages show the texts in a banner; `/api/*` puts them in `message` as `WARNING: ...`.
 """
 
@@ -87,13 +87,18 @@ class ClusterInfo:
             if https_url is not None:
                 return await self.request(method, https_url)
         if status != 200:
+            # Go's http_api client names the status and quotes the body, not the URL.
             text = go_quote(body.decode("utf-8", "replace"))
-            raise RequestError(f'{verb} "{url}": got response {status} {reason} {text}')
+            raise RequestError(f"got response {status} {reason} {text}")
         return body
 
-    async def _gather(self, calls: list[Awaitable[T]], kind: str) -> tuple[list[T], list[str]]:
+    async def _gather(
+        self, calls: list[Awaitable[T]], kind: str, *, none_is_failure: bool = False
+    ) -> tuple[list[T], list[str]]:
         """Run the calls concurrently: the answers that came, the errors of those that did
-        not; UpstreamError when there were calls and all of them failed."""
+        not; UpstreamError when there were calls and all of them failed, or, with
+        `none_is_failure`, when there were none (Go compares the error count with the call
+        count, so asking no node at all is "failed to query any")."""
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
         results: list[T] = []
         errors: list[str] = []
@@ -104,8 +109,8 @@ class ClusterInfo:
                 raise outcome
             else:
                 results.append(outcome)
-        if calls and len(errors) == len(calls):
-            raise UpstreamError(f"Failed to query any {kind}: " + "\n".join(errors))
+        if (calls or none_is_failure) and len(errors) == len(calls):
+            raise UpstreamError(f"failed to query any {kind}: " + "\n".join(errors))
         self._warn(errors)
         return results, errors
 
@@ -153,15 +158,16 @@ class ClusterInfo:
         return merge_lookupd_producers(responses), errors
 
     async def get_lookupd_topic_producers(
-        self, topic: str, lookupds: list[str]
+        self, topic: str, lookupds: list[str], *, unknown_is_failure: bool = False
     ) -> tuple[list[Producer], list[str]]:
         async def lookup(address: str) -> dict:
             try:
                 return await self.get_json(endpoint(address, "lookup", {"topic": topic}))
             except RequestError as error:
-                # nsqlookupd answers 404 TOPIC_NOT_FOUND for a topic it does not know: that
-                # is "no producers", not a failure (Go reports it as an upstream error).
-                if "TOPIC_NOT_FOUND" in str(error):
+                # nsqlookupd answers 404 TOPIC_NOT_FOUND for a topic it does not know. Go's
+                # API reports that as an upstream failure (`unknown_is_failure`); the pages
+                # show it as what it is, a topic without producers.
+                if "TOPIC_NOT_FOUND" in str(error) and not unknown_is_failure:
                     return {}
                 raise
 
@@ -229,8 +235,11 @@ class ClusterInfo:
         topic: str = "",
         channel: str = "",
         include_clients: bool = True,
+        *,
+        none_is_failure: bool = False,
     ) -> tuple[NodeStats, list[str]]:
-        """Go's GetNSQDStats: every producer's /stats, per node and per channel."""
+        """Go's GetNSQDStats: every producer's /stats, per node and per channel. With
+        `none_is_failure`, no producer at all is Go's `failed to query any nsqd: `."""
         query = {"format": "json"}
         if topic:
             query["topic"] = topic
@@ -242,7 +251,9 @@ class ClusterInfo:
         async def stats(producer: Producer) -> tuple[Producer, dict]:
             return producer, await self.get_json(endpoint(producer.http_address, "stats", query))
 
-        responses, errors = await self._gather([stats(p) for p in producers], "nsqd")
+        responses, errors = await self._gather(
+            [stats(p) for p in producers], "nsqd", none_is_failure=none_is_failure
+        )
         now = time.time()
         result = NodeStats()
         for producer, body in responses:
@@ -266,10 +277,12 @@ class ClusterInfo:
         return await self.get_nsqd_producers(nsqds)
 
     async def get_topic_producers(
-        self, topic: str, lookupds: list[str], nsqds: list[str]
+        self, topic: str, lookupds: list[str], nsqds: list[str], *, unknown_is_failure: bool = False
     ) -> tuple[list[Producer], list[str]]:
         if lookupds:
-            return await self.get_lookupd_topic_producers(topic, lookupds)
+            return await self.get_lookupd_topic_producers(
+                topic, lookupds, unknown_is_failure=unknown_is_failure
+            )
         return await self.get_nsqd_topic_producers(topic, nsqds)
 
     # ---------------------------------------------------------------------------- actions

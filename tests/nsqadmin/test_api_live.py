@@ -418,7 +418,7 @@ def test_an_unreachable_lookupd_is_an_error_banner_and_a_502():
         for path in ("/api/topics", "/api/nodes", "/api/topics/x", "/api/counter"):
             reply = http("GET", url + path)
             assert reply.status == 502, path
-            assert reply.json()["message"].startswith("UPSTREAM_ERROR: Failed to query any ")
+            assert reply.json()["message"].startswith("UPSTREAM_ERROR: failed to query any ")
         for path in (
             "/",
             "/topics/x",
