@@ -16,8 +16,8 @@ Variants (each a figure of its own):
   message anyway (the client is no longer ready once one message is in flight);
 * **RDY 100, default 250 ms output buffer timeout**: the case that shows flush-when-idle.
   Go nsqd would keep a lone message in its buffer until the 250 ms flush ticker fires (so
-  p50 ~125 ms); our pump flushes as soon as no more messages are ready (DESIGN.md, hot
-  path 3).
+  p50 ~125 ms); our pump flushes as soon as no more messages are ready (docs/design.md
+  §3.3).
 
 Each figure: median (min–max) over runs of each run's p50, p99 and max.
 """

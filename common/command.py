@@ -1,4 +1,4 @@
-"""V2 client→server commands: the parsed form, and the encoders clients use (SPEC.md §1.2).
+"""V2 client→server commands: the parsed form, and the encoders clients use (docs/protocol.md §1.2).
 
 The server side parses bytes into `Command` objects with `common.command_parser`; our own
 client, the tools and the tests build the same bytes with the `encode_*` functions here.
@@ -89,7 +89,7 @@ def encode_dpub(topic: str, defer_ms: int, body: bytes) -> bytes:
 
 
 def encode_mpub_body(bodies: Iterable[bytes]) -> bytes:
-    """`[4-byte count]([4-byte size][body])*`, the body of MPUB (SPEC.md §2.8)."""
+    """`[4-byte count]([4-byte size][body])*`, the body of MPUB (docs/protocol.md §2.8)."""
     bodies = list(bodies)
     parts = [_SIZE.pack(len(bodies))]
     for body in bodies:

@@ -1,4 +1,4 @@
-"""The sans-IO V2 command parser: bytes in, `Command` objects out (SPEC.md §1.2, §2, §3).
+"""The sans-IO V2 command parser: bytes in, `Command` objects out (docs/protocol.md §1.2, §2, §3).
 
 Like h11, it owns no socket: nsqd feeds it what `receive_some()` returned and takes out every
 complete command. Everything that decides how many bytes a command spans is checked here, in
@@ -32,7 +32,7 @@ DEFAULT_MAX_LINE_LENGTH = 16 * 1024 - 1
 TRACE_ID_LENGTH = 8
 
 # FIN/REQ/TOUCH are read at fixed offsets on connections that use Youzan's binary IDs, which
-# may contain '\n' and ' ' (SPEC.md §1.2): the line cannot end before the 16 ID bytes.
+# may contain '\n' and ' ' (docs/protocol.md §1.2): the line cannot end before the 16 ID bytes.
 _FIXED_ID_END = {b"FIN ": 20, b"REQ ": 20, b"TOUCH ": 22}
 
 
@@ -129,7 +129,7 @@ class _Mpub(_BodyCommand):
         if not args:
             raise ProtocolError("E_INVALID", "MPUB insufficient number of parameters")
         if not is_valid_name(go_text(args[0])):
-            # Go nsqd really repeats the code in the description (SPEC.md §2.8).
+            # Go nsqd really repeats the code in the description (docs/protocol.md §2.8).
             raise ProtocolError(
                 "E_BAD_TOPIC", f"E_BAD_TOPIC MPUB topic name {go_quote(args[0])} is not valid"
             )
@@ -153,7 +153,7 @@ class _Mpub(_BodyCommand):
 
 
 class _YouzanPub(_BodyCommand):
-    """PUB_TRACE and PUB_EXT (SPEC.md §3.3, §3.6): Youzan's texts, no topic-name check."""
+    """PUB_TRACE and PUB_EXT (docs/protocol.md §3.3, §3.6): Youzan's texts, no topic-name check."""
 
     def __init__(self, label: str) -> None:
         self.label = label
@@ -255,7 +255,8 @@ def parse_mpub_body(
     *,
     exact: bool = True,
 ) -> list[bytes]:
-    """The message bodies of an MPUB body, with Go's readMPUB checks and texts (SPEC.md §2.8).
+    """The message bodies of an MPUB body, with Go's readMPUB checks and texts (docs/protocol.md
+    §2.8).
 
     Go reads the messages straight off the socket; we have the whole body, so running out of it
     reports the same "failed to read" errors Go reports when the stream ends. A body longer than
@@ -280,7 +281,7 @@ def parse_mpub_body(
         (size,) = unpack_from(body, position)
         if size < min_message_size:
             # Youzan checks `<= 0` first with the official text, and only then the trace id
-            # length, with " for tracing" (SPEC.md §3.3, §3.6).
+            # length, with " for tracing" (docs/protocol.md §3.3, §3.6).
             suffix = " for tracing" if size > 0 else ""
             raise ProtocolError(
                 "E_BAD_MESSAGE", f"MPUB invalid message({index}) body size {size}{suffix}"
@@ -399,7 +400,7 @@ class CommandParser:
         if self.binary_ids and line.startswith((b"FIN ", b"REQ ", b"TOUCH ")):
             command = self._fixed_id_command(line)
         else:
-            # Go trims one trailing '\r' (SPEC.md §1.2).
+            # Go trims one trailing '\r' (docs/protocol.md §1.2).
             if line.endswith(b"\r"):
                 line = line[:-1]
             name, *args = line.split(b" ")

@@ -1,6 +1,7 @@
-"""NSQ protocol errors as exceptions that carry the exact wire text (SPEC.md §2.11, §3.9)."""
+"""NSQ protocol errors as exceptions that carry the exact wire text (docs/protocol.md §2.11,
+§3.9)."""
 
-# Official nsqd keeps the connection open after these three (SPEC.md §2.11); every other
+# Official nsqd keeps the connection open after these three (docs/protocol.md §2.11); every other
 # error code closes it.
 NON_FATAL_CODES = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 
@@ -21,9 +22,9 @@ class ProtocolError(Exception):
 
     @property
     def text(self) -> str:
-        # Go formats "%s %s" even when the description is empty, so `E_TOPIC_NOT_EXIST `
-        # keeps its trailing space (SPEC.md §1.3); clients match on the prefix. A description
-        # of None is for the few raw texts Go sends without that format (`E_BAD_PROTOCOL`).
+        # Go formats "%s %s" even when the description is empty, so `E_TOPIC_NOT_EXIST ` keeps its
+        # trailing space (docs/protocol.md §1.3); clients match on the prefix. A description of None
+        # is for the few raw texts Go sends without that format (`E_BAD_PROTOCOL`).
         if self.description is None:
             return self.code
         return f"{self.code} {self.description}"

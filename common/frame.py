@@ -1,4 +1,4 @@
-"""Server→client frames of the V2 protocol (SPEC.md §1.3), encoded and decoded without I/O.
+"""Server→client frames of the V2 protocol (docs/protocol.md §1.3), encoded and decoded without I/O.
 
 A frame is `[4-byte BE size][4-byte BE frame type][data]` with size = 4 + len(data).
 """
@@ -41,7 +41,7 @@ CLOSE_WAIT_FRAME = encode_response(b"CLOSE_WAIT")
 
 
 def encode_message_frame(timestamp_ns: int, attempts: int, message_id: bytes, body: bytes) -> bytes:
-    """One message frame (frame type 2) with the official payload layout (SPEC.md §1.6)."""
+    """One message frame (frame type 2) with the official payload layout (docs/protocol.md §1.6)."""
     return (
         _MESSAGE_FRAME_HEADER.pack(
             len(body) + _MESSAGE_FRAME_OVERHEAD,
@@ -55,7 +55,7 @@ def encode_message_frame(timestamp_ns: int, attempts: int, message_id: bytes, bo
 
 
 def encode_message_frames(messages) -> bytes:
-    """Many message frames in one buffer, for one `send_all` per batch (DESIGN.md, hot path).
+    """Many message frames in one buffer, for one `send_all` per batch (docs/design.md §3.3).
 
     `messages` yields objects with `timestamp`, `attempts`, `id` and `body` attributes.
     Cost per message: one struct pack and two list appends; one join for the whole batch.

@@ -1,4 +1,4 @@
-"""Message IDs in Go nsqd's GUID layout, as 16 lowercase hex digits (SPEC.md §1.6).
+"""Message IDs in Go nsqd's GUID layout, as 16 lowercase hex digits (docs/protocol.md §1.6).
 
 `((now_ns >> 20) - twepoch) << 22 | node_id << 12 | sequence`: a timestamp in units of
 2^20 ns ("pseudo-milliseconds"), the 10-bit node id and a 12-bit sequence.

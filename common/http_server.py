@@ -1,5 +1,5 @@
 """A small HTTP/1.1 server on trio streams, parsing with httptools (llhttp), for nsqd and
-nsqlookupd (DESIGN.md: measured ~48k req/s here against hypercorn's 1.7k and h11's 10k).
+nsqlookupd (docs/design.md §2: measured ~48k req/s here against hypercorn's 1.7k and h11's 10k).
 
 It does what the daemons' APIs need and nothing more: keep-alive, pipelining (every request
 complete in one receive is answered in order, with one send), a body size cap so a hostile

@@ -1,4 +1,4 @@
-"""The nsqlookupd "V1" TCP protocol, sans-IO (SPEC.md §4): bytes in, commands out.
+"""The nsqlookupd "V1" TCP protocol, sans-IO (docs/protocol.md §4): bytes in, commands out.
 
 Server side (nsqlookupd): `LookupServerConnection` turns what an nsqd sends into
 `LookupCommand`s, checking everything Go's `lookup_protocol_v1.go` checks, in the same order
@@ -106,12 +106,13 @@ class LookupResponseError(Exception):
 
 
 def _fatal(code: str, description: str) -> ProtocolError:
-    # SPEC.md §4.1: every nsqlookupd error closes the connection, E_*_FAILED codes included.
+    # docs/protocol.md §4.1: every nsqlookupd error closes the connection, E_*_FAILED codes
+    # included.
     return ProtocolError(code, description, fatal=True)
 
 
 def is_partitioned_peer(identify_body: Mapping[str, Any]) -> bool:
-    """True when the peer speaks Youzan's `REGISTER t p [c]` grammar (SPEC.md §8 row 7).
+    """True when the peer speaks Youzan's `REGISTER t p [c]` grammar (docs/protocol.md §8 row 7).
 
     The negation of Youzan's PeerInfo.IsOldPeer: a non-empty `distributed_id`, or "HA" in
     `version` (Youzan's standalone nsqd sends an empty distributed_id but an -HA version).
@@ -260,7 +261,8 @@ class LookupServerConnection:
 
     The connection applies every check of Go's LookupProtocolV1 itself, because some depend on
     what came before on the wire: IDENTIFY twice fails before its body is read, REGISTER needs
-    an IDENTIFY first, and the REGISTER grammar follows the peer's IDENTIFY (SPEC.md §8 row 7).
+    an IDENTIFY first, and the REGISTER grammar follows the peer's IDENTIFY (docs/protocol.md §8
+    row 7).
     Since every error is fatal, a command returned is one the server should answer; an
     IDENTIFY returned means the peer is identified from then on.
 

@@ -1,4 +1,4 @@
-"""The message payload `[8 ts][2 attempts][16 id][body]` (SPEC.md §1.6).
+"""The message payload `[8 ts][2 attempts][16 id][body]` (docs/protocol.md §1.6).
 
 The same bytes are the payload of a message frame and the record nsqd stores in its
 diskqueue, so a Go nsqd data directory holds exactly these records.

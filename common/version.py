@@ -1,8 +1,8 @@
 """The version every daemon reports.
 
 Clients and Go nsqadmin compare versions as semver, so the NSQ protocol level we implement is
-the version and our own release rides along as semver build metadata (DESIGN.md, "Version
-string"); build metadata does not change semver precedence.
+the version and our own release rides along as semver build metadata (docs/design.md
+§9); build metadata does not change semver precedence.
 """
 
 import platform

@@ -1,5 +1,5 @@
 """nsqd's HTTP API as data: every endpoint, its parameters, and every status and error message
-it may answer with (Go nsqd v1.3.0's http.go, SPEC.md §6, plus the Youzan endpoints nsqd
+it may answer with (Go nsqd v1.3.0's http.go, docs/protocol.md §6, plus the Youzan endpoints nsqd
 serves). The HTTP fuzzer judges responses against this table, and docs/openapi.yaml is
 generated from it (`python -m fuzz.http_spec > docs/openapi.yaml`), so the two never differ.
 """
@@ -245,7 +245,8 @@ def openapi() -> dict:
             "title": "nsqd HTTP API",
             "version": "1.3.0",
             "description": (
-                "nsqpy's nsqd, wire compatible with Go nsqd v1.3.0 (SPEC.md §6). Every error "
+                "nsqpy's nsqd, wire compatible with Go nsqd v1.3.0 (docs/protocol.md §6). "
+                "Every error "
                 'is Go\'s V1 envelope `{"message": "TEXT"}` with the status shown; every '
                 "response carries `X-Nsq-Content-Type: nsq; version=1.0` except /ping, /metrics "
                 "and the bare 400/431 answers to requests that cannot be parsed (plain text, "

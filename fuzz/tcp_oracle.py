@@ -1,4 +1,4 @@
-"""Which replies nsqd may send to each V2 command: the error texts of SPEC.md §2 (official
+"""Which replies nsqd may send to each V2 command: the error texts of docs/protocol.md §2 (official
 v1.3.0) and §3 (Youzan), as regular expressions, one table per command.
 
 A fuzz session sends commands and reads what comes back; `Matcher` walks the replies in
@@ -201,7 +201,7 @@ ANY_COMMAND = [p for patterns in ORACLE.values() for p in patterns] + _LINE_TOO_
 SILENT_OK = {"NOP", "RDY", "FIN", "REQ", "TOUCH"}
 
 # Codes that never close the connection, and those whose fatality depends on the connection
-# being in Youzan mode (SPEC.md §8 #4); every other code is fatal.
+# being in Youzan mode (docs/protocol.md §8 #4); every other code is fatal.
 NON_FATAL = {
     "E_FIN_FAILED",
     "E_REQ_FAILED",

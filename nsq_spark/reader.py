@@ -38,7 +38,7 @@ FLUSH_WAIT = 0.1
 class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str]) -> None:
         # No I/O here: Spark builds this object in several processes, and only the source
-        # runner's copy ever reads (see SPARK.md).
+        # runner's copy ever reads (see docs/design.md §10).
         self.topic = opts.required(options, "topic")
         self.channel = opts.required(options, "channel")
         self.nsqd_addresses = opts.address_list(options.get("nsqd"))

@@ -1,4 +1,4 @@
-"""AUTH against `--auth-http-address` servers (Go's internal/auth, SPEC.md §2.2).
+"""AUTH against `--auth-http-address` servers (Go's internal/auth, docs/protocol.md §2.2).
 
 nsqd asks `GET /auth?remote_ip=&tls=&secret=&common_name=` of the auth servers in random
 order until one answers, keeps the authorizations for their `ttl` seconds, and matches topics

@@ -4,7 +4,7 @@ Messages wait in a bounded in-memory deque (`--mem-queue-size`) and, past it, in
 channel's diskqueue (`<topic>:<channel>`, as Go names it). A delivered message is in flight
 until FIN, REQ or its timeout; REQ with a delay and DPUB hold it in the deferred queue.
 Clients' message pumps take batches with `take()`; a pump with room and nothing to take
-waits in `_waiting` and is woken when messages arrive (DESIGN.md, hot path 3).
+waits in `_waiting` and is woken when messages arrive (docs/design.md §3.3).
 """
 
 import random

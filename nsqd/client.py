@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from nsqd.channel import Channel
     from nsqd.options import Options
 
-# Go's connection states (SPEC.md §1.5).
+# Go's connection states (docs/protocol.md §1.5).
 STATE_INIT = 0
 STATE_DISCONNECTED = 1
 STATE_CONNECTED = 2

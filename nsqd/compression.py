@@ -1,4 +1,4 @@
-"""Snappy and deflate on a connection, after IDENTIFY negotiated them (SPEC.md §2.1).
+"""Snappy and deflate on a connection, after IDENTIFY negotiated them (docs/protocol.md §2.1).
 
 Both directions of the stream are compressed with one long-lived codec each, as go-nsq and
 Go nsqd stream them: snappy's framing format (python-snappy's stream codec: a stream

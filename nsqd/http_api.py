@@ -1,4 +1,4 @@
-"""nsqd's HTTP API, endpoint for endpoint Go nsqd v1.3.0's http.go (SPEC.md §6.1).
+"""nsqd's HTTP API, endpoint for endpoint Go nsqd v1.3.0's http.go (docs/protocol.md §6.1).
 
 Handlers check their arguments in Go's order and fail with Go's status and message, so a
 client or nsqadmin sees the same response from either daemon.
@@ -218,7 +218,7 @@ class HTTPAPI:
     # -- topics ---------------------------------------------------------------------------
 
     async def topic_create(self, request: Request) -> Response:
-        """Classic: the topic. Youzan (SPEC.md §6.2): `partition_num=N` creates partitions
+        """Classic: the topic. Youzan (docs/protocol.md §6.2): `partition_num=N` creates partitions
         0..N-1, `partition=p` that one (nsqlookupd places partitions this way), with
         `orderedmulti=true` / `ext=true` flags."""
         params = _query(request)

@@ -1,6 +1,6 @@
 """Messages keyed by ID and ordered by a deadline: the in-flight and the deferred queues.
 
-DESIGN.md, hot path 4: FIN is a dict pop; the queue-scan pops expired entries off a heap.
+docs/design.md §3.4: FIN is a dict pop; the queue-scan pops expired entries off a heap.
 A pump batch shares one deadline, so it is one heap entry, not one per message. Removal from
 the heap is lazy: a message in an entry is live only while the dict still maps its ID to that
 message with that deadline (TOUCH pushes a new entry and leaves the old one stale). Stale
@@ -43,7 +43,7 @@ class DeadlineQueue:
         self.push_batch((message,), deadline)
 
     def push_batch(self, messages: tuple[Message, ...] | list[Message], deadline: float) -> None:
-        """Many messages with one deadline: one heap entry (a pump batch, DESIGN.md)."""
+        """Many messages with one deadline: one heap entry (a pump batch, docs/design.md §3.4)."""
         by_id = self._by_id
         for message in messages:
             message.deadline = deadline

@@ -5,7 +5,7 @@ nsqd hosts, then sends REGISTER/UNREGISTER as topics and channels come and go an
 15 s. When the connection fails it reconnects with a growing delay and registers everything
 again, so a restarted nsqlookupd learns the whole state back.
 
-The REGISTER grammar follows the lookupd (SPEC.md §8 row 7): an nsqlookupd that reports a
+The REGISTER grammar follows the lookupd (docs/protocol.md §8 row 7): an nsqlookupd that reports a
 Youzan ("HA") or nsqpy version gets the partitioned form `REGISTER t 0 [c]`; an official
 nsqlookupd gets the classic `REGISTER t [c]`, which is the only form it parses correctly.
 """

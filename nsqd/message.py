@@ -1,4 +1,4 @@
-"""A message as nsqd holds it: one object per message per channel (SPEC.md §1.6).
+"""A message as nsqd holds it: one object per message per channel (docs/protocol.md §1.6).
 
 Go nsqd gives each channel its own copy of a published message because attempts, delivery
 time and ownership are per channel; the body bytes are shared, never copied.

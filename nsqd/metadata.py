@@ -31,8 +31,8 @@ class TopicMetadata:
     name: str
     paused: bool = False
     channels: list[ChannelMetadata] = field(default_factory=list)
-    # Youzan partitions (SPEC.md §3.2). Written only for partitioned topics, after Go's keys,
-    # so Go nsqd reading the file still sees its own shape (and ignores the rest).
+    # Youzan partitions (docs/protocol.md §3.2). Written only for partitioned topics, after Go's
+    # keys, so Go nsqd reading the file still sees its own shape (and ignores the rest).
     partition: int | None = None
     ordered: bool = False
     ext: bool = False

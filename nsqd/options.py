@@ -1,4 +1,4 @@
-"""nsqd's options: Go nsqd v1.3.0's flags, defaults and config keys (SPEC.md §7.1).
+"""nsqd's options: Go nsqd v1.3.0's flags, defaults and config keys (docs/protocol.md §7.1).
 
 The dataclass holds every default once; the flag table below reads them from it, so `--help`,
 `--config` and the daemon agree. Durations are float seconds.

@@ -187,7 +187,8 @@ class ProtocolV2(YouzanCommands):
             b"CLS": self.cls,
             b"AUTH": self.auth,
             b"IDENTIFY": self.identify,
-            # Youzan's commands (SPEC.md §3.1); SUB_ORDER is the name Youzan's article uses.
+            # Youzan's commands (docs/protocol.md §3.1); SUB_ORDER is the name Youzan's article
+            # uses.
             b"SUB_ORDERED": self.sub_family,
             b"SUB_ORDER": self.sub_family,
             b"SUB_ADVANCED": self.sub_family,
@@ -554,7 +555,7 @@ class ProtocolV2(YouzanCommands):
 
     async def _upgrade(self, upgrade: "_Upgrade", replies: list[bytes]) -> None:
         """After the IDENTIFY reply: TLS, then compression, each confirmed by an `OK` sent
-        through the new layer (SPEC.md §2.1)."""
+        through the new layer (docs/protocol.md §2.1)."""
         client = self.client
         async with self._send_lock:
             self._fd = -1

@@ -1,6 +1,6 @@
-"""Youzan's extensions of the V2 protocol, on the same connection handler (SPEC.md §3, §8).
+"""Youzan's extensions of the V2 protocol, on the same connection handler (docs/protocol.md §3, §8).
 
-A connection becomes a Youzan connection when it shows it is one (SPEC.md §8 #1): a SUB
+A connection becomes a Youzan connection when it shows it is one (docs/protocol.md §8 #1): a SUB
 family command with a partition, SUB_ORDERED or SUB_ADVANCED, or an IDENTIFY with
 `extend_support`, `desired_tag` or `ext_filter`. From then on its message IDs are Youzan's
 binary `[8 internal id][8 trace id]` (the internal id is our message id's 64-bit value, so
@@ -32,7 +32,7 @@ YOUZAN_IDENTIFY_KEYS = ("extend_support", "desired_tag", "ext_filter")
 
 def ext_section(message) -> bytes:
     """`[1 ext_ver]`, plus `[2 length][header]` when the message has a JSON header (ext_ver 4):
-    what an ext topic's messages carry for `extend_support` clients (SPEC.md §3.5)."""
+    what an ext topic's messages carry for `extend_support` clients (docs/protocol.md §3.5)."""
     header = message.ext_header
     if not header:
         return b"\x00"
@@ -42,7 +42,7 @@ def ext_section(message) -> bytes:
 def encode_binary_id_frames(messages, detail: bool, ext: bool = False) -> bytes:
     """Message frames with Youzan's binary IDs, the EXT section (ext topics, `extend_support`
     clients) and the DETAIL section `[8 offset][4 size]` for SUB_ORDERED/SUB_ADVANCED
-    connections, in that order (SPEC.md §3.5)."""
+    connections, in that order (docs/protocol.md §3.5)."""
     pack = _BINARY_FRAME_HEADER.pack
     pack_detail = _DETAIL.pack
     overhead = _BINARY_FRAME_HEADER.size - 4 + (_DETAIL.size if detail else 0)
@@ -76,7 +76,8 @@ def message_key(wire_id: bytes) -> bytes:
 
 
 def trace_reply(internal_id: int, trace_id: int, offset: int, size: int) -> bytes:
-    """PUB_TRACE's 30-byte response: `OK`, id, trace id, offset, raw size (SPEC.md §3.6)."""
+    """PUB_TRACE's 30-byte response: `OK`, id, trace id, offset, raw size (docs/protocol.md
+    §3.6)."""
     return encode_response(_TRACE_REPLY.pack(b"OK", internal_id, trace_id, offset, size))
 
 
@@ -118,7 +119,7 @@ class YouzanCommands:
     def _resolve_partition(self, name: str, raw: bytes | None, *, create: bool):
         """The partition a command names. `raw` None: the classic form, which creates the
         topic's partition 0 on first use when `create`; otherwise an explicit partition that
-        must exist, -1 meaning the default one (SPEC.md §8 #2, #3)."""
+        must exist, -1 meaning the default one (docs/protocol.md §8 #2, #3)."""
         nsqd = self.nsqd
         if raw is None:
             if create:
@@ -160,10 +161,10 @@ class YouzanCommands:
         advanced = name == b"SUB_ADVANCED"
         args = command.args
         topic_name, channel_name = self._sub_names(command)
-        # The partition is parsed whenever it is there (Youzan ignores it when a
-        # SUB_ADVANCED start follows, a bug SPEC.md §3.3 says not to copy). A plain SUB whose
-        # third word is not a number is an official client's SUB with an extra word, which
-        # official nsqd ignores (SPEC.md §2.3).
+        # The partition is parsed whenever it is there (Youzan ignores it when a SUB_ADVANCED start
+        # follows, a bug docs/protocol.md §3.3 says not to copy). A plain SUB whose third word is
+        # not a number is an official client's SUB with an extra word, which official nsqd ignores
+        # (docs/protocol.md §2.3).
         raw_partition = args[2] if len(args) >= 3 else None
         if name == b"SUB" and raw_partition is not None and not _is_partition(raw_partition):
             raw_partition = None
@@ -211,7 +212,7 @@ class YouzanCommands:
     # -- publishing ---------------------------------------------------------------------
 
     def _publish_target(self, args: list[bytes], label: str):
-        """The partition of a PUB-family command: classic form or `t p` (SPEC.md §3.3)."""
+        """The partition of a PUB-family command: classic form or `t p` (docs/protocol.md §3.3)."""
         name = go_text(args[0])
         # As for SUB: a second word that is no number is an official client's extra word.
         raw = args[1] if len(args) == 2 else None
@@ -219,7 +220,7 @@ class YouzanCommands:
             raw = None
         if raw is not None:
             self.become_youzan()
-        # Only the official commands in their classic form create a topic (SPEC.md §8 #2);
+        # Only the official commands in their classic form create a topic (docs/protocol.md §8 #2);
         # Youzan's never do, and their topic names are not even validated (§3.3).
         classic = raw is None and label in ("PUB", "MPUB", "DPUB")
         topic = self._resolve_partition(name, raw, create=classic)
@@ -266,7 +267,7 @@ class YouzanCommands:
         self.client.published(topic.name, len(messages))
         total = sum(RECORD_OVERHEAD + len(m.body) for m in messages)
         # Youzan's reply to MPUB_TRACE: the first id, a zero trace id, the first offset and
-        # the size of the whole batch (SPEC.md §3.6).
+        # the size of the whole batch (docs/protocol.md §3.6).
         return trace_reply(int(messages[0].id, 16), 0, messages[0].offset, total)
 
     def _ext_header(self, header: bytes, topic) -> int | None:

@@ -1,6 +1,6 @@
 """The nsqd daemon: topics, clients, listeners and the background loops, on one trio nursery.
 
-`NSQD.serve()` is the whole life of the daemon (DESIGN.md, "Concurrency"): load the metadata
+`NSQD.serve()` is the whole life of the daemon (docs/design.md §2): load the metadata
 and diskqueues, bind the listeners and log their real addresses, run the TCP listener, the
 queue-scan loop, the metadata writer and the diskqueue sync timer in one nursery, and on
 shutdown stop accepting, close clients, write every message to disk, sync, write the
@@ -69,7 +69,7 @@ class NSQD:
         # Why health is not OK: the last diskqueue write failed, or the last sync did.
         self._write_error: str | None = None
         self._sync_error: str | None = None
-        # Youzan's POST /disable/write: None, "all" or "ordered" (SPEC.md §5.6).
+        # Youzan's POST /disable/write: None, "all" or "ordered" (docs/protocol.md §5.6).
         self.write_disabled: str | None = None
         self.queue_scanner = QueueScanner(self)
         self.heartbeats = HeartbeatClock()
@@ -90,7 +90,7 @@ class NSQD:
 
     def get_topic(self, name: str) -> Topic:
         """The topic a classic command means: its lowest local partition, created as the
-        classic partition 0 on first use (SPEC.md §8 #2, #3)."""
+        classic partition 0 on first use (docs/protocol.md §8 #2, #3)."""
         topic = self.topics.get(name)
         if topic is None:
             topic = self.create_partition(name, 0)

@@ -156,7 +156,7 @@ def topic_stats(topic: "Topic", channels: list[dict], now: float) -> dict:
         "e2e_processing_latency": merged_result(percentiles, streams, now),
     }
     if topic.partitioned:
-        # Youzan's /stats names each partition (SPEC.md §6.2).
+        # Youzan's /stats names each partition (docs/protocol.md §6.2).
         stats["topic_partition"] = topic.partition
         stats["topic_full_name"] = topic.full_name
     return stats

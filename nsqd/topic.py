@@ -1,7 +1,7 @@
 """A topic: where publishers put messages, fanned out to every channel.
 
 When the topic has channels and is not paused, a publish goes straight to the channels in the
-same call (DESIGN.md, hot path 2: a loop over channels, not over awaits). Otherwise messages
+same call (docs/design.md §3.2: a loop over channels, not over awaits). Otherwise messages
 wait in the topic (memory up to `--mem-queue-size`, then its diskqueue) until the topic's pump
 moves them on: Go keeps a topic's messages until its first channel appears, and holds them
 while it is paused.
@@ -29,7 +29,7 @@ _PUMP_BATCH = 1024
 
 class Topic:
     """One partition of a topic. A classic topic is partition 0 and nothing else; Youzan
-    topics (SPEC.md §3.2) have partitions created explicitly, `partitioned` marks them."""
+    topics (docs/protocol.md §3.2) have partitions created explicitly, `partitioned` marks them."""
 
     def __init__(
         self,

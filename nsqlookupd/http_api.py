@@ -1,5 +1,5 @@
 """nsqlookupd's HTTP API: Go nsqlookupd v1.3.0's http.go, plus Youzan's `/lookup` parameters
-and `/listlookup` (SPEC.md §5). Always the v1 form: no envelope, real status codes."""
+and `/listlookup` (docs/protocol.md §5). Always the v1 form: no envelope, real status codes."""
 
 import urllib.request
 from typing import TYPE_CHECKING
@@ -115,8 +115,8 @@ class HTTPAPI:
         channels = db.channels(topic, partition)
         timeout = options.inactive_producer_timeout
         # Official lookups (no `access`) hide tombstoned nodes as Go does; Youzan readers
-        # (`access=r`) see them, so consumers can drain a node being retired (SPEC.md §5.3);
-        # writers never do.
+        # (`access=r`) see them, so consumers can drain a node being retired (docs/protocol.md
+        # §5.3); writers never do.
         lifetime = 0.0 if access_text == "r" else options.tombstone_lifetime
         producers = active(db.find_producers("topic", topic, "", partition), timeout, lifetime)
         partitions: dict[str, dict] = {}
@@ -259,7 +259,7 @@ class HTTPAPI:
     async def _create_partitioned(self, topic: str, params: dict[str, list[str]]) -> None:
         """Youzan's `/topic/create?partition_num=N&replicator=R`: place the partitions on the
         registered nsqds round-robin, through their HTTP API, and keep the topic's meta for
-        `/lookup?metainfo=` (SPEC.md §5.6)."""
+        `/lookup?metainfo=` (docs/protocol.md §5.6)."""
         text = _first(params, "partition_num")
         if text is None:
             raise HTTPError(400, "MISSING_ARG_TOPIC_PARTITION_NUM")

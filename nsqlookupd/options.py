@@ -1,5 +1,5 @@
-"""nsqlookupd's options: Go nsqlookupd v1.3.0's flags and defaults (SPEC.md §7.2), plus
-Youzan's `--allow-write-with-nochannels` for `/lookup?access=w` (SPEC.md §5.3)."""
+"""nsqlookupd's options: Go nsqlookupd v1.3.0's flags and defaults (docs/protocol.md §7.2), plus
+Youzan's `--allow-write-with-nochannels` for `/lookup?access=w` (docs/protocol.md §5.3)."""
 
 import dataclasses
 import socket

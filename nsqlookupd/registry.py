@@ -2,7 +2,7 @@
 
 A registration is `(category, key, subkey, partition)`: `("client", "", "", None)` for every
 identified nsqd, `("topic", t, "", p)` and `("channel", t, c, p)` for what it hosts. The
-partition is None for a classic peer's registrations (SPEC.md §8 row 7): those appear in
+partition is None for a classic peer's registrations (docs/protocol.md §8 row 7): those appear in
 `/lookup`'s `producers` but never under `partitions`. Each registration maps peer ids (the
 peer's remote address) to a Producer, which carries the per-registration tombstone.
 """

@@ -27,8 +27,8 @@ from common.version import VERSION
 from nsqlookupd.options import Options
 from nsqlookupd.registry import ANY, PeerInfo, RegistrationDB
 
-# Official nsqd pings every 15 s; a peer silent for longer than this is gone (SPEC.md §8 #12:
-# no read deadline shorter than 30 s). Go's nsqlookupd sets none; one keeps dead peers from
+# Official nsqd pings every 15 s; a peer silent for longer than this is gone (docs/protocol.md §8
+# #12: no read deadline shorter than 30 s). Go's nsqlookupd sets none; one keeps dead peers from
 # holding registrations forever once their TCP connection is half-open.
 PEER_READ_TIMEOUT = 60.0
 RECEIVE_SIZE = 64 * 1024

@@ -1,4 +1,5 @@
-"""The sans-IO V2 command parser (SPEC.md §1.2, §2, §3): every command, every error text."""
+"""The sans-IO V2 command parser (docs/protocol.md §1.2, §2, §3): every command, every error
+text."""
 
 import json
 import struct
@@ -43,7 +44,7 @@ MAX_REQ_MS = 3_600_000
 LIMITS = {"max_msg_size": MAX_MSG, "max_body_size": MAX_BODY, "max_req_timeout_ms": MAX_REQ_MS}
 
 HEX_ID = b"0123456789abcdef"
-# A Youzan binary ID holding every byte a line-based parser would trip on (SPEC.md §1.2).
+# A Youzan binary ID holding every byte a line-based parser would trip on (docs/protocol.md §1.2).
 BINARY_ID = b"\n \r\x00id\n\nA B\r\r\n \xff"
 
 

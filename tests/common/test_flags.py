@@ -462,7 +462,7 @@ def test_four_spellings_of_a_valued_flag(flags: FlagSet, argv: list[str]) -> Non
 
 
 def test_harness_style_command_lines(flags: FlagSet) -> None:
-    # gnsq's and ansq's command lines, mixing single- and double-dash (INTEROP.md).
+    # gnsq's and ansq's command lines, mixing single- and double-dash (docs/design.md §11).
     values, explicitly_set, args = parse(
         flags,
         "--broadcast-address",

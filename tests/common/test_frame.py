@@ -1,4 +1,4 @@
-"""Server→client frames (SPEC.md §1.3, §1.6): exact bytes out, whole frames back in."""
+"""Server→client frames (docs/protocol.md §1.3, §1.6): exact bytes out, whole frames back in."""
 
 import struct
 from types import SimpleNamespace

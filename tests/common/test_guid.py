@@ -1,4 +1,5 @@
-"""Message IDs in Go nsqd's GUID layout (SPEC.md §1.6), without sleeping: fake clocks only."""
+"""Message IDs in Go nsqd's GUID layout (docs/protocol.md §1.6), without sleeping: fake clocks
+only."""
 
 import hashlib
 import random

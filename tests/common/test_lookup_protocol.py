@@ -1,4 +1,5 @@
-"""The nsqlookupd V1 codec (SPEC.md §4), without a network: every path and every error text."""
+"""The nsqlookupd V1 codec (docs/protocol.md §4), without a network: every path and every error
+text."""
 
 import json
 import struct

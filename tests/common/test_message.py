@@ -1,4 +1,4 @@
-"""The message payload `[8 ts][2 attempts][16 id][body]` (SPEC.md §1.6)."""
+"""The message payload `[8 ts][2 attempts][16 id][body]` (docs/protocol.md §1.6)."""
 
 import struct
 

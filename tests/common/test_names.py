@@ -1,4 +1,5 @@
-"""Topic and channel names (SPEC.md §2.3): `^[.a-zA-Z0-9_-]+(#ephemeral)?$`, 1..64 chars."""
+"""Topic and channel names (docs/protocol.md §2.3): `^[.a-zA-Z0-9_-]+(#ephemeral)?$`, 1..64
+chars."""
 
 import re
 

@@ -1,4 +1,4 @@
-"""What consumers of topics and channels can count on, seen from the wire (SPEC.md §2, Go's
+"""What consumers of topics and channels can count on, seen from the wire (docs/protocol.md §2, Go's
 channel.go and topic.go semantics).
 
 Fan-out to every channel, sharing within a channel, RDY and in-flight limits, requeue and

@@ -1,6 +1,6 @@
 """Messages survive nsqd restarts and crashes, and a Go nsqd data directory opens here.
 
-DESIGN.md, "Durability": a clean stop (SIGTERM) writes every in-memory, in-flight and
+docs/design.md §4: a clean stop (SIGTERM) writes every in-memory, in-flight and
 deferred message to the diskqueues and the metadata last, and the restart delivers them
 again; with `--mem-queue-size=0 --sync-every=1` a kill -9 loses nothing acknowledged with
 `OK`; the files are go-diskqueue's and Go nsqd 1.3.0's `nsqd.dat`, so a Go data directory

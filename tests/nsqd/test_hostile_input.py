@@ -1,6 +1,6 @@
 """A live nsqd under a storm of hostile connections keeps serving its well-behaved clients.
 
-DESIGN.md, "Errors and bad input": a client that misbehaves is disconnected; it never takes
+docs/design.md §5: a client that misbehaves is disconnected; it never takes
 the daemon, or another client's messages, with it. While one consumer receives a steady
 stream of messages, hundreds of connections send random bytes, random commands from the
 V2 command set with random arguments and bogus or huge length prefixes, and commands cut

@@ -1,8 +1,9 @@
-"""Every V2 command, state rule, limit and error text of Go nsqd v1.3.0 (SPEC.md §1, §2).
+"""Every V2 command, state rule, limit and error text of Go nsqd v1.3.0 (docs/protocol.md §1, §2).
 
 Each test talks to the in-process nsqd over a real TCP connection and asserts the exact frame
 nsqd sends back and what happens to the connection after it: a fatal error closes it, E_FIN_FAILED,
-E_REQ_FAILED and E_TOUCH_FAILED leave it open (SPEC.md §1.3, §2.11). Go's `%q` quoting of bad
+E_REQ_FAILED and E_TOUCH_FAILED leave it open (docs/protocol.md §1.3, §2.11). Go's `%q` quoting of
+bad
 names, its order of checks and its odd texts (`E_BAD_TOPIC E_BAD_TOPIC MPUB ...`) are asserted
 byte for byte.
 """

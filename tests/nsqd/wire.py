@@ -3,7 +3,7 @@
 `Wire` talks to the `nsqd` fixture over a real trio TCP stream, with our codec on both sides
 of the socket: `common.command` builds the bytes, `common.frame.FrameDecoder` reads the frames.
 Its assertions are the ones every protocol test needs: the exact text of an error frame, and
-whether nsqd then closed the connection (a fatal error) or kept it usable (SPEC.md §1.3).
+whether nsqd then closed the connection (a fatal error) or kept it usable (docs/protocol.md §1.3).
 
 Every read is bounded by `trio.fail_after`, so a missing frame fails the test instead of
 hanging it; under a MockClock the bound is virtual time.

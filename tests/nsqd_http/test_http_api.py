@@ -1,5 +1,5 @@
 """nsqd's HTTP API, endpoint by endpoint and error by error, as Go nsqd v1.3.0 answers
-(SPEC.md §6.1; nsqd/http.go of v1.3.0 for the order in which arguments are checked).
+(docs/protocol.md §6.1; nsqd/http.go of v1.3.0 for the order in which arguments are checked).
 
 Every request goes over a real socket to the in-process nsqd; what the API did is then checked
 from the outside: through `/stats`, by consuming over TCP with our V2 codec, or by reading the

@@ -25,7 +25,7 @@ from common.lookup_protocol import (
 HOST = "127.0.0.1"
 REPLY_TIMEOUT = 5.0
 
-# What Go nsqd v1.3.0 sends in IDENTIFY (SPEC.md §4.2): an official, "classic" peer.
+# What Go nsqd v1.3.0 sends in IDENTIFY (docs/protocol.md §4.2): an official, "classic" peer.
 CLASSIC_IDENTIFY = {
     "version": "1.3.0",
     "tcp_port": 24150,
@@ -33,7 +33,7 @@ CLASSIC_IDENTIFY = {
     "hostname": "classic-host",
     "broadcast_address": "127.0.0.1",
 }
-# What Youzan nsqd sends (SPEC.md §4.3): a partitioned peer, known by its distributed_id.
+# What Youzan nsqd sends (docs/protocol.md §4.3): a partitioned peer, known by its distributed_id.
 YOUZAN_IDENTIFY = {
     "version": "0.3.7-HA.1.13.0",
     "tcp_port": 24250,
@@ -135,7 +135,7 @@ class Peer:
         return False
 
     async def expect_fatal(self, text: str) -> None:
-        """The server answers `text` and closes the connection (SPEC.md §4.1)."""
+        """The server answers `text` and closes the connection (docs/protocol.md §4.1)."""
         assert (await self.reply()).decode("utf-8", "surrogateescape") == text
         assert await self.closed_by_server(), "nsqlookupd left the connection open"
 

@@ -7,7 +7,7 @@ after every batch of hostile connections both must still be in /lookup and /node
 channels. Some hostile peers identify as the good ones (same broadcast address and ports) and
 UNREGISTER their topic: a peer is its connection, so that must change nothing for them. Every
 reply the daemon sends must be a well-formed V1 frame, and after an error reply it must close
-the connection (SPEC.md §4.1).
+the connection (docs/protocol.md §4.1).
 """
 
 import json

@@ -1,9 +1,10 @@
-"""nsqlookupd's V1 TCP protocol on the wire (SPEC.md §4), and what it does to the HTTP views.
+"""nsqlookupd's V1 TCP protocol on the wire (docs/protocol.md §4), and what it does to the HTTP
+views.
 
 Every test talks to a real in-process nsqlookupd over 127.0.0.1: peers speak V1 by hand (see
 `support.Peer`), and the registry is read back through /lookup, /topics, /channels, /nodes and
 /debug, as a client or nsqadmin would. The admin endpoints and the HTTP error texts are those of
-Go nsqlookupd v1.3.0 (SPEC.md §5.6).
+Go nsqlookupd v1.3.0 (docs/protocol.md §5.6).
 """
 
 import json
@@ -147,7 +148,7 @@ async def test_classic_register_and_unregister(nsqlookupd):
 
 
 async def test_classic_peer_channel_named_like_a_partition_is_a_channel(nsqlookupd):
-    """SPEC.md §8 row 7: a classic peer only gets the classic grammar, so `REGISTER t 5` is
+    """docs/protocol.md §8 row 7: a classic peer only gets the classic grammar, so `REGISTER t 5` is
     channel "5" (Youzan's own lookupd would misread it as partition 5)."""
     peer = await identified_peer(nsqlookupd.tcp_port, CLASSIC_IDENTIFY)
     await peer.register("t", "5")
@@ -471,7 +472,7 @@ async def test_inactive_producer_ages_out_and_a_ping_brings_it_back(start_lookup
 
 
 async def test_partitioned_register_counts_as_a_sign_of_life(start_lookupd):
-    """Youzan's REGISTER and UNREGISTER refresh last_update too (SPEC.md §4.3)."""
+    """Youzan's REGISTER and UNREGISTER refresh last_update too (docs/protocol.md §4.3)."""
     lookupd = await start_lookupd(inactive_producer_timeout=1.0)
     port = lookupd.http_port
     peer = await identified_peer(lookupd.tcp_port, YOUZAN_IDENTIFY)

@@ -18,9 +18,10 @@ The state is built two ways:
 
 * `classic`: a peer that speaks V1 by hand exactly as Go nsqd v1.3.0 does (IDENTIFY without
   distributed_id, `REGISTER test`, `REGISTER test ch`). Every response must be Go's, except
-  that /lookup always carries `partitions` (SPEC.md §8 row 10), empty for a classic peer.
+  that /lookup always carries `partitions` (docs/protocol.md §8 row 10), empty for a classic peer.
 * `nsqd`: our own nsqd, which identifies with a distributed_id and registers `test 0 ch`
-  (SPEC.md §8 row 7). Then exactly these Youzan additions are allowed and required: /lookup's
+  (docs/protocol.md §8 row 7). Then exactly these Youzan additions are allowed and required:
+  /lookup's
   `partitions` maps "0" to the node, and its PEER objects gain `id` first and `distributed_id`
   last; /nodes adds `partitions` ({topic: ["0"]}) after `topics`; /debug's keys of partitioned
   registrations carry the partition as a fourth part (`topic:test::0`).
@@ -134,12 +135,14 @@ async def nsqd_state(nsqlookupd, nursery, tmp_path, with_topics: bool) -> NSQD:
 
 
 def youzan_peer(peer: dict) -> dict:
-    """A PEER object as Youzan writes it: `id` first, `distributed_id` last (SPEC.md §5.3)."""
+    """A PEER object as Youzan writes it: `id` first, `distributed_id` last (docs/protocol.md
+    §5.3)."""
     return {"id": peer["remote_address"], **peer, "distributed_id": "<distributed id>"}
 
 
 def expected_document(file: str, go, kind: str):
-    """Go's JSON body with the additions SPEC.md §8 requires of us for this kind of peer."""
+    """Go's JSON body with the additions docs/protocol.md §8 requires of us for this kind of
+    peer."""
     if file == "nsqlookupd_lookup.http":
         if kind == "classic":
             return {"channels": go["channels"], "partitions": {}, "producers": go["producers"]}
@@ -290,7 +293,7 @@ async def test_response_matches_go_nsqlookupd(nsqlookupd, nursery, tmp_path, fil
 
 
 async def test_classic_peer_object_has_exactly_gos_keys_in_gos_order(nsqlookupd):
-    """The official PEER shape, exactly (SPEC.md §5.2), next to a Youzan-style peer."""
+    """The official PEER shape, exactly (docs/protocol.md §5.2), next to a Youzan-style peer."""
     classic = await classic_state(nsqlookupd, with_topics=True)
     go_peer = reference("nsqlookupd_lookup.http").json()["producers"][0]
     document = await get_json(nsqlookupd.http_port, "/lookup?topic=test")

@@ -1,11 +1,12 @@
-"""Youzan's /lookup parameters and /listlookup (SPEC.md §5.3, §5.4, §8 rows 7-13).
+"""Youzan's /lookup parameters and /listlookup (docs/protocol.md §5.3, §5.4, §8 rows 7-13).
 
 Partitioned peers (an IDENTIFY with a distributed_id, or an "HA" version) register
 `REGISTER t p [c]`; classic peers `REGISTER t [c]`. The bodies are compared field for field
-with SPEC.md §5.3, including key order: Go marshals the response as a map, so the top-level keys
+with docs/protocol.md §5.3, including key order: Go marshals the response as a map, so the
+top-level keys
 come sorted (channels, meta, partitions, producers) and so do meta's, while PEER objects follow
 Youzan's PeerInfo struct (id, remote_address, hostname, broadcast_address, tcp_port, http_port,
-version, distributed_id). Where SPEC.md is silent the behaviour is that of Youzan's
+version, distributed_id). Where docs/protocol.md is silent the behaviour is that of Youzan's
 nsqlookupd/http.go (doLookup), e.g. which channels a `partition=` filter lists.
 """
 
@@ -43,7 +44,7 @@ SECOND_NODE = identify_body(
 
 
 def peer_object(peer) -> dict:
-    """The PEER object /lookup must give for this peer (SPEC.md §5.3)."""
+    """The PEER object /lookup must give for this peer (docs/protocol.md §5.3)."""
     info = peer.info
     return {
         "id": peer.local_address,
@@ -133,7 +134,7 @@ async def test_unknown_access_mode_is_rejected(nsqlookupd, two_nodes, access):
 
 
 async def test_unknown_topic_is_404_with_youzan_parameters_too(nsqlookupd):
-    """SPEC.md §8 row 9: TOPIC_NOT_FOUND, not Youzan's 200 with empty lists."""
+    """docs/protocol.md §8 row 9: TOPIC_NOT_FOUND, not Youzan's 200 with empty lists."""
     for params in ({"access": "r"}, {"access": "w", "metainfo": "true"}):
         reply = await lookup(nsqlookupd.http_port, "nope", **params)
         assert (reply.status, reply.message) == (404, "TOPIC_NOT_FOUND")
@@ -153,7 +154,7 @@ async def test_partitioned_peer_shows_its_partitions(nsqlookupd, info):
     assert document["partitions"] == {"0": peer_object(peer), "1": peer_object(peer)}
     assert document["producers"] == [peer_object(peer)]
     assert document["channels"] == ["ch"]
-    # Writers get only the partition that has a channel (SPEC.md §5.3).
+    # Writers get only the partition that has a channel (docs/protocol.md §5.3).
     document = await lookup_json(port, "t", access="w")
     assert document["partitions"] == {"1": peer_object(peer)}
     assert document["producers"] == [peer_object(peer)]
@@ -243,7 +244,7 @@ async def test_tombstoned_node_is_for_readers_only(nsqlookupd, two_nodes):
     document = await lookup_json(port, "t", access="w")
     assert document["partitions"] == {"1": peer_object(second)}
     assert document["producers"] == [peer_object(second)]
-    # Readers (access=r) still get it, so they can drain it (SPEC.md §5.3).
+    # Readers (access=r) still get it, so they can drain it (docs/protocol.md §5.3).
     document = await lookup_json(port, "t", access="r")
     assert document["partitions"] == {"0": peer_object(first), "1": peer_object(second)}
     assert by_id(document["producers"]) == by_id([peer_object(first), peer_object(second)])
@@ -272,7 +273,7 @@ async def test_partition_filter(nsqlookupd):
 
 
 async def test_lookup_is_v1_whatever_the_accept_header(nsqlookupd, two_nodes):
-    """SPEC.md §8 row 8: always the v1 body, never the legacy envelope."""
+    """docs/protocol.md §8 row 8: always the v1 body, never the legacy envelope."""
     port = nsqlookupd.http_port
     plain = await http_request(port, "GET", "/lookup?topic=t&access=r")
     negotiated = await http_request(
@@ -295,7 +296,7 @@ async def test_listlookup(nsqlookupd):
     leader = document["lookupdleader"]
     assert list(leader) == ["ID", "NodeIP", "TcpPort", "HttpPort", "RpcPort", "Epoch"]
     assert leader["NodeIP"] == "127.0.0.1"
-    # The ports are strings (SPEC.md §5.4); Epoch is an integer.
+    # The ports are strings (docs/protocol.md §5.4); Epoch is an integer.
     assert leader["TcpPort"] == str(nsqlookupd.tcp_port)
     assert leader["HttpPort"] == str(nsqlookupd.http_port)
     assert type(leader["RpcPort"]) is str and type(leader["ID"]) is str and leader["ID"]

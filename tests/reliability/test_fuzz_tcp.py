@@ -286,7 +286,7 @@ def _commands(draw) -> tuple[bytes, list]:
 @given(session=_commands())
 def test_hypothesis_sessions_get_only_allowed_replies(shared_nsqd, session) -> None:
     """Sessions hypothesis draws (and shrinks, when one fails) get, command by command, only
-    replies SPEC.md allows for that command, and a fatal error is the last thing said."""
+    replies docs/protocol.md allows for that command, and a fatal error is the last thing said."""
     payload, expects = session
     matcher = Matcher(list(expects))
     for frame_type, data in _exchange(shared_nsqd.port("TCP"), payload):

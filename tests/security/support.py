@@ -4,7 +4,8 @@
 go-nsq does, with nothing of nsqd's own stream code on the client side: our codec for the
 commands and frames, the stdlib `ssl` for TLS, python-snappy's `StreamCompressor` /
 `StreamDecompressor` for the snappy framing format and `zlib` raw DEFLATE (no header,
-sync-flushed on every send) for deflate (SPEC.md §2.1, "Upgrade order"). It counts the bytes
+sync-flushed on every send) for deflate (docs/protocol.md §2.1, "Upgrade order"). It counts the
+bytes
 that crossed the socket below the compression layer, so a test can tell that a compressed
 connection really compressed.
 
@@ -293,7 +294,7 @@ class NegotiatedConnection:
 
     def negotiate(self, tls_context: ssl.SSLContext | None = None, **settings) -> dict:
         """IDENTIFY, then every upgrade the reply grants, each confirmed by `OK` through the
-        new layer: TLS first, then snappy or deflate (SPEC.md §2.1)."""
+        new layer: TLS first, then snappy or deflate (docs/protocol.md §2.1)."""
         frame = self.identify(**settings)
         assert frame.frame_type == FRAME_TYPE_RESPONSE, f"IDENTIFY refused: {frame}"
         reply = json.loads(frame.data)

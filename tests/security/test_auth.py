@@ -1,4 +1,4 @@
-"""AUTH against a real HTTP auth server (SPEC.md §2.2; Go's internal/auth and CheckAuth).
+"""AUTH against a real HTTP auth server (docs/protocol.md §2.2; Go's internal/auth and CheckAuth).
 
 `AuthServer` is an aiohttp application on 127.0.0.1:0 in a thread with its own asyncio loop.
 It answers by secret from a table the tests may change while nsqd is running, and records

@@ -1,5 +1,5 @@
 """IDENTIFY feature negotiation on the wire: TLS, snappy, deflate and the TLS policy
-(SPEC.md §2.1, §2.10, §6.1), against the nsqd console script.
+(docs/protocol.md §2.1, §2.10, §6.1), against the nsqd console script.
 
 Every case negotiates with `NegotiatedConnection` (stdlib ssl, python-snappy, zlib on the client
 side, see support.py), asserts what the IDENTIFY reply granted, checks that each upgrade was

@@ -1,4 +1,4 @@
-"""IDENTIFY `sample_rate` (SPEC.md §2.1): nsqd delivers a client only about that percentage
+"""IDENTIFY `sample_rate` (docs/protocol.md §2.1): nsqd delivers a client only about that percentage
 of the channel's messages.
 
 Go's messagePump skips a message when `rand.Int31n(100) > sample_rate`, so a rate of 30

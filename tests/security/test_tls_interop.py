@@ -3,7 +3,8 @@
 nsqd runs with the session's trustme certificate; the clients verify it against the trustme
 CA. Each client publishes and consumes a batch through the negotiated layers, the test asserts
 that the IDENTIFY reply the client itself received granted each feature (a client silently
-falls back to plain when a feature is refused, INTEROP.md), and /stats — read while the client
+falls back to plain when a feature is refused, docs/design.md §11), and /stats — read while the
+client
 is still connected — must show TLS and the compression on nsqd's side of the connection.
 
 * pynsq 0.9.1 (tornado) runs on its own asyncio loop in this thread; its Reader and Writer
@@ -14,7 +15,8 @@ is still connected — must show TLS and the compression on nsqd's side of the c
 
 TLS+snappy and pynsq: pynsq's `SnappySocket` signals "no whole snappy chunk yet" with a plain
 `OSError(EWOULDBLOCK)`, which tornado ≥ 6.1 (6.6 here) no longer takes for "would block", so
-pynsq drops the connection as soon as a read ends inside a snappy chunk (INTEROP.md; the large
+pynsq drops the connection as soon as a read ends inside a snappy chunk (docs/design.md §11; the
+large
 random bodies below make that happen at once). That is pynsq's bug, not nsqd's: TLS+snappy is
 covered unpatched by nsqjs, and pynsq's TLS+snappy test runs with `pynsq_snappy_shim`, which
 re-raises that one error as the `BlockingIOError` tornado expects and changes nothing else.

@@ -2,9 +2,9 @@
 
 Youzan's own clients are not available here, so these helpers build the commands with our
 codec (`common.command`) and read the frames with `common.frame.FrameDecoder`, then decode
-what SPEC.md §3 says a Youzan client receives: binary 8+8 message IDs, the optional DETAIL
+what docs/protocol.md §3 says a Youzan client receives: binary 8+8 message IDs, the optional DETAIL
 section `[8 offset][4 raw size]`, the 30-byte traced-publish reply. Nothing here knows how
-nsqd implements any of it; every layout is taken from SPEC.md.
+nsqd implements any of it; every layout is taken from docs/protocol.md.
 """
 
 import json
@@ -19,15 +19,15 @@ from common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, Frame
 from common.message import DecodedMessage
 from tests.nsqd.wire import ConnectionClosed, Wire
 
-# SPEC.md §3.5: the DETAIL section, and §3.6: the traced-publish reply after "OK".
+# docs/protocol.md §3.5: the DETAIL section, and §3.6: the traced-publish reply after "OK".
 _DETAIL = struct.Struct(">QI")
 _TRACE_REPLY = struct.Struct(">2sQQQI")
 _BINARY_ID = struct.Struct(">QQ")
-# The record of a message in a partition (SPEC.md §3.5 and the project's decision): the
+# The record of a message in a partition (docs/protocol.md §3.5 and the project's decision): the
 # 4-byte length prefix, the 26-byte message header, the body.
 RECORD_OVERHEAD = 4 + 26
 # An ID no nsqd has issued (internal id 12345, trace id 0), and how Youzan prints it: Go's %v
-# of a []byte (SPEC.md §3.4).
+# of a []byte (docs/protocol.md §3.4).
 UNKNOWN_BINARY_ID = _BINARY_ID.pack(12345, 0)
 UNKNOWN_BINARY_ID_TEXT = "[0 0 0 0 0 0 48 57 0 0 0 0 0 0 0 0]"
 
@@ -47,7 +47,7 @@ def record_size(body: bytes) -> int:
 
 @dataclass
 class YouzanMessage:
-    """A message frame as a Youzan client decodes it (SPEC.md §3.4, §3.5)."""
+    """A message frame as a Youzan client decodes it (docs/protocol.md §3.4, §3.5)."""
 
     timestamp: int
     attempts: int
@@ -77,7 +77,7 @@ def youzan_message(message: DecodedMessage, detail: bool) -> YouzanMessage:
 
 @dataclass
 class TraceReply:
-    """PUB_TRACE's and MPUB_TRACE's 30-byte response payload (SPEC.md §3.6)."""
+    """PUB_TRACE's and MPUB_TRACE's 30-byte response payload (docs/protocol.md §3.6)."""
 
     internal_id: int
     trace_id: int

@@ -1,4 +1,5 @@
-"""Partitioned topics across a cluster: 1 nsqlookupd and 2 nsqd processes (SPEC.md §5.3, §5.6).
+"""Partitioned topics across a cluster: 1 nsqlookupd and 2 nsqd processes (docs/protocol.md §5.3,
+§5.6).
 
 nsqlookupd's Youzan `POST /topic/create?partition_num=N&replicator=1` places the partitions on
 the registered nsqds round-robin; each nsqd then registers the partitions it holds, and
@@ -153,7 +154,7 @@ def test_topic_create_places_partitions_round_robin_and_lookup_maps_them(cluster
     ],
 )
 def test_topic_create_refuses(cluster, query, message):
-    """400 for each bad parameter (SPEC.md §5.6); replicator > 1 is refused until nsqpy
+    """400 for each bad parameter (docs/protocol.md §5.6); replicator > 1 is refused until nsqpy
     replicates partitions. Nothing is placed on any nsqd."""
     reply = cluster.lookupd_http("POST", f"/topic/create?{query}")
     assert reply.status == 400, reply

@@ -1,4 +1,5 @@
-"""A classic client and a Youzan client on one nsqd, one topic, at the same time (SPEC.md §8).
+"""A classic client and a Youzan client on one nsqd, one topic, at the same time (docs/protocol.md
+§8).
 
 pynsq 0.9.1 (a real official-protocol client, on its own asyncio loop in a worker thread)
 consumes channel `classic` while a raw-socket Youzan consumer (`SUB t youzan 0`) consumes

@@ -1,4 +1,4 @@
-"""Ordered consumption of a 4-partition topic (SPEC.md §3.5, §3.6).
+"""Ordered consumption of a 4-partition topic (docs/protocol.md §3.5, §3.6).
 
 1,000 messages are published with PUB_TRACE, sharded by key (crc32(key) % 4, a stable hash)
 with the message number as trace id, while one SUB_ORDERED consumer per partition (RDY 10,

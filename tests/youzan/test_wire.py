@@ -1,7 +1,7 @@
-"""Youzan's V2 extensions on the wire, byte for byte (SPEC.md §3, §6.2 and §8).
+"""Youzan's V2 extensions on the wire, byte for byte (docs/protocol.md §3, §6.2 and §8).
 
 Every test talks to the in-process nsqd over real TCP connections and asserts the exact frames
-of SPEC.md: INTERNAL_CREATE_TOPIC, the partition argument of the SUB and PUB families, the
+of docs/protocol.md: INTERNAL_CREATE_TOPIC, the partition argument of the SUB and PUB families, the
 binary 8+8 message IDs and the DETAIL section, the 30-byte traced-publish reply, the size and
 JSON-header errors of PUB_TRACE / MPUB_TRACE / PUB_EXT, the Go byte-slice IDs in FIN / REQ /
 TOUCH failures, the fatality of each error (a fatal one closes the connection, a non-fatal one
@@ -146,7 +146,7 @@ async def test_internal_create_topic_bad_ext_is_fatal(nsqd):
 @pytest.mark.parametrize("word, ext", [("true", True), ("1", True), ("false", False), ("0", False)])
 async def test_internal_create_topic_ext_flag(nsqd, word, ext):
     """An ext topic needs `extend_support:true` in IDENTIFY to SUB; a plain one refuses it
-    (SPEC.md §3.3 checks 2 and 3)."""
+    (docs/protocol.md §3.3 checks 2 and 3)."""
     await create_partitions(nsqd, "yz", 0, ext=word)
     refused = await connect(nsqd)
     await refused.identify(extend_support=not ext)
@@ -202,7 +202,7 @@ async def test_sub_family_bad_partition_uses_atoi_wording(nsqd, line):
     ],
 )
 async def test_sub_on_a_missing_partition_is_topic_not_exist(nsqd, line):
-    """With a trailing space, fatal; and the SUB creates nothing (SPEC.md §3.2)."""
+    """With a trailing space, fatal; and the SUB creates nothing (docs/protocol.md §3.2)."""
     await create_partitions(nsqd, "yz", 0)
     wire = await connect(nsqd)
     await wire.send(line)
@@ -213,7 +213,7 @@ async def test_sub_on_a_missing_partition_is_topic_not_exist(nsqd, line):
 
 
 async def test_sub_partition_minus_one_is_the_default_partition(nsqd):
-    """-1 means the default partition: the lowest local one (SPEC.md §3.3, §8 #3)."""
+    """-1 means the default partition: the lowest local one (docs/protocol.md §3.3, §8 #3)."""
     await create_partitions(nsqd, "yz", 3, 2)
     reader = await consumer(nsqd, "SUB", "yz", "c", -1, rdy=5)
     writer = await connect(nsqd)
@@ -297,7 +297,7 @@ async def test_sub_advanced_bad_start_is_invalid_consume_offset(nsqd):
 
 
 async def test_plain_sub_with_a_word_that_is_no_number_stays_classic(nsqd):
-    """Official nsqd ignores extra SUB parameters (SPEC.md §2.3); so does a plain SUB whose
+    """Official nsqd ignores extra SUB parameters (docs/protocol.md §2.3); so does a plain SUB whose
     third word is not a partition: hex IDs, the topic created as usual."""
     reader = await connect(nsqd)
     await reader.command_ok(encode_sub("plain", "c", "extra"))
@@ -349,7 +349,7 @@ async def test_pub_and_mpub_with_a_partition_reach_only_that_partition(nsqd):
     ],
 )
 async def test_pub_family_to_a_missing_partition_is_topic_not_exist(nsqd, data):
-    """Youzan's PUB commands never create a topic (SPEC.md §3.2); only the classic forms
+    """Youzan's PUB commands never create a topic (docs/protocol.md §3.2); only the classic forms
     `PUB t` / `MPUB t` do (§8 #2), and PUB_TRACE or MPUB_TRACE without a partition is no
     classic form: it means the default partition, which a missing topic does not have."""
     await create_partitions(nsqd, "yz", 0)
@@ -403,7 +403,7 @@ async def test_plain_pub_with_a_word_that_is_no_number_stays_classic(nsqd):
 
 
 async def test_pub_trace_reply_bytes(nsqd):
-    """The SPEC.md §3.6 example: trace 0x1234, a 12-byte body, so a 42-byte record."""
+    """The docs/protocol.md §3.6 example: trace 0x1234, a 12-byte body, so a 42-byte record."""
     await create_partitions(nsqd, "yz", 0)
     reader = await consumer(nsqd, "SUB_ORDERED", "yz", "c", 0)
     stream = await trio.open_tcp_stream("127.0.0.1", tcp_port(nsqd))
@@ -595,7 +595,7 @@ async def test_pub_ext_replies(nsqd):
 
 
 async def test_ext_topic_messages_carry_the_ext_section(nsqd):
-    """SPEC.md §3.5: on an ext topic, a client that IDENTIFYd extend_support:true gets
+    """docs/protocol.md §3.5: on an ext topic, a client that IDENTIFYd extend_support:true gets
     `[1 ext_ver]` after the ID (0 for a plain PUB), `[1 ext_ver=4][2 len][json]` for PUB_EXT."""
     await create_partitions(nsqd, "yz", 0, ext="true")
     reader = await consumer(nsqd, "SUB", "yz", "c", 0, extend_support=True)
@@ -637,7 +637,7 @@ async def test_ext_topic_messages_carry_the_ext_section(nsqd):
     ],
 )
 async def test_youzan_connections_get_binary_ids_classic_ones_hex(nsqd, identify, subscribe):
-    """SPEC.md §8 #1: the same message is `16 hex digits` on a classic connection and
+    """docs/protocol.md §8 #1: the same message is `16 hex digits` on a classic connection and
     `[8 internal id][8 trace id]` on a Youzan one, the internal id being its hex value."""
     # The classic way to make a topic: its partition 0, with no message in it yet.
     assert (await http(nsqd, "POST", "/topic/create?topic=mixed")).status == 200
@@ -737,7 +737,7 @@ async def test_fin_failed_text_prints_the_id_as_a_go_byte_slice(nsqd):
 
 @pytest.mark.parametrize("internal_id", [0, 1 << 63], ids=["zero", "negative"])
 async def test_fin_of_an_internal_id_not_above_zero_is_invalid_message_id(nsqd, internal_id):
-    """SPEC.md §3.4: FIN rejects an internal id <= 0 (an int64) with a fatal E_INVALID."""
+    """docs/protocol.md §3.4: FIN rejects an internal id <= 0 (an int64) with a fatal E_INVALID."""
     await create_partitions(nsqd, "yz", 0)
     reader = await consumer(nsqd, "SUB", "yz", "c", 0)
     await reader.send(encode_fin(binary_id(internal_id, 7)))
@@ -781,7 +781,7 @@ async def test_disable_write_all_refuses_publishes_not_fatally_on_youzan_connect
         await wire.expect_error(NOT_WRITABLE, fatal=False)
     reply = await http(nsqd, "POST", "/pubtrace?topic=yz&partition=0&trace_id=1", b"x")
     assert (reply.status, reply.json()) == (400, {"message": "E_FAILED_ON_NOT_WRITABLE"})
-    # A classic connection gets the same error with official fatality (SPEC.md §8 #4).
+    # A classic connection gets the same error with official fatality (docs/protocol.md §8 #4).
     classic = await connect(nsqd)
     await classic.send(encode_pub("yz", b"x"))
     await classic.expect_error(NOT_WRITABLE)
