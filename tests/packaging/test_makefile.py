@@ -4,6 +4,7 @@ Each test dry-runs make (`make -n`) in a folder holding only the Makefile and py
 as a fresh clone with no virtualenv yet, and reads the commands make would run.
 """
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,8 +19,17 @@ def _dry_run(target: str, folder: Path) -> str:
     node_dir.mkdir(parents=True)
     for name in ("package.json", "package-lock.json"):
         shutil.copy2(REPO / "tests" / "interop" / "node" / name, node_dir / name)
+    # Run as from a shell, not as a sub-make of `make test`, which would print its directory.
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")
+    }
     result = subprocess.run(
-        ["make", "-n", target], cwd=folder, capture_output=True, text=True, timeout=60
+        ["make", "--no-print-directory", "-n", target],
+        cwd=folder,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
