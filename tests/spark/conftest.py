@@ -74,6 +74,16 @@ def channel_stats(http_address: str, topic: str, channel: str) -> dict | None:
     return None
 
 
+def wait_channel_drained(http_address: str, topic: str, channel: str) -> dict:
+    """Poll until the channel exists with nothing queued and nothing in flight; its stats."""
+
+    def drained():
+        stats = channel_stats(http_address, topic, channel)
+        return stats and stats["depth"] == 0 and stats["in_flight_count"] == 0 and stats
+
+    return wait_until(drained, what=f"{topic}:{channel} to drain (depth 0, in flight 0)")
+
+
 def wait_until(predicate, timeout: float = 20.0, interval: float = 0.05, what: str = ""):
     """Poll `predicate` until it returns a true value (returned), failing after `timeout`."""
     deadline = time.monotonic() + timeout

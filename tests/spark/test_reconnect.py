@@ -8,7 +8,7 @@ import pytest
 from common.client import http_publish
 from nsq_spark.reader import NSQStreamReader
 from tests.harness import start_nsqd
-from tests.spark.conftest import channel_stats, wait_until
+from tests.spark.conftest import wait_channel_drained
 
 pytestmark = pytest.mark.spark
 
@@ -75,10 +75,6 @@ def test_reader_reconnects_after_nsqd_restart(tmp_path, daemons):
         assert first_bodies <= {row[1] for row in rest}
         assert all(row[2] > 1 for row in rest if row[1] in first_bodies)
 
-        def drained():
-            channel = channel_stats(http, "restart", "c")
-            return channel and channel["depth"] == 0 and channel["in_flight_count"] == 0
-
-        wait_until(drained, what="the channel to drain after the reconnect")
+        wait_channel_drained(http, "restart", "c")
     finally:
         reader.stop()

@@ -5,7 +5,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from common.client import http_publish
-from tests.spark.conftest import addresses, channel_stats, wait_until
+from tests.spark.conftest import addresses, channel_stats, wait_channel_drained, wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -51,11 +51,7 @@ def test_available_now_receives_everything_and_finishes_it(spark, nsqd, tmp_path
     # nsqd's nanosecond timestamp, as a Spark timestamp (local time, like datetime.now()).
     assert all(abs(row.timestamp - published_at) < timedelta(minutes=1) for row in received)
 
-    def drained():
-        channel = channel_stats(http, "events", "spark")
-        return channel["depth"] == 0 and channel["in_flight_count"] == 0 and channel
-
-    channel = wait_until(drained, what="channel depth 0 and in_flight 0")
+    channel = wait_channel_drained(http, "events", "spark")
     assert channel["message_count"] == 100 and channel["timeout_count"] == 0
 
 
@@ -83,11 +79,7 @@ def test_available_now_without_nsqd_http_drains_the_channel(spark, nsqd, tmp_pat
     assert not query.isActive and query.exception() is None
     assert sorted(bytes(row.body) for row in received) == sorted(bodies)
 
-    def drained():
-        channel = channel_stats(http, "no-http", "spark")
-        return channel["depth"] == 0 and channel["in_flight_count"] == 0 and channel
-
-    assert wait_until(drained, what="channel drained")["message_count"] == 500
+    assert wait_channel_drained(http, "no-http", "spark")["message_count"] == 500
 
 
 def test_failed_batch_is_redelivered_after_restart(spark, nsqd, tmp_path):
@@ -132,11 +124,7 @@ def test_failed_batch_is_redelivered_after_restart(spark, nsqd, tmp_path):
     # first run's rows are the only ones known to be first deliveries.
     assert all(row.attempts == 1 for row in before_failure)
 
-    def drained():
-        channel = channel_stats(http, "jobs", "spark")
-        return channel["depth"] == 0 and channel["in_flight_count"] == 0
-
-    wait_until(drained, what="channel depth 0 and in_flight 0")
+    wait_channel_drained(http, "jobs", "spark")
 
 
 def test_running_query_finishes_messages_while_it_waits_for_more(spark, nsqd, tmp_path):
