@@ -43,8 +43,11 @@ def refused(data_path: Path, cwd: Path) -> tuple[int, list[str]]:
     """Start nsqd on `data_path`; its exit status and log lines (it must exit by itself)."""
     daemon = nsqd_process(data_path)
     daemon.cwd = cwd
-    with pytest.raises(RuntimeError, match="nsqd exited"):
-        daemon.start()
+    try:
+        with pytest.raises(RuntimeError, match="nsqd exited"):
+            daemon.start()
+    finally:
+        daemon.kill()  # an nsqd that started after all must not outlive the test
     return daemon.process.returncode, daemon.lines
 
 
