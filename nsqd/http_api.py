@@ -28,10 +28,10 @@ from common.http_server import query_params as _query
 from common.log import parse_log_level
 from common.names import is_valid_name
 from common.version import VERSION
-from nsqd.backend import BackendWriteError
 from nsqd.message import RECORD_OVERHEAD
 from nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from nsqd.metrics import render_metrics
+from nsqd.publish import PublishError, publish
 from nsqd.stats import gather, memory_stats, text_report
 
 if TYPE_CHECKING:
@@ -180,14 +180,10 @@ class HTTPAPI:
         return _OK
 
     async def _publish(self, topic, bodies: list[bytes], defer: float) -> None:
-        if self.nsqd.exiting:
-            raise HTTPError(503, "EXITING")
         try:
-            topic.publish(bodies, defer)
-        except BackendWriteError:
-            # Go answers 503 EXITING to any PutMessage error; a full disk is no exit, so
-            # 500 INTERNAL_ERROR (which Go's /pub also answers) says what happened.
-            raise HTTPError(500, "INTERNAL_ERROR") from None
+            publish(self.nsqd, topic, bodies, defer=defer)
+        except PublishError as error:
+            raise _publish_refused(error) from None
         await self.nsqd.commit_backend_writes()
 
     # -- stats ---------------------------------------------------------------------------
@@ -380,12 +376,10 @@ class HTTPAPI:
         if self.nsqd.write_disabled_for(topic):
             raise HTTPError(400, "E_FAILED_ON_NOT_WRITABLE")
         trace_id = int(trace_text)
-        if self.nsqd.exiting:
-            raise HTTPError(503, "EXITING")
         try:
-            (message,) = topic.publish([body], trace_ids=[trace_id])
-        except BackendWriteError:
-            raise HTTPError(500, "INTERNAL_ERROR") from None
+            (message,) = publish(self.nsqd, topic, [body], trace_ids=[trace_id])
+        except PublishError as error:
+            raise _publish_refused(error) from None
         await self.nsqd.commit_backend_writes()
         return v1_response(
             200,
@@ -478,3 +472,9 @@ def _is_ascii_digits(text: str) -> bool:
 
 def _port(address: str | None) -> int:
     return int(address.rsplit(":", 1)[1]) if address and ":" in address else 0
+
+
+def _publish_refused(error: PublishError) -> HTTPError:
+    """503 EXITING while nsqd exits. Go answers 503 EXITING to any PutMessage error; a full
+    disk is no exit, so it gets 500 INTERNAL_ERROR (which Go's /pub also answers)."""
+    return HTTPError(503, "EXITING") if error.exiting else HTTPError(500, "INTERNAL_ERROR")

@@ -30,11 +30,11 @@ from common.message import MESSAGE_ID_LENGTH
 from common.names import is_valid_name
 from common.version import VERSION
 from nsqd.auth import AuthError, query_any
-from nsqd.backend import BackendWriteError
 from nsqd.channel import ChannelError
 from nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Client
 from nsqd.compression import CompressedStream, PrefixedStream
 from nsqd.protocol_youzan import YouzanCommands, encode_binary_id_frames
+from nsqd.publish import PublishError, publish
 from nsqd.tls import connection_details, peer_common_name
 
 if TYPE_CHECKING:
@@ -767,12 +767,9 @@ class ProtocolV2(YouzanCommands):
     def _publish(self, label: str, code: str, args: list[bytes], bodies: list[bytes], defer=0.0):
         # DPUB's second parameter is its delay, never a partition (Youzan has no DPUB).
         topic = self._publish_target(args if label != "DPUB" else args[:1], label)
-        if self.nsqd.exiting:
-            raise self.publish_failed(code, label)
         try:
-            topic.publish(bodies, defer)
-        except BackendWriteError as error:
-            # Go: `E_PUB_FAILED PUB failed write <file>: no space left on device`.
+            publish(self.nsqd, topic, bodies, defer=defer)
+        except PublishError as error:
             raise self.publish_failed(code, label, error) from None
         self.client.published(topic.name, len(bodies))
         return OK_FRAME

@@ -18,8 +18,8 @@ from common.frame import FRAME_TYPE_MESSAGE, OK_FRAME, encode_response
 from common.goformat import go_quote, go_text
 from common.message import MESSAGE_ID_LENGTH
 from common.names import is_valid_name
-from nsqd.backend import BackendWriteError
 from nsqd.message import RECORD_OVERHEAD
+from nsqd.publish import PublishError, publish
 
 # [frame size][frame type][timestamp][attempts][internal id][trace id]
 _BINARY_FRAME_HEADER = struct.Struct(">IiqHQQ")
@@ -233,7 +233,7 @@ class YouzanCommands:
             raise ProtocolError("E_FAILED_ON_NOT_WRITABLE", "", fatal=not self.youzan)
         return topic
 
-    def publish_failed(self, code: str, label: str, reason: object = "exiting") -> ProtocolError:
+    def publish_failed(self, code: str, label: str, reason: PublishError) -> ProtocolError:
         """Go's `<label> failed <err>`: `exiting`, or a diskqueue write error such as
         `write <file>: no space left on device`. Official nsqd closes on a failed publish;
         Youzan's keeps the connection (§8 #4)."""
@@ -243,11 +243,9 @@ class YouzanCommands:
         self.become_youzan()
         topic = self._publish_target(command.args, "PUB_TRACE")
         trace_id, data = split_trace_body(command.body)
-        if self.nsqd.exiting:
-            raise self.publish_failed("E_PUB_FAILED", "PUB")
         try:
-            (message,) = topic.publish([data], trace_ids=[trace_id])
-        except BackendWriteError as error:
+            (message,) = publish(self.nsqd, topic, [data], trace_ids=[trace_id])
+        except PublishError as error:
             raise self.publish_failed("E_PUB_FAILED", "PUB", error) from None
         self.client.published(topic.name, 1)
         return trace_reply(
@@ -258,11 +256,11 @@ class YouzanCommands:
         self.become_youzan()
         topic = self._publish_target(command.args, "MPUB_TRACE")
         traced = [split_trace_body(body) for body in command.messages]
-        if self.nsqd.exiting:
-            raise self.publish_failed("E_MPUB_FAILED", "MPUB")
         try:
-            messages = topic.publish([d for _t, d in traced], trace_ids=[t for t, _d in traced])
-        except BackendWriteError as error:
+            messages = publish(
+                self.nsqd, topic, [d for _t, d in traced], trace_ids=[t for t, _d in traced]
+            )
+        except PublishError as error:
             raise self.publish_failed("E_MPUB_FAILED", "MPUB", error) from None
         self.client.published(topic.name, len(messages))
         total = sum(RECORD_OVERHEAD + len(m.body) for m in messages)
@@ -303,11 +301,11 @@ class YouzanCommands:
         topic = self._publish_target(command.args, "PUB_EXT")
         header, data = split_ext_body(command.body)
         trace_id = self._ext_header(header, topic)
-        if self.nsqd.exiting:
-            raise self.publish_failed("E_PUB_FAILED", "PUB")
         try:
-            (message,) = topic.publish([data], trace_ids=[trace_id or 0], ext_headers=[header])
-        except BackendWriteError as error:
+            (message,) = publish(
+                self.nsqd, topic, [data], trace_ids=[trace_id or 0], ext_headers=[header]
+            )
+        except PublishError as error:
             raise self.publish_failed("E_PUB_FAILED", "PUB", error) from None
         self.client.published(topic.name, 1)
         if trace_id is None:
@@ -331,11 +329,9 @@ class YouzanCommands:
             trace_ids.append(self._ext_header(header, topic) or 0)
             headers.append(header)
             bodies.append(data)
-        if self.nsqd.exiting:
-            raise self.publish_failed("E_MPUB_FAILED", "MPUB")
         try:
-            topic.publish(bodies, trace_ids=trace_ids, ext_headers=headers)
-        except BackendWriteError as error:
+            publish(self.nsqd, topic, bodies, trace_ids=trace_ids, ext_headers=headers)
+        except PublishError as error:
             raise self.publish_failed("E_MPUB_FAILED", "MPUB", error) from None
         self.client.published(topic.name, len(bodies))
         return OK_FRAME

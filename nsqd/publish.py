@@ -1,0 +1,42 @@
+"""The one path every publish takes, whatever protocol carried it (TCP PUB, MPUB, DPUB and
+Youzan's traced and ext forms, HTTP /pub, /mpub, /pubtrace): refuse while nsqd is exiting, hand
+the messages to the topic, and turn a failed diskqueue write into one error type. Each protocol
+only maps `PublishError` to its wire form; the publish is acknowledged once nsqd's
+`commit_backend_writes()` has synced what it wrote."""
+
+from typing import TYPE_CHECKING
+
+from nsqd.backend import BackendWriteError
+from nsqd.message import Message
+
+if TYPE_CHECKING:
+    from nsqd.server import NSQD
+    from nsqd.topic import Topic
+
+
+class PublishError(Exception):
+    """A publish nsqd read but refused. `str()` is Go's reason, `exiting` or a write error such
+    as `write <file>: no space left on device`; `exiting` tells the two apart (HTTP answers 503
+    to one and 500 to the other)."""
+
+    def __init__(self, reason: str, *, exiting: bool) -> None:
+        super().__init__(reason)
+        self.exiting = exiting
+
+
+def publish(
+    nsqd: "NSQD",
+    topic: "Topic",
+    bodies: list[bytes],
+    *,
+    defer: float = 0.0,
+    trace_ids: list[int] | None = None,
+    ext_headers: list[bytes] | None = None,
+) -> list[Message]:
+    """New messages in `topic`, all or nothing (Topic.publish); PublishError if refused."""
+    if nsqd.exiting:
+        raise PublishError("exiting", exiting=True)
+    try:
+        return topic.publish(bodies, defer, trace_ids, ext_headers)
+    except BackendWriteError as error:
+        raise PublishError(str(error), exiting=False) from None
