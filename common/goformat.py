@@ -1,7 +1,10 @@
 """Go's text formatting where NSQ error texts use it, so our errors read byte for byte like Go's."""
 
 import json
+import math
 import re
+from decimal import Decimal
+from typing import Any
 
 _GO_ESCAPES = {
     0x07: "\\a",
@@ -99,19 +102,88 @@ def go_base10(raw: bytes) -> int | None:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# Go escapes these inside strings, where alone they can appear in JSON text.
+_GO_STRING_ESCAPES = str.maketrans(
+    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
 
 
-def go_json(value, *, sort_keys: bool = False) -> bytes:
-    """JSON as Go's encoding/json writes it: compact, `<`, `>`, `&`, U+2028 and U+2029
-    escaped, invalid UTF-8 as `\\ufffd`. Go sorts the keys of a map (`sort_keys`) and keeps
-    a struct's field order (a dict's order here)."""
-    text = json.dumps(value, sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False)
-    # These characters only ever appear inside strings, where Go escapes them.
-    text = (
-        text.replace("<", "\\u003c")
-        .replace(">", "\\u003e")
-        .replace("&", "\\u0026")
-        .replace("\u2028", "\\u2028")
-        .replace("\u2029", "\\u2029")
-    )
+def go_json(value: Any, *, sort_keys: bool = False) -> bytes:
+    """JSON as Go's encoding/json writes it: compact; `<`, `>`, `&`, U+2028 and U+2029
+    escaped; invalid UTF-8 as `\\ufffd`; numbers as Go writes them (`1`, not `1.0`; `1e-7`).
+    Go sorts the keys of a map (`sort_keys`) and keeps a struct's field order (a dict's order
+    here). The C encoder of `json` does the work; only floats are rewritten first."""
+    normalized, plain = _go_numbers(value)
+    if not plain:
+        text = _encode_slowly(value, sort_keys)
+    else:
+        text = json.dumps(
+            normalized, sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False
+        )
+        text = text.translate(_GO_STRING_ESCAPES)
     return _SURROGATE.sub(lambda _: "\\ufffd", text).encode("utf-8")
+
+
+def _go_numbers(value: Any) -> tuple[Any, bool]:
+    """`value` with every whole float turned into an int, as Go writes them; the same object
+    when nothing changed. False when a float needs Go's exponent form, which `json` cannot
+    write."""
+    if type(value) is float:
+        negative_zero = value == 0 and math.copysign(1.0, value) < 0
+        if value.is_integer() and abs(value) < 1e21 and not negative_zero:
+            return int(value), True
+        magnitude = abs(value)
+        return value, not (magnitude < 1e-6 or magnitude >= 1e21 or math.isnan(value))
+    if isinstance(value, dict):
+        changed = {}
+        for key, item in value.items():
+            new, plain = _go_numbers(item)
+            if not plain:
+                return value, False
+            if new is not item:
+                changed[key] = new
+        return ({**value, **changed} if changed else value), True
+    if isinstance(value, list | tuple):
+        items = []
+        differs = False
+        for item in value:
+            new, plain = _go_numbers(item)
+            if not plain:
+                return value, False
+            differs = differs or new is not item
+            items.append(new)
+        return (items if differs else value), True
+    return value, True
+
+
+def _encode_slowly(value: Any, sort_keys: bool) -> str:
+    """The whole value written piece by piece, for the rare float Go writes with an exponent."""
+    if isinstance(value, dict):
+        keys = sorted(value) if sort_keys else list(value)
+        inner = ",".join(
+            json.dumps(str(k), ensure_ascii=False).translate(_GO_STRING_ESCAPES)
+            + ":"
+            + _encode_slowly(value[k], sort_keys)
+            for k in keys
+        )
+        return "{" + inner + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_encode_slowly(item, sort_keys) for item in value) + "]"
+    if type(value) is float:
+        return go_float(value)
+    return json.dumps(value, ensure_ascii=False).translate(_GO_STRING_ESCAPES)
+
+
+def go_float(value: float) -> str:
+    """encoding/json's floatEncoder: 'f' format with the shortest digits, 'e' below 1e-6 or
+    from 1e21, where Go trims the exponent's leading zero (1e-7, 1e+21)."""
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError(f"json: unsupported value: {value}")
+    if value == 0:
+        return "0" if math.copysign(1.0, value) > 0 else "-0"
+    magnitude = abs(value)
+    if magnitude < 1e-6 or magnitude >= 1e21:
+        mantissa, _, exponent = repr(value).partition("e")  # shortest round-trip digits
+        sign = "-" if exponent.startswith("-") else "+"
+        return f"{mantissa}e{sign}{exponent.lstrip('+-').lstrip('0')}"
+    return format(Decimal(repr(value)), "f").removesuffix(".0")

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from common.flags import Kind
+from common.goformat import go_json
 from common.log import LOG_LEVELS, parse_log_level
-from nsqadmin import gojson
 from nsqadmin.actions import ActionError, is_same_origin
 from nsqadmin.cluster import RequestError, UpstreamError
 from nsqadmin.options import build_flags
@@ -29,7 +29,7 @@ def v1_response(body: Any, status: int = 200) -> web.Response:
     """Go's http_api.V1 decorator: JSON with NSQ's v1 content-type header."""
     response = web.Response(
         status=status,
-        body=gojson.dumps(body).encode(),
+        body=go_json(body),
         content_type="application/json",
         charset="utf-8",
     )

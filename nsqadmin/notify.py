@@ -12,7 +12,7 @@ import time
 import aiohttp
 from aiohttp import web
 
-from nsqadmin import gojson
+from common.goformat import go_json
 
 _QUEUE_LIMIT = 1000  # past this many unsent notifications, new ones are dropped (and logged)
 
@@ -80,7 +80,7 @@ class Notifier:
         try:
             self._queue.put_nowait(notification)
         except asyncio.QueueFull:
-            self.log.error("notification queue full - dropped %s", gojson.dumps(notification))
+            self.log.error("notification queue full - dropped %s", go_json(notification).decode())
 
     async def run(self) -> None:
         """The sender loop, until cancelled."""
@@ -94,7 +94,7 @@ class Notifier:
         try:
             async with self.session.post(
                 self.endpoint,
-                data=gojson.dumps(notification).encode(),
+                data=go_json(notification),
                 headers={"Content-Type": "application/json"},
             ) as response:
                 await response.read()

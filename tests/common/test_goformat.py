@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.goformat import go_atoi, go_base10, go_byte_slice, go_quote, go_text
+from common.goformat import go_atoi, go_base10, go_byte_slice, go_json, go_quote, go_text
 
 # What Go's strconv.Quote (fmt's %q) prints for each input, byte for byte.
 GO_QUOTES = [
@@ -176,3 +176,23 @@ def test_go_base10_invalid(raw: bytes) -> None:
 @given(st.integers(0, 2**70))
 def test_go_base10_wraps_like_a_uint64(value: int) -> None:
     assert go_base10(str(value).encode()) == value % 2**64
+
+
+def test_go_json_writes_numbers_as_go_does():
+    """One encoder for nsqd, nsqlookupd and nsqadmin: Go writes a whole float without `.0`."""
+    body = {"quantile": 1.0, "p": 0.99, "n": 5, "tiny": 1e-7, "neg_zero": -0.0, "big": 1e16}
+    assert go_json(body) == (
+        b'{"quantile":1,"p":0.99,"n":5,"tiny":1e-7,"neg_zero":-0,"big":10000000000000000}'
+    )
+    assert go_json([{"a": [0.5, 2.0]}], sort_keys=True) == b'[{"a":[0.5,2]}]'
+
+
+def test_go_json_escapes_strings_as_go_does():
+    assert go_json({"k": "<a&b>\u2028", "bad": "\udcff"}) == (
+        b'{"k":"\\u003ca\\u0026b\\u003e\\u2028","bad":"\\ufffd"}'
+    )
+
+
+def test_go_json_refuses_what_go_refuses():
+    with pytest.raises(ValueError, match="unsupported value"):
+        go_json({"x": float("nan")})
