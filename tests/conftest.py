@@ -1,4 +1,6 @@
-"""Fixtures shared by every test directory."""
+"""Fixtures shared by every test directory, and what a missing optional test package means."""
+
+import re
 
 import pytest
 import trio
@@ -36,3 +38,40 @@ async def wait_until(predicate, timeout: float = 10.0, interval: float = 0.005) 
     with trio.fail_after(timeout):
         while not predicate():
             await trio.sleep(interval)
+
+
+# Test-only packages (the `test` and `spark` extras that `make test` installs), by the module a
+# test imports. A test module that needs one that is missing is reported as skipped, naming
+# the package, instead of failing the collection of the whole suite.
+OPTIONAL_TEST_PACKAGES = {
+    "ansq": "ansq",
+    "atheris": "atheris",
+    "gevent": "gevent (with gnsq)",
+    "gnsq": "gnsq",
+    "nsq": "pynsq",
+    "prometheus_client": "prometheus-client",
+    "pyarrow": "pyarrow",
+    "pyspark": "pyspark",
+    "selenium": "selenium",
+    "tornado": "tornado (with pynsq)",
+    "trustme": "trustme",
+    "yaml": "pyyaml",
+}
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    report = yield
+    if report.failed and isinstance(collector, pytest.Module):
+        missing = _MISSING_MODULE.search(str(report.longrepr))
+        package = missing and OPTIONAL_TEST_PACKAGES.get(missing.group(1).split(".")[0])
+        if package:
+            report.outcome = "skipped"
+            report.longrepr = (
+                str(collector.path),
+                None,
+                f"Skipped: the test package {package} is not installed "
+                "(make test installs the test extras)",
+            )
+    return report
