@@ -7,7 +7,6 @@ Clients' message pumps take batches with `take()`; a pump with room and nothing 
 waits in `_waiting` and is woken when messages arrive (docs/design.md §3.3).
 """
 
-import random
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -174,7 +173,7 @@ class Channel:
         """
         waiting = self._waiting
         if waiting and not self.paused and self.has_messages():
-            index = random.randrange(len(waiting))
+            index = self.nsqd.random.randrange(len(waiting))
             waiting[index], waiting[-1] = waiting[-1], waiting[index]
             client = waiting.pop()
             client.waiting_on_channel = False

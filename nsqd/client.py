@@ -10,10 +10,9 @@ if TYPE_CHECKING:
     from nsqd.channel import Channel
     from nsqd.options import Options
 
-# Go's connection states (docs/protocol.md §1.5).
+# Go's connection states and their numbers (docs/protocol.md §1.5); Go's Disconnected (1) and
+# Connected (2) are never entered by a V2 connection.
 STATE_INIT = 0
-STATE_DISCONNECTED = 1
-STATE_CONNECTED = 2
 STATE_SUBSCRIBED = 3
 STATE_CLOSING = 4
 
@@ -47,7 +46,6 @@ class Client:
         self.snappy = False
         self.deflate = False
         self.deflate_level = 0
-        self.identified = False
         self.auth_secret = ""
         self.auth_state = None
 

@@ -512,7 +512,6 @@ class ProtocolV2(YouzanCommands):
             raise ProtocolError("E_BAD_BODY", f"IDENTIFY msg timeout ({msg_timeout}) is invalid")
 
         self.note_identify_extensions(data.get("_extra", {}))
-        client.identified = True
         # The pump's heartbeat timer follows the new interval at once.
         client.wakeup.set()
         self.nsqd.log.info("[%s] IDENTIFY: %s", client, data)
@@ -571,12 +570,12 @@ class ProtocolV2(YouzanCommands):
                     with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
                         await ssl_stream.do_handshake()
                     client.tls = True
-                    details = connection_details(ssl_stream._ssl_object)
+                    details = connection_details(ssl_stream)
                     client.tls_version = details["tls_version"]
                     client.tls_cipher_suite = details["tls_cipher_suite"]
                     client.tls_negotiated_protocol = details["tls_negotiated_protocol"]
                     client.tls_negotiated_protocol_is_mutual = True
-                    client.tls_common_name = peer_common_name(ssl_stream._ssl_object)
+                    client.tls_common_name = peer_common_name(ssl_stream)
                     stream = ssl_stream
                     await stream.send_all(OK_FRAME)
                 if upgrade.snappy:

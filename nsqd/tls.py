@@ -8,6 +8,8 @@ root CA file when one is given, else against the system's).
 
 import ssl
 
+import trio
+
 from nsqd.options import Options
 
 _MIN_VERSIONS = {
@@ -53,8 +55,9 @@ _VERSION_NAMES = {
 }
 
 
-def connection_details(ssl_object: ssl.SSLObject) -> dict:
-    """The TLS fields of Go's client stats for a finished handshake."""
+def connection_details(ssl_object: ssl.SSLObject | trio.SSLStream) -> dict:
+    """The TLS fields of Go's client stats for a finished handshake (a trio.SSLStream
+    answers the same questions as the SSLObject it wraps)."""
     cipher = ssl_object.cipher()
     return {
         "tls_version": _VERSION_NAMES.get(ssl_object.version() or "", ssl_object.version() or ""),
@@ -64,7 +67,7 @@ def connection_details(ssl_object: ssl.SSLObject) -> dict:
     }
 
 
-def peer_common_name(ssl_object: ssl.SSLObject) -> str:
+def peer_common_name(ssl_object: ssl.SSLObject | trio.SSLStream) -> str:
     """The client certificate's subject CN (sent to the auth server as `common_name`)."""
     certificate = ssl_object.getpeercert()
     for entry in (certificate or {}).get("subject", ()):
