@@ -21,10 +21,12 @@ VERSION = f"{NSQ_PROTOCOL_VERSION}+nsqpy.{PACKAGE_VERSION}"
 def version_line(program: str) -> str:
     r"""The `--version` line, in exactly the shape of Go's `nsqd v1.3.0 (built w/go1.19.8)`.
 
-    Test harnesses read it with patterns such as gnsq's
-    `v(\d+\.\d+\.\d+)(?:-[a-z]+)? \(built w/`, which semver build metadata after the
-    version would break, so our identity goes inside the parentheses, where Go names its
-    toolchain: `nsqd v1.3.0 (built w/nsqpy-0.1.0 python3.11.7)`.
+    Test harnesses parse it with patterns written for Go's line; gnsq's is
+    `(?P<name>[a-z]+) v(?P<version>[0-9]+\.[0-9]+\.[0-9]+)(?:-[a-z]+)?`
+    `\(built w\/(?P<go_version>[a-z0-9.-]+)\)` (joined by a space). Semver build metadata
+    after the version, or a space or a capital inside the parentheses, would break it, so our
+    identity goes where Go names its toolchain, in those characters only:
+    `nsqd v1.3.0 (built w/nsqpy-0.1.0-python3.11.7)`.
     """
-    built_with = f"nsqpy-{PACKAGE_VERSION} python{platform.python_version()}"
+    built_with = f"nsqpy-{PACKAGE_VERSION}-python{platform.python_version()}".lower()
     return f"{program} v{NSQ_PROTOCOL_VERSION} (built w/{built_with})"

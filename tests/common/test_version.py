@@ -22,8 +22,12 @@ PROGRAMS = [
     "nsq_to_http",
     "nsq_to_nsq",
 ]
-# gnsq's test harness reads the daemons' versions with exactly this pattern.
-GNSQ_VERSION_PATTERN = re.compile(r"v(\d+\.\d+\.\d+)(?:-[a-z]+)? \(built w/")
+# gnsq's test harness (tests/integration_server.py of gnsq 1.0.2) reads the daemons' versions
+# with exactly this pattern, anchored at the start (re.match).
+GNSQ_VERSION_PATTERN = re.compile(
+    r"(?P<name>[a-z]+) v(?P<version>[0-9]+\.[0-9]+\.[0-9]+)(?:-[a-z]+)? "
+    r"\(built w\/(?P<go_version>[a-z0-9.-]+)\)"
+)
 
 
 def _go_shape(go_line: str) -> re.Pattern[str]:
@@ -38,10 +42,18 @@ def test_version_line_has_go_shape_and_names_nsqpy_inside_the_parentheses(progra
         [str(BIN / program), "--version"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    expected = f"{program} v{NSQ_PROTOCOL_VERSION} (built w/nsqpy-{PACKAGE_VERSION} python3."
+    expected = f"{program} v{NSQ_PROTOCOL_VERSION} (built w/nsqpy-{PACKAGE_VERSION}-python3."
     assert result.stdout.startswith(expected)
-    match = GNSQ_VERSION_PATTERN.search(result.stdout)
-    assert match is not None and match.group(1) == NSQ_PROTOCOL_VERSION
+
+
+@pytest.mark.parametrize("daemon", ["nsqd", "nsqlookupd", "nsqadmin"])
+def test_gnsq_harness_reads_the_daemon_version(daemon: str) -> None:
+    result = subprocess.run(
+        [str(BIN / daemon), "--version"], capture_output=True, text=True, timeout=60
+    )
+    match = GNSQ_VERSION_PATTERN.match(result.stdout)
+    assert match is not None
+    assert (match.group("name"), match.group("version")) == (daemon, NSQ_PROTOCOL_VERSION)
 
 
 @pytest.mark.parametrize("daemon", ["nsqd", "nsqlookupd", "nsqadmin"])
@@ -80,5 +92,5 @@ def test_daemon_logs_its_version_line_first(daemon: str, arguments: list[str], t
         process.wait(timeout=30)
     assert first_line.endswith(
         f"INFO: {daemon} v{NSQ_PROTOCOL_VERSION} (built w/nsqpy-"
-        f"{PACKAGE_VERSION} python{sys.version.split()[0]})\n"
+        f"{PACKAGE_VERSION}-python{sys.version.split()[0]})\n"
     )
