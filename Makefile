@@ -40,11 +40,23 @@ $(NODE_INSTALLED): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json | node
 	npm ci --prefix $(NODE_DIR) --no-audit --no-fund --loglevel=error
 	touch $(NODE_INSTALLED)
 
+# gnsq's own test suite (from its source distribution on PyPI, the version the test extra
+# installed), which tests/interop/test_gnsq_suite.py runs against our daemons.
+GNSQ_SUITE_INSTALLED := $(VENV)/gnsq-suite/.installed
+
+$(GNSQ_SUITE_INSTALLED): $(TEST_INSTALLED)
+	rm -rf $(VENV)/gnsq-suite && mkdir -p $(VENV)/gnsq-suite
+	version=$$($(BIN)/python -c 'import gnsq; print(gnsq.__version__)') && \
+	$(BIN)/python -m pip download --quiet --no-deps --no-binary :all: "gnsq==$$version" -d $(VENV)/gnsq-suite && \
+	tar xzf $(VENV)/gnsq-suite/gnsq-$$version.tar.gz -C $(VENV)/gnsq-suite && \
+	mv $(VENV)/gnsq-suite/gnsq-$$version $(VENV)/gnsq-suite/src
+	touch $(GNSQ_SUITE_INSTALLED)
+
 ## The package alone: what `make run` needs.
 install: $(INSTALLED)
 
 ## Everything the test suite needs.
-install-test: $(TEST_INSTALLED) $(NODE_INSTALLED) browser java
+install-test: $(TEST_INSTALLED) $(GNSQ_SUITE_INSTALLED) $(NODE_INSTALLED) browser java
 
 ## Start nsqlookupd, nsqd and nsqadmin on localhost and print their URLs.
 run: install
