@@ -48,7 +48,7 @@ def test_make_test_installs_every_test_tool_then_runs_the_suite(tmp_path: Path) 
     for step in (
         "pip install --quiet -e '.[test,spark]'",
         "npm ci --prefix tests/interop/node",
-        "pip download --quiet --no-deps --no-binary :all: \"gnsq==$version\"",
+        'pip download --quiet --no-deps --no-binary :all: "gnsq==$version"',
         "chromium chromium-driver",
         "openjdk-17-jre-headless",
         "nodejs npm",
