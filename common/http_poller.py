@@ -7,10 +7,17 @@ descriptor through trio: each wakeup reads every ready connection, answers every
 completed, and writes each connection's answers with one write (bench/RESULTS.md, "HTTP
 poller").
 
-Routes that may wait long (a handler that calls out over the network, say) are answered off
-the poller: the connection leaves the epoll set, a task answers its requests and writes, and
-the connection comes back. A client that does not read its answers is handled the same way
-(the task waits until it can write). TLS connections keep a task of their own.
+Routes that may wait (their handlers are coroutine functions: a call out over the network, a
+lock) are answered off the poller: the connection leaves the epoll set, a task answers its
+requests and writes, and the connection comes back. A client that does not read its answers
+is handled the same way (the task waits until it can write). TLS connections keep a task of
+their own.
+
+Group commit: an inline answer that says a write is durable (`after_commit`, a publish) is
+not sent at once. Every such connection of a pass leaves the epoll set, one task runs the
+router's commit once for all of them (one fsync per written queue, whatever the number of
+requests), then sends their answers and gives them back. The poller goes on serving the
+others meanwhile: a `/ping` never waits for a disk.
 """
 
 import os
@@ -77,25 +84,29 @@ class HTTPPoller:
         try:
             while True:
                 await trio.lowlevel.wait_readable(epoll.fileno())
+                committing: list[tuple] = []
                 for fd, _flags in epoll.poll(0, _MAX_EVENTS):
                     entry = connections.get(fd)
                     if entry is None:
                         continue
                     try:
-                        await self._serve_ready(fd, entry[1])
+                        self._serve_ready(fd, entry[1], committing)
                     except Exception as error:
                         # A bug answering one connection must not end the others'.
                         self._on_error(error)
                         if fd in connections:
                             self._close(fd)
+                if committing:
+                    self._nursery.start_soon(self._commit_then_answer, committing)
         finally:
             for sock, _state in connections.values():
                 sock.close()
             connections.clear()
             epoll.close()
 
-    async def _serve_ready(self, fd: int, state: ConnectionState) -> None:
-        """Read what `fd` has, answer the requests it completes, write the answers."""
+    def _serve_ready(self, fd: int, state: ConnectionState, committing: list[tuple]) -> None:
+        """Read what `fd` has, answer the requests it completes, write the answers; or, when
+        an answer waits for the commit, move the connection to `committing`."""
         try:
             data = os.read(fd, RECEIVE_SIZE)
         except BlockingIOError:
@@ -110,12 +121,18 @@ class HTTPPoller:
         out: list[bytes] = []
         close = False
         answers_inline = self._router.answers_inline
+        after_commit = False
         while requests and answers_inline(requests[0]):
-            answer, close = await state.answer(requests.pop(0))
+            answer, close, needs_commit = state.answer_now(requests.pop(0))
             out.append(answer)
+            after_commit = after_commit or needs_commit
             if close:
                 requests = []
                 break
+        if after_commit:
+            sock, _state = self._unwatch(fd)
+            committing.append((sock, state, out, requests, final, close))
+            return
         if requests:
             # A route that may wait: answered by a task of its own.
             self._hand_over(fd, out, requests, final)
@@ -138,6 +155,38 @@ class HTTPPoller:
         if close:
             sock, _state = self._unwatch(fd)
             self._nursery.start_soon(_close_after_answer, sock)
+
+    async def _commit_then_answer(self, committing: list[tuple]) -> None:
+        """One commit for every connection of a pass whose answers wait for it, then each
+        connection's answers (and the rest of its requests) by a task of its own."""
+        try:
+            await self._router.commit()
+        except Exception as error:
+            # Nothing unsynced is acknowledged: the clients see their connections close
+            # without an answer and publish again.
+            self._on_error(error)
+            for sock, *_rest in committing:
+                sock.close()
+            return
+        for sock, state, out, requests, final, close in committing:
+            if not requests and final is None and not close:
+                # The common case, a publish and nothing after it: write the answers now and
+                # give the connection back, without a task.
+                data = out[0] if len(out) == 1 else b"".join(out)
+                try:
+                    sent = os.write(sock.fileno(), data)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    sock.close()
+                    continue
+                if sent == len(data):
+                    self._watch(sock, state)
+                    continue
+                out = [data[sent:]]
+            self._nursery.start_soon(
+                self._answer_off_poller, sock, state, out, requests, final, close
+            )
 
     def _hand_over(self, fd: int, out: list[bytes], requests, final, *, close: bool = False):
         sock, state = self._unwatch(fd)

@@ -9,6 +9,7 @@ behaviour as Go NSQ uses it. Responses carry Go's headers (`Date`, `Content-Leng
 """
 
 import email.utils
+import inspect
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -121,14 +122,22 @@ class Request:
 
 
 class Response:
-    __slots__ = ("status", "headers", "body")
+    # `after_commit`: the answer says the request's writes are durable, so it goes out only
+    # after the router's commit (one fsync for every such answer of a poller pass).
+    __slots__ = ("status", "headers", "body", "after_commit")
 
     def __init__(
-        self, status: int = 200, body: bytes = b"", headers: list[tuple[str, str]] | None = None
+        self,
+        status: int = 200,
+        body: bytes = b"",
+        headers: list[tuple[str, str]] | None = None,
+        *,
+        after_commit: bool = False,
     ) -> None:
         self.status = status
         self.body = body
         self.headers = headers if headers is not None else []
+        self.after_commit = after_commit
 
 
 def v1_response(status: int, data=None) -> Response:
@@ -177,19 +186,34 @@ class HTTPError(Exception):
         self.extra = extra
 
 
-Handler = Callable[[Request], Awaitable[Response]]
+# A handler that answers at once: a plain function. The HTTP poller runs it between other
+# connections' requests, so it must not wait on anything; by its type it cannot.
+InlineHandler = Callable[[Request], Response]
+# A handler that may wait (on the network, on a lock): a coroutine function, run by a task of
+# its own off the poller.
+WaitingHandler = Callable[[Request], Awaitable[Response]]
+Handler = InlineHandler | WaitingHandler
 
 
 class Router:
-    """Exact-path routes by method, answering unknown paths and methods as httprouter does."""
+    """Exact-path routes by method, answering unknown paths and methods as httprouter does.
 
-    def __init__(self, *, inline: bool = False) -> None:
-        # Whether routes are answered inline unless added with `inline=False`.
-        self._inline_by_default = inline
+    `commit`, when given, makes durable what handlers wrote; an answer marked `after_commit`
+    is sent only once it has run, when `commit_due` says there is anything to make durable
+    (by default: always)."""
+
+    def __init__(
+        self,
+        *,
+        commit: Callable[[], Awaitable[None]] | None = None,
+        commit_due: Callable[[], bool] | None = None,
+    ) -> None:
+        self._commit = commit
+        self.commit_due = commit_due or (lambda: commit is not None)
         self._routes: dict[str, dict[str, Handler]] = {}
         self._prefixes: list[tuple[str, dict[str, Handler]]] = []
         self._body_limits: dict[tuple[str, str], Callable[[], int]] = {}
-        self._inline: set[tuple[str, str]] = set()
+        self._waiting: set[tuple[str, str]] = set()
 
     def body_limit(self, method: str, path: str) -> int | None:
         """The largest body the route takes, when it declared one. A request declaring more
@@ -204,15 +228,14 @@ class Router:
         handler: Handler,
         *,
         max_body: Callable[[], int] | None = None,
-        inline: bool | None = None,
     ) -> None:
-        """`path` ending in `/*` matches every path under it (httprouter's catch-all).
-        `inline` routes never wait long (no calls out over the network): the HTTP poller
-        answers them in its own task, between other connections' requests."""
+        """`path` ending in `/*` matches every path under it (httprouter's catch-all). A plain
+        function handler is answered inline by the HTTP poller; a coroutine function by a task
+        of its own."""
         if max_body is not None:
             self._body_limits[(method, path)] = max_body
-        if self._inline_by_default if inline is None else inline:
-            self._inline.add((method, path))
+        if inspect.iscoroutinefunction(handler):
+            self._waiting.add((method, path))
         if path.endswith("/*"):
             prefix = path[:-1]
             for existing, methods in self._prefixes:
@@ -235,15 +258,40 @@ class Router:
         return None
 
     def answers_inline(self, request: Request) -> bool:
-        """Whether the HTTP poller may answer `request` itself: an inline route, or an
+        """Whether the HTTP poller may answer `request` itself: an inline handler, or an
         unknown path or method (answered without a handler)."""
         route = self._route(request.path)
         if route is None:
             return True
         pattern, methods = route
-        return request.method not in methods or (request.method, pattern) in self._inline
+        return request.method not in methods or (request.method, pattern) not in self._waiting
+
+    def respond(self, request: Request) -> Response:
+        """The answer of an inline route (see `answers_inline`), at once."""
+        handler = self._handler(request)
+        if isinstance(handler, Response):
+            return handler
+        try:
+            return handler(request)
+        except HTTPError as error:
+            return _error_response(error)
 
     async def dispatch(self, request: Request) -> Response:
+        """The answer to any request, waiting for it when its route waits."""
+        if self.answers_inline(request):
+            return self.respond(request)
+        handler = self._handler(request)
+        try:
+            return await handler(request)
+        except HTTPError as error:
+            return _error_response(error)
+
+    async def commit(self) -> None:
+        if self._commit is not None:
+            await self._commit()
+
+    def _handler(self, request: Request) -> Handler | Response:
+        """The route's handler, or the answer when there is none (404, 405, OPTIONS)."""
         route = self._route(request.path)
         if route is None:
             return v1_response(404, "NOT_FOUND")
@@ -256,14 +304,14 @@ class Router:
             response = v1_response(405, "METHOD_NOT_ALLOWED")
             response.headers.insert(0, ("Allow", allow))
             return response
-        try:
-            return await handler(request)
-        except HTTPError as error:
-            response = v1_response(error.status, error.message)
-            if error.extra:
-                body = {"message": error.message, **error.extra}
-                response.body = go_json(body)
-            return response
+        return handler
+
+
+def _error_response(error: HTTPError) -> Response:
+    response = v1_response(error.status, error.message)
+    if error.extra:
+        response.body = go_json({"message": error.message, **error.extra})
+    return response
 
 
 class _DateCache:
@@ -472,14 +520,33 @@ class ConnectionState:
             requests.append(request)
         return requests
 
+    def answer_now(self, request: Request) -> tuple[bytes, bool, bool]:
+        """The encoded answer to an inline request, whether the connection closes after it,
+        and whether it may go out only after the router's commit."""
+        try:
+            response = self.router.respond(request)
+        except Exception as error:
+            response = self._internal_error(error)
+        encoded, close = self._encode(request, response)
+        return encoded, close, response.after_commit and self.router.commit_due()
+
     async def answer(self, request: Request) -> tuple[bytes, bool]:
-        """The encoded answer to `request`, and whether the connection closes after it."""
+        """The encoded answer to `request`, and whether the connection closes after it; an
+        answer that waits for the commit is returned after it."""
         try:
             response = await self.router.dispatch(request)
+            if response.after_commit and self.router.commit_due():
+                await self.router.commit()
         except Exception as error:
-            if self.on_error is not None:
-                self.on_error(error)
-            response = v1_response(500, "INTERNAL_ERROR")
+            response = self._internal_error(error)
+        return self._encode(request, response)
+
+    def _internal_error(self, error: Exception) -> Response:
+        if self.on_error is not None:
+            self.on_error(error)
+        return v1_response(500, "INTERNAL_ERROR")
+
+    def _encode(self, request: Request, response: Response) -> tuple[bytes, bool]:
         close = not request.keep_alive
         encoded = encode_response(response, close, request.http10)
         if request.method == "HEAD" and response.body:

@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 
 # Every successful publish gets the same bytes (Go's RespondV1 with the string "OK").
 _OK = CachedResponse(200, b"OK", [NSQ_V1_HEADER, ("Content-Type", TEXT_CONTENT_TYPE)])
+# A publish's OK: sent once the group commit has synced what it wrote.
+_OK_WRITTEN = CachedResponse(
+    200, b"OK", [NSQ_V1_HEADER, ("Content-Type", TEXT_CONTENT_TYPE)], after_commit=True
+)
 # A JSON body of `null` (v1_response sends None as an empty body).
 _JSON_NULL = b"null"
 # Go's boolParams for include_clients / include_mem and /mpub's binary.
@@ -53,8 +57,10 @@ class HTTPAPI:
     def __init__(self, nsqd: "NSQD") -> None:
         self.nsqd = nsqd
         self._pub_targets: dict[str, tuple[str, float]] = {}
-        # No nsqd handler calls out over the network: the HTTP poller answers them all.
-        router = self.router = Router(inline=True)
+        # Every handler but pause's answers at once, on the HTTP poller; a publish's answer waits
+        # for the group commit (one fsync per queue for all of a poller pass's publishes).
+        # Pausing waits for nsqd.dat to be written, off the poller.
+        router = self.router = Router(commit=self._commit, commit_due=self._commit_due)
         router.add("GET", "/ping", self.ping)
         router.add("GET", "/info", self.info)
         options = lambda: self.nsqd.options  # noqa: E731 - read at request time
@@ -79,15 +85,21 @@ class HTTPAPI:
         router.add("POST", "/pubtrace", self.pubtrace, max_body=lambda: options().max_msg_size)
         router.add("POST", "/disable/write", self.disable_write)
 
+    async def _commit(self) -> None:
+        await self.nsqd.commit_backend_writes()
+
+    def _commit_due(self) -> bool:
+        return self.nsqd.commit_due()
+
     # -- health and identity -------------------------------------------------------------
 
-    async def ping(self, request: Request) -> Response:
+    def ping(self, request: Request) -> Response:
         health = self.nsqd.health
         if health != "OK":
             return text_response(500, health)
         return text_response(200, "OK")
 
-    async def info(self, request: Request) -> Response:
+    def info(self, request: Request) -> Response:
         nsqd = self.nsqd
         options = nsqd.options
         return v1_response(
@@ -116,7 +128,7 @@ class HTTPAPI:
             raise HTTPError(400, "INVALID_TOPIC")
         return self.nsqd.get_topic(topic_name)
 
-    async def pub(self, request: Request) -> Response:
+    def pub(self, request: Request) -> Response:
         options = self.nsqd.options
         body = request.body
         if request.content_length > options.max_msg_size or len(body) > options.max_msg_size:
@@ -131,8 +143,8 @@ class HTTPAPI:
                 self._pub_targets.clear()
             self._pub_targets[request.query_string] = target
         topic_name, defer = target
-        await self._publish(self.nsqd.get_topic(topic_name), [body], defer)
-        return _OK
+        self._publish(self.nsqd.get_topic(topic_name), [body], defer)
+        return _OK_WRITTEN
 
     def _pub_target(self, request: Request) -> tuple[str, float]:
         """(topic name, defer seconds) of a /pub query, or Go's 400 for a bad one."""
@@ -150,7 +162,7 @@ class HTTPAPI:
             defer = defer_ms / 1000
         return topic_name, defer
 
-    async def mpub(self, request: Request) -> Response:
+    def mpub(self, request: Request) -> Response:
         options = self.nsqd.options
         body = request.body
         if request.content_length > options.max_body_size or len(body) > options.max_body_size:
@@ -175,20 +187,20 @@ class HTTPAPI:
                 if len(line) > options.max_msg_size:
                     raise HTTPError(413, "MSG_TOO_BIG")
                 bodies.append(line)
-        if bodies:
-            await self._publish(topic, bodies, 0.0)
-        return _OK
+        if not bodies:
+            return _OK
+        self._publish(topic, bodies, 0.0)
+        return _OK_WRITTEN
 
-    async def _publish(self, topic, bodies: list[bytes], defer: float) -> None:
+    def _publish(self, topic, bodies: list[bytes], defer: float) -> None:
         try:
             publish(self.nsqd, topic, bodies, defer=defer)
         except PublishError as error:
             raise _publish_refused(error) from None
-        await self.nsqd.commit_backend_writes()
 
     # -- stats ---------------------------------------------------------------------------
 
-    async def stats(self, request: Request) -> Response:
+    def stats(self, request: Request) -> Response:
         params = _query(request)
         json_format = _first(params, "format") == "json"
         topic_name = _first(params, "topic") or ""
@@ -213,7 +225,7 @@ class HTTPAPI:
 
     # -- topics ---------------------------------------------------------------------------
 
-    async def topic_create(self, request: Request) -> Response:
+    def topic_create(self, request: Request) -> Response:
         """Classic: the topic. Youzan (docs/protocol.md §6.2): `partition_num=N` creates partitions
         0..N-1, `partition=p` that one (nsqlookupd places partitions this way), with
         `orderedmulti=true` / `ext=true` flags."""
@@ -269,14 +281,14 @@ class HTTPAPI:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         return self._partitions(params, topic_name)
 
-    async def topic_delete(self, request: Request) -> Response:
+    def topic_delete(self, request: Request) -> Response:
         params = _query(request)
         for topic in self._existing_topic(params, validate=False):
             partition = topic.partition if _first(params, "partition") else None
             self.nsqd.delete_topic(topic.name, partition)
         return v1_response(200)
 
-    async def topic_empty(self, request: Request) -> Response:
+    def topic_empty(self, request: Request) -> Response:
         for topic in self._existing_topic(_query(request), validate=True):
             try:
                 topic.empty()
@@ -319,18 +331,18 @@ class HTTPAPI:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         return found
 
-    async def channel_create(self, request: Request) -> Response:
+    def channel_create(self, request: Request) -> Response:
         topics, channel_name = self._topic_and_channel_name(_query(request))
         for topic in topics:
             topic.get_channel(channel_name)
         return v1_response(200)
 
-    async def channel_delete(self, request: Request) -> Response:
+    def channel_delete(self, request: Request) -> Response:
         for topic, channel in self._existing_channels(request):
             topic.delete_channel(channel.name)
         return v1_response(200)
 
-    async def channel_empty(self, request: Request) -> Response:
+    def channel_empty(self, request: Request) -> Response:
         for _topic, channel in self._existing_channels(request):
             try:
                 channel.empty()
@@ -350,7 +362,7 @@ class HTTPAPI:
 
     # -- Youzan -------------------------------------------------------------------------------
 
-    async def pubtrace(self, request: Request) -> Response:
+    def pubtrace(self, request: Request) -> Response:
         """POST /pubtrace?topic=&partition=&trace_id= with Youzan's JSON reply (§6.2)."""
         options = self.nsqd.options
         body = request.body
@@ -380,8 +392,7 @@ class HTTPAPI:
             (message,) = publish(self.nsqd, topic, [body], trace_ids=[trace_id])
         except PublishError as error:
             raise _publish_refused(error) from None
-        await self.nsqd.commit_backend_writes()
-        return v1_response(
+        response = v1_response(
             200,
             {
                 "status": "OK",
@@ -391,8 +402,10 @@ class HTTPAPI:
                 "rawsize": RECORD_OVERHEAD + len(body),
             },
         )
+        response.after_commit = True
+        return response
 
-    async def disable_write(self, request: Request) -> Response:
+    def disable_write(self, request: Request) -> Response:
         """POST /disable/write?type=all|ordered (anything else enables writes again)."""
         kind = _first(_query(request), "type")
         self.nsqd.write_disabled = kind if kind in ("all", "ordered") else None
@@ -400,7 +413,7 @@ class HTTPAPI:
 
     # -- runtime configuration -------------------------------------------------------------
 
-    async def config(self, request: Request) -> Response:
+    def config(self, request: Request) -> Response:
         nsqd = self.nsqd
         name = request.path[len("/config/") :]
         if request.method == "PUT":
@@ -437,11 +450,11 @@ class HTTPAPI:
             raise HTTPError(400, "INVALID_OPTION") from None
         return v1_response(200, value)
 
-    async def metrics(self, request: Request) -> Response:
+    def metrics(self, request: Request) -> Response:
         body = render_metrics(self.nsqd).encode()
         return Response(200, body, [("Content-Type", METRICS_CONTENT_TYPE)])
 
-    async def free_memory(self, request: Request) -> Response:
+    def free_memory(self, request: Request) -> Response:
         gc.collect()
         return v1_response(200)
 
@@ -460,6 +473,12 @@ class TLSRequiredRouter:
         return True
 
     async def dispatch(self, request: Request) -> Response:
+        return self.respond(request)
+
+    async def commit(self) -> None:
+        pass  # nothing here writes
+
+    def respond(self, request: Request) -> Response:
         port = _port(self.nsqd.https_address)
         # Go writes this body by hand, spaces and all, and sets no Content-Type.
         body = f'{{"message": "TLS_REQUIRED", "https_port": {port}}}'.encode()

@@ -308,15 +308,25 @@ class NSQD:
         self.set_health(None)
         self._written_backends.add(backend)
 
+    def commit_due(self) -> bool:
+        """Whether a diskqueue written since the last commit reached its `--sync-every`
+        count: only then has a publish an fsync to wait for."""
+        return any(backend.sync_due for backend in self._written_backends)
+
     async def commit_backend_writes(self) -> None:
         """Before publishes are acknowledged: fsync every diskqueue whose `--sync-every` count
-        is reached, in a worker thread so the event loop never waits on the disk."""
+        is reached, each in a worker thread so the event loop never waits on the disk."""
         if not self._written_backends:
             return
         backends, self._written_backends = self._written_backends, set()
-        for backend in backends:
-            if backend.sync_due:
-                await self._sync_backend(backend)
+        due = [backend for backend in backends if backend.sync_due]
+        if len(due) == 1:
+            await self._sync_backend(due[0])
+        elif due:
+            # The queues' fsyncs run side by side: one slow disk flush does not queue the rest.
+            async with trio.open_nursery() as syncs:
+                for backend in due:
+                    syncs.start_soon(self._sync_backend, backend)
 
     async def _sync_timer(self) -> None:
         """Go's diskqueue syncs dirty queues every `--sync-timeout` even when writes stop."""

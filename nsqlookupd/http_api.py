@@ -52,8 +52,9 @@ def _topic_and_channel(params: dict[str, list[str]]) -> tuple[str, str]:
 class HTTPAPI:
     def __init__(self, lookupd: "NSQLookupd") -> None:
         self.lookupd = lookupd
-        # Answered by the HTTP poller, except topic creation, which may call out to nsqds.
-        router = self.router = Router(inline=True)
+        # Answered by the HTTP poller, except topic creation (a coroutine), which may call out
+        # to nsqds.
+        router = self.router = Router()
         router.add("GET", "/ping", self.ping)
         router.add("GET", "/info", self.info)
         router.add("GET", "/debug", self.debug)
@@ -62,23 +63,23 @@ class HTTPAPI:
         router.add("GET", "/channels", self.channels)
         router.add("GET", "/nodes", self.nodes)
         router.add("GET", "/listlookup", self.listlookup)
-        router.add("POST", "/topic/create", self.topic_create, inline=False)
+        router.add("POST", "/topic/create", self.topic_create)
         router.add("POST", "/topic/delete", self.topic_delete)
         router.add("POST", "/channel/create", self.channel_create)
         router.add("POST", "/channel/delete", self.channel_delete)
         router.add("POST", "/topic/tombstone", self.topic_tombstone)
         router.add("POST", "/disable/write", self.disable_write)
 
-    async def ping(self, request: Request) -> Response:
+    def ping(self, request: Request) -> Response:
         return text_response(200, "OK")
 
-    async def info(self, request: Request) -> Response:
+    def info(self, request: Request) -> Response:
         return v1_response(200, {"version": VERSION})
 
-    async def topics(self, request: Request) -> Response:
+    def topics(self, request: Request) -> Response:
         return v1_response(200, {"topics": self.lookupd.db.topics()})
 
-    async def channels(self, request: Request) -> Response:
+    def channels(self, request: Request) -> Response:
         params = _query(request)
         topic = _first(params, "topic")
         if topic is None:
@@ -96,7 +97,7 @@ class HTTPAPI:
         except ValueError:
             raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION") from None
 
-    async def lookup(self, request: Request) -> Response:
+    def lookup(self, request: Request) -> Response:
         lookupd = self.lookupd
         options = lookupd.options
         db = lookupd.db
@@ -176,7 +177,7 @@ class HTTPAPI:
             "replica": stored.get("replica", 1),
         }
 
-    async def nodes(self, request: Request) -> Response:
+    def nodes(self, request: Request) -> Response:
         db = self.lookupd.db
         options = self.lookupd.options
         clients = active(db.find_producers("client", "", ""), options.inactive_producer_timeout, 0)
@@ -202,7 +203,7 @@ class HTTPAPI:
             nodes.append(node)
         return v1_response(200, {"producers": nodes})
 
-    async def debug(self, request: Request) -> Response:
+    def debug(self, request: Request) -> Response:
         data: dict[str, list[dict]] = {}
         for registration, producers in self.lookupd.db.registrations.items():
             category, key, subkey, partition = registration
@@ -229,7 +230,7 @@ class HTTPAPI:
                 )
         return v1_response(200, dict(sorted(data.items())))
 
-    async def listlookup(self, request: Request) -> Response:
+    def listlookup(self, request: Request) -> Response:
         lookupd = self.lookupd
         node = {
             "ID": f"{lookupd.options.broadcast_address}:{lookupd.http_port}:{lookupd.tcp_port}",
@@ -311,13 +312,13 @@ class HTTPAPI:
             "disable_channel_auto_create": _first(params, "disable_channel_auto_create") == "true",
         }
 
-    async def disable_write(self, request: Request) -> Response:
+    def disable_write(self, request: Request) -> Response:
         """POST /disable/write?type=all|ordered (anything else enables writes again)."""
         kind = _first(_query(request), "type")
         self.lookupd.write_disabled = kind if kind in ("all", "ordered") else None
         return v1_response(200)
 
-    async def topic_delete(self, request: Request) -> Response:
+    def topic_delete(self, request: Request) -> Response:
         params = _query(request)
         topic = _first(params, "topic")
         if topic is None:
@@ -332,7 +333,7 @@ class HTTPAPI:
         self.lookupd.topic_meta.pop(topic, None)
         return v1_response(200)
 
-    async def topic_tombstone(self, request: Request) -> Response:
+    def topic_tombstone(self, request: Request) -> Response:
         params = _query(request)
         topic = _first(params, "topic")
         if topic is None:
@@ -348,14 +349,14 @@ class HTTPAPI:
                     producer.tombstone()
         return v1_response(200)
 
-    async def channel_create(self, request: Request) -> Response:
+    def channel_create(self, request: Request) -> Response:
         topic, channel = _topic_and_channel(_query(request))
         self.lookupd.log.info("DB: adding channel(%s) in topic(%s)", channel, topic)
         self.lookupd.db.add_registration(("channel", topic, channel, None))
         self.lookupd.db.add_registration(("topic", topic, "", None))
         return v1_response(200)
 
-    async def channel_delete(self, request: Request) -> Response:
+    def channel_delete(self, request: Request) -> Response:
         topic, channel = _topic_and_channel(_query(request))
         registrations = self.lookupd.db.find_registrations("channel", topic, channel)
         if not registrations:

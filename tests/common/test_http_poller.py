@@ -1,6 +1,7 @@
 """The HTTP poller: one task answering every plain keep-alive connection, handing a connection
 to a task of its own when a route may wait or the client does not read."""
 
+import contextlib
 import logging
 
 import pytest
@@ -29,21 +30,21 @@ async def server(nursery):
                 raise RuntimeError("router bug")
             return super().answers_inline(request)
 
-    router = Routes(inline=True)
+    router = Routes()
 
-    async def echo(request: Request) -> Response:
+    def echo(request: Request) -> Response:
         return Response(200, request.body or request.path.encode())
 
     async def wait(request: Request) -> Response:
         await release.wait()
         return Response(200, b"waited")
 
-    async def fail(request: Request) -> Response:
+    def fail(request: Request) -> Response:
         raise ValueError("handler bug")
 
     router.add("POST", "/echo", echo)
     router.add("GET", "/echo", echo)
-    router.add("GET", "/wait", wait, inline=False)
+    router.add("GET", "/wait", wait)
     router.add("GET", "/fail", fail)
     router.add("GET", "/broken-router", echo)
     listener = await open_listener("127.0.0.1:0")
@@ -155,11 +156,101 @@ async def test_a_refused_connection_gets_its_whole_answer_even_with_unread_input
     connection = await connect()
     body = b"x" * 500_000
     await connection.send(encode_request("POST", "/echo", body) + b"NOT HTTP\r\n\r\n")
-    # More input after the garbage, which the server never reads.
-    await connection.send(b"y" * 200_000)
-    # A slow reader: it pauses before reading (the behaviour under test, not a wait for a
-    # condition), so the server closes while its answers still sit unread in the buffers.
-    await trio.sleep(0.3)
-    assert await answer(connection) == (200, body)
-    assert (await answer(connection))[0] == 400
-    assert await connection.closed_by_peer()
+
+    async def send_more() -> None:
+        # More input after the garbage, which the server never reads. Sent beside the reads:
+        # with small socket buffers both sides would otherwise block writing to each other.
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await connection.send(b"y" * 200_000)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send_more)
+        # A slow reader: it pauses before reading (the behaviour under test, not a wait for a
+        # condition), so the server closes while its answers still sit unread in the buffers.
+        await trio.sleep(0.3)
+        assert await answer(connection) == (200, body)
+        assert (await answer(connection))[0] == 400
+        assert await connection.closed_by_peer()
+
+
+# -- group commit ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def committing_server(nursery):
+    """A router whose `/write` answers wait for its commit, which waits until `gate` is set
+    (or fails when `fail` is set); `commits` counts the commits run."""
+    gate = trio.Event()
+    fail = []
+    commits = []
+    errors: list[BaseException] = []
+
+    async def commit() -> None:
+        await gate.wait()
+        commits.append(trio.current_time())
+        if fail:
+            raise OSError("disk gone")
+
+    router = Router(commit=commit)
+
+    def write(request: Request) -> Response:
+        return Response(200, b"written " + request.body, after_commit=True)
+
+    def echo(request: Request) -> Response:
+        return Response(200, request.body or request.path.encode())
+
+    router.add("POST", "/write", write)
+    router.add("GET", "/echo", echo)
+    listener = await open_listener("127.0.0.1:0")
+    log = logging.getLogger("test-http-poller-commit")
+    log.error = lambda *args, exc_info=None, **kwargs: errors.append(exc_info)  # type: ignore
+    nursery.start_soon(lambda: serve_http(listener, router, nursery, log, max_body_size=1 << 20))
+    address = f"127.0.0.1:{listener.socket.getsockname()[1]}"
+
+    async def connect() -> HTTPConnection:
+        return await HTTPConnection.open(address)
+
+    return connect, gate, commits, fail, errors
+
+
+async def test_a_durable_answer_waits_for_the_commit_and_others_do_not(committing_server):
+    connect, gate, commits, _fail, _errors = committing_server
+    writer = await connect()
+    await writer.send(encode_request("POST", "/write", b"a") + encode_request("GET", "/echo"))
+    # While the commit waits (a slow fsync), another connection is served at once.
+    other = await connect()
+    for _ in range(10):
+        await other.send(encode_request("GET", "/echo"))
+        assert await answer(other) == (200, b"/echo")
+    assert commits == []
+    gate.set()
+    # The writer's answers come after the commit, in order, and it is served again after.
+    assert await answer(writer) == (200, b"written a")
+    assert await answer(writer) == (200, b"/echo")
+    assert len(commits) == 1
+    await writer.send(encode_request("POST", "/write", b"b"))
+    assert await answer(writer) == (200, b"written b")
+
+
+async def test_pipelined_durable_requests_share_one_commit(committing_server):
+    connect, gate, commits, _fail, _errors = committing_server
+    gate.set()
+    writer = await connect()
+    await writer.send(b"".join(encode_request("POST", "/write", b"%d" % i) for i in range(5)))
+    for i in range(5):
+        assert await answer(writer) == (200, b"written %d" % i)
+    # One read carried all five: the poller answered them in one pass, after one commit.
+    assert len(commits) == 1
+
+
+async def test_a_failed_commit_acknowledges_nothing(committing_server):
+    connect, gate, _commits, fail, errors = committing_server
+    fail.append(True)
+    gate.set()
+    writer = await connect()
+    await writer.send(encode_request("POST", "/write", b"lost"))
+    assert await writer.closed_by_peer()
+    assert isinstance(errors[0], OSError)
+    bystander = await connect()
+    await bystander.send(encode_request("GET", "/echo"))
+    assert await answer(bystander) == (200, b"/echo")
