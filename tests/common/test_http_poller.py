@@ -3,6 +3,7 @@ to a task of its own when a route may wait or the client does not read."""
 
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
@@ -15,6 +16,20 @@ from tests.nsqd_http.rawhttp import HTTPConnection, encode_request
 async def answer(connection: HTTPConnection) -> tuple[int, bytes]:
     response = await connection.read_response()
     return response.status, response.body
+
+
+async def serve(router: Router, nursery, errors: list) -> Callable[[], Awaitable]:
+    """Serve `router` on an ephemeral port (errors logged into `errors`); a connect function."""
+    listener = await open_listener("127.0.0.1:0")
+    log = logging.getLogger(f"test-http-poller-{id(router)}")
+    log.error = lambda *args, exc_info=None, **kwargs: errors.append(exc_info)  # type: ignore
+    nursery.start_soon(lambda: serve_http(listener, router, nursery, log, max_body_size=1 << 20))
+    address = f"127.0.0.1:{listener.socket.getsockname()[1]}"
+
+    async def connect() -> HTTPConnection:
+        return await HTTPConnection.open(address)
+
+    return connect
 
 
 @pytest.fixture
@@ -47,15 +62,7 @@ async def server(nursery):
     router.add("GET", "/wait", wait)
     router.add("GET", "/fail", fail)
     router.add("GET", "/broken-router", echo)
-    listener = await open_listener("127.0.0.1:0")
-    log = logging.getLogger("test-http-poller")
-    log.error = lambda *args, exc_info=None, **kwargs: errors.append(exc_info)  # type: ignore
-    nursery.start_soon(lambda: serve_http(listener, router, nursery, log, max_body_size=1 << 20))
-    address = f"127.0.0.1:{listener.socket.getsockname()[1]}"
-
-    async def connect() -> HTTPConnection:
-        return await HTTPConnection.open(address)
-
+    connect = await serve(router, nursery, errors)
     return connect, release, errors
 
 
@@ -201,15 +208,7 @@ async def committing_server(nursery):
 
     router.add("POST", "/write", write)
     router.add("GET", "/echo", echo)
-    listener = await open_listener("127.0.0.1:0")
-    log = logging.getLogger("test-http-poller-commit")
-    log.error = lambda *args, exc_info=None, **kwargs: errors.append(exc_info)  # type: ignore
-    nursery.start_soon(lambda: serve_http(listener, router, nursery, log, max_body_size=1 << 20))
-    address = f"127.0.0.1:{listener.socket.getsockname()[1]}"
-
-    async def connect() -> HTTPConnection:
-        return await HTTPConnection.open(address)
-
+    connect = await serve(router, nursery, errors)
     return connect, gate, commits, fail, errors
 
 
