@@ -74,6 +74,21 @@ def channel_stats(http_address: str, topic: str, channel: str) -> dict | None:
     return None
 
 
+def collect_available_now(stream, checkpoint) -> list:
+    """Run `stream` (a loaded nsq source) with trigger(availableNow=True) into a list of rows;
+    the rows, once the query ended by itself without an error."""
+    received = []
+    query = (
+        stream.writeStream.foreachBatch(lambda batch, _batch_id: received.extend(batch.collect()))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert not query.isActive and query.exception() is None
+    return received
+
+
 def wait_channel_drained(http_address: str, topic: str, channel: str) -> dict:
     """Poll until the channel exists with nothing queued and nothing in flight; its stats."""
 

@@ -7,7 +7,7 @@ from pyspark.sql import functions as F
 from common.client import http_publish
 from nsq_spark.options import lookupd_producers
 from tests.harness import DaemonProcess, start_nsqd
-from tests.spark.conftest import MSG_TIMEOUT, topic_stats, wait_until
+from tests.spark.conftest import MSG_TIMEOUT, collect_available_now, topic_stats, wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -48,21 +48,15 @@ def test_lookupd_reader_and_writer_use_every_nsqd(spark, cluster, tmp_path):
         lambda: len(lookupd_producers([lookupd_http], "spread")) == 2,
         what="both nsqds registered with lookupd",
     )
-    received = []
-    query = (
+    stream = (
         spark.readStream.format("nsq")
         .option("lookupd", lookupd_http)
         .option("topic", "spread")
         .option("channel", "spark")
         .option("idleTimeout", "10s")
         .load()
-        .writeStream.foreachBatch(lambda batch, _: received.extend(batch.collect()))
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
     )
-    query.awaitTermination(120)
-    assert query.exception() is None
+    received = collect_available_now(stream, tmp_path / "checkpoint")
     assert {bytes(row.body) for row in received} == expected
     assert {row.nsqd for row in received} == {n.addresses["TCP"] for n in nsqds}
 

@@ -5,7 +5,13 @@ from datetime import datetime, timedelta
 import pytest
 
 from common.client import http_publish
-from tests.spark.conftest import addresses, channel_stats, wait_channel_drained, wait_until
+from tests.spark.conftest import (
+    addresses,
+    channel_stats,
+    collect_available_now,
+    wait_channel_drained,
+    wait_until,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -29,20 +35,10 @@ def test_available_now_receives_everything_and_finishes_it(spark, nsqd, tmp_path
     bodies = {f"message-{i}".encode() for i in range(100)}
     published_at = datetime.now()
     http_publish(http, "events", sorted(bodies))
-    received = []
-
-    def collect(batch, batch_id):
-        received.extend(batch.collect())
-
-    query = (
-        nsq_stream(spark, tcp, http, "events", "spark", maxBatch="30", msgTimeout="5s")
-        .writeStream.foreachBatch(collect)
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
+    received = collect_available_now(
+        nsq_stream(spark, tcp, http, "events", "spark", maxBatch="30", msgTimeout="5s"),
+        tmp_path / "checkpoint",
     )
-    query.awaitTermination(120)
-    assert not query.isActive and query.exception() is None
 
     assert sorted(bytes(row.body) for row in received) == sorted(bodies)
     assert all(row.attempts == 1 and row.topic == "events" for row in received)
@@ -61,8 +57,7 @@ def test_available_now_without_nsqd_http_drains_the_channel(spark, nsqd, tmp_pat
     tcp, http = addresses(nsqd)
     bodies = [f"message-{i}".encode() for i in range(500)]
     http_publish(http, "no-http", bodies)
-    received = []
-    query = (
+    stream = (
         spark.readStream.format("nsq")
         .option("nsqd", tcp)
         .option("topic", "no-http")
@@ -70,13 +65,8 @@ def test_available_now_without_nsqd_http_drains_the_channel(spark, nsqd, tmp_pat
         .option("idleTimeout", "2s")
         .option("maxBatch", "200")
         .load()
-        .writeStream.foreachBatch(lambda batch, _: received.extend(batch.collect()))
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
     )
-    query.awaitTermination(120)
-    assert not query.isActive and query.exception() is None
+    received = collect_available_now(stream, tmp_path / "checkpoint")
     assert sorted(bytes(row.body) for row in received) == sorted(bodies)
 
     assert wait_channel_drained(http, "no-http", "spark")["message_count"] == 500
