@@ -260,11 +260,11 @@ class HTTPAPI:
     def _partitions(self, params: dict[str, list[str]], topic_name: str) -> list:
         """The partitions a topic endpoint acts on: `partition=p` (Youzan), else all."""
         text = _first(params, "partition")
-        partitions = self.nsqd.partitions.get(topic_name, {})
+        registry = self.nsqd.registry
         if text is None or text in ("", "-1"):
-            return [partitions[p] for p in sorted(partitions)]
+            return registry.partitions(topic_name)
         try:
-            topic = partitions.get(go_atoi(text.encode("utf-8", "surrogateescape")))
+            topic = registry.get(topic_name, go_atoi(text.encode("utf-8", "surrogateescape")))
         except ValueError:
             raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION") from None
         if topic is None:

@@ -45,6 +45,7 @@ from nsqd.stats import gc_pauses
 from nsqd.statsd import StatsdPusher
 from nsqd.tls import server_context
 from nsqd.topic import Topic
+from nsqd.topic_registry import TopicRegistry
 from nsqd.wakeup import Wakeup
 
 
@@ -53,10 +54,9 @@ class NSQD:
         self.options = options
         self.log = log or logging.getLogger("nsqd")
         self.data_path = options.effective_data_path()
+        self.registry = TopicRegistry()
         # name -> the topic's default (lowest) local partition, which classic commands use
-        self.topics: dict[str, Topic] = {}
-        # name -> partition number -> partition
-        self.partitions: dict[str, dict[int, Topic]] = {}
+        self.topics = self.registry.defaults
         self.clients: dict[int, Client] = {}
         self.exiting = False
         self.random = random.Random()
@@ -91,7 +91,7 @@ class NSQD:
     def get_topic(self, name: str) -> Topic:
         """The topic a classic command means: its lowest local partition, created as the
         classic partition 0 on first use (docs/protocol.md §8 #2, #3)."""
-        topic = self.topics.get(name)
+        topic = self.registry.default(name)
         if topic is None:
             topic = self.create_partition(name, 0)
         return topic
@@ -99,8 +99,8 @@ class NSQD:
     def get_partition(self, name: str, partition: int) -> Topic | None:
         """An explicit partition, never created on the fly; -1 means the default one."""
         if partition == -1:
-            return self.topics.get(name)
-        return self.partitions.get(name, {}).get(partition)
+            return self.registry.default(name)
+        return self.registry.get(name, partition)
 
     def create_partition(
         self,
@@ -111,12 +111,11 @@ class NSQD:
         ordered: bool = False,
         ext: bool = False,
     ) -> Topic:
-        existing = self.partitions.get(name, {}).get(partition)
+        existing = self.registry.get(name, partition)
         if existing is not None:
             return existing
         topic = Topic(self, name, partition, partitioned=partitioned, ordered=ordered, ext=ext)
-        self.partitions.setdefault(name, {})[partition] = topic
-        self._refresh_default(name)
+        self.registry.add(topic)
         if partitioned:
             self.log.info("TOPIC(%s): created partition %d", name, partition)
         else:
@@ -170,34 +169,24 @@ class NSQD:
         mode = self.write_disabled
         return mode == "all" or (mode == "ordered" and topic.ordered)
 
-    def _refresh_default(self, name: str) -> None:
-        partitions = self.partitions.get(name)
-        if partitions:
-            self.topics[name] = partitions[min(partitions)]
-        else:
-            self.partitions.pop(name, None)
-            self.topics.pop(name, None)
-
     def all_partitions(self) -> list[Topic]:
         """Every partition of every topic, by name then partition."""
-        return [
-            self.partitions[name][partition]
-            for name in sorted(self.partitions)
-            for partition in sorted(self.partitions[name])
-        ]
+        return list(self.registry)
 
     def delete_topic(self, name: str, partition: int | None = None) -> None:
         """Delete one partition, or (None) the whole topic, files and all."""
-        partitions = self.partitions.get(name, {})
-        doomed = list(partitions) if partition is None else [partition]
+        doomed = (
+            [topic.partition for topic in self.registry.partitions(name)]
+            if partition is None
+            else [partition]
+        )
         for number in doomed:
-            topic = partitions.pop(number, None)
+            topic = self.registry.remove(name, number)
             if topic is None:
                 continue
             self.log.info("TOPIC(%s): deleting", name)
             topic.delete()
             self.lookup_peers.notify("UNREGISTER", name, None, number)
-        self._refresh_default(name)
         self.topology_changed()
 
     def registrations(self) -> list[tuple[str, str | None, int]]:
