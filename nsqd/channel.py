@@ -52,7 +52,11 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        # Pumps with room waiting for messages: a list to pick one at random in O(1), and
+        # their IDs to know who is in it. Both the channel's own: a consumer is only told
+        # `wake()`.
         self._waiting: list[Client] = []
+        self._waiting_ids: set[int] = set()
         percentiles = nsqd.options.e2e_processing_latency_percentile
         self.e2e = (
             LatencyStream(percentiles, nsqd.options.e2e_processing_latency_window_time, nsqd.random)
@@ -156,13 +160,13 @@ class Channel:
 
     def wait_for_messages(self, client: "Client") -> None:
         """Register a pump that has room; `notify` wakes one when messages arrive."""
-        if not client.waiting_on_channel:
-            client.waiting_on_channel = True
+        if client.id not in self._waiting_ids:
+            self._waiting_ids.add(client.id)
             self._waiting.append(client)
 
     def stop_waiting(self, client: "Client") -> None:
-        if client.waiting_on_channel:
-            client.waiting_on_channel = False
+        if client.id in self._waiting_ids:
+            self._waiting_ids.discard(client.id)
             self._waiting.remove(client)
 
     def notify(self) -> None:
@@ -176,14 +180,14 @@ class Channel:
             index = self.nsqd.random.randrange(len(waiting))
             waiting[index], waiting[-1] = waiting[-1], waiting[index]
             client = waiting.pop()
-            client.waiting_on_channel = False
-            client.wakeup.set()
+            self._waiting_ids.discard(client.id)
+            client.wake()
 
     def notify_all(self) -> None:
         waiting, self._waiting = self._waiting, []
+        self._waiting_ids.clear()
         for client in waiting:
-            client.waiting_on_channel = False
-            client.wakeup.set()
+            client.wake()
 
     # -- FIN, REQ, TOUCH ----------------------------------------------------------------
 
@@ -300,7 +304,7 @@ class Channel:
         # Paused pumps were not waiting on the channel, so wake every client's pump.
         self.notify_all()
         for client in self.clients.values():
-            client.wakeup.set()
+            client.wake()
 
     def empty(self) -> None:
         """Go's channel.Empty: drop queued and in-flight messages (clients' counts reset)."""

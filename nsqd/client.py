@@ -57,9 +57,12 @@ class Client:
         self.requeue_count = 0
         self.pub_counts: dict[str, int] = {}
         self.connect_time = time.time()
-        self.waiting_on_channel = False
         # Set whenever something may let the message pump send: messages, RDY, FIN, close.
         self.wakeup = Wakeup()
+
+    def wake(self) -> None:
+        """What a channel tells its consumer: messages may be there for it now."""
+        self.wakeup.set()
 
     def is_ready(self) -> bool:
         """Go's IsReadyForMessages: subscribed, channel running, room under RDY."""
