@@ -8,6 +8,7 @@ short. The run is seeded and bounded in count and time; every hostile connection
 with an `E_*` error frame or nsqd closing it before a deadline.
 """
 
+import errno
 import json
 import random
 import socket
@@ -371,7 +372,13 @@ def _send_payload(sock: socket.socket, spec: HostileConnection, verdict: Verdict
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         verdict.outcome = "reset"
     elif spec.ending == "half-close":
-        sock.shutdown(socket.SHUT_WR)
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError as error:
+            # ENOTCONN: nsqd already closed, and its reset (it had unread input) arrived first.
+            if error.errno != errno.ENOTCONN:
+                raise
+            verdict.outcome, verdict.detail = "closed", "reset by nsqd"
 
 
 def _await_verdict(sock: socket.socket, spec: HostileConnection, verdict: Verdict) -> None:
