@@ -36,13 +36,13 @@ if atheris is not None and __name__ == "__main__" and "--random" not in sys.argv
         from common.errors import ProtocolError
         from common.frame import FrameDecoder, encode_frame
         from common.http_server import QueryError, parse_query
-        from nsqd.protocol_v2 import decode_identify
+        from nsqd.identify import decode_identify
 else:
     from common.command_parser import CommandParser, parse_mpub_body
     from common.errors import ProtocolError
     from common.frame import FrameDecoder, encode_frame
     from common.http_server import QueryError, parse_query
-    from nsqd.protocol_v2 import decode_identify
+    from nsqd.identify import decode_identify
 
 # Small limits, so that the fuzzer reaches "too big" as easily as "fits".
 LIMITS = {"max_msg_size": 64, "max_body_size": 256, "max_line_length": 100}

@@ -1,24 +1,25 @@
 """A channel: its own copy of every message of its topic, shared out among its clients.
 
-Messages wait in a bounded in-memory deque (`--mem-queue-size`) and, past it, in the
-channel's diskqueue (`<topic>:<channel>`, as Go names it). A delivered message is in flight
-until FIN, REQ or its timeout; REQ with a delay and DPUB hold it in the deferred queue.
-Clients' message pumps take batches with `take()`; a pump with room and nothing to take
-waits in `_waiting` and is woken when messages arrive (docs/design.md §3.3).
+Messages wait in the channel's queue (`nsqd/message_queue.py`: memory up to
+`--mem-queue-size`, then the diskqueue `<topic>:<channel>`, as Go names it). A delivered message
+is in flight until FIN, REQ or its timeout; REQ with a delay and DPUB hold it in the deferred
+queue. How many may be out at once and where a redelivery goes is the channel's delivery policy
+(`nsqd/delivery.py`). Clients' message pumps take batches with `take()`; a pump with room and
+nothing to take waits in `_waiting` and is woken when messages arrive (docs/design.md §3.3).
 """
 
 import time
-from collections import deque
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import trio
 
 from common.names import is_ephemeral
 from nsqd.backend import BackendWriteError
+from nsqd.delivery import FIFO, ORDERED
 from nsqd.e2e import LatencyStream, merged_result
 from nsqd.inflight import DeadlineQueue
 from nsqd.message import Message
+from nsqd.message_queue import BufferedDiskQueue, MessageQueue
 
 if TYPE_CHECKING:
     from nsqd.client import Client
@@ -37,18 +38,22 @@ class Channel:
         self.name = name
         self.nsqd = nsqd
         self.ephemeral = is_ephemeral(name)
-        self.mem_queue_size = nsqd.options.mem_queue_size
-        self.memory: deque[Message] = deque()
         # Go's `<topic>:<channel>`; a partition p > 0 names its channels `<topic>#<p>:<channel>`
         # so two partitions' channels never share files.
-        self.backend = nsqd.open_backend(f"{topic.backend_name}:{name}", ephemeral=self.ephemeral)
+        self.queue: MessageQueue = BufferedDiskQueue(
+            nsqd,
+            f"{topic.backend_name}:{name}",
+            ephemeral=self.ephemeral,
+            failure="CHANNEL(%s:%s) ERROR: failed to write messages to backend",
+            failure_args=(topic.name, name),
+        )
         self.in_flight = DeadlineQueue()
         self.deferred = DeadlineQueue()
         self.clients: dict[int, Client] = {}
         self.paused = False
         self.deleted = False
-        # Youzan ordered consumption: one message in flight, redeliveries first (§3.5).
-        self.ordered = topic.ordered
+        # Youzan ordered topics deliver in order to every channel; SUB_ORDERED switches one.
+        self.delivery = ORDERED if topic.ordered else FIFO
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
@@ -85,69 +90,37 @@ class Channel:
         return self._put(messages, strict=strict)
 
     def _put(self, messages: list[Message], *, strict: bool = False) -> BackendWriteError | None:
-        """Go's channel.put: memory while it has room, then the diskqueue.
-
-        If the diskqueue write fails (a full disk), health turns NOK and: with `strict`
-        (a publish that is not acknowledged yet) the error is raised and none of the
-        messages is kept; otherwise (messages nsqd already holds: from the topic's backlog,
-        a requeue, a timeout) they stay in memory past `--mem-queue-size`, so none is lost,
-        and the error is returned.
-        """
-        memory = self.memory
-        room = self.mem_queue_size - len(memory)
-        if room >= len(messages):
-            memory.extend(messages)
-        else:
-            # The overflow first, so a failed write leaves nothing half-kept in memory.
-            overflow = messages[room:] if room > 0 else messages
-            try:
-                self._write_to_backend(overflow)
-            except BackendWriteError as error:
-                if strict:
-                    raise
-                memory.extend(messages)
-                self.notify()
-                return error
-            if room > 0:
-                memory.extend(messages[:room])
+        """Into the queue, and a waiting pump woken (MessageQueue.append says what a failed
+        write does with and without `strict`)."""
+        error = self.queue.append(messages, strict=strict)
         self.notify()
-        return None
-
-    def _write_to_backend(self, messages: Iterable[Message]) -> None:
-        """BackendWriteError (health NOK) if the diskqueue write fails."""
-        self.nsqd.write_to_backend(
-            self.backend,
-            messages,
-            "CHANNEL(%s:%s) ERROR: failed to write messages to backend",
-            self.topic_name,
-            self.name,
-        )
+        return error
 
     @property
     def depth(self) -> int:
-        return len(self.memory) + self.backend.depth
+        return self.queue.depth
 
     @property
     def backend_depth(self) -> int:
-        return self.backend.depth
+        return self.queue.backend_depth
+
+    @property
+    def ordered(self) -> bool:
+        return self.delivery.ordered
+
+    def deliver_in_order(self) -> None:
+        """SUB_ORDERED: from now on the channel delivers in order (docs/protocol.md §3.5)."""
+        self.delivery = ORDERED
 
     def has_messages(self) -> bool:
-        return bool(self.memory) or self.backend.depth > 0
+        return self.queue.has_messages()
 
     # -- taking messages out --------------------------------------------------------------
 
     def take(self, max_count: int) -> list[Message]:
-        """Up to `max_count` messages to deliver, memory first, then the diskqueue."""
-        memory = self.memory
-        if len(memory) >= max_count:
-            popleft = memory.popleft
-            return [popleft() for _ in range(max_count)]
-        taken = list(memory)
-        memory.clear()
-        if len(taken) < max_count and self.backend.depth:
-            from_record = Message.from_record
-            taken.extend(from_record(r) for r in self.backend.get_many(max_count - len(taken)))
-        return taken
+        """Up to `max_count` messages to deliver, as many as the delivery policy lets out."""
+        count = self.delivery.room(len(self.in_flight), max_count)
+        return self.queue.take(count) if count else []
 
     def start_in_flight(
         self, messages: list[Message], client_id: int, timeout: float, now: float
@@ -207,7 +180,8 @@ class Channel:
 
     def finish(self, client_id: int, message_id: bytes) -> Message:
         message = self._pop_in_flight(client_id, message_id)
-        if self.ordered:
+        self.queue.acknowledge(message)
+        if self.delivery.finish_releases_next:
             self.notify()  # the next message may go now, to whichever client is waiting
         if self.e2e is not None:
             self.e2e.insert(time.time_ns() - message.timestamp, trio.current_time())
@@ -218,31 +192,27 @@ class Channel:
         return merged_result(percentiles, [self.e2e] if self.e2e else [], now)
 
     def requeue(self, client_id: int, message_id: bytes, delay: float, now: float) -> bool:
-        """False when the REQ was ignored: Youzan keeps a message of an ordered channel in
-        flight on `REQ id <ms>` with ms > 0, until its timeout redelivers it."""
-        if self.ordered and delay > 0:
+        """False when the REQ was ignored: the delivery policy kept the message in flight
+        (Youzan's ordered channels on `REQ id <ms>` with ms > 0, until the timeout)."""
+        if self.delivery.keeps_in_flight(delay):
             if self.in_flight.get(message_id) is None:
                 raise ChannelError("ID not in flight")
             return False
         message = self._pop_in_flight(client_id, message_id)
         self.requeue_count += 1
-        if self.ordered:
-            self._redeliver_first([message])
-        elif delay <= 0:
-            self._put([message])
-        else:
+        if delay > 0:
             self.deferred.push(message, now + delay)
+        else:
+            self._redeliver([message])
         return True
 
-    def _redeliver_first(self, messages: list[Message]) -> None:
-        """An ordered channel's redelivery goes before everything queued."""
-        self.memory.extendleft(reversed(messages))
+    def _redeliver(self, messages: list[Message]) -> None:
+        self.delivery.redeliver(self.queue, messages)
         self.notify()
 
     def skip_queued(self) -> None:
         """SUB_ADVANCED special:-1: start at the end, skipping what is queued now."""
-        self.memory.clear()
-        self.backend.empty()
+        self.queue.skip_to_end()
 
     def touch(self, client_id: int, message_id: bytes, msg_timeout: float, now: float) -> None:
         message = self._owned_in_flight(client_id, message_id)
@@ -263,10 +233,7 @@ class Channel:
             client = self.clients.get(message.client_id)
             if client is not None:
                 client.timed_out_message()
-        if self.ordered:
-            self._redeliver_first(expired)
-        else:
-            self._put(expired)
+        self._redeliver(expired)
         return True
 
     def process_deferred(self, now: float) -> bool:
@@ -308,47 +275,36 @@ class Channel:
 
     def empty(self) -> None:
         """Go's channel.Empty: drop queued and in-flight messages (clients' counts reset)."""
-        self.memory.clear()
         self.in_flight.clear()
         self.deferred.clear()
         for client in self.clients.values():
             client.empty_in_flight()
-        self.backend.empty()
+        self.queue.empty()
 
     def flush(self) -> int:
-        """On shutdown: memory, in-flight and deferred messages into the diskqueue (Go's flush).
+        """On shutdown: what waits, in flight and deferred is kept (Go's flush).
 
         In-flight and deferred messages are delivered again after the restart, so a message
         is never lost to a restart, only possibly repeated (at-least-once).
         """
-        messages = list(self.memory)
-        messages.extend(self.in_flight.clear())
-        messages.extend(self.deferred.clear())
-        self.memory.clear()
-        if messages and not self.ephemeral:
-            try:
-                self._write_to_backend(messages)
-            except BackendWriteError:
-                return 0  # logged; nowhere else to keep them on the way out
-        return len(messages)
+        unacknowledged = self.in_flight.clear()
+        unacknowledged.extend(self.deferred.clear())
+        return self.queue.flush(unacknowledged)
 
     def close(self) -> None:
         self.deleted = True
         self.notify_all()
-        self.backend.close()
+        self.queue.close()
 
     def delete(self) -> None:
         """Go's channel.Delete: the messages and the diskqueue files go."""
         self.deleted = True
-        self.memory.clear()
         self.in_flight.clear()
         self.deferred.clear()
         for client in list(self.clients.values()):
             client.channel_deleted()
         self.notify_all()
-        # Go's channel.exit(deleted): Empty() removes the files, Delete() closes the queue.
-        self.backend.empty()
-        self.backend.delete()
+        self.queue.delete()
 
     def __repr__(self) -> str:
         return f"Channel({self.topic_name}:{self.name})"

@@ -1,4 +1,7 @@
-"""One V2 connection's state: identity, negotiated settings, RDY and counters (Go's clientV2)."""
+"""One V2 connection's state: identity, negotiated settings, RDY and counters (Go's clientV2).
+
+IDENTIFY writes the negotiated settings here (`nsqd/identify.py`); the connection reads them.
+"""
 
 import itertools
 import time
@@ -48,6 +51,10 @@ class Client:
         self.deflate_level = 0
         self.auth_secret = ""
         self.auth_state = None
+        # Youzan's IDENTIFY keys (docs/protocol.md §3.4, §8 #1).
+        self.asked_for_youzan = False
+        self.extend_support = False
+        self.desired_tag = ""
 
         self.channel: Channel | None = None
         self.ready_count = 0

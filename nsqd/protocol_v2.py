@@ -5,12 +5,17 @@ Go's protocol_v2.go, on trio. The connection owns a cancel scope with two tasks:
 pump (take as many messages as RDY allows, encode them into one buffer, one send). Either
 task ends the connection by cancelling the scope: a fatal error, EOF, a missed heartbeat or a
 dead socket.
+
+This file is Go NSQ's V2. What a Youzan client changes is elsewhere: the dialect the connection
+speaks (`nsqd/dialect.py`, switched by `become_youzan`), Youzan's commands
+(`nsqd/protocol_youzan.py`, which also take SUB, PUB and MPUB when they name a partition) and
+ordered delivery (`nsqd/delivery.py`, the channel's policy). IDENTIFY's settings are negotiated
+into the client by `nsqd/identify.py`; every publish goes through `nsqd/publish.py`.
 """
 
 import json
 import math
 import os
-import re
 from typing import TYPE_CHECKING
 
 import trio
@@ -22,18 +27,18 @@ from common.frame import (
     HEARTBEAT_FRAME,
     OK_FRAME,
     encode_error,
-    encode_message_frames,
     encode_response,
 )
-from common.goformat import go_base10, go_byte_slice, go_quote, go_text
-from common.message import MESSAGE_ID_LENGTH
+from common.goformat import go_base10, go_quote, go_text
 from common.names import is_valid_name
-from common.version import VERSION
 from nsqd.auth import AuthError, query_any
 from nsqd.channel import ChannelError
 from nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Client
 from nsqd.compression import CompressedStream, PrefixedStream
-from nsqd.protocol_youzan import YouzanCommands, encode_binary_id_frames
+from nsqd.dialect import CLASSIC, ClassicDialect, YouzanDialect
+from nsqd.identify import Negotiated, decode_identify, negotiate
+from nsqd.message import Message
+from nsqd.protocol_youzan import YouzanCommands, is_partition
 from nsqd.publish import PublishError, publish
 from nsqd.tls import connection_details, peer_common_name
 
@@ -75,87 +80,7 @@ def _split_by_size(messages: list, limit: int) -> list[list]:
     return pieces
 
 
-class _Upgrade:
-    """IDENTIFY's reply when it negotiated TLS or compression: the read loop sends the reply,
-    then switches the stream (TLS first, then snappy or deflate)."""
-
-    __slots__ = ("reply", "tls", "snappy", "deflate_level")
-
-    def __init__(self, reply: bytes, tls: bool, snappy: bool, deflate_level: int) -> None:
-        self.reply = reply
-        self.tls = tls
-        self.snappy = snappy
-        self.deflate_level = deflate_level
-
-
-class _IdentifyFields:
-    """IDENTIFY's JSON fields and their Go types (identifyDataV2); unknown keys are ignored."""
-
-    INT = {
-        "heartbeat_interval",
-        "output_buffer_size",
-        "output_buffer_timeout",
-        "deflate_level",
-        "msg_timeout",
-    }
-    INT32 = {"sample_rate"}
-    BOOL = {"feature_negotiation", "tls_v1", "deflate", "snappy"}
-    STR = {"client_id", "hostname", "user_agent"}
-    ALL = INT | INT32 | BOOL | STR
-
-
-# A `\ud800` escape in JSON decodes to a lone surrogate, which cannot be encoded as UTF-8
-# (/metrics and every other text that showed the client_id failed); Go's decoder turns it
-# into U+FFFD.
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def decode_identify(body: bytes) -> dict:
-    """Decode an IDENTIFY body as Go's json.Unmarshal into identifyDataV2 would.
-
-    A value of the wrong JSON type fails the whole decode (Go's UnmarshalTypeError); keys
-    match case-insensitively, null leaves the zero value, invalid UTF-8 is replaced.
-    """
-    error = ProtocolError("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
-    try:
-        raw = json.loads(body.decode("utf-8", "replace"))
-    except (ValueError, RecursionError):
-        # Deep nesting: Go's decoder stops at depth 10,000, Python's near 1,000; either way
-        # the body is refused, never the connection dropped without a word.
-        raise error from None
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise error
-    decoded: dict = {}
-    for key, value in raw.items():
-        name = key.lower()
-        if value is None:
-            if name not in _IdentifyFields.ALL:
-                # Youzan's keys count by their presence (`"ext_filter": null`, §8 #1).
-                decoded.setdefault("_extra", {})[key] = value
-            continue
-        if isinstance(value, str):
-            value = _LONE_SURROGATE.sub("\ufffd", value)
-        if name in _IdentifyFields.INT or name in _IdentifyFields.INT32:
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise error
-            if name in _IdentifyFields.INT32 and not -(2**31) <= value < 2**31:
-                raise error
-        elif name in _IdentifyFields.BOOL:
-            if not isinstance(value, bool):
-                raise error
-        elif name in _IdentifyFields.STR:
-            if not isinstance(value, str):
-                raise error
-        else:
-            decoded.setdefault("_extra", {})[key] = value
-            continue
-        decoded[name] = value
-    return decoded
-
-
-class ProtocolV2(YouzanCommands):
+class ProtocolV2:
     def __init__(self, nsqd: "NSQD", stream: trio.abc.Stream, remote_address: str) -> None:
         options = nsqd.options
         self.nsqd = nsqd
@@ -174,6 +99,9 @@ class ProtocolV2(YouzanCommands):
         self._fd = stream.socket.fileno() if type(stream) is trio.SocketStream else -1
         self._cancel_scope = trio.CancelScope()
         self._commands_run = 0
+        # Classic until the client shows it speaks Youzan's (`become_youzan`).
+        self.dialect: ClassicDialect | YouzanDialect = CLASSIC
+        self.youzan = YouzanCommands(self)
         self._handlers = {
             b"FIN": self.fin,
             b"RDY": self.rdy,
@@ -183,20 +111,12 @@ class ProtocolV2(YouzanCommands):
             b"DPUB": self.dpub,
             b"NOP": self.nop,
             b"TOUCH": self.touch,
-            b"SUB": self.sub_family,
+            b"SUB": self.sub,
             b"CLS": self.cls,
             b"AUTH": self.auth,
             b"IDENTIFY": self.identify,
-            # Youzan's commands (docs/protocol.md §3.1); SUB_ORDER is the name Youzan's article
-            # uses.
-            b"SUB_ORDERED": self.sub_family,
-            b"SUB_ORDER": self.sub_family,
-            b"SUB_ADVANCED": self.sub_family,
-            b"PUB_TRACE": self.pub_trace,
-            b"MPUB_TRACE": self.mpub_trace,
-            b"PUB_EXT": self.pub_ext,
-            b"MPUB_EXT": self.mpub_ext,
-            b"INTERNAL_CREATE_TOPIC": self.internal_create_topic,
+            # Youzan's commands (docs/protocol.md §3.1).
+            **self.youzan.handlers(),
         }
         self._async_commands = {b"AUTH"}
         self._handlers_unchecked = dict(self._handlers)
@@ -297,7 +217,7 @@ class ProtocolV2(YouzanCommands):
                     reply = await handler(command)
                 else:
                     reply = handler(command)
-                if type(reply) is _Upgrade:
+                if type(reply) is Negotiated:
                     await self._upgrade(reply, replies)
                     continue
             except ProtocolError as error:
@@ -356,10 +276,8 @@ class ProtocolV2(YouzanCommands):
             channel = client.channel
             if channel is not None and client.is_ready():
                 room = min(client.ready_count - client.in_flight_count, MAX_PUMP_BATCH)
-                if channel.ordered:
-                    # One message in flight per ordered channel, whatever RDY says (§3.5).
-                    room = 0 if channel.in_flight else 1
-                messages = channel.take(room) if room else []
+                # The channel's delivery policy may let fewer go (ordered: one in flight).
+                messages = channel.take(room)
                 if messages and client.sample_rate:
                     messages = self._sample(messages)
                 if messages:
@@ -369,12 +287,9 @@ class ProtocolV2(YouzanCommands):
                     if channel.has_messages():
                         channel.notify()
                     limit = max(client.output_buffer_size, MAX_SEND_BYTES)
+                    encode_frames = self.dialect.encode_frames
                     for piece in _split_by_size(messages, limit):
-                        if self.youzan:
-                            ext = self.extend_support and channel.topic.ext
-                            frames = encode_binary_id_frames(piece, self.detail, ext)
-                        else:
-                            frames = encode_message_frames(piece)
+                        frames = encode_frames(piece, client, channel.topic)
                         await self._send(frames)
                         del frames
                     # A send that fit the socket buffer did not yield: let others run.
@@ -428,137 +343,45 @@ class ProtocolV2(YouzanCommands):
         if self.client.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
             raise ProtocolError("E_INVALID", f"cannot {label} in current state")
 
-    def _message_id(self, args: list[bytes], label: str) -> bytes:
-        """The in-flight key of FIN, REQ or TOUCH (a Youzan binary ID maps to our hex one)."""
-        if self.youzan:
-            return self.wire_message_key(args, label)
-        if not args:
-            raise ProtocolError("E_INVALID", f"{label} insufficient number of params")
-        message_id = args[0]
-        if len(message_id) != MESSAGE_ID_LENGTH:
-            raise ProtocolError("E_INVALID", "invalid message ID")
-        return message_id
-
-    def _printed_id(self, wire_id: bytes) -> str:
-        """The ID as the failure texts print it: Go's %s of the hex ID, Youzan's byte slice."""
-        return go_byte_slice(wire_id) if self.youzan else go_text(wire_id)
+    def become_youzan(self) -> None:
+        """The client showed it is a Youzan client: it speaks Youzan's dialect from now on."""
+        if not self.dialect.youzan:
+            self.dialect = YouzanDialect()
+            self.parser.binary_ids = True
 
     # -- commands -------------------------------------------------------------------------
 
     def nop(self, command) -> None:
         return None
 
-    def identify(self, command) -> "bytes | _Upgrade":
+    def identify(self, command) -> "bytes | Negotiated":
         client = self.client
-        options = self.options
         data = decode_identify(command.body)
-        client.client_id = data.get("client_id", "")
-        client.hostname = data.get("hostname", "")
-        client.user_agent = data.get("user_agent", "")
-
-        heartbeat = data.get("heartbeat_interval", 0)
-        max_heartbeat_ms = int(options.max_heartbeat_interval * 1000)
-        if heartbeat == -1:
-            client.heartbeat_interval = 0
-        elif heartbeat == 0:
-            pass
-        elif 1000 <= heartbeat <= max_heartbeat_ms:
-            client.heartbeat_interval = heartbeat / 1000
-        else:
-            raise ProtocolError(
-                "E_BAD_BODY", f"IDENTIFY heartbeat interval ({heartbeat}) is invalid"
-            )
-
-        buffer_timeout = data.get("output_buffer_timeout", 0)
-        if buffer_timeout == -1:
-            client.output_buffer_timeout = 0
-        elif buffer_timeout == 0:
-            pass
-        elif (
-            int(options.min_output_buffer_timeout * 1000)
-            <= buffer_timeout
-            <= int(options.max_output_buffer_timeout * 1000)
-        ):
-            client.output_buffer_timeout = buffer_timeout / 1000
-        else:
-            raise ProtocolError(
-                "E_BAD_BODY", f"IDENTIFY output buffer timeout ({buffer_timeout}) is invalid"
-            )
-
-        buffer_size = data.get("output_buffer_size", 0)
-        if buffer_size == -1:
-            client.output_buffer_size = 1
-            client.output_buffer_timeout = 0
-        elif buffer_size == 0:
-            pass
-        elif 64 <= buffer_size <= options.max_output_buffer_size:
-            client.output_buffer_size = buffer_size
-        else:
-            raise ProtocolError(
-                "E_BAD_BODY", f"IDENTIFY output buffer size ({buffer_size}) is invalid"
-            )
-
-        sample_rate = data.get("sample_rate", 0)
-        if not 0 <= sample_rate <= 99:
-            raise ProtocolError("E_BAD_BODY", f"IDENTIFY sample rate ({sample_rate}) is invalid")
-        client.sample_rate = sample_rate
-
-        msg_timeout = data.get("msg_timeout", 0)
-        if msg_timeout == 0:
-            pass
-        elif 1000 <= msg_timeout <= int(options.max_msg_timeout * 1000):
-            client.msg_timeout = msg_timeout / 1000
-        else:
-            raise ProtocolError("E_BAD_BODY", f"IDENTIFY msg timeout ({msg_timeout}) is invalid")
-
-        self.note_identify_extensions(data.get("_extra", {}))
+        negotiated = negotiate(
+            client,
+            data,
+            self.options,
+            tls_available=self.nsqd.tls_context is not None,
+            auth_required=self.nsqd.auth_enabled,
+        )
+        if client.asked_for_youzan:
+            self.become_youzan()
         # The pump's heartbeat timer follows the new interval at once.
         client.wakeup.set()
         self.nsqd.log.info("[%s] IDENTIFY: %s", client, data)
-        if not data.get("feature_negotiation", False):
+        if negotiated is None:
             return OK_FRAME
+        if negotiated.upgrades:
+            return negotiated
+        return encode_response(negotiated.reply)
 
-        tls = self.nsqd.tls_context is not None and data.get("tls_v1", False)
-        deflate = options.deflate and data.get("deflate", False)
-        snappy = options.snappy and data.get("snappy", False)
-        deflate_level = 6
-        requested_level = data.get("deflate_level", 0)
-        if deflate and requested_level > 0:
-            deflate_level = requested_level
-        deflate_level = min(deflate_level, options.max_deflate_level)
-        if deflate and snappy:
-            raise ProtocolError(
-                "E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression"
-            )
-        reply = {
-            "max_rdy_count": options.max_rdy_count,
-            "version": VERSION,
-            "max_msg_timeout": int(options.max_msg_timeout * 1000),
-            "msg_timeout": int(client.msg_timeout * 1000),
-            "tls_v1": tls,
-            "deflate": deflate,
-            "deflate_level": deflate_level,
-            "max_deflate_level": options.max_deflate_level,
-            "snappy": snappy,
-            "sample_rate": client.sample_rate,
-            "auth_required": self.nsqd.auth_enabled,
-            "output_buffer_size": client.output_buffer_size,
-            "output_buffer_timeout": int(client.output_buffer_timeout * 1000),
-        }
-        if self.desired_tag:
-            reply["desired_tag"] = self.desired_tag
-        frame = encode_response(json.dumps(reply, separators=(",", ":")).encode())
-        if tls or snappy or deflate:
-            return _Upgrade(frame, tls, snappy, deflate_level if deflate else 0)
-        return frame
-
-    async def _upgrade(self, upgrade: "_Upgrade", replies: list[bytes]) -> None:
+    async def _upgrade(self, upgrade: Negotiated, replies: list[bytes]) -> None:
         """After the IDENTIFY reply: TLS, then compression, each confirmed by an `OK` sent
         through the new layer (docs/protocol.md §2.1)."""
         client = self.client
         async with self._send_lock:
             self._fd = -1
-            await self.stream.send_all(b"".join(replies) + upgrade.reply)
+            await self.stream.send_all(b"".join(replies) + encode_response(upgrade.reply))
             replies.clear()
             stream = self.stream
             leftover = self.parser.take_buffered()
@@ -646,16 +469,17 @@ class ProtocolV2(YouzanCommands):
             )
 
     async def sub_authorized(self, command) -> bytes:
-        topic_name, channel_name = self._sub_names(command)
+        topic_name, channel_name = self.sub_names(command)
         await self._check_auth("SUB", topic_name, channel_name)
-        return self.sub_family(command)
+        return self._handlers_unchecked[command.name](command)
 
     async def pub_authorized(self, command) -> bytes:
         label = command.name.decode()
         await self._check_auth(label, go_text(command.args[0]), "")
         return self._handlers_unchecked[command.name](command)
 
-    def _sub_names(self, command) -> tuple[str, str]:
+    def sub_names(self, command) -> tuple[str, str]:
+        """The topic and channel a SUB-family command names, after Go's state and name checks."""
         client = self.client
         if client.state != STATE_INIT:
             raise ProtocolError("E_INVALID", "cannot SUB in current state")
@@ -674,7 +498,41 @@ class ProtocolV2(YouzanCommands):
             )
         return topic_name, channel_name
 
-    def _subscribe_to(self, topic, channel_name: str) -> bytes:
+    def sub(self, command) -> bytes:
+        """SUB topic channel; with a partition number after them it is Youzan's."""
+        args = command.args
+        if len(args) >= 3 and is_partition(args[2]):
+            return self.youzan.sub(command)
+        topic_name, channel_name = self.sub_names(command)
+        topic = self.nsqd.get_topic(topic_name)
+        self.check_subscription(topic, ordered=False)
+        return self.subscribe(topic, channel_name)
+
+    def check_subscription(self, topic, *, ordered: bool) -> None:
+        """What a topic asks of its subscribers, whatever the SUB's form: ordered topics take
+        SUB_ORDERED only, ext topics (docs/protocol.md §3.5) take only clients that IDENTIFYd
+        `extend_support`, and only those."""
+        client = self.client
+        if topic.ordered and not ordered:
+            raise ProtocolError(
+                "E_SUB_ORDER_IS_MUST", "this topic is configured only allow ordered sub"
+            )
+        if topic.ext and not client.extend_support:
+            raise ProtocolError(
+                "E_SUB_EXTEND_NEED", "this topic is extended and should identify as extend support."
+            )
+        if not topic.ext and client.extend_support:
+            raise ProtocolError(
+                "E_SUB_EXTEND_FORBIDDON",
+                "this topic is not extended and should not identify as extend support.",
+            )
+        if ordered and client.sample_rate != 0:
+            raise ProtocolError(
+                "E_INVALID", "order consume is not allowed while sample rate is not 0"
+            )
+
+    def subscribe(self, topic, channel_name: str) -> bytes:
+        """The client joins the topic's channel (created on first use)."""
         client = self.client
         if self.nsqd.exiting:
             raise ProtocolError("E_SUB_FAILED", "SUB failed to deleted topic/channel")
@@ -712,13 +570,13 @@ class ProtocolV2(YouzanCommands):
 
     def fin(self, command) -> None:
         self._require_message_state("FIN")
-        message_id = self._message_id(command.args, "FIN")
+        message_id = self.dialect.message_key(command.args, "FIN")
         client = self.client
         try:
             client.channel.finish(client.id, message_id)
         except ChannelError as error:
             raise ProtocolError(
-                "E_FIN_FAILED", f"FIN {self._printed_id(command.args[0])} failed {error}"
+                "E_FIN_FAILED", f"FIN {self.dialect.printed_id(command.args[0])} failed {error}"
             ) from None
         client.finished_message()
         return None
@@ -728,7 +586,7 @@ class ProtocolV2(YouzanCommands):
         args = command.args
         if len(args) < 2:
             raise ProtocolError("E_INVALID", "REQ insufficient number of params")
-        message_id = self._message_id(args, "REQ")
+        message_id = self.dialect.message_key(args, "REQ")
         timeout_ms = go_base10(args[1])
         if timeout_ms is None:
             raise ProtocolError("E_INVALID", f"REQ could not parse timeout {go_text(args[1])}")
@@ -739,7 +597,7 @@ class ProtocolV2(YouzanCommands):
             requeued = client.channel.requeue(client.id, message_id, delay, trio.current_time())
         except ChannelError as error:
             raise ProtocolError(
-                "E_REQ_FAILED", f"REQ {self._printed_id(args[0])} failed {error}"
+                "E_REQ_FAILED", f"REQ {self.dialect.printed_id(args[0])} failed {error}"
             ) from None
         if requeued:
             client.requeued_message()
@@ -747,13 +605,13 @@ class ProtocolV2(YouzanCommands):
 
     def touch(self, command) -> None:
         self._require_message_state("TOUCH")
-        message_id = self._message_id(command.args, "TOUCH")
+        message_id = self.dialect.message_key(command.args, "TOUCH")
         client = self.client
         try:
             client.channel.touch(client.id, message_id, client.msg_timeout, trio.current_time())
         except ChannelError as error:
             raise ProtocolError(
-                "E_TOUCH_FAILED", f"TOUCH {self._printed_id(command.args[0])} failed {error}"
+                "E_TOUCH_FAILED", f"TOUCH {self.dialect.printed_id(command.args[0])} failed {error}"
             ) from None
         return None
 
@@ -763,22 +621,48 @@ class ProtocolV2(YouzanCommands):
         self.client.start_close()
         return CLOSE_WAIT_FRAME
 
-    def _publish(self, label: str, code: str, args: list[bytes], bodies: list[bytes], defer=0.0):
-        # DPUB's second parameter is its delay, never a partition (Youzan has no DPUB).
-        topic = self._publish_target(args if label != "DPUB" else args[:1], label)
-        try:
-            publish(self.nsqd, topic, bodies, defer=defer)
-        except PublishError as error:
-            raise self.publish_failed(code, label, error) from None
-        self.client.published(topic.name, len(bodies))
+    def _publish_classic(self, label: str, code: str, args: list[bytes], bodies, defer=0.0):
+        """PUB, MPUB and DPUB. A PUB or MPUB with a partition number is Youzan's; without one,
+        the topic is created on first use (DPUB's second word is its delay, Youzan has no
+        DPUB)."""
+        if label != "DPUB" and len(args) == 2 and is_partition(args[1]):
+            topic = self.youzan.publish_target(args)
+        else:
+            topic = self.nsqd.get_topic(go_text(args[0]))
+            if topic.ordered:
+                raise ProtocolError(
+                    "E_BAD_PARTITION", "topic partition is not valid for multi partition: -1"
+                )
+            self.check_writable(topic)
+        self.publish(topic, label, code, bodies, defer=defer)
         return OK_FRAME
 
+    def check_writable(self, topic) -> None:
+        """`/disable/write` refuses publishes (Youzan's; docs/protocol.md §8 #4)."""
+        if self.nsqd.write_disabled_for(topic):
+            # Not fatal for Youzan clients (they re-query lookupd), fatal for classic ones.
+            raise ProtocolError(
+                "E_FAILED_ON_NOT_WRITABLE", "", fatal=self.dialect.publish_errors_are_fatal
+            )
+
+    def publish(self, topic, label: str, code: str, bodies: list[bytes], **kwargs) -> list[Message]:
+        """Publish through nsqd's one publish path; a refusal is Go's `<label> failed <err>`
+        with `code`, fatal as the dialect says. Counted in the client's stats."""
+        try:
+            messages = publish(self.nsqd, topic, bodies, **kwargs)
+        except PublishError as error:
+            raise ProtocolError(
+                code, f"{label} failed {error}", fatal=self.dialect.publish_errors_are_fatal
+            ) from None
+        self.client.published(topic.name, len(messages))
+        return messages
+
     def pub(self, command) -> bytes:
-        return self._publish("PUB", "E_PUB_FAILED", command.args, [command.body])
+        return self._publish_classic("PUB", "E_PUB_FAILED", command.args, [command.body])
 
     def mpub(self, command) -> bytes:
-        return self._publish("MPUB", "E_MPUB_FAILED", command.args, command.messages)
+        return self._publish_classic("MPUB", "E_MPUB_FAILED", command.args, command.messages)
 
     def dpub(self, command) -> bytes:
         defer = go_base10(command.args[1]) / 1000
-        return self._publish("DPUB", "E_DPUB_FAILED", command.args, [command.body], defer)
+        return self._publish_classic("DPUB", "E_DPUB_FAILED", command.args, [command.body], defer)

@@ -336,9 +336,7 @@ class NSQD:
     def _all_backends(self) -> list[DiskQueue]:
         backends = []
         for topic in self.all_partitions():
-            if not topic.ephemeral:
-                backends.append(topic.backend)
-            backends.extend(c.backend for c in topic.channels.values() if not c.ephemeral)
+            backends.extend(topic.sync_targets())
         return backends
 
     def metadata(self) -> bytes:

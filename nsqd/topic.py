@@ -2,22 +2,21 @@
 
 When the topic has channels and is not paused, a publish goes straight to the channels in the
 same call (docs/design.md §3.2: a loop over channels, not over awaits). Otherwise messages
-wait in the topic (memory up to `--mem-queue-size`, then its diskqueue) until the topic's pump
-moves them on: Go keeps a topic's messages until its first channel appears, and holds them
-while it is paused.
+wait in the topic's queue (`nsqd/message_queue.py`: memory up to `--mem-queue-size`, then its
+diskqueue) until the topic's pump moves them on: Go keeps a topic's messages until its first
+channel appears, and holds them while it is paused.
 """
 
 import time
-from collections import deque
 from typing import TYPE_CHECKING
 
 import trio
 
 from common.guid import GUIDFactory
 from common.names import is_ephemeral
-from nsqd.backend import write_error
 from nsqd.channel import Channel
 from nsqd.message import RECORD_OVERHEAD, Message
+from nsqd.message_queue import BufferedDiskQueue, MessageQueue
 from nsqd.wakeup import Wakeup
 
 if TYPE_CHECKING:
@@ -48,10 +47,14 @@ class Topic:
         self.ordered = ordered
         self.ext = ext
         self.ephemeral = is_ephemeral(name)
-        self.mem_queue_size = nsqd.options.mem_queue_size
         self.channels: dict[str, Channel] = {}
-        self.memory: deque[Message] = deque()
-        self.backend = nsqd.open_backend(self.backend_name, ephemeral=self.ephemeral)
+        self.queue: MessageQueue = BufferedDiskQueue(
+            nsqd,
+            self.backend_name,
+            ephemeral=self.ephemeral,
+            failure="TOPIC(%s) ERROR: failed to write message to backend",
+            failure_args=(name,),
+        )
         # The partition's virtual byte position: where the next record would begin.
         self.next_offset = 0
         self.paused = False
@@ -145,53 +148,36 @@ class Topic:
             raise failure
 
     def _store(self, messages: list[Message]) -> None:
-        """Keep a publish until the topic has channels: memory, then the diskqueue (the
-        overflow is written first, so a failed write keeps nothing of the publish)."""
-        memory = self.memory
-        room = self.mem_queue_size - len(memory)
-        if room < len(messages):
-            overflow = messages[room:] if room > 0 else messages
-            self.nsqd.write_to_backend(
-                self.backend,
-                overflow,
-                "TOPIC(%s) ERROR: failed to write message to backend",
-                self.name,
-            )
-            if room > 0:
-                memory.extend(messages[:room])
-        else:
-            memory.extend(messages)
+        """Keep a publish until the topic has channels; a failed write keeps nothing of it."""
+        self.queue.append(messages, strict=True)
         self._pump_wakeup.set()
 
     def has_backlog(self) -> bool:
-        return bool(self.memory) or self.backend.depth > 0
+        return self.queue.has_messages()
 
     @property
     def depth(self) -> int:
-        return len(self.memory) + self.backend.depth
+        return self.queue.depth
 
     @property
     def backend_depth(self) -> int:
-        return self.backend.depth
+        return self.queue.backend_depth
+
+    def sync_targets(self) -> list:
+        """The files of the topic and its channels that the periodic sync looks after."""
+        targets = self.queue.sync_targets()
+        for channel in self.channels.values():
+            targets.extend(channel.queue.sync_targets())
+        return targets
 
     async def pump(self) -> None:
         """Move the topic's backlog into its channels whenever it has channels and runs."""
         while not self.deleted:
             if self.channels and not self.paused and self.started and self.has_backlog():
-                self._fan_out(self._take_backlog(_PUMP_BATCH))
+                self._fan_out(self.queue.take(_PUMP_BATCH))
                 await trio.lowlevel.checkpoint()
             else:
                 await self._pump_wakeup.wait()
-
-    def _take_backlog(self, max_count: int) -> list[Message]:
-        memory = self.memory
-        taken: list[Message] = []
-        while memory and len(taken) < max_count:
-            taken.append(memory.popleft())
-        if len(taken) < max_count and self.backend.depth:
-            from_record = Message.from_record
-            taken.extend(from_record(r) for r in self.backend.get_many(max_count - len(taken)))
-        return taken
 
     def start(self) -> None:
         """Let the messages flow to the channels (Go's topic.Start)."""
@@ -236,24 +222,11 @@ class Topic:
         self._pump_wakeup.set()
 
     def empty(self) -> None:
-        self.memory.clear()
-        self.backend.empty()
+        self.queue.empty()
 
     def flush(self) -> int:
-        """On shutdown: the topic's in-memory backlog and every channel's messages to disk."""
-        count = len(self.memory)
-        if self.memory and not self.ephemeral:
-            try:
-                self.backend.put_many([message.to_record() for message in self.memory])
-            except OSError as error:
-                self.nsqd.log.error(
-                    "TOPIC(%s) ERROR: failed to flush %d messages to disk - %s",
-                    self.name,
-                    count,
-                    write_error(self.backend, error),
-                )
-                count = 0
-        self.memory.clear()
+        """On shutdown: the topic's backlog and every channel's messages are kept."""
+        count = self.queue.flush([])
         for channel in self.channels.values():
             count += channel.flush()
         return count
@@ -263,7 +236,7 @@ class Topic:
         self._pump_wakeup.set()
         for channel in self.channels.values():
             channel.close()
-        self.backend.close()
+        self.queue.close()
 
     def delete(self) -> None:
         self.deleted = True
@@ -271,10 +244,7 @@ class Topic:
         for channel in list(self.channels.values()):
             channel.delete()
         self.channels.clear()
-        self.memory.clear()
-        # Go's topic.exit(deleted): Empty() removes the files, Delete() closes the queue.
-        self.backend.empty()
-        self.backend.delete()
+        self.queue.delete()
 
     def __repr__(self) -> str:
         return f"Topic({self.name}, partition {self.partition})"

@@ -200,7 +200,7 @@ def test_every_unusable_nsqd_dat_is_recovered_from_the_queue_files(
             for topic in nsqd.all_partitions()
         }
         assert found == RECOVERED
-        assert [t.backend.depth for t in nsqd.all_partitions() if t.name == "u"] == [U_COUNT]
+        assert [t.backend_depth for t in nsqd.all_partitions() if t.name == "u"] == [U_COUNT]
         assert nsqd.topics["t"].channels["c"].depth == T_COUNT
     finally:
         for topic in nsqd.all_partitions():

@@ -1,0 +1,132 @@
+"""The two dialects a V2 connection may speak: Go NSQ's and Youzan's (docs/protocol.md §3, §8).
+
+What differs between them on one connection lives here and nowhere else: how message IDs look
+on the wire and map back to the in-flight key (the ID codec), how message frames are encoded,
+how a failure text prints an ID, and which failures close the connection. Every connection
+starts classic; it switches to Youzan's for good when it shows it is a Youzan client
+(docs/protocol.md §8 #1): IDENTIFY with `extend_support`, `desired_tag` or `ext_filter`, or
+a Youzan command or command form (a partition, SUB_ORDERED, SUB_ADVANCED, PUB_TRACE, PUB_EXT and
+their MPUB forms). Classic connections never see any of Youzan's encodings.
+"""
+
+import struct
+from typing import TYPE_CHECKING
+
+from common.errors import ProtocolError
+from common.frame import FRAME_TYPE_MESSAGE, encode_message_frames
+from common.goformat import go_byte_slice, go_text
+from common.message import MESSAGE_ID_LENGTH
+from nsqd.message import RECORD_OVERHEAD
+
+if TYPE_CHECKING:
+    from nsqd.client import Client
+    from nsqd.message import Message
+    from nsqd.topic import Topic
+
+# [frame size][frame type][timestamp][attempts][internal id][trace id]
+_BINARY_FRAME_HEADER = struct.Struct(">IiqHQQ")
+_DETAIL = struct.Struct(">QI")
+
+
+class ClassicDialect:
+    """Go NSQ v1.3.0: IDs are 16 hex digits, a failed publish or a write-disabled topic closes
+    the connection."""
+
+    youzan = False
+    # Official nsqd closes on a failed publish; Youzan's keeps the connection (§8 #4).
+    publish_errors_are_fatal = True
+
+    def message_key(self, args: list[bytes], label: str) -> bytes:
+        """The in-flight key a FIN, REQ or TOUCH names."""
+        if not args:
+            raise ProtocolError("E_INVALID", f"{label} insufficient number of params")
+        message_id = args[0]
+        if len(message_id) != MESSAGE_ID_LENGTH:
+            raise ProtocolError("E_INVALID", "invalid message ID")
+        return message_id
+
+    def printed_id(self, wire_id: bytes) -> str:
+        """The ID as failure texts print it: Go's %s of the hex ID."""
+        return go_text(wire_id)
+
+    def encode_frames(self, messages: list["Message"], client: "Client", topic: "Topic") -> bytes:
+        return encode_message_frames(messages)
+
+
+class YouzanDialect(ClassicDialect):
+    """Youzan's: binary `[8 internal id][8 trace id]` IDs (the internal id is our message id's
+    64-bit value, so FIN/REQ/TOUCH map back to it), read at fixed offsets; publish failures
+    do not close the connection."""
+
+    youzan = True
+    publish_errors_are_fatal = False
+
+    def __init__(self) -> None:
+        # Messages carry the DETAIL section `[8 offset][4 size]` (SUB_ORDERED, SUB_ADVANCED).
+        self.detail = False
+
+    def message_key(self, args: list[bytes], label: str) -> bytes:
+        if not args:
+            raise ProtocolError("E_INVALID", f"{label} insufficient number of params")
+        wire_id = args[0]
+        if len(wire_id) != MESSAGE_ID_LENGTH:
+            raise ProtocolError("E_INVALID", "Invalid Message ID")
+        # Youzan's FIN also refuses an internal id that is not positive (a signed int64).
+        if label == "FIN" and int.from_bytes(wire_id[:8], "big", signed=True) <= 0:
+            raise ProtocolError("E_INVALID", "Invalid Message ID")
+        return message_key(wire_id)
+
+    def printed_id(self, wire_id: bytes) -> str:
+        """Youzan prints the ID as Go's %s of a byte slice."""
+        return go_byte_slice(wire_id)
+
+    def encode_frames(self, messages: list["Message"], client: "Client", topic: "Topic") -> bytes:
+        return encode_binary_id_frames(messages, self.detail, client.extend_support and topic.ext)
+
+
+CLASSIC = ClassicDialect()
+
+
+def message_key(wire_id: bytes) -> bytes:
+    """The in-flight key of a binary ID: its internal id as our 16 hex digits. Youzan reads
+    only the first 8 bytes; the trace half is ignored."""
+    return b"%016x" % int.from_bytes(wire_id[:8], "big")
+
+
+def ext_section(message: "Message") -> bytes:
+    """`[1 ext_ver]`, plus `[2 length][header]` when the message has a JSON header (ext_ver 4):
+    what an ext topic's messages carry for `extend_support` clients (docs/protocol.md §3.5)."""
+    header = message.ext_header
+    if not header:
+        return b"\x00"
+    return b"\x04" + len(header).to_bytes(2, "big") + header
+
+
+def encode_binary_id_frames(messages: list["Message"], detail: bool, ext: bool = False) -> bytes:
+    """Message frames with Youzan's binary IDs, the EXT section (ext topics, `extend_support`
+    clients) and the DETAIL section `[8 offset][4 size]` for SUB_ORDERED/SUB_ADVANCED
+    connections, in that order (docs/protocol.md §3.5)."""
+    pack = _BINARY_FRAME_HEADER.pack
+    pack_detail = _DETAIL.pack
+    overhead = _BINARY_FRAME_HEADER.size - 4 + (_DETAIL.size if detail else 0)
+    parts: list[bytes] = []
+    append = parts.append
+    for message in messages:
+        body = message.body
+        extension = ext_section(message) if ext else b""
+        append(
+            pack(
+                len(body) + len(extension) + overhead,
+                FRAME_TYPE_MESSAGE,
+                message.timestamp,
+                message.attempts,
+                int(message.id, 16),
+                message.trace_id,
+            )
+        )
+        if extension:
+            append(extension)
+        if detail:
+            append(pack_detail(message.offset, RECORD_OVERHEAD + len(body)))
+        append(body)
+    return b"".join(parts)

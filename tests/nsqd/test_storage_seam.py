@@ -1,0 +1,253 @@
+"""The seams between nsqd's layers, each tested on its own: the storage interface
+(`nsqd/message_queue.py`), a channel's delivery policy (`nsqd/delivery.py`), the connection
+dialects (`nsqd/dialect.py`) and IDENTIFY's negotiation into the client (`nsqd/identify.py`).
+
+The wire behaviour behind each is tested over sockets elsewhere (tests/nsqd, tests/youzan);
+these pin the contract another engine or dialect has to keep.
+"""
+
+import dataclasses
+import errno
+import json
+import os
+
+import pytest
+
+from common.errors import ProtocolError
+from common.frame import encode_message_frames
+from common.message import decode_message
+from nsqd.client import Client
+from nsqd.delivery import FIFO, ORDERED
+from nsqd.dialect import CLASSIC, YouzanDialect, message_key
+from nsqd.identify import decode_identify, negotiate
+from nsqd.message import Message
+from nsqd.message_queue import BufferedDiskQueue
+from nsqd.server import NSQD
+
+
+@pytest.fixture
+def server(nsqd_options):
+    """An nsqd that is never served, with room for two messages in memory."""
+    server = NSQD(dataclasses.replace(nsqd_options, mem_queue_size=2))
+    yield server
+    for topic in server.topics.values():
+        topic.close()
+
+
+def messages(server: NSQD, *bodies: bytes) -> list[Message]:
+    factory = server.get_topic("ids").guid_factory
+    return [Message(factory.next_id(), body, 0) for body in bodies]
+
+
+def bodies(taken: list[Message]) -> list[bytes]:
+    return [message.body for message in taken]
+
+
+def buffered(server: NSQD, name: str = "q", *, ephemeral: bool = False) -> BufferedDiskQueue:
+    return BufferedDiskQueue(
+        server, name, ephemeral=ephemeral, failure="QUEUE(%s) write failed", failure_args=(name,)
+    )
+
+
+class FullDisk:
+    """A diskqueue whose every write fails as on a full disk; reads find nothing."""
+
+    name = "full"
+    depth = 0
+    sync_due = False
+
+    def put_many(self, records) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def get_many(self, max_count: int) -> list[bytes]:
+        return []
+
+
+# -- the storage interface: BufferedDiskQueue --------------------------------------------------
+
+
+def test_messages_past_the_memory_bound_go_to_disk_and_come_back_in_order(server):
+    queue = buffered(server)
+    assert queue.append(messages(server, b"1", b"2", b"3", b"4", b"5")) is None
+    assert (queue.depth, queue.backend_depth) == (5, 3)
+    assert queue.has_messages()
+    # Memory first (the first two), then the diskqueue.
+    assert bodies(queue.take(4)) == [b"1", b"2", b"3", b"4"]
+    assert bodies(queue.take(4)) == [b"5"]
+    assert not queue.has_messages() and queue.take(1) == []
+
+
+def test_a_strict_append_that_cannot_be_written_keeps_nothing(server):
+    queue = buffered(server)
+    queue.backend = FullDisk()
+    with pytest.raises(Exception, match="no space left on device"):
+        queue.append(messages(server, b"1", b"2", b"3"), strict=True)
+    assert queue.depth == 0
+    assert server.health != "OK"
+
+
+def test_an_append_of_held_messages_that_cannot_be_written_keeps_them_in_memory(server):
+    queue = buffered(server)
+    queue.backend = FullDisk()
+    error = queue.append(messages(server, b"1", b"2", b"3"))
+    assert "no space left on device" in str(error)
+    assert bodies(queue.take(5)) == [b"1", b"2", b"3"]
+
+
+def test_put_back_goes_behind_what_waits_or_first(server):
+    queue = buffered(server)
+    one, two, three = messages(server, b"1", b"2", b"3")
+    queue.append([one])
+    queue.put_back([two])
+    queue.put_back([three], first=True)
+    assert bodies(queue.take(3)) == [b"3", b"1", b"2"]
+
+
+def test_flush_keeps_what_waits_and_the_unacknowledged_on_disk(server):
+    queue = buffered(server)
+    waiting = messages(server, b"waits")
+    in_flight = messages(server, b"in flight", b"deferred")
+    queue.append(waiting)
+    assert queue.flush(in_flight) == 3
+    assert (queue.depth, queue.backend_depth) == (3, 3)
+    queue.close()
+    reopened = buffered(server)
+    assert bodies(reopened.take(3)) == [b"waits", b"in flight", b"deferred"]
+    reopened.close()
+
+
+def test_skip_to_end_and_delete_drop_memory_and_disk(server):
+    queue = buffered(server)
+    queue.append(messages(server, b"1", b"2", b"3"))
+    queue.skip_to_end()
+    assert queue.depth == 0
+    queue.append(messages(server, b"4", b"5", b"6"))
+    files = os.listdir(server.options.data_path)
+    assert any(name.startswith("q.diskqueue") for name in files)
+    queue.delete()
+    assert not any(name.startswith("q.diskqueue") for name in os.listdir(server.options.data_path))
+
+
+def test_an_ephemeral_queue_drops_past_memory_and_has_nothing_to_sync(server):
+    queue = buffered(server, "q#ephemeral", ephemeral=True)
+    queue.append(messages(server, b"1", b"2", b"3"))
+    assert queue.depth == 2
+    assert queue.sync_targets() == []
+    assert queue.flush([]) == 2  # accepted and dropped: an ephemeral name keeps nothing
+
+
+async def test_topics_and_channels_hold_their_messages_through_the_interface(server):
+    """Stats and the periodic sync see a topic through its queue and its channels' queues."""
+    topic = server.get_topic("t")
+    topic.publish([b"1", b"2", b"3"])  # no channel yet: the topic keeps them
+    assert (topic.depth, topic.backend_depth) == (3, 1)
+    channel = topic.get_channel("c")
+    assert [target.name for target in topic.sync_targets()] == ["t", "t:c"]
+    assert channel.depth == 0  # the topic's pump has not run
+
+
+# -- delivery policies ------------------------------------------------------------------------
+
+
+def test_fifo_lets_out_what_rdy_allows_and_requeues_behind(server):
+    queue = buffered(server)
+    assert FIFO.room(in_flight=5, wanted=3) == 3
+    assert not FIFO.keeps_in_flight(1.0)
+    one, two = messages(server, b"1", b"2")
+    queue.append([one])
+    FIFO.redeliver(queue, [two])
+    assert bodies(queue.take(2)) == [b"1", b"2"]
+
+
+def test_ordered_lets_out_one_at_a_time_and_redelivers_first(server):
+    queue = buffered(server)
+    assert ORDERED.room(in_flight=0, wanted=3) == 1
+    assert ORDERED.room(in_flight=1, wanted=3) == 0
+    assert ORDERED.keeps_in_flight(1.0) and not ORDERED.keeps_in_flight(0)
+    assert ORDERED.finish_releases_next
+    one, two = messages(server, b"1", b"2")
+    queue.append([one])
+    ORDERED.redeliver(queue, [two])
+    assert bodies(queue.take(2)) == [b"2", b"1"]
+
+
+async def test_a_channel_switched_to_ordered_delivery_hands_out_one_in_flight(server):
+    topic = server.get_topic("t")
+    channel = topic.get_channel("c")
+    topic.publish([b"1", b"2", b"3"])
+    assert not channel.ordered
+    channel.deliver_in_order()
+    assert channel.ordered
+    taken = channel.take(10)
+    assert bodies(taken) == [b"1"]
+    channel.start_in_flight(taken, client_id=7, timeout=60, now=0)
+    assert channel.take(10) == []
+    channel.finish(7, taken[0].id)
+    assert bodies(channel.take(10)) == [b"2"]
+
+
+# -- dialects ---------------------------------------------------------------------------------
+
+
+def test_the_classic_dialect_takes_hex_ids_and_encodes_go_frames(server):
+    (message,) = messages(server, b"body")
+    assert CLASSIC.message_key([message.id], "FIN") == message.id
+    with pytest.raises(ProtocolError, match="invalid message ID"):
+        CLASSIC.message_key([b"short"], "FIN")
+    assert CLASSIC.printed_id(message.id) == message.id.decode()
+    assert CLASSIC.publish_errors_are_fatal
+    client = Client(server.options, "127.0.0.1:1")
+    frames = CLASSIC.encode_frames([message], client, server.get_topic("t"))
+    assert frames == encode_message_frames([message])
+    assert decode_message(frames[8:]).id == message.id
+
+
+def test_the_youzan_dialect_maps_binary_ids_back_to_the_in_flight_key(server):
+    (message,) = messages(server, b"body")
+    message.trace_id = 99
+    dialect = YouzanDialect()
+    wire_id = int(message.id, 16).to_bytes(8, "big") + (99).to_bytes(8, "big")
+    assert message_key(wire_id) == message.id
+    assert dialect.message_key([wire_id], "REQ") == message.id
+    with pytest.raises(ProtocolError, match="Invalid Message ID"):
+        dialect.message_key([bytes(16)], "FIN")  # Youzan's FIN wants a positive internal id
+    assert dialect.printed_id(wire_id) == "[" + " ".join(str(b) for b in wire_id) + "]"
+    assert not dialect.publish_errors_are_fatal
+    client = Client(server.options, "127.0.0.1:1")
+    frame = dialect.encode_frames([message], client, server.get_topic("t"))
+    # [size][type][timestamp][attempts][internal id][trace id][body]
+    assert frame[16:18] == b"\x00\x00" and frame[18:34] == wire_id and frame[34:] == b"body"
+    dialect.detail = True
+    with_detail = dialect.encode_frames([message], client, server.get_topic("t"))
+    assert len(with_detail) == len(frame) + 12
+
+
+# -- IDENTIFY negotiated into the client ------------------------------------------------------
+
+
+def test_identify_settings_land_in_the_client(server):
+    client = Client(server.options, "127.0.0.1:1")
+    data = decode_identify(
+        json.dumps(
+            {"client_id": "a", "heartbeat_interval": 5000, "msg_timeout": 2000, "desired_tag": "x"}
+        ).encode()
+    )
+    assert negotiate(client, data, server.options, tls_available=False, auth_required=False) is None
+    assert (client.client_id, client.heartbeat_interval, client.msg_timeout) == ("a", 5.0, 2.0)
+    assert client.asked_for_youzan and client.desired_tag == "x" and not client.extend_support
+
+
+def test_identify_negotiation_replies_with_what_was_agreed(server):
+    client = Client(server.options, "127.0.0.1:1")
+    data = decode_identify(b'{"feature_negotiation":true,"snappy":true,"tls_v1":true}')
+    negotiated = negotiate(client, data, server.options, tls_available=False, auth_required=True)
+    reply = json.loads(negotiated.reply)
+    assert (reply["snappy"], reply["tls_v1"], reply["auth_required"]) == (True, False, True)
+    assert negotiated.upgrades and negotiated.snappy and not negotiated.tls
+
+
+def test_an_out_of_range_identify_setting_is_refused_with_go_text(server):
+    client = Client(server.options, "127.0.0.1:1")
+    data = decode_identify(b'{"sample_rate":100}')
+    with pytest.raises(ProtocolError, match=r"IDENTIFY sample rate \(100\) is invalid"):
+        negotiate(client, data, server.options, tls_available=False, auth_required=False)
