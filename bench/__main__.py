@@ -78,6 +78,13 @@ SUITE = [
         "TCP consume over plain, snappy, deflate, TLS, TLS+snappy",
         ("security_bench",),
     ),
+    Benchmark(
+        "log_topic",
+        "log_topic",
+        (),
+        "log topics against classic ones: TCP publish and consume, restart with a 10M backlog,"
+        " range fetch",
+    ),
 ]
 BY_NAME = {name: bench for bench in SUITE for name in (bench.name, *bench.aliases)}
 # For --profile-missed: the bench.profile workload behind each target.

@@ -138,9 +138,17 @@ class Nsqd:
     `https`), a fresh temporary data dir, stderr kept for error reports."""
 
     def __init__(
-        self, extra_args: Sequence[str] = (), *, gc_mode: str = "default", https: bool = False
+        self,
+        extra_args: Sequence[str] = (),
+        *,
+        gc_mode: str = "default",
+        https: bool = False,
+        data_path: str | None = None,
     ) -> None:
-        self.data_path = tempfile.mkdtemp(prefix="nsqpy-bench-")
+        # A given data path is the caller's: kept when nsqd stops (restart benchmarks).
+        self.keep_data = data_path is not None
+        self.data_path = data_path or tempfile.mkdtemp(prefix="nsqpy-bench-")
+        self.started = time.monotonic()
         self.command = [
             *nsqd_command(gc_mode),
             "-tcp-address=127.0.0.1:0",
@@ -224,7 +232,13 @@ class Nsqd:
         if self.process.poll() is None:
             self.process.kill()  # nothing to keep: skip the shutdown flush of queued messages
             self.process.wait()
-        shutil.rmtree(self.data_path, ignore_errors=True)
+        if not self.keep_data:
+            shutil.rmtree(self.data_path, ignore_errors=True)
+
+    def terminate(self, timeout: float = 120) -> int:
+        """A clean stop (SIGTERM): nsqd writes what it holds and exits."""
+        self.process.terminate()
+        return self.process.wait(timeout)
 
     def __enter__(self) -> "Nsqd":
         return self

@@ -33,7 +33,7 @@ class Endpoint:
     summary: str
     params: tuple[Param, ...] = ()
     body: str | None = None  # description of the request body, None: none is read
-    ok: str = "empty"  # "empty", "text:OK", "json", "text", "stats"
+    ok: str = "empty"  # "empty", "text:OK", "json", "text", "stats", "binary"
     # status -> error messages of Go's V1 envelope {"message": ...}
     errors: dict[int, tuple[str, ...]] = field(default_factory=dict)
     documented_5xx: str = ""
@@ -149,6 +149,38 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("POST", "/disable/write", "Youzan: refuse writes (`all`, `ordered`) or allow them",
              (Param("type", "`all`, `ordered`, anything else re-enables writes"),),
              errors={400: _QUERY}),
+    Endpoint("POST", "/channel/setoffset",
+             "Youzan: a log topic's channel delivers from a consume offset on",
+             (TOPIC_REQ, CHANNEL, PARTITION),
+             body="`timestamp:<unix s>`, `virtual_queue:<offset>`, `msgcount:<n>` or `special:-1`",
+             errors={**_CHANNEL_ERRORS, 406: ("MSG_EMPTY",), 400: (), 500: ()},
+             documented_5xx="500 with the reason when the position cannot be served"),
+    Endpoint("POST", "/topic/greedyclean",
+             "Youzan: remove every segment of a log topic all its channels consumed",
+             (TOPIC_REQ, PARTITION), errors={**_TOPIC_ERRORS, 500: ()},
+             documented_5xx="500 with the reason when a file cannot be removed"),
+    Endpoint("GET", "/partition/offsets",
+             "nsqpy: each local partition's retained start, committed end and leader",
+             (TOPIC_REQ, PARTITION), ok="json",
+             errors={400: ("MISSING_ARG_TOPIC", "INVALID_ARG_TOPIC_PARTITION", "NOT_A_LOG_TOPIC",
+                           *_QUERY),
+                     404: ("TOPIC_NOT_FOUND",)}),
+    Endpoint("GET", "/partition/search",
+             "nsqpy: the position of the first message at or after a unix time",
+             (TOPIC_REQ, PARTITION, Param("timestamp", "Unix seconds", required=True)), ok="json",
+             errors={400: ("MISSING_ARG_TOPIC", "MISSING_ARG_PARTITION",
+                           "INVALID_ARG_TOPIC_PARTITION", "NOT_A_LOG_TOPIC",
+                           "INVALID_ARG_TIMESTAMP", *_QUERY),
+                     404: ("TOPIC_NOT_FOUND",)}),
+    Endpoint("GET", "/partition/fetch",
+             "nsqpy: the stored records of `[offset, end)`, as written",
+             (TOPIC_REQ, PARTITION, Param("offset", "Virtual offset of a record", required=True),
+              Param("end", "Virtual offset to stop at"), Param("max_bytes", "Default 1 MiB")),
+             ok="binary",
+             errors={400: ("MISSING_ARG_TOPIC", "MISSING_ARG_PARTITION",
+                           "INVALID_ARG_TOPIC_PARTITION", "NOT_A_LOG_TOPIC", "INVALID_ARG_OFFSET",
+                           "OFFSET_NOT_A_RECORD_BOUNDARY", *_QUERY),
+                     404: ("TOPIC_NOT_FOUND",), 416: ("OFFSET_BEFORE_START",)}),
 )  # fmt: skip
 
 
@@ -180,6 +212,10 @@ _OK_CONTENT = {
     "text:OK": ("The text `OK`", {TEXT: {"schema": {"type": "string", "enum": ["OK"]}}}),
     "json": ("JSON", {JSON: {"schema": {"type": "object"}}}),
     "text": ("Text", {TEXT: {"schema": {"type": "string"}}}),
+    "binary": (
+        "Records `[4 size][record]...`; X-NSQ-Start-Count, X-NSQ-Next-Offset, X-NSQ-Next-Count",
+        {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    ),
     "config": (
         "The value: text for a string option (Go's RespondV1), JSON otherwise",
         {TEXT: {"schema": {"type": "string"}}, JSON: {}},

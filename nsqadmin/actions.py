@@ -7,6 +7,7 @@ raises `ActionError` for a request Go would refuse (403 FORBIDDEN, 400 INVALID_T
 `cluster.UpstreamError` when no node could be asked at all.
 """
 
+import datetime
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -114,6 +115,17 @@ class Actions:
             action, topic, channel, self._lookupds, self._nsqds
         )
 
+    async def reset_channel(
+        self, request: web.Request, topic: str, channel: str, timestamp: object
+    ) -> list[str]:
+        """A log topic's channel delivers again from a point in time (Youzan's reset)."""
+        self.check_admin(request)
+        timestamp = _unix_seconds(timestamp)
+        self._notify(request, "reset_channel", topic, channel)
+        return await self.cluster.reset_channel(
+            topic, channel, timestamp, self._lookupds, self._nsqds
+        )
+
     async def delete_topic(self, request: web.Request, topic: str) -> list[str]:
         self.check_admin(request)
         errors = await self.cluster.delete_topic(topic, self._lookupds, self._nsqds)
@@ -134,6 +146,25 @@ class Actions:
         errors = await self.cluster.tombstone_node_for_topic(topic, node, self._lookupds)
         self._notify(request, "tombstone_topic_producer", topic, node=node)
         return errors
+
+
+def _unix_seconds(value: object) -> int:
+    """Unix seconds from a number, its digits, or an ISO 8601 time (UTC unless it says)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.isascii() and text.isdigit():
+            value = int(text)
+        else:
+            try:
+                moment = datetime.datetime.fromisoformat(text)
+            except ValueError:
+                raise ActionError(400, "INVALID_TIMESTAMP") from None
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=datetime.UTC)
+            value = int(moment.timestamp())
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ActionError(400, "INVALID_TIMESTAMP")
+    return value
 
 
 def _check_topic(topic: str) -> None:

@@ -260,12 +260,13 @@ class API:
     async def channel_action(self, request: web.Request) -> web.Response:
         async def act() -> list[str]:
             body = await _json_body(request)
-            return await self.admin.actions.channel_action(
-                request,
-                str(body.get("action") or ""),
-                request.match_info["topic"],
-                request.match_info["channel"],
-            )
+            action = str(body.get("action") or "")
+            topic, channel = request.match_info["topic"], request.match_info["channel"]
+            if action == "reset":
+                return await self.admin.actions.reset_channel(
+                    request, topic, channel, body.get("timestamp")
+                )
+            return await self.admin.actions.channel_action(request, action, topic, channel)
 
         return await self._act(request, act)
 

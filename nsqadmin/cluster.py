@@ -67,17 +67,19 @@ class ClusterInfo:
         except ValueError as error:
             raise RequestError(f'Get "{url}": invalid JSON - {error}') from None
 
-    async def post(self, url: str) -> None:
-        await self.request("POST", url)
+    async def post(self, url: str, body: bytes = b"") -> None:
+        await self.request("POST", url, body)
 
-    async def request(self, method: str, url: str) -> bytes:
+    async def request(self, method: str, url: str, body: bytes = b"") -> bytes:
         """One request as Go's http_api client makes it: the body of a 200, else an error
         naming the URL. A 403 naming an `https_port` (an nsqd whose plain HTTP port requires
         TLS) is retried over HTTPS there, with the --http-client-tls-* settings."""
         verb = method.capitalize()
         self.log.debug("CI: %s %s", method, url)
         try:
-            async with self.session.request(method, url, headers=_ACCEPT) as response:
+            async with self.session.request(
+                method, url, headers=_ACCEPT, data=body or None
+            ) as response:
                 body = await response.read()
                 status, reason = response.status, response.reason
         except (TimeoutError, aiohttp.ClientError, OSError) as error:
@@ -85,7 +87,7 @@ class ClusterInfo:
         if status == 403 and url.startswith("http://"):
             https_url = https_endpoint(url, body)
             if https_url is not None:
-                return await self.request(method, https_url)
+                return await self.request(method, https_url, body)
         if status != 200:
             # Go's http_api client names the status and quotes the body, not the URL.
             text = go_quote(body.decode("utf-8", "replace"))
@@ -346,6 +348,30 @@ class ClusterInfo:
         errors += await self._post_all(
             endpoint(p.http_address, f"{kind}/{action}", query) for p in producers
         )
+        return errors
+
+    async def reset_channel(
+        self, topic: str, channel: str, timestamp: int, lookupds: list[str], nsqds: list[str]
+    ) -> list[str]:
+        """Youzan's reset: every partition of the channel, on every nsqd that has the topic,
+        delivers again from the first message published at or after `timestamp` (unix
+        seconds), through nsqd's `/channel/setoffset`."""
+        producers, errors = await self.get_topic_producers(topic, lookupds, nsqds)
+        query = {"topic": topic, "channel": channel}
+        body = b"timestamp:%d" % timestamp
+        outcomes = await asyncio.gather(
+            *(
+                self.post(endpoint(p.http_address, "channel/setoffset", query), body)
+                for p in producers
+            ),
+            return_exceptions=True,
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, RequestError):
+                errors.append(str(outcome))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        self._warn(errors)
         return errors
 
     async def tombstone_node_for_topic(

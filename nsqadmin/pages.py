@@ -439,6 +439,19 @@ class Pages:
                 done=f"{'Paused' if action == 'pause' else 'Unpaused'} {what}.",
                 then=channel_page,
             )
+        if action == "reset":
+            moment = str(form.get("timestamp", ""))
+            return await self._act(
+                request,
+                form,
+                question=f"Reset {what} to {moment}? Its consumers get every message"
+                " published since then again.",
+                confirm_label="Reset channel",
+                run=lambda: actions.reset_channel(request, topic, channel, moment),
+                done=f"Reset {what} to {moment}.",
+                then=channel_page,
+                cancel=channel_page,
+            )
         return self._message(request, 400, "Unknown action", f"No such action: {action!r}.")
 
     async def node_form(self, request: web.Request) -> web.StreamResponse:

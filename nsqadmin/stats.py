@@ -320,6 +320,8 @@ class ChannelStats:
     clients: list[ClientStats] | None = None
     paused: bool = False
     e2e_processing_latency: E2eLatency | None = None
+    # Log topics (nsqd's docs/design.md §13): messages not yet confirmed, all partitions.
+    lag: int | None = None
 
     @classmethod
     def from_nsqd(
@@ -349,6 +351,7 @@ class ChannelStats:
             ),
             paused=bool(body.get("paused", False)),
             e2e_processing_latency=E2eLatency.from_nsqd(body.get("e2e_processing_latency")),
+            lag=int(body["lag"]) if "lag" in body else None,
         )
 
     @classmethod
@@ -361,6 +364,8 @@ class ChannelStats:
         for counter in _COUNTERS:
             setattr(self, counter, getattr(self, counter) + getattr(other, counter))
         self.paused = self.paused or other.paused
+        if other.lag is not None:
+            self.lag = (self.lag or 0) + other.lag
         self.nodes = sorted([*(self.nodes or []), other], key=lambda c: c.hostname)
         if self.e2e_processing_latency is None:
             self.e2e_processing_latency = E2eLatency(
@@ -390,6 +395,7 @@ class ChannelStats:
             "clients": None if self.clients is None else [c.to_json() for c in self.clients],
             "paused": self.paused,
             "e2e_processing_latency": _e2e_json(self.e2e_processing_latency),
+            **({} if self.lag is None else {"lag": self.lag}),
         }
 
 

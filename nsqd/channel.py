@@ -15,6 +15,7 @@ import trio
 
 from common.names import is_ephemeral
 from nsqd.backend import BackendWriteError
+from nsqd.cursor_queue import CursorQueue
 from nsqd.delivery import FIFO, ORDERED
 from nsqd.e2e import LatencyStream, merged_result
 from nsqd.inflight import DeadlineQueue
@@ -40,13 +41,20 @@ class Channel:
         self.ephemeral = is_ephemeral(name)
         # Go's `<topic>:<channel>`; a partition p > 0 names its channels `<topic>#<p>:<channel>`
         # so two partitions' channels never share files.
-        self.queue: MessageQueue = BufferedDiskQueue(
-            nsqd,
-            f"{topic.backend_name}:{name}",
-            ephemeral=self.ephemeral,
-            failure="CHANNEL(%s:%s) ERROR: failed to write messages to backend",
-            failure_args=(topic.name, name),
-        )
+        self.queue: MessageQueue
+        if topic.log is not None:
+            # A log topic's channel is a cursor into the partition's log (docs/design.md §13).
+            cursor = CursorQueue(topic, topic.log, name, nsqd.options.max_confirm_win)
+            cursor.deferred_source = lambda: iter(self.deferred)
+            self.queue = cursor
+        else:
+            self.queue = BufferedDiskQueue(
+                nsqd,
+                f"{topic.backend_name}:{name}",
+                ephemeral=self.ephemeral,
+                failure="CHANNEL(%s:%s) ERROR: failed to write messages to backend",
+                failure_args=(topic.name, name),
+            )
         self.in_flight = DeadlineQueue()
         self.deferred = DeadlineQueue()
         self.clients: dict[int, Client] = {}
@@ -105,6 +113,12 @@ class Channel:
         return self.queue.backend_depth
 
     @property
+    def cursor(self) -> CursorQueue | None:
+        """A log topic's channel's position in the log; None for a classic topic's."""
+        queue = self.queue
+        return queue if type(queue) is CursorQueue else None
+
+    @property
     def ordered(self) -> bool:
         return self.delivery.ordered
 
@@ -120,7 +134,32 @@ class Channel:
     def take(self, max_count: int) -> list[Message]:
         """Up to `max_count` messages to deliver, as many as the delivery policy lets out."""
         count = self.delivery.room(len(self.in_flight), max_count)
-        return self.queue.take(count) if count else []
+        if not count:
+            return []
+        taken = self.queue.take(count)
+        if taken and self.topic.log is not None:
+            taken = self._hold_deferred(taken)
+        return taken
+
+    def _hold_deferred(self, messages: list[Message]) -> list[Message]:
+        """A log topic's DPUB is read like any message; it waits in the deferred queue for
+        its first delivery (Go's channel does this as the message is put). The cursor knows
+        the due times that outlived a restart."""
+        cursor = self.queue
+        if not cursor.delays and not any(message.defer for message in messages):
+            return messages
+        now = trio.current_time()
+        ready = []
+        for message in messages:
+            delay = cursor.take_delay(message)
+            if delay is None and message.defer:
+                delay = message.defer
+            message.defer = 0.0
+            if delay:
+                self.deferred.push(message, now + delay)
+            else:
+                ready.append(message)
+        return ready
 
     def start_in_flight(
         self, messages: list[Message], client_id: int, timeout: float, now: float
@@ -211,8 +250,16 @@ class Channel:
         self.notify()
 
     def skip_queued(self) -> None:
-        """SUB_ADVANCED special:-1: start at the end, skipping what is queued now."""
+        """Start at the end, skipping what is queued now."""
         self.queue.skip_to_end()
+
+    def seek(self, kind: str, value: int) -> None:
+        """SUB_ADVANCED's start and `/channel/setoffset`: deliver from a consume offset on
+        (docs/protocol.md §3.8); consumers are woken. ValueError if the queue cannot."""
+        self.queue.seek(kind, value)
+        self.notify_all()
+        for client in self.clients.values():
+            client.wake()
 
     def touch(self, client_id: int, message_id: bytes, msg_timeout: float, now: float) -> None:
         message = self._owned_in_flight(client_id, message_id)
@@ -287,9 +334,12 @@ class Channel:
         In-flight and deferred messages are delivered again after the restart, so a message
         is never lost to a restart, only possibly repeated (at-least-once).
         """
-        unacknowledged = self.in_flight.clear()
-        unacknowledged.extend(self.deferred.clear())
-        return self.queue.flush(unacknowledged)
+        # The queue flushes first: a log topic's cursor reads the deferred queue to keep
+        # each deferred message's due time.
+        kept = self.queue.flush([*self.in_flight, *self.deferred])
+        self.in_flight.clear()
+        self.deferred.clear()
+        return kept
 
     def close(self) -> None:
         self.deleted = True

@@ -16,7 +16,7 @@ from common.errors import ProtocolError
 from common.frame import FRAME_TYPE_MESSAGE, encode_message_frames
 from common.goformat import go_byte_slice, go_text
 from common.message import MESSAGE_ID_LENGTH
-from nsqd.message import RECORD_OVERHEAD
+from nsqd.partition_log import record_size
 
 if TYPE_CHECKING:
     from nsqd.client import Client
@@ -81,7 +81,9 @@ class YouzanDialect(ClassicDialect):
         return go_byte_slice(wire_id)
 
     def encode_frames(self, messages: list["Message"], client: "Client", topic: "Topic") -> bytes:
-        return encode_binary_id_frames(messages, self.detail, client.extend_support and topic.ext)
+        return encode_binary_id_frames(
+            messages, self.detail, client.extend_support and topic.ext, stored_ext=topic.ext
+        )
 
 
 CLASSIC = ClassicDialect()
@@ -102,10 +104,13 @@ def ext_section(message: "Message") -> bytes:
     return b"\x04" + len(header).to_bytes(2, "big") + header
 
 
-def encode_binary_id_frames(messages: list["Message"], detail: bool, ext: bool = False) -> bytes:
+def encode_binary_id_frames(
+    messages: list["Message"], detail: bool, ext: bool = False, *, stored_ext: bool = False
+) -> bytes:
     """Message frames with Youzan's binary IDs, the EXT section (ext topics, `extend_support`
     clients) and the DETAIL section `[8 offset][4 size]` for SUB_ORDERED/SUB_ADVANCED
-    connections, in that order (docs/protocol.md §3.5)."""
+    connections, in that order (docs/protocol.md §3.5). The size is the record's in the
+    partition (`stored_ext`: an ext topic's, whose records hold the ext section)."""
     pack = _BINARY_FRAME_HEADER.pack
     pack_detail = _DETAIL.pack
     overhead = _BINARY_FRAME_HEADER.size - 4 + (_DETAIL.size if detail else 0)
@@ -127,6 +132,6 @@ def encode_binary_id_frames(messages: list["Message"], detail: bool, ext: bool =
         if extension:
             append(extension)
         if detail:
-            append(pack_detail(message.offset, RECORD_OVERHEAD + len(body)))
+            append(pack_detail(message.offset, record_size(message, stored_ext)))
         append(body)
     return b"".join(parts)

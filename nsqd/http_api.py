@@ -28,9 +28,9 @@ from common.http_server import query_params as _query
 from common.log import parse_log_level
 from common.names import is_valid_name
 from common.version import VERSION
-from nsqd.message import RECORD_OVERHEAD
 from nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from nsqd.metrics import render_metrics
+from nsqd.partition_log import parse_consume_offset, record_size
 from nsqd.publish import PublishError, publish
 from nsqd.stats import gather, memory_stats, text_report
 
@@ -84,6 +84,11 @@ class HTTPAPI:
         router.add("GET", "/metrics", self.metrics)
         router.add("POST", "/pubtrace", self.pubtrace, max_body=lambda: options().max_msg_size)
         router.add("POST", "/disable/write", self.disable_write)
+        router.add("POST", "/channel/setoffset", self.channel_setoffset)
+        router.add("POST", "/topic/greedyclean", self.topic_greedyclean)
+        router.add("GET", "/partition/offsets", self.partition_offsets)
+        router.add("GET", "/partition/search", self.partition_search)
+        router.add("GET", "/partition/fetch", self.partition_fetch)
 
     async def _commit(self) -> None:
         await self.nsqd.commit_backend_writes()
@@ -228,7 +233,8 @@ class HTTPAPI:
     def topic_create(self, request: Request) -> Response:
         """Classic: the topic. Youzan (docs/protocol.md §6.2): `partition_num=N` creates partitions
         0..N-1, `partition=p` that one (nsqlookupd places partitions this way), with
-        `orderedmulti=true` / `ext=true` flags."""
+        `orderedmulti=true` / `ext=true` flags and `syncdisk=N` (sync the log every N
+        messages)."""
         params = _query(request)
         topic_name = _first(params, "topic")
         partition_num = _first(params, "partition_num")
@@ -251,9 +257,18 @@ class HTTPAPI:
             numbers = [int(partition)]
         ordered = _first(params, "orderedmulti") == "true"
         ext = _first(params, "ext") == "true" or _first(params, "extend") == "true"
+        # Youzan's `syncdisk=N`: this topic's log is synced every N messages.
+        sync_text = _first(params, "syncdisk") or ""
+        if sync_text and (not _is_ascii_digits(sync_text) or int(sync_text) < 1):
+            raise HTTPError(400, "INVALID_ARG_SYNCDISK")
         for number in numbers:
             self.nsqd.create_partition(
-                topic_name, number, partitioned=True, ordered=ordered, ext=ext
+                topic_name,
+                number,
+                partitioned=True,
+                ordered=ordered,
+                ext=ext,
+                sync_every=int(sync_text or 0),
             )
         return v1_response(200)
 
@@ -399,11 +414,121 @@ class HTTPAPI:
                 "id": int(message.id, 16),
                 "trace_id": trace_text,
                 "queue_offset": message.offset,
-                "rawsize": RECORD_OVERHEAD + len(body),
+                "rawsize": record_size(message, topic.ext),
             },
         )
         response.after_commit = True
         return response
+
+    def channel_setoffset(self, request: Request) -> Response:
+        """POST /channel/setoffset?topic=&channel=[&partition=] with a body `<type>:<value>`
+        (`timestamp`, `virtual_queue`, `msgcount`, `special:-1`): the channel's partitions
+        deliver from there on, also to consumers already connected (Youzan's; docs/design.md
+        §13)."""
+        found = self._existing_channels(request)
+        body = request.body
+        if not body:
+            raise HTTPError(406, "MSG_EMPTY")
+        try:
+            kind, value = parse_consume_offset(body.decode("utf-8", "replace"))
+        except ValueError as error:
+            raise HTTPError(400, str(error)) from None
+        for topic, channel in found:
+            try:
+                channel.seek(kind, value)
+            except (ValueError, OSError) as error:
+                raise HTTPError(500, str(error)) from None
+            self.nsqd.log.info(
+                "set the channel offset of %s:%s: %s:%d", topic.full_name, channel.name, kind, value
+            )
+        return v1_response(200)
+
+    def topic_greedyclean(self, request: Request) -> Response:
+        """POST /topic/greedyclean?topic=[&partition=]: remove every segment all channels
+        have consumed, whatever its age (Youzan's)."""
+        partitions = self._existing_topic(_query(request), validate=False)
+        try:
+            self.nsqd.clean_logs(partitions, greedy=True)
+        except OSError as error:
+            raise HTTPError(500, str(error)) from None
+        return v1_response(200)
+
+    # -- range reads of log topics (docs/protocol.md §6.3) ---------------------------------------
+
+    def _log_partitions(self, params: dict[str, list[str]]) -> list:
+        topic_name = _first(params, "topic")
+        if topic_name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if topic_name not in self.nsqd.topics:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        partitions = [topic for topic in self._partitions(params, topic_name) if topic.log]
+        if not partitions:
+            raise HTTPError(400, "NOT_A_LOG_TOPIC")
+        return partitions
+
+    def _log_partition(self, params: dict[str, list[str]]):
+        if _first(params, "partition") in (None, ""):
+            raise HTTPError(400, "MISSING_ARG_PARTITION")
+        return self._log_partitions(params)[0]
+
+    def partition_offsets(self, request: Request) -> Response:
+        """Each local partition's retained start and committed end, and its leader."""
+        nsqd = self.nsqd
+        leader = f"{nsqd.options.broadcast_address}:{nsqd.tcp_port}"
+        partitions = []
+        params = _query(request)
+        for topic in self._log_partitions(params):
+            log = topic.log
+            partitions.append(
+                {
+                    "partition": topic.partition,
+                    "start": {"offset": log.start.offset, "count": log.start.count},
+                    "end": {"offset": log.end.offset, "count": log.end.count},
+                    "leader": leader,
+                }
+            )
+        return v1_response(200, {"topic": _first(params, "topic"), "partitions": partitions})
+
+    def partition_search(self, request: Request) -> Response:
+        """The position of the first message published at or after `timestamp` (unix
+        seconds, fractions allowed)."""
+        params = _query(request)
+        log = self._log_partition(params).log
+        try:
+            seconds = float(_first(params, "timestamp") or "")
+        except ValueError:
+            raise HTTPError(400, "INVALID_ARG_TIMESTAMP") from None
+        position = log.search_timestamp(int(seconds * 1_000_000_000))
+        return v1_response(200, {"offset": position.offset, "count": position.count})
+
+    def partition_fetch(self, request: Request) -> Response:
+        """The stored records of `[offset, end)`, as written (`[4 size][record]...`), at most
+        `max_bytes` (1 MiB by default) but at least one record; headers say where the first
+        one stands and where the next fetch starts. Stateless and the same bytes on every
+        replica, so a reader can repeat it anywhere."""
+        params = _query(request)
+        log = self._log_partition(params).log
+        try:
+            offset = int(_first(params, "offset") or "0")
+            end_text = _first(params, "end")
+            end = int(end_text) if end_text else log.end.offset
+            max_bytes = int(_first(params, "max_bytes") or str(1 << 20))
+        except ValueError:
+            raise HTTPError(400, "INVALID_ARG_OFFSET") from None
+        if offset < log.start.offset:
+            raise HTTPError(416, "OFFSET_BEFORE_START")
+        start = log.position_at_or_after(offset)
+        if start.offset != offset:
+            raise HTTPError(400, "OFFSET_NOT_A_RECORD_BOUNDARY")
+        data, following = log.read_raw(start, end, max(max_bytes, 1))
+        headers = [
+            NSQ_V1_HEADER,
+            ("Content-Type", "application/octet-stream"),
+            ("X-NSQ-Start-Count", str(start.count)),
+            ("X-NSQ-Next-Offset", str(following.offset)),
+            ("X-NSQ-Next-Count", str(following.count)),
+        ]
+        return Response(200, data, headers)
 
     def disable_write(self, request: Request) -> Response:
         """POST /disable/write?type=all|ordered (anything else enables writes again)."""

@@ -27,6 +27,7 @@ class Message:
         "offset",
         "trace_id",
         "ext_header",
+        "count",
     )
 
     def __init__(self, message_id: bytes, body: bytes, timestamp: int, attempts: int = 0) -> None:
@@ -39,11 +40,13 @@ class Message:
         self.client_id = 0  # the client it is in flight to
         self.defer = 0.0  # DPUB: seconds to hold the message before the first delivery
         # Youzan: the partition's virtual byte position of the message's record (the DETAIL
-        # section and PUB_TRACE's reply), and the publisher's trace id. Kept in memory only:
-        # Go's record layout has no room for them.
+        # section and PUB_TRACE's reply), and the publisher's trace id. A log topic's records
+        # keep both (nsqd/partition_log.py); Go's diskqueue record has no room for them.
         self.offset = 0
         self.trace_id = 0
         self.ext_header = b""  # Youzan ext topics: the PUB_EXT JSON header
+        # Log topics: how many messages of the partition come before this one.
+        self.count = 0
 
     def copy(self) -> "Message":
         """A channel's own copy; `defer` travels with it so every channel defers a DPUB."""
@@ -52,6 +55,7 @@ class Message:
         message.offset = self.offset
         message.trace_id = self.trace_id
         message.ext_header = self.ext_header
+        message.count = self.count
         return message
 
     def to_record(self) -> bytes:

@@ -7,7 +7,9 @@ queue holds what waits, and is told when a delivered message is acknowledged or 
 
 `BufferedDiskQueue` is the engine of classic topics: Go's memory channel of `--mem-queue-size`
 messages, then go-diskqueue for the overflow (a `DroppingQueue` for #ephemeral names), a
-message deleted once it is read.
+message deleted once it is read. Log topics (docs/design.md §13) keep every message in their
+partition's log: the topic appends through `LogTopicQueue`, each channel reads through its
+cursor (`nsqd/cursor_queue.py`).
 """
 
 from collections import deque
@@ -18,6 +20,7 @@ from nsqd.message import Message
 
 if TYPE_CHECKING:
     from diskqueue import DiskQueue
+    from nsqd.partition_log import PartitionLog
     from nsqd.server import NSQD
 
 
@@ -51,6 +54,10 @@ class MessageQueue(Protocol):
 
     def skip_to_end(self) -> None:
         """Drop what waits now (SUB_ADVANCED `special:-1` starts at the end)."""
+
+    def seek(self, kind: str, value: int) -> None:
+        """Deliver from a consume offset on (Youzan's `<type>:<value>`, docs/protocol.md
+        §3.8); ValueError for one this queue cannot serve."""
 
     def empty(self) -> None:
         """Drop everything (Go's Empty), files included."""
@@ -147,6 +154,12 @@ class BufferedDiskQueue:
         self.memory.clear()
         self.backend.empty()
 
+    def seek(self, kind: str, value: int) -> None:
+        """A diskqueue cannot go back: only `special:-1`, the end."""
+        if (kind, value) != ("special", -1):
+            raise ValueError(f"consume start {kind}:{value} is not supported yet (only special:-1)")
+        self.skip_to_end()
+
     def empty(self) -> None:
         self.memory.clear()
         self.backend.empty()
@@ -178,3 +191,56 @@ class BufferedDiskQueue:
     def _write(self, messages: list[Message]) -> None:
         """BackendWriteError (health NOK, logged) if the diskqueue write fails."""
         self.nsqd.write_to_backend(self.backend, messages, self._failure, *self._failure_args)
+
+
+class LogTopicQueue:
+    """A log topic's side of its partition log: a publish is appended and the channels, as
+    cursors, read it; nothing waits in the topic itself (docs/design.md §13)."""
+
+    def __init__(self, nsqd: "NSQD", log: "PartitionLog", topic: str) -> None:
+        self.nsqd = nsqd
+        self.log = log
+        self.topic = topic
+
+    depth = 0
+    backend_depth = 0
+
+    def has_messages(self) -> bool:
+        return False
+
+    def append(self, messages: list[Message], *, strict: bool = False) -> BackendWriteError | None:
+        """Written at once; the index entry follows with nsqd's next commit. A failed write
+        keeps nothing and raises BackendWriteError (health NOK)."""
+        self.nsqd.append_to_log(self.log, messages, self.topic)
+        return None
+
+    def put_back(self, messages: list[Message], *, first: bool = False) -> None:
+        raise AssertionError("a log topic hands nothing out")
+
+    def take(self, max_count: int) -> list[Message]:
+        return []
+
+    def acknowledge(self, message: Message) -> None:
+        pass
+
+    def skip_to_end(self) -> None:
+        pass
+
+    def seek(self, kind: str, value: int) -> None:
+        pass
+
+    def empty(self) -> None:
+        """The log is kept; emptying a channel moves its cursor (CursorQueue.empty)."""
+
+    def flush(self, unacknowledged: list[Message]) -> int:
+        self.log.sync()
+        return 0
+
+    def sync_targets(self) -> list:
+        return [self.log]
+
+    def close(self) -> None:
+        self.log.close()
+
+    def delete(self) -> None:
+        self.log.delete()

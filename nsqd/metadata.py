@@ -37,6 +37,7 @@ class TopicMetadata:
     ordered: bool = False
     ext: bool = False
     next_offset: int = 0
+    sync_every: int = 0  # Youzan's `syncdisk`; 0: nsqd's --sync-every
 
 
 def metadata_path(data_path: str) -> str:
@@ -58,6 +59,8 @@ def encode_metadata(topics: list[TopicMetadata], version: str) -> bytes:
                 ext=topic.ext,
                 next_offset=topic.next_offset,
             )
+            if topic.sync_every:
+                entry["syncdisk"] = topic.sync_every
         entries.append(entry)
     document = {"topics": entries, "version": version}
     return json.dumps(document, separators=(",", ":")).encode()
@@ -84,6 +87,7 @@ def decode_metadata(raw: bytes, path: str) -> list[TopicMetadata]:
                 entry.ordered = bool(topic.get("ordered", False))
                 entry.ext = bool(topic.get("ext", False))
                 entry.next_offset = int(topic.get("next_offset", 0))
+                entry.sync_every = int(topic.get("syncdisk", 0))
             topics.append(entry)
         return topics
     except (ValueError, TypeError, KeyError, AttributeError) as error:
@@ -178,6 +182,38 @@ def topics_from_queue_names(names: list[str]) -> list[TopicMetadata]:
         if channel:
             topic.channels.append(ChannelMetadata(channel))
     return [topics[key] for key in sorted(topics)]
+
+
+def scan_log_names(data_path: str) -> list[str]:
+    """The partitions and channels of log topics (docs/design.md §13) that have files in
+    `<data_path>/<topic>/`, named as `scan_queue_names` names them: `<topic>#<p>` and
+    `<topic>#<p>:<channel>`."""
+    names = set()
+    try:
+        entries = os.listdir(data_path)
+    except OSError:
+        return []
+    for topic in entries:
+        directory = os.path.join(data_path, topic)
+        if not os.path.isdir(directory):
+            continue
+        files = re.compile(
+            re.escape(topic) + r"(?:-(\d+)\.diskqueue\.\d{6,9}\.dat|_(\d+)\.commit\.log"
+            r"|-(\d+):(.+)\.diskqueue\.meta\.v2\.reader\.dat)"
+        )
+        try:
+            listing = os.listdir(directory)
+        except OSError:
+            continue
+        for entry in listing:
+            match = files.fullmatch(entry)
+            if match is None:
+                continue
+            segment, index, reader, channel = match.groups()
+            names.add(f"{topic}#{int(segment or index or reader)}")
+            if channel:
+                names.add(f"{topic}#{int(reader)}:{channel}")
+    return sorted(names)
 
 
 # go-diskqueue's `<name>.diskqueue.meta.dat` and `<name>.diskqueue.%06d.dat`.

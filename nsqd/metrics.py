@@ -72,9 +72,29 @@ def render_metrics(nsqd: "NSQD") -> str:
             int(topic["paused"]), topic=t
         )
         _latency(family, "nsq_topic_e2e_processing_latency_seconds", topic, topic=t)
+        if "log_end_offset" in topic:
+            # Log topics (docs/design.md §13), per partition.
+            where = {"topic": t, "partition": str(topic["topic_partition"])}
+            family("nsq_log_start_offset", "gauge", "Virtual offset where the log begins").add(
+                topic["log_start_offset"], **where
+            )
+            family("nsq_log_end_offset", "gauge", "Virtual offset where the log ends").add(
+                topic["log_end_offset"], **where
+            )
+            family("nsq_log_messages", "gauge", "Messages written to the log since it began").add(
+                topic["log_end_count"], **where
+            )
         for channel in topic["channels"]:
             c = channel["channel_name"]
             labels = {"topic": t, "channel": c}
+            if "lag" in channel:
+                cursor = {**labels, "partition": str(topic["topic_partition"])}
+                family(
+                    "nsq_channel_confirmed_offset", "gauge", "Log offset the channel confirmed"
+                ).add(channel["confirmed_offset"], **cursor)
+                family(
+                    "nsq_channel_lag", "gauge", "Log messages the channel has not confirmed"
+                ).add(channel["lag"], **cursor)
             family("nsq_channel_depth", "gauge", "Messages queued in the channel").add(
                 channel["depth"], **labels
             )

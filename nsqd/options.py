@@ -44,6 +44,13 @@ class Options:
     max_bytes_per_file: int = 100 * 1024 * 1024
     sync_every: int = 2500
     sync_timeout: float = 2.0
+    # Log topics (Youzan): acknowledged-out-of-order ranges a channel may hold before it
+    # stops reading.
+    max_confirm_win: int = 500
+    # Log topics: consumed segments are kept this many days, or up to this many bytes per day
+    # of retention (Youzan's --retention-days and --retention-size-per-day).
+    retention_days: int = 7
+    retention_size_per_day: int = 16 * 1024**3
 
     queue_scan_interval: float = 0.1
     queue_scan_refresh_interval: float = 5.0
@@ -220,6 +227,25 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 Kind.DURATION,
                 d.sync_timeout,
                 "duration of time per diskqueue fsync",
+            ),
+            Flag(
+                "max-confirm-win",
+                Kind.INT64,
+                d.max_confirm_win,
+                "log topics: most message ranges a channel may hold acknowledged out of order"
+                " before it stops reading",
+            ),
+            Flag(
+                "retention-days",
+                Kind.INT,
+                d.retention_days,
+                "log topics: days a consumed segment is kept",
+            ),
+            Flag(
+                "retention-size-per-day",
+                Kind.INT64,
+                d.retention_size_per_day,
+                "log topics: bytes of consumed segments kept per day of retention",
             ),
             Flag(
                 "queue-scan-worker-pool-max",
@@ -427,6 +453,10 @@ def options_from_values(values: dict) -> Options:
         raise OptionsError("--tls-cert and --tls-key must be given together")
     if options.mem_queue_size < 0:
         raise OptionsError("--mem-queue-size must be >= 0")
+    if options.retention_days < 0:
+        raise OptionsError("--retention-days must be >= 0")
+    if options.max_confirm_win < 1:
+        raise OptionsError("--max-confirm-win must be >= 1")
     if options.sync_every < 1:
         raise OptionsError("--sync-every must be >= 1")
     return options

@@ -19,7 +19,7 @@ from common.errors import ProtocolError
 from common.frame import OK_FRAME, encode_response
 from common.goformat import go_quote, go_text
 from common.names import is_valid_name
-from nsqd.message import RECORD_OVERHEAD
+from nsqd.partition_log import parse_consume_offset, record_size
 
 if TYPE_CHECKING:
     from nsqd.protocol_v2 import ProtocolV2
@@ -119,13 +119,14 @@ class YouzanCommands:
         connection.check_subscription(topic, ordered=ordered)
         start = None
         if advanced and len(args) >= 4:
-            start = go_text(args[3])
-            kind, _, value = start.partition(":")
-            if kind not in ("special", "timestamp", "virtual_queue", "msgcount"):
-                raise ProtocolError("E_INVALID", f"invalid consume offset:{start}")
-            if kind != "special" or value != "-1":
+            try:
+                start = parse_consume_offset(go_text(args[3]))
+            except ValueError as error:
+                raise ProtocolError("E_INVALID", str(error)) from None
+            if topic.log is None and start != ("special", -1):
                 raise ProtocolError(
-                    "E_INVALID", f"consume start {start} is not supported yet (only special:-1)"
+                    "E_INVALID",
+                    f"consume start {go_text(args[3])} is not supported yet (only special:-1)",
                 )
         connection.dialect.detail = ordered or advanced
         reply = connection.subscribe(topic, channel_name)
@@ -133,8 +134,10 @@ class YouzanCommands:
         if ordered:
             channel.deliver_in_order()
         if start is not None and len(channel.clients) == 1:
-            # special:-1 starts at the end: what is queued now is skipped.
-            channel.skip_queued()
+            try:
+                channel.seek(*start)
+            except ValueError as error:
+                raise ProtocolError("E_INVALID", str(error)) from None
         return reply
 
     # -- publishing ---------------------------------------------------------------------
@@ -160,7 +163,7 @@ class YouzanCommands:
             topic, "PUB", "E_PUB_FAILED", [data], trace_ids=[trace_id]
         )
         return trace_reply(
-            int(message.id, 16), trace_id, message.offset, RECORD_OVERHEAD + len(data)
+            int(message.id, 16), trace_id, message.offset, record_size(message, topic.ext)
         )
 
     def mpub_trace(self, command) -> bytes:
@@ -173,7 +176,7 @@ class YouzanCommands:
             [d for _t, d in traced],
             trace_ids=[t for t, _d in traced],
         )
-        total = sum(RECORD_OVERHEAD + len(m.body) for m in messages)
+        total = sum(record_size(m, topic.ext) for m in messages)
         # Youzan's reply to MPUB_TRACE: the first id, a zero trace id, the first offset and
         # the size of the whole batch (docs/protocol.md §3.6).
         return trace_reply(int(messages[0].id, 16), 0, messages[0].offset, total)
@@ -216,7 +219,7 @@ class YouzanCommands:
         if trace_id is None:
             return OK_FRAME
         return trace_reply(
-            int(message.id, 16), trace_id, message.offset, RECORD_OVERHEAD + len(data)
+            int(message.id, 16), trace_id, message.offset, record_size(message, topic.ext)
         )
 
     def mpub_ext(self, command) -> bytes:

@@ -8,6 +8,7 @@ metadata last.
 """
 
 import logging
+import math
 import random
 import socket
 import time
@@ -20,7 +21,7 @@ from common.names import is_ephemeral, is_valid_name
 from common.net import accept_forever, format_address, open_listener
 from common.version import VERSION
 from diskqueue import DiskQueue
-from nsqd.backend import open_backend, write_error
+from nsqd.backend import BackendWriteError, open_backend, write_error
 from nsqd.channel import Channel
 from nsqd.client import Client
 from nsqd.data_path import prepare_data_path
@@ -33,12 +34,14 @@ from nsqd.metadata import (
     TopicMetadata,
     encode_metadata,
     read_metadata,
+    scan_log_names,
     scan_queue_names,
     set_aside,
     topics_from_queue_names,
     write_metadata,
 )
 from nsqd.options import Options, build_flags
+from nsqd.partition_log import PartitionLog
 from nsqd.protocol_v2 import ProtocolV2
 from nsqd.queue_scan import QueueScanner
 from nsqd.stats import gc_pauses
@@ -80,6 +83,8 @@ class NSQD:
         gc_pauses.install()
         self._connections: set[ProtocolV2] = set()
         self._written_backends: set[DiskQueue] = set()
+        # Partition logs appended to since the last commit: each gets one index entry then.
+        self._written_logs: set[PartitionLog] = set()
         self._metadata_wakeup = Wakeup()
         self._metadata_lock = trio.Lock()
         self._metadata_loading = False
@@ -110,11 +115,20 @@ class NSQD:
         partitioned: bool = False,
         ordered: bool = False,
         ext: bool = False,
+        sync_every: int = 0,
     ) -> Topic:
         existing = self.registry.get(name, partition)
         if existing is not None:
             return existing
-        topic = Topic(self, name, partition, partitioned=partitioned, ordered=ordered, ext=ext)
+        topic = Topic(
+            self,
+            name,
+            partition,
+            partitioned=partitioned,
+            ordered=ordered,
+            ext=ext,
+            sync_every=sync_every,
+        )
         self.registry.add(topic)
         if partitioned:
             self.log.info("TOPIC(%s): created partition %d", name, partition)
@@ -297,6 +311,24 @@ class NSQD:
         self.set_health(None)
         self._written_backends.add(backend)
 
+    def append_to_log(self, log: PartitionLog, messages, topic: str) -> None:
+        """Append a publish to a partition log, to be indexed and synced by the next commit;
+        a failed write is logged, turns health NOK and raises BackendWriteError."""
+        try:
+            log.append(messages)
+        except OSError as os_error:
+            reason = os_error.strerror or str(os_error)
+            error = BackendWriteError(
+                f"write {log.segment_path(log.segments[-1].number)}: "
+                f"{reason[:1].lower() + reason[1:]}"
+            )
+            self.log.error("TOPIC(%s) ERROR: failed to write message to log - %s", topic, error)
+            self.set_health(error)
+            raise error from None
+        self.set_health(None)
+        self._written_logs.add(log)
+        self._written_backends.add(log)
+
     def commit_due(self) -> bool:
         """Whether a diskqueue written since the last commit reached its `--sync-every`
         count: only then has a publish an fsync to wait for."""
@@ -305,6 +337,10 @@ class NSQD:
     async def commit_backend_writes(self) -> None:
         """Before publishes are acknowledged: fsync every diskqueue whose `--sync-every` count
         is reached, each in a worker thread so the event loop never waits on the disk."""
+        if self._written_logs:
+            logs, self._written_logs = self._written_logs, set()
+            for log in logs:
+                log.commit()
         if not self._written_backends:
             return
         backends, self._written_backends = self._written_backends, set()
@@ -316,6 +352,33 @@ class NSQD:
             async with trio.open_nursery() as syncs:
                 for backend in due:
                     syncs.start_soon(self._sync_backend, backend)
+
+    def clean_logs(self, partitions: list[Topic] | None = None, *, greedy: bool = False) -> int:
+        """Retention of log topics (docs/design.md §13): remove segments every channel has
+        confirmed past that are older than `--retention-days` or beyond
+        `--retention-size-per-day` × days of consumed data; `greedy` (`/topic/greedyclean`)
+        removes every consumed segment. A partition without channels is never cleaned. How
+        many segments went."""
+        options = self.options
+        removed = 0
+        for topic in partitions if partitions is not None else self.all_partitions():
+            log = topic.log
+            if log is None or not topic.channels:
+                continue
+            floor = min(channel.cursor.confirmed.offset for channel in topic.channels.values())
+            if greedy:
+                keep, older_than = -1.0, math.inf
+            else:
+                keep = float(options.retention_size_per_day * max(options.retention_days, 1))
+                older_than = time.time() - options.retention_days * 86400
+            removed += log.clean(floor, keep_bytes=keep, older_than=older_than)
+        return removed
+
+    async def _retention_timer(self) -> None:
+        """Youzan checks retention every 10 minutes."""
+        while True:
+            await trio.sleep(RETENTION_INTERVAL)
+            self.clean_logs()
 
     async def _sync_timer(self) -> None:
         """Go's diskqueue syncs dirty queues every `--sync-timeout` even when writes stop."""
@@ -353,6 +416,7 @@ class NSQD:
             if topic.partitioned:
                 entry.partition = topic.partition
                 entry.ordered = topic.ordered
+                entry.sync_every = topic.sync_every
                 entry.ext = topic.ext
                 entry.next_offset = topic.next_offset
             topics.append(entry)
@@ -408,8 +472,10 @@ class NSQD:
                         partitioned=True,
                         ordered=topic_meta.ordered,
                         ext=topic_meta.ext,
+                        sync_every=topic_meta.sync_every,
                     )
-                    topic.next_offset = topic_meta.next_offset
+                    if topic.log is None:
+                        topic.next_offset = topic_meta.next_offset
                 if topic_meta.paused:
                     topic.paused = True
                 for channel_meta in topic_meta.channels:
@@ -430,7 +496,8 @@ class NSQD:
             moved_to = set_aside(self.data_path)
         except OSError as rename_error:
             moved_to = f"nowhere ({rename_error})"
-        topics = topics_from_queue_names(scan_queue_names(self.data_path))
+        names = scan_queue_names(self.data_path) + scan_log_names(self.data_path)
+        topics = topics_from_queue_names(names)
         self.log.error(
             "%s; moved it to %s and recovered %d topics and %d channels from the diskqueue"
             " files in %s",
@@ -506,6 +573,7 @@ class NSQD:
                     nursery.start_soon(self.heartbeats.run)
                     nursery.start_soon(self._metadata_writer)
                     nursery.start_soon(self._sync_timer)
+                    nursery.start_soon(self._retention_timer)
                     nursery.start_soon(self.lookup_peers.run, options.lookupd_tcp_address)
                     if options.statsd_address:
                         nursery.start_soon(StatsdPusher(self).run)
@@ -575,6 +643,8 @@ class NSQD:
 
 
 _FLAGS = build_flags()
+# How often retention looks at the log topics (Youzan's interval).
+RETENTION_INTERVAL = 600.0
 # lg.LogLevel's numbers, which is how Go's /config/log_level marshals the level.
 _GO_LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
 

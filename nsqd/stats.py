@@ -125,7 +125,7 @@ def client_stats(client: "Client", topic_filter: str = "") -> dict:
 
 def channel_stats(channel: "Channel", include_clients: bool, now: float) -> dict:
     clients = [client_stats(c) for c in channel.clients.values()] if include_clients else None
-    return {
+    stats = {
         "channel_name": channel.name,
         "depth": channel.depth,
         "backend_depth": channel.backend_depth,
@@ -139,6 +139,14 @@ def channel_stats(channel: "Channel", include_clients: bool, now: float) -> dict
         "paused": channel.paused,
         "e2e_processing_latency": channel.e2e_result(now),
     }
+    cursor = channel.cursor
+    if cursor is not None:
+        # A log topic's channel is a cursor (docs/design.md §13): where it stands in the log.
+        stats["confirmed_offset"] = cursor.confirmed.offset
+        stats["confirmed_count"] = cursor.confirmed.count
+        stats["read_offset"] = cursor.read_position.offset
+        stats["lag"] = cursor.lag
+    return stats
 
 
 def topic_stats(topic: "Topic", channels: list[dict], now: float) -> dict:
@@ -159,6 +167,12 @@ def topic_stats(topic: "Topic", channels: list[dict], now: float) -> dict:
         # Youzan's /stats names each partition (docs/protocol.md §6.2).
         stats["topic_partition"] = topic.partition
         stats["topic_full_name"] = topic.full_name
+    log = topic.log
+    if log is not None:
+        stats["log_start_offset"] = log.start.offset
+        stats["log_start_count"] = log.start.count
+        stats["log_end_offset"] = log.end.offset
+        stats["log_end_count"] = log.end.count
     return stats
 
 

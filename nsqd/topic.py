@@ -16,7 +16,8 @@ from common.guid import GUIDFactory
 from common.names import is_ephemeral
 from nsqd.channel import Channel
 from nsqd.message import RECORD_OVERHEAD, Message
-from nsqd.message_queue import BufferedDiskQueue, MessageQueue
+from nsqd.message_queue import BufferedDiskQueue, LogTopicQueue, MessageQueue
+from nsqd.partition_log import PartitionLog
 from nsqd.wakeup import Wakeup
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class Topic:
         partitioned: bool = False,
         ordered: bool = False,
         ext: bool = False,
+        sync_every: int = 0,
     ) -> None:
         self.nsqd = nsqd
         self.name = name
@@ -46,22 +48,42 @@ class Topic:
         self.partitioned = partitioned
         self.ordered = ordered
         self.ext = ext
+        # A log topic's own `--sync-every` (Youzan's `syncdisk`); 0: nsqd's.
+        self.sync_every = sync_every
         self.ephemeral = is_ephemeral(name)
         self.channels: dict[str, Channel] = {}
-        self.queue: MessageQueue = BufferedDiskQueue(
-            nsqd,
-            self.backend_name,
-            ephemeral=self.ephemeral,
-            failure="TOPIC(%s) ERROR: failed to write message to backend",
-            failure_args=(name,),
-        )
+        # Partitioned topics are log topics (docs/design.md §13): every message in the
+        # partition's log, channels as cursors into it. Classic topics keep go-diskqueue.
+        self.log: PartitionLog | None = None
+        self.queue: MessageQueue
+        if partitioned and not self.ephemeral:
+            options = nsqd.options
+            self.log = PartitionLog(
+                options.effective_data_path(),
+                name,
+                partition,
+                max_bytes_per_file=options.max_bytes_per_file,
+                sync_every=sync_every or options.sync_every,
+                ext=ext,
+                log=nsqd.log,
+            )
+            self.queue = LogTopicQueue(nsqd, self.log, name)
+        else:
+            self.queue = BufferedDiskQueue(
+                nsqd,
+                self.backend_name,
+                ephemeral=self.ephemeral,
+                failure="TOPIC(%s) ERROR: failed to write message to backend",
+                failure_args=(name,),
+            )
         # The partition's virtual byte position: where the next record would begin.
-        self.next_offset = 0
+        self.next_offset = 0 if self.log is None else self.log.end.offset
         self.paused = False
         self.deleted = False
         self.message_count = 0
         self.message_bytes = 0
-        self.guid_factory = GUIDFactory(nsqd.options.node_id)
+        # A log topic's IDs are `partition << 50 | sequence`, continued from its log.
+        self.guid_factory = self.log if self.log is not None else GUIDFactory(nsqd.options.node_id)
         self._pump_wakeup = Wakeup()
         # False while nsqd asks nsqlookupd which channels the topic has elsewhere in the
         # cluster: its messages wait, as in Go, where the pump starts only after those
@@ -120,7 +142,18 @@ class Topic:
         if defer:
             for message in messages:
                 message.defer = defer
-        if self.channels and not self.paused and self.started and not self.has_backlog():
+        if self.log is not None:
+            # Into the log, once: the channels read it (and are woken) as cursors.
+            self.queue.append(messages, strict=True)
+            self.next_offset = self.log.end.offset
+            for channel in list(self.channels.values()):
+                channel.message_count += len(messages)
+                if defer:
+                    # Kept with the cursor, so a DPUB not read before a restart still waits.
+                    due = time.time() + defer
+                    channel.queue.delays.update((message.offset, due) for message in messages)
+                channel.notify()
+        elif self.channels and not self.paused and self.started and not self.has_backlog():
             self._fan_out(messages, strict=True)
         else:
             self._store(messages)
@@ -220,6 +253,10 @@ class Topic:
         self.paused = False
         self.nsqd.topology_changed()
         self._pump_wakeup.set()
+        if self.log is not None:
+            # The channels read the log themselves and stopped while the topic was paused.
+            for channel in self.channels.values():
+                channel.notify()
 
     def empty(self) -> None:
         self.queue.empty()

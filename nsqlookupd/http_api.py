@@ -287,6 +287,10 @@ class HTTPAPI:
             "orderedmulti": _first(params, "orderedmulti") == "true",
             "ext": _first(params, "extend") == "true",
         }
+        # Youzan's `syncdisk`, capped at 4000 as Youzan's nsqlookupd caps it.
+        sync_text = _first(params, "syncdisk") or ""
+        valid = sync_text.isascii() and sync_text.isdigit() and int(sync_text) > 0
+        extra = {"syncdisk": min(int(sync_text), 4000)} if valid else {}
         partition_num = int(text)
         for partition in range(partition_num):
             peer = nodes[partition % len(nodes)].peer
@@ -295,6 +299,7 @@ class HTTPAPI:
                     "topic": topic,
                     "partition": partition,
                     **{key: "true" for key, on in flags.items() if on},
+                    **extra,
                 }
             )
             url = f"http://{peer.broadcast_address}:{peer.http_port}/topic/create?{query}"

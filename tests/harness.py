@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from common.command import MAGIC_V2
@@ -124,6 +125,15 @@ def start_nsqd(
         *extra,
     ]
     return DaemonProcess("nsqd", args, cwd=data_path).start(wait_for=wait_for)
+
+
+def http_request(port: int, method: str, path: str, body: bytes = b"") -> bytes:
+    """A blocking HTTP request to a daemon on 127.0.0.1; the body of its 2xx answer."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=body if method != "GET" else None, method=method
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.read()
 
 
 class V2Connection:

@@ -548,3 +548,46 @@ def test_forms_confirm_redirect_and_refuse_other_sites(cluster, topic_name):
     assert unknown.status == 400
     bad_name = http("POST", f"{cluster.url}/lookup", "topic=no+spaces", headers=FORM)
     assert bad_name.status == 400 and b"INVALID_TOPIC" in bad_name.body
+
+
+# -- log topics ------------------------------------------------------------------------------
+
+
+def test_a_log_topic_channel_shows_its_lag_and_resets_to_a_time(cluster, topic_name):
+    """A log topic's channel (nsqd's docs/design.md §13) shows how many messages it has not
+    confirmed, summed over the nsqd, and `reset` makes it deliver again from a point in time
+    on every nsqd, through nsqd's /channel/setoffset."""
+    for nsqd in cluster.nsqds:
+        for path in (
+            f"topic/create?topic={topic_name}&partition_num=1",
+            f"channel/create?topic={topic_name}&channel=ch&partition=0",
+        ):
+            assert http("POST", f"{nsqd.url}/{path}").status == 200
+        for _ in range(3):
+            assert http("POST", f"{nsqd.url}/pub?topic={topic_name}", b"m").status == 200
+    cluster.wait_registered(topic_name)
+    url = f"{cluster.url}/api/topics/{quote(topic_name)}/ch"
+    assert get_json(url)["lag"] == 6
+    for nsqd in cluster.nsqds:  # everything consumed: the cursor at the end
+        reply = http(
+            "POST", f"{nsqd.url}/channel/setoffset?topic={topic_name}&channel=ch", b"special:-1"
+        )
+        assert reply.status == 200
+    assert get_json(url)["lag"] == 0
+    page = http("GET", f"{cluster.url}/topics/{quote(topic_name)}/ch").body.decode()
+    assert 'id="reset-form"' in page and 'data-field="lag"' in page
+
+    reply = http("POST", url, {"action": "reset", "timestamp": 0})
+    assert (reply.status, reply.json()) == (200, {"message": ""})
+    assert [n.channel(topic_name, "ch")["lag"] for n in cluster.nsqds] == [3, 3]
+    assert get_json(url)["lag"] == 6
+
+    bad = http("POST", url, {"action": "reset", "timestamp": "yesterday"})
+    assert (bad.status, bad.json()) == (400, {"message": "INVALID_TIMESTAMP"})
+
+
+def test_a_classic_channel_has_no_lag_or_reset(cluster, topic_name):
+    _publish_on_both(cluster, topic_name)
+    assert "lag" not in get_json(f"{cluster.url}/api/topics/{quote(topic_name)}/ch")
+    page = http("GET", f"{cluster.url}/topics/{quote(topic_name)}/ch").body.decode()
+    assert 'id="reset-form"' not in page

@@ -139,8 +139,9 @@ CORRUPT_NSQD_DAT = {
     "name-not-a-string": lambda original: b'{"topics":[{"name":7,"channels":[]}]}',
     "channels-not-a-list": lambda original: b'{"topics":[{"name":"t","channels":3}]}',
 }
-# Every queue of the template, as the fresh nsqd.dat must list it.
-RECOVERED = {("t", None): ["c", "d"], ("u", None): [], ("p", None): ["c"], ("p", 1): ["c"]}
+# Every queue of the template, as the fresh nsqd.dat must list it; p is a log topic, whose
+# partitions come back as partitions from its log files.
+RECOVERED = {("t", None): ["c", "d"], ("u", None): [], ("p", 0): ["c"], ("p", 1): ["c"]}
 
 
 def listed(document: dict) -> dict:

@@ -9,7 +9,7 @@ nsqd implements any of it; every layout is taken from docs/protocol.md.
 
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.client import HTTPConnection
 
 import trio
@@ -189,6 +189,7 @@ async def create_partitions(nsqd, topic: str, *partitions: int, ext: str | None 
 class HTTPReply:
     status: int
     body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
 
     def json(self):
         return json.loads(self.body)
@@ -199,7 +200,7 @@ def http_sync(port: int, method: str, target: str, body: bytes = b"") -> HTTPRep
     try:
         connection.request(method, target, body=body if method in ("POST", "PUT") else None)
         response = connection.getresponse()
-        return HTTPReply(response.status, response.read())
+        return HTTPReply(response.status, response.read(), dict(response.getheaders()))
     finally:
         connection.close()
 

@@ -281,8 +281,10 @@ async def test_sub_advanced_special_minus_one_skips_the_backlog(nsqd):
 
 
 @pytest.mark.parametrize("start", ["timestamp:0", "virtual_queue:0", "msgcount:0"])
-async def test_sub_advanced_other_starts_are_refused_clearly(nsqd, start):
-    await create_partitions(nsqd, "yz", 0)
+async def test_sub_advanced_other_starts_on_a_classic_topic_are_refused_clearly(nsqd, start):
+    """A classic topic's channel is a diskqueue, which cannot go back; a log topic's can
+    (tests/youzan/test_log_topics.py)."""
+    await (await connect(nsqd)).command_ok(b"PUB yz\n\x00\x00\x00\x01x")
     wire = await connect(nsqd)
     await wire.send(sub("SUB_ADVANCED", "yz", "c", 0, start))
     text = await wire.expect_error_prefix("E_INVALID ", fatal=True)
@@ -588,8 +590,11 @@ async def test_pub_ext_replies(nsqd):
     await wire.send(pub_ext("yz", {"##trace_id": "77", "k": "v"}, b"traced", 0))
     reply = trace_reply(await wire.read_response())
     assert reply.trace_id == 77
-    assert reply.offset == record_size(b"plain")
-    assert reply.raw_size == record_size(b"traced")
+    # An ext topic's records hold the ext section `[1 version][2 length][header]` too.
+    plain_header = json.dumps({"k": "v"}).encode()
+    traced_header = json.dumps({"##trace_id": "77", "k": "v"}).encode()
+    assert reply.offset == record_size(b"plain") + 3 + len(plain_header)
+    assert reply.raw_size == record_size(b"traced") + 3 + len(traced_header)
     bodies = [encode_ext_body({"##trace_id": "5"}, b"m1"), encode_ext_body({"k": "v"}, b"m2")]
     await wire.command_ok(command("MPUB_EXT", "yz", 0, body=encode_mpub_body(bodies)))
 

@@ -1,0 +1,325 @@
+"""A log topic's channel: a cursor into its partition's log (docs/design.md §13).
+
+The channel's `MessageQueue` for log topics. Nothing is copied per channel: the cursor reads the
+partition's log (`nsqd/partition_log.py`) from its read position, and FIN moves its confirmed
+position. State, as Youzan keeps it:
+
+* `confirmed`: everything before it is acknowledged; a restart delivers again from here;
+* `read`: where the next read starts;
+* the ranges acknowledged beyond `confirmed` (FINs out of order), merged as they touch; when
+  one starts at `confirmed`, `confirmed` jumps to its end;
+* a window: reading stops while more than `--max-confirm-win` ranges wait for the gap before
+  them to be acknowledged, and starts again below half of it.
+
+Requeued and timed-out messages wait in memory (`put_back`) and go out before new reads. Only
+`confirmed` is persisted (`<topic>-<p>:<channel>.diskqueue.meta.v2.reader.dat`, Youzan's
+layout), every `--sync-timeout` when it moved and on a clean stop; after kill -9, delivery
+resumes from the last persisted `confirmed`: messages may come again, none is skipped.
+"""
+
+import bisect
+import json
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+import trio
+
+from nsqd.backend import BackendWriteError
+from nsqd.message import Message
+from nsqd.partition_log import META_MAGIC, PartitionLog, Position, record_size
+
+if TYPE_CHECKING:
+    from nsqd.topic import Topic
+
+
+class CursorQueue:
+    """A channel's cursor into a partition log; the MessageQueue protocol."""
+
+    def __init__(self, topic: "Topic", log: PartitionLog, channel: str, max_confirm_win: int):
+        self.topic = topic
+        self.log = log
+        self.channel = channel
+        self.name = f"{log.name}:{channel}"
+        self.max_confirm_win = max_confirm_win
+        self.meta_path = log.reader_meta_path(channel)
+        self.delays_path = log.delays_path(channel)
+        # Deferred messages by offset, with their due time (unix seconds): DPUBs not read yet,
+        # and, after a restart, those that waited in the channel's deferred queue.
+        self.delays: dict[int, float] = self._load_delays()
+        # What waits in the channel's deferred queue now (set by the channel).
+        self.deferred_source: Callable[[], Iterable[Message]] | None = None
+        self.redeliver: deque[Message] = deque()
+        # Acknowledged ranges beyond `confirmed`: disjoint, sorted by start offset;
+        # each [start offset, end offset, start count, end count].
+        self._starts: list[int] = []
+        self._ranges: list[list[int]] = []
+        self._window_full = False
+        self._persisted: Position | None = None
+        saved = self._load()
+        if saved is None:
+            # A new channel starts at the end, as in Youzan.
+            saved = log.end
+        self.confirmed = saved
+        self.read_position = saved
+        if saved is log.end:
+            self._persist()
+
+    # -- persistence --------------------------------------------------------------------------
+
+    def _load(self) -> Position | None:
+        """The persisted confirmed position, clamped to what the log holds."""
+        try:
+            with open(self.meta_path, "rb") as file:
+                lines = file.read().split(b"\n")
+            count = int(lines[0])
+            offset = int(lines[2].split(b",")[2])
+        except (FileNotFoundError, ValueError, IndexError):
+            return None
+        log = self.log
+        if offset > log.end.offset:
+            return log.end
+        if offset < log.start.offset:
+            return log.start
+        return Position(offset, count)
+
+    def _load_delays(self) -> dict[int, float]:
+        try:
+            with open(self.delays_path, "rb") as file:
+                return {int(offset): float(due) for offset, due in json.loads(file.read()).items()}
+        except (FileNotFoundError, ValueError, AttributeError, TypeError):
+            return {}
+
+    def _delays_snapshot(self) -> bytes | None:
+        """The delays file's content; None when nothing is deferred."""
+        delays = dict(self.delays)
+        if self.deferred_source is not None:
+            deferred = list(self.deferred_source())
+            if deferred:
+                try:
+                    now = trio.current_time()
+                except RuntimeError:  # not on trio's loop: a direct call, as in unit tests
+                    now = 0.0
+                wall = time.time()
+                for message in deferred:
+                    delays[message.offset] = wall + max(0.0, message.deadline - now)
+        if not delays:
+            return None
+        return json.dumps({str(offset): due for offset, due in sorted(delays.items())}).encode()
+
+    def take_delay(self, message: Message) -> float | None:
+        """Seconds a message read from the log must still wait, if it was deferred."""
+        due = self.delays.pop(message.offset, None)
+        return None if due is None else max(0.0, due - time.time())
+
+    def _meta(self) -> bytes:
+        log = self.log
+        confirmed, end = self.confirmed, log.end
+        confirmed_file = self._file_position(confirmed.offset)
+        end_file = self._file_position(end.offset)
+        return (
+            b"%d\n%d\n%d,%d,%d\n%d,%d,%d\n"
+            % (
+                confirmed.count,
+                end.count,
+                *confirmed_file,
+                confirmed.offset,
+                *end_file,
+                end.offset,
+            )
+            + META_MAGIC
+        )
+
+    def _file_position(self, offset: int) -> tuple[int, int]:
+        segments = self.log.segments
+        index = max(0, bisect.bisect_right([s.start for s in segments], offset) - 1)
+        segment = segments[index]
+        return segment.number, offset - segment.start
+
+    def _persist(self) -> None:
+        _write(self.meta_path, self._meta(), sync=False)
+        _write_delays(self.delays_path, self._delays_snapshot(), sync=False)
+        self._persisted = self.confirmed
+
+    # The sync contract nsqd's periodic sync drives (like a diskqueue's).
+    sync_due = False
+
+    @property
+    def dirty(self) -> bool:
+        """The confirmed position moved, or something is deferred (its file is rewritten)."""
+        return self._persisted != self.confirmed or bool(self.delays) or self._has_deferred()
+
+    def _has_deferred(self) -> bool:
+        if self.deferred_source is None:
+            return False
+        return any(True for _ in self.deferred_source())
+
+    def prepare_sync(self):
+        meta = self._meta()
+        delays = self._delays_snapshot()
+        path, delays_path = self.meta_path, self.delays_path
+        self._persisted = self.confirmed
+
+        def job() -> bool:
+            _write(path, meta, sync=True)
+            _write_delays(delays_path, delays, sync=True)
+            return True
+
+        return job
+
+    # -- MessageQueue ---------------------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        return self.log.end.count - self.read_position.count + len(self.redeliver)
+
+    @property
+    def backend_depth(self) -> int:
+        return self.depth
+
+    @property
+    def lag(self) -> int:
+        """Messages not yet acknowledged: the log's end minus `confirmed`."""
+        return self.log.end.count - self.confirmed.count
+
+    def has_messages(self) -> bool:
+        if self.redeliver:
+            return True
+        return self.read_position.offset < self.log.end.offset and not self._reading_paused()
+
+    def _reading_paused(self) -> bool:
+        if self.topic.paused:
+            return True
+        ranges = len(self._ranges)
+        if self._window_full:
+            self._window_full = ranges > self.max_confirm_win // 2
+        elif ranges > self.max_confirm_win:
+            self._window_full = True
+        return self._window_full
+
+    def append(self, messages: list[Message], *, strict: bool = False) -> BackendWriteError | None:
+        """Messages the channel holds again (a deferral that came due): they are in the log
+        already, so they only wait to go out again."""
+        self.redeliver.extend(messages)
+        return None
+
+    def put_back(self, messages: list[Message], *, first: bool = False) -> None:
+        if first:
+            self.redeliver.extendleft(reversed(messages))
+        else:
+            self.redeliver.extend(messages)
+
+    def take(self, max_count: int) -> list[Message]:
+        redeliver = self.redeliver
+        taken: list[Message] = []
+        while redeliver and len(taken) < max_count:
+            taken.append(redeliver.popleft())
+        wanted = max_count - len(taken)
+        if wanted and not self._reading_paused():
+            messages = self.log.read(self.read_position, wanted)
+            if messages:
+                last = messages[-1]
+                self.read_position = Position(
+                    last.offset + record_size(last, self.log.ext), last.count + 1
+                )
+                taken.extend(messages)
+        return taken
+
+    def acknowledge(self, message: Message) -> None:
+        """FIN: merge the message's range; `confirmed` moves when the gap before it closes."""
+        start = message.offset
+        end = start + record_size(message, self.log.ext)
+        confirmed = self.confirmed
+        if end <= confirmed.offset:
+            return
+        if start <= confirmed.offset:
+            self.confirmed = Position(end, message.count + 1)
+            self._absorb_ranges()
+            return
+        starts, ranges = self._starts, self._ranges
+        index = bisect.bisect_left(starts, start)
+        new = [start, end, message.count, message.count + 1]
+        # Merge with the range before (ends where this starts) and after (starts where it ends).
+        if index > 0 and ranges[index - 1][1] == start:
+            index -= 1
+            ranges[index][1] = end
+            ranges[index][3] = new[3]
+            new = ranges[index]
+        else:
+            ranges.insert(index, new)
+            starts.insert(index, start)
+        if index + 1 < len(ranges) and ranges[index + 1][0] == new[1]:
+            following = ranges.pop(index + 1)
+            starts.pop(index + 1)
+            new[1], new[3] = following[1], following[3]
+
+    def _absorb_ranges(self) -> None:
+        ranges, starts = self._ranges, self._starts
+        while ranges and ranges[0][0] <= self.confirmed.offset:
+            first = ranges.pop(0)
+            starts.pop(0)
+            if first[1] > self.confirmed.offset:
+                self.confirmed = Position(first[1], first[3])
+
+    def skip_to_end(self) -> None:
+        self.set_position(self.log.end)
+
+    def seek(self, kind: str, value: int) -> None:
+        self.set_position(self.log.position_for(kind, value))
+
+    def set_position(self, position: Position) -> None:
+        """Replay or skip: deliver from `position` on; acknowledged ranges are forgotten."""
+        self.confirmed = position
+        self.read_position = position
+        self.redeliver.clear()
+        self._ranges.clear()
+        self._starts.clear()
+        self._window_full = False
+
+    def empty(self) -> None:
+        self.skip_to_end()
+
+    def flush(self, unacknowledged: list[Message]) -> int:
+        """Persist `confirmed`: what waits and `unacknowledged` are still in the log behind it."""
+        self._persist()
+        return self.depth + len(unacknowledged)
+
+    def sync_targets(self) -> list:
+        return [self]
+
+    def close(self) -> None:
+        """The confirmed position; the delays were written by `flush` while the channel still
+        held its deferred messages."""
+        _write(self.meta_path, self._meta(), sync=False)
+        self._persisted = self.confirmed
+
+    def delete(self) -> None:
+        self.redeliver.clear()
+        self.delays.clear()
+        for path in (self.meta_path, self.delays_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def _write(path: str, data: bytes, *, sync: bool) -> None:
+    temporary = path + ".tmp"
+    with open(temporary, "wb") as file:
+        file.write(data)
+        if sync:
+            file.flush()
+            os.fsync(file.fileno())
+    os.replace(temporary, path)
+
+
+def _write_delays(path: str, data: bytes | None, *, sync: bool) -> None:
+    if data is not None:
+        _write(path, data, sync=sync)
+        return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,815 @@
+"""A partition stored as a replayable log: Youzan's storage model (docs/design.md §13).
+
+Every message of a log topic's partition is appended to segment files and stays there; a
+channel is a cursor into the log (`nsqd/cursor_queue.py`). The files, in
+`<data-path>/<topic>/`, keep Youzan's layout so a Youzan data directory is readable:
+
+* `<topic>-<p>.diskqueue.NNNNNN.dat`: segments of `[4-byte BE size][record]`, rolled at
+  `--max-bytes-per-file`; a record is `[8 ts][2 attempts][8 id][8 trace id][body]` (an ext
+  topic's records add `[1 ext version]`, and `[2 length][header]` for version 4, after the
+  trace id, and mark it in the attempts' high nibble `0xA`);
+* `<seg>.dat.offsetmeta.dat`, written when a segment is rolled: `count\\nstart,end\\n`;
+* `<topic>-<p>.diskqueue.meta.writer.dat`: `count\\nfile,pos,end\\n` and 2 magic bytes;
+* `<topic>_<p>.commit.log`: the commit-log index, one 48-byte big-endian entry per committed
+  batch (first ID, epoch, last ID, virtual offset, batch size, 1-based count of the first
+  message, message count), rolled into `.commit.log.NNNNNNNN` files, with `.current` naming
+  the number of the active one;
+* `<topic>-<p>.diskqueue.meta.extra.dat`: where the retained log begins once retention removed
+  its first segments (`{"SegOffset":{"FileNum":…,"Pos":…},"VirtualOffset":…,"TotalMsgCnt":…}`).
+
+Positions are virtual offsets (bytes since the partition was created, size prefixes included)
+and counts (messages since it was created). IDs are `partition << 50 | sequence` and only
+increase, across restarts too.
+
+Writes: `append` writes a publish's records at once (one `os.write`); the index entry covering
+every append since the last commit is written by `commit()`, which nsqd runs once per batch of
+publishes (a TCP receive, an HTTP poller pass) before their answers go out: one index entry per
+group of waiting publishes. fsync follows the sync policy like a diskqueue's (`sync_due`,
+`dirty`, `prepare_sync`), data first, then the index. At start the index is the truth: data
+past its last entry (a torn tail after kill -9) is cut off, with one log line.
+"""
+
+import bisect
+import errno
+import json
+import logging
+import os
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from common.goformat import go_quote
+from nsqd.message import Message
+
+ENTRY = struct.Struct(">qqqqiqi")  # LogID, Epoch, LastMsgLogID, MsgOffset, MsgSize, MsgCnt, MsgNum
+assert ENTRY.size == 48
+# [8 ts][2 attempts][8 id][8 trace id]
+_RECORD_HEADER = struct.Struct(">qHQQ")
+_SIZE = struct.Struct(">I")
+RECORD_HEADER_SIZE = _RECORD_HEADER.size  # 26, as a classic record's header
+META_MAGIC = b"\xae\x83"
+ID_PARTITION_SHIFT = 50
+EXT_ATTEMPTS_FLAG = 0xA000
+# Youzan renames the index file after this many entries.
+DEFAULT_INDEX_ENTRIES_PER_FILE = 500_000
+# Messages kept in memory after they are written, for cursors at the tail: most reads.
+HOT_TAIL_MESSAGES = 4096
+READ_CHUNK = 256 * 1024
+
+logger = logging.getLogger("nsqd")
+
+
+class LogCorruption(Exception):
+    """A record that cannot be what the index says is there."""
+
+
+@dataclass(frozen=True)
+class Position:
+    """A place in the log: its virtual offset and how many messages come before it."""
+
+    offset: int
+    count: int
+
+
+def record_size(message: Message, ext: bool) -> int:
+    """Bytes the message's record takes in the log, its size prefix included."""
+    size = 4 + RECORD_HEADER_SIZE + len(message.body)
+    if ext:
+        size += 1 + (2 + len(message.ext_header) if message.ext_header else 0)
+    return size
+
+
+def encode_record(message: Message, ext: bool) -> bytes:
+    """The record with its size prefix."""
+    body = message.body
+    internal_id = int(message.id, 16)
+    if not ext:
+        header = _RECORD_HEADER.pack(
+            message.timestamp, message.attempts, internal_id, message.trace_id
+        )
+        return _SIZE.pack(RECORD_HEADER_SIZE + len(body)) + header + body
+    attempts = (message.attempts & 0x0FFF) | EXT_ATTEMPTS_FLAG
+    header = _RECORD_HEADER.pack(message.timestamp, attempts, internal_id, message.trace_id)
+    ext_header = message.ext_header
+    extension = b"\x04" + len(ext_header).to_bytes(2, "big") + ext_header if ext_header else b"\x00"
+    record = header + extension + body
+    return _SIZE.pack(len(record)) + record
+
+
+def decode_record(record: bytes | memoryview, offset: int, count: int) -> Message:
+    timestamp, attempts, internal_id, trace_id = _RECORD_HEADER.unpack_from(record)
+    rest = RECORD_HEADER_SIZE
+    ext_header = b""
+    if attempts & 0xF000 == EXT_ATTEMPTS_FLAG:
+        attempts &= 0x0FFF
+        version = record[rest]
+        rest += 1
+        if version == 4:
+            length = int.from_bytes(record[rest : rest + 2], "big")
+            ext_header = bytes(record[rest + 2 : rest + 2 + length])
+            rest += 2 + length
+    message = Message(b"%016x" % internal_id, bytes(record[rest:]), timestamp, attempts)
+    message.trace_id = trace_id
+    message.ext_header = ext_header
+    message.offset = offset
+    message.count = count
+    return message
+
+
+CONSUME_OFFSET_TYPES = ("timestamp", "special", "virtual_queue", "msgcount")
+
+
+def parse_consume_offset(text: str) -> tuple[str, int]:
+    """Youzan's `<type>:<int64>` (setoffset's body, SUB_ADVANCED's fourth word); ValueError with
+    Youzan's text."""
+    parts = text.split(":")
+    if len(parts) != 2 or parts[0] not in CONSUME_OFFSET_TYPES:
+        raise ValueError(f"invalid consume offset:{text}")
+    digits = parts[1]
+    unsigned = digits[1:] if digits[:1] in ("+", "-") else digits
+    if not (unsigned.isascii() and unsigned.isdigit()):
+        raise ValueError(f"strconv.ParseInt: parsing {go_quote(digits)}: invalid syntax")
+    value = int(digits)
+    if not -(1 << 63) <= value < 1 << 63:
+        raise ValueError(f"strconv.ParseInt: parsing {go_quote(digits)}: value out of range")
+    return parts[0], value
+
+
+class Segment:
+    """One data file and where it starts in the partition."""
+
+    __slots__ = ("number", "start", "start_count", "size")
+
+    def __init__(self, number: int, start: int, start_count: int, size: int) -> None:
+        self.number = number
+        self.start = start
+        self.start_count = start_count
+        self.size = size
+
+
+class PartitionLog:
+    """The log of one partition: append, read by position, commit, sync, recover."""
+
+    def __init__(
+        self,
+        data_path: str,
+        topic: str,
+        partition: int,
+        *,
+        max_bytes_per_file: int,
+        sync_every: int,
+        ext: bool = False,
+        index_entries_per_file: int = DEFAULT_INDEX_ENTRIES_PER_FILE,
+        log: logging.Logger = logger,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.name = f"{topic}-{partition}"
+        self.directory = os.path.join(data_path, topic)
+        self.max_bytes_per_file = max_bytes_per_file
+        self.sync_every = max(1, sync_every)
+        self.ext = ext
+        self.index_entries_per_file = index_entries_per_file
+        self.log = log
+        os.makedirs(self.directory, exist_ok=True)
+        self.segments: list[Segment] = []
+        self._segment_starts: list[int] = []
+        self.start = Position(0, 0)
+        self.end = Position(0, 0)
+        self.last_id = partition << ID_PARTITION_SHIFT
+        self._write_fd = -1
+        self._index_fd = -1
+        self._index_number = 0
+        self._index_entries = 0
+        # The batch appended since the last commit, which one index entry will cover.
+        self._pending_first: tuple[int, int, int] | None = None  # first id, offset, count
+        self._pending_size = 0
+        self._pending_count = 0
+        self._ops_since_sync = 0
+        self._closed = False
+        self._tail: list[Message] = []
+        self._tail_offsets: list[int] = []
+        # Called with no arguments after each append (cursors wake their consumers).
+        self.on_append: Callable[[], None] | None = None
+        self._open()
+
+    # -- file names ----------------------------------------------------------------------------
+
+    def segment_path(self, number: int) -> str:
+        width = 6 if number < 999_990 else 9
+        return os.path.join(self.directory, f"{self.name}.diskqueue.{number:0{width}d}.dat")
+
+    @property
+    def writer_meta_path(self) -> str:
+        return os.path.join(self.directory, f"{self.name}.diskqueue.meta.writer.dat")
+
+    def _index_base(self) -> str:
+        return os.path.join(self.directory, f"{self.topic}_{self.partition}.commit.log")
+
+    def index_path(self, number: int | None = None) -> str:
+        """The active index file, or a rolled one by number."""
+        base = self._index_base()
+        return base if number is None else f"{base}.{number:08d}"
+
+    def delays_path(self, channel: str) -> str:
+        """A channel's deferred messages (nsqpy's own file: Youzan has no DPUB)."""
+        return os.path.join(self.directory, f"{self.name}:{channel}.delayed.json")
+
+    def reader_meta_path(self, channel: str) -> str:
+        return os.path.join(self.directory, f"{self.name}:{channel}.diskqueue.meta.v2.reader.dat")
+
+    # -- opening and recovery ------------------------------------------------------------------
+
+    def _open(self) -> None:
+        numbers = self._segment_numbers()
+        self._index_number = self._read_current_index_number()
+        entries = self._read_index_tail()
+        start_offset, start_count = self._read_start()
+        offset, count = start_offset, start_count
+        for number in numbers:
+            size = os.path.getsize(self.segment_path(number))
+            self.segments.append(Segment(number, offset, count, size))
+            offset += size
+            if number != numbers[-1]:
+                count += self._segment_count(number)
+        data_end = offset
+        committed = Position(start_offset, start_count)
+        last_id = self.partition << ID_PARTITION_SHIFT
+        while entries:
+            first_id, _epoch, entry_last_id, msg_offset, msg_size, msg_count, msg_num = entries[-1]
+            if msg_offset + msg_size <= data_end:
+                committed = Position(msg_offset + msg_size, msg_count - 1 + msg_num)
+                last_id = entry_last_id
+                break
+            entries.pop()  # the index got ahead of the data (power loss): drop that entry
+            self._index_entries -= 1
+            self._truncate_index()
+        if data_end != committed.offset:
+            self.log.warning(
+                "TOPIC(%s) partition %d: log data ends at %d, its index at %d: cut the data back"
+                " to the last complete index entry",
+                self.topic,
+                self.partition,
+                data_end,
+                committed.offset,
+            )
+            self._truncate_data(committed.offset)
+        self.start = Position(start_offset, start_count)
+        self.end = committed
+        self.last_id = last_id
+        if not self.segments:
+            self.segments.append(Segment(0, start_offset, start_count, 0))
+        self._segment_starts = [segment.start for segment in self.segments]
+        last = self.segments[-1]
+        self._write_fd = os.open(
+            self.segment_path(last.number), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+        )
+        self._index_fd = os.open(self.index_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def _segment_numbers(self) -> list[int]:
+        pattern = re.compile(re.escape(self.name) + r"\.diskqueue\.(\d{6,9})\.dat$")
+        numbers = []
+        for name in os.listdir(self.directory):
+            match = pattern.match(name)
+            if match:
+                numbers.append(int(match.group(1)))
+        return sorted(numbers)
+
+    def _segment_count(self, number: int) -> int:
+        """How many messages a rolled segment holds: its `.offsetmeta.dat`, else counted."""
+        try:
+            with open(self.segment_path(number) + ".offsetmeta.dat", "rb") as file:
+                return int(file.read().split(b"\n")[0])
+        except (FileNotFoundError, ValueError):
+            pass
+        count = 0
+        with open(self.segment_path(number), "rb") as file:
+            data = file.read()
+        at = 0
+        while at + 4 <= len(data):
+            at += 4 + _SIZE.unpack_from(data, at)[0]
+            count += 1
+        return count
+
+    def _read_current_index_number(self) -> int:
+        try:
+            with open(self._index_base() + ".current", "rb") as file:
+                return int(file.read().split()[0])
+        except (FileNotFoundError, ValueError, IndexError):
+            return 0
+
+    @property
+    def start_meta_path(self) -> str:
+        return os.path.join(self.directory, f"{self.name}.diskqueue.meta.extra.dat")
+
+    def _read_start(self) -> tuple[int, int]:
+        """Where the retained log begins (Youzan's `meta.extra.dat`: `VirtualOffset`,
+        `TotalMsgCnt`), else the beginning."""
+        try:
+            with open(self.start_meta_path, "rb") as file:
+                start = json.loads(file.read())
+            return int(start["VirtualOffset"]), int(start["TotalMsgCnt"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return 0, 0
+
+    def _read_index_tail(self) -> list[tuple]:
+        """The entries of the active index file, a torn last entry dropped."""
+        path = self.index_path()
+        try:
+            with open(path, "rb") as file:
+                data = file.read()
+        except FileNotFoundError:
+            data = b""
+        whole = len(data) - len(data) % ENTRY.size
+        if whole != len(data):
+            os.truncate(path, whole)
+        entries = [ENTRY.unpack_from(data, position) for position in range(0, whole, ENTRY.size)]
+        if not entries and self._index_number > 0:
+            # The active file was just rolled: the last entry is in the previous one.
+            previous = self.index_path(self._index_number - 1)
+            try:
+                with open(previous, "rb") as file:
+                    file.seek(-ENTRY.size, os.SEEK_END)
+                    last = file.read(ENTRY.size)
+                if len(last) == ENTRY.size:
+                    return [ENTRY.unpack(last)]
+            except (FileNotFoundError, OSError):
+                pass
+        self._index_entries = len(entries)
+        return entries
+
+    def _truncate_index(self) -> None:
+        os.truncate(self.index_path(), self._index_entries * ENTRY.size)
+
+    def _truncate_data(self, end: int) -> None:
+        kept = []
+        for segment in self.segments:
+            if segment.start >= end and kept:
+                os.unlink(self.segment_path(segment.number))
+                continue
+            if segment.start + segment.size > end:
+                segment.size = max(0, end - segment.start)
+                os.truncate(self.segment_path(segment.number), segment.size)
+            kept.append(segment)
+        self.segments = kept
+
+    # -- appending -----------------------------------------------------------------------------
+
+    def next_ids(self, count: int) -> list[bytes]:
+        """The next `count` message IDs of the partition, as 16 hex digits."""
+        first = self.last_id + 1
+        self.last_id += count
+        return [b"%016x" % value for value in range(first, first + count)]
+
+    def next_id(self) -> bytes:
+        self.last_id += 1
+        return b"%016x" % self.last_id
+
+    def append(self, messages: list[Message]) -> None:
+        """Write the messages at the end; their `offset` and `count` are set. OSError if the
+        write failed, and then nothing of it counts (the file is cut back)."""
+        if self._closed:
+            raise OSError(errno.EBADF, f"the log of {self.name} is closed")
+        ext = self.ext
+        offset = self.end.offset
+        count = self.end.count
+        parts = []
+        for message in messages:
+            record = encode_record(message, ext)
+            message.offset = offset
+            message.count = count
+            offset += len(record)
+            count += 1
+            parts.append(record)
+        data = b"".join(parts)
+        segment = self.segments[-1]
+        try:
+            written = 0
+            view = memoryview(data)
+            while written < len(data):
+                written += os.write(self._write_fd, view[written:])
+        except OSError:
+            os.ftruncate(self._write_fd, segment.size)
+            raise
+        segment.size += len(data)
+        if self._pending_first is None:
+            self._pending_first = (int(messages[0].id, 16), self.end.offset, self.end.count + 1)
+        self._pending_size += len(data)
+        self._pending_count += len(messages)
+        self._pending_last_id = int(messages[-1].id, 16)
+        self.end = Position(offset, count)
+        self._ops_since_sync += len(messages)
+        self._remember(messages)
+        if segment.size >= self.max_bytes_per_file:
+            self._roll()
+        if self.on_append is not None:
+            self.on_append()
+
+    def _remember(self, messages: list[Message]) -> None:
+        tail = self._tail
+        for message in messages:
+            tail.append(message.copy())
+            self._tail_offsets.append(message.offset)
+        if len(tail) > 2 * HOT_TAIL_MESSAGES:
+            del tail[:HOT_TAIL_MESSAGES]
+            del self._tail_offsets[:HOT_TAIL_MESSAGES]
+
+    def commit(self) -> None:
+        """One index entry for everything appended since the last commit. Nothing once the
+        log is closed or deleted (its descriptors' numbers may belong to sockets by then)."""
+        if self._pending_first is None or self._closed:
+            return
+        first_id, offset, first_count = self._pending_first
+        os.write(
+            self._index_fd,
+            ENTRY.pack(
+                first_id,
+                0,
+                self._pending_last_id,
+                offset,
+                self._pending_size,
+                first_count,
+                self._pending_count,
+            ),
+        )
+        self._pending_first = None
+        self._pending_size = 0
+        self._pending_count = 0
+        self._index_entries += 1
+        if self._index_entries >= self.index_entries_per_file:
+            self._roll_index()
+
+    def _roll(self) -> None:
+        """The segment is full: record its range, start the next."""
+        self.commit()
+        segment = self.segments[-1]
+        with open(self.segment_path(segment.number) + ".offsetmeta.dat", "wb") as file:
+            count = self.end.count - segment.start_count
+            file.write(b"%d\n%d,%d\n" % (count, segment.start, segment.start + segment.size))
+        os.fsync(self._write_fd)
+        os.close(self._write_fd)
+        following = Segment(segment.number + 1, self.end.offset, self.end.count, 0)
+        self.segments.append(following)
+        self._segment_starts.append(following.start)
+        self._write_fd = os.open(
+            self.segment_path(following.number), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+        )
+
+    def _roll_index(self) -> None:
+        os.fsync(self._index_fd)
+        os.close(self._index_fd)
+        os.rename(self.index_path(), self.index_path(self._index_number))
+        self._index_number += 1
+        self._index_entries = 0
+        self._index_fd = os.open(self.index_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        _write_atomically(self._index_base() + ".current", b"%d\n" % self._index_number)
+
+    # -- durability: the diskqueue's sync contract -----------------------------------------------
+
+    @property
+    def sync_due(self) -> bool:
+        return self._ops_since_sync >= self.sync_every
+
+    @property
+    def dirty(self) -> bool:
+        return self._ops_since_sync > 0 or self._pending_first is not None
+
+    def prepare_sync(self) -> Callable[[], bool]:
+        """Commit on the loop; the returned job fsyncs data, then index, then writes the writer
+        metadata, and may run in a worker thread. A closed log has nothing left to sync."""
+        if self._closed:
+            return lambda: True
+        self.commit()
+        self._ops_since_sync = 0
+        data_fd = os.dup(self._write_fd)
+        index_fd = os.dup(self._index_fd)
+        segment = self.segments[-1]
+        meta = b"%d\n%d,%d,%d\n" % (self.end.count, segment.number, segment.size, self.end.offset)
+        meta_path = self.writer_meta_path
+
+        def job() -> bool:
+            try:
+                os.fsync(data_fd)
+                os.fsync(index_fd)
+                _write_atomically(meta_path, meta + META_MAGIC)
+                return True
+            except OSError as error:
+                logger.error("LOG(%s) failed to sync - %s", self.name, error)
+                return False
+            finally:
+                os.close(data_fd)
+                os.close(index_fd)
+
+        return job
+
+    def sync(self) -> bool:
+        return self.prepare_sync()()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def read(self, position: Position, max_count: int, end: int | None = None) -> list[Message]:
+        """Up to `max_count` messages from `position` (a record boundary) up to the end."""
+        end = self.end.offset if end is None else min(end, self.end.offset)
+        if position.offset >= end or max_count <= 0:
+            return []
+        offsets = self._tail_offsets
+        if offsets and position.offset >= offsets[0]:
+            index = bisect.bisect_left(offsets, position.offset)
+            if index < len(offsets) and offsets[index] == position.offset:
+                taken = []
+                for message in self._tail[index : index + max_count]:
+                    if message.offset >= end:
+                        break
+                    taken.append(message.copy())
+                return taken
+        return self._read_from_disk(position, max_count, end)
+
+    def _read_from_disk(self, position: Position, max_count: int, end: int) -> list[Message]:
+        if position.offset < self.start.offset:
+            raise LogCorruption(f"offset {position.offset} is before the log's start")
+        index = bisect.bisect_right(self._segment_starts, position.offset) - 1
+        messages: list[Message] = []
+        offset, count = position.offset, position.count
+        while len(messages) < max_count and offset < end and index < len(self.segments):
+            segment = self.segments[index]
+            pos = offset - segment.start
+            if pos >= segment.size:
+                index += 1
+                continue
+            available = min(segment.size - pos, end - offset)
+            fd = os.open(self.segment_path(segment.number), os.O_RDONLY)
+            try:
+                chunk = os.pread(fd, min(available, READ_CHUNK), pos)
+                if len(chunk) >= 4:
+                    (first_size,) = _SIZE.unpack_from(chunk)
+                    if 4 + first_size > len(chunk) and 4 + first_size <= available:
+                        chunk = os.pread(fd, 4 + first_size, pos)  # one record past a chunk
+            finally:
+                os.close(fd)
+            view = memoryview(chunk)
+            at = 0
+            while len(messages) < max_count and at + 4 <= len(chunk):
+                (size,) = _SIZE.unpack_from(view, at)
+                if size < RECORD_HEADER_SIZE:
+                    raise LogCorruption(f"record of {size} bytes at offset {offset}")
+                if at + 4 + size > len(chunk):
+                    break
+                messages.append(decode_record(view[at + 4 : at + 4 + size], offset, count))
+                at += 4 + size
+                offset += 4 + size
+                count += 1
+            if at == 0:
+                raise LogCorruption(f"no whole record at offset {offset}")
+        return messages
+
+    def read_raw(self, position: Position, end: int, max_bytes: int) -> tuple[bytes, Position]:
+        """The stored bytes of whole records from `position` (a record boundary) up to `end`
+        (at most the log's end), at most `max_bytes` of them but at least one record: the
+        records exactly as written, `[4 size][record]...`, and the position after them."""
+        end = min(end, self.end.offset)
+        if position.offset >= end:
+            return b"", position
+        parts = []
+        offset, count = position.offset, position.count
+        budget = max_bytes
+        index = bisect.bisect_right(self._segment_starts, offset) - 1
+        while offset < end and index < len(self.segments):
+            segment = self.segments[index]
+            pos = offset - segment.start
+            if pos >= segment.size:
+                index += 1
+                continue
+            fd = os.open(self.segment_path(segment.number), os.O_RDONLY)
+            try:
+                want = min(segment.size - pos, end - offset, max(budget, 0))
+                chunk = os.pread(fd, want, pos) if want > 0 else b""
+                at = 0
+                while True:
+                    if at + 4 > len(chunk):
+                        if at == 0 and not parts and pos + 4 <= segment.size:
+                            # Not even one record in the budget: take the first whole.
+                            (size,) = _SIZE.unpack(os.pread(fd, 4, pos))
+                            chunk = os.pread(fd, 4 + size, pos)
+                            continue
+                        break
+                    (size,) = _SIZE.unpack_from(chunk, at)
+                    if at + 4 + size > len(chunk):
+                        if at == 0 and not parts:
+                            chunk = os.pread(fd, 4 + size, pos)
+                            continue
+                        break
+                    at += 4 + size
+                    count += 1
+            finally:
+                os.close(fd)
+            if at == 0:
+                break
+            parts.append(chunk[:at])
+            offset += at
+            budget -= at
+            if budget <= 0:
+                break
+        return b"".join(parts), Position(offset, count)
+
+    # -- searching: the commit-log index, then the batch ------------------------------------------
+
+    def _index_files(self) -> list[tuple[str, int]]:
+        """Every index file still there, oldest first, with its entry count."""
+        files = []
+        for number in range(self._index_number):
+            path = self.index_path(number)
+            try:
+                files.append((path, os.path.getsize(path) // ENTRY.size))
+            except FileNotFoundError:
+                continue  # removed by retention
+        self.commit()  # what was appended is searchable at once
+        files.append((self.index_path(), self._index_entries))
+        return files
+
+    def _last_entry_where(self, holds: Callable[[tuple], bool]) -> tuple | None:
+        """The last index entry for which `holds` is true, `holds` being true for a prefix of
+        the entries (a binary search with one `pread` per probe)."""
+        files = self._index_files()
+        total = sum(count for _path, count in files)
+        descriptors: dict[str, int] = {}
+
+        def entry(position: int) -> tuple:
+            for path, count in files:
+                if position < count:
+                    fd = descriptors.get(path)
+                    if fd is None:
+                        fd = descriptors[path] = os.open(path, os.O_RDONLY)
+                    return ENTRY.unpack(os.pread(fd, ENTRY.size, position * ENTRY.size))
+                position -= count
+            raise IndexError(position)
+
+        try:
+            low, high = 0, total  # the answer is in [low - 1, high)
+            while low < high:
+                middle = (low + high) // 2
+                if holds(entry(middle)):
+                    low = middle + 1
+                else:
+                    high = middle
+            return entry(low - 1) if low > 0 else None
+        finally:
+            for fd in descriptors.values():
+                os.close(fd)
+
+    def _scan_from(self, entry: tuple | None, stop: Callable[[Message], bool]) -> Position:
+        """From the start of `entry`'s batch (the log's start when None), the position of the
+        first message for which `stop` is true; the end when none is."""
+        position = self.start
+        if entry is not None and entry[3] >= self.start.offset:
+            position = Position(entry[3], entry[5] - 1)
+        while position.offset < self.end.offset:
+            batch = self.read(position, 1024)
+            if not batch:
+                break
+            for message in batch:
+                if stop(message):
+                    return Position(message.offset, message.count)
+            last = batch[-1]
+            position = Position(last.offset + record_size(last, self.ext), last.count + 1)
+        return self.end
+
+    def _first_timestamp(self, entry: tuple) -> int:
+        (message,) = self.read(Position(entry[3], entry[5] - 1), 1) or [None]
+        return message.timestamp if message is not None else 0
+
+    def search_timestamp(self, timestamp_ns: int) -> Position:
+        """The first message published at or after `timestamp_ns`, or the end."""
+        entry = self._last_entry_where(
+            lambda e: e[3] < self.start.offset or self._first_timestamp(e) < timestamp_ns
+        )
+        return self._scan_from(entry, lambda message: message.timestamp >= timestamp_ns)
+
+    def position_of_count(self, count: int) -> Position:
+        """The position of the message with `count` messages before it (clamped to start and
+        end)."""
+        if count <= self.start.count:
+            return self.start
+        if count >= self.end.count:
+            return self.end
+        entry = self._last_entry_where(lambda e: e[5] - 1 <= count)
+        return self._scan_from(entry, lambda message: message.count >= count)
+
+    def position_at_or_after(self, offset: int) -> Position:
+        """The first record boundary at or after a virtual offset."""
+        if offset <= self.start.offset:
+            return self.start
+        if offset >= self.end.offset:
+            return self.end
+        entry = self._last_entry_where(lambda e: e[3] <= offset)
+        return self._scan_from(entry, lambda message: message.offset >= offset)
+
+    def position_for(self, kind: str, value: int) -> Position:
+        """Where a consume offset (Youzan's `<type>:<value>`, docs/protocol.md §3.8) points:
+        `timestamp` (unix seconds: the first message at or after it), `virtual_queue` (the
+        first record at or after that virtual offset), `msgcount` (the message with that many
+        before it), `special:-1` (the end). ValueError for what cannot be served, such as an
+        offset already removed by retention."""
+        if kind == "special":
+            if value != -1:
+                raise ValueError(f"not supported special consume offset: {value}")
+            return self.end
+        if kind == "timestamp":
+            return self.search_timestamp(value * 1_000_000_000)
+        if kind == "virtual_queue":
+            if value < self.start.offset:
+                raise ValueError(
+                    f"offset {value} is before the start {self.start.offset} of the queue"
+                )
+            return self.position_at_or_after(value)
+        if kind == "msgcount":
+            if value < self.start.count:
+                raise ValueError(
+                    f"count {value} is before the start {self.start.count} of the queue"
+                )
+            return self.position_of_count(value)
+        raise ValueError(f"invalid consume offset:{kind}:{value}")
+
+    # -- retention -----------------------------------------------------------------------------
+
+    def clean(self, floor: int, *, keep_bytes: float, older_than: float) -> int:
+        """Remove whole segments that end at or before `floor` (every channel's confirmed
+        offset) and are either older than `older_than` (a unix time) or beyond `keep_bytes`
+        of consumed data; the active segment stays. The new start is written before any file
+        goes. How many segments were removed."""
+        removable = []
+        retained_below_floor = min(floor, self.end.offset) - self.start.offset
+        for segment in self.segments[:-1]:
+            end = segment.start + segment.size
+            if end > floor:
+                break
+            path = self.segment_path(segment.number)
+            old = os.path.getmtime(path) < older_than
+            over_budget = retained_below_floor > keep_bytes
+            if not (old or over_budget):
+                break
+            removable.append(segment)
+            retained_below_floor -= segment.size
+        if not removable:
+            return 0
+        following = self.segments[len(removable)]
+        self.start = Position(following.start, following.start_count)
+        start = {
+            "SegOffset": {"FileNum": following.number, "Pos": 0},
+            "VirtualOffset": following.start,
+            "TotalMsgCnt": following.start_count,
+        }
+        _write_atomically(self.start_meta_path, json.dumps(start).encode())
+        for segment in removable:
+            path = self.segment_path(segment.number)
+            for name in (path, path + ".offsetmeta.dat"):
+                try:
+                    os.unlink(name)
+                except FileNotFoundError:
+                    pass
+        del self.segments[: len(removable)]
+        self._segment_starts = [segment.start for segment in self.segments]
+        self._forget_tail_before(self.start.offset)
+        self.log.info(
+            "TOPIC(%s) partition %d: retention removed %d segment(s); the log starts at %d",
+            self.topic,
+            self.partition,
+            len(removable),
+            self.start.offset,
+        )
+        return len(removable)
+
+    def _forget_tail_before(self, offset: int) -> None:
+        index = bisect.bisect_left(self._tail_offsets, offset)
+        del self._tail[:index]
+        del self._tail_offsets[:index]
+
+    # -- closing -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.sync()
+        os.close(self._write_fd)
+        os.close(self._index_fd)
+        self._closed = True
+
+    def delete(self) -> None:
+        """The partition's files go."""
+        if not self._closed:
+            os.close(self._write_fd)
+            os.close(self._index_fd)
+            self._closed = True
+        prefixes = (f"{self.name}.", f"{self.name}:", f"{self.topic}_{self.partition}.commit.log")
+        for name in os.listdir(self.directory):
+            if name.startswith(prefixes):
+                os.unlink(os.path.join(self.directory, name))
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    temporary = path + ".tmp"
+    with open(temporary, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)

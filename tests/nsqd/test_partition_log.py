@@ -1,0 +1,341 @@
+"""The partition log on real files: Youzan's layout, IDs and offsets across reopening, segment and
+index rolling at their boundaries, torn-tail recovery, and the channel cursor over it."""
+
+import math
+import os
+import struct
+
+import pytest
+
+from nsqd.cursor_queue import CursorQueue
+from nsqd.message import Message
+from nsqd.partition_log import (
+    ENTRY,
+    ID_PARTITION_SHIFT,
+    META_MAGIC,
+    PartitionLog,
+    Position,
+    record_size,
+)
+
+
+class Paused:
+    """The topic a cursor asks whether reading is paused."""
+
+    paused = False
+
+
+def open_log(path, **changes) -> PartitionLog:
+    settings = {"max_bytes_per_file": 1 << 20, "sync_every": 1, "partition": 2}
+    settings.update(changes)
+    partition = settings.pop("partition")
+    return PartitionLog(str(path), "t", partition, **settings)
+
+
+def publish(log: PartitionLog, *bodies: bytes, trace: int = 0) -> list[Message]:
+    ids = log.next_ids(len(bodies))
+    messages = [
+        Message(mid, body, 1_000 + i) for i, (mid, body) in enumerate(zip(ids, bodies, strict=True))
+    ]
+    for message in messages:
+        message.trace_id = trace
+    log.append(messages)
+    log.commit()
+    return messages
+
+
+def entries(log: PartitionLog) -> list[tuple]:
+    with open(log.index_path(), "rb") as file:
+        data = file.read()
+    return [ENTRY.unpack_from(data, at) for at in range(0, len(data), ENTRY.size)]
+
+
+def test_files_ids_and_index_entries_are_youzans(tmp_path):
+    log = open_log(tmp_path)
+    first = publish(log, b"a", b"bb")
+    second = publish(log, b"ccc", trace=7)
+    base = 2 << ID_PARTITION_SHIFT
+    assert [int(m.id, 16) for m in first + second] == [base + 1, base + 2, base + 3]
+    # Offsets count size prefixes: 4 + 26-byte header + body.
+    assert [m.offset for m in first + second] == [0, 31, 63]
+    assert [m.count for m in first + second] == [0, 1, 2]
+    assert entries(log) == [
+        (base + 1, 0, base + 2, 0, 63, 1, 2),
+        (base + 3, 0, base + 3, 63, 33, 3, 1),
+    ]
+    log.sync()
+    names = sorted(os.listdir(tmp_path / "t"))
+    assert names == [
+        "t-2.diskqueue.000000.dat",
+        "t-2.diskqueue.meta.writer.dat",
+        "t_2.commit.log",
+    ]
+    with open(tmp_path / "t" / "t-2.diskqueue.meta.writer.dat", "rb") as file:
+        assert file.read() == b"3\n0,96,96\n" + META_MAGIC
+    with open(tmp_path / "t" / "t-2.diskqueue.000000.dat", "rb") as file:
+        data = file.read()
+    # [4 size][8 ts][2 attempts][8 id][8 trace id][body]
+    size, ts, attempts, internal_id, trace = struct.unpack_from(">IqHQQ", data, 63)
+    assert (size, ts, attempts, internal_id, trace) == (29, 1_000, 0, base + 3, 7)
+    assert data[63 + 30 :] == b"ccc"
+    log.close()
+
+
+def test_ids_offsets_and_messages_survive_reopening(tmp_path):
+    log = open_log(tmp_path)
+    published = publish(log, b"one", b"two")
+    log.close()
+    again = open_log(tmp_path)
+    assert again.end == Position(published[-1].offset + 33, 2)
+    (third,) = publish(again, b"three")
+    assert int(third.id, 16) == int(published[-1].id, 16) + 1
+    read = again.read(Position(0, 0), 10)
+    assert [(m.body, m.offset, m.count, m.id) for m in read] == [
+        (b"one", 0, 0, published[0].id),
+        (b"two", 33, 1, published[1].id),
+        (b"three", 66, 2, third.id),
+    ]
+    again.close()
+
+
+def test_segments_roll_at_max_bytes_and_reads_cross_them(tmp_path):
+    log = open_log(tmp_path, max_bytes_per_file=100)
+    bodies = [bytes([65 + i]) * 40 for i in range(6)]  # 70-byte records: a roll every 2
+    for body in bodies:
+        publish(log, body)
+    names = sorted(n for n in os.listdir(tmp_path / "t") if n.endswith(".dat"))
+    assert "t-2.diskqueue.000000.dat.offsetmeta.dat" in names
+    assert "t-2.diskqueue.000002.dat" in names
+    with open(tmp_path / "t" / "t-2.diskqueue.000000.dat.offsetmeta.dat", "rb") as file:
+        assert file.read() == b"2\n0,140\n"
+    log.close()
+    reopened = open_log(tmp_path, max_bytes_per_file=100)
+    # From disk (a fresh log has no hot tail), across every segment.
+    assert [m.body for m in reopened.read(Position(0, 0), 10)] == bodies
+    assert [m.body for m in reopened.read(Position(140, 2), 1)] == [bodies[2]]
+    reopened.close()
+
+
+def test_the_index_rolls_into_numbered_files_and_reopens(tmp_path):
+    log = open_log(tmp_path, index_entries_per_file=3)
+    for i in range(7):
+        publish(log, b"m%d" % i)
+    log.close()
+    directory = tmp_path / "t"
+    assert sorted(n for n in os.listdir(directory) if "commit.log" in n) == [
+        "t_2.commit.log",
+        "t_2.commit.log.00000000",
+        "t_2.commit.log.00000001",
+        "t_2.commit.log.current",
+    ]
+    assert (directory / "t_2.commit.log.current").read_bytes() == b"2\n"
+    reopened = open_log(tmp_path, index_entries_per_file=3)
+    assert reopened.end.count == 7
+    (after,) = publish(reopened, b"m7")
+    assert after.count == 7
+    reopened.close()
+
+
+def test_a_torn_tail_is_cut_back_to_the_last_index_entry(tmp_path, caplog):
+    log = open_log(tmp_path)
+    publish(log, b"kept")
+    log.close()
+    segment = tmp_path / "t" / "t-2.diskqueue.000000.dat"
+    with open(segment, "ab") as file:
+        file.write(b"\x00\x00\x00\x40garbage that no index entry covers")
+    with open(tmp_path / "t" / "t_2.commit.log", "ab") as file:
+        file.write(b"\x01" * 20)  # a torn index entry too
+    reopened = open_log(tmp_path)
+    assert "cut the data back to the last complete index entry" in caplog.text
+    assert os.path.getsize(segment) == 34
+    assert os.path.getsize(tmp_path / "t" / "t_2.commit.log") == ENTRY.size
+    (next_message,) = publish(reopened, b"next")
+    assert [m.body for m in reopened.read(Position(0, 0), 5)] == [b"kept", b"next"]
+    assert next_message.offset == 34
+    reopened.close()
+
+
+def test_index_entries_past_the_data_are_dropped(tmp_path):
+    log = open_log(tmp_path)
+    publish(log, b"first")
+    publish(log, b"second")
+    log.close()
+    segment = tmp_path / "t" / "t-2.diskqueue.000000.dat"
+    os.truncate(segment, 35 + 10)  # power loss: the second record is short, its entry there
+    reopened = open_log(tmp_path)
+    assert reopened.end == Position(35, 1)
+    assert os.path.getsize(segment) == 35
+    assert [m.body for m in reopened.read(Position(0, 0), 5)] == [b"first"]
+    reopened.close()
+
+
+# -- the cursor ------------------------------------------------------------------------------
+
+
+def cursor(log: PartitionLog, name: str = "c", window: int = 500) -> CursorQueue:
+    return CursorQueue(Paused(), log, name, window)
+
+
+def test_a_new_channel_starts_at_the_end(tmp_path):
+    log = open_log(tmp_path)
+    publish(log, b"before")
+    channel = cursor(log)
+    assert channel.take(5) == [] and channel.depth == 0
+    publish(log, b"after")
+    assert [m.body for m in channel.take(5)] == [b"after"]
+    log.close()
+
+
+def test_out_of_order_fins_move_confirmed_only_when_the_gap_closes(tmp_path):
+    log = open_log(tmp_path)
+    channel = cursor(log)
+    published = publish(log, b"0", b"1", b"2", b"3")
+    taken = channel.take(4)
+    size = record_size(taken[0], False)
+    channel.acknowledge(taken[2])
+    channel.acknowledge(taken[1])
+    assert channel.confirmed == Position(0, 0)
+    channel.acknowledge(taken[0])
+    assert channel.confirmed == Position(3 * size, 3)
+    channel.acknowledge(taken[3])
+    assert channel.confirmed == log.end
+    assert channel.lag == 0 and len(published) == 4
+    log.close()
+
+
+def test_delivery_resumes_at_the_persisted_confirmed_position(tmp_path):
+    log = open_log(tmp_path)
+    channel = cursor(log)
+    publish(log, b"0", b"1", b"2")
+    taken = channel.take(3)
+    channel.acknowledge(taken[0])
+    channel.acknowledge(taken[2])  # out of order: redelivered after a restart
+    channel.flush([])
+    log.close()
+    reopened = open_log(tmp_path)
+    again = cursor(reopened)
+    assert [m.body for m in again.take(5)] == [b"1", b"2"]
+    reopened.close()
+
+
+def test_the_window_stops_reading_until_the_gaps_close(tmp_path):
+    log = open_log(tmp_path)
+    channel = cursor(log, window=2)
+    publish(log, *[b"%d" % i for i in range(10)])
+    taken = channel.take(7)
+    for message in taken[1::2]:  # 1, 3, 5: three separate ranges beyond confirmed
+        channel.acknowledge(message)
+    assert channel.take(3) == []
+    channel.acknowledge(taken[0])
+    channel.acknowledge(taken[2])  # ranges merge into confirmed: one range left
+    assert [m.body for m in channel.take(3)] == [b"7", b"8", b"9"]
+    log.close()
+
+
+def test_requeued_messages_go_out_before_new_reads(tmp_path):
+    log = open_log(tmp_path)
+    channel = cursor(log)
+    publish(log, b"0", b"1", b"2")
+    first = channel.take(1)
+    channel.put_back(first)
+    assert [m.body for m in channel.take(5)] == [b"0", b"1", b"2"]
+    log.close()
+
+
+def test_set_position_replays(tmp_path):
+    log = open_log(tmp_path)
+    channel = cursor(log)
+    publish(log, b"0", b"1", b"2")
+    for message in channel.take(3):
+        channel.acknowledge(message)
+    channel.set_position(log.position_of_count(1))
+    assert [m.body for m in channel.take(5)] == [b"1", b"2"]
+    channel.set_position(log.search_timestamp(1_002))
+    assert [m.body for m in channel.take(5)] == [b"2"]
+    channel.set_position(log.position_at_or_after(1))
+    assert [m.body for m in channel.take(5)] == [b"1", b"2"]
+    log.close()
+
+
+@pytest.mark.parametrize("ext_header", [b"", b'{"k":"v"}'])
+def test_ext_records_keep_their_header(tmp_path, ext_header):
+    log = open_log(tmp_path, ext=True)
+    (mid,) = log.next_ids(1)
+    message = Message(mid, b"body", 5)
+    message.ext_header = ext_header
+    log.append([message])
+    log.commit()
+    log.close()
+    reopened = open_log(tmp_path, ext=True)
+    (read,) = reopened.read(Position(0, 0), 1)
+    assert (read.body, read.ext_header, read.attempts) == (b"body", ext_header, 0)
+    assert reopened.end.offset == record_size(message, True)
+    reopened.close()
+
+
+# -- retention -------------------------------------------------------------------------------
+
+
+def test_retention_removes_only_segments_every_channel_confirmed(tmp_path):
+    log = open_log(tmp_path, max_bytes_per_file=100)
+    bodies = [bytes([65 + i]) * 40 for i in range(6)]  # 70-byte records: 140-byte segments
+    for body in bodies:
+        publish(log, body)
+    assert log.clean(0, keep_bytes=-1, older_than=math.inf) == 0  # nothing consumed
+    assert log.clean(150, keep_bytes=-1, older_than=math.inf) == 1  # segment 0 only
+    assert log.start == Position(140, 2)
+    assert not (tmp_path / "t" / "t-2.diskqueue.000000.dat").exists()
+    # Consumed but young and within the size budget: kept.
+    assert log.clean(420, keep_bytes=10_000, older_than=0) == 0
+    # Beyond the size budget: the oldest consumed segments go until it fits.
+    assert log.clean(420, keep_bytes=150, older_than=0) == 1
+    assert log.start == Position(280, 4)
+    log.close()
+    reopened = open_log(tmp_path, max_bytes_per_file=100)
+    assert reopened.start == Position(280, 4)
+    assert [m.body for m in reopened.read(reopened.start, 10)] == bodies[4:]
+    with pytest.raises(ValueError, match="before the start"):
+        reopened.position_for("virtual_queue", 0)
+    assert reopened.position_for("msgcount", 5) == Position(350, 5)
+    reopened.close()
+
+
+def test_searches_use_the_index_across_rolled_files(tmp_path):
+    log = open_log(tmp_path, index_entries_per_file=4)
+    published = []
+    for i in range(20):
+        message = Message(log.next_ids(1)[0], b"m%02d" % i, 1_000 * i)
+        log.append([message])
+        log.commit()
+        published.append(message)
+    for i in (0, 7, 13, 19):
+        target = published[i]
+        assert log.position_of_count(i) == Position(target.offset, i)
+        assert log.position_at_or_after(target.offset - 1) == Position(target.offset, i)
+        assert log.search_timestamp(1_000 * i - 1) == Position(target.offset, i)
+    assert log.search_timestamp(10**12) == log.end
+    data, following = log.read_raw(Position(published[3].offset, 3), log.end.offset, 1)
+    assert following == Position(published[4].offset, 4)
+    assert data[30:] == b"m03"
+    log.close()
+
+
+def test_a_deleted_log_never_writes_to_its_old_descriptors(tmp_path):
+    """Found by the HTTP fuzzer: a topic deleted between a publish and nsqd's commit had its
+    index entry written to whatever reused the descriptor's number (an HTTP connection)."""
+    log = open_log(tmp_path)
+    (message_id,) = log.next_ids(1)
+    log.append([Message(message_id, b"x", 0)])
+    log.delete()
+    read_end, write_end = os.pipe()  # the lowest free numbers: the log's old descriptors
+    try:
+        log.commit()
+        assert log.prepare_sync()() is True
+        os.set_blocking(read_end, False)
+        with pytest.raises(BlockingIOError):
+            os.read(read_end, 100)
+        with pytest.raises(OSError, match="closed"):
+            log.append([Message(log.next_ids(1)[0], b"y", 0)])
+    finally:
+        os.close(read_end)
+        os.close(write_end)
