@@ -175,9 +175,9 @@ def main(argv: list[str] | None = None) -> None:
     with Nsqd(data_path=data_path) as nsqd:
         first_delivery(nsqd.port)
         restart = time.monotonic() - launched
-        rss_first = nsqd.memory()["rss"] / 2**20
+        rss_first = nsqd.memory()["VmRSS"] / 2**20
         drain(nsqd.port, 100_000)
-        rss_after = nsqd.memory()["rss"] / 2**20
+        rss_after = nsqd.memory()["VmRSS"] / 2**20
         messages, elapsed = range_fetch(nsqd.http_port)
         nsqd.keep_data = False
     print(
