@@ -120,7 +120,7 @@ class Actions:
     ) -> list[str]:
         """A log topic's channel delivers again from a point in time (Youzan's reset)."""
         self.check_admin(request)
-        timestamp = _unix_seconds(timestamp)
+        timestamp = unix_seconds(timestamp)
         self._notify(request, "reset_channel", topic, channel)
         return await self.cluster.reset_channel(
             topic, channel, timestamp, self._lookupds, self._nsqds
@@ -148,7 +148,7 @@ class Actions:
         return errors
 
 
-def _unix_seconds(value: object) -> int:
+def unix_seconds(value: object) -> int:
     """Unix seconds from a number, its digits, or an ISO 8601 time (UTC unless it says)."""
     if isinstance(value, str):
         text = value.strip()

@@ -116,9 +116,12 @@ class ClusterInfo:
         self._warn(errors)
         return results, errors
 
-    async def _post_all(self, urls: Iterable[str]) -> list[str]:
-        """POST to each URL; the errors (Go's nsqlookupdPOST / producersPOST never fail whole)."""
-        outcomes = await asyncio.gather(*(self.post(url) for url in urls), return_exceptions=True)
+    async def _post_all(self, urls: Iterable[str], body: bytes = b"") -> list[str]:
+        """POST `body` to each URL; the errors (Go's nsqlookupdPOST / producersPOST never fail
+        whole)."""
+        outcomes = await asyncio.gather(
+            *(self.post(url, body) for url in urls), return_exceptions=True
+        )
         errors = []
         for outcome in outcomes:
             if isinstance(outcome, RequestError):
@@ -358,20 +361,10 @@ class ClusterInfo:
         seconds), through nsqd's `/channel/setoffset`."""
         producers, errors = await self.get_topic_producers(topic, lookupds, nsqds)
         query = {"topic": topic, "channel": channel}
-        body = b"timestamp:%d" % timestamp
-        outcomes = await asyncio.gather(
-            *(
-                self.post(endpoint(p.http_address, "channel/setoffset", query), body)
-                for p in producers
-            ),
-            return_exceptions=True,
+        errors += await self._post_all(
+            (endpoint(p.http_address, "channel/setoffset", query) for p in producers),
+            b"timestamp:%d" % timestamp,
         )
-        for outcome in outcomes:
-            if isinstance(outcome, RequestError):
-                errors.append(str(outcome))
-            elif isinstance(outcome, BaseException):
-                raise outcome
-        self._warn(errors)
         return errors
 
     async def tombstone_node_for_topic(

@@ -12,6 +12,7 @@ Only --admin-user users see the buttons or may post, and a form posted from anot
 """
 
 import asyncio
+import datetime
 import secrets
 import time
 from collections import OrderedDict
@@ -25,7 +26,7 @@ from aiohttp import web
 from markupsafe import Markup
 
 from common.version import VERSION
-from nsqadmin.actions import ActionError, is_same_origin
+from nsqadmin.actions import ActionError, is_same_origin, unix_seconds
 from nsqadmin.charts import render_chart, render_sparkline
 from nsqadmin.cluster import UpstreamError
 from nsqadmin.stats import (
@@ -441,14 +442,19 @@ class Pages:
             )
         if action == "reset":
             moment = str(form.get("timestamp", ""))
+            try:
+                when = datetime.datetime.fromtimestamp(unix_seconds(moment), datetime.UTC)
+                moment_text = when.strftime("%Y-%m-%d %H:%M:%S UTC")
+            except ActionError:
+                moment_text = moment
             return await self._act(
                 request,
                 form,
-                question=f"Reset {what} to {moment}? Its consumers get every message"
+                question=f"Reset {what} to {moment_text}? Its consumers get every message"
                 " published since then again.",
                 confirm_label="Reset channel",
                 run=lambda: actions.reset_channel(request, topic, channel, moment),
-                done=f"Reset {what} to {moment}.",
+                done=f"Reset {what} to {moment_text}.",
                 then=channel_page,
                 cancel=channel_page,
             )

@@ -459,3 +459,30 @@ def test_pages_work_without_javascript(cluster, busy_topic):
         assert [n.channel(busy_topic, "ch")["depth"] for n in cluster.nsqds] == [0, 0]
     finally:
         driver.quit()
+
+
+def test_reset_a_log_topic_channel_to_a_time(cluster, browser, topic_name):
+    """A log topic's channel page shows its lag and an admin resets the channel to a time:
+    the nsqds deliver again from there (nsqd's /channel/setoffset)."""
+    for nsqd in cluster.nsqds:
+        for path in (
+            f"topic/create?topic={topic_name}&partition_num=1",
+            f"channel/create?topic={topic_name}&channel=ch&partition=0",
+        ):
+            assert http("POST", f"{nsqd.url}/{path}").status == 200
+        assert http("POST", f"{nsqd.url}/pub?topic={topic_name}", b"m").status == 200
+        skip = http(
+            "POST", f"{nsqd.url}/channel/setoffset?topic={topic_name}&channel=ch", b"special:-1"
+        )
+        assert skip.status == 200
+    cluster.wait_registered(topic_name)
+    browser.get(f"{cluster.url}/topics/{topic_name}/ch")
+    assert number(field(browser, '#channel-nodes tr[data-node="*"]', "lag")) == 0
+    browser.execute_script(
+        "document.querySelector('#reset-form input[name=timestamp]').value = '2000-01-01T00:00:00'"
+    )
+    click_action(browser, "reset", "#reset-form")
+    confirm(browser)
+    assert flash(browser) == f"Reset channel ch of topic {topic_name} to 2000-01-01 00:00:00 UTC."
+    assert [n.channel(topic_name, "ch")["lag"] for n in cluster.nsqds] == [1, 1]
+    assert number(field(browser, '#channel-nodes tr[data-node="*"]', "lag")) == 2
