@@ -38,12 +38,7 @@ class ClassicDialect:
 
     def message_key(self, args: list[bytes], label: str) -> bytes:
         """The in-flight key a FIN, REQ or TOUCH names."""
-        if not args:
-            raise ProtocolError("E_INVALID", f"{label} insufficient number of params")
-        message_id = args[0]
-        if len(message_id) != MESSAGE_ID_LENGTH:
-            raise ProtocolError("E_INVALID", "invalid message ID")
-        return message_id
+        return _wire_id(args, label, "invalid message ID")
 
     def printed_id(self, wire_id: bytes) -> str:
         """The ID as failure texts print it: Go's %s of the hex ID."""
@@ -66,11 +61,7 @@ class YouzanDialect(ClassicDialect):
         self.detail = False
 
     def message_key(self, args: list[bytes], label: str) -> bytes:
-        if not args:
-            raise ProtocolError("E_INVALID", f"{label} insufficient number of params")
-        wire_id = args[0]
-        if len(wire_id) != MESSAGE_ID_LENGTH:
-            raise ProtocolError("E_INVALID", "Invalid Message ID")
+        wire_id = _wire_id(args, label, "Invalid Message ID")
         # Youzan's FIN also refuses an internal id that is not positive (a signed int64).
         if label == "FIN" and int.from_bytes(wire_id[:8], "big", signed=True) <= 0:
             raise ProtocolError("E_INVALID", "Invalid Message ID")
@@ -87,6 +78,16 @@ class YouzanDialect(ClassicDialect):
 
 
 CLASSIC = ClassicDialect()
+
+
+def _wire_id(args: list[bytes], label: str, invalid: str) -> bytes:
+    """The ID a FIN, REQ or TOUCH sends, checked as both dialects check it (`invalid`: the
+    dialect's wording of a wrong length)."""
+    if not args:
+        raise ProtocolError("E_INVALID", f"{label} insufficient number of params")
+    if len(args[0]) != MESSAGE_ID_LENGTH:
+        raise ProtocolError("E_INVALID", invalid)
+    return args[0]
 
 
 def message_key(wire_id: bytes) -> bytes:

@@ -119,15 +119,14 @@ class Topic:
         timestamp = time.time_ns()
         if len(bodies) == 1:
             # PUB and HTTP /pub: one message, no batch machinery.
-            message = Message(self.guid_factory.next_id(), bodies[0], timestamp)
-            message.offset = self.next_offset
-            self.next_offset += RECORD_OVERHEAD + len(bodies[0])
-            messages = [message]
+            messages = [Message(self.guid_factory.next_id(), bodies[0], timestamp)]
         else:
             ids = self.guid_factory.next_ids(len(bodies))
             messages = [
                 Message(mid, body, timestamp) for mid, body in zip(ids, bodies, strict=True)
             ]
+        if self.log is None:
+            # A log sets each message's offset as it writes it; here it is counted.
             offset = self.next_offset
             for message in messages:
                 message.offset = offset
