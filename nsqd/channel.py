@@ -44,7 +44,13 @@ class Channel:
         self.queue: MessageQueue
         if topic.log is not None:
             # A log topic's channel is a cursor into the partition's log (docs/design.md §13).
-            cursor = CursorQueue(topic, topic.log, name, nsqd.options.max_confirm_win)
+            cursor = CursorQueue(
+                topic,
+                topic.log,
+                name,
+                nsqd.options.max_confirm_win,
+                legacy=nsqd.open_legacy_queue(f"{topic.backend_name}:{name}"),
+            )
             cursor.deferred_source = lambda: iter(self.deferred)
             self.queue = cursor
         else:

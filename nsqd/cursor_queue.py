@@ -32,13 +32,21 @@ from nsqd.message import Message
 from nsqd.partition_log import BODY_START, META_MAGIC, PartitionLog, Position, record_size
 
 if TYPE_CHECKING:
+    from diskqueue import DiskQueue
     from nsqd.topic import Topic
 
 
 class CursorQueue:
     """A channel's cursor into a partition log; the MessageQueue protocol."""
 
-    def __init__(self, topic: "Topic", log: PartitionLog, channel: str, max_confirm_win: int):
+    def __init__(
+        self,
+        topic: "Topic",
+        log: PartitionLog,
+        channel: str,
+        max_confirm_win: int,
+        legacy: "DiskQueue | None" = None,
+    ):
         self.topic = topic
         self.log = log
         self.channel = channel
@@ -52,6 +60,10 @@ class CursorQueue:
         # What waits in the channel's deferred queue now (set by the channel).
         self.deferred_source: Callable[[], Iterable[Message]] | None = None
         self.redeliver: deque[Message] = deque()
+        # Messages an earlier nsqpy kept for this channel in a diskqueue, before partitioned
+        # topics were logs: delivered first, written back if still unacknowledged at a stop,
+        # and the files removed once none is left.
+        self.legacy = legacy
         # Acknowledged ranges beyond `confirmed`: disjoint, sorted by start offset;
         # each [start offset, end offset, start count, end count].
         self._starts: list[int] = []
@@ -60,8 +72,9 @@ class CursorQueue:
         self._persisted: Position | None = None
         saved = self._load()
         if saved is None:
-            # A new channel starts at the end, as in Youzan.
-            saved = log.end
+            # A new channel starts at the end, as in Youzan; but where the log was just made
+            # from an earlier nsqpy's diskqueue, at its start, so the channel gets those too.
+            saved = log.start if topic.migrated else log.end
         self.confirmed = saved
         self.read_position = saved
         if saved is log.end:
@@ -182,7 +195,8 @@ class CursorQueue:
 
     @property
     def depth(self) -> int:
-        return self.log.end.count - self.read_position.count + len(self.redeliver)
+        legacy = self.legacy.depth if self.legacy is not None else 0
+        return self.log.end.count - self.read_position.count + len(self.redeliver) + legacy
 
     @property
     def backend_depth(self) -> int:
@@ -194,7 +208,7 @@ class CursorQueue:
         return self.log.end.count - self.confirmed.count
 
     def has_messages(self) -> bool:
-        if self.redeliver:
+        if self.redeliver or (self.legacy is not None and self.legacy.depth):
             return True
         return self.read_position.offset < self.log.end.offset and not self._reading_paused()
 
@@ -225,6 +239,12 @@ class CursorQueue:
         taken: list[Message] = []
         while redeliver and len(taken) < max_count:
             taken.append(redeliver.popleft())
+        legacy = self.legacy
+        if legacy is not None and legacy.depth and len(taken) < max_count:
+            for record in legacy.get_many(max_count - len(taken)):
+                message = Message.from_record(record)
+                message.offset = -1  # not in the log: a FIN moves nothing
+                taken.append(message)
         wanted = max_count - len(taken)
         if wanted and not self._reading_paused():
             messages = self.log.read(self.read_position, wanted)
@@ -239,6 +259,8 @@ class CursorQueue:
     def acknowledge(self, message: Message) -> None:
         """FIN: merge the message's range; `confirmed` moves when the gap before it closes."""
         start = message.offset
+        if start < 0:
+            return  # from the legacy diskqueue
         if start == self._confirmed_offset and not self._ranges and not self.log.ext:
             # In order, nothing acknowledged ahead: the common case, kept short.
             self._confirmed_offset = start + BODY_START + len(message.body)
@@ -278,6 +300,8 @@ class CursorQueue:
                 self.confirmed = Position(first[1], first[3])
 
     def skip_to_end(self) -> None:
+        if self.legacy is not None:
+            self.legacy.empty()
         self.set_position(self.log.end)
 
     def seek(self, kind: str, value: int) -> None:
@@ -296,8 +320,14 @@ class CursorQueue:
         self.skip_to_end()
 
     def flush(self, unacknowledged: list[Message]) -> int:
-        """Persist `confirmed`: what waits and `unacknowledged` are still in the log behind it."""
+        """Persist `confirmed`: what waits and `unacknowledged` are still in the log behind it
+        (messages of the legacy diskqueue go back to it)."""
         self._persist()
+        legacy = self.legacy
+        if legacy is not None:
+            held = [m for m in [*self.redeliver, *unacknowledged] if m.offset < 0]
+            if held:
+                legacy.put_many([message.to_record() for message in held])
         return self.depth + len(unacknowledged)
 
     def sync_targets(self) -> list:
@@ -308,8 +338,22 @@ class CursorQueue:
         held its deferred messages."""
         _write(self.meta_path, self._meta(), sync=False)
         self._persisted = self.confirmed
+        self._close_legacy()
+
+    def _close_legacy(self) -> None:
+        legacy, self.legacy = self.legacy, None
+        if legacy is None:
+            return
+        if legacy.depth:
+            legacy.close()
+        else:
+            legacy.empty()
+            legacy.delete()
 
     def delete(self) -> None:
+        if self.legacy is not None:
+            self.legacy.empty()
+        self._close_legacy()
         self.redeliver.clear()
         self.delays.clear()
         for path in (self.meta_path, self.delays_path):

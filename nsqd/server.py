@@ -9,6 +9,7 @@ metadata last.
 
 import logging
 import math
+import os
 import random
 import socket
 import time
@@ -218,6 +219,13 @@ class NSQD:
 
     def open_backend(self, name: str, *, ephemeral: bool):
         return open_backend(name, self.options, ephemeral=ephemeral)
+
+    def open_legacy_queue(self, name: str):
+        """The diskqueue an earlier nsqpy kept a partitioned topic's or channel's messages in,
+        before partitioned topics were logs; None when there is none."""
+        if not os.path.exists(os.path.join(self.data_path, f"{name}.diskqueue.meta.dat")):
+            return None
+        return open_backend(name, self.options, ephemeral=False)
 
     def topology_changed(self) -> None:
         """A topic or channel came, went, paused or unpaused: persist and rescan."""

@@ -55,6 +55,8 @@ class Topic:
         # Partitioned topics are log topics (docs/design.md §13): every message in the
         # partition's log, channels as cursors into it. Classic topics keep go-diskqueue.
         self.log: PartitionLog | None = None
+        # Whether the log was just made from an earlier nsqpy's diskqueue (see below).
+        self.migrated = False
         self.queue: MessageQueue
         if partitioned and not self.ephemeral:
             options = nsqd.options
@@ -68,6 +70,7 @@ class Topic:
                 log=nsqd.log,
             )
             self.queue = LogTopicQueue(nsqd, self.log, name)
+            self.migrated = self._migrate_legacy_backlog()
         else:
             self.queue = BufferedDiskQueue(
                 nsqd,
@@ -89,6 +92,34 @@ class Topic:
         # cluster: its messages wait, as in Go, where the pump starts only after those
         # channels exist, so each of them gets the topic's first message too.
         self.started = True
+
+    def _migrate_legacy_backlog(self) -> bool:
+        """Messages an earlier nsqpy kept in this partition's diskqueue (not yet fanned out
+        when it stopped) go into the log, with new IDs; the diskqueue is then removed. True
+        when there was one: its channels start at the log's start, not its end."""
+        legacy = self.nsqd.open_legacy_queue(self.backend_name)
+        if legacy is None:
+            return False
+        moved = 0
+        while records := legacy.get_many(1024):
+            messages = []
+            for record in records:
+                old = Message.from_record(record)
+                message = Message(self.log.next_id(), old.body, old.timestamp)
+                messages.append(message)
+            self.log.append(messages)
+            self.log.commit()
+            moved += len(messages)
+        self.log.sync()
+        legacy.empty()
+        legacy.delete()
+        self.nsqd.log.info(
+            "TOPIC(%s) partition %d: moved %d messages from its diskqueue into its log",
+            self.name,
+            self.partition,
+            moved,
+        )
+        return True
 
     @property
     def backend_name(self) -> str:

@@ -20,9 +20,11 @@ from nsqd.partition_log import (
 
 
 class Paused:
-    """The topic a cursor asks whether reading is paused."""
+    """What a cursor asks of its topic: whether reading is paused, and whether the log was
+    just made from a diskqueue."""
 
     paused = False
+    migrated = False
 
 
 def open_log(path, **changes) -> PartitionLog:

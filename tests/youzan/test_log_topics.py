@@ -4,6 +4,7 @@ SUB_ADVANCED replay, a new channel starts at the end, and a kill -9 with `--sync
 no acknowledged message."""
 
 import contextlib
+import os
 import struct
 import time
 
@@ -11,6 +12,10 @@ import pytest
 import trio
 
 from common.command import encode_fin
+from common.guid import GUIDFactory
+from diskqueue import DiskQueue
+from nsqd.message import Message
+from nsqd.metadata import ChannelMetadata, TopicMetadata, encode_metadata, write_metadata
 from nsqd.partition_log import ID_PARTITION_SHIFT
 from nsqd.server import NSQD
 from tests.nsqd.wire import with_options
@@ -324,3 +329,31 @@ async def test_a_deferred_message_still_waits_after_a_restart(nsqd_options):
         assert [m.body for m in await read_and_fin(idle, 1)] == [b"late"]
     assert arrivals[b"requeued"] >= requeued_due - 0.25
     assert arrivals[b"late"] >= late_due - 0.25
+
+
+async def test_an_earlier_nsqpys_partition_queues_are_delivered_then_removed(nsqd_options):
+    """Before partitioned topics were logs, nsqpy kept their messages in diskqueues
+    (`<topic>:<channel>`, `<topic>#<p>:<channel>`, and `<topic>#<p>` for what was not yet fanned
+    out). Upgrading loses none of them: a channel delivers its diskqueue's messages first, a
+    partition's own backlog goes into its log, and the files go once delivered."""
+    data = nsqd_options.data_path
+    topics = [TopicMetadata("old", channels=[ChannelMetadata("c")], partition=p) for p in (0, 1)]
+    write_metadata(data, encode_metadata(topics, "1.3.0"))
+    factory = GUIDFactory(1)
+    for name, bodies in (
+        ("old:c", [b"p0-a", b"p0-b"]),
+        ("old#1:c", [b"p1-a"]),
+        ("old#1", [b"p1-backlog"]),
+    ):
+        queue = DiskQueue(name, data, 1 << 20, 26, 1 << 20, 1)
+        queue.put_many([Message(factory.next_id(), body, 0).to_record() for body in bodies])
+        queue.close()
+    async with running(nsqd_options) as nsqd:
+        first = await subscriber(nsqd, "SUB", "old", "c", 0)
+        second = await subscriber(nsqd, "SUB", "old", "c", 1)
+        assert [m.body for m in await read_and_fin(first, 2)] == [b"p0-a", b"p0-b"]
+        got = sorted(m.body for m in await read_and_fin(second, 2))
+        assert got == [b"p1-a", b"p1-backlog"]
+        channel = nsqd.registry.get("old", 1).channels["c"]
+        await _until(lambda: channel.cursor.lag == 0 and not channel.in_flight)
+    assert not [name for name in os.listdir(data) if ".diskqueue." in name]
