@@ -29,7 +29,14 @@ import trio
 
 from nsqd.backend import BackendWriteError
 from nsqd.message import Message
-from nsqd.partition_log import BODY_START, META_MAGIC, PartitionLog, Position, record_size
+from nsqd.partition_log import (
+    BODY_START,
+    META_MAGIC,
+    LogCorruption,
+    PartitionLog,
+    Position,
+    record_size,
+)
 
 if TYPE_CHECKING:
     from diskqueue import DiskQueue
@@ -247,7 +254,11 @@ class CursorQueue:
                 taken.append(message)
         wanted = max_count - len(taken)
         if wanted and not self._reading_paused():
-            messages = self.log.read(self.read_position, wanted)
+            try:
+                messages = self.log.read(self.read_position, wanted)
+            except LogCorruption as error:
+                self._skip_corruption(error)
+                return taken
             if messages:
                 last = messages[-1]
                 self.read_position = Position(
@@ -255,6 +266,27 @@ class CursorQueue:
                 )
                 taken.extend(messages)
         return taken
+
+    def _skip_corruption(self, error: LogCorruption) -> None:
+        """Records that cannot be read: the channel goes on at the next segment (the log's
+        end when it is the last), with one ERROR line saying what was skipped, as
+        go-diskqueue sets a bad file aside and reads on. The skipped range counts as
+        acknowledged, so `confirmed` passes it once what came before is."""
+        start = self.read_position
+        resume = self.log.position_after_corruption(start)
+        log = self.log
+        log.log.error(
+            "TOPIC(%s) partition %d channel %s: %s; skipping offsets %d-%d (%d messages)",
+            log.topic,
+            log.partition,
+            self.channel,
+            error,
+            start.offset,
+            resume.offset,
+            resume.count - start.count,
+        )
+        self._acknowledge_range(start.offset, resume.offset, start.count, resume.count)
+        self.read_position = resume
 
     def acknowledge(self, message: Message) -> None:
         """FIN: merge the message's range; `confirmed` moves when the gap before it closes."""
@@ -266,17 +298,20 @@ class CursorQueue:
             self._confirmed_offset = start + BODY_START + len(message.body)
             self._confirmed_count = message.count + 1
             return
-        confirmed = self.confirmed
         end = start + record_size(message, self.log.ext)
+        self._acknowledge_range(start, end, message.count, message.count + 1)
+
+    def _acknowledge_range(self, start: int, end: int, start_count: int, end_count: int) -> None:
+        confirmed = self.confirmed
         if end <= confirmed.offset:
             return
         if start <= confirmed.offset:
-            self.confirmed = Position(end, message.count + 1)
+            self.confirmed = Position(end, end_count)
             self._absorb_ranges()
             return
         starts, ranges = self._starts, self._ranges
         index = bisect.bisect_left(starts, start)
-        new = [start, end, message.count, message.count + 1]
+        new = [start, end, start_count, end_count]
         # Merge with the range before (ends where this starts) and after (starts where it ends).
         if index > 0 and ranges[index - 1][1] == start:
             index -= 1

@@ -589,8 +589,8 @@ class PartitionLog:
                 size, timestamp, attempts, trace_id = unpack_header(chunk, at)
                 end_at = at + 4 + size
                 if end_at > length or size < RECORD_HEADER_SIZE:
-                    if size < RECORD_HEADER_SIZE:
-                        raise LogCorruption(f"record of {size} bytes at offset {offset}")
+                    if size < RECORD_HEADER_SIZE and not messages:
+                        raise LogCorruption(f"a record of {size} bytes at offset {offset}")
                     break
                 if attempts < 0x1000:
                     message = Message(
@@ -610,8 +610,19 @@ class PartitionLog:
                 count += 1
                 wanted -= 1
             if at == first:
+                if messages:
+                    break  # what was read is good; the next read meets the bad record
                 raise LogCorruption(f"no whole record at offset {offset}")
         return messages
+
+    def position_after_corruption(self, position: Position) -> Position:
+        """Where reading goes on past an unreadable record at `position`: the start of the
+        next segment, or the log's end in the last one."""
+        index = bisect.bisect_right(self._segment_starts, position.offset)
+        if index < len(self.segments):
+            following = self.segments[index]
+            return Position(following.start, following.start_count)
+        return self.end
 
     def _chunk_at(self, segment: Segment, pos: int, wanted: int) -> tuple[bytes, int]:
         """Bytes of `segment` holding at least the whole record at `pos`, and where it starts in

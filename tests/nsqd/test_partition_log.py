@@ -341,3 +341,30 @@ def test_a_deleted_log_never_writes_to_its_old_descriptors(tmp_path):
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_an_unreadable_record_is_skipped_to_the_next_segment(tmp_path, caplog):
+    """A record whose size cannot be right (bit rot, a bad disk) does not stop its channel:
+    what came before it is delivered, then one ERROR line, then the next segment. The skipped
+    messages count as acknowledged, so the confirmed position passes them."""
+    log = open_log(tmp_path, max_bytes_per_file=100)
+    bodies = [bytes([65 + i]) * 40 for i in range(6)]  # 70-byte records, 2 per segment
+    for body in bodies:
+        publish(log, body)
+    log.close()
+    with open(tmp_path / "t" / "t-2.diskqueue.000001.dat", "r+b") as segment:
+        segment.seek(70)  # the fourth record's size prefix
+        segment.write(struct.pack(">I", 5))
+    reopened = open_log(tmp_path, max_bytes_per_file=100)
+    channel = cursor(reopened)
+    channel.set_position(reopened.start)
+    first = channel.take(10)
+    assert [m.body for m in first] == bodies[:3]
+    assert channel.take(10) == []
+    assert "skipping offsets 210-280 (1 messages)" in caplog.text
+    rest = channel.take(10)
+    assert [m.body for m in rest] == bodies[4:]
+    for message in first + rest:
+        channel.acknowledge(message)
+    assert channel.confirmed == reopened.end
+    reopened.close()
