@@ -56,25 +56,28 @@ def render_metrics(nsqd: "NSQD") -> str:
     family("nsq_start_time_seconds", "gauge", "When nsqd started (unix time)").add(nsqd.start_time)
     for topic in topics or []:
         t = topic["topic_name"]
+        # A partitioned topic's partitions are series of their own.
+        where = {"topic": t}
+        if "topic_partition" in topic:
+            where["partition"] = str(topic["topic_partition"])
         family("nsq_topic_depth", "gauge", "Messages queued in the topic").add(
-            topic["depth"], topic=t
+            topic["depth"], **where
         )
         family("nsq_topic_backend_depth", "gauge", "Topic messages on disk").add(
-            topic["backend_depth"], topic=t
+            topic["backend_depth"], **where
         )
         family("nsq_topic_messages_total", "counter", "Messages published to the topic").add(
-            topic["message_count"], topic=t
+            topic["message_count"], **where
         )
         family("nsq_topic_message_bytes_total", "counter", "Bytes published to the topic").add(
-            topic["message_bytes"], topic=t
+            topic["message_bytes"], **where
         )
         family("nsq_topic_paused", "gauge", "1 while the topic is paused").add(
-            int(topic["paused"]), topic=t
+            int(topic["paused"]), **where
         )
-        _latency(family, "nsq_topic_e2e_processing_latency_seconds", topic, topic=t)
+        _latency(family, "nsq_topic_e2e_processing_latency_seconds", topic, **where)
         if "log_end_offset" in topic:
             # Log topics (docs/design.md §13), per partition.
-            where = {"topic": t, "partition": str(topic["topic_partition"])}
             family("nsq_log_start_offset", "gauge", "Virtual offset where the log begins").add(
                 topic["log_start_offset"], **where
             )
@@ -86,15 +89,14 @@ def render_metrics(nsqd: "NSQD") -> str:
             )
         for channel in topic["channels"]:
             c = channel["channel_name"]
-            labels = {"topic": t, "channel": c}
+            labels = {**where, "channel": c}
             if "lag" in channel:
-                cursor = {**labels, "partition": str(topic["topic_partition"])}
                 family(
                     "nsq_channel_confirmed_offset", "gauge", "Log offset the channel confirmed"
-                ).add(channel["confirmed_offset"], **cursor)
+                ).add(channel["confirmed_offset"], **labels)
                 family(
                     "nsq_channel_lag", "gauge", "Log messages the channel has not confirmed"
-                ).add(channel["lag"], **cursor)
+                ).add(channel["lag"], **labels)
             family("nsq_channel_depth", "gauge", "Messages queued in the channel").add(
                 channel["depth"], **labels
             )

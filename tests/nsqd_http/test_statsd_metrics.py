@@ -253,3 +253,23 @@ async def test_metrics_parse_and_carry_the_stats(nsqd):
     samples = samples_of((await call(nsqd, "GET", "/metrics")).text)
     assert samples[("nsq_channel_depth", t_ch)] == 1
     assert samples[("nsq_topic_messages_total", t)] == 3
+
+
+async def test_metrics_give_each_partition_of_a_log_topic_its_own_series(nsqd):
+    """Two partitions of one topic on one nsqd are two series (a `partition` label), never the
+    same labels twice, which Prometheus would refuse; a log topic adds its log's positions and
+    each channel's confirmed offset and lag."""
+    await call(nsqd, "POST", "/topic/create", topic="lt", partition_num="2")
+    await call(nsqd, "POST", "/channel/create", topic="lt", channel="ch")
+    await call(nsqd, "POST", "/pubtrace", b"one", topic="lt", partition="1", trace_id="1")
+    text = (await call(nsqd, "GET", "/metrics")).text
+    series = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert len(series) == len({line.rsplit(" ", 1)[0] for line in series})
+    samples = samples_of(text)
+    for partition, published in (("0", 0), ("1", 1)):
+        where = (("partition", partition), ("topic", "lt"))
+        channel = (("channel", "ch"), *where)
+        assert samples[("nsq_topic_messages_total", where)] == published
+        assert samples[("nsq_log_messages", where)] == published
+        assert samples[("nsq_channel_lag", channel)] == published
+        assert samples[("nsq_channel_confirmed_offset", channel)] == 0
