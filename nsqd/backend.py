@@ -14,12 +14,15 @@ class BackendWriteError(Exception):
     `writeOne` returns it: `write <file>: no space left on device`."""
 
 
-def write_error(backend, error: OSError) -> BackendWriteError:
-    """The OSError of a failed `put`/`put_many`, worded as Go's *os.PathError."""
+def write_error(backend, error: OSError, path: str | None = None) -> BackendWriteError:
+    """The OSError of a failed write, worded as Go's *os.PathError; `path` is the file being
+    written when the backend is not a diskqueue (a partition log's segment)."""
     reason = error.strerror or str(error)
     reason = reason[:1].lower() + reason[1:]
     if error.filename is not None:
         return BackendWriteError(f"open {os.fsdecode(error.filename)}: {reason}")
+    if path is not None:
+        return BackendWriteError(f"write {path}: {reason}")
     file_num = getattr(backend, "_write_file_num", None)
     data_path = getattr(backend, "data_path", None)
     if file_num is None or data_path is None:

@@ -137,8 +137,8 @@ class CursorQueue:
     def _meta(self) -> bytes:
         log = self.log
         confirmed, end = self.confirmed, log.end
-        confirmed_file = self._file_position(confirmed.offset)
-        end_file = self._file_position(end.offset)
+        confirmed_file = log.file_position(confirmed.offset)
+        end_file = log.file_position(end.offset)
         return (
             b"%d\n%d\n%d,%d,%d\n%d,%d,%d\n"
             % (
@@ -151,12 +151,6 @@ class CursorQueue:
             )
             + META_MAGIC
         )
-
-    def _file_position(self, offset: int) -> tuple[int, int]:
-        segments = self.log.segments
-        index = max(0, bisect.bisect_right([s.start for s in segments], offset) - 1)
-        segment = segments[index]
-        return segment.number, offset - segment.start
 
     def _persist(self) -> None:
         _write(self.meta_path, self._meta(), sync=False)

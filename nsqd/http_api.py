@@ -456,12 +456,8 @@ class HTTPAPI:
     # -- range reads of log topics (docs/protocol.md §6.3) ---------------------------------------
 
     def _log_partitions(self, params: dict[str, list[str]]) -> list:
-        topic_name = _first(params, "topic")
-        if topic_name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if topic_name not in self.nsqd.topics:
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
-        partitions = [topic for topic in self._partitions(params, topic_name) if topic.log]
+        topics = self._existing_topic(params, validate=False)
+        partitions = [topic for topic in topics if topic.log]
         if not partitions:
             raise HTTPError(400, "NOT_A_LOG_TOPIC")
         return partitions

@@ -87,15 +87,11 @@ def record_size(message: Message, ext: bool) -> int:
     return size
 
 
-def encode_record(message: Message, ext: bool) -> bytes:
-    """The record with its size prefix."""
+def encode_ext_record(message: Message) -> bytes:
+    """An ext topic's record with its size prefix (`PartitionLog.append` writes the others
+    itself, in its loop)."""
     body = message.body
     internal_id = int(message.id, 16)
-    if not ext:
-        header = _RECORD_HEADER.pack(
-            message.timestamp, message.attempts, internal_id, message.trace_id
-        )
-        return _SIZE.pack(RECORD_HEADER_SIZE + len(body)) + header + body
     attempts = (message.attempts & 0x0FFF) | EXT_ATTEMPTS_FLAG
     header = _RECORD_HEADER.pack(message.timestamp, attempts, internal_id, message.trace_id)
     ext_header = message.ext_header
@@ -104,16 +100,10 @@ def encode_record(message: Message, ext: bool) -> bytes:
     return _SIZE.pack(len(record)) + record
 
 
-def decode_record(record: bytes | memoryview, offset: int, count: int) -> Message:
+def decode_flagged_record(record: bytes, offset: int, count: int) -> Message:
+    """A record whose attempts have high bits set, an ext topic's (`0xA`: the ext section
+    follows the trace id); `PartitionLog._read_from_disk` reads the others itself."""
     timestamp, attempts, internal_id, trace_id = _RECORD_HEADER.unpack_from(record)
-    if attempts < 0x1000:  # no ext section: the common case, kept short
-        message = Message(
-            b"%016x" % internal_id, bytes(record[RECORD_HEADER_SIZE:]), timestamp, attempts
-        )
-        message.trace_id = trace_id
-        message.offset = offset
-        message.count = count
-        return message
     rest = RECORD_HEADER_SIZE
     ext_header = b""
     if attempts & 0xF000 == EXT_ATTEMPTS_FLAG:
@@ -207,8 +197,6 @@ class PartitionLog:
         # The last chunk read from a segment: (segment number, position, bytes).
         self._read_cache: tuple[int, int, bytes] | None = None
         self._tail_offsets: list[int] = []
-        # Called with no arguments after each append (cursors wake their consumers).
-        self.on_append: Callable[[], None] | None = None
         self._open()
 
     # -- file names ----------------------------------------------------------------------------
@@ -395,7 +383,7 @@ class PartitionLog:
         append = parts.append
         if ext:
             for message in messages:
-                record = encode_record(message, ext)
+                record = encode_ext_record(message)
                 message.offset = offset
                 message.count = count
                 offset += len(record)
@@ -441,8 +429,6 @@ class PartitionLog:
         self._remember(messages)
         if segment.size >= self.max_bytes_per_file:
             self._roll()
-        if self.on_append is not None:
-            self.on_append()
 
     def _remember(self, messages: list[Message]) -> None:
         """The published messages themselves (nothing changes them afterwards); readers get
@@ -603,7 +589,7 @@ class PartitionLog:
                     message.offset = offset
                     message.count = count
                 else:
-                    message = decode_record(chunk[at + 4 : end_at], offset, count)
+                    message = decode_flagged_record(chunk[at + 4 : end_at], offset, count)
                 append(message)
                 at = end_at
                 offset += 4 + size
@@ -614,6 +600,11 @@ class PartitionLog:
                     break  # what was read is good; the next read meets the bad record
                 raise LogCorruption(f"no whole record at offset {offset}")
         return messages
+
+    def file_position(self, offset: int) -> tuple[int, int]:
+        """(segment number, position in it) of a virtual offset."""
+        segment = self.segments[max(0, bisect.bisect_right(self._segment_starts, offset) - 1)]
+        return segment.number, offset - segment.start
 
     def position_after_corruption(self, position: Position) -> Position:
         """Where reading goes on past an unreadable record at `position`: the start of the

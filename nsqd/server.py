@@ -312,10 +312,7 @@ class NSQD:
         try:
             backend.put_many([message.to_record() for message in messages])
         except OSError as os_error:
-            error = write_error(backend, os_error)
-            self.log.error(failure + " - %s", *failure_args, error)
-            self.set_health(error)
-            raise error from None
+            self._write_failed(write_error(backend, os_error), failure, *failure_args)
         self.set_health(None)
         self._written_backends.add(backend)
 
@@ -325,17 +322,21 @@ class NSQD:
         try:
             log.append(messages)
         except OSError as os_error:
-            reason = os_error.strerror or str(os_error)
-            error = BackendWriteError(
-                f"write {log.segment_path(log.segments[-1].number)}: "
-                f"{reason[:1].lower() + reason[1:]}"
+            segment = log.segment_path(log.segments[-1].number)
+            self._write_failed(
+                write_error(log, os_error, segment),
+                "TOPIC(%s) ERROR: failed to write message to log",
+                topic,
             )
-            self.log.error("TOPIC(%s) ERROR: failed to write message to log - %s", topic, error)
-            self.set_health(error)
-            raise error from None
         self.set_health(None)
         self._written_logs.add(log)
         self._written_backends.add(log)
+
+    def _write_failed(self, error: BackendWriteError, failure: str, *failure_args) -> None:
+        """A failed write: logged as `failure % failure_args - <error>`, health NOK, raised."""
+        self.log.error(failure + " - %s", *failure_args, error)
+        self.set_health(error)
+        raise error from None
 
     def commit_due(self) -> bool:
         """Whether a diskqueue written since the last commit reached its `--sync-every`
