@@ -255,6 +255,7 @@ class Pages:
             topic=name,
             total=total,
             nodes=total.nodes or [],
+            has_logs=any(node.log is not None for node in total.nodes or []),
             channels=channels,
             rate=history.rate(name),
             channel_rates={c.channel_name: history.rate(name, c.channel_name) for c in channels},

@@ -400,6 +400,33 @@ class ChannelStats:
 
 
 @dataclass
+class LogRange:
+    """What a partition's log holds: offsets (bytes) and counts (messages) of its retained
+    start and its end."""
+
+    start_offset: int
+    start_count: int
+    end_offset: int
+    end_count: int
+
+    @classmethod
+    def from_nsqd(cls, body: dict) -> "LogRange | None":
+        if "log_end_offset" not in body:
+            return None
+        return cls(
+            int(body.get("log_start_offset", 0)),
+            int(body.get("log_start_count", 0)),
+            int(body["log_end_offset"]),
+            int(body.get("log_end_count", 0)),
+        )
+
+    @property
+    def retained(self) -> int:
+        """Messages between the start and the end."""
+        return self.end_count - self.start_count
+
+
+@dataclass
 class TopicStats:
     node: str = ""
     hostname: str = ""
@@ -412,6 +439,10 @@ class TopicStats:
     channels: list[ChannelStats] | None = None
     paused: bool = False
     e2e_processing_latency: E2eLatency | None = None
+    # One partition of a partitioned topic on its node (nsqd's `topic_partition`).
+    partition: int | None = None
+    # Log topics (nsqd's docs/design.md §13): the partition's log on this node.
+    log: LogRange | None = None
 
     @classmethod
     def from_nsqd(
@@ -434,6 +465,8 @@ class TopicStats:
             ],
             paused=bool(body.get("paused", False)),
             e2e_processing_latency=E2eLatency.from_nsqd(body.get("e2e_processing_latency")),
+            partition=int(body["topic_partition"]) if "topic_partition" in body else None,
+            log=LogRange.from_nsqd(body),
         )
 
     @property
@@ -475,7 +508,9 @@ class TopicStats:
                 merged.add(first)
                 self.channels[index] = merged
             merged.add(channel)
-        self.nodes = sorted([*(self.nodes or []), other], key=lambda t: t.hostname)
+        self.nodes = sorted(
+            [*(self.nodes or []), other], key=lambda t: (t.hostname, t.partition or 0)
+        )
         if self.e2e_processing_latency is None:
             self.e2e_processing_latency = E2eLatency(topic=self.topic_name, host=self.node)
         if other.e2e_processing_latency is not None:
@@ -494,6 +529,18 @@ class TopicStats:
             "channels": None if self.channels is None else [c.to_json() for c in self.channels],
             "paused": self.paused,
             "e2e_processing_latency": _e2e_json(self.e2e_processing_latency),
+            # Beyond Go's shape, only where nsqd reported them.
+            **({} if self.partition is None else {"partition": self.partition}),
+            **(
+                {}
+                if self.log is None
+                else {
+                    "log_start_offset": self.log.start_offset,
+                    "log_start_count": self.log.start_count,
+                    "log_end_offset": self.log.end_offset,
+                    "log_end_count": self.log.end_count,
+                }
+            ),
         }
 
 

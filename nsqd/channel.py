@@ -152,15 +152,15 @@ class Channel:
         its first delivery (Go's channel does this as the message is put). The cursor knows
         the due times that outlived a restart."""
         cursor = self.queue
-        if not cursor.delays and not any(message.defer for message in messages):
+        log = cursor.log
+        if not cursor.delays and not log.tail_has_deferred:
             return messages
         now = trio.current_time()
         ready = []
         for message in messages:
             delay = cursor.take_delay(message)
-            if delay is None and message.defer:
-                delay = message.defer
-            message.defer = 0.0
+            if delay is None:
+                delay = log.tail_defer(message.offset)
             if delay:
                 self.deferred.push(message, now + delay)
             else:

@@ -30,7 +30,6 @@ import trio
 from nsqd.backend import BackendWriteError
 from nsqd.message import Message
 from nsqd.partition_log import (
-    BODY_START,
     META_MAGIC,
     LogCorruption,
     PartitionLog,
@@ -159,12 +158,19 @@ class CursorQueue:
 
     @property
     def confirmed(self) -> Position:
+        through = self._confirmed_through
+        if through is not None:
+            self._confirmed_offset = through.offset + record_size(through, self.log.ext)
+            self._confirmed_through = None
         return Position(self._confirmed_offset, self._confirmed_count)
 
     @confirmed.setter
     def confirmed(self, position: Position) -> None:
-        # Two ints, not a Position: FIN moves them once per message.
+        # Kept as the count and the offset, or the count and the last message confirmed in
+        # order (`_confirmed_through`), whose end is the offset: FIN in order sets only that,
+        # touching no more of the message than its count.
         self._confirmed_offset, self._confirmed_count = position
+        self._confirmed_through: Message | None = None
 
     # The sync contract nsqd's periodic sync drives (like a diskqueue's).
     sync_due = False
@@ -244,7 +250,8 @@ class CursorQueue:
         if legacy is not None and legacy.depth and len(taken) < max_count:
             for record in legacy.get_many(max_count - len(taken)):
                 message = Message.from_record(record)
-                message.offset = -1  # not in the log: a FIN moves nothing
+                # Not in the log: a FIN moves nothing.
+                message.offset = message.count = -1
                 taken.append(message)
         wanted = max_count - len(taken)
         if wanted and not self._reading_paused():
@@ -284,14 +291,15 @@ class CursorQueue:
 
     def acknowledge(self, message: Message) -> None:
         """FIN: merge the message's range; `confirmed` moves when the gap before it closes."""
+        count = message.count
+        if count == self._confirmed_count and not self._ranges:
+            # In order, nothing acknowledged ahead: the common case, kept short.
+            self._confirmed_count = count + 1
+            self._confirmed_through = message
+            return
         start = message.offset
         if start < 0:
             return  # from the legacy diskqueue
-        if start == self._confirmed_offset and not self._ranges and not self.log.ext:
-            # In order, nothing acknowledged ahead: the common case, kept short.
-            self._confirmed_offset = start + BODY_START + len(message.body)
-            self._confirmed_count = message.count + 1
-            return
         end = start + record_size(message, self.log.ext)
         self._acknowledge_range(start, end, message.count, message.count + 1)
 

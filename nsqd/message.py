@@ -30,7 +30,16 @@ class Message:
         "count",
     )
 
-    def __init__(self, message_id: bytes, body: bytes, timestamp: int, attempts: int = 0) -> None:
+    def __init__(
+        self,
+        message_id: bytes,
+        body: bytes,
+        timestamp: int,
+        attempts: int = 0,
+        offset: int = 0,
+        trace_id: int = 0,
+        count: int = 0,
+    ) -> None:
         self.id = message_id
         self.body = body
         self.timestamp = timestamp  # ns since the epoch, set when published
@@ -42,20 +51,18 @@ class Message:
         # Youzan: the partition's virtual byte position of the message's record (the DETAIL
         # section and PUB_TRACE's reply), and the publisher's trace id. A log topic's records
         # keep both (nsqd/partition_log.py); Go's diskqueue record has no room for them.
-        self.offset = 0
-        self.trace_id = 0
+        self.offset = offset
+        self.trace_id = trace_id
         self.ext_header = b""  # Youzan ext topics: the PUB_EXT JSON header
         # Log topics: how many messages of the partition come before this one.
-        self.count = 0
+        self.count = count
 
     def copy(self) -> "Message":
         """A channel's own copy; `defer` travels with it so every channel defers a DPUB."""
         message = Message(self.id, self.body, self.timestamp, self.attempts)
+        message.offset, message.trace_id, message.count = self.offset, self.trace_id, self.count
         message.defer = self.defer
-        message.offset = self.offset
-        message.trace_id = self.trace_id
         message.ext_header = self.ext_header
-        message.count = self.count
         return message
 
     def to_record(self) -> bytes:

@@ -51,6 +51,8 @@ class Options:
     # of retention (Youzan's --retention-days and --retention-size-per-day).
     retention_days: int = 7
     retention_size_per_day: int = 16 * 1024**3
+    # Topics, by name or shell-style pattern, stored as a log although created unpartitioned.
+    log_topic: list[str] = field(default_factory=list)
 
     queue_scan_interval: float = 0.1
     queue_scan_refresh_interval: float = 5.0
@@ -246,6 +248,15 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 Kind.INT64,
                 d.retention_size_per_day,
                 "log topics: bytes of consumed segments kept per day of retention",
+            ),
+            Flag(
+                "log-topic",
+                Kind.STRING_LIST,
+                (),
+                "store the topics this name or pattern (fnmatch: '*', 'orders.*') matches as"
+                " logs, as partitioned topics are, though created unpartitioned (may be given"
+                " multiple times)",
+                config_key="log_topics",
             ),
             Flag(
                 "queue-scan-worker-pool-max",

@@ -60,8 +60,9 @@ ID_PARTITION_SHIFT = 50
 EXT_ATTEMPTS_FLAG = 0xA000
 # Youzan renames the index file after this many entries.
 DEFAULT_INDEX_ENTRIES_PER_FILE = 500_000
-# Messages kept in memory after they are written, for cursors at the tail: most reads.
-HOT_TAIL_MESSAGES = 4096
+# Bytes of the latest appends kept in memory as written, for cursors at the tail (most
+# reads): between this and twice this.
+HOT_TAIL_BYTES = 2 * 1024 * 1024
 READ_CHUNK = 256 * 1024
 
 logger = logging.getLogger("nsqd")
@@ -102,7 +103,7 @@ def encode_ext_record(message: Message) -> bytes:
 
 def decode_flagged_record(record: bytes, offset: int, count: int) -> Message:
     """A record whose attempts have high bits set, an ext topic's (`0xA`: the ext section
-    follows the trace id); `PartitionLog._read_from_disk` reads the others itself."""
+    follows the trace id); `PartitionLog._read_records` reads the others itself."""
     timestamp, attempts, internal_id, trace_id = _RECORD_HEADER.unpack_from(record)
     rest = RECORD_HEADER_SIZE
     ext_header = b""
@@ -193,10 +194,16 @@ class PartitionLog:
         self._pending_count = 0
         self._ops_since_sync = 0
         self._closed = False
-        self._tail: list[Message] = []
+        # The hot tail: the bytes of the latest appends, as written (whole records), with the
+        # offset each starts at; read like a chunk of a segment.
+        self._tail: list[bytes] = []
+        self._tail_starts: list[int] = []
+        self._tail_bytes = 0
+        # DPUBs in the hot tail, by offset: the delay a reader gives them (a record has no
+        # room for it; after that, the channel's cursor keeps the due time).
+        self._tail_defers: dict[int, float] = {}
         # The last chunk read from a segment: (segment number, position, bytes).
         self._read_cache: tuple[int, int, bytes] | None = None
-        self._tail_offsets: list[int] = []
         self._open()
 
     # -- file names ----------------------------------------------------------------------------
@@ -210,7 +217,7 @@ class PartitionLog:
         return os.path.join(self.directory, f"{self.name}.diskqueue.meta.writer.dat")
 
     def _index_base(self) -> str:
-        return os.path.join(self.directory, f"{self.topic}_{self.partition}.commit.log")
+        return os.path.join(self.directory, index_file_name(self.topic, self.partition))
 
     def index_path(self, number: int | None = None) -> str:
         """The active index file, or a rolled one by number."""
@@ -426,19 +433,35 @@ class PartitionLog:
         self._pending_last_id = int(messages[-1].id, 16)
         self.end = Position(offset, count)
         self._ops_since_sync += len(messages)
-        self._remember(messages)
+        self._remember(data, messages)
         if segment.size >= self.max_bytes_per_file:
             self._roll()
 
-    def _remember(self, messages: list[Message]) -> None:
-        """The published messages themselves (nothing changes them afterwards); readers get
-        copies."""
-        self._tail.extend(messages)
-        self._tail_offsets.extend(message.offset for message in messages)
-        tail = self._tail
-        if len(tail) > 2 * HOT_TAIL_MESSAGES:
-            del tail[:HOT_TAIL_MESSAGES]
-            del self._tail_offsets[:HOT_TAIL_MESSAGES]
+    def _remember(self, data: bytes, messages: list[Message]) -> None:
+        """The bytes just written, for readers at the tail: one reference per append."""
+        self._tail.append(data)
+        self._tail_starts.append(messages[0].offset)
+        self._tail_bytes += len(data)
+        if messages[0].defer:
+            self._tail_defers.update((message.offset, message.defer) for message in messages)
+        if self._tail_bytes > 2 * HOT_TAIL_BYTES:
+            tail = self._tail
+            dropped = 0
+            index = 0
+            while dropped < HOT_TAIL_BYTES:
+                dropped += len(tail[index])
+                index += 1
+            self._forget_tail_before(self._tail_starts[index])
+
+    @property
+    def tail_has_deferred(self) -> bool:
+        """Whether a read may return a message still to be deferred (a DPUB in the hot
+        tail)."""
+        return bool(self._tail_defers)
+
+    def tail_defer(self, offset: int) -> float:
+        """The delay a DPUB at `offset` asked for, while it is in the hot tail; 0 otherwise."""
+        return self._tail_defers.get(offset, 0.0)
 
     def commit(self) -> None:
         """One index entry for everything appended since the last commit. Nothing once the
@@ -534,23 +557,14 @@ class PartitionLog:
     # -- reading -------------------------------------------------------------------------------
 
     def read(self, position: Position, max_count: int, end: int | None = None) -> list[Message]:
-        """Up to `max_count` messages from `position` (a record boundary) up to the end."""
+        """Up to `max_count` messages from `position` (a record boundary) up to the end: from
+        the hot tail where it holds them, from the segments otherwise."""
         end = self.end.offset if end is None else min(end, self.end.offset)
         if position.offset >= end or max_count <= 0:
             return []
-        offsets = self._tail_offsets
-        if offsets and position.offset >= offsets[0]:
-            index = bisect.bisect_left(offsets, position.offset)
-            if index < len(offsets) and offsets[index] == position.offset:
-                taken = []
-                for message in self._tail[index : index + max_count]:
-                    if message.offset >= end:
-                        break
-                    taken.append(message.copy())
-                return taken
-        return self._read_from_disk(position, max_count, end)
+        return self._read_records(position, max_count, end)
 
-    def _read_from_disk(self, position: Position, max_count: int, end: int) -> list[Message]:
+    def _read_records(self, position: Position, max_count: int, end: int) -> list[Message]:
         if position.offset < self.start.offset:
             raise LogCorruption(f"offset {position.offset} is before the log's start")
         index = bisect.bisect_right(self._segment_starts, position.offset) - 1
@@ -566,35 +580,38 @@ class PartitionLog:
             first = at
             # Records past `end` may be in the chunk: they are not read.
             length = min(len(chunk), at + (end - offset))
-            # The hot loop of every read from disk: no call but Message() per record, and the
-            # hex ID straight from the record's 8 bytes.
+            # The hot loop of every read from disk: no call but Message() per record, the hex
+            # ID straight from the record's 8 bytes, every name local.
             unpack_header = _SIZED_HEADER.unpack_from
             append = messages.append
-            wanted = max_count - len(messages)
-            while wanted and at + 4 <= length:
+            make, hex_id = Message, hexlify
+            header_size, body_start = RECORD_HEADER_SIZE, BODY_START
+            for _ in range(max_count - len(messages)):
+                if at + 4 > length:
+                    break
                 size, timestamp, attempts, trace_id = unpack_header(chunk, at)
                 end_at = at + 4 + size
-                if end_at > length or size < RECORD_HEADER_SIZE:
-                    if size < RECORD_HEADER_SIZE and not messages:
+                if end_at > length or size < header_size:
+                    if size < header_size and not messages:
                         raise LogCorruption(f"a record of {size} bytes at offset {offset}")
                     break
                 if attempts < 0x1000:
-                    message = Message(
-                        hexlify(chunk[at + 14 : at + 22]),
-                        chunk[at + BODY_START : end_at],
-                        timestamp,
-                        attempts,
+                    append(
+                        make(
+                            hex_id(chunk[at + 14 : at + 22]),
+                            chunk[at + body_start : end_at],
+                            timestamp,
+                            attempts,
+                            offset,
+                            trace_id,
+                            count,
+                        )
                     )
-                    message.trace_id = trace_id
-                    message.offset = offset
-                    message.count = count
                 else:
-                    message = decode_flagged_record(chunk[at + 4 : end_at], offset, count)
-                append(message)
+                    append(decode_flagged_record(chunk[at + 4 : end_at], offset, count))
+                offset += end_at - at
                 at = end_at
-                offset += 4 + size
                 count += 1
-                wanted -= 1
             if at == first:
                 if messages:
                     break  # what was read is good; the next read meets the bad record
@@ -620,6 +637,14 @@ class PartitionLog:
         them. The last chunk read is kept: a consumer reads a few hundred records at a time
         (what RDY lets out), and a chunk holds about a thousand. Written bytes never change,
         so a kept chunk stays true."""
+        offset = segment.start + pos
+        starts = self._tail_starts
+        if starts and offset >= starts[0]:
+            index = bisect.bisect_right(starts, offset) - 1
+            data = self._tail[index]
+            at = offset - starts[index]
+            if at < len(data):
+                return data, at
         cached = self._read_cache
         if cached is not None and cached[0] == segment.number:
             start, data = cached[1], cached[2]
@@ -858,9 +883,17 @@ class PartitionLog:
         return len(removable)
 
     def _forget_tail_before(self, offset: int) -> None:
-        index = bisect.bisect_left(self._tail_offsets, offset)
+        """Drop the hot tail's appends that start before `offset`."""
+        index = bisect.bisect_left(self._tail_starts, offset)
+        for data in self._tail[:index]:
+            self._tail_bytes -= len(data)
         del self._tail[:index]
-        del self._tail_offsets[:index]
+        del self._tail_starts[:index]
+        defers = self._tail_defers
+        if defers:
+            kept = self._tail_starts[0] if self._tail_starts else self.end.offset
+            for deferred in [deferred for deferred in defers if deferred < kept]:
+                del defers[deferred]
 
     # -- closing -------------------------------------------------------------------------------
 
@@ -882,6 +915,15 @@ class PartitionLog:
         for name in os.listdir(self.directory):
             if name.startswith(prefixes):
                 os.unlink(os.path.join(self.directory, name))
+
+
+def index_file_name(topic: str, partition: int) -> str:
+    return f"{topic}_{partition}.commit.log"
+
+
+def log_exists(data_path: str, topic: str, partition: int) -> bool:
+    """Whether a partition's log is on disk (its commit-log index)."""
+    return os.path.exists(os.path.join(data_path, topic, index_file_name(topic, partition)))
 
 
 def _write_atomically(path: str, data: bytes) -> None:

@@ -8,6 +8,7 @@ metadata last.
 """
 
 import logging
+import fnmatch
 import math
 import os
 import random
@@ -42,7 +43,7 @@ from nsqd.metadata import (
     write_metadata,
 )
 from nsqd.options import Options, build_flags
-from nsqd.partition_log import PartitionLog
+from nsqd.partition_log import PartitionLog, log_exists
 from nsqd.protocol_v2 import ProtocolV2
 from nsqd.queue_scan import QueueScanner
 from nsqd.stats import gc_pauses
@@ -219,6 +220,13 @@ class NSQD:
 
     def open_backend(self, name: str, *, ephemeral: bool):
         return open_backend(name, self.options, ephemeral=ephemeral)
+
+    def stores_as_log(self, name: str, partition: int) -> bool:
+        """Whether an unpartitioned topic is a log topic: `--log-topic` matches its name, or
+        its log is on disk already (a log is never hidden by a changed flag)."""
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in self.options.log_topic):
+            return True
+        return log_exists(self.data_path, name, partition)
 
     def open_legacy_queue(self, name: str):
         """The diskqueue an earlier nsqpy kept a partitioned topic's or channel's messages in,

@@ -53,12 +53,13 @@ class Topic:
         self.ephemeral = is_ephemeral(name)
         self.channels: dict[str, Channel] = {}
         # Partitioned topics are log topics (docs/design.md §13): every message in the
-        # partition's log, channels as cursors into it. Classic topics keep go-diskqueue.
+        # partition's log, channels as cursors into it. Classic topics keep go-diskqueue,
+        # unless `--log-topic` names them or their log is on disk already.
         self.log: PartitionLog | None = None
-        # Whether the log was just made from an earlier nsqpy's diskqueue (see below).
+        # Whether the log was just made from a diskqueue (see below).
         self.migrated = False
         self.queue: MessageQueue
-        if partitioned and not self.ephemeral:
+        if not self.ephemeral and (partitioned or nsqd.stores_as_log(name, partition)):
             options = nsqd.options
             self.log = PartitionLog(
                 options.effective_data_path(),
@@ -94,9 +95,10 @@ class Topic:
         self.started = True
 
     def _migrate_legacy_backlog(self) -> bool:
-        """Messages an earlier nsqpy kept in this partition's diskqueue (not yet fanned out
-        when it stopped) go into the log, with new IDs; the diskqueue is then removed. True
-        when there was one: its channels start at the log's start, not its end."""
+        """Messages kept in this partition's diskqueue (by an earlier nsqpy, or by this topic
+        before `--log-topic` named it) go into the log, with new IDs; the diskqueue is then
+        removed. True when there was one: its channels start at the log's start, not its
+        end."""
         legacy = self.nsqd.open_legacy_queue(self.backend_name)
         if legacy is None:
             return False

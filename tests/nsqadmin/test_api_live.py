@@ -586,8 +586,38 @@ def test_a_log_topic_channel_shows_its_lag_and_resets_to_a_time(cluster, topic_n
     assert (bad.status, bad.json()) == (400, {"message": "INVALID_TIMESTAMP"})
 
 
+def test_a_log_topic_shows_each_partitions_log_start_and_end(cluster, topic_name):
+    """The topic's nodes, one per partition of each nsqd, carry the partition and its log's
+    start and end, in the API and on the topic page."""
+    for nsqd in cluster.nsqds:
+        create = f"{nsqd.url}/topic/create?topic={topic_name}&partition_num=2"
+        assert http("POST", create).status == 200
+    first = cluster.nsqds[0]
+    for body in (b"a", b"bb", b"ccc"):
+        assert http("POST", f"{first.url}/pub?topic={topic_name}", body).status == 200
+    cluster.wait_registered(topic_name)
+    own = {
+        (nsqd.http_address, t["topic_partition"]): t
+        for nsqd in cluster.nsqds
+        for t in nsqd.stats()["topics"]
+        if t["topic_name"] == topic_name
+    }
+    nodes = get_json(f"{cluster.url}/api/topics/{quote(topic_name)}")["nodes"]
+    assert len(nodes) == 4 and {n["partition"] for n in nodes} == {0, 1}
+    for node in nodes:
+        reported = own[node["node"], node["partition"]]
+        for key in ("log_start_offset", "log_start_count", "log_end_offset", "log_end_count"):
+            assert node[key] == reported[key], key
+    assert sum(n["log_end_count"] for n in nodes) == 3
+    page = http("GET", f"{cluster.url}/topics/{quote(topic_name)}").body.decode()
+    assert ">Log end</th>" in page and 'data-field="log_end"' in page
+
+
 def test_a_classic_channel_has_no_lag_or_reset(cluster, topic_name):
     _publish_on_both(cluster, topic_name)
     assert "lag" not in get_json(f"{cluster.url}/api/topics/{quote(topic_name)}/ch")
     page = http("GET", f"{cluster.url}/topics/{quote(topic_name)}/ch").body.decode()
     assert 'id="reset-form"' not in page
+    topic_page = http("GET", f"{cluster.url}/topics/{quote(topic_name)}").body.decode()
+    assert "Log end" not in topic_page
+    assert "partition" not in get_json(f"{cluster.url}/api/topics/{quote(topic_name)}")["nodes"][0]

@@ -486,3 +486,9 @@ def test_reset_a_log_topic_channel_to_a_time(cluster, browser, topic_name):
     assert flash(browser) == f"Reset channel ch of topic {topic_name} to 2000-01-01 00:00:00 UTC."
     assert [n.channel(topic_name, "ch")["lag"] for n in cluster.nsqds] == [1, 1]
     assert number(field(browser, '#channel-nodes tr[data-node="*"]', "lag")) == 2
+    # The topic page: each nsqd's partition 0 with its log's end (1 message).
+    browser.get(f"{cluster.url}/topics/{topic_name}")
+    for nsqd in cluster.nsqds:
+        row = f'#topic-nodes tr[data-node="{nsqd.http_address}"]'
+        assert field(browser, row, "partition") == "0"
+        assert field(browser, row, "log_end").split()[0] == "1"
