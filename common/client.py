@@ -25,6 +25,7 @@ from common.command import (
     encode_identify,
     encode_mpub,
     encode_pub,
+    encode_pub_ext,
     encode_rdy,
     encode_req,
     encode_sub,
@@ -45,6 +46,15 @@ class NSQError(Exception):
         super().__init__(text)
         self.text = text
         self.code = text.split(" ", 1)[0]
+
+
+def split_ext_section(body: bytes) -> tuple[bytes | None, bytes]:
+    """A message body from an ext topic, to a consumer that IDENTIFYd `extend_support`:
+    (its JSON header, None without one; the data) (docs/protocol.md §3.5)."""
+    if not body or body[0] == 0:
+        return None, body[1:]
+    length = int.from_bytes(body[1:3], "big")
+    return body[3 : 3 + length], body[3 + length :]
 
 
 @dataclass
@@ -159,6 +169,12 @@ class Producer(Connection):
     def deferred_publish(self, topic: str, defer_ms: int, body: bytes) -> None:
         self.send(encode_dpub(topic, defer_ms, body))
         self.read_response()
+
+    def publish_ext(self, topic: str, header: dict | bytes, body: bytes) -> bytes:
+        """Youzan's PUB_EXT to an ext topic's default partition; nsqd's reply (`OK`, or the
+        traced reply when the header has `##trace_id`)."""
+        self.send(encode_pub_ext(topic, header, body))
+        return self.read_response()
 
 
 class Consumer(Connection):

@@ -84,6 +84,11 @@ def encode_pub(topic: str, body: bytes, *partition: int) -> bytes:
     return encode_command(b"PUB", topic, *partition, body=body)
 
 
+def encode_pub_ext(topic: str, header: dict | bytes, body: bytes, *partition: int) -> bytes:
+    """Youzan's PUB_EXT: a message with a JSON header, for ext topics (docs/protocol.md §3.6)."""
+    return encode_command(b"PUB_EXT", topic, *partition, body=encode_ext_body(header, body))
+
+
 def encode_dpub(topic: str, defer_ms: int, body: bytes) -> bytes:
     return encode_command(b"DPUB", topic, defer_ms, body=body)
 

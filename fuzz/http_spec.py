@@ -146,6 +146,20 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                 404: ("E_TOPIC_NOT_EXIST",), 413: ("MSG_TOO_BIG",), 503: ("EXITING",)},
         documented_5xx="503 EXITING while stopping",
     ),
+    Endpoint(
+        "POST", "/pub_ext",
+        "Youzan: publish to an ext topic with a JSON header (`ext`, and `X-Nsqext-<Key>` request"
+        " headers under lower-cased keys); `OK`, or the traced JSON reply when the header has"
+        " `##trace_id`",
+        (Param("topic", "Topic name", required=True), PARTITION,
+         Param("ext", "The JSON header, URL-encoded", required=True)),
+        body="The message", ok="text",
+        errors={400: ("MSG_EMPTY", "E_INVALID_JSON_HEADER", "INVALID_TRACE_ID",
+                      "E_EXT_NOT_SUPPORT", "MISSING_ARG_TOPIC", "INVALID_ARG_TOPIC_PARTITION",
+                      "E_FAILED_ON_NOT_WRITABLE", *_QUERY),
+                404: ("E_TOPIC_NOT_EXIST",), 413: ("MSG_TOO_BIG",), 503: ("EXITING",)},
+        documented_5xx="503 EXITING while stopping",
+    ),
     Endpoint("POST", "/disable/write", "Youzan: refuse writes (`all`, `ordered`) or allow them",
              (Param("type", "`all`, `ordered`, anything else re-enables writes"),),
              errors={400: _QUERY}),

@@ -21,6 +21,7 @@ from nsqd.e2e import LatencyStream, merged_result
 from nsqd.inflight import DeadlineQueue
 from nsqd.message import Message
 from nsqd.message_queue import BufferedDiskQueue, MessageQueue
+from nsqd.tag_dispatch import TagDispatch
 
 if TYPE_CHECKING:
     from nsqd.client import Client
@@ -68,6 +69,8 @@ class Channel:
         self.deleted = False
         # Youzan ordered topics deliver in order to every channel; SUB_ORDERED switches one.
         self.delivery = ORDERED if topic.ordered else FIFO
+        # Youzan ext topics deliver by `##client_dispatch_tag` (nsqd/tag_dispatch.py).
+        self.tags = TagDispatch() if topic.ext else None
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
@@ -112,6 +115,8 @@ class Channel:
 
     @property
     def depth(self) -> int:
+        if self.tags is not None:
+            return self.queue.depth + self.tags.count
         return self.queue.depth
 
     @property
@@ -133,15 +138,26 @@ class Channel:
         self.delivery = ORDERED
 
     def has_messages(self) -> bool:
+        if self.tags is not None and self.tags.count:
+            return True
         return self.queue.has_messages()
 
     # -- taking messages out --------------------------------------------------------------
 
-    def take(self, max_count: int) -> list[Message]:
-        """Up to `max_count` messages to deliver, as many as the delivery policy lets out."""
+    def take(self, max_count: int, tag: str = "") -> list[Message]:
+        """Up to `max_count` messages to deliver, as many as the delivery policy lets out; on
+        an ext topic, only those for a consumer whose `desired_tag` is `tag`."""
         count = self.delivery.room(len(self.in_flight), max_count)
         if not count:
             return []
+        if self.tags is not None:
+            taken, woken = self.tags.take(tag, count, self._take_from_queue)
+            for other in woken:
+                self._notify_tag(other)
+            return taken
+        return self._take_from_queue(count)
+
+    def _take_from_queue(self, count: int) -> list[Message]:
         taken = self.queue.take(count)
         if taken and self.topic.log is not None:
             taken = self._hold_deferred(taken)
@@ -194,12 +210,31 @@ class Channel:
         spreads over as many clients as it needs and a lone message wakes only one.
         """
         waiting = self._waiting
-        if waiting and not self.paused and self.has_messages():
+        if not waiting or self.paused:
+            return
+        if self.tags is not None:
+            # The consumers of the tags with messages waiting for them, then one at random
+            # to read on (unless what waits has filled the dispatch).
+            for tag in self.tags.waiting_tags():
+                self._notify_tag(tag)
+            if not self._waiting or self.tags.full() or not self.queue.has_messages():
+                return
+            waiting = self._waiting
+        if self.has_messages():
             index = self.nsqd.random.randrange(len(waiting))
             waiting[index], waiting[-1] = waiting[-1], waiting[index]
             client = waiting.pop()
             self._waiting_ids.discard(client.id)
             client.wake()
+
+    def _notify_tag(self, tag: str) -> None:
+        """Wake one waiting pump whose consumer's `desired_tag` is `tag`, if one waits."""
+        for index, client in enumerate(self._waiting):
+            if client.desired_tag == tag:
+                del self._waiting[index]
+                self._waiting_ids.discard(client.id)
+                client.wake()
+                return
 
     def notify_all(self) -> None:
         waiting, self._waiting = self._waiting, []
@@ -257,12 +292,18 @@ class Channel:
 
     def skip_queued(self) -> None:
         """Start at the end, skipping what is queued now."""
+        self._drop_held()
         self.queue.skip_to_end()
+
+    def _drop_held(self) -> None:
+        if self.tags is not None:
+            self.tags.clear()
 
     def seek(self, kind: str, value: int) -> None:
         """SUB_ADVANCED's start and `/channel/setoffset`: deliver from a consume offset on
         (docs/protocol.md §3.8); consumers are woken. ValueError if the queue cannot."""
         self.queue.seek(kind, value)
+        self._drop_held()
         self.notify_all()
         for client in self.clients.values():
             client.wake()
@@ -332,6 +373,7 @@ class Channel:
         self.deferred.clear()
         for client in self.clients.values():
             client.empty_in_flight()
+        self._drop_held()
         self.queue.empty()
 
     def flush(self) -> int:
@@ -342,7 +384,8 @@ class Channel:
         """
         # The queue flushes first: a log topic's cursor reads the deferred queue to keep
         # each deferred message's due time.
-        kept = self.queue.flush([*self.in_flight, *self.deferred])
+        held = self.tags.drain() if self.tags is not None else []
+        kept = self.queue.flush([*self.in_flight, *self.deferred, *held])
         self.in_flight.clear()
         self.deferred.clear()
         return kept
@@ -359,6 +402,7 @@ class Channel:
         self.deferred.clear()
         for client in list(self.clients.values()):
             client.channel_deleted()
+        self._drop_held()
         self.notify_all()
         self.queue.delete()
 

@@ -7,6 +7,7 @@ client or nsqadmin sees the same response from either daemon.
 import gc
 import json
 from typing import TYPE_CHECKING
+from urllib.parse import unquote_plus
 
 from common.command_parser import parse_mpub_body
 from common.errors import ProtocolError
@@ -28,6 +29,14 @@ from common.http_server import query_params as _query
 from common.log import parse_log_level
 from common.names import is_valid_name
 from common.version import VERSION
+from nsqd.ext_header import (
+    TRACE_ID_KEY,
+    ExtHeaderError,
+    encode_fields,
+    parse_fields,
+    trace_id_of,
+    with_http_headers,
+)
 from nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from nsqd.metrics import render_metrics
 from nsqd.partition_log import parse_consume_offset, record_size
@@ -83,6 +92,7 @@ class HTTPAPI:
         router.add("POST", "/debug/freememory", self.free_memory)
         router.add("GET", "/metrics", self.metrics)
         router.add("POST", "/pubtrace", self.pubtrace, max_body=lambda: options().max_msg_size)
+        router.add("POST", "/pub_ext", self.pub_ext, max_body=lambda: options().max_msg_size)
         router.add("POST", "/disable/write", self.disable_write)
         router.add("POST", "/channel/setoffset", self.channel_setoffset)
         router.add("POST", "/topic/greedyclean", self.topic_greedyclean)
@@ -379,16 +389,64 @@ class HTTPAPI:
 
     def pubtrace(self, request: Request) -> Response:
         """POST /pubtrace?topic=&partition=&trace_id= with Youzan's JSON reply (§6.2)."""
+        body = self._youzan_body(request)
+        params = _query(request)
+        trace_text = _first(params, "trace_id") or ""
+        if not _is_ascii_digits(trace_text) or int(trace_text) >= 1 << 64:
+            raise HTTPError(400, "INVALID_TRACE_ID")
+        topic = self._youzan_target(params)
+        trace_id = int(trace_text)
+        try:
+            (message,) = publish(self.nsqd, topic, [body], trace_ids=[trace_id])
+        except PublishError as error:
+            raise _publish_refused(error) from None
+        return _traced_reply(message, trace_text, topic)
+
+    def pub_ext(self, request: Request) -> Response:
+        """POST /pub_ext?topic=&partition=&ext=<urlencoded JSON header>, `X-Nsqext-<Key>`
+        request headers merged into it: Youzan's HTTP PUB_EXT (docs/protocol.md §6.2). The
+        traced JSON reply when the header has `##trace_id`, `OK` otherwise."""
+        body = self._youzan_body(request)
+        params = _query(request)
+        topic = self._youzan_target(params)
+        # Youzan unescapes the (already decoded) parameter once more.
+        ext_text = unquote_plus(_first(params, "ext") or "")
+        if not ext_text:
+            raise HTTPError(400, "E_INVALID_JSON_HEADER")
+        try:
+            fields = with_http_headers(parse_fields(ext_text), request.headers)
+            trace_id = trace_id_of(fields)
+        except ExtHeaderError as error:
+            raise HTTPError(400, error.code) from None
+        if not topic.ext:
+            raise HTTPError(400, "E_EXT_NOT_SUPPORT")
+        try:
+            (message,) = publish(
+                self.nsqd,
+                topic,
+                [body],
+                trace_ids=[trace_id or 0],
+                ext_headers=[encode_fields(fields)],
+            )
+        except PublishError as error:
+            raise _publish_refused(error) from None
+        if trace_id is None:
+            return _OK_WRITTEN
+        return _traced_reply(message, fields[TRACE_ID_KEY], topic)
+
+    def _youzan_body(self, request: Request) -> bytes:
+        """A Youzan HTTP publish's one message: Go's size checks."""
         options = self.nsqd.options
         body = request.body
         if request.content_length > options.max_msg_size or len(body) > options.max_msg_size:
             raise HTTPError(413, "MSG_TOO_BIG")
         if not body:
             raise HTTPError(400, "MSG_EMPTY")
-        params = _query(request)
-        trace_text = _first(params, "trace_id") or ""
-        if not _is_ascii_digits(trace_text) or int(trace_text) >= 1 << 64:
-            raise HTTPError(400, "INVALID_TRACE_ID")
+        return body
+
+    def _youzan_target(self, params: dict[str, list[str]]):
+        """The existing partition `topic=&partition=` names (-1 or none: the default one),
+        writable here; Youzan's HTTP publishes never create a topic."""
         topic_name = _first(params, "topic")
         if topic_name is None:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
@@ -402,23 +460,7 @@ class HTTPAPI:
             raise HTTPError(404, "E_TOPIC_NOT_EXIST")
         if self.nsqd.write_disabled_for(topic):
             raise HTTPError(400, "E_FAILED_ON_NOT_WRITABLE")
-        trace_id = int(trace_text)
-        try:
-            (message,) = publish(self.nsqd, topic, [body], trace_ids=[trace_id])
-        except PublishError as error:
-            raise _publish_refused(error) from None
-        response = v1_response(
-            200,
-            {
-                "status": "OK",
-                "id": int(message.id, 16),
-                "trace_id": trace_text,
-                "queue_offset": message.offset,
-                "rawsize": record_size(message, topic.ext),
-            },
-        )
-        response.after_commit = True
-        return response
+        return topic
 
     def channel_setoffset(self, request: Request) -> Response:
         """POST /channel/setoffset?topic=&channel=[&partition=] with a body `<type>:<value>`
@@ -604,6 +646,22 @@ class TLSRequiredRouter:
         # Go writes this body by hand, spaces and all, and sets no Content-Type.
         body = f'{{"message": "TLS_REQUIRED", "https_port": {port}}}'.encode()
         return Response(403, body, [NSQ_V1_HEADER, ("Content-Type", TEXT_CONTENT_TYPE)])
+
+
+def _traced_reply(message, trace_text: str, topic) -> Response:
+    """Youzan's JSON answer to a traced HTTP publish, sent after the group commit."""
+    response = v1_response(
+        200,
+        {
+            "status": "OK",
+            "id": int(message.id, 16),
+            "trace_id": trace_text,
+            "queue_offset": message.offset,
+            "rawsize": record_size(message, topic.ext),
+        },
+    )
+    response.after_commit = True
+    return response
 
 
 def _is_ascii_digits(text: str) -> bool:

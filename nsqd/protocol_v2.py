@@ -277,7 +277,7 @@ class ProtocolV2:
             if channel is not None and client.is_ready():
                 room = min(client.ready_count - client.in_flight_count, MAX_PUMP_BATCH)
                 # The channel's delivery policy may let fewer go (ordered: one in flight).
-                messages = channel.take(room)
+                messages = channel.take(room, client.desired_tag)
                 if messages and client.sample_rate:
                     messages = self._sample(messages)
                 if messages:

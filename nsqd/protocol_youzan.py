@@ -8,7 +8,6 @@ dialect the connection then speaks (binary IDs, DETAIL and EXT sections, which f
 fatal) is `nsqd/dialect.py`.
 """
 
-import json
 import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -19,6 +18,7 @@ from common.errors import ProtocolError
 from common.frame import OK_FRAME, encode_response
 from common.goformat import go_quote, go_text
 from common.names import is_valid_name
+from nsqd.ext_header import ExtHeaderError, parse_fields, trace_id_of
 from nsqd.partition_log import parse_consume_offset, record_size
 
 if TYPE_CHECKING:
@@ -184,25 +184,9 @@ class YouzanCommands:
     def _ext_header(self, header: bytes, topic) -> int | None:
         """Check a PUB_EXT JSON header; the `##trace_id` it carries, if any."""
         try:
-            fields = json.loads(header)
-            if not isinstance(fields, dict):
-                raise ValueError("not a JSON object")
-        except (ValueError, RecursionError) as error:
-            # RecursionError: nesting deeper than Python's decoder goes; refused all the same.
-            raise ProtocolError(
-                "E_INVALID_JSON_HEADER", f"fail to parse json header:{error}", fatal=False
-            ) from None
-        trace = fields.get("##trace_id")
-        trace_id = None
-        if trace is not None:
-            if not isinstance(trace, str):
-                raise ProtocolError(
-                    "INVALID_TRACE_ID", "passin trace id should be string", fatal=False
-                )
-            # Youzan parses it with strconv.ParseUint(…, 10, 64): ASCII digits, below 2^64.
-            if not (trace.isascii() and trace.isdigit()) or int(trace) >= 1 << 64:
-                raise ProtocolError("INVALID_TRACE_ID", "invalid trace id", fatal=False)
-            trace_id = int(trace)
+            trace_id = trace_id_of(parse_fields(header))
+        except ExtHeaderError as error:
+            raise ProtocolError(error.code, error.detail, fatal=False) from None
         if not topic.ext:
             raise ProtocolError(
                 "E_EXT_NOT_SUPPORT", f"ext content not supported in topic {topic.name}", fatal=False

@@ -7,8 +7,8 @@ shutdown stop accepting, close clients, write every message to disk, sync, write
 metadata last.
 """
 
-import logging
 import fnmatch
+import logging
 import math
 import os
 import random

@@ -3,11 +3,16 @@
 Each body is written followed by a newline (with `--print-topic`, prefixed by `topic | `);
 `-n N` exits after N messages. Without `--channel` it reads through an ephemeral channel
 `tail<6 digits>#ephemeral`, so it never leaves a channel behind.
+
+For Youzan ext topics (docs/protocol.md §3.6): `--ext` reads them (IDENTIFY with
+`extend_support`) and prints each message's JSON header before its body (`header | body`,
+`{}` for none); `--desired-tag T` receives only the messages dispatched to tag T.
 """
 
 import random
 import sys
 
+from common.client import split_ext_section
 from common.flags import Flag, Kind
 from tools._common import (
     ConsumerGroup,
@@ -32,6 +37,19 @@ def flags() -> list[Flag]:
         Flag("max-in-flight", Kind.INT, 200, "max number of messages to allow in flight"),
         Flag("n", Kind.INT, 0, "total messages to show (will wait if starved)"),
         Flag("print-topic", Kind.BOOL, False, "print topic name where message was received"),
+        Flag(
+            "ext",
+            Kind.BOOL,
+            False,
+            "read Youzan ext topics and print each message's JSON header before its body",
+        ),
+        Flag(
+            "desired-tag",
+            Kind.STRING,
+            "",
+            "ext topics: receive only the messages whose ##client_dispatch_tag is this (implies"
+            " --ext)",
+        ),
         *address_flags(),
         consumer_opt_flag(),
         *log_flags(NAME),
@@ -47,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         fatal(log, "--topic is required")
     check_sources(log, values)
     settings = consumer_settings(log, values, f"{NAME}/nsqpy")
+    ext = values["ext"] or bool(values["desired_tag"])
+    if ext:
+        settings["identify"]["extend_support"] = True
+        if values["desired_tag"]:
+            settings["identify"]["desired_tag"] = values["desired_tag"]
     total = values["n"]
     # Don't ask for more messages than we want (Go does the same).
     if 0 < total < settings["max_in_flight"]:
@@ -67,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         nonlocal shown
         if values["print_topic"]:
             out.write(message.consumer.topic.encode() + b" | ")
-        out.write(message.body + b"\n")
+        body = message.body
+        if ext:
+            header, body = split_ext_section(body)
+            out.write((header or b"{}") + b" | ")
+        out.write(body + b"\n")
         out.flush()
         group.finish(message)
         shown += 1

@@ -1,8 +1,11 @@
 """to_nsq: publish stdin to a topic, one message per `--delimiter`-separated record, as Go's
 `to_nsq` does: every record goes to every `--nsqd-tcp-address`, empty records are skipped,
-and `--rate N` throttles to N messages a second.
+and `--rate N` throttles to N messages a second. `--ext-header '<json>'` publishes each record
+with that JSON header (Youzan's PUB_EXT, to an ext topic: `##client_dispatch_tag`,
+`##trace_id`, or any key; docs/protocol.md §3.6).
 """
 
+import json
 import signal
 import sys
 import time
@@ -31,6 +34,12 @@ def flags() -> list[Flag]:
             "destination nsqd TCP address (may be given multiple times)",
         ),
         Flag("rate", Kind.INT, 0, "Throttle messages to n/second. 0 to disable"),
+        Flag(
+            "ext-header",
+            Kind.STRING,
+            "",
+            "JSON object sent as each message's header (PUB_EXT, for Youzan ext topics)",
+        ),
         Flag(
             "producer-opt",
             Kind.STRING_LIST,
@@ -92,6 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     if values["rate"] < 0:
         fatal(log, "--rate must be >= 0")
     identify = nsq_options(log, values, "producer-opt").identify(f"{NAME}/nsqpy")
+    ext_header = None
+    if values["ext_header"]:
+        try:
+            fields = json.loads(values["ext_header"])
+        except ValueError as error:
+            fatal(log, "--ext-header is not JSON - %s", error)
+        if not isinstance(fields, dict):
+            fatal(log, "--ext-header must be a JSON object")
+        ext_header = values["ext_header"].encode()
 
     # A signal while we wait on stdin ends the reading; one during a publish lets it finish
     # (nsqd's OK arrives) before we stop.
@@ -119,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
             throttle.wait()
             state["publishing"] = True
             for producer in producers:
-                producer.publish(topic, record)
+                if ext_header is None:
+                    producer.publish(topic, record)
+                else:
+                    producer.publish_ext(topic, ext_header, record)
             state["publishing"] = False
             progress.add()
             if state["stop"]:

@@ -109,3 +109,80 @@ def test_to_nsq_stops_cleanly_on_sigterm_while_reading(nsqd, topic):
 
     wait_until(published)
     stop_tool(tool)
+
+
+# -- Youzan ext topics --------------------------------------------------------------------------
+
+
+def _create_ext_topic(nsqd, topic: str) -> None:
+    http_request(
+        nsqd.addresses["HTTP"],
+        "/topic/create",
+        method="POST",
+        topic=topic,
+        partition_num="1",
+        ext="true",
+    )
+    # The channels exist before publishing: a log topic's new channel starts at its end.
+    for channel in ("tags", "blue"):
+        http_request(
+            nsqd.addresses["HTTP"],
+            "/channel/create",
+            method="POST",
+            topic=topic,
+            channel=channel,
+            partition="0",
+        )
+
+
+def test_to_nsq_sets_and_nsq_tail_shows_ext_headers_and_tags(nsqd, topic):
+    """to_nsq --ext-header publishes with a JSON header (PUB_EXT); nsq_tail --ext prints it,
+    and --desired-tag receives only its tag's messages, as a tag-dispatched consumer."""
+    tcp = nsqd.addresses["TCP"]
+    _create_ext_topic(nsqd, topic)
+    for header, stdin in (
+        ('{"##client_dispatch_tag":"blue","k":"v"}', b"b1\nb2\n"),
+        ('{"k":"plain"}', b"u1\n"),
+    ):
+        result = run_tool(
+            "to_nsq",
+            f"--topic={topic}",
+            f"--nsqd-tcp-address={tcp}",
+            f"--ext-header={header}",
+            stdin=stdin,
+        )
+        assert result.returncode == 0, result.stderr.decode()
+    blue = run_tool(
+        "nsq_tail",
+        f"--topic={topic}",
+        f"--nsqd-tcp-address={tcp}",
+        "--channel=blue",
+        "--desired-tag=blue",
+        "-n",
+        "2",
+    )
+    assert blue.returncode == 0, blue.stderr.decode()
+    assert blue.stdout == (
+        b'{"##client_dispatch_tag":"blue","k":"v"} | b1\n'
+        b'{"##client_dispatch_tag":"blue","k":"v"} | b2\n'
+    )
+    plain = run_tool(
+        "nsq_tail",
+        f"--topic={topic}",
+        f"--nsqd-tcp-address={tcp}",
+        "--channel=tags",
+        "--ext",
+        "-n",
+        "1",
+    )
+    assert plain.returncode == 0, plain.stderr.decode()
+    assert plain.stdout == b'{"k":"plain"} | u1\n'
+
+
+def test_to_nsq_refuses_an_ext_header_that_is_not_a_json_object():
+    for header in ("{nope", "[1]"):
+        result = run_tool(
+            "to_nsq", "--topic=t", "--nsqd-tcp-address=127.0.0.1:1", f"--ext-header={header}"
+        )
+        assert result.returncode == 1
+        assert b"--ext-header" in result.stderr
