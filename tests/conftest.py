@@ -1,5 +1,6 @@
 """Fixtures shared by every test directory, and what a missing optional test package means."""
 
+import contextlib
 import re
 
 import pytest
@@ -18,6 +19,17 @@ def nsqd_options(tmp_path) -> Options:
         data_path=str(tmp_path),
         node_id=1,
     )
+
+
+@contextlib.asynccontextmanager
+async def running_nsqd(options: Options):
+    """An in-process nsqd on these options, stopped cleanly (flushing) on exit: for tests
+    that restart one on the same data directory."""
+    server = NSQD(options)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        yield server
+        server.shutdown()
 
 
 @pytest.fixture

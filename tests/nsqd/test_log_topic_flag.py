@@ -4,28 +4,16 @@ cursors (a restart redelivers what was not acknowledged, replay works), a diskqu
 had before the flag named it moves into the log, and a log on disk stays a log when the flag
 is dropped."""
 
-import contextlib
 import dataclasses
 import os
-
-import trio
 
 from common.command import encode_mpub, encode_pub
 from diskqueue import DiskQueue
 from nsqd.message import Message
-from nsqd.options import Options, build_flags, options_from_values
+from nsqd.options import build_flags, options_from_values
 from nsqd.server import NSQD
-from tests.conftest import wait_until
+from tests.conftest import running_nsqd, wait_until
 from tests.nsqd.wire import Wire, consumer
-
-
-@contextlib.asynccontextmanager
-async def running(options: Options):
-    server = NSQD(options)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve)
-        yield server
-        server.shutdown()
 
 
 async def publish(nsqd: NSQD, topic: str, *bodies: bytes) -> None:
@@ -45,7 +33,7 @@ def test_the_flag_is_repeatable():
 
 async def test_a_matching_topic_is_a_log_and_others_stay_classic(nsqd_options):
     options = dataclasses.replace(nsqd_options, log_topic=["orders.*"])
-    async with running(options) as nsqd:
+    async with running_nsqd(options) as nsqd:
         await publish(nsqd, "orders.eu", b"one", b"two")
         await publish(nsqd, "plain", b"x")
         assert nsqd.get_topic("orders.eu").log is not None
@@ -64,7 +52,7 @@ async def test_a_matching_topic_is_a_log_and_others_stay_classic(nsqd_options):
 
 async def test_unacknowledged_messages_come_again_after_a_restart(nsqd_options):
     options = dataclasses.replace(nsqd_options, log_topic=["*"])
-    async with running(options) as nsqd:
+    async with running_nsqd(options) as nsqd:
         reader = await consumer(nsqd, "t", "c", rdy=10)
         await publish(nsqd, "t", b"a", b"b", b"c")
         first, second, _third = await reader.read_messages(3)
@@ -73,7 +61,7 @@ async def test_unacknowledged_messages_come_again_after_a_restart(nsqd_options):
         await reader.send(b"NOP\n")  # FINs are processed in order before the connection ends
         await reader.aclose()
         await wait_until(lambda: nsqd.get_topic("t").channels["c"].cursor.confirmed.count == 2)
-    async with running(options) as nsqd:
+    async with running_nsqd(options) as nsqd:
         reader = await consumer(nsqd, "t", "c", rdy=10)
         (again,) = await reader.read_messages(1)
         assert again.body == b"c"
@@ -81,11 +69,11 @@ async def test_unacknowledged_messages_come_again_after_a_restart(nsqd_options):
 
 
 async def test_a_diskqueue_from_before_the_flag_moves_into_the_log(nsqd_options):
-    async with running(nsqd_options) as nsqd:
+    async with running_nsqd(nsqd_options) as nsqd:
         await publish(nsqd, "t", b"kept-1", b"kept-2")  # no channel: in the topic's diskqueue
     assert os.path.exists(os.path.join(nsqd_options.data_path, "t.diskqueue.meta.dat"))
     options = dataclasses.replace(nsqd_options, log_topic=["t"])
-    async with running(options) as nsqd:
+    async with running_nsqd(options) as nsqd:
         assert nsqd.get_topic("t").log is not None
         assert not os.path.exists(os.path.join(options.data_path, "t.diskqueue.meta.dat"))
         reader = await consumer(nsqd, "t", "c", rdy=10)
@@ -98,7 +86,7 @@ async def test_a_channel_diskqueue_from_before_the_flag_is_delivered_first(nsqd_
     queue.put_many([Message(b"%016x" % 7, b"from-the-channel", 1).to_record()])
     queue.close()
     options = dataclasses.replace(nsqd_options, log_topic=["t"])
-    async with running(options) as nsqd:
+    async with running_nsqd(options) as nsqd:
         await publish(nsqd, "t", b"bootstrap")
         reader = await consumer(nsqd, "t", "c", rdy=10)
         (message,) = await reader.read_messages(1)
@@ -107,10 +95,10 @@ async def test_a_channel_diskqueue_from_before_the_flag_is_delivered_first(nsqd_
 
 async def test_a_log_on_disk_stays_a_log_without_the_flag(nsqd_options):
     options = dataclasses.replace(nsqd_options, log_topic=["t"])
-    async with running(options) as nsqd:
+    async with running_nsqd(options) as nsqd:
         await consumer(nsqd, "t", "c")
         await publish(nsqd, "t", b"in-the-log")
-    async with running(nsqd_options) as nsqd:
+    async with running_nsqd(nsqd_options) as nsqd:
         topic = nsqd.get_topic("t")
         assert topic.log is not None
         reader = await consumer(nsqd, "t", "c", rdy=10)
@@ -120,6 +108,6 @@ async def test_a_log_on_disk_stays_a_log_without_the_flag(nsqd_options):
 
 async def test_ephemeral_topics_are_never_logs(nsqd_options):
     options = dataclasses.replace(nsqd_options, log_topic=["*"])
-    async with running(options) as nsqd:
+    async with running_nsqd(options) as nsqd:
         await publish(nsqd, "t#ephemeral", b"x")
         assert nsqd.get_topic("t#ephemeral").log is None

@@ -3,7 +3,6 @@ IDs survive a restart, channels resume at their confirmed position, `/channel/se
 SUB_ADVANCED replay, a new channel starts at the end, and a kill -9 with `--sync-every=1` loses
 no acknowledged message."""
 
-import contextlib
 import os
 import struct
 import time
@@ -17,7 +16,7 @@ from diskqueue import DiskQueue
 from nsqd.message import Message
 from nsqd.metadata import ChannelMetadata, TopicMetadata, encode_metadata, write_metadata
 from nsqd.partition_log import ID_PARTITION_SHIFT
-from nsqd.server import NSQD
+from tests.conftest import running_nsqd
 from tests.nsqd.wire import with_options
 from tests.youzan.support import (
     YouzanWire,
@@ -28,16 +27,6 @@ from tests.youzan.support import (
     sub,
     trace_reply,
 )
-
-
-@contextlib.asynccontextmanager
-async def running(options):
-    """An in-process nsqd on these options, stopped cleanly (flushing) on exit."""
-    server = NSQD(options)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve)
-        yield server
-        server.shutdown()
 
 
 async def publish_traced(nsqd, topic: str, partition: int, bodies: list[bytes]) -> list:
@@ -64,12 +53,12 @@ async def read_and_fin(wire: YouzanWire, count: int) -> list:
 
 
 async def test_ids_offsets_and_trace_ids_survive_a_restart(nsqd_options):
-    async with running(nsqd_options) as nsqd:
+    async with running_nsqd(nsqd_options) as nsqd:
         await create_partitions(nsqd, "lt", 0, 1)
         await (await connect(nsqd)).command_ok(sub("SUB_ORDERED", "lt", "c", 1))
         before = await publish_traced(nsqd, "lt", 1, [b"a", b"bb"])
     assert [r.internal_id for r in before] == [(1 << ID_PARTITION_SHIFT) + 1, (1 << 50) + 2]
-    async with running(nsqd_options) as nsqd:
+    async with running_nsqd(nsqd_options) as nsqd:
         (after,) = await publish_traced(nsqd, "lt", 1, [b"ccc"])
         assert after.internal_id == before[-1].internal_id + 1
         assert after.offset == before[-1].offset + before[-1].raw_size
@@ -98,7 +87,7 @@ async def test_a_new_channel_starts_at_the_end(nsqd):
 async def test_consumption_resumes_at_the_confirmed_position_after_a_clean_restart(
     nsqd_options,
 ):
-    async with running(nsqd_options) as nsqd:
+    async with running_nsqd(nsqd_options) as nsqd:
         await create_partitions(nsqd, "lt", 0)
         reader = await subscriber(nsqd, "SUB", "lt", "c", 0)
         await publish_traced(nsqd, "lt", 0, [b"%d" % n for n in range(6)])
@@ -106,7 +95,7 @@ async def test_consumption_resumes_at_the_confirmed_position_after_a_clean_resta
         await reader.read_youzans(3)  # in flight, never FINished
         channel = nsqd.registry.get("lt", 0).channels["c"]
         await _until(lambda: channel.queue.confirmed.count == 3)
-    async with running(nsqd_options) as nsqd:
+    async with running_nsqd(nsqd_options) as nsqd:
         reader = await subscriber(nsqd, "SUB", "lt", "c", 0)
         assert [m.body for m in await read_and_fin(reader, 3)] == [b"3", b"4", b"5"]
 
@@ -163,7 +152,7 @@ async def test_sub_advanced_starts_where_it_says(nsqd, start):
 
 
 async def test_ordered_consumption_continues_in_order_across_a_restart(nsqd_options):
-    async with running(nsqd_options) as nsqd:
+    async with running_nsqd(nsqd_options) as nsqd:
         reply = await http(
             nsqd, "POST", "/topic/create?topic=ord&partition_num=1&orderedmulti=true"
         )
@@ -175,7 +164,7 @@ async def test_ordered_consumption_continues_in_order_across_a_restart(nsqd_opti
             first += await read_and_fin(reader, 1)
         channel = nsqd.registry.get("ord", 0).channels["c"]
         await _until(lambda: channel.queue.confirmed.count == 4)
-    async with running(nsqd_options) as nsqd:
+    async with running_nsqd(nsqd_options) as nsqd:
         reader = await subscriber(nsqd, "SUB_ORDERED", "ord", "c", 0)
         rest = []
         for _ in range(6):
@@ -288,20 +277,20 @@ async def test_greedyclean_removes_only_what_every_channel_consumed(nsqd):
 
 
 async def test_syncdisk_gives_a_topic_its_own_sync_policy(nsqd_options):
-    async with running(nsqd_options) as nsqd:
+    async with running_nsqd(nsqd_options) as nsqd:
         reply = await http(nsqd, "POST", "/topic/create?topic=lt&partition_num=2&syncdisk=1")
         assert reply.status == 200, reply
         assert [nsqd.registry.get("lt", p).log.sync_every for p in (0, 1)] == [1, 1]
         bad = await http(nsqd, "POST", "/topic/create?topic=lu&partition_num=1&syncdisk=0")
         assert (bad.status, bad.json()) == (400, {"message": "INVALID_ARG_SYNCDISK"})
-    async with running(nsqd_options) as nsqd:
+    async with running_nsqd(nsqd_options) as nsqd:
         assert nsqd.registry.get("lt", 1).log.sync_every == 1
 
 
 async def test_a_deferred_message_still_waits_after_a_restart(nsqd_options):
     """A DPUB and a REQ with a delay that wait in the channel at a clean stop come when they
     are due, not at once, after nsqd starts again."""
-    async with running(nsqd_options) as nsqd:
+    async with running_nsqd(nsqd_options) as nsqd:
         await create_partitions(nsqd, "lt", 0)
         # "idle" has no consumer before the restart: it never read the DPUB.
         await http(nsqd, "POST", "/channel/create?topic=lt&channel=idle&partition=0")
@@ -315,7 +304,7 @@ async def test_a_deferred_message_still_waits_after_a_restart(nsqd_options):
         late_due = time.time() + 2.5
         channel = nsqd.registry.get("lt", 0).channels["c"]
         await _until(lambda: len(channel.deferred) == 2)
-    async with running(nsqd_options) as nsqd:
+    async with running_nsqd(nsqd_options) as nsqd:
         reader = await subscriber(nsqd, "SUB", "lt", "c", 0)
         idle = await subscriber(nsqd, "SUB", "lt", "idle", 0)
         channels = nsqd.registry.get("lt", 0).channels
@@ -348,7 +337,7 @@ async def test_an_earlier_nsqpys_partition_queues_are_delivered_then_removed(nsq
         queue = DiskQueue(name, data, 1 << 20, 26, 1 << 20, 1)
         queue.put_many([Message(factory.next_id(), body, 0).to_record() for body in bodies])
         queue.close()
-    async with running(nsqd_options) as nsqd:
+    async with running_nsqd(nsqd_options) as nsqd:
         first = await subscriber(nsqd, "SUB", "old", "c", 0)
         second = await subscriber(nsqd, "SUB", "old", "c", 1)
         assert [m.body for m in await read_and_fin(first, 2)] == [b"p0-a", b"p0-b"]

@@ -4,7 +4,6 @@ a consumer that IDENTIFYs with `desired_tag` receives exactly the messages whose
 tag nobody consumes waits in the channel. Clients here are Youzan-style raw V2 connections
 (binary IDs, `extend_support`); the tags live in the partition log, so a restart keeps them."""
 
-import contextlib
 import json
 import struct
 import zlib
@@ -16,7 +15,7 @@ import trio
 
 from common.command import encode_fin, encode_identify, encode_mpub_body, encode_pub
 from common.frame import FRAME_TYPE_RESPONSE
-from nsqd.server import NSQD
+from tests.conftest import running_nsqd
 from tests.youzan.support import (
     HTTPReply,
     YouzanWire,
@@ -65,15 +64,6 @@ async def bodies(wire: YouzanWire, count: int) -> list[bytes]:
     messages = await wire.read_youzans(count)
     await wire.send(b"".join(encode_fin(message.id) for message in messages))
     return [header_of(message.body)[1] for message in messages]
-
-
-@contextlib.asynccontextmanager
-async def running(options):
-    server = NSQD(options)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve)
-        yield server
-        server.shutdown()
 
 
 # -- /pub_ext -------------------------------------------------------------------------------
@@ -211,7 +201,7 @@ async def test_consumers_of_a_plain_topic_ignore_their_tag(nsqd):
 
 
 async def test_tags_survive_a_restart_of_a_log_topic(nsqd_options):
-    async with running(nsqd_options) as nsqd:
+    async with running_nsqd(nsqd_options) as nsqd:
         await create_partitions(nsqd, "yz", 0, ext="true")
         # The channel exists before publishing (a new channel starts at the log's end).
         assert (
@@ -221,7 +211,7 @@ async def test_tags_survive_a_restart_of_a_log_topic(nsqd_options):
         await writer.command_ok(pub_ext("yz", {TAG: "blue", "k": "v"}, b"b1", 0))
         await writer.command_ok(pub_ext("yz", {}, b"u1", 0))
         await writer.command_ok(pub_ext("yz", {TAG: "blue"}, b"b2", 0))
-    async with running(nsqd_options) as nsqd:
+    async with running_nsqd(nsqd_options) as nsqd:
         plain = await tagged_consumer(nsqd, "yz", "c", "")
         blue = await tagged_consumer(nsqd, "yz", "c", "blue")
         messages = await blue.read_youzans(2)
