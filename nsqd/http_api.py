@@ -65,7 +65,7 @@ _PUB_TARGET_CACHE = 1024
 class HTTPAPI:
     def __init__(self, nsqd: "NSQD") -> None:
         self.nsqd = nsqd
-        self._pub_targets: dict[str, tuple[str, float]] = {}
+        self._pub_targets: dict[str, tuple[str, int, float]] = {}
         # Every handler but pause's answers at once, on the HTTP poller; a publish's answer waits
         # for the group commit (one fsync per queue for all of a poller pass's publishes).
         # Pausing waits for nsqd.dat to be written, off the poller.
@@ -136,12 +136,34 @@ class HTTPAPI:
     # -- publishing ----------------------------------------------------------------------
 
     def _topic_from_query(self, params: dict[str, list[str]]):
+        """The topic a publish names: created on first use as in Go; with Youzan's
+        `&partition=` (other than -1), that existing partition (docs/protocol.md §6.2)."""
+        return self._publish_topic(*self._publish_names(params))
+
+    def _publish_names(self, params: dict[str, list[str]]) -> tuple[str, int]:
+        """(topic name, partition or -1) of a publish's query; Go's 400s for bad ones."""
         topic_name = _first(params, "topic")
         if topic_name is None:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         if not is_valid_name(topic_name):
             raise HTTPError(400, "INVALID_TOPIC")
-        return self.nsqd.get_topic(topic_name)
+        partition_text = _first(params, "partition")
+        if partition_text is None:
+            return topic_name, -1
+        try:
+            return topic_name, go_atoi(partition_text.encode("utf-8", "surrogateescape"))
+        except ValueError:
+            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION") from None
+
+    def _publish_topic(self, topic_name: str, partition: int):
+        if partition == -1:
+            return self.nsqd.get_topic(topic_name)
+        topic = self.nsqd.get_partition(topic_name, partition)
+        if topic is None:
+            raise HTTPError(404, "E_TOPIC_NOT_EXIST")
+        if self.nsqd.write_disabled_for(topic):
+            raise HTTPError(400, "E_FAILED_ON_NOT_WRITABLE")
+        return topic
 
     def pub(self, request: Request) -> Response:
         options = self.nsqd.options
@@ -157,14 +179,16 @@ class HTTPAPI:
             if len(self._pub_targets) >= _PUB_TARGET_CACHE:
                 self._pub_targets.clear()
             self._pub_targets[request.query_string] = target
-        topic_name, defer = target
-        self._publish(self.nsqd.get_topic(topic_name), [body], defer)
+        topic_name, partition, defer = target
+        self._publish(self._publish_topic(topic_name, partition), [body], defer)
         return _OK_WRITTEN
 
-    def _pub_target(self, request: Request) -> tuple[str, float]:
-        """(topic name, defer seconds) of a /pub query, or Go's 400 for a bad one."""
+    def _pub_target(self, request: Request) -> tuple[str, int, float]:
+        """(topic name, partition or -1, defer seconds) of a /pub query, or Go's 400 for a
+        bad one."""
         params = _query(request)
-        topic_name = self._topic_from_query(params).name
+        topic_name, partition = self._publish_names(params)
+        self._publish_topic(topic_name, partition)  # Go creates the topic before reading defer
         defer = 0.0
         defer_text = _first(params, "defer")
         if defer_text is not None:
@@ -175,7 +199,7 @@ class HTTPAPI:
             if not 0 <= defer_ms <= self.nsqd.options.max_req_timeout * 1000:
                 raise HTTPError(400, "INVALID_DEFER")
             defer = defer_ms / 1000
-        return topic_name, defer
+        return topic_name, partition, defer
 
     def mpub(self, request: Request) -> Response:
         options = self.nsqd.options

@@ -280,3 +280,24 @@ async def test_tagged_messages_reach_a_consumer_on_a_compressed_connection(nsqd)
     (message,) = await blue.read_youzans(1)
     header, data = header_of(message.body)
     assert data == b"tagged" and header[TAG] == "blue" and header["big"] == "x" * 2000
+
+
+# -- /pub and /mpub with &partition= --------------------------------------------------------
+
+
+async def test_http_pub_and_mpub_publish_to_the_partition_they_name(nsqd):
+    """Youzan's topic endpoints take `&partition=` (docs/protocol.md §6.2): the message goes to
+    that existing partition; -1 or none is the default one, as before."""
+    assert (await http(nsqd, "POST", "/topic/create?topic=pp&partition_num=2")).status == 200
+    assert (await http(nsqd, "POST", "/pub?topic=pp&partition=1", b"one")).status == 200
+    assert (await http(nsqd, "POST", "/mpub?topic=pp&partition=1", b"a\nb")).status == 200
+    assert (await http(nsqd, "POST", "/pub?topic=pp&partition=-1", b"zero")).status == 200
+    counts = {p: nsqd.get_partition("pp", p).message_count for p in (0, 1)}
+    assert counts == {0: 1, 1: 3}
+    for target, status, message in (
+        ("/pub?topic=pp&partition=7", 404, "E_TOPIC_NOT_EXIST"),
+        ("/mpub?topic=pp&partition=7", 404, "E_TOPIC_NOT_EXIST"),
+        ("/pub?topic=pp&partition=x", 400, "INVALID_ARG_TOPIC_PARTITION"),
+    ):
+        reply = await http(nsqd, "POST", target, b"m")
+        assert (reply.status, reply.json()) == (status, {"message": message}), target
