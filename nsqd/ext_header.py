@@ -71,10 +71,8 @@ def dispatch_tag(header: bytes) -> str:
     if not header:
         return ""
     try:
-        fields = json.loads(header)
-    except (ValueError, RecursionError):
-        return ""
-    if not isinstance(fields, dict):
+        fields = parse_fields(header)
+    except ExtHeaderError:
         return ""
     tag = fields.get(DISPATCH_TAG_KEY, "")
     return tag if isinstance(tag, str) else ""

@@ -150,14 +150,16 @@ class HTTPAPI:
         partition_text = _first(params, "partition")
         if partition_text is None:
             return topic_name, -1
-        try:
-            return topic_name, go_atoi(partition_text.encode("utf-8", "surrogateescape"))
-        except ValueError:
-            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION") from None
+        return topic_name, _partition_number(partition_text)
 
     def _publish_topic(self, topic_name: str, partition: int):
         if partition == -1:
             return self.nsqd.get_topic(topic_name)
+        return self._writable_partition(topic_name, partition)
+
+    def _writable_partition(self, topic_name: str, partition: int):
+        """An existing partition (-1: the default one) a publish may write to; Youzan's 404
+        and 400 otherwise."""
         topic = self.nsqd.get_partition(topic_name, partition)
         if topic is None:
             raise HTTPError(404, "E_TOPIC_NOT_EXIST")
@@ -312,10 +314,7 @@ class HTTPAPI:
         registry = self.nsqd.registry
         if text is None or text in ("", "-1"):
             return registry.partitions(topic_name)
-        try:
-            topic = registry.get(topic_name, go_atoi(text.encode("utf-8", "surrogateescape")))
-        except ValueError:
-            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION") from None
+        topic = registry.get(topic_name, _partition_number(text))
         if topic is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         return [topic]
@@ -474,17 +473,8 @@ class HTTPAPI:
         topic_name = _first(params, "topic")
         if topic_name is None:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
-        partition_text = _first(params, "partition") or "-1"
-        try:
-            partition = go_atoi(partition_text.encode("utf-8", "surrogateescape"))
-            topic = self.nsqd.get_partition(topic_name, partition)
-        except ValueError:
-            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION") from None
-        if topic is None:
-            raise HTTPError(404, "E_TOPIC_NOT_EXIST")
-        if self.nsqd.write_disabled_for(topic):
-            raise HTTPError(400, "E_FAILED_ON_NOT_WRITABLE")
-        return topic
+        partition = _partition_number(_first(params, "partition") or "-1")
+        return self._writable_partition(topic_name, partition)
 
     def channel_setoffset(self, request: Request) -> Response:
         """POST /channel/setoffset?topic=&channel=[&partition=] with a body `<type>:<value>`
@@ -670,6 +660,14 @@ class TLSRequiredRouter:
         # Go writes this body by hand, spaces and all, and sets no Content-Type.
         body = f'{{"message": "TLS_REQUIRED", "https_port": {port}}}'.encode()
         return Response(403, body, [NSQ_V1_HEADER, ("Content-Type", TEXT_CONTENT_TYPE)])
+
+
+def _partition_number(text: str) -> int:
+    """A `partition=` value as Go's strconv.Atoi reads it; 400 INVALID_ARG_TOPIC_PARTITION."""
+    try:
+        return go_atoi(text.encode("utf-8", "surrogateescape"))
+    except ValueError:
+        raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION") from None
 
 
 def _traced_reply(message, trace_text: str, topic) -> Response:

@@ -13,6 +13,7 @@ from urllib.parse import quote
 import pytest
 import trio
 
+from common.client import split_ext_section
 from common.command import encode_fin, encode_identify, encode_mpub_body, encode_pub
 from common.frame import FRAME_TYPE_RESPONSE
 from tests.conftest import running_nsqd
@@ -54,10 +55,8 @@ async def tagged_consumer(nsqd, topic: str, channel: str, tag: str, rdy: int = 5
 
 def header_of(body: bytes) -> tuple[dict | None, bytes]:
     """The ext section of a message body on an ext topic: (JSON header or None, data)."""
-    if body[0] == 0:
-        return None, body[1:]
-    (length,) = struct.unpack_from(">H", body, 1)
-    return json.loads(body[3 : 3 + length]), body[3 + length :]
+    header, data = split_ext_section(body)
+    return (None if header is None else json.loads(header)), data
 
 
 async def bodies(wire: YouzanWire, count: int) -> list[bytes]:
