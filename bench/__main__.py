@@ -85,6 +85,12 @@ SUITE = [
         "log topics against classic ones: TCP publish and consume, restart with a 10M backlog,"
         " range fetch",
     ),
+    Benchmark(
+        "group_commit",
+        "group_commit",
+        (),
+        "log topic with --sync-every=1: PUB-and-wait publishers x1, x8, x32, messages per group",
+    ),
 ]
 BY_NAME = {name: bench for bench in SUITE for name in (bench.name, *bench.aliases)}
 # For --profile-missed: the bench.profile workload behind each target.

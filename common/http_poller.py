@@ -16,7 +16,8 @@ their own.
 Group commit: an inline answer that says a write is durable (`after_commit`, a publish) is
 not sent at once. Every such connection of a pass leaves the epoll set, one task runs the
 router's commit once for all of them (one fsync per written queue, whatever the number of
-requests), then sends their answers and gives them back. The poller goes on serving the
+requests), then sends their answers and gives them back; an answer whose write the commit
+failed to make (its response's `write_group`) becomes a 500. The poller goes on serving the
 others meanwhile: a `/ping` never waits for a disk.
 """
 
@@ -122,16 +123,22 @@ class HTTPPoller:
         close = False
         answers_inline = self._router.answers_inline
         after_commit = False
+        # Answers that the commit may still refuse: (index in `out`, request, write group).
+        groups: list[tuple] = []
         while requests and answers_inline(requests[0]):
-            answer, close, needs_commit = state.answer_now(requests.pop(0))
+            request = requests.pop(0)
+            answer, close, needs_commit = state.answer_now(request)
+            if needs_commit:
+                after_commit = True
+                if needs_commit is not True:
+                    groups.append((len(out), request, needs_commit))
             out.append(answer)
-            after_commit = after_commit or needs_commit
             if close:
                 requests = []
                 break
         if after_commit:
             sock, _state = self._unwatch(fd)
-            committing.append((sock, state, out, requests, final, close))
+            committing.append((sock, state, out, requests, final, close, groups))
             return
         if requests:
             # A route that may wait: answered by a task of its own.
@@ -160,7 +167,8 @@ class HTTPPoller:
         """One commit for every connection of a pass whose answers wait for it, then each
         connection's answers (and the rest of its requests) by a task of its own."""
         try:
-            await self._router.commit()
+            groups = [group for *_rest, waiting in committing for _i, _r, group in waiting]
+            await self._router.commit(groups)
         except Exception as error:
             # Nothing unsynced is acknowledged: the clients see their connections close
             # without an answer and publish again.
@@ -168,7 +176,10 @@ class HTTPPoller:
             for sock, *_rest in committing:
                 sock.close()
             return
-        for sock, state, out, requests, final, close in committing:
+        for sock, state, out, requests, final, close, groups in committing:
+            for index, request, group in groups:
+                if group.error is not None:
+                    out[index] = state.refused(request)
             if not requests and final is None and not close:
                 # The common case, a publish and nothing after it: write the answers now and
                 # give the connection back, without a task.

@@ -124,7 +124,9 @@ class Request:
 class Response:
     # `after_commit`: the answer says the request's writes are durable, so it goes out only
     # after the router's commit (one fsync for every such answer of a poller pass).
-    __slots__ = ("status", "headers", "body", "after_commit")
+    # `write_group`: the group commit that carries the request's write, when it has one; if
+    # the commit sets its `error`, the answer is 500 INTERNAL_ERROR instead (`refused`).
+    __slots__ = ("status", "headers", "body", "after_commit", "write_group")
 
     def __init__(
         self,
@@ -133,11 +135,13 @@ class Response:
         headers: list[tuple[str, str]] | None = None,
         *,
         after_commit: bool = False,
+        write_group=None,
     ) -> None:
         self.status = status
         self.body = body
         self.headers = headers if headers is not None else []
         self.after_commit = after_commit
+        self.write_group = write_group
 
 
 def v1_response(status: int, data=None) -> Response:
@@ -198,14 +202,15 @@ Handler = InlineHandler | WaitingHandler
 class Router:
     """Exact-path routes by method, answering unknown paths and methods as httprouter does.
 
-    `commit`, when given, makes durable what handlers wrote; an answer marked `after_commit`
-    is sent only once it has run, when `commit_due` says there is anything to make durable
-    (by default: always)."""
+    `commit`, when given, makes durable what handlers wrote, and waits until the write
+    groups it is given (the `write_group` of the answers waiting for it) are done; an answer
+    marked `after_commit` is sent only once it has run, when it has a write group not yet done
+    or `commit_due` says there is anything to make durable (by default: always)."""
 
     def __init__(
         self,
         *,
-        commit: Callable[[], Awaitable[None]] | None = None,
+        commit: Callable[[list], Awaitable[None]] | None = None,
         commit_due: Callable[[], bool] | None = None,
     ) -> None:
         self._commit = commit
@@ -286,9 +291,19 @@ class Router:
         except HTTPError as error:
             return _error_response(error)
 
-    async def commit(self) -> None:
+    async def commit(self, write_groups: list = ()) -> None:
         if self._commit is not None:
-            await self._commit()
+            await self._commit(list(write_groups))
+
+    def waits_for_commit(self, response: Response) -> object:
+        """Whether an `after_commit` answer must wait for the commit: False, True, or its
+        write group (not yet done), whose failure turns it into `refused`."""
+        if not response.after_commit:
+            return False
+        group = response.write_group
+        if group is not None and not group.done:
+            return group
+        return self.commit_due()
 
     def _handler(self, request: Request) -> Handler | Response:
         """The route's handler, or the answer when there is none (404, 405, OPTIONS)."""
@@ -336,13 +351,29 @@ class CachedResponse(Response):
     """A response that never changes (`200 OK` to a publish): its bytes are encoded once per
     second (the `Date` header) instead of once per request."""
 
-    __slots__ = ("_encoded",)
+    __slots__ = ("_encoded", "_origin")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._encoded: tuple[str, bytes] | None = None
+        self._origin: CachedResponse | None = None
+
+    def for_write(self, write_group) -> "CachedResponse":
+        """The same answer to one request whose write `write_group` carries (sharing this
+        one's encoding)."""
+        twin = CachedResponse.__new__(CachedResponse)
+        twin.status = self.status
+        twin.body = self.body
+        twin.headers = self.headers
+        twin.after_commit = self.after_commit
+        twin.write_group = write_group
+        twin._encoded = None
+        twin._origin = self
+        return twin
 
     def encoded(self) -> bytes:
+        if self._origin is not None:
+            return self._origin.encoded()
         date = _dates.get()
         if self._encoded is None or self._encoded[0] != date:
             self._encoded = (date, _encode(self, False, False))
@@ -520,23 +551,32 @@ class ConnectionState:
             requests.append(request)
         return requests
 
-    def answer_now(self, request: Request) -> tuple[bytes, bool, bool]:
+    def answer_now(self, request: Request) -> tuple[bytes, bool, object]:
         """The encoded answer to an inline request, whether the connection closes after it,
-        and whether it may go out only after the router's commit."""
+        and whether it may go out only after the router's commit: False, True, or the
+        response's write group, whose failure replaces it with `refused(request)`."""
         try:
             response = self.router.respond(request)
         except Exception as error:
             response = self._internal_error(error)
         encoded, close = self._encode(request, response)
-        return encoded, close, response.after_commit and self.router.commit_due()
+        return encoded, close, self.router.waits_for_commit(response)
+
+    def refused(self, request: Request) -> bytes:
+        """The answer to a request whose write the commit failed to make: 500, as a failed
+        write is answered at once."""
+        return self._encode(request, v1_response(500, "INTERNAL_ERROR"))[0]
 
     async def answer(self, request: Request) -> tuple[bytes, bool]:
         """The encoded answer to `request`, and whether the connection closes after it; an
         answer that waits for the commit is returned after it."""
         try:
             response = await self.router.dispatch(request)
-            if response.after_commit and self.router.commit_due():
-                await self.router.commit()
+            waits = self.router.waits_for_commit(response)
+            if waits:
+                await self.router.commit([] if waits is True else [waits])
+                if waits is not True and waits.error is not None:
+                    response = v1_response(500, "INTERNAL_ERROR")
         except Exception as error:
             response = self._internal_error(error)
         return self._encode(request, response)

@@ -100,8 +100,8 @@ class HTTPAPI:
         router.add("GET", "/partition/search", self.partition_search)
         router.add("GET", "/partition/fetch", self.partition_fetch)
 
-    async def _commit(self) -> None:
-        await self.nsqd.commit_backend_writes()
+    async def _commit(self, write_groups: list) -> None:
+        await self.nsqd.commit_backend_writes(write_groups)
 
     def _commit_due(self) -> bool:
         return self.nsqd.commit_due()
@@ -182,8 +182,9 @@ class HTTPAPI:
                 self._pub_targets.clear()
             self._pub_targets[request.query_string] = target
         topic_name, partition, defer = target
-        self._publish(self._publish_topic(topic_name, partition), [body], defer)
-        return _OK_WRITTEN
+        topic = self._publish_topic(topic_name, partition)
+        self._publish(topic, [body], defer)
+        return _ok_written(topic)
 
     def _pub_target(self, request: Request) -> tuple[str, int, float]:
         """(topic name, partition or -1, defer seconds) of a /pub query, or Go's 400 for a
@@ -231,7 +232,7 @@ class HTTPAPI:
         if not bodies:
             return _OK
         self._publish(topic, bodies, 0.0)
-        return _OK_WRITTEN
+        return _ok_written(topic)
 
     def _publish(self, topic, bodies: list[bytes], defer: float) -> None:
         try:
@@ -454,7 +455,7 @@ class HTTPAPI:
         except PublishError as error:
             raise _publish_refused(error) from None
         if trace_id is None:
-            return _OK_WRITTEN
+            return _ok_written(topic)
         return _traced_reply(message, fields[TRACE_ID_KEY], topic)
 
     def _youzan_body(self, request: Request) -> bytes:
@@ -652,8 +653,11 @@ class TLSRequiredRouter:
     async def dispatch(self, request: Request) -> Response:
         return self.respond(request)
 
-    async def commit(self) -> None:
+    async def commit(self, write_groups: list = ()) -> None:
         pass  # nothing here writes
+
+    def waits_for_commit(self, response: Response) -> bool:
+        return False
 
     def respond(self, request: Request) -> Response:
         port = _port(self.nsqd.https_address)
@@ -683,7 +687,15 @@ def _traced_reply(message, trace_text: str, topic) -> Response:
         },
     )
     response.after_commit = True
+    response.write_group = topic.writer.group if topic.writer is not None else None
     return response
+
+
+def _ok_written(topic) -> Response:
+    """OK to a publish, once it is written: a log topic's answer carries its write group."""
+    if topic.writer is None:
+        return _OK_WRITTEN
+    return _OK_WRITTEN.for_write(topic.writer.group)
 
 
 def _is_ascii_digits(text: str) -> bool:

@@ -20,7 +20,7 @@ from nsqd.message import Message
 
 if TYPE_CHECKING:
     from diskqueue import DiskQueue
-    from nsqd.partition_log import PartitionLog
+    from nsqd.log_writer import LogWriter
     from nsqd.server import NSQD
 
 
@@ -197,9 +197,10 @@ class LogTopicQueue:
     """A log topic's side of its partition log: a publish is appended and the channels, as
     cursors, read it; nothing waits in the topic itself (docs/design.md §13)."""
 
-    def __init__(self, nsqd: "NSQD", log: "PartitionLog", topic: str) -> None:
+    def __init__(self, nsqd: "NSQD", writer: "LogWriter", topic: str) -> None:
         self.nsqd = nsqd
-        self.log = log
+        self.writer = writer
+        self.log = writer.log
         self.topic = topic
 
     depth = 0
@@ -209,9 +210,8 @@ class LogTopicQueue:
         return False
 
     def append(self, messages: list[Message], *, strict: bool = False) -> BackendWriteError | None:
-        """Written at once; the index entry follows with nsqd's next commit. A failed write
-        keeps nothing and raises BackendWriteError (health NOK)."""
-        self.nsqd.append_to_log(self.log, messages, self.topic)
+        """Into the log's open group, written by nsqd's next commit (`nsqd/log_writer.py`)."""
+        self.nsqd.append_to_log(self.writer, messages, self.topic)
         return None
 
     def put_back(self, messages: list[Message], *, first: bool = False) -> None:
@@ -233,14 +233,14 @@ class LogTopicQueue:
         """The log is kept; emptying a channel moves its cursor (CursorQueue.empty)."""
 
     def flush(self, unacknowledged: list[Message]) -> int:
-        self.log.sync()
+        self.writer.flush()
         return 0
 
     def sync_targets(self) -> list:
-        return [self.log]
+        return [self.writer]
 
     def close(self) -> None:
-        self.log.close()
+        self.writer.close()
 
     def delete(self) -> None:
-        self.log.delete()
+        self.writer.delete()

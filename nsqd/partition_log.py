@@ -21,12 +21,15 @@ Positions are virtual offsets (bytes since the partition was created, size prefi
 and counts (messages since it was created). IDs are `partition << 50 | sequence` and only
 increase, across restarts too.
 
-Writes: `append` writes a publish's records at once (one `os.write`); the index entry covering
-every append since the last commit is written by `commit()`, which nsqd runs once per batch of
-publishes (a TCP receive, an HTTP poller pass) before their answers go out: one index entry per
-group of waiting publishes. fsync follows the sync policy like a diskqueue's (`sync_due`,
-`dirty`, `prepare_sync`), data first, then the index. At start the index is the truth: data
-past its last entry (a torn tail after kill -9) is cut off, with one log line.
+Writes are group-committed: `append` encodes a publish's records into the open group;
+`commit()` writes the whole group with one `os.write` and one index entry, and only then do
+readers see it (`end`; `appended` is where the next append goes). nsqd commits once per batch
+of waiting publishes (a TCP receive, an HTTP poller pass, everything appended while the
+previous group was being synced: `nsqd/log_writer.py`) before their answers go out. A failed
+write keeps nothing of its group, and raises for its publishers to be refused. fsync
+follows the sync policy like a diskqueue's (`sync_due`, `dirty`, `prepare_sync`), data first,
+then the index. At start the index is the truth: data past its last entry (a torn tail after
+kill -9) is cut off, with one log line.
 """
 
 import bisect
@@ -188,10 +191,16 @@ class PartitionLog:
         self._index_fd = -1
         self._index_number = 0
         self._index_entries = 0
-        # The batch appended since the last commit, which one index entry will cover.
+        # The group appended since the last commit: its bytes (header and body pieces), and
+        # what its index entry says. One write and one entry cover it.
+        self._pending: list[bytes] = []
         self._pending_first: tuple[int, int, int] | None = None  # first id, offset, count
+        self._pending_last_id = 0
         self._pending_size = 0
         self._pending_count = 0
+        self._pending_defers: list[tuple[int, float]] = []
+        # Where the next append goes: `end` plus the group not yet written.
+        self.appended = self.end
         self._ops_since_sync = 0
         self._closed = False
         # The hot tail: the bytes of the latest appends, as written (whole records), with the
@@ -268,7 +277,7 @@ class PartitionLog:
             )
             self._truncate_data(committed.offset)
         self.start = Position(start_offset, start_count)
-        self.end = committed
+        self.end = self.appended = committed
         self.last_id = last_id
         if not self.segments:
             self.segments.append(Segment(0, start_offset, start_count, 0))
@@ -379,16 +388,17 @@ class PartitionLog:
         return b"%016x" % self.last_id
 
     def append(self, messages: list[Message]) -> None:
-        """Write the messages at the end; their `offset` and `count` are set. OSError if the
-        write failed, and then nothing of it counts (the file is cut back)."""
+        """Add the messages to the group the next commit writes; their `offset` and `count`
+        are set now. Readers see them only once they are written (`end`)."""
         if self._closed:
             raise OSError(errno.EBADF, f"the log of {self.name} is closed")
-        ext = self.ext
-        offset = self.end.offset
-        count = self.end.count
-        parts = []
+        offset, count = self.appended
+        if self._pending_first is None:
+            self._pending_first = (int(messages[0].id, 16), offset, count + 1)
+        first_offset = offset
+        parts = self._pending
         append = parts.append
-        if ext:
+        if self.ext:
             for message in messages:
                 record = encode_ext_record(message)
                 message.offset = offset
@@ -415,7 +425,29 @@ class PartitionLog:
                 message.count = count
                 offset += BODY_START + len(body)
                 count += 1
-        data = b"".join(parts)
+        if messages[0].defer:
+            self._pending_defers.extend((message.offset, message.defer) for message in messages)
+        self._pending_size += offset - first_offset
+        self._pending_count += len(messages)
+        self._pending_last_id = int(messages[-1].id, 16)
+        self.appended = Position(offset, count)
+        self._ops_since_sync += len(messages)
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether appends wait for the next commit to be written."""
+        return self._pending_first is not None
+
+    def commit(self) -> None:
+        """Write the group appended since the last commit, at once (one write), and its one
+        index entry; then readers see it. OSError if the write failed: nothing of the group
+        is kept (the file is cut back, the group's offsets are given to the next appends),
+        and the caller refuses its publishes (`nsqd/log_writer.py`). Nothing once the log is
+        closed or deleted (its descriptors' numbers may belong to sockets by then)."""
+        if self._pending_first is None or self._closed:
+            return
+        first_id, offset, first_count = self._pending_first
+        data = b"".join(self._pending)
         segment = self.segments[-1]
         try:
             written = 0
@@ -423,32 +455,61 @@ class PartitionLog:
             while written < len(data):
                 written += os.write(self._write_fd, view[written:])
         except OSError:
-            os.ftruncate(self._write_fd, segment.size)
+            self._discard_pending()
+            try:
+                os.ftruncate(self._write_fd, segment.size)
+            except OSError as error:
+                self.log.error("LOG(%s) failed to cut back a failed write - %s", self.name, error)
             raise
         segment.size += len(data)
-        if self._pending_first is None:
-            self._pending_first = (int(messages[0].id, 16), self.end.offset, self.end.count + 1)
-        self._pending_size += len(data)
-        self._pending_count += len(messages)
-        self._pending_last_id = int(messages[-1].id, 16)
-        self.end = Position(offset, count)
-        self._ops_since_sync += len(messages)
-        self._remember(data, messages)
+        os.write(
+            self._index_fd,
+            ENTRY.pack(
+                first_id,
+                0,
+                self._pending_last_id,
+                offset,
+                self._pending_size,
+                first_count,
+                self._pending_count,
+            ),
+        )
+        self._index_entries += 1
+        self.end = self.appended
+        defers = self._pending_defers
+        self._remember(data, offset, defers)
+        self._pending = []
+        self._pending_first = None
+        self._pending_size = 0
+        self._pending_count = 0
+        if defers:
+            self._pending_defers = []
+        if self._index_entries >= self.index_entries_per_file:
+            self._roll_index()
         if segment.size >= self.max_bytes_per_file:
             self._roll()
 
-    def _remember(self, data: bytes, messages: list[Message]) -> None:
-        """The bytes just written, for readers at the tail: one reference per append."""
+    def _discard_pending(self) -> None:
+        self._ops_since_sync = max(0, self._ops_since_sync - self._pending_count)
+        self._pending = []
+        self._pending_first = None
+        self._pending_size = 0
+        self._pending_count = 0
+        self._pending_defers = []
+        self.appended = self.end
+
+    def _remember(self, data: bytes, offset: int, defers: list[tuple[int, float]]) -> None:
+        """The bytes just written, for readers at the tail: one reference per group."""
         self._tail.append(data)
-        self._tail_starts.append(messages[0].offset)
+        self._tail_starts.append(offset)
         self._tail_bytes += len(data)
-        if messages[0].defer:
-            self._tail_defers.update((message.offset, message.defer) for message in messages)
+        if defers:
+            self._tail_defers.update(defers)
         if self._tail_bytes > 2 * HOT_TAIL_BYTES:
             tail = self._tail
             dropped = 0
             index = 0
-            while dropped < HOT_TAIL_BYTES:
+            while dropped < HOT_TAIL_BYTES and index < len(tail) - 1:
                 dropped += len(tail[index])
                 index += 1
             self._forget_tail_before(self._tail_starts[index])
@@ -463,34 +524,8 @@ class PartitionLog:
         """The delay a DPUB at `offset` asked for, while it is in the hot tail; 0 otherwise."""
         return self._tail_defers.get(offset, 0.0)
 
-    def commit(self) -> None:
-        """One index entry for everything appended since the last commit. Nothing once the
-        log is closed or deleted (its descriptors' numbers may belong to sockets by then)."""
-        if self._pending_first is None or self._closed:
-            return
-        first_id, offset, first_count = self._pending_first
-        os.write(
-            self._index_fd,
-            ENTRY.pack(
-                first_id,
-                0,
-                self._pending_last_id,
-                offset,
-                self._pending_size,
-                first_count,
-                self._pending_count,
-            ),
-        )
-        self._pending_first = None
-        self._pending_size = 0
-        self._pending_count = 0
-        self._index_entries += 1
-        if self._index_entries >= self.index_entries_per_file:
-            self._roll_index()
-
     def _roll(self) -> None:
         """The segment is full: record its range, start the next."""
-        self.commit()
         segment = self.segments[-1]
         with open(self.segment_path(segment.number) + ".offsetmeta.dat", "wb") as file:
             count = self.end.count - segment.start_count
@@ -524,12 +559,12 @@ class PartitionLog:
         return self._ops_since_sync > 0 or self._pending_first is not None
 
     def prepare_sync(self) -> Callable[[], bool]:
-        """Commit on the loop; the returned job fsyncs data, then index, then writes the writer
-        metadata, and may run in a worker thread. A closed log has nothing left to sync."""
+        """The returned job fsyncs what was written (data, then index), then writes the writer
+        metadata, and may run in a worker thread; commit first, for what is appended. A closed
+        log has nothing left to sync."""
         if self._closed:
             return lambda: True
-        self.commit()
-        self._ops_since_sync = 0
+        self._ops_since_sync = self._pending_count
         data_fd = os.dup(self._write_fd)
         index_fd = os.dup(self._index_fd)
         segment = self.segments[-1]
@@ -552,6 +587,8 @@ class PartitionLog:
         return job
 
     def sync(self) -> bool:
+        """Commit and fsync, here and now (tests, migration, a clean stop)."""
+        self.commit()
         return self.prepare_sync()()
 
     # -- reading -------------------------------------------------------------------------------
@@ -726,7 +763,6 @@ class PartitionLog:
                 files.append((path, os.path.getsize(path) // ENTRY.size))
             except FileNotFoundError:
                 continue  # removed by retention
-        self.commit()  # what was appended is searchable at once
         files.append((self.index_path(), self._index_entries))
         return files
 
@@ -900,13 +936,17 @@ class PartitionLog:
     def close(self) -> None:
         if self._closed:
             return
-        self.sync()
+        try:
+            self.sync()
+        except OSError as error:
+            self.log.error("LOG(%s) failed to write at close - %s", self.name, error)
         os.close(self._write_fd)
         os.close(self._index_fd)
         self._closed = True
 
     def delete(self) -> None:
-        """The partition's files go."""
+        """The partition's files go, and what was appended but not written with them."""
+        self._discard_pending()
         if not self._closed:
             os.close(self._write_fd)
             os.close(self._index_fd)

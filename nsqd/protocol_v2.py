@@ -99,6 +99,10 @@ class ProtocolV2:
         self._fd = stream.socket.fileno() if type(stream) is trio.SocketStream else -1
         self._cancel_scope = trio.CancelScope()
         self._commands_run = 0
+        # The replies of the batch being run, and where the log publishes among them wait for
+        # their group's write: (reply index, group, label, error code).
+        self._replies: list[bytes] = []
+        self._write_groups: list[tuple] = []
         # Classic until the client shows it speaks Youzan's (`become_youzan`).
         self.dialect: ClassicDialect | YouzanDialect = CLASSIC
         self.youzan = YouzanCommands(self)
@@ -198,6 +202,7 @@ class ProtocolV2:
     async def _process_commands(self) -> bool:
         """Run every complete command, then send all replies at once. False: close."""
         replies: list[bytes] = []
+        self._replies = replies
         keep_open = True
         handlers = self._handlers
         parser = self.parser
@@ -229,13 +234,32 @@ class ProtocolV2:
                 continue
             if reply is not None:
                 replies.append(reply)
-        # Acknowledge publishes only once their writes reached the diskqueue files.
-        await self.nsqd.commit_backend_writes()
+        # Acknowledge publishes only once their writes reached the files.
+        if self._write_groups:
+            await self.nsqd.commit_backend_writes([entry[1] for entry in self._write_groups])
+            keep_open = self._refuse_unwritten(replies) and keep_open
+        else:
+            await self.nsqd.commit_backend_writes()
         if replies:
             await self._send(b"".join(replies) if len(replies) > 1 else replies[0])
         if self.client.closed_by_server:
             return False
         return keep_open
+
+    def _refuse_unwritten(self, replies: list[bytes]) -> bool:
+        """A publish whose log group failed to be written gets Go's `<label> failed <error>`
+        in place of its OK; when that is fatal, nothing after it is answered. False: close."""
+        groups, self._write_groups = self._write_groups, []
+        for index, group, label, code in groups:
+            if group.error is None or index >= len(replies):
+                continue
+            text = f"{code} {label} failed {group.error}"
+            self.nsqd.log.error("[%s] - %s", self.client, text)
+            replies[index] = encode_error(text)
+            if self.dialect.publish_errors_are_fatal:
+                del replies[index + 1 :]
+                return False
+        return True
 
     async def _send(self, data: bytes) -> None:
         fd = self._fd
@@ -654,6 +678,10 @@ class ProtocolV2:
             raise ProtocolError(
                 code, f"{label} failed {error}", fatal=self.dialect.publish_errors_are_fatal
             ) from None
+        writer = topic.writer
+        if writer is not None:
+            # Its reply goes next in the batch's replies; the commit may still refuse it.
+            self._write_groups.append((len(self._replies), writer.group, label, code))
         self.client.published(topic.name, len(messages))
         return messages
 

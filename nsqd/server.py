@@ -14,6 +14,7 @@ import os
 import random
 import socket
 import time
+from collections.abc import Iterable
 from functools import partial
 
 import trio
@@ -29,6 +30,7 @@ from nsqd.client import Client
 from nsqd.data_path import prepare_data_path
 from nsqd.heartbeats import HeartbeatClock
 from nsqd.http_api import HTTPAPI, TLSRequiredRouter
+from nsqd.log_writer import LogWriter, WriteGroup
 from nsqd.lookup import LookupChannelsError, LookupPeers, topic_channels
 from nsqd.metadata import (
     ChannelMetadata,
@@ -43,7 +45,7 @@ from nsqd.metadata import (
     write_metadata,
 )
 from nsqd.options import Options, build_flags
-from nsqd.partition_log import PartitionLog, log_exists
+from nsqd.partition_log import log_exists
 from nsqd.protocol_v2 import ProtocolV2
 from nsqd.queue_scan import QueueScanner
 from nsqd.stats import gc_pauses
@@ -85,8 +87,8 @@ class NSQD:
         gc_pauses.install()
         self._connections: set[ProtocolV2] = set()
         self._written_backends: set[DiskQueue] = set()
-        # Partition logs appended to since the last commit: each gets one index entry then.
-        self._written_logs: set[PartitionLog] = set()
+        # Partition logs appended to since the last commit: each writes its group then.
+        self._written_logs: set[LogWriter] = set()
         self._metadata_wakeup = Wakeup()
         self._metadata_lock = trio.Lock()
         self._metadata_loading = False
@@ -324,21 +326,21 @@ class NSQD:
         self.set_health(None)
         self._written_backends.add(backend)
 
-    def append_to_log(self, log: PartitionLog, messages, topic: str) -> None:
-        """Append a publish to a partition log, to be indexed and synced by the next commit;
-        a failed write is logged, turns health NOK and raises BackendWriteError."""
+    def append_to_log(self, writer: LogWriter, messages, topic: str) -> WriteGroup:
+        """Append a publish to a partition log's open group, to be written by the next commit
+        (before the publish is acknowledged; `WriteGroup.error` then says whether it was).
+        BackendWriteError if the log is closed."""
         try:
-            log.append(messages)
+            group = writer.append(messages)
         except OSError as os_error:
-            segment = log.segment_path(log.segments[-1].number)
+            log = writer.log
             self._write_failed(
-                write_error(log, os_error, segment),
+                write_error(log, os_error, log.segment_path(log.segments[-1].number)),
                 "TOPIC(%s) ERROR: failed to write message to log",
                 topic,
             )
-        self.set_health(None)
-        self._written_logs.add(log)
-        self._written_backends.add(log)
+        self._written_logs.add(writer)
+        return group
 
     def _write_failed(self, error: BackendWriteError, failure: str, *failure_args) -> None:
         """A failed write: logged as `failure % failure_args - <error>`, health NOK, raised."""
@@ -347,28 +349,36 @@ class NSQD:
         raise error from None
 
     def commit_due(self) -> bool:
-        """Whether a diskqueue written since the last commit reached its `--sync-every`
-        count: only then has a publish an fsync to wait for."""
-        return any(backend.sync_due for backend in self._written_backends)
+        """Whether a publish has anything to wait for: a partition log's group to write, or a
+        diskqueue written since the last commit that reached its `--sync-every` count."""
+        return bool(self._written_logs) or any(
+            backend.sync_due for backend in self._written_backends
+        )
 
-    async def commit_backend_writes(self) -> None:
-        """Before publishes are acknowledged: fsync every diskqueue whose `--sync-every` count
-        is reached, each in a worker thread so the event loop never waits on the disk."""
+    async def commit_backend_writes(self, groups: Iterable[WriteGroup] = ()) -> None:
+        """Before publishes are acknowledged: write every partition log's open group, wait
+        until `groups` (the log publishes being answered) are done (`nsqd/log_writer.py`),
+        and fsync every diskqueue whose `--sync-every` count is reached. fsyncs run in worker
+        threads so the event loop never waits on the disk."""
         if self._written_logs:
-            logs, self._written_logs = self._written_logs, set()
-            for log in logs:
-                log.commit()
-        if not self._written_backends:
-            return
-        backends, self._written_backends = self._written_backends, set()
-        due = [backend for backend in backends if backend.sync_due]
-        if len(due) == 1:
-            await self._sync_backend(due[0])
-        elif due:
-            # The queues' fsyncs run side by side: one slow disk flush does not queue the rest.
+            writers, self._written_logs = self._written_logs, set()
+            for writer in writers:
+                writer.write_now()
+        waits: list = [
+            partial(group.writer.wait, group) for group in {g for g in groups if not g.done}
+        ]
+        if self._written_backends:
+            backends, self._written_backends = self._written_backends, set()
+            for backend in backends:
+                if backend.sync_due:
+                    waits.append(partial(self.sync_backend, backend))
+        if len(waits) == 1:
+            await waits[0]()
+        elif waits:
+            # Side by side: one slow disk flush does not queue the rest.
             async with trio.open_nursery() as syncs:
-                for backend in due:
-                    syncs.start_soon(self._sync_backend, backend)
+                for wait in waits:
+                    syncs.start_soon(wait)
 
     def clean_logs(self, partitions: list[Topic] | None = None, *, greedy: bool = False) -> int:
         """Retention of log topics (docs/design.md §13): remove segments every channel has
@@ -402,10 +412,14 @@ class NSQD:
         while True:
             await trio.sleep(self.options.sync_timeout)
             for backend in self._all_backends():
-                if backend.dirty:
-                    await self._sync_backend(backend)
+                if not backend.dirty:
+                    continue
+                if isinstance(backend, LogWriter):
+                    await backend.sync()
+                else:
+                    await self.sync_backend(backend)
 
-    async def _sync_backend(self, backend) -> None:
+    async def sync_backend(self, backend) -> None:
         """Run one sync job off the loop; a failure (the job logs it) makes health NOK."""
         ok = await trio.to_thread.run_sync(backend.prepare_sync())
         if not ok:

@@ -15,6 +15,7 @@ import trio
 from common.guid import GUIDFactory
 from common.names import is_ephemeral
 from nsqd.channel import Channel
+from nsqd.log_writer import LogWriter
 from nsqd.message import RECORD_OVERHEAD, Message
 from nsqd.message_queue import BufferedDiskQueue, LogTopicQueue, MessageQueue
 from nsqd.partition_log import PartitionLog
@@ -56,6 +57,11 @@ class Topic:
         # partition's log, channels as cursors into it. Classic topics keep go-diskqueue,
         # unless `--log-topic` names them or their log is on disk already.
         self.log: PartitionLog | None = None
+        self.writer: LogWriter | None = None
+        # A log topic's publishes appended but not yet written (their group is): counted and
+        # their delays kept once it is (`log_written`).
+        self._unwritten_counts = [0, 0]  # messages, body bytes
+        self._unwritten_delays: list[tuple[int, float]] = []
         # Whether the log was just made from a diskqueue (see below).
         self.migrated = False
         self.queue: MessageQueue
@@ -70,7 +76,8 @@ class Topic:
                 ext=ext,
                 log=nsqd.log,
             )
-            self.queue = LogTopicQueue(nsqd, self.log, name)
+            self.writer = LogWriter(nsqd, self, self.log)
+            self.queue = LogTopicQueue(nsqd, self.writer, name)
             self.migrated = self._migrate_legacy_backlog()
         else:
             self.queue = BufferedDiskQueue(
@@ -175,23 +182,45 @@ class Topic:
             for message in messages:
                 message.defer = defer
         if self.log is not None:
-            # Into the log, once: the channels read it (and are woken) as cursors.
+            # Into the log's open group, once: the channels read it as cursors once it is
+            # written (`log_written`).
             self.queue.append(messages, strict=True)
-            self.next_offset = self.log.end.offset
-            for channel in list(self.channels.values()):
-                channel.message_count += len(messages)
-                if defer:
-                    # Kept with the cursor, so a DPUB not read before a restart still waits.
-                    due = time.time() + defer
-                    channel.queue.delays.update((message.offset, due) for message in messages)
-                channel.notify()
-        elif self.channels and not self.paused and self.started and not self.has_backlog():
+            self.next_offset = self.log.appended.offset
+            unwritten = self._unwritten_counts
+            unwritten[0] += len(messages)
+            unwritten[1] += sum(map(len, bodies))
+            if defer:
+                due = time.time() + defer
+                self._unwritten_delays.extend((message.offset, due) for message in messages)
+            return messages
+        if self.channels and not self.paused and self.started and not self.has_backlog():
             self._fan_out(messages, strict=True)
         else:
             self._store(messages)
         self.message_count += len(messages)
         self.message_bytes += sum(map(len, bodies))
         return messages
+
+    def log_written(self) -> None:
+        """The log's group was written: its messages count, and the channels read them."""
+        count, body_bytes = self._unwritten_counts
+        self._unwritten_counts = [0, 0]
+        self.message_count += count
+        self.message_bytes += body_bytes
+        delays = self._unwritten_delays
+        if delays:
+            self._unwritten_delays = []
+        for channel in list(self.channels.values()):
+            channel.message_count += count
+            if delays:
+                # Kept with the cursor, so a DPUB not read before a restart still waits.
+                channel.queue.delays.update(delays)
+            channel.notify()
+
+    def log_write_failed(self) -> None:
+        """The log's group was not written: none of it happened."""
+        self._unwritten_counts = [0, 0]
+        self._unwritten_delays = []
 
     def _fan_out(self, messages: list[Message], *, strict: bool = False) -> None:
         """Every channel gets the messages. `strict` (a publish): if the first channel cannot

@@ -192,7 +192,7 @@ async def committing_server(nursery):
     commits = []
     errors: list[BaseException] = []
 
-    async def commit() -> None:
+    async def commit(write_groups: list) -> None:
         await gate.wait()
         commits.append(trio.current_time())
         if fail:

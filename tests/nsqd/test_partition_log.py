@@ -368,3 +368,56 @@ def test_an_unreadable_record_is_skipped_to_the_next_segment(tmp_path, caplog):
         channel.acknowledge(message)
     assert channel.confirmed == reopened.end
     reopened.close()
+
+
+# -- group commit ----------------------------------------------------------------------------
+
+
+def messages_for(log: PartitionLog, *bodies: bytes) -> list[Message]:
+    ids = log.next_ids(len(bodies))
+    return [Message(mid, body, 1_000) for mid, body in zip(ids, bodies, strict=True)]
+
+
+def test_appends_are_written_by_the_commit_as_one_group(tmp_path):
+    """Three publishes appended between two commits: nothing on disk and nothing readable
+    until the commit, then one write and one index entry for all of them."""
+    log = open_log(tmp_path)
+    segment = tmp_path / "t" / "t-2.diskqueue.000000.dat"
+    for body in (b"a", b"bb", b"ccc"):
+        log.append(messages_for(log, body))
+    assert log.has_pending and log.end == Position(0, 0)
+    assert log.appended == Position(3 * 30 + 6, 3)
+    assert segment.stat().st_size == 0 and log.read(Position(0, 0), 10) == []
+    log.commit()
+    assert not log.has_pending
+    assert log.end == log.appended and segment.stat().st_size == 96
+    assert [m.body for m in log.read(Position(0, 0), 10)] == [b"a", b"bb", b"ccc"]
+    ((first_id, _epoch, last_id, offset, size, first_count, count),) = entries(log)
+    assert (offset, size, first_count, count) == (0, 96, 1, 3)
+    assert last_id - first_id == 2
+    log.close()
+
+
+def test_a_failed_group_write_keeps_nothing_of_the_group(tmp_path):
+    """The write of a group fails (here: its descriptor cannot be written): the file is as
+    before, readers and the index never see the group, and the next group takes its offsets."""
+    log = open_log(tmp_path)
+    publish(log, b"kept")
+    before = log.end
+    log.append(messages_for(log, b"lost-1", b"lost-2"))
+    writable = log._write_fd
+    log._write_fd = os.open(log.segment_path(0), os.O_RDONLY)
+    try:
+        with pytest.raises(OSError):
+            log.commit()
+    finally:
+        os.close(log._write_fd)
+        log._write_fd = writable
+    assert not log.has_pending and log.end == log.appended == before
+    assert len(entries(log)) == 1
+    (retried,) = publish(log, b"again")
+    assert retried.offset == before.offset
+    log.close()
+    reopened = open_log(tmp_path)
+    assert [m.body for m in reopened.read(Position(0, 0), 10)] == [b"kept", b"again"]
+    reopened.close()

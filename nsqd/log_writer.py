@@ -1,0 +1,154 @@
+"""Group commit of one partition log (docs/design.md §13).
+
+A publish to a log topic is appended to the log's open `WriteGroup` and answered only once that
+group is done: written with one `os.write` and one index entry together with every publish
+appended since the previous write, and fsynced when the sync policy (`--sync-every`, a topic's
+`syncdisk`) wants it. A write is a syscall on the event loop: the first commit after a batch of
+publishes writes the group at once (`write_now`). An fsync runs in a worker thread, as a round:
+one round at a time per log, and the publishes that arrive meanwhile wait, are written together
+by the next round and fsynced by it, so the slower the disk, the larger the groups. Whoever
+waits for an unfinished group when no round is under way runs the next round; the others wait
+for it to end. A replication round (the leader sending each group to its followers) belongs in
+the same place.
+
+A failed write keeps nothing of its group; the group's `error` refuses every publish in it,
+whichever connection's commit wrote it.
+"""
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from nsqd.backend import write_error
+from nsqd.partition_log import PartitionLog
+
+if TYPE_CHECKING:
+    from nsqd.server import NSQD
+    from nsqd.topic import Topic
+
+
+class WriteGroup:
+    """The publishes one write carries. `done` once written (and fsynced when the policy
+    wanted it), or failed: then `error` says why, for each of them."""
+
+    __slots__ = ("writer", "done", "error")
+
+    def __init__(self, writer: "LogWriter") -> None:
+        self.writer = writer
+        self.done = False
+        self.error: Exception | None = None
+
+
+class LogWriter:
+    """Appends to one partition log and writes them, a group at a time."""
+
+    def __init__(self, nsqd: "NSQD", topic: "Topic", log: PartitionLog) -> None:
+        self.nsqd = nsqd
+        self.topic = topic
+        self.log = log
+        self.name = log.name
+        # The group appends go into now; None until the first append after a write.
+        self.group: WriteGroup | None = None
+        # Written groups waiting for the round's fsync.
+        self._unsynced: list[WriteGroup] = []
+        # A round (write, fsync) is under way; `_round_over` is set when it ends.
+        self._busy = False
+        self._round_over = trio.Event()
+
+    def append(self, messages: list) -> WriteGroup:
+        """Into the open group; OSError if the log is closed."""
+        self.log.append(messages)
+        group = self.group
+        if group is None:
+            group = self.group = WriteGroup(self)
+        return group
+
+    @property
+    def dirty(self) -> bool:
+        return self.log.dirty
+
+    def write_now(self) -> None:
+        """Write the open group, unless a round is under way (it waits for the next)."""
+        if not self._busy:
+            self._write()
+
+    async def wait(self, group: WriteGroup) -> None:
+        """Until `group` is done: running the next round when none is under way, waiting for
+        the one that is otherwise."""
+        while not group.done:
+            if self._busy:
+                await self._round_over.wait()
+            else:
+                await self._round()
+
+    async def sync(self) -> None:
+        """The periodic sync (`--sync-timeout`): write and fsync what is not yet, unless a
+        round is doing so."""
+        if not self._busy:
+            await self._round(force_sync=True)
+
+    async def _round(self, *, force_sync: bool = False) -> None:
+        self._busy = True
+        try:
+            self._write()
+            if self._unsynced or (force_sync and self.log.dirty):
+                synced, self._unsynced = self._unsynced, []
+                try:
+                    await self.nsqd.sync_backend(self.log)
+                finally:
+                    for group in synced:
+                        group.done = True
+        finally:
+            self._busy = False
+            ended, self._round_over = self._round_over, trio.Event()
+            ended.set()
+
+    def _write(self) -> None:
+        group = self.group
+        if group is None:
+            return
+        self.group = None
+        log = self.log
+        try:
+            log.commit()
+        except OSError as os_error:
+            error = write_error(log, os_error, log.segment_path(log.segments[-1].number))
+            group.error = error
+            group.done = True
+            self.nsqd.log.error(
+                "TOPIC(%s) ERROR: failed to write message to log - %s", self.topic.name, error
+            )
+            self.nsqd.set_health(error)
+            self.topic.log_write_failed()
+            return
+        if log.sync_due:
+            self._unsynced.append(group)
+        else:
+            group.done = True
+        self.nsqd.set_health(None)
+        self.topic.log_written()
+
+    def flush(self) -> None:
+        """On a clean stop: write and fsync everything, here and now."""
+        self._write()
+        self.log.sync()
+        self._finish_all()
+
+    def close(self) -> None:
+        self._write()
+        self.log.close()
+        self._finish_all()
+
+    def delete(self) -> None:
+        """The log goes, with what was appended to it and not written (acknowledged as
+        published, like a message in a deleted topic's memory)."""
+        self.log.delete()
+        if self.group is not None:
+            self._unsynced.append(self.group)
+            self.group = None
+        self._finish_all()
+
+    def _finish_all(self) -> None:
+        for group in self._unsynced:
+            group.done = True
+        self._unsynced = []

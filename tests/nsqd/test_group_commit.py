@@ -1,0 +1,151 @@
+"""Group commit of log topics (docs/design.md §13, `nsqd/log_writer.py`): publishes that arrive
+while a commit of their log waits for the disk are written together by the next one, one write
+and one index entry, and each is answered only then. When that write fails, every publish in
+the group is refused, over TCP and HTTP, whichever connection's commit wrote it, and nothing of
+the group is ever delivered.
+
+The disk is real; what the test controls is at the OS boundary, in this process: an fsync
+that blocks until the test lets it go (a slow disk), and `os.write` on regular files failing
+with ENOSPC (a full disk), as tests/reliability/test_disk_faults.py injects it.
+"""
+
+import dataclasses
+import errno
+import os
+import stat
+import threading
+
+import pytest
+import trio
+
+from common.command import encode_pub
+from nsqd.partition_log import ENTRY
+from tests.conftest import running_nsqd, wait_until
+from tests.nsqd.wire import Wire, consumer
+from tests.nsqd_http.rawhttp import request, target
+
+ENOSPC_TEXT = os.strerror(errno.ENOSPC).lower()
+
+
+class SlowDisk:
+    """`os.fsync` that waits, in its worker thread, until `release()`; `entered` once one
+    waits."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.entered = threading.Event()
+        self._released = threading.Event()
+        real_fsync = os.fsync
+
+        def fsync(fd: int) -> None:
+            self.entered.set()
+            self._released.wait(10)
+            real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+
+    def release(self) -> None:
+        self._released.set()
+
+
+def fill_the_disk(monkeypatch) -> None:
+    """From now on, writes to regular files fail with ENOSPC; sockets still work."""
+    real_write = os.write
+
+    def write(fd: int, data) -> int:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+
+
+def index_entries(nsqd, topic: str) -> list[tuple]:
+    log = nsqd.get_topic(topic).log
+    with open(log.index_path(), "rb") as file:
+        data = file.read()
+    return [ENTRY.unpack_from(data, at) for at in range(0, len(data), ENTRY.size)]
+
+
+async def tcp_publish(nsqd, topic: str, body: bytes, replies: dict) -> None:
+    wire = await Wire.connect(nsqd)
+    await wire.send(encode_pub(topic, body))
+    frame = await wire.read_response()
+    replies[body] = frame.data
+    await wire.aclose()
+
+
+async def http_publish(nsqd, topic: str, body: bytes, replies: dict) -> None:
+    response = await request(nsqd.http_address, "POST", target("/pub", topic=topic), body)
+    replies[body] = (response.status, response.body)
+
+
+PUBLISHERS = {"tcp": tcp_publish, "http": http_publish}
+
+
+async def publish_behind_a_slow_commit(nsqd, slow_disk, publisher, nursery, replies) -> None:
+    """One publish whose commit waits for the slow disk, then two more (`b`, `c`) that wait
+    behind it, appended to the log's next group."""
+    log = nsqd.get_topic("t").log
+    nursery.start_soon(tcp_publish, nsqd, "t", b"a", replies)
+    await wait_until(slow_disk.entered.is_set)
+    for body in (b"b", b"c"):
+        nursery.start_soon(publisher, nsqd, "t", body, replies)
+    await wait_until(lambda: log.appended.count - log.end.count == 2)
+    assert replies == {}
+
+
+@pytest.mark.parametrize("protocol", PUBLISHERS)
+async def test_publishes_waiting_behind_a_commit_are_written_as_one_group(
+    nsqd_options, monkeypatch, protocol
+):
+    options = dataclasses.replace(nsqd_options, log_topic=["*"], sync_every=1)
+    async with running_nsqd(options) as nsqd:
+        reader = await consumer(nsqd, "t", "c", rdy=10)
+        slow_disk = SlowDisk(monkeypatch)
+        replies: dict = {}
+        async with trio.open_nursery() as nursery:
+            await publish_behind_a_slow_commit(
+                nsqd, slow_disk, PUBLISHERS[protocol], nursery, replies
+            )
+            slow_disk.release()
+        ok = b"OK" if protocol == "tcp" else (200, b"OK")
+        assert replies == {b"a": b"OK", b"b": ok, b"c": ok}
+        counts = [entry[-1] for entry in index_entries(nsqd, "t")]
+        assert counts == [1, 2]
+        delivered = await reader.read_messages(3)
+        assert sorted(message.body for message in delivered) == [b"a", b"b", b"c"]
+
+
+@pytest.mark.parametrize("protocol", PUBLISHERS)
+async def test_a_failed_group_write_refuses_every_publish_in_the_group(
+    nsqd_options, monkeypatch, protocol
+):
+    options = dataclasses.replace(nsqd_options, log_topic=["*"], sync_every=1)
+    async with running_nsqd(options) as nsqd:
+        reader = await consumer(nsqd, "t", "c", rdy=10)
+        slow_disk = SlowDisk(monkeypatch)
+        replies: dict = {}
+        async with trio.open_nursery() as nursery:
+            await publish_behind_a_slow_commit(
+                nsqd, slow_disk, PUBLISHERS[protocol], nursery, replies
+            )
+            with monkeypatch.context() as disk:
+                fill_the_disk(disk)
+                slow_disk.release()
+                await wait_until(lambda: len(replies) == 3)
+        assert replies[b"a"] == b"OK"
+        segment = nsqd.get_topic("t").log.segment_path(0)
+        for body in (b"b", b"c"):
+            if protocol == "tcp":
+                expected = f"E_PUB_FAILED PUB failed write {segment}: {ENOSPC_TEXT}".encode()
+            else:
+                expected = (500, b'{"message":"INTERNAL_ERROR"}')
+            assert replies[body] == expected
+        assert nsqd.health == f"NOK - write {segment}: {ENOSPC_TEXT}"
+        # The disk has room again: the next publish is written, and only what was
+        # acknowledged is ever delivered.
+        await tcp_publish(nsqd, "t", b"d", replies)
+        assert replies[b"d"] == b"OK" and nsqd.health == "OK"
+        assert [entry[-1] for entry in index_entries(nsqd, "t")] == [1, 1]
+        delivered = await reader.read_messages(2)
+        assert [message.body for message in delivered] == [b"a", b"d"]
