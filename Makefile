@@ -2,6 +2,7 @@
 # `make run` needs Python 3.11 (with its venv module) and make, nothing else; `make test` also
 # installs the test tools: the test extras from PyPI, nsqjs from npm, and, where they are
 # missing, Debian's Chromium, Node.js and Java (apt-get, as root).
+# (Chromium: nsqadmin browser tests; Node.js: nsqjs; Java: Spark; etcd: tests/cluster.)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -15,7 +16,7 @@ NODE_DIR := tests/interop/node
 NODE_INSTALLED := $(NODE_DIR)/node_modules/.installed
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y
 
-.PHONY: install install-test browser java node run test lint bench clean
+.PHONY: install install-test browser etcd java node run test lint bench clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,7 +57,7 @@ $(GNSQ_SUITE_INSTALLED): $(TEST_INSTALLED)
 install: $(INSTALLED)
 
 ## Everything the test suite needs.
-install-test: $(TEST_INSTALLED) $(GNSQ_SUITE_INSTALLED) $(NODE_INSTALLED) browser java
+install-test: $(TEST_INSTALLED) $(GNSQ_SUITE_INSTALLED) $(NODE_INSTALLED) browser etcd java
 
 ## Start nsqlookupd, nsqd and nsqadmin on localhost and print their URLs.
 run: install
@@ -69,6 +70,15 @@ browser:
 			echo "error: /usr/bin/chromium not found and apt-get is not available: the nsqadmin browser tests (tests/nsqadmin/test_browser.py) need Chromium and chromedriver (Debian: apt-get install chromium chromium-driver)" >&2; \
 			exit 1; }; \
 		apt-get update && $(APT_INSTALL) chromium chromium-driver; \
+	fi
+
+## Debian's etcd-server (etcd 3.4) for the cluster tests, which start a local etcd.
+etcd:
+	@if [ ! -x /usr/bin/etcd ]; then \
+		command -v apt-get >/dev/null 2>&1 || { \
+			echo "error: /usr/bin/etcd not found and apt-get is not available: the cluster tests (tests/cluster) need etcd 3.4 (Debian: apt-get install etcd-server)" >&2; \
+			exit 1; }; \
+		apt-get update && $(APT_INSTALL) etcd-server; \
 	fi
 
 ## Java 17 for the Spark connector tests (marker `spark`), which start a local JVM.

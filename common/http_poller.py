@@ -179,7 +179,7 @@ class HTTPPoller:
         for sock, state, out, requests, final, close, groups in committing:
             for index, request, group in groups:
                 if group.error is not None:
-                    out[index] = state.refused(request)
+                    out[index] = state.refused(request, group.error)
             if not requests and final is None and not close:
                 # The common case, a publish and nothing after it: write the answers now and
                 # give the connection back, without a task.

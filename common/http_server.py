@@ -144,6 +144,11 @@ class Response:
         self.write_group = write_group
 
 
+def refusal_response(error: Exception) -> Response:
+    code = getattr(error, "code", None)
+    return v1_response(400, code) if isinstance(code, str) else v1_response(500, "INTERNAL_ERROR")
+
+
 def v1_response(status: int, data=None) -> Response:
     """Go's http_api.RespondV1: 200 with a string, bytes, nothing or JSON; errors as
     `{"message": TEXT}`; always the `X-NSQ-Content-Type` header."""
@@ -562,10 +567,11 @@ class ConnectionState:
         encoded, close = self._encode(request, response)
         return encoded, close, self.router.waits_for_commit(response)
 
-    def refused(self, request: Request) -> bytes:
+    def refused(self, request: Request, error: Exception) -> bytes:
         """The answer to a request whose write the commit failed to make: 500, as a failed
-        write is answered at once."""
-        return self._encode(request, v1_response(500, "INTERNAL_ERROR"))[0]
+        write is answered at once, or 400 with the error's `code` when it has one (a
+        cluster's `E_FAILED_ON_NOT_WRITABLE`)."""
+        return self._encode(request, refusal_response(error))[0]
 
     async def answer(self, request: Request) -> tuple[bytes, bool]:
         """The encoded answer to `request`, and whether the connection closes after it; an
@@ -576,7 +582,7 @@ class ConnectionState:
             if waits:
                 await self.router.commit([] if waits is True else [waits])
                 if waits is not True and waits.error is not None:
-                    response = v1_response(500, "INTERNAL_ERROR")
+                    response = refusal_response(waits.error)
         except Exception as error:
             response = self._internal_error(error)
         return self._encode(request, response)

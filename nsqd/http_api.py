@@ -154,7 +154,11 @@ class HTTPAPI:
 
     def _publish_topic(self, topic_name: str, partition: int):
         if partition == -1:
-            return self.nsqd.get_topic(topic_name)
+            topic = self.nsqd.get_topic(topic_name)
+            refusal = self.nsqd.cluster_refusal(topic)
+            if refusal is not None:
+                raise HTTPError(400, refusal)
+            return topic
         return self._writable_partition(topic_name, partition)
 
     def _writable_partition(self, topic_name: str, partition: int):
@@ -165,6 +169,9 @@ class HTTPAPI:
             raise HTTPError(404, "E_TOPIC_NOT_EXIST")
         if self.nsqd.write_disabled_for(topic):
             raise HTTPError(400, "E_FAILED_ON_NOT_WRITABLE")
+        refusal = self.nsqd.cluster_refusal(topic)
+        if refusal is not None:
+            raise HTTPError(400, refusal)
         return topic
 
     def pub(self, request: Request) -> Response:
@@ -380,10 +387,13 @@ class HTTPAPI:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         return found
 
-    def channel_create(self, request: Request) -> Response:
+    async def channel_create(self, request: Request) -> Response:
         topics, channel_name = self._topic_and_channel_name(_query(request))
         for topic in topics:
+            version = topic.channels_version
             topic.get_channel(channel_name)
+            if topic.channels_version != version and topic.replica is not None:
+                await self.nsqd.cluster.push_channels(topic)
         return v1_response(200)
 
     def channel_delete(self, request: Request) -> Response:
@@ -532,14 +542,15 @@ class HTTPAPI:
         params = _query(request)
         for topic in self._log_partitions(params):
             log = topic.log
-            partitions.append(
-                {
-                    "partition": topic.partition,
-                    "start": {"offset": log.start.offset, "count": log.start.count},
-                    "end": {"offset": log.end.offset, "count": log.end.count},
-                    "leader": leader,
-                }
-            )
+            entry = {
+                "partition": topic.partition,
+                "start": {"offset": log.start.offset, "count": log.start.count},
+                "end": {"offset": log.end.offset, "count": log.end.count},
+                "leader": leader,
+            }
+            if topic.replica is not None:
+                entry.update(nsqd.cluster.describe(topic))
+            partitions.append(entry)
         return v1_response(200, {"topic": _first(params, "topic"), "partitions": partitions})
 
     def partition_search(self, request: Request) -> Response:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from nsqd.backend import write_error
-from nsqd.partition_log import PartitionLog
+from nsqd.partition_log import PartitionLog, Position
 
 if TYPE_CHECKING:
     from nsqd.server import NSQD
@@ -29,14 +29,18 @@ if TYPE_CHECKING:
 
 class WriteGroup:
     """The publishes one write carries. `done` once written (and fsynced when the policy
-    wanted it), or failed: then `error` says why, for each of them."""
+    wanted it), or failed: then `error` says why, for each of them. The topic counts its
+    messages and keeps its DPUBs' due times here until it is written."""
 
-    __slots__ = ("writer", "done", "error")
+    __slots__ = ("writer", "done", "error", "count", "body_bytes", "delays")
 
     def __init__(self, writer: "LogWriter") -> None:
         self.writer = writer
         self.done = False
         self.error: Exception | None = None
+        self.count = 0
+        self.body_bytes = 0
+        self.delays: list[tuple[int, float]] = []
 
 
 class LogWriter:
@@ -51,9 +55,14 @@ class LogWriter:
         self.group: WriteGroup | None = None
         # Written groups waiting for the round's fsync.
         self._unsynced: list[WriteGroup] = []
-        # A round (write, fsync) is under way; `_round_over` is set when it ends.
+        # A round (write, replication, fsync) is under way; `_round_over` is set when it ends.
         self._busy = False
         self._round_over = trio.Event()
+        # A cluster leader's: sends written groups to the ISR followers (`nsqd/cluster.py`),
+        # raising ClusterWriteError when they cannot all have them. Written groups wait for
+        # it in `_unreplicated`, unseen by readers.
+        self.replicate = None
+        self._unreplicated: list[tuple[tuple[tuple, bytes], WriteGroup]] = []
 
     def append(self, messages: list) -> WriteGroup:
         """Into the open group; OSError if the log is closed."""
@@ -87,10 +96,17 @@ class LogWriter:
         if not self._busy:
             await self._round(force_sync=True)
 
+    async def sync_if_due(self) -> None:
+        """A follower's sync policy, after writing what its leader sent."""
+        if self.log.sync_due and not self._busy:
+            await self._round()
+
     async def _round(self, *, force_sync: bool = False) -> None:
         self._busy = True
         try:
             self._write()
+            if self._unreplicated:
+                await self._replicate()
             if self._unsynced or (force_sync and self.log.dirty):
                 synced, self._unsynced = self._unsynced, []
                 try:
@@ -103,14 +119,48 @@ class LogWriter:
             ended, self._round_over = self._round_over, trio.Event()
             ended.set()
 
+    async def _replicate(self) -> None:
+        """The written groups go to the followers; readers and publishers see them once all
+        have them. If they cannot, the leader's copy is cut back and they are refused."""
+        batch, self._unreplicated = self._unreplicated, []
+        log = self.log
+        try:
+            await self.replicate([written for written, _group in batch])
+        except Exception as error:
+            first = batch[0][0][0]
+            try:
+                log.truncate_to(Position(first[3], first[5] - 1))
+            except (ValueError, OSError) as cut_error:
+                self.nsqd.log.error("LOG(%s) failed to cut back - %s", log.name, cut_error)
+            for _written, group in batch:
+                group.error = error
+                group.done = True
+            if self._unreplicated:
+                # Written after the batch (by a commit on another task): cut back with it.
+                for _written, group in self._unreplicated:
+                    group.error = error
+                    group.done = True
+                self._unreplicated = []
+            return
+        last = batch[-1][0][0]
+        log.make_visible(Position(last[3] + last[4], last[5] - 1 + last[6]))
+        sync_due = log.sync_due
+        for _written, group in batch:
+            self.topic.log_written(group)
+            if sync_due:
+                self._unsynced.append(group)
+            else:
+                group.done = True
+
     def _write(self) -> None:
         group = self.group
         if group is None:
             return
         self.group = None
         log = self.log
+        replicating = self.replicate is not None
         try:
-            log.commit()
+            written = log.commit(visible=not replicating)
         except OSError as os_error:
             error = write_error(log, os_error, log.segment_path(log.segments[-1].number))
             group.error = error
@@ -119,14 +169,19 @@ class LogWriter:
                 "TOPIC(%s) ERROR: failed to write message to log - %s", self.topic.name, error
             )
             self.nsqd.set_health(error)
-            self.topic.log_write_failed()
+            return
+        self.nsqd.set_health(None)
+        if replicating:
+            if written is not None:
+                self._unreplicated.append((written, group))
+            else:
+                group.done = True  # the log was closed under it
             return
         if log.sync_due:
             self._unsynced.append(group)
         else:
             group.done = True
-        self.nsqd.set_health(None)
-        self.topic.log_written()
+        self.topic.log_written(group)
 
     def flush(self) -> None:
         """On a clean stop: write and fsync everything, here and now."""

@@ -53,6 +53,12 @@ class Options:
     retention_size_per_day: int = 16 * 1024**3
     # Topics, by name or shell-style pattern, stored as a log although created unpartitioned.
     log_topic: list[str] = field(default_factory=list)
+    # Cluster mode (docs/design.md §14), Youzan's names: on when an etcd address is given.
+    cluster_id: str = "nsqpy"
+    cluster_leadership_addresses: str = ""
+    cluster_leadership_root_dir: str = "NSQMetaData"
+    rpc_port: str = "0"
+    cluster_node_ttl: float = 3.0
 
     queue_scan_interval: float = 0.1
     queue_scan_refresh_interval: float = 5.0
@@ -257,6 +263,38 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 " logs, as partitioned topics are, though created unpartitioned (may be given"
                 " multiple times)",
                 config_key="log_topics",
+            ),
+            Flag(
+                "cluster-id",
+                Kind.STRING,
+                d.cluster_id,
+                "cluster mode: the cluster this node belongs to (its keys' prefix in etcd)",
+            ),
+            Flag(
+                "cluster-leadership-addresses",
+                Kind.STRING,
+                d.cluster_leadership_addresses,
+                "cluster mode: etcd v3 endpoints, comma-separated (http://127.0.0.1:2379);"
+                " empty: a single node",
+            ),
+            Flag(
+                "cluster-leadership-root-dir",
+                Kind.STRING,
+                d.cluster_leadership_root_dir,
+                "cluster mode: the root of the cluster's keys in etcd",
+            ),
+            Flag(
+                "rpc-port",
+                Kind.STRING,
+                d.rpc_port,
+                "cluster mode: port (or <addr>:<port>) other nsqds replicate through (0: any)",
+            ),
+            Flag(
+                "cluster-node-ttl",
+                Kind.DURATION,
+                d.cluster_node_ttl,
+                "cluster mode: how long a node that stopped answering etcd stays in the"
+                " cluster (its lease; a leader's failover starts after it)",
             ),
             Flag(
                 "queue-scan-worker-pool-max",

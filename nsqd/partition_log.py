@@ -199,8 +199,13 @@ class PartitionLog:
         self._pending_size = 0
         self._pending_count = 0
         self._pending_defers: list[tuple[int, float]] = []
-        # Where the next append goes: `end` plus the group not yet written.
+        # Where the written data ends (`end` is where readers stop: the same, but on a leader
+        # whose followers have not all acknowledged the last groups yet), and where the next
+        # append goes: that plus the group not yet written.
+        self.written = self.end
         self.appended = self.end
+        # Stamped into each index entry: the partition's write epoch in a cluster (0 alone).
+        self.write_epoch = 0
         self._ops_since_sync = 0
         self._closed = False
         # The hot tail: the bytes of the latest appends, as written (whole records), with the
@@ -277,7 +282,7 @@ class PartitionLog:
             )
             self._truncate_data(committed.offset)
         self.start = Position(start_offset, start_count)
-        self.end = self.appended = committed
+        self.end = self.written = self.appended = committed
         self.last_id = last_id
         if not self.segments:
             self.segments.append(Segment(0, start_offset, start_count, 0))
@@ -438,16 +443,71 @@ class PartitionLog:
         """Whether appends wait for the next commit to be written."""
         return self._pending_first is not None
 
-    def commit(self) -> None:
+    def commit(self, *, visible: bool = True) -> tuple[tuple, bytes] | None:
         """Write the group appended since the last commit, at once (one write), and its one
-        index entry; then readers see it. OSError if the write failed: nothing of the group
-        is kept (the file is cut back, the group's offsets are given to the next appends),
-        and the caller refuses its publishes (`nsqd/log_writer.py`). Nothing once the log is
-        closed or deleted (its descriptors' numbers may belong to sockets by then)."""
+        index entry; then readers see it, or, with `visible=False` (a leader whose followers
+        must have it first), once `make_visible` says so. The group's index entry and bytes,
+        as a follower writes them (`append_raw`); None when nothing was appended. OSError if
+        the write failed: nothing of the group is kept (the file is cut back, the group's
+        offsets are given to the next appends), and the caller refuses its publishes
+        (`nsqd/log_writer.py`). Nothing once the log is closed or deleted (its descriptors'
+        numbers may belong to sockets by then)."""
         if self._pending_first is None or self._closed:
-            return
+            return None
         first_id, offset, first_count = self._pending_first
         data = b"".join(self._pending)
+        entry = (
+            first_id,
+            self.write_epoch,
+            self._pending_last_id,
+            offset,
+            self._pending_size,
+            first_count,
+            self._pending_count,
+        )
+        try:
+            self._write_group(entry, data, self.appended, self._pending_defers)
+        except OSError:
+            self._discard_pending()
+            raise
+        if visible:
+            self.end = self.written
+        self._pending = []
+        self._pending_first = None
+        self._pending_size = 0
+        self._pending_count = 0
+        if self._pending_defers:
+            self._pending_defers = []
+        return entry, data
+
+    def append_raw(self, entry: tuple, data: bytes) -> None:
+        """A follower writes a group exactly as its leader did: the records' bytes and the
+        index entry. ValueError when it does not start at this log's end (the follower must
+        catch up first) or its size is not the entry's; OSError if the write failed (then
+        nothing of it is kept)."""
+        if self._closed:
+            raise OSError(errno.EBADF, f"the log of {self.name} is closed")
+        offset, size, first_count, count = entry[3], entry[4], entry[5], entry[6]
+        if (offset, first_count - 1) != tuple(self.written):
+            raise ValueError(
+                f"a group at offset {offset} (count {first_count - 1}) does not follow the log's"
+                f" end at {self.written.offset} (count {self.written.count})"
+            )
+        if size != len(data):
+            raise ValueError(f"a group of {len(data)} bytes says it has {size}")
+        self._write_group(entry, data, Position(offset + size, first_count - 1 + count), [])
+        self.end = self.appended = self.written
+        self.last_id = max(self.last_id, entry[2])
+        self._ops_since_sync += count
+
+    def make_visible(self, position: Position) -> None:
+        """Readers see the log up to `position` (at most what is written)."""
+        if position.offset > self.end.offset:
+            self.end = min(position, self.written)
+
+    def _write_group(
+        self, entry: tuple, data: bytes, following: Position, defers: list[tuple[int, float]]
+    ) -> None:
         segment = self.segments[-1]
         try:
             written = 0
@@ -455,35 +515,16 @@ class PartitionLog:
             while written < len(data):
                 written += os.write(self._write_fd, view[written:])
         except OSError:
-            self._discard_pending()
             try:
                 os.ftruncate(self._write_fd, segment.size)
             except OSError as error:
                 self.log.error("LOG(%s) failed to cut back a failed write - %s", self.name, error)
             raise
         segment.size += len(data)
-        os.write(
-            self._index_fd,
-            ENTRY.pack(
-                first_id,
-                0,
-                self._pending_last_id,
-                offset,
-                self._pending_size,
-                first_count,
-                self._pending_count,
-            ),
-        )
+        os.write(self._index_fd, ENTRY.pack(*entry))
         self._index_entries += 1
-        self.end = self.appended
-        defers = self._pending_defers
-        self._remember(data, offset, defers)
-        self._pending = []
-        self._pending_first = None
-        self._pending_size = 0
-        self._pending_count = 0
-        if defers:
-            self._pending_defers = []
+        self.written = following
+        self._remember(data, entry[3], defers)
         if self._index_entries >= self.index_entries_per_file:
             self._roll_index()
         if segment.size >= self.max_bytes_per_file:
@@ -496,7 +537,7 @@ class PartitionLog:
         self._pending_size = 0
         self._pending_count = 0
         self._pending_defers = []
-        self.appended = self.end
+        self.appended = self.written
 
     def _remember(self, data: bytes, offset: int, defers: list[tuple[int, float]]) -> None:
         """The bytes just written, for readers at the tail: one reference per group."""
@@ -528,11 +569,11 @@ class PartitionLog:
         """The segment is full: record its range, start the next."""
         segment = self.segments[-1]
         with open(self.segment_path(segment.number) + ".offsetmeta.dat", "wb") as file:
-            count = self.end.count - segment.start_count
+            count = self.written.count - segment.start_count
             file.write(b"%d\n%d,%d\n" % (count, segment.start, segment.start + segment.size))
         os.fsync(self._write_fd)
         os.close(self._write_fd)
-        following = Segment(segment.number + 1, self.end.offset, self.end.count, 0)
+        following = Segment(segment.number + 1, self.written.offset, self.written.count, 0)
         self.segments.append(following)
         self._segment_starts.append(following.start)
         self._write_fd = os.open(
@@ -568,7 +609,8 @@ class PartitionLog:
         data_fd = os.dup(self._write_fd)
         index_fd = os.dup(self._index_fd)
         segment = self.segments[-1]
-        meta = b"%d\n%d,%d,%d\n" % (self.end.count, segment.number, segment.size, self.end.offset)
+        written = self.written
+        meta = b"%d\n%d,%d,%d\n" % (written.count, segment.number, segment.size, written.offset)
         meta_path = self.writer_meta_path
 
         def job() -> bool:
@@ -703,11 +745,14 @@ class PartitionLog:
         self._read_cache = (segment.number, pos, chunk)
         return chunk, 0
 
-    def read_raw(self, position: Position, end: int, max_bytes: int) -> tuple[bytes, Position]:
+    def read_raw(
+        self, position: Position, end: int, max_bytes: int, *, bound: Position | None = None
+    ) -> tuple[bytes, Position]:
         """The stored bytes of whole records from `position` (a record boundary) up to `end`
-        (at most the log's end), at most `max_bytes` of them but at least one record: the
-        records exactly as written, `[4 size][record]...`, and the position after them."""
-        end = min(end, self.end.offset)
+        (at most the log's end, or `bound`), at most `max_bytes` of them but at least one
+        record: the records exactly as written, `[4 size][record]...`, and the position after
+        them."""
+        end = min(end, (bound or self.end).offset)
         if position.offset >= end:
             return b"", position
         parts = []
@@ -769,32 +814,97 @@ class PartitionLog:
     def _last_entry_where(self, holds: Callable[[tuple], bool]) -> tuple | None:
         """The last index entry for which `holds` is true, `holds` being true for a prefix of
         the entries (a binary search with one `pread` per probe)."""
-        files = self._index_files()
-        total = sum(count for _path, count in files)
-        descriptors: dict[str, int] = {}
+        with _IndexReader(self._index_files()) as index:
+            found = index.count_where(holds)
+            return index.entry(found - 1) if found > 0 else None
 
-        def entry(position: int) -> tuple:
-            for path, count in files:
-                if position < count:
-                    fd = descriptors.get(path)
-                    if fd is None:
-                        fd = descriptors[path] = os.open(path, os.O_RDONLY)
-                    return ENTRY.unpack(os.pread(fd, ENTRY.size, position * ENTRY.size))
-                position -= count
-            raise IndexError(position)
+    def entries_from(self, offset: int, max_entries: int) -> list[tuple]:
+        """Up to `max_entries` index entries, from the one that starts at `offset` on (what
+        a follower catching up pulls); [] at the written end. ValueError when no entry starts
+        at `offset`."""
+        if offset == self.written.offset:
+            return []
+        with _IndexReader(self._index_files()) as index:
+            first = index.count_where(lambda e: e[3] < offset)
+            entries = index.entries(first, max_entries)
+        if not entries or entries[0][3] != offset:
+            raise ValueError(f"no index entry starts at offset {offset}")
+        return entries
 
-        try:
-            low, high = 0, total  # the answer is in [low - 1, high)
-            while low < high:
-                middle = (low + high) // 2
-                if holds(entry(middle)):
-                    low = middle + 1
-                else:
-                    high = middle
-            return entry(low - 1) if low > 0 else None
-        finally:
-            for fd in descriptors.values():
-                os.close(fd)
+    def entry_ending_at(self, position: Position) -> tuple | None:
+        """The index entry that ends exactly at `position`, if there is one."""
+        with _IndexReader(self._index_files()) as index:
+            found = index.count_where(lambda e: e[3] < position.offset)
+            entry = index.entry(found - 1) if found > 0 else None
+        if entry is not None and (entry[3] + entry[4], entry[5] - 1 + entry[6]) == position:
+            return entry
+        return None
+
+    def read_group_bytes(self, entries: list[tuple]) -> bytes:
+        """The stored bytes of consecutive index entries' groups, as written."""
+        if not entries:
+            return b""
+        start = Position(entries[0][3], entries[0][5] - 1)
+        end = entries[-1][3] + entries[-1][4]
+        data, _following = self.read_raw(start, end, end - start.offset, bound=self.written)
+        return data
+
+    def truncate_to(self, position: Position) -> None:
+        """Cut the log back to `position`, where one of its index entries ends (a leader's
+        group that its followers did not all take; a follower's tail that its new leader does
+        not have). ValueError when `position` is not such a place in the active index file."""
+        self._discard_pending()
+        if position == self.written:
+            return
+        if not self.start.offset <= position.offset < self.written.offset:
+            raise ValueError(f"offset {position.offset} is not in the log")
+        with open(self.index_path(), "rb") as file:
+            data = file.read()
+        whole = len(data) - len(data) % ENTRY.size
+        entries = [ENTRY.unpack_from(data, at) for at in range(0, whole, ENTRY.size)]
+        keep = bisect.bisect_left([entry[3] for entry in entries], position.offset)
+        if keep:
+            last = entries[keep - 1]
+            if (last[3] + last[4], last[5] - 1 + last[6]) != position:
+                raise ValueError(f"no index entry ends at offset {position.offset}")
+            last_id = last[2]
+        elif entries and entries[0][3] == position.offset:
+            last_id = entries[0][0] - 1
+        else:
+            raise ValueError(f"offset {position.offset} is before the active index file")
+        os.truncate(self.index_path(), keep * ENTRY.size)
+        self._index_entries = keep
+        active = self.segments[-1].number
+        self._truncate_data(position.offset)
+        self._segment_starts = [segment.start for segment in self.segments]
+        last_segment = self.segments[-1]
+        if last_segment.number != active:
+            os.close(self._write_fd)
+            self._write_fd = os.open(
+                self.segment_path(last_segment.number), os.O_WRONLY | os.O_APPEND, 0o600
+            )
+            try:
+                os.unlink(self.segment_path(last_segment.number) + ".offsetmeta.dat")
+            except FileNotFoundError:
+                pass
+        self.written = self.appended = position
+        self.end = min(self.end, position)
+        self.last_id = last_id
+        index = bisect.bisect_left(self._tail_starts, position.offset)
+        for data in self._tail[index:]:
+            self._tail_bytes -= len(data)
+        del self._tail[index:]
+        del self._tail_starts[index:]
+        for deferred in [offset for offset in self._tail_defers if offset >= position.offset]:
+            del self._tail_defers[deferred]
+        self._read_cache = None
+        self.log.warning(
+            "TOPIC(%s) partition %d: log cut back to offset %d (count %d)",
+            self.topic,
+            self.partition,
+            position.offset,
+            position.count,
+        )
 
     def _scan_from(self, entry: tuple | None, stop: Callable[[Message], bool]) -> Position:
         """From the start of `entry`'s batch (the log's start when None), the position of the
@@ -955,6 +1065,46 @@ class PartitionLog:
         for name in os.listdir(self.directory):
             if name.startswith(prefixes):
                 os.unlink(os.path.join(self.directory, name))
+
+
+class _IndexReader:
+    """The index entries of a log's index files, read by position with `pread`."""
+
+    def __init__(self, files: list[tuple[str, int]]) -> None:
+        self._files = files
+        self.total = sum(count for _path, count in files)
+        self._descriptors: dict[str, int] = {}
+
+    def __enter__(self) -> "_IndexReader":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for fd in self._descriptors.values():
+            os.close(fd)
+
+    def entry(self, position: int) -> tuple:
+        for path, count in self._files:
+            if position < count:
+                fd = self._descriptors.get(path)
+                if fd is None:
+                    fd = self._descriptors[path] = os.open(path, os.O_RDONLY)
+                return ENTRY.unpack(os.pread(fd, ENTRY.size, position * ENTRY.size))
+            position -= count
+        raise IndexError(position)
+
+    def entries(self, first: int, count: int) -> list[tuple]:
+        return [self.entry(position) for position in range(first, min(first + count, self.total))]
+
+    def count_where(self, holds: Callable[[tuple], bool]) -> int:
+        """How many entries `holds` is true for, it being true for a prefix of them."""
+        low, high = 0, self.total
+        while low < high:
+            middle = (low + high) // 2
+            if holds(self.entry(middle)):
+                low = middle + 1
+            else:
+                high = middle
+        return low
 
 
 def index_file_name(topic: str, partition: int) -> str:

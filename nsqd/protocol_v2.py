@@ -103,6 +103,8 @@ class ProtocolV2:
         # their group's write: (reply index, group, label, error code).
         self._replies: list[bytes] = []
         self._write_groups: list[tuple] = []
+        # Cluster partitions whose channel this batch created (`nsqd/cluster.py`).
+        self._new_channels: list = []
         # Classic until the client shows it speaks Youzan's (`become_youzan`).
         self.dialect: ClassicDialect | YouzanDialect = CLASSIC
         self.youzan = YouzanCommands(self)
@@ -240,6 +242,10 @@ class ProtocolV2:
             keep_open = self._refuse_unwritten(replies) and keep_open
         else:
             await self.nsqd.commit_backend_writes()
+        if self._new_channels:
+            topics, self._new_channels = self._new_channels, []
+            for topic in topics:
+                await self.nsqd.cluster.push_channels(topic)
         if replies:
             await self._send(b"".join(replies) if len(replies) > 1 else replies[0])
         if self.client.closed_by_server:
@@ -253,7 +259,9 @@ class ProtocolV2:
         for index, group, label, code in groups:
             if group.error is None or index >= len(replies):
                 continue
-            text = f"{code} {label} failed {group.error}"
+            error = group.error
+            cluster_code = getattr(error, "code", None)
+            text = f"{cluster_code} " if cluster_code else f"{code} {label} failed {error}"
             self.nsqd.log.error("[%s] - %s", self.client, text)
             replies[index] = encode_error(text)
             if self.dialect.publish_errors_are_fatal:
@@ -550,6 +558,8 @@ class ProtocolV2:
                 "E_SUB_EXTEND_FORBIDDON",
                 "this topic is not extended and should not identify as extend support.",
             )
+        if topic.is_cluster_follower:
+            raise ProtocolError("E_FAILED_ON_NOT_LEADER", "", fatal=True)
         if ordered and client.sample_rate != 0:
             raise ProtocolError(
                 "E_INVALID", "order consume is not allowed while sample rate is not 0"
@@ -560,7 +570,11 @@ class ProtocolV2:
         client = self.client
         if self.nsqd.exiting:
             raise ProtocolError("E_SUB_FAILED", "SUB failed to deleted topic/channel")
+        version = topic.channels_version
         channel = topic.get_channel(channel_name)
+        if topic.channels_version != version and topic.replica is not None:
+            # A new channel of a cluster partition: its followers get it before the OK.
+            self._new_channels.append(topic)
         try:
             channel.add_client(client)
         except ChannelError as error:
@@ -662,12 +676,16 @@ class ProtocolV2:
         return OK_FRAME
 
     def check_writable(self, topic) -> None:
-        """`/disable/write` refuses publishes (Youzan's; docs/protocol.md §8 #4)."""
-        if self.nsqd.write_disabled_for(topic):
+        """`/disable/write` refuses publishes (Youzan's; docs/protocol.md §8 #4), and so does a
+        cluster node that does not lead the partition or cannot replicate it now."""
+        refusal = (
+            "E_FAILED_ON_NOT_WRITABLE"
+            if self.nsqd.write_disabled_for(topic)
+            else self.nsqd.cluster_refusal(topic)
+        )
+        if refusal is not None:
             # Not fatal for Youzan clients (they re-query lookupd), fatal for classic ones.
-            raise ProtocolError(
-                "E_FAILED_ON_NOT_WRITABLE", "", fatal=self.dialect.publish_errors_are_fatal
-            )
+            raise ProtocolError(refusal, "", fatal=self.dialect.publish_errors_are_fatal)
 
     def publish(self, topic, label: str, code: str, bodies: list[bytes], **kwargs) -> list[Message]:
         """Publish through nsqd's one publish path; a refusal is Go's `<label> failed <err>`

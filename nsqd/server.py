@@ -27,6 +27,7 @@ from diskqueue import DiskQueue
 from nsqd.backend import BackendWriteError, open_backend, write_error
 from nsqd.channel import Channel
 from nsqd.client import Client
+from nsqd.cluster import UNKNOWN_REPLICA, ClusterNode
 from nsqd.data_path import prepare_data_path
 from nsqd.heartbeats import HeartbeatClock
 from nsqd.http_api import HTTPAPI, TLSRequiredRouter
@@ -81,6 +82,7 @@ class NSQD:
         self.queue_scanner = QueueScanner(self)
         self.heartbeats = HeartbeatClock()
         self.lookup_peers = LookupPeers(self)
+        self.cluster = ClusterNode(self)
         self.tls_context = server_context(options)
         self.auth_enabled = bool(options.auth_http_address)
         self.https_address: str | None = None
@@ -120,6 +122,7 @@ class NSQD:
         ordered: bool = False,
         ext: bool = False,
         sync_every: int = 0,
+        replica=None,
     ) -> Topic:
         existing = self.registry.get(name, partition)
         if existing is not None:
@@ -132,6 +135,7 @@ class NSQD:
             ordered=ordered,
             ext=ext,
             sync_every=sync_every,
+            replica=replica,
         )
         self.registry.add(topic)
         if partitioned:
@@ -143,8 +147,22 @@ class NSQD:
             if not partitioned and not self._metadata_loading:
                 self._precreate_channels(topic)
         self.topology_changed()
-        self.lookup_peers.notify("REGISTER", name, None, partition)
+        if not topic.is_cluster_follower:
+            self.lookup_peers.notify("REGISTER", name, None, partition)
         return topic
+
+    def register_partition(self, topic: Topic) -> None:
+        """nsqlookupd learns the partition and its channels (a cluster node that became its
+        leader)."""
+        self.lookup_peers.notify("REGISTER", topic.name, None, topic.partition)
+        for channel in topic.channels:
+            self.lookup_peers.notify("REGISTER", topic.name, channel, topic.partition)
+
+    def unregister_partition(self, topic: Topic) -> None:
+        """nsqlookupd forgets the partition (a cluster node that no longer leads it)."""
+        for channel in topic.channels:
+            self.lookup_peers.notify("UNREGISTER", topic.name, channel, topic.partition)
+        self.lookup_peers.notify("UNREGISTER", topic.name, None, topic.partition)
 
     def _precreate_channels(self, topic: Topic) -> None:
         """Go's GetTopic: a new topic first gets the channels the cluster's nsqlookupds know
@@ -187,6 +205,18 @@ class NSQD:
         mode = self.write_disabled
         return mode == "all" or (mode == "ordered" and topic.ordered)
 
+    def cluster_refusal(self, topic: Topic) -> str | None:
+        """Why a cluster partition takes no publish here: `E_FAILED_ON_NOT_LEADER` on a
+        node that does not lead it, `E_FAILED_ON_NOT_WRITABLE` while its leader cannot
+        replicate; None when it does (and alone)."""
+        if topic.replica is None:
+            return None
+        if topic.is_cluster_follower:
+            return "E_FAILED_ON_NOT_LEADER"
+        if not topic.cluster_writable:
+            return "E_FAILED_ON_NOT_WRITABLE"
+        return None
+
     def all_partitions(self) -> list[Topic]:
         """Every partition of every topic, by name then partition."""
         return list(self.registry)
@@ -211,6 +241,8 @@ class NSQD:
         """What nsqlookupd must know: each channel, or the partition alone when it has none."""
         entries: list[tuple[str, str | None, int]] = []
         for topic in self.all_partitions():
+            if topic.is_cluster_follower:
+                continue  # in a cluster, writers and readers go to the leader only
             if topic.channels:
                 entries.extend((topic.name, channel, topic.partition) for channel in topic.channels)
             else:
@@ -605,6 +637,12 @@ class NSQD:
                     nursery.start_soon(self._metadata_writer)
                     nursery.start_soon(self._sync_timer)
                     nursery.start_soon(self._retention_timer)
+                    if self.cluster.enabled:
+                        # Partitions found on disk wait for the cluster to say who leads them.
+                        for topic in self.all_partitions():
+                            if topic.partitioned and topic.replica is None:
+                                topic.replica = UNKNOWN_REPLICA
+                        await nursery.start(self.cluster.serve)
                     nursery.start_soon(self.lookup_peers.run, options.lookupd_tcp_address)
                     if options.statsd_address:
                         nursery.start_soon(StatsdPusher(self).run)

@@ -22,6 +22,8 @@ from nsqd.partition_log import PartitionLog
 from nsqd.wakeup import Wakeup
 
 if TYPE_CHECKING:
+    from common.cluster_meta import ReplicaInfo
+    from nsqd.log_writer import WriteGroup
     from nsqd.server import NSQD
 
 # How many backlog messages the pump moves before letting other tasks run.
@@ -42,8 +44,13 @@ class Topic:
         ordered: bool = False,
         ext: bool = False,
         sync_every: int = 0,
+        replica: "ReplicaInfo | None" = None,
     ) -> None:
         self.nsqd = nsqd
+        # In a cluster (docs/design.md §14): who holds the partition, and whether this node,
+        # as its leader, takes writes now. None alone.
+        self.replica = replica
+        self.cluster_writable = True
         self.name = name
         self.partition = partition
         self.partitioned = partitioned
@@ -53,15 +60,15 @@ class Topic:
         self.sync_every = sync_every
         self.ephemeral = is_ephemeral(name)
         self.channels: dict[str, Channel] = {}
+        # Grows with every channel created or deleted: a cluster leader sends its channels to
+        # the followers with the next group when it changed (`nsqd/cluster.py`).
+        self.channels_version = 0
+        self.replicated_channels = 0
         # Partitioned topics are log topics (docs/design.md §13): every message in the
         # partition's log, channels as cursors into it. Classic topics keep go-diskqueue,
         # unless `--log-topic` names them or their log is on disk already.
         self.log: PartitionLog | None = None
         self.writer: LogWriter | None = None
-        # A log topic's publishes appended but not yet written (their group is): counted and
-        # their delays kept once it is (`log_written`).
-        self._unwritten_counts = [0, 0]  # messages, body bytes
-        self._unwritten_delays: list[tuple[int, float]] = []
         # Whether the log was just made from a diskqueue (see below).
         self.migrated = False
         self.queue: MessageQueue
@@ -186,12 +193,12 @@ class Topic:
             # written (`log_written`).
             self.queue.append(messages, strict=True)
             self.next_offset = self.log.appended.offset
-            unwritten = self._unwritten_counts
-            unwritten[0] += len(messages)
-            unwritten[1] += sum(map(len, bodies))
+            group = self.writer.group
+            group.count += len(messages)
+            group.body_bytes += sum(map(len, bodies))
             if defer:
                 due = time.time() + defer
-                self._unwritten_delays.extend((message.offset, due) for message in messages)
+                group.delays.extend((message.offset, due) for message in messages)
             return messages
         if self.channels and not self.paused and self.started and not self.has_backlog():
             self._fan_out(messages, strict=True)
@@ -201,26 +208,30 @@ class Topic:
         self.message_bytes += sum(map(len, bodies))
         return messages
 
-    def log_written(self) -> None:
-        """The log's group was written: its messages count, and the channels read them."""
-        count, body_bytes = self._unwritten_counts
-        self._unwritten_counts = [0, 0]
-        self.message_count += count
-        self.message_bytes += body_bytes
-        delays = self._unwritten_delays
-        if delays:
-            self._unwritten_delays = []
+    def log_written(self, group: "WriteGroup") -> None:
+        """A group of the log was written (and replicated): its messages count, and the
+        channels read them."""
+        self.message_count += group.count
+        self.message_bytes += group.body_bytes
+        delays = group.delays
         for channel in list(self.channels.values()):
-            channel.message_count += count
+            channel.message_count += group.count
             if delays:
                 # Kept with the cursor, so a DPUB not read before a restart still waits.
                 channel.queue.delays.update(delays)
             channel.notify()
 
-    def log_write_failed(self) -> None:
-        """The log's group was not written: none of it happened."""
-        self._unwritten_counts = [0, 0]
-        self._unwritten_delays = []
+    def replicated(self, count: int, size: int) -> None:
+        """A follower wrote `count` messages its leader sent: counted as published here."""
+        self.message_count += count
+        self.message_bytes += size
+        for channel in self.channels.values():
+            channel.message_count += count
+
+    @property
+    def is_cluster_follower(self) -> bool:
+        """In a cluster, and not the partition's leader here."""
+        return self.replica is not None and self.replica.leader != self.nsqd.cluster.node_id
 
     def _fan_out(self, messages: list[Message], *, strict: bool = False) -> None:
         """Every channel gets the messages. `strict` (a publish): if the first channel cannot
@@ -286,9 +297,11 @@ class Topic:
         if channel is None:
             channel = Channel(self, name)
             self.channels[name] = channel
+            self.channels_version += 1
             self.nsqd.log.info("TOPIC(%s): new channel(%s)", self.name, name)
             self.nsqd.topology_changed()
-            self.nsqd.lookup_peers.notify("REGISTER", self.name, name, self.partition)
+            if not self.is_cluster_follower:
+                self.nsqd.lookup_peers.notify("REGISTER", self.name, name, self.partition)
             self._pump_wakeup.set()
         return channel
 
@@ -296,10 +309,12 @@ class Topic:
         channel = self.channels.pop(name, None)
         if channel is None:
             return
+        self.channels_version += 1
         self.nsqd.log.info("TOPIC(%s): deleting channel %s", self.name, name)
         channel.delete()
         self.nsqd.topology_changed()
-        self.nsqd.lookup_peers.notify("UNREGISTER", self.name, name, self.partition)
+        if not self.is_cluster_follower:
+            self.nsqd.lookup_peers.notify("UNREGISTER", self.name, name, self.partition)
         # Go deletes an ephemeral topic when its last channel goes.
         if self.ephemeral and not self.channels and not self.deleted:
             self.nsqd.delete_topic(self.name, self.partition)

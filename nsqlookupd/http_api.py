@@ -1,12 +1,15 @@
 """nsqlookupd's HTTP API: Go nsqlookupd v1.3.0's http.go, plus Youzan's `/lookup` parameters
 and `/listlookup` (docs/protocol.md §5). Always the v1 form: no envelope, real status codes."""
 
+import json
 import urllib.request
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 import trio
 
+from common.cluster_meta import TopicMeta
+from common.etcd import EtcdError
 from common.http_server import (
     HTTPError,
     Request,
@@ -19,6 +22,7 @@ from common.http_server import first_param as _first
 from common.http_server import query_params as _query
 from common.names import is_valid_name
 from common.version import VERSION
+from nsqlookupd.coordinator import CoordinatorError
 from nsqlookupd.registry import ANY, active
 
 if TYPE_CHECKING:
@@ -69,6 +73,9 @@ class HTTPAPI:
         router.add("POST", "/channel/delete", self.channel_delete)
         router.add("POST", "/topic/tombstone", self.topic_tombstone)
         router.add("POST", "/disable/write", self.disable_write)
+        router.add("POST", "/cluster/isr/leave", self.isr_leave)
+        router.add("POST", "/cluster/isr/join", self.isr_join)
+        router.add("GET", "/cluster/stats", self.cluster_stats)
 
     def ping(self, request: Request) -> Response:
         return text_response(200, "OK")
@@ -112,6 +119,7 @@ class HTTPAPI:
         partition = self._partition_filter(params)
         if not db.find_registrations("topic", topic, ""):
             raise HTTPError(404, "TOPIC_NOT_FOUND")
+        coordinator = lookupd.coordinator
 
         channels = db.channels(topic, partition)
         timeout = options.inactive_producer_timeout
@@ -131,6 +139,10 @@ class HTTPAPI:
             if pid is None or pid < 0:
                 continue
             live = active(db.producers_of(registration), timeout, lifetime)
+            if coordinator is not None:
+                # In a cluster only the partition's leader, as etcd says, is listed: a node
+                # that lost it (frozen, cut off) may still be registered here.
+                live = [p for p in live if coordinator.is_leader(topic, pid, p.peer)]
             if access == "w":
                 live = [p for p in live if not p.tombstoned]
             if not live:
@@ -162,6 +174,17 @@ class HTTPAPI:
         return v1_response(200, document)
 
     def _meta(self, topic: str, partitions: dict[str, dict]) -> dict:
+        coordinator = self.lookupd.coordinator
+        meta = coordinator.meta_of(topic) if coordinator is not None else None
+        if meta is not None:
+            return {
+                "disable_channel_auto_create": meta.disable_channel_auto_create,
+                "extend_support": meta.ext,
+                "multi_part": meta.multi_part,
+                "ordered": meta.ordered_multi,
+                "partition_num": meta.partition_num,
+                "replica": meta.replica,
+            }
         stored = self.lookupd.topic_meta.get(topic, {})
         registered = {
             r[3]
@@ -232,6 +255,13 @@ class HTTPAPI:
 
     def listlookup(self, request: Request) -> Response:
         lookupd = self.lookupd
+        coordinator = lookupd.coordinator
+        if coordinator is not None:
+            nodes = sorted(coordinator.lookupds.values(), key=lambda node: node.get("ID", ""))
+            return v1_response(
+                200,
+                {"lookupdleader": coordinator.master or {}, "lookupdnodes": nodes},
+            )
         node = {
             "ID": f"{lookupd.options.broadcast_address}:{lookupd.http_port}:{lookupd.tcp_port}",
             "NodeIP": lookupd.options.broadcast_address,
@@ -251,16 +281,17 @@ class HTTPAPI:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         if not is_valid_name(topic):
             raise HTTPError(400, "INVALID_ARG_TOPIC")
+        if self.lookupd.coordinator is not None:
+            await self._create_in_cluster(topic, params)
+            return v1_response(200)
         if _first(params, "partition_num") is not None or _first(params, "replicator") is not None:
             await self._create_partitioned(topic, params)
         self.lookupd.log.info("DB: adding topic(%s)", topic)
         self.lookupd.db.add_registration(("topic", topic, "", None))
         return v1_response(200)
 
-    async def _create_partitioned(self, topic: str, params: dict[str, list[str]]) -> None:
-        """Youzan's `/topic/create?partition_num=N&replicator=R`: place the partitions on the
-        registered nsqds round-robin, through their HTTP API, and keep the topic's meta for
-        `/lookup?metainfo=` (docs/protocol.md §5.6)."""
+    @staticmethod
+    def _partition_params(params: dict[str, list[str]], *, max_replicator: int) -> tuple[int, int]:
         text = _first(params, "partition_num")
         if text is None:
             raise HTTPError(400, "MISSING_ARG_TOPIC_PARTITION_NUM")
@@ -269,11 +300,112 @@ class HTTPAPI:
         replicator_text = _first(params, "replicator")
         if replicator_text is None:
             raise HTTPError(400, "MISSING_ARG_TOPIC_REPLICATOR")
-        if not replicator_text.isdigit() or not 1 <= int(replicator_text) <= 5:
+        if not replicator_text.isdigit() or not 1 <= int(replicator_text) <= max_replicator:
             raise HTTPError(400, "INVALID_ARG_TOPIC_REPLICATOR")
-        if int(replicator_text) > 1:
+        return int(text), int(replicator_text)
+
+    @staticmethod
+    def _sync_every(params: dict[str, list[str]]) -> int:
+        """Youzan's `syncdisk`, capped at 4000 as Youzan's nsqlookupd caps it; 0: none."""
+        sync_text = _first(params, "syncdisk") or ""
+        valid = sync_text.isascii() and sync_text.isdigit() and int(sync_text) > 0
+        return min(int(sync_text), 4000) if valid else 0
+
+    async def _create_in_cluster(self, topic: str, params: dict[str, list[str]]) -> None:
+        """Youzan's `/topic/create` on the master: placement and replica sets in etcd."""
+        partition_num, replicator = self._partition_params(params, max_replicator=5)
+        meta = TopicMeta(
+            partition_num,
+            replicator,
+            sync_every=self._sync_every(params),
+            ordered_multi=_first(params, "orderedmulti") == "true",
+            multi_part=_first(params, "multipart") == "true",
+            ext=_first(params, "extend") == "true",
+            disable_channel_auto_create=_first(params, "disable_channel_auto_create") == "true",
+        )
+        try:
+            await self.lookupd.coordinator.create_topic(topic, meta)
+        except CoordinatorError as error:
+            raise HTTPError(error.status, error.text) from None
+        except EtcdError as error:
+            raise HTTPError(500, f"E_ETCD {error}") from None
+
+    async def isr_leave(self, request: Request) -> Response:
+        """A leader drops followers that cannot take its writes (`nsqd/cluster.py`)."""
+        topic, partition, nodes = self._isr_params(request)
+        return await self._isr_change(self.lookupd.coordinator.leave_isr, topic, partition, nodes)
+
+    async def isr_join(self, request: Request) -> Response:
+        """A node that caught up with a partition's leader joins its ISR."""
+        topic, partition, nodes = self._isr_params(request)
+        return await self._isr_change(self.lookupd.coordinator.join_isr, topic, partition, nodes[0])
+
+    def _isr_params(self, request: Request) -> tuple[str, int, list[str]]:
+        if self.lookupd.coordinator is None:
+            raise HTTPError(400, "E_NOT_CLUSTER this nsqlookupd is not in a cluster")
+        params = _query(request)
+        topic = _first(params, "topic")
+        if not topic:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        partition = self._partition_filter(params)
+        if not isinstance(partition, int):
+            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION")
+        nodes = [node for node in (_first(params, "node") or "").split(",") if node]
+        if not nodes:
+            raise HTTPError(400, "MISSING_ARG_NODE")
+        return topic, partition, nodes
+
+    async def _isr_change(self, change, topic: str, partition: int, nodes) -> Response:
+        try:
+            info = await change(topic, partition, nodes)
+        except CoordinatorError as error:
+            raise HTTPError(error.status, error.text) from None
+        except EtcdError as error:
+            raise HTTPError(500, f"E_ETCD {error}") from None
+        return v1_response(200, json.loads(info.to_json()))
+
+    def cluster_stats(self, request: Request) -> Response:
+        """The cluster as this nsqlookupd sees it: nodes, master, and each partition's
+        replicas (Youzan's `/cluster/stats`, in nsqpy's shape)."""
+        coordinator = self.lookupd.coordinator
+        if coordinator is None:
+            raise HTTPError(400, "E_NOT_CLUSTER this nsqlookupd is not in a cluster")
+        partitions = []
+        for (topic, partition), info in sorted(coordinator.infos.items()):
+            partitions.append(
+                {
+                    "topic": topic,
+                    "partition": partition,
+                    "leader": info.leader,
+                    "isr": list(info.isr),
+                    "catchup": list(info.catchup),
+                    "replica": info.replica,
+                    "write_epoch": info.epoch_for_write,
+                    "epoch": info.epoch,
+                    "under_replicated": len(info.isr) < info.replica,
+                }
+            )
+        return v1_response(
+            200,
+            {
+                "master": coordinator.master,
+                "is_master": coordinator.is_master,
+                "nsqd_nodes": sorted(coordinator.nodes),
+                "lookupd_nodes": sorted(coordinator.lookupds),
+                "partitions": partitions,
+            },
+        )
+
+    async def _create_partitioned(self, topic: str, params: dict[str, list[str]]) -> None:
+        """Youzan's `/topic/create?partition_num=N&replicator=R`: place the partitions on the
+        registered nsqds round-robin, through their HTTP API, and keep the topic's meta for
+        `/lookup?metainfo=` (docs/protocol.md §5.6)."""
+        partition_num, replicator = self._partition_params(params, max_replicator=5)
+        if replicator > 1:
             raise HTTPError(
-                400, "replicator > 1 is not supported: nsqpy has no partition replication yet"
+                400,
+                "replicator > 1 needs a cluster: start nsqlookupd and nsqd with"
+                " --cluster-leadership-addresses (docs/operations.md)",
             )
         options = self.lookupd.options
         nodes = active(
@@ -287,11 +419,8 @@ class HTTPAPI:
             "orderedmulti": _first(params, "orderedmulti") == "true",
             "ext": _first(params, "extend") == "true",
         }
-        # Youzan's `syncdisk`, capped at 4000 as Youzan's nsqlookupd caps it.
-        sync_text = _first(params, "syncdisk") or ""
-        valid = sync_text.isascii() and sync_text.isdigit() and int(sync_text) > 0
-        extra = {"syncdisk": min(int(sync_text), 4000)} if valid else {}
-        partition_num = int(text)
+        sync_every = self._sync_every(params)
+        extra = {"syncdisk": sync_every} if sync_every else {}
         for partition in range(partition_num):
             peer = nodes[partition % len(nodes)].peer
             query = urlencode(

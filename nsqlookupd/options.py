@@ -21,6 +21,11 @@ class Options:
     inactive_producer_timeout: float = 300.0
     tombstone_lifetime: float = 45.0
     allow_write_with_nochannels: bool = False
+    # Cluster mode (docs/design.md §14), Youzan's names: on when an etcd address is given.
+    cluster_id: str = "nsqpy"
+    cluster_leadership_addresses: str = ""
+    cluster_leadership_root_dir: str = "NSQMetaData"
+    cluster_node_ttl: float = 3.0
 
     def replace(self, **changes) -> "Options":
         return dataclasses.replace(self, **changes)
@@ -67,6 +72,32 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 Kind.BOOL,
                 False,
                 "[youzan] list partitions that have no channel yet in /lookup?access=w",
+            ),
+            Flag(
+                "cluster-id",
+                Kind.STRING,
+                d.cluster_id,
+                "cluster mode: the cluster this node belongs to (its keys' prefix in etcd)",
+            ),
+            Flag(
+                "cluster-leadership-addresses",
+                Kind.STRING,
+                d.cluster_leadership_addresses,
+                "cluster mode: etcd v3 endpoints, comma-separated (http://127.0.0.1:2379);"
+                " empty: no cluster",
+            ),
+            Flag(
+                "cluster-leadership-root-dir",
+                Kind.STRING,
+                d.cluster_leadership_root_dir,
+                "cluster mode: the root of the cluster's keys in etcd",
+            ),
+            Flag(
+                "cluster-node-ttl",
+                Kind.DURATION,
+                d.cluster_node_ttl,
+                "cluster mode: how long a master nsqlookupd that stopped answering etcd stays"
+                " master (its lease)",
             ),
         ],
     )

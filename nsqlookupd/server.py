@@ -49,6 +49,12 @@ class NSQLookupd:
         # Youzan's POST /disable/write: None, "all" or "ordered".
         self.write_disabled: str | None = None
         self._shutdown = trio.Event()
+        # Cluster mode (docs/design.md §14): the cluster's metadata, and the master's work.
+        self.coordinator = None
+        if options.cluster_leadership_addresses:
+            from nsqlookupd.coordinator import Coordinator
+
+            self.coordinator = Coordinator(self)
 
     @property
     def tcp_port(self) -> int:
@@ -86,6 +92,8 @@ class NSQLookupd:
                         max_body_size=HTTP_MAX_BODY,
                     )
                 )
+                if self.coordinator is not None:
+                    await nursery.start(self.coordinator.run)
                 task_status.started(self)
                 await self._shutdown.wait()
                 nursery.cancel_scope.cancel()

@@ -23,7 +23,7 @@ from common.frame import FRAME_TYPE_MESSAGE, Frame, FrameDecoder
 from common.message import DecodedMessage, decode_message
 
 BIN = Path(sys.executable).parent
-_LISTENING = re.compile(r"(TCP|HTTP|HTTPS): listening on (\S+)")
+_LISTENING = re.compile(r"(TCP|HTTP|HTTPS|RPC): listening on (\S+)")
 
 
 class DaemonProcess:

@@ -421,3 +421,114 @@ def test_a_failed_group_write_keeps_nothing_of_the_group(tmp_path):
     reopened = open_log(tmp_path)
     assert [m.body for m in reopened.read(Position(0, 0), 10)] == [b"kept", b"again"]
     reopened.close()
+
+
+# -- replication primitives --------------------------------------------------------------------
+
+
+def files_of(path) -> dict[str, bytes]:
+    return {name: (path / "t" / name).read_bytes() for name in sorted(os.listdir(path / "t"))}
+
+
+def test_a_follower_writes_its_leaders_groups_byte_for_byte(tmp_path):
+    leader = open_log(tmp_path / "leader", max_bytes_per_file=150)
+    follower = open_log(tmp_path / "follower", max_bytes_per_file=150)
+    leader.write_epoch = 3
+    for bodies in ([b"a" * 40, b"b" * 40], [b"c" * 40], [b"d" * 40, b"e" * 40, b"f" * 40]):
+        leader.append(messages_for(leader, *bodies))
+        entry, data = leader.commit(visible=False)
+        # Readers of the leader wait for the followers.
+        assert leader.end.offset == entry[3] and leader.written.offset == entry[3] + entry[4]
+        follower.append_raw(entry, data)
+        leader.make_visible(leader.written)
+    assert leader.end == follower.end == follower.written == leader.written
+    assert follower.last_id == leader.last_id
+    assert entries(follower) == entries(leader) and entries(leader)[0][1] == 3
+    leader.close()
+    follower.close()
+    leader_files = files_of(tmp_path / "leader")
+    follower_files = files_of(tmp_path / "follower")
+    assert [name for name in leader_files if "offsetmeta" in name]  # a segment rolled
+    data_files = [name for name in leader_files if ".dat" in name and "meta" not in name]
+    for name in [*data_files, "t_2.commit.log"]:
+        assert follower_files[name] == leader_files[name], name
+
+
+def test_a_follower_refuses_a_group_that_does_not_follow_its_end(tmp_path):
+    leader = open_log(tmp_path / "leader")
+    follower = open_log(tmp_path / "follower")
+    leader.append(messages_for(leader, b"one"))
+    leader.commit()
+    leader.append(messages_for(leader, b"two"))
+    entry, data = leader.commit()
+    with pytest.raises(ValueError, match="does not follow"):
+        follower.append_raw(entry, data)
+    with pytest.raises(ValueError, match="bytes says"):
+        follower.append_raw((*entry[:3], 0, len(data) + 1, 1, 1), data)
+    assert follower.written == Position(0, 0) and entries(follower) == []
+    leader.close()
+    follower.close()
+
+
+def test_catch_up_pulls_entries_and_their_bytes_and_cuts_a_divergent_tail(tmp_path):
+    """A follower that took a group its old leader never got acknowledged: it finds where its
+    log and the new leader's part, cuts its own back there and pulls the rest."""
+    leader = open_log(tmp_path / "leader")
+    follower = open_log(tmp_path / "follower")
+    for body in (b"shared-1", b"shared-2"):
+        leader.append(messages_for(leader, body))
+        follower.append_raw(*leader.commit())
+    shared = leader.written
+    follower.append(messages_for(follower, b"divergent"))  # the old leader's unacknowledged group
+    follower.commit()
+    for body in (b"new-1", b"new-2", b"new-3"):
+        leader.append(messages_for(leader, body))
+        leader.commit()
+    assert leader.entry_ending_at(follower.written) is None
+    assert leader.entry_ending_at(shared) is not None
+    follower.truncate_to(shared)
+    assert follower.written == follower.end == shared
+    assert [m.body for m in follower.read(Position(0, 0), 10)] == [b"shared-1", b"shared-2"]
+    pulled = leader.entries_from(shared.offset, 2)
+    assert len(pulled) == 2
+    data = leader.read_group_bytes(pulled)
+    at = 0
+    for entry in pulled:
+        follower.append_raw(entry, data[at : at + entry[4]])
+        at += entry[4]
+    rest = leader.entries_from(follower.written.offset, 10)
+    follower.append_raw(rest[0], leader.read_group_bytes(rest))
+    assert leader.entries_from(follower.written.offset, 10) == []
+    assert entries(follower) == entries(leader)
+    assert [m.body for m in follower.read(Position(0, 0), 10)][2:] == [b"new-1", b"new-2", b"new-3"]
+    with pytest.raises(ValueError, match="no index entry starts"):
+        leader.entries_from(1, 10)
+    leader.close()
+    follower.close()
+    reopened = open_log(tmp_path / "follower")
+    assert reopened.written == leader.written and reopened.last_id == leader.last_id
+    reopened.close()
+
+
+def test_truncating_across_a_segment_roll_writes_on_in_the_earlier_segment(tmp_path):
+    log = open_log(tmp_path, max_bytes_per_file=100)
+    log.append(messages_for(log, b"a" * 40))
+    log.commit()
+    kept = log.written
+    log.append(messages_for(log, b"b" * 40))
+    log.commit()  # the segment is past 100 bytes: the next is begun
+    log.append(messages_for(log, b"c" * 40))
+    log.commit()
+    assert len(log.segments) == 2
+    log.truncate_to(kept)
+    assert len(log.segments) == 1 and log.written == kept
+    assert not (tmp_path / "t" / "t-2.diskqueue.000000.dat.offsetmeta.dat").exists()
+    log.append(messages_for(log, b"d" * 40))
+    log.commit()
+    assert [m.body[:1] for m in log.read(Position(0, 0), 10)] == [b"a", b"d"]
+    with pytest.raises(ValueError, match="no index entry ends"):
+        log.truncate_to(Position(kept.offset + 1, 1))
+    log.close()
+    reopened = open_log(tmp_path, max_bytes_per_file=100)
+    assert [m.body[:1] for m in reopened.read(Position(0, 0), 10)] == [b"a", b"d"]
+    reopened.close()

@@ -154,8 +154,9 @@ def test_topic_create_places_partitions_round_robin_and_lookup_maps_them(cluster
     ],
 )
 def test_topic_create_refuses(cluster, query, message):
-    """400 for each bad parameter (docs/protocol.md §5.6); replicator > 1 is refused until nsqpy
-    replicates partitions. Nothing is placed on any nsqd."""
+    """400 for each bad parameter (docs/protocol.md §5.6); replicator > 1 is refused by an
+    nsqlookupd that is not in a cluster (its message says how to start one). Nothing is
+    placed on any nsqd."""
     reply = cluster.lookupd_http("POST", f"/topic/create?{query}")
     assert reply.status == 400, reply
     if message is not None:

@@ -1,0 +1,182 @@
+"""A cluster's metadata in etcd (docs/design.md §14): Youzan's key layout and JSON fields, kept
+with etcd v3's leases and transactions instead of v2's TTL keys and compare-and-swap.
+
+Under `/<root>/<cluster id>/`:
+
+* `NsqdNodes/Node-<node id>`: a live nsqd (`NodeInfo`), on the nsqd's lease;
+* `NsqlookupdInfo/NsqlookupdNodes/Node-<id>`: a live nsqlookupd, on its lease;
+* `NsqlookupdInfo/LookupdLeaderSession`: the master nsqlookupd, created if absent on its lease;
+* `Topics/<topic>/TopicMeta`: the topic's settings (`TopicMeta`);
+* `Topics/<topic>/<partition>/ReplicaInfo`: leader, ISR, catch-up nodes and the write epoch
+  (`ReplicaInfo`), written by the master only, each write conditional on the previous one's
+  revision (its `Epoch`).
+
+A node ID is `<ip>:<rpc port>:<tcp port>:<node id>`, Youzan's `GenNsqdNodeID`: it says where
+the node's replication port is.
+"""
+
+import json
+from dataclasses import dataclass, field
+
+
+class ClusterKeys:
+    def __init__(self, root: str, cluster_id: str) -> None:
+        self.base = f"/{root.strip('/')}/{cluster_id}/"
+        self.nsqd_nodes = self.base + "NsqdNodes/"
+        self.lookupd_nodes = self.base + "NsqlookupdInfo/NsqlookupdNodes/"
+        self.lookupd_leader = self.base + "NsqlookupdInfo/LookupdLeaderSession"
+        self.topics = self.base + "Topics/"
+
+    def nsqd_node(self, node_id: str) -> str:
+        return f"{self.nsqd_nodes}Node-{node_id}"
+
+    def lookupd_node(self, node_id: str) -> str:
+        return f"{self.lookupd_nodes}Node-{node_id}"
+
+    def topic_meta(self, topic: str) -> str:
+        return f"{self.topics}{topic}/TopicMeta"
+
+    def replica_info(self, topic: str, partition: int) -> str:
+        return f"{self.topics}{topic}/{partition}/ReplicaInfo"
+
+    def parse_topic_key(self, key: str) -> tuple[str, int | None, str] | None:
+        """(topic, partition or None, what) of a key under `Topics/`: `TopicMeta` or
+        `ReplicaInfo`; None for any other key."""
+        if not key.startswith(self.topics):
+            return None
+        parts = key[len(self.topics) :].split("/")
+        if len(parts) == 2 and parts[1] == "TopicMeta":
+            return parts[0], None, "TopicMeta"
+        if len(parts) == 3 and parts[2] == "ReplicaInfo" and parts[1].isdigit():
+            return parts[0], int(parts[1]), "ReplicaInfo"
+        return None
+
+
+def node_id(ip: str, rpc_port: int, tcp_port: int, worker: int) -> str:
+    return f"{ip}:{rpc_port}:{tcp_port}:{worker}"
+
+
+def rpc_address(node: str) -> tuple[str, int]:
+    """Where a node's replication port is, from its ID."""
+    ip, rpc_port, _rest = node.split(":", 2)
+    return ip, int(rpc_port)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    id: str
+    ip: str
+    tcp_port: int
+    http_port: int
+    rpc_port: int
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "ID": self.id,
+                "NodeIP": self.ip,
+                "TcpPort": str(self.tcp_port),
+                "HttpPort": str(self.http_port),
+                "RpcPort": str(self.rpc_port),
+            }
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "NodeInfo":
+        value = json.loads(data)
+        return cls(
+            str(value["ID"]),
+            str(value["NodeIP"]),
+            int(value["TcpPort"]),
+            int(value["HttpPort"]),
+            int(value.get("RpcPort") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class TopicMeta:
+    partition_num: int
+    replica: int
+    sync_every: int = 0
+    retention_day: int = 0
+    ordered_multi: bool = False
+    multi_part: bool = False
+    ext: bool = False
+    disable_channel_auto_create: bool = False
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "PartitionNum": self.partition_num,
+                "Replica": self.replica,
+                "SuggestLF": False,
+                "SyncEvery": self.sync_every,
+                "RetentionDay": self.retention_day,
+                "OrderedMulti": self.ordered_multi,
+                "MultiPart": self.multi_part,
+                "Ext": self.ext,
+                "DisableChannelAutoCreate": self.disable_channel_auto_create,
+            }
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "TopicMeta":
+        value = json.loads(data)
+        return cls(
+            int(value["PartitionNum"]),
+            int(value["Replica"]),
+            int(value.get("SyncEvery", 0)),
+            int(value.get("RetentionDay", 0)),
+            bool(value.get("OrderedMulti", False)),
+            bool(value.get("MultiPart", False)),
+            bool(value.get("Ext", False)),
+            bool(value.get("DisableChannelAutoCreate", False)),
+        )
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """Who holds a partition. `epoch` is the etcd revision the info was written at (the
+    condition of the next write); `epoch_for_write` is stamped into every index entry and
+    checked by followers, and grows with every leader change and ISR join."""
+
+    leader: str
+    isr: tuple[str, ...]
+    catchup: tuple[str, ...] = ()
+    channels: tuple[str, ...] = ()
+    epoch_for_write: int = 1
+    epoch: int = 0
+    replica: int = 1
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def followers(self) -> tuple[str, ...]:
+        return tuple(node for node in self.isr if node != self.leader)
+
+    def holds(self, node: str) -> bool:
+        return node == self.leader or node in self.isr or node in self.catchup
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "Leader": self.leader,
+                "ISR": list(self.isr),
+                "CatchupList": list(self.catchup),
+                "Channels": list(self.channels),
+                "EpochForWrite": self.epoch_for_write,
+                "Epoch": self.epoch,
+                "Replica": self.replica,
+            }
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, epoch: int) -> "ReplicaInfo":
+        value = json.loads(data)
+        return cls(
+            str(value.get("Leader", "")),
+            tuple(value.get("ISR") or ()),
+            tuple(value.get("CatchupList") or ()),
+            tuple(value.get("Channels") or ()),
+            int(value.get("EpochForWrite", 0)),
+            epoch,
+            int(value.get("Replica", len(value.get("ISR") or ()) or 1)),
+        )

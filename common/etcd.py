@@ -1,0 +1,827 @@
+"""A small etcd v3 client for trio, over etcd's gRPC-JSON gateway (HTTP/1.1 and JSON).
+
+The cluster keeps its membership, elections and replica sets in etcd (docs: YOUZAN-HA.md
+§3, §6.4). etcd's native API is gRPC; every etcd v3 server also serves the same RPCs as
+`POST /v3/<service>/<method>` with a JSON body, which trio can speak with a plain TCP stream,
+httptools and the stdlib (bench/etcd_client.py measures it against etcd3gw in a thread).
+
+What the gateway looks like (etcd 3.4, checked against the real server):
+
+* paths: `/v3/` (3.4 also serves `/v3beta/` for 3.3 clients; 3.2 had only `/v3alpha/`);
+* keys and values are base64; int64 fields (revisions, lease ids, TTLs) come as JSON strings
+  (the proto3 JSON mapping) and we send them the same way; fields at their zero value are
+  left out of answers (a PUT event has no `type`, a gone lease no `TTL`);
+* an error is a non-200 answer `{"error", "message", "code"}` with the gRPC status code;
+* the streaming RPCs (Watch, LeaseKeepAlive) answer chunked, one JSON object a line, each
+  `{"result": {...}}` or `{"error": {...}}`; LeaseKeepAlive ends its stream after answering
+  the one request a body carries, so it is one request and one answer, like the rest.
+
+The codec (request bodies, HTTP framing, decoding answers into `KeyValue` and `WatchEvent`)
+is plain functions and `ResponseParser`, with no I/O, so it is tested without a server;
+`EtcdClient` does the I/O.
+
+Failover: a call tries the endpoints in turn, starting with the one that last answered, each
+with an equal share of what is left of the call's `timeout`; it raises `EtcdUnavailable`
+naming every endpoint and what failed when none answered. A request that may have reached
+etcd is sent again to the next endpoint only when doing it twice is harmless (a read, a put
+or delete of the same thing, a lease refresh); a transaction (`create`, `replace`,
+`delete_if`) is sent again only when it surely was not sent (the connection could not be
+made), since etcd may have applied it and a second try would then report a lost compare.
+"""
+
+import base64
+import collections
+import json
+import os
+import select
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httptools
+import trio
+
+__all__ = [
+    "EtcdClient",
+    "EtcdCompacted",
+    "EtcdError",
+    "EtcdUnavailable",
+    "KeyValue",
+    "LeaseLost",
+    "Watch",
+    "WatchEvent",
+    "keep_lease_alive",
+]
+
+API_PREFIX = "/v3"
+DEFAULT_PORT = 2379
+RECEIVE_SIZE = 64 * 1024
+# Idle keep-alive connections kept per endpoint; more concurrent calls open more, and the
+# extra ones are closed when they finish.
+MAX_IDLE_CONNECTIONS = 8
+# A watch whose connection dropped re-opens after this delay, doubling up to the maximum.
+WATCH_RETRY_DELAY = 0.05
+WATCH_RETRY_MAX_DELAY = 1.0
+# keep_lease_alive retries a refresh that found no endpoint this often, until the TTL is over.
+LEASE_RETRY_DELAY = 0.2
+
+# gRPC status codes that matter here (google.golang.org/grpc/codes).
+GRPC_NOT_FOUND = 5
+GRPC_UNAVAILABLE = 14
+
+
+class EtcdError(Exception):
+    """etcd refused a request (`code` is its gRPC status code), or answered what we cannot
+    read."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class EtcdUnavailable(EtcdError):
+    """No endpoint answered within the timeout: refused or dropped connections, no answer
+    in time, or etcd itself answering UNAVAILABLE (no leader, request timed out)."""
+
+
+class EtcdCompacted(EtcdError):
+    """A watch's start revision is older than etcd's last compaction, so events in between
+    are lost: read the keys again and watch from a newer revision."""
+
+    def __init__(self, message: str, compact_revision: int) -> None:
+        super().__init__(message)
+        self.compact_revision = compact_revision
+
+
+class LeaseLost(EtcdError):
+    """A lease expired or was revoked, or could not be refreshed before its TTL ran out."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    """One key as etcd stores it. `lease` is 0 when the key has none; a deleted key (in a
+    DELETE event) has only `key` and `mod_revision`, the revision of its deletion."""
+
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    kind: Literal["PUT", "DELETE"]
+    kv: KeyValue
+
+
+@dataclass(frozen=True, slots=True)
+class WatchMessage:
+    """One message of a watch stream, decoded."""
+
+    revision: int  # header.revision
+    events: list[WatchEvent]
+    created: bool = False
+    canceled: bool = False
+    compact_revision: int = 0
+    cancel_reason: str = ""
+
+
+# --- codec: request bodies ------------------------------------------------------------------
+
+
+def encode_key(key: str) -> bytes:
+    # surrogateescape: a key that is not UTF-8 (written by another tool) decodes to a str
+    # that encodes back to the same bytes.
+    return key.encode("utf-8", "surrogateescape")
+
+
+def decode_key(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def prefix_range_end(prefix: bytes) -> bytes:
+    """The `range_end` that selects every key starting with `prefix` (clientv3's
+    GetPrefixRangeEnd): the prefix up to its last byte below 0xff, that byte incremented;
+    b"\\0", meaning every key, for an empty or all-0xff prefix."""
+    for index in range(len(prefix) - 1, -1, -1):
+        if prefix[index] < 0xFF:
+            return prefix[:index] + bytes([prefix[index] + 1])
+    return b"\0"
+
+
+def key_range(key: str, *, prefix: bool = False) -> dict[str, str]:
+    """The `key` (and `range_end` for a prefix) fields of a range, delete or watch request."""
+    raw = encode_key(key)
+    if prefix:
+        return {"key": b64(raw), "range_end": b64(prefix_range_end(raw))}
+    return {"key": b64(raw)}
+
+
+def put_request(key: str, value: bytes | str, *, lease: int = 0) -> dict[str, str]:
+    body = {"key": b64(encode_key(key)), "value": b64(_value_bytes(value))}
+    if lease:
+        body["lease"] = str(lease)
+    return body
+
+
+def txn_request(
+    key: str, target: Literal["CREATE", "MOD"], revision: int, then: dict[str, Any]
+) -> dict[str, Any]:
+    """A transaction: if the key's create or mod revision equals `revision`, do `then` (a
+    RequestOp such as {"request_put": put_request(...)})."""
+    field = "create_revision" if target == "CREATE" else "mod_revision"
+    compare = {
+        "key": b64(encode_key(key)),
+        "target": target,
+        "result": "EQUAL",
+        field: str(revision),
+    }
+    return {"compare": [compare], "success": [then]}
+
+
+def watch_request(prefix: str, start_revision: int) -> dict[str, Any]:
+    create: dict[str, Any] = key_range(prefix, prefix=True)
+    if start_revision > 0:
+        create["start_revision"] = str(start_revision)
+    return {"create_request": create}
+
+
+def encode_request(host: str, path: str, body: dict[str, Any]) -> bytes:
+    """An HTTP/1.1 keep-alive POST of `body` as JSON."""
+    payload = json.dumps(body, separators=(",", ":")).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    )
+    return head.encode("latin-1") + payload
+
+
+def _value_bytes(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+# --- codec: answers -------------------------------------------------------------------------
+
+
+def decode_kv(data: dict[str, Any]) -> KeyValue:
+    """A mvccpb.KeyValue in the gateway's JSON: base64 key and value, int64 as strings,
+    zero fields left out."""
+    return KeyValue(
+        key=decode_key(base64.b64decode(data.get("key", ""))),
+        value=base64.b64decode(data.get("value", "")),
+        create_revision=int(data.get("create_revision", 0)),
+        mod_revision=int(data.get("mod_revision", 0)),
+        version=int(data.get("version", 0)),
+        lease=int(data.get("lease", 0)),
+    )
+
+
+def header_revision(answer: dict[str, Any]) -> int:
+    return int(answer.get("header", {}).get("revision", 0))
+
+
+def decode_range(answer: dict[str, Any]) -> tuple[list[KeyValue], int]:
+    """A RangeResponse: its keys (in key order) and the store revision it was read at."""
+    return [decode_kv(kv) for kv in answer.get("kvs", ())], header_revision(answer)
+
+
+def decode_txn(answer: dict[str, Any]) -> tuple[bool, int]:
+    """A TxnResponse: whether the compare held, and the store revision after it (the mod
+    revision of a key the transaction wrote)."""
+    return bool(answer.get("succeeded", False)), header_revision(answer)
+
+
+def decode_watch(result: dict[str, Any]) -> WatchMessage:
+    """A WatchResponse (the `result` of one line of the stream)."""
+    events = []
+    for event in result.get("events", ()):
+        kind = event.get("type", "PUT")
+        if kind not in ("PUT", "DELETE"):
+            raise EtcdError(f"etcd watch: unknown event type {kind!r}")
+        events.append(WatchEvent(kind, decode_kv(event.get("kv", {}))))
+    return WatchMessage(
+        revision=header_revision(result),
+        events=events,
+        created=bool(result.get("created", False)),
+        canceled=bool(result.get("canceled", False)),
+        compact_revision=int(result.get("compact_revision", 0)),
+        cancel_reason=result.get("cancel_reason", ""),
+    )
+
+
+def decode_stream_line(line: bytes) -> dict[str, Any]:
+    """One line of a streaming answer: its `result`; EtcdError for an `{"error": ...}`."""
+    try:
+        message = json.loads(line)
+    except ValueError:
+        raise EtcdError(f"etcd stream: not JSON: {line[:200]!r}") from None
+    if "error" in message:
+        error = message["error"]
+        if isinstance(error, dict):
+            text = error.get("message", str(error))
+            code = error.get("grpc_code", error.get("code"))
+        else:
+            text, code = str(error), message.get("code")
+        raise _grpc_error(text, code)
+    return message.get("result", {})
+
+
+def decode_answer(status: int, body: bytes) -> dict[str, Any]:
+    """The JSON of a 200 answer; EtcdError (EtcdUnavailable for UNAVAILABLE and the HTTP
+    statuses a proxy answers when etcd is down) for any other."""
+    try:
+        answer = json.loads(body) if body else {}
+    except ValueError:
+        answer = None
+    if status == 200 and isinstance(answer, dict):
+        return answer
+    if isinstance(answer, dict) and ("message" in answer or "error" in answer):
+        raise _grpc_error(str(answer.get("message") or answer.get("error")), answer.get("code"))
+    if status in (502, 503, 504):
+        raise EtcdUnavailable(f"HTTP {status}: {body[:200]!r}")
+    raise EtcdError(f"HTTP {status}: {body[:200]!r}")
+
+
+def _grpc_error(text: str, code: Any) -> EtcdError:
+    code = int(code) if isinstance(code, int | str) and str(code).isdigit() else None
+    kind = EtcdUnavailable if code == GRPC_UNAVAILABLE else EtcdError
+    return kind(f"{text} (gRPC code {code})", code)
+
+
+class ResponseParser:
+    """One HTTP/1.1 response, parsed by httptools as it arrives: `status` once the headers
+    are in, the body as it comes (`take_body`, for streams), `complete` at its end."""
+
+    __slots__ = ("_parser", "status", "complete", "keep_alive", "_body")
+
+    def __init__(self) -> None:
+        self._parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.complete = False
+        self.keep_alive = False
+        self._body = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as error:
+            raise EtcdError(f"bad HTTP answer: {error}") from None
+
+    def take_body(self) -> bytes:
+        body = bytes(self._body)
+        self._body.clear()
+        return body
+
+    # httptools callbacks
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        self._body += body
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.keep_alive = self._parser.should_keep_alive()
+
+
+class LineSplitter:
+    """Bytes of a streaming answer in, complete lines (one JSON message each) out."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buffer += data
+        *lines, rest = self._buffer.split(b"\n")
+        self._buffer = rest
+        return [bytes(line) for line in lines if line.strip()]
+
+
+# --- I/O ------------------------------------------------------------------------------------
+
+
+class _NotSent(Exception):
+    """The request did not leave: the connection could not be made."""
+
+
+class _NoAnswer(Exception):
+    """The request was sent (or may have been) but no complete answer came back."""
+
+
+# What a call or a watch survives by trying another endpoint (or the same one again).
+_CONNECTION_ERRORS = (_NotSent, _NoAnswer, EtcdUnavailable, OSError, trio.BrokenResourceError)
+
+
+@dataclass
+class _Endpoint:
+    url: str
+    host: str
+    port: int
+    idle: list[trio.SocketStream]
+
+    @property
+    def authority(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def _parse_endpoint(url: str) -> _Endpoint:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"etcd endpoint {url!r} is not valid: expected http://HOST:PORT")
+    return _Endpoint(url.rstrip("/"), parts.hostname, parts.port or DEFAULT_PORT, [])
+
+
+def _dropped(stream: trio.SocketStream) -> bool:
+    # An idle keep-alive connection has nothing to read; if it is readable, the server has
+    # closed it (etcd restarted) and a request sent on it would be lost. This is how urllib3
+    # checks its pooled connections; one poll(2) costs about a microsecond.
+    poller = select.poll()
+    poller.register(stream.socket.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _close(stream: trio.SocketStream) -> None:
+    # SocketStream.aclose is this plus a checkpoint; closing synchronously also works inside
+    # a cancelled scope.
+    stream.socket.close()
+
+
+async def _open_connection(endpoint: _Endpoint) -> trio.SocketStream:
+    try:
+        return await trio.open_tcp_stream(endpoint.host, endpoint.port)
+    except OSError as error:
+        # trio's own message ("all attempts to connect to ... failed") hides why; the
+        # attempts' errors are its cause.
+        causes = getattr(error.__cause__, "exceptions", ())
+        reasons = sorted(
+            {os.strerror(cause.errno) for cause in causes if getattr(cause, "errno", None)}
+        )
+        raise _NotSent(f"connect failed: {', '.join(reasons) or error}") from None
+
+
+async def _read_answer(stream: trio.SocketStream, parser: ResponseParser) -> None:
+    """Feed `parser` until its response is complete."""
+    while not parser.complete:
+        data = await stream.receive_some(RECEIVE_SIZE)
+        if not data:
+            raise _NoAnswer("connection closed before the answer")
+        parser.feed(data)
+
+
+class EtcdClient:
+    """An etcd v3 client over the JSON gateway of one or more endpoints of one cluster.
+
+    Calls are linearizable (etcd's default), each bounded by `timeout` seconds over all the
+    endpoints it tries (see the module docstring for failover). Keep-alive connections are
+    pooled per endpoint. Use it from one trio run; close it with `aclose` or `async with`.
+    """
+
+    def __init__(self, endpoints: list[str], *, timeout: float = 5.0) -> None:
+        """`endpoints`: URLs like "http://127.0.0.1:2379" of members of one cluster."""
+        if not endpoints:
+            raise ValueError("etcd client needs at least one endpoint")
+        self._endpoints = [_parse_endpoint(url) for url in endpoints]
+        self.timeout = timeout
+        self._preferred = 0  # the endpoint that answered last
+        self._closed = False
+
+    async def __aenter__(self) -> "EtcdClient":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [endpoint.url for endpoint in self._endpoints]
+
+    # --- keys
+
+    async def get(self, key: str) -> KeyValue | None:
+        """The key, or None when it does not exist."""
+        kvs, _ = decode_range(await self._call("/kv/range", key_range(key)))
+        return kvs[0] if kvs else None
+
+    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        """Every key starting with `prefix`, in key order, and the store revision they were
+        read at: watch from that revision + 1 to miss nothing."""
+        return decode_range(await self._call("/kv/range", key_range(prefix, prefix=True)))
+
+    async def put(self, key: str, value: bytes | str, *, lease: int = 0) -> int:
+        """Set the key (attached to `lease` when not 0); returns the revision of the write."""
+        return header_revision(await self._call("/kv/put", put_request(key, value, lease=lease)))
+
+    async def delete(self, key: str) -> int:
+        """Delete the key; returns how many keys were deleted (0 or 1)."""
+        answer = await self._call("/kv/deleterange", key_range(key))
+        return int(answer.get("deleted", 0))
+
+    async def delete_prefix(self, prefix: str) -> int:
+        """Delete every key starting with `prefix`; returns how many were deleted."""
+        answer = await self._call("/kv/deleterange", key_range(prefix, prefix=True))
+        return int(answer.get("deleted", 0))
+
+    async def create(self, key: str, value: bytes | str, *, lease: int = 0) -> int:
+        """Put the key only if it does not exist (a transaction on create_revision == 0).
+        Returns the revision of the write (the new key's mod_revision, for a later
+        `replace`), or 0 when the key exists; so the result also reads as a bool."""
+        then = {"request_put": put_request(key, value, lease=lease)}
+        return await self._txn(txn_request(key, "CREATE", 0, then))
+
+    async def replace(
+        self, key: str, value: bytes | str, mod_revision: int, *, lease: int = 0
+    ) -> int:
+        """Compare-and-swap: put the key only if its mod_revision is still `mod_revision`.
+        Returns the revision of the write, or 0 when the key changed or is gone."""
+        then = {"request_put": put_request(key, value, lease=lease)}
+        return await self._txn(txn_request(key, "MOD", mod_revision, then))
+
+    async def delete_if(self, key: str, mod_revision: int) -> bool:
+        """Compare-and-delete: delete the key only if its mod_revision is still
+        `mod_revision`; False when it changed or is gone."""
+        then = {"request_delete_range": key_range(key)}
+        return bool(await self._txn(txn_request(key, "MOD", mod_revision, then)))
+
+    async def _txn(self, body: dict[str, Any]) -> int:
+        succeeded, revision = decode_txn(await self._call("/kv/txn", body, resend=False))
+        return revision if succeeded else 0
+
+    # --- leases
+
+    async def grant_lease(self, ttl: int) -> int:
+        """A new lease of `ttl` seconds; returns its id."""
+        answer = await self._call("/lease/grant", {"TTL": str(ttl)})
+        if answer.get("error"):
+            raise EtcdError(f"etcd lease grant refused: {answer['error']}")
+        return int(answer["ID"])
+
+    async def keep_alive_once(self, lease: int) -> int:
+        """Refresh the lease; returns its TTL from now in seconds, 0 when it is gone
+        (expired or revoked)."""
+        answer = await self._call("/lease/keepalive", {"ID": str(lease)}, stream=True)
+        return int(answer.get("TTL", 0))
+
+    async def revoke(self, lease: int) -> None:
+        """Revoke the lease, deleting its keys at once; a lease already gone is no error."""
+        try:
+            await self._call("/lease/revoke", {"ID": str(lease)})
+        except EtcdError as error:
+            if error.code != GRPC_NOT_FOUND:
+                raise
+
+    # --- watch
+
+    def watch_prefix(self, prefix: str, start_revision: int) -> "Watch":
+        """Events on keys starting with `prefix` from `start_revision` on (0: from now), in
+        revision order: `async with client.watch_prefix(p, rev) as watch: async for event
+        in watch: ...`. See `Watch`."""
+        return Watch(self, prefix, start_revision)
+
+    async def aclose(self) -> None:
+        """Close the pooled connections; the client cannot be used afterwards."""
+        self._closed = True
+        for endpoint in self._endpoints:
+            while endpoint.idle:
+                _close(endpoint.idle.pop())
+        await trio.lowlevel.checkpoint()
+
+    # --- transport
+
+    def _order(self) -> list[int]:
+        """Endpoint indexes to try, the one that answered last first."""
+        count = len(self._endpoints)
+        return [(self._preferred + step) % count for step in range(count)]
+
+    async def _connect(self, endpoint: _Endpoint) -> trio.SocketStream:
+        while endpoint.idle:
+            stream = endpoint.idle.pop()
+            if not _dropped(stream):
+                return stream
+            _close(stream)
+        return await _open_connection(endpoint)
+
+    async def _call(
+        self, method: str, body: dict[str, Any], *, resend: bool = True, stream: bool = False
+    ) -> dict[str, Any]:
+        """POST `body` to /v3`method` with failover; the answer's JSON (for a streaming RPC,
+        its one `result`)."""
+        if self._closed:
+            raise trio.ClosedResourceError("etcd client is closed")
+        path = API_PREFIX + method
+        failures = []
+        deadline = trio.current_time() + self.timeout
+        order = self._order()
+        for attempt, index in enumerate(order):
+            endpoint = self._endpoints[index]
+            share = max(deadline - trio.current_time(), 0) / (len(order) - attempt)
+            request = encode_request(endpoint.authority, path, body)
+            sent = False
+            with trio.move_on_after(share):
+                try:
+                    connection = await self._connect(endpoint)
+                    sent = True
+                    answer = await self._exchange(endpoint, connection, request, stream)
+                except _NotSent as error:
+                    failures.append(f"{endpoint.url} {error}")
+                    continue
+                except _CONNECTION_ERRORS as error:
+                    reason = str(error) or type(error).__name__
+                    if not resend:
+                        raise EtcdUnavailable(
+                            f"etcd {endpoint.url} {path}: {reason}; etcd may have applied it"
+                        ) from None
+                    failures.append(f"{endpoint.url} {reason}")
+                    continue
+                self._preferred = index
+                return answer
+            if sent and not resend:
+                raise EtcdUnavailable(
+                    f"etcd {endpoint.url} {path}: no answer within {share:.3g} s; "
+                    "etcd may have applied it"
+                )
+            failures.append(f"{endpoint.url} no answer within {share:.3g} s")
+        raise EtcdUnavailable(
+            f"no etcd endpoint answered {path} (timeout {self.timeout:g} s): " + "; ".join(failures)
+        )
+
+    async def _exchange(
+        self, endpoint: _Endpoint, connection: trio.SocketStream, request: bytes, stream: bool
+    ) -> dict[str, Any]:
+        """One request and its answer on `connection`, which goes back to the pool after a
+        clean keep-alive answer and is closed otherwise."""
+        parser = ResponseParser()
+        try:
+            await connection.send_all(request)
+            await _read_answer(connection, parser)
+        except BaseException:
+            _close(connection)
+            raise
+        if parser.keep_alive and len(endpoint.idle) < MAX_IDLE_CONNECTIONS and not self._closed:
+            endpoint.idle.append(connection)
+        else:
+            _close(connection)
+        body = parser.take_body()
+        if stream and parser.status == 200:
+            lines = LineSplitter().feed(body + b"\n")
+            if not lines:
+                raise _NoAnswer("empty stream")
+            return decode_stream_line(lines[0])
+        return decode_answer(parser.status, body)
+
+
+class Watch:
+    """A watch on a key prefix: an async iterator of `WatchEvent`s in revision order, and an
+    async context manager that closes its connection.
+
+    It opens on the first iteration (or `open`), with the client's failover and timeout:
+    EtcdUnavailable when no endpoint answers. Once open, it survives a dropped connection
+    (etcd restarted, killed, a member gone): it re-opens from the revision after the last
+    event it received, on whichever endpoint answers, retrying every 50 ms doubling to 1 s
+    until one does, so no event is lost or repeated. A paused or black-holed etcd keeps the
+    connection open and the watch waits, as it would for a quiet prefix. It ends only by
+    cancellation or by an error: EtcdCompacted when its revision was compacted away,
+    EtcdError when etcd cancels it otherwise. `revision` is the revision the next event will
+    be at or after.
+    """
+
+    def __init__(self, client: EtcdClient, prefix: str, start_revision: int) -> None:
+        self._client = client
+        self.prefix = prefix
+        self.revision = start_revision
+        self._pending: collections.deque[WatchEvent] = collections.deque()
+        self._connection: trio.SocketStream | None = None
+        self._parser = ResponseParser()
+        self._lines: collections.deque[bytes] = collections.deque()
+        self._splitter = LineSplitter()
+        self._opened = False
+        self._closed = False
+
+    async def __aenter__(self) -> "Watch":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> "Watch":
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        while not self._pending:
+            if self._closed:
+                raise StopAsyncIteration
+            await self._receive()
+        return self._pending.popleft()
+
+    async def open(self) -> None:
+        """Open the watch now (iteration does it otherwise); EtcdUnavailable when no
+        endpoint answers within the client's timeout."""
+        if self._opened:
+            return
+        failures = []
+        deadline = trio.current_time() + self._client.timeout
+        order = self._client._order()
+        for attempt, index in enumerate(order):
+            endpoint = self._client._endpoints[index]
+            share = max(deadline - trio.current_time(), 0) / (len(order) - attempt)
+            with trio.move_on_after(share):
+                try:
+                    await self._open_on(endpoint)
+                except _CONNECTION_ERRORS as error:
+                    self._drop()
+                    failures.append(f"{endpoint.url} {error}")
+                    continue
+                self._opened = True
+                self._client._preferred = index
+                return
+            self._drop()
+            failures.append(f"{endpoint.url} no answer within {share:.3g} s")
+        raise EtcdUnavailable(
+            f"no etcd endpoint opened a watch on {self.prefix!r} "
+            f"(timeout {self._client.timeout:g} s): " + "; ".join(failures)
+        )
+
+    async def aclose(self) -> None:
+        """Stop watching and close the connection."""
+        self._closed = True
+        self._drop()
+        await trio.lowlevel.checkpoint()
+
+    async def _open_on(self, endpoint: _Endpoint) -> None:
+        """Send the create request on a new connection and read until etcd confirms it."""
+        self._drop()
+        # A watch holds its connection for as long as it lives, so it never takes one from
+        # (or gives one back to) the pool.
+        self._connection = await _open_connection(endpoint)
+        body = watch_request(self.prefix, self.revision)
+        await self._connection.send_all(
+            encode_request(endpoint.authority, API_PREFIX + "/watch", body)
+        )
+        while True:
+            message = await self._next_message()
+            if message.created:
+                if self.revision <= 0:
+                    # "From now": pin it, so a re-open does not skip what happens meanwhile.
+                    self.revision = message.revision + 1
+                return
+            self._take(message)
+
+    async def _receive(self) -> None:
+        if not self._opened:
+            await self.open()
+            return
+        try:
+            self._take(await self._next_message())
+        except _CONNECTION_ERRORS:
+            await self._reopen()
+
+    async def _reopen(self) -> None:
+        delay = WATCH_RETRY_DELAY
+        while True:
+            for index in self._client._order():
+                endpoint = self._client._endpoints[index]
+                with trio.move_on_after(self._client.timeout):
+                    try:
+                        await self._open_on(endpoint)
+                    except _CONNECTION_ERRORS:
+                        continue
+                    self._client._preferred = index
+                    return
+            self._drop()
+            await trio.sleep(delay)
+            delay = min(delay * 2, WATCH_RETRY_MAX_DELAY)
+
+    def _take(self, message: WatchMessage) -> None:
+        if message.canceled:
+            self._closed = True
+            self._drop()
+            if message.compact_revision:
+                raise EtcdCompacted(
+                    f"etcd watch on {self.prefix!r} from revision {self.revision}: compacted "
+                    f"up to revision {message.compact_revision}",
+                    message.compact_revision,
+                )
+            raise EtcdError(f"etcd canceled the watch on {self.prefix!r}: {message.cancel_reason}")
+        if message.events:
+            self._pending.extend(message.events)
+            # etcd sends all the events of one revision in one message, so once a message is
+            # in, everything up to its last revision is.
+            self.revision = message.events[-1].kv.mod_revision + 1
+        elif not message.created and message.revision >= self.revision:
+            # A progress notification: every event up to its revision has been sent.
+            self.revision = message.revision + 1
+
+    async def _next_message(self) -> WatchMessage:
+        connection = self._connection
+        assert connection is not None
+        while not self._lines:
+            if self._parser.complete:
+                if self._parser.status != 200:
+                    decode_answer(self._parser.status, self._parser.take_body())
+                raise _NoAnswer("watch stream ended")
+            data = await connection.receive_some(RECEIVE_SIZE)
+            if not data:
+                raise _NoAnswer("connection closed")
+            self._parser.feed(data)
+            if self._parser.status == 200:
+                self._lines.extend(self._splitter.feed(self._parser.take_body()))
+        return decode_watch(decode_stream_line(self._lines.popleft()))
+
+    def _drop(self) -> None:
+        if self._connection is not None:
+            _close(self._connection)
+            self._connection = None
+        self._parser = ResponseParser()
+        self._splitter = LineSplitter()
+        self._lines.clear()
+
+
+async def keep_lease_alive(
+    client: EtcdClient,
+    lease: int,
+    ttl: float,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Refresh `lease` every `ttl`/3 seconds until cancelled; with `nursery.start`, started
+    once the first refresh succeeded.
+
+    Raises LeaseLost when etcd says the lease is gone, or when no refresh succeeded before
+    its TTL ran out (counted from before the last successful request was sent, so never
+    later than etcd's own count): the holder must then give up what the lease guarded. A
+    refresh that finds no endpoint is retried every 0.2 s meanwhile.
+    """
+    sent = trio.current_time()
+    remaining = await client.keep_alive_once(lease)
+    if remaining <= 0:
+        raise LeaseLost(f"etcd lease {lease} is gone (expired or revoked)")
+    expires = sent + remaining
+    task_status.started()
+    next_refresh = trio.current_time() + ttl / 3
+    while True:
+        await trio.sleep_until(next_refresh)
+        sent = trio.current_time()
+        if sent >= expires:
+            # The process did not run in time (frozen, SIGSTOP, an overloaded machine): the
+            # lease may be gone already, and whatever it guarded with it.
+            raise LeaseLost(f"etcd lease {lease}: not refreshed within its TTL of {ttl:g} s")
+        with trio.move_on_after(expires - sent):
+            try:
+                remaining = await client.keep_alive_once(lease)
+            except EtcdUnavailable:
+                next_refresh = trio.current_time() + min(ttl / 3, LEASE_RETRY_DELAY)
+                continue
+            if remaining <= 0:
+                raise LeaseLost(f"etcd lease {lease} is gone (expired or revoked)")
+            expires = sent + remaining
+            next_refresh = sent + ttl / 3
+            continue
+        raise LeaseLost(f"etcd lease {lease}: no refresh succeeded within its TTL of {ttl:g} s")

@@ -1,0 +1,598 @@
+"""nsqd as a node of a cluster (docs/design.md §14): partition replicas, their replication and
+catch-up. Off unless `--cluster-leadership-addresses` names etcd.
+
+Each partition of a cluster topic has a `ReplicaInfo` (`common/cluster_meta.py`): a leader, the
+in-sync replicas (ISR, the leader included), nodes catching up, and the write epoch. The master
+nsqlookupd writes it to etcd; this node follows it (`ClusterSession` watches the keys) and
+`apply` makes the local partition what the info says:
+
+* **Leader**: it takes publishes and consumers and registers the partition with nsqlookupd.
+  Its log writer sends every written group to each ISR follower, side by side, and a publish
+  is answered once all of them have it (`replicate`); readers see a group only then. A
+  follower that keeps failing is reported to the master, which drops it from the ISR; the
+  write succeeds if the ISR left is still a majority of the replicas, else it is rolled back
+  and refused (`E_FAILED_ON_NOT_WRITABLE`). A follower that says the leader is stale deposes
+  it (`E_FAILED_ON_NOT_LEADER`).
+* **Follower**: it refuses publishes and consumers (`E_FAILED_ON_NOT_LEADER`) and stays out
+  of nsqlookupd; it writes the groups its leader sends if they carry the partition's write
+  epoch and the leader's ID (fencing: a deposed leader cannot write) and start at its end.
+  When that is not so, or its leader changed, it catches up: it finds where its log and the
+  leader's part (`MATCH`), cuts its own back there, and pulls the rest (`PULL`). A node on
+  the catch-up list then asks the master to join the ISR.
+* **Cursors**: the leader sends its channels' confirmed positions to its followers every
+  `--sync-timeout`, so a new leader resumes consumption close to where the old one was:
+  redelivery is possible, loss is not.
+"""
+
+import logging
+import random
+from functools import partial
+from typing import TYPE_CHECKING
+
+import trio
+
+from common.cluster_meta import ClusterKeys, NodeInfo, ReplicaInfo, TopicMeta, node_id, rpc_address
+from common.replication import (
+    CURSORS,
+    ERROR,
+    MATCH,
+    PULL,
+    PUT,
+    REPLY,
+    FrameReader,
+    ReplicaRefusal,
+    ReplicationProtocolError,
+    encode_frame,
+    error_header,
+)
+from nsqd.partition_log import Position
+from nsqd.peer_link import PeerLink, PeerUnavailable
+
+if TYPE_CHECKING:
+    from nsqd.server import NSQD
+    from nsqd.topic import Topic
+
+logger = logging.getLogger("nsqd")
+
+# A follower that cannot take a group is tried again for this long (backoff 2<<n ms, at most
+# 200 ms apart, as Youzan) before the master is asked to drop it from the ISR.
+REPLICATION_RETRY_SECONDS = 2.0
+# What one catch-up pull asks for.
+PULL_MAX_ENTRIES = 1000
+PULL_MAX_BYTES = 8 * 1024 * 1024
+
+
+# What a partition found on disk is until the cluster's metadata says who leads it.
+UNKNOWN_REPLICA = ReplicaInfo(leader="?", isr=(), epoch=-1, epoch_for_write=-1)
+
+
+class ClusterWriteError(Exception):
+    """A replicated write that could not be made: `code` is Youzan's error for the publisher."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+class ClusterNode:
+    def __init__(self, nsqd: "NSQD") -> None:
+        self.nsqd = nsqd
+        options = nsqd.options
+        self.enabled = bool(options.cluster_leadership_addresses)
+        self.keys = ClusterKeys(options.cluster_leadership_root_dir, options.cluster_id)
+        self.node_id = ""
+        self.rpc_port = 0
+        self._links: dict[str, PeerLink] = {}
+        self._nursery: trio.Nursery | None = None
+        self._catching_up: set[tuple[str, int]] = set()
+        # The master nsqlookupd's HTTP address, as its leader session says.
+        self.master_http: str | None = None
+        self.session = None
+
+    # -- serving ---------------------------------------------------------------------------
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        nsqd = self.nsqd
+        options = nsqd.options
+        host, _, port = options.rpc_port.rpartition(":")
+        host = host.strip("[]") or options.broadcast_address
+        listeners = await trio.open_tcp_listeners(int(port), host=host)
+        self.rpc_port = listeners[0].socket.getsockname()[1]
+        self.node_id = node_id(
+            options.broadcast_address, self.rpc_port, nsqd.tcp_port, options.node_id
+        )
+        nsqd.log.info("RPC: listening on %s:%d", host, self.rpc_port)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(partial(trio.serve_listeners, self._serve_peer, listeners))
+            nursery.start_soon(self._cursor_timer)
+            if self.enabled:
+                from nsqd.cluster_session import ClusterSession
+
+                self.session = ClusterSession(self)
+                await nursery.start(self.session.run)
+            task_status.started()
+
+    def info(self) -> NodeInfo:
+        nsqd = self.nsqd
+        return NodeInfo(
+            self.node_id,
+            nsqd.options.broadcast_address,
+            nsqd.tcp_port,
+            nsqd.http_port,
+            self.rpc_port,
+        )
+
+    def _link(self, node: str) -> PeerLink:
+        link = self._links.get(node)
+        if link is None:
+            link = self._links[node] = PeerLink(rpc_address(node))
+        return link
+
+    def describe(self, topic: "Topic") -> dict:
+        """A cluster partition's replica state, for `/partition/offsets` and `/stats`."""
+        info = topic.replica
+        me = self.node_id
+        if info.leader == me:
+            role = "leader"
+        elif me in info.isr:
+            role = "follower"
+        elif me in info.catchup:
+            role = "catchup"
+        else:
+            role = "none"
+        leader = info.leader.split(":")
+        return {
+            "role": role,
+            "leader": f"{leader[0]}:{leader[2]}" if len(leader) == 4 else "",
+            "leader_node": info.leader,
+            "isr": list(info.isr),
+            "catchup": list(info.catchup),
+            "write_epoch": info.epoch_for_write,
+            "writable": role == "leader" and topic.cluster_writable,
+            "catching_up": (topic.name, topic.partition) in self._catching_up,
+        }
+
+    # -- following the metadata --------------------------------------------------------------
+
+    def apply(self, topic_name: str, partition: int, meta: TopicMeta, info: ReplicaInfo) -> None:
+        """Make the local partition what `info` says this node is for it."""
+        nsqd = self.nsqd
+        me = self.node_id
+        topic = nsqd.registry.get(topic_name, partition)
+        if not info.holds(me):
+            if topic is not None and topic.replica is not None:
+                self._step_down(topic, info)
+            return
+        if topic is None:
+            topic = nsqd.create_partition(
+                topic_name,
+                partition,
+                partitioned=True,
+                ordered=meta.ordered_multi,
+                ext=meta.ext,
+                sync_every=meta.sync_every,
+                replica=info,
+            )
+        previous = topic.replica
+        if previous is not None and info.epoch < previous.epoch:
+            return  # an older revision than the one applied
+        topic.replica = info
+        topic.log.write_epoch = info.epoch_for_write
+        if info.leader == me:
+            was_leader = previous is not None and previous.leader == me
+            topic.writer.replicate = partial(self.replicate, topic) if info.followers() else None
+            topic.cluster_writable = len(info.isr) > info.replica // 2
+            if not was_leader:
+                nsqd.log.info(
+                    "TOPIC(%s) partition %d: leader, write epoch %d, ISR %s",
+                    topic_name,
+                    partition,
+                    info.epoch_for_write,
+                    ",".join(info.isr),
+                )
+                nsqd.register_partition(topic)
+                for channel in topic.channels.values():
+                    channel.notify()
+            return
+        leader_changed = previous is None or previous.leader != info.leader
+        if previous is not None and previous.leader == me:
+            self._step_down(topic, info)
+        topic.replica = info
+        topic.writer.replicate = None
+        topic.cluster_writable = False
+        if leader_changed or me in info.catchup:
+            self.start_catch_up(topic)
+
+    def _step_down(self, topic: "Topic", info: ReplicaInfo) -> None:
+        """This node no longer leads the partition: it stops taking writes, leaves
+        nsqlookupd's lists, and its consumers go (they look the new leader up)."""
+        was_leader = topic.replica is not None and topic.replica.leader == self.node_id
+        topic.replica = info
+        topic.writer.replicate = None
+        topic.cluster_writable = False
+        if was_leader:
+            self.nsqd.log.info(
+                "TOPIC(%s) partition %d: no longer the leader (now %s)",
+                topic.name,
+                topic.partition,
+                info.leader or "none",
+            )
+            self.nsqd.unregister_partition(topic)
+            for channel in topic.channels.values():
+                for client in list(channel.clients.values()):
+                    client.close_by_server()
+
+    # -- leader: replicating ----------------------------------------------------------------
+
+    async def replicate(self, topic: "Topic", writes: list[tuple[tuple, bytes]]) -> None:
+        """Every ISR follower has `writes` (index entry, bytes) when this returns;
+        ClusterWriteError when that cannot be, after the master was asked to drop the
+        followers that fail."""
+        info = topic.replica
+        if info is None or info.leader != self.node_id:
+            raise ClusterWriteError("E_FAILED_ON_NOT_LEADER", "no longer the leader")
+        failed: dict[str, Exception] = {}
+        version = topic.channels_version
+        channels = self._channel_positions(topic) if version != topic.replicated_channels else None
+        async with trio.open_nursery() as sending:
+            for follower in info.followers():
+                sending.start_soon(
+                    self._replicate_to, follower, topic, info, writes, failed, channels
+                )
+        if not failed:
+            if channels is not None:
+                topic.replicated_channels = version
+            return
+        stale = [error for error in failed.values() if _is_stale_leader(error)]
+        if stale:
+            self.nsqd.log.error(
+                "TOPIC(%s) partition %d: a follower refused this leader - %s",
+                topic.name,
+                topic.partition,
+                stale[0],
+            )
+            self._step_down(topic, info)
+            if self.session is not None:
+                self.session.refresh(topic.name, topic.partition)
+            raise ClusterWriteError("E_FAILED_ON_NOT_LEADER", str(stale[0]))
+        remaining = [node for node in info.isr if node not in failed]
+        reasons = "; ".join(f"{node}: {error}" for node, error in failed.items())
+        if len(remaining) <= info.replica // 2 or self.session is None:
+            topic.cluster_writable = False
+            raise ClusterWriteError("E_FAILED_ON_NOT_WRITABLE", f"replication failed: {reasons}")
+        self.nsqd.log.warning(
+            "TOPIC(%s) partition %d: asking the master to drop %s from the ISR - %s",
+            topic.name,
+            topic.partition,
+            ",".join(failed),
+            reasons,
+        )
+        updated = await self.session.leave_isr(topic.name, topic.partition, list(failed), info)
+        if updated is None:
+            topic.cluster_writable = False
+            raise ClusterWriteError("E_FAILED_ON_NOT_WRITABLE", f"replication failed: {reasons}")
+
+    async def _replicate_to(
+        self,
+        follower: str,
+        topic: "Topic",
+        info: ReplicaInfo,
+        writes: list[tuple[tuple, bytes]],
+        failed: dict[str, Exception],
+        channels: dict | None,
+    ) -> None:
+        link = self._link(follower)
+        header = {
+            "topic": topic.name,
+            "partition": topic.partition,
+            "leader": self.node_id,
+            "epoch": info.epoch_for_write,
+        }
+        if channels is not None:
+            # The channel set changed since the last group: the followers have it before the
+            # messages published after it, so a new leader knows every channel they were
+            # meant for.
+            header["channels"] = channels
+        deadline = trio.current_time() + REPLICATION_RETRY_SECONDS
+        attempt = 0
+        while True:
+            try:
+                for entry, data in writes:
+                    await link.request(PUT, {**header, "entry": list(entry)}, data)
+                return
+            except (PeerUnavailable, ReplicaRefusal) as error:
+                if _is_stale_leader(error) or trio.current_time() >= deadline:
+                    failed[follower] = error
+                    return
+                if isinstance(error, ReplicaRefusal) and error.code == "E_STALE_EPOCH":
+                    if self.session is not None:
+                        await self.session.reload(topic.name, topic.partition)
+                    current = topic.replica
+                    if current is None or current.leader != self.node_id:
+                        failed[follower] = error
+                        return
+                    header["epoch"] = current.epoch_for_write
+                attempt += 1
+                await trio.sleep(min(0.2, (2 << attempt) / 1000))
+
+    # -- leader: answering followers --------------------------------------------------------
+
+    def _answer_match(self, topic: "Topic", header: dict) -> dict:
+        entry = tuple(header["entry"])
+        end = Position(entry[3] + entry[4], entry[5] - 1 + entry[6])
+        log = topic.log
+        matched = end.offset <= log.written.offset and log.entry_ending_at(end) == entry
+        return {"match": matched, "start": list(log.start), "end": list(log.written)}
+
+    def _channel_positions(self, topic: "Topic") -> dict[str, list[int]]:
+        return {
+            name: list(channel.queue.confirmed)
+            for name, channel in topic.channels.items()
+            if not channel.ephemeral
+        }
+
+    async def push_channels(self, topic: "Topic") -> None:
+        """A channel was created on a leader: its followers have it before the creation is
+        answered (a consumer that moves to a new leader finds it where it was)."""
+        info = topic.replica
+        if info is None or info.leader != self.node_id or not info.followers():
+            return
+        header = {
+            "topic": topic.name,
+            "partition": topic.partition,
+            "leader": self.node_id,
+            "epoch": info.epoch_for_write,
+            "channels": self._channel_positions(topic),
+        }
+        version = topic.channels_version
+
+        async def push(follower: str) -> None:
+            try:
+                await self._link(follower).request(CURSORS, header)
+            except (PeerUnavailable, ReplicaRefusal) as error:
+                self.nsqd.log.warning(
+                    "TOPIC(%s) partition %d: channels to %s - %s",
+                    topic.name,
+                    topic.partition,
+                    follower,
+                    error,
+                )
+
+        async with trio.open_nursery() as pushing:
+            for follower in info.followers():
+                pushing.start_soon(push, follower)
+        topic.replicated_channels = version
+
+    def _answer_pull(self, topic: "Topic", header: dict) -> tuple[dict, bytes]:
+        log = topic.log
+        offset = int(header["offset"])
+        max_bytes = int(header.get("max_bytes", PULL_MAX_BYTES))
+        entries = log.entries_from(offset, int(header.get("max_entries", PULL_MAX_ENTRIES)))
+        total = 0
+        for index, entry in enumerate(entries):
+            total += entry[4]
+            if total > max_bytes and index > 0:
+                entries = entries[:index]
+                break
+        data = log.read_group_bytes(entries)
+        answer = {
+            "entries": [list(entry) for entry in entries],
+            "end": list(log.written),
+            "channels": self._channel_positions(topic),
+        }
+        return answer, data
+
+    # -- follower: taking writes ------------------------------------------------------------
+
+    async def _on_put(self, topic: "Topic", header: dict, payload: bytes) -> dict:
+        info = topic.replica
+        leader, epoch = header.get("leader"), int(header.get("epoch", -1))
+        if epoch > info.epoch_for_write and self.session is not None:
+            # The leader knows a newer epoch than this node has seen: read it first.
+            await self.session.reload(topic.name, topic.partition)
+            info = topic.replica
+        if leader != info.leader or epoch > info.epoch_for_write:
+            # Fencing: a deposed leader (or one this node cannot confirm) writes nothing.
+            raise ReplicaRefusal(
+                error_header(
+                    "E_FAILED_ON_NOT_LEADER",
+                    f"leader {leader} epoch {epoch}, expected {info.leader} epoch"
+                    f" {info.epoch_for_write}",
+                )
+            )
+        if epoch < info.epoch_for_write:
+            # The right leader, not yet aware of the partition's newest epoch (an ISR join).
+            raise ReplicaRefusal(
+                error_header("E_STALE_EPOCH", f"epoch {epoch} < {info.epoch_for_write}")
+            )
+        if (topic.name, topic.partition) in self._catching_up:
+            raise ReplicaRefusal(error_header("E_CATCHING_UP", "catching up with the leader"))
+        entry = tuple(header["entry"])
+        log = topic.log
+        if "channels" in header:
+            self._take_channels(topic, header["channels"], move=False)
+        try:
+            log.append_raw(entry, payload)
+        except ValueError as error:
+            end = Position(entry[3] + entry[4], entry[5] - 1 + entry[6])
+            if end.offset <= log.written.offset and log.entry_ending_at(end) == entry:
+                return {"end": list(log.written), "duplicate": True}
+            self.start_catch_up(topic)
+            raise ReplicaRefusal(
+                error_header("E_LOG_MISMATCH", str(error), end=list(log.written))
+            ) from None
+        except OSError as error:
+            raise ReplicaRefusal(error_header("E_WRITE_FAILED", str(error))) from None
+        topic.replicated(entry[6], len(payload))
+        await topic.writer.sync_if_due()
+        return {"end": list(log.written)}
+
+    def _on_cursors(self, topic: "Topic", header: dict) -> dict:
+        info = topic.replica
+        if header.get("leader") != info.leader:
+            raise ReplicaRefusal(error_header("E_FAILED_ON_NOT_LEADER", "not my leader"))
+        self._take_channels(topic, header.get("channels", {}), move=True)
+        return {}
+
+    def _take_channels(self, topic: "Topic", channels: dict, *, move: bool) -> None:
+        """A follower takes its leader's channels: missing ones are created where the
+        leader's are; with `move`, existing ones move to the leader's confirmed position."""
+        log = topic.log
+        for name, (offset, count) in channels.items():
+            exists = name in topic.channels
+            if exists and not move:
+                continue
+            channel = topic.get_channel(name)
+            position = Position(int(offset), int(count))
+            if position.offset > log.written.offset:
+                position = log.written
+            if position.offset < log.start.offset:
+                position = log.start
+            if channel.queue.confirmed != position:
+                channel.queue.set_position(position)
+
+    # -- follower: catching up ---------------------------------------------------------------
+
+    def start_catch_up(self, topic: "Topic") -> None:
+        key = (topic.name, topic.partition)
+        if key in self._catching_up or self._nursery is None:
+            return
+        self._catching_up.add(key)
+        self._nursery.start_soon(self._catch_up, topic)
+
+    async def _catch_up(self, topic: "Topic") -> None:
+        key = (topic.name, topic.partition)
+        delay = 0.05
+        try:
+            while not topic.deleted:
+                info = topic.replica
+                if info is None or info.leader in ("", self.node_id):
+                    return
+                try:
+                    await self._catch_up_once(topic, info)
+                except (PeerUnavailable, ReplicaRefusal, ValueError, OSError) as error:
+                    self.nsqd.log.warning(
+                        "TOPIC(%s) partition %d: catching up from %s - %s",
+                        topic.name,
+                        topic.partition,
+                        info.leader,
+                        error,
+                    )
+                    await trio.sleep(delay * (1 + random.random()))
+                    delay = min(delay * 2, 1.0)
+                    continue
+                if topic.replica is info:
+                    break
+        finally:
+            self._catching_up.discard(key)
+        info = topic.replica
+        if info is not None and self.node_id in info.catchup and self.session is not None:
+            await self.session.join_isr(topic.name, topic.partition, info)
+
+    async def _catch_up_once(self, topic: "Topic", info: ReplicaInfo) -> None:
+        link = self._link(info.leader)
+        log = topic.log
+        base = {"topic": topic.name, "partition": topic.partition}
+        # Where this log and the leader's part: walk back one entry at a time.
+        while log.written.offset > log.start.offset:
+            last = log.entry_ending_at(log.written)
+            if last is None:
+                raise ValueError(f"no index entry ends at {log.written.offset}")
+            reply = await link.request(MATCH, {**base, "entry": list(last)})
+            if reply.header["match"]:
+                break
+            log.truncate_to(Position(last[3], last[5] - 1))
+        while True:
+            reply = await link.request(
+                PULL, {**base, "offset": log.written.offset, "max_bytes": PULL_MAX_BYTES}
+            )
+            entries = [tuple(entry) for entry in reply.header["entries"]]
+            if not entries:
+                self._take_channels(topic, reply.header.get("channels", {}), move=True)
+                return
+            data = reply.payload
+            at = 0
+            for entry in entries:
+                log.append_raw(entry, data[at : at + entry[4]])
+                at += entry[4]
+                topic.replicated(entry[6], entry[4])
+            await topic.writer.sync_if_due()
+
+    # -- cursors ------------------------------------------------------------------------------
+
+    async def _cursor_timer(self) -> None:
+        while True:
+            await trio.sleep(self.nsqd.options.sync_timeout)
+            await self.send_cursors()
+
+    async def send_cursors(self) -> None:
+        """Each led partition's channels' confirmed positions, to its followers."""
+        for topic in self.nsqd.all_partitions():
+            info = topic.replica
+            if info is None or info.leader != self.node_id or not info.followers():
+                continue
+            header = {
+                "topic": topic.name,
+                "partition": topic.partition,
+                "leader": self.node_id,
+                "epoch": info.epoch_for_write,
+                "channels": {
+                    name: list(channel.queue.confirmed)
+                    for name, channel in topic.channels.items()
+                    if not channel.ephemeral
+                },
+            }
+            for follower in info.followers():
+                try:
+                    await self._link(follower).request(CURSORS, header)
+                except (PeerUnavailable, ReplicaRefusal) as error:
+                    self.nsqd.log.warning(
+                        "TOPIC(%s) partition %d: cursors to %s - %s",
+                        topic.name,
+                        topic.partition,
+                        follower,
+                        error,
+                    )
+
+    # -- the replication port ------------------------------------------------------------------
+
+    async def _serve_peer(self, stream: trio.SocketStream) -> None:
+        reader = FrameReader()
+        async with stream:
+            try:
+                while True:
+                    data = await stream.receive_some(256 * 1024)
+                    if not data:
+                        return
+                    for frame in reader.receive_data(data):
+                        await stream.send_all(await self._answer(frame))
+            except ReplicationProtocolError as error:
+                self.nsqd.log.error("RPC: bad frame from a peer - %s", error)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return
+
+    async def _answer(self, frame) -> bytes:
+        header = frame.header
+        try:
+            topic = self.nsqd.registry.get(str(header.get("topic")), int(header.get("partition")))
+            if topic is None or topic.replica is None or topic.log is None:
+                raise ReplicaRefusal(error_header("E_TOPIC_NOT_EXIST", "no such partition here"))
+            if frame.op == PUT:
+                return encode_frame(REPLY, await self._on_put(topic, header, frame.payload))
+            if frame.op == CURSORS:
+                return encode_frame(REPLY, self._on_cursors(topic, header))
+            if frame.op == MATCH:
+                return encode_frame(REPLY, self._answer_match(topic, header))
+            if frame.op == PULL:
+                answer, data = self._answer_pull(topic, header)
+                return encode_frame(REPLY, answer, data)
+            raise ReplicaRefusal(error_header("E_INVALID", f"op {frame.op}"))
+        except ReplicaRefusal as refusal:
+            return encode_frame(ERROR, refusal.details)
+        except (ValueError, TypeError, KeyError) as error:
+            return encode_frame(ERROR, error_header("E_INVALID", str(error)))
+
+
+def _is_stale_leader(error: Exception) -> bool:
+    return isinstance(error, ReplicaRefusal) and error.code == "E_FAILED_ON_NOT_LEADER"

@@ -1,0 +1,238 @@
+"""An nsqd's membership of a cluster, through etcd (docs/design.md §14).
+
+The node's key (`NsqdNodes/Node-<id>`) lives on a lease the session keeps alive: when the node
+dies or freezes past `--cluster-node-ttl`, the key goes and the master nsqlookupd moves the
+partitions it led. The session reads every topic's metadata and replica info, watches them,
+and hands each change to `ClusterNode.apply`. It also finds the master (its leader session
+key) for the requests only the master grants: leaving and joining a partition's ISR.
+
+The write path never waits on etcd: a leader keeps serving while etcd is away, and only ISR
+changes and elections need it.
+"""
+
+import json
+import logging
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import TYPE_CHECKING
+
+import trio
+
+from common.cluster_meta import ReplicaInfo, TopicMeta
+from common.etcd import EtcdClient, EtcdError, LeaseLost, keep_lease_alive
+
+if TYPE_CHECKING:
+    from nsqd.cluster import ClusterNode
+
+logger = logging.getLogger("nsqd")
+MASTER_TIMEOUT = 5.0
+
+
+class ClusterSession:
+    def __init__(self, node: "ClusterNode") -> None:
+        self.node = node
+        self.nsqd = node.nsqd
+        options = self.nsqd.options
+        endpoints = [a.strip() for a in options.cluster_leadership_addresses.split(",") if a]
+        self.client = EtcdClient(
+            [a if "://" in a else f"http://{a}" for a in endpoints], timeout=3.0
+        )
+        self.keys = node.keys
+        self.ttl = max(1, round(options.cluster_node_ttl))
+        self.metas: dict[str, TopicMeta] = {}
+        self.infos: dict[tuple[str, int], ReplicaInfo] = {}
+        self.master: dict | None = None
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with self.client, trio.open_nursery() as nursery:
+            await self._register()
+            revision = await self._load()
+            nursery.start_soon(self._keep_registered)
+            nursery.start_soon(self._watch_topics, revision + 1)
+            nursery.start_soon(self._watch_master)
+            task_status.started()
+
+    # -- membership --------------------------------------------------------------------------
+
+    async def _register(self) -> None:
+        self.lease = await self.client.grant_lease(self.ttl)
+        await self.client.put(
+            self.keys.nsqd_node(self.node.node_id), self.node.info().to_json(), lease=self.lease
+        )
+        self.nsqd.log.info(
+            "CLUSTER: node %s registered (lease %x, %d s)", self.node.node_id, self.lease, self.ttl
+        )
+
+    async def _keep_registered(self) -> None:
+        while True:
+            try:
+                await keep_lease_alive(self.client, self.lease, self.ttl)
+            except LeaseLost as error:
+                # Frozen or cut off past the TTL: the master has moved this node's partitions
+                # (the watch brings the news). Join again as a node that leads nothing.
+                self.nsqd.log.error("CLUSTER: %s; registering again", error)
+            while True:
+                try:
+                    await self._register()
+                    break
+                except EtcdError as error:
+                    self.nsqd.log.error("CLUSTER: cannot register - %s", error)
+                    await trio.sleep(0.5)
+
+    # -- following the topics ----------------------------------------------------------------
+
+    async def _load(self) -> int:
+        while True:
+            try:
+                kvs, revision = await self.client.get_prefix(self.keys.topics)
+                break
+            except EtcdError as error:
+                self.nsqd.log.error("CLUSTER: cannot read the topics - %s", error)
+                await trio.sleep(0.5)
+        for kv in kvs:
+            self._take(kv.key, kv.value, kv.mod_revision)
+        for topic, partition in sorted(self.infos):
+            self._apply(topic, partition)
+        return revision
+
+    def _take(self, key: str, value: bytes | None, revision: int) -> tuple[str, int] | None:
+        parsed = self.keys.parse_topic_key(key)
+        if parsed is None:
+            return None
+        topic, partition, what = parsed
+        try:
+            if what == "TopicMeta":
+                if value is None:
+                    self.metas.pop(topic, None)
+                else:
+                    self.metas[topic] = TopicMeta.from_json(value)
+                return None
+            if value is None:
+                self.infos.pop((topic, partition), None)
+                return None
+            self.infos[(topic, partition)] = ReplicaInfo.from_json(value, revision)
+            return topic, partition
+        except (ValueError, KeyError, TypeError) as error:
+            self.nsqd.log.error("CLUSTER: bad metadata at %s - %s", key, error)
+            return None
+
+    def _apply(self, topic: str, partition: int) -> None:
+        meta = self.metas.get(topic)
+        info = self.infos.get((topic, partition))
+        if meta is None or info is None:
+            return
+        self.node.apply(topic, partition, meta, info)
+
+    async def _watch_topics(self, revision: int) -> None:
+        async with self.client.watch_prefix(self.keys.topics, revision) as watch:
+            async for event in watch:
+                value = event.kv.value if event.kind == "PUT" else None
+                changed = self._take(event.kv.key, value, event.kv.mod_revision)
+                if changed is not None:
+                    self._apply(*changed)
+                elif value is not None:
+                    parsed = self.keys.parse_topic_key(event.kv.key)
+                    if parsed is not None and parsed[2] == "TopicMeta":
+                        for topic, partition in list(self.infos):
+                            if topic == parsed[0]:
+                                self._apply(topic, partition)
+
+    async def reload(self, topic: str, partition: int) -> None:
+        """Read one partition's replica info now (a peer knows a newer one than the watch
+        brought so far)."""
+        try:
+            kv = await self.client.get(self.keys.replica_info(topic, partition))
+        except EtcdError as error:
+            self.nsqd.log.error("CLUSTER: cannot read %s/%d - %s", topic, partition, error)
+            return
+        if kv is not None and self._take(kv.key, kv.value, kv.mod_revision) is not None:
+            self._apply(topic, partition)
+
+    def refresh(self, topic: str, partition: int) -> None:
+        """`reload`, in the background."""
+        if self.node._nursery is not None:
+            self.node._nursery.start_soon(self.reload, topic, partition)
+
+    # -- the master --------------------------------------------------------------------------
+
+    async def _watch_master(self) -> None:
+        key = self.keys.lookupd_leader
+        while True:
+            try:
+                kv = await self.client.get(key)
+                self._take_master(kv.value if kv is not None else None)
+                revision = kv.mod_revision + 1 if kv is not None else 0
+                if revision == 0:
+                    _kvs, current = await self.client.get_prefix(key)
+                    revision = current + 1
+                async with self.client.watch_prefix(key, revision) as watch:
+                    async for event in watch:
+                        self._take_master(event.kv.value if event.kind == "PUT" else None)
+            except EtcdError as error:
+                self.nsqd.log.error("CLUSTER: watching the master - %s", error)
+                await trio.sleep(0.5)
+
+    def _take_master(self, value: bytes | None) -> None:
+        try:
+            self.master = json.loads(value) if value else None
+        except ValueError:
+            self.master = None
+
+    def _master_address(self) -> str | None:
+        master = self.master
+        if not master:
+            return None
+        return f"{master.get('NodeIP')}:{master.get('HttpPort')}"
+
+    async def _ask_master(self, path: str, **params) -> dict | None:
+        address = self._master_address()
+        if address is None:
+            self.nsqd.log.error("CLUSTER: no master nsqlookupd to ask for %s", path)
+            return None
+        url = f"http://{address}{path}?{urllib.parse.urlencode(params)}"
+        try:
+            return await trio.to_thread.run_sync(_post_json, url)
+        except (OSError, ValueError) as error:
+            self.nsqd.log.error("CLUSTER: %s from the master - %s", path, error)
+            return None
+
+    async def leave_isr(
+        self, topic: str, partition: int, nodes: list[str], info: ReplicaInfo
+    ) -> ReplicaInfo | None:
+        """Ask the master to drop `nodes` from the partition's ISR; the new info once it did
+        (applied here at once), None when it did not."""
+        answer = await self._ask_master(
+            "/cluster/isr/leave",
+            topic=topic,
+            partition=partition,
+            node=",".join(nodes),
+            epoch=info.epoch,
+        )
+        if answer is None:
+            return None
+        await self.reload(topic, partition)
+        updated = self.infos.get((topic, partition))
+        if updated is None or any(node in updated.isr for node in nodes):
+            return None
+        return updated
+
+    async def join_isr(self, topic: str, partition: int, info: ReplicaInfo) -> None:
+        """Caught up: ask the master to move this node from the catch-up list into the ISR."""
+        await self._ask_master(
+            "/cluster/isr/join",
+            topic=topic,
+            partition=partition,
+            node=self.node.node_id,
+            epoch=info.epoch,
+        )
+
+
+def _post_json(url: str) -> dict:
+    request = urllib.request.Request(url, method="POST", data=b"")
+    try:
+        with urllib.request.urlopen(request, timeout=MASTER_TIMEOUT) as response:
+            body = response.read()
+    except urllib.error.HTTPError as error:
+        raise ValueError(f"{error.code} {error.read()[:200]!r}") from None
+    return json.loads(body) if body else {}

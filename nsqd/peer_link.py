@@ -1,0 +1,74 @@
+"""A connection to another nsqd's replication port (`common/replication.py`): one request at a
+time, its answer read before the next goes out, reconnected on the next request after a
+failure. A leader holds one per follower and sends each group to all of them side by side."""
+
+import trio
+
+from common.replication import (
+    ERROR,
+    REPLY,
+    Frame,
+    FrameReader,
+    ReplicaRefusal,
+    ReplicationProtocolError,
+    encode_frame,
+)
+
+RECEIVE_SIZE = 256 * 1024
+
+
+class PeerUnavailable(Exception):
+    """The peer could not be reached, or broke off, or did not answer in time."""
+
+
+class PeerLink:
+    def __init__(self, address: tuple[str, int], *, timeout: float = 5.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._stream: trio.SocketStream | None = None
+        self._reader = FrameReader()
+        self._frames: list[Frame] = []
+        self._lock = trio.Lock()
+
+    async def request(self, op: int, header: dict, payload: bytes = b"") -> Frame:
+        """The peer's `REPLY`; ReplicaRefusal for its `ERROR`, PeerUnavailable when it cannot
+        be had."""
+        async with self._lock:
+            try:
+                with trio.fail_after(self.timeout):
+                    if self._stream is None:
+                        self._stream = await trio.open_tcp_stream(*self.address)
+                        self._reader = FrameReader()
+                        self._frames = []
+                    await self._stream.send_all(encode_frame(op, header, payload))
+                    frame = await self._next_frame()
+            except (OSError, trio.BrokenResourceError, trio.TooSlowError) as error:
+                await self._drop()
+                host, port = self.address
+                raise PeerUnavailable(f"{host}:{port}: {error or type(error).__name__}") from None
+            except ReplicationProtocolError as error:
+                await self._drop()
+                raise PeerUnavailable(f"{self.address}: {error}") from None
+        if frame.op == ERROR:
+            raise ReplicaRefusal(frame.header)
+        if frame.op != REPLY:
+            raise PeerUnavailable(f"{self.address}: answered with op {frame.op}")
+        return frame
+
+    async def _next_frame(self) -> Frame:
+        while not self._frames:
+            data = await self._stream.receive_some(RECEIVE_SIZE)
+            if not data:
+                raise trio.BrokenResourceError("the peer closed the connection")
+            self._frames.extend(self._reader.receive_data(data))
+        return self._frames.pop(0)
+
+    async def _drop(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            await self._drop()

@@ -1,0 +1,23 @@
+"""Fixtures of the cluster tests: a real etcd (Debian's etcd-server, `make etcd`) started for
+each test on 127.0.0.1 ephemeral ports (~0.2 s), and a client connected to it."""
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from common.etcd import EtcdClient
+from tests.cluster.etcd_server import EtcdServer
+
+
+@pytest.fixture
+def etcd_server(tmp_path) -> Iterator[EtcdServer]:
+    """A running etcd with its data and log in the test's `tmp_path`; killed afterwards."""
+    with EtcdServer(tmp_path / "etcd") as server:
+        yield server
+
+
+@pytest.fixture
+async def etcd(etcd_server) -> AsyncIterator[EtcdClient]:
+    """An EtcdClient on `etcd_server`, closed after the test."""
+    async with EtcdClient([etcd_server.client_url]) as client:
+        yield client

@@ -1,0 +1,241 @@
+"""A real etcd server for a test: Debian's etcd-server 3.4 (`make etcd`) as a subprocess on
+127.0.0.1, with a data directory of its own, and the failures a cluster test needs to cause
+(`stop`, `kill`, `restart`, `pause`).
+
+Ports: etcd 3.4 does accept port 0 in `--listen-client-urls` and logs the port it bound
+("serving client traffic insecurely ... address 127.0.0.1:NNNNN"), but its gRPC-JSON
+gateway then dials the configured address, 127.0.0.1:0, so every `/v3/` request fails with
+"connection refused" (code 14) while /health still says true. So `EtcdServer` binds port 0
+itself, reads the port and closes the socket, and passes the number to etcd; a `restart`
+reuses the same ports, as a restarted member must. Another process could take such a port in
+between: a first start that fails with "address already in use" is tried again on new ports.
+
+The methods block (at most a few seconds, while etcd starts or stops). A trio test whose
+other tasks must keep running meanwhile (a watch across a restart) calls them through
+`trio.to_thread.run_sync`.
+"""
+
+import atexit
+import base64
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+ETCD = "/usr/bin/etcd"
+START_ATTEMPTS = 3
+# How often readiness is polled while etcd starts.
+POLL_INTERVAL = 0.02
+# A restarted member leads again only after an election timeout (1-2 s at etcd's default
+# 1000 ms); a member that is a cluster of its own has no peer to miss heartbeats from, so a
+# short one only makes restarts fast (~0.2 s instead of ~1.5 s).
+HEARTBEAT_INTERVAL_MS = 25
+ELECTION_TIMEOUT_MS = 250
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (see the module docstring)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class EtcdServer:
+    """One etcd member, a cluster of its own, on 127.0.0.1.
+
+    `directory` holds its data (`data/`) and log (`etcd.log`, appended across restarts);
+    a new temporary one, removed by `close`, when None. Use it as a context manager, or
+    call `start` and `close`.
+    """
+
+    def __init__(self, directory: str | os.PathLike | None = None, *, name: str = "test") -> None:
+        self._owns_directory = directory is None
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="etcd-test-"))
+        self.name = name
+        self.client_port = 0
+        self.peer_port = 0
+        self.process: subprocess.Popen | None = None
+        self.paused = False
+
+    def __enter__(self) -> "EtcdServer":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def client_url(self) -> str:
+        """The URL an EtcdClient connects to, e.g. "http://127.0.0.1:40123"."""
+        return f"http://127.0.0.1:{self.client_port}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.directory / "data"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "etcd.log"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self, timeout: float = 15.0) -> "EtcdServer":
+        """Start etcd (on new ports the first time, on the same ones afterwards) and return
+        once it answers a read through the JSON gateway."""
+        if not os.access(ETCD, os.X_OK):
+            raise RuntimeError(f"{ETCD} not installed: `make etcd` installs Debian's etcd-server")
+        if self.running:
+            raise RuntimeError(f"etcd is already running on {self.client_url}")
+        first = self.client_port == 0
+        for attempt in range(START_ATTEMPTS if first else 1):
+            if first:
+                self.client_port, self.peer_port = free_port(), free_port()
+            self._spawn()
+            try:
+                self.wait_ready(timeout)
+                return self
+            except _PortTaken:
+                if attempt == START_ATTEMPTS - 1 or not first:
+                    raise
+        raise AssertionError("unreachable")
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        """Poll a linearizable range through the gateway (what clients use; /health answers
+        before the gateway works) until it answers, the process exits, or `timeout`."""
+        deadline = time.monotonic() + timeout
+        while not self._answers():
+            if self.process is None or self.process.poll() is not None:
+                status = self.process.returncode if self.process else None
+                log = self.log_tail()
+                if "address already in use" in log:
+                    raise _PortTaken(log)
+                raise RuntimeError(f"etcd exited with status {status} while starting:\n{log}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"etcd did not answer within {timeout:g} s:\n{self.log_tail()}")
+            time.sleep(POLL_INTERVAL)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM (etcd's graceful shutdown); waits for the exit and returns its status."""
+        return self._signal_and_wait(signal.SIGTERM, timeout)
+
+    def kill(self) -> int | None:
+        """SIGKILL: a crash; waits for the exit and returns its status."""
+        return self._signal_and_wait(signal.SIGKILL, 15.0)
+
+    def restart(self, timeout: float = 15.0) -> "EtcdServer":
+        """Stop (if running), then start again on the same data directory and ports."""
+        self.stop()
+        return self.start(timeout)
+
+    def pause(self) -> None:
+        """SIGSTOP: etcd keeps its sockets but answers nothing, as a hung or partitioned
+        member; leases keep their expiry time and may expire once it resumes. Returns once
+        the process is stopped (signals are delivered asynchronously)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+        self.paused = True
+        self._wait_for_state(stopped=True)
+
+    def resume(self) -> None:
+        """SIGCONT after `pause`; returns once the process runs again."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+        self.paused = False
+        self._wait_for_state(stopped=False)
+
+    def _wait_for_state(self, stopped: bool, timeout: float = 5.0) -> None:
+        # /proc/PID/stat's third field: "T" while stopped by a signal.
+        stat = Path(f"/proc/{self.process.pid}/stat")
+        deadline = time.monotonic() + timeout
+        while (stat.read_text().rsplit(")", 1)[1].split()[0] == "T") != stopped:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"etcd did not {'stop' if stopped else 'resume'} in time")
+            time.sleep(0.001)
+
+    def close(self) -> None:
+        """Kill etcd and remove its directory if this server created it."""
+        self.kill()
+        if self._owns_directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _spawn(self) -> None:
+        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    ETCD,
+                    f"--name={self.name}",
+                    f"--data-dir={self.data_dir}",
+                    f"--listen-client-urls={client}",
+                    f"--advertise-client-urls={client}",
+                    f"--listen-peer-urls={peer}",
+                    f"--initial-advertise-peer-urls={peer}",
+                    f"--initial-cluster={self.name}={peer}",
+                    f"--heartbeat-interval={HEARTBEAT_INTERVAL_MS}",
+                    f"--election-timeout={ELECTION_TIMEOUT_MS}",
+                    "--logger=zap",
+                    "--log-outputs=stderr",
+                    "--log-level=warn",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+        self.paused = False
+        # A test run that ends without closing the server (interrupted) must not leave etcd
+        # running on a shared machine.
+        atexit.register(self._kill_at_exit)
+
+    def _signal_and_wait(self, sig: int, timeout: float) -> int | None:
+        process = self.process
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.send_signal(sig)
+            if self.paused:
+                # A stopped process handles SIGTERM only once it runs again.
+                process.send_signal(signal.SIGCONT)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                raise TimeoutError(f"etcd did not exit within {timeout:g} s of {sig!r}") from None
+        self.paused = False
+        atexit.unregister(self._kill_at_exit)
+        return process.returncode
+
+    def _kill_at_exit(self) -> None:
+        if self.running:
+            self.process.kill()
+
+    def _answers(self) -> bool:
+        connection = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=1.0)
+        body = json.dumps({"key": base64.b64encode(b"\0").decode()})
+        try:
+            connection.request("POST", "/v3/kv/range", body)
+            return connection.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            connection.close()
+
+
+class _PortTaken(RuntimeError):
+    """etcd could not bind a port chosen by free_port: another process took it meanwhile."""

@@ -1,0 +1,217 @@
+"""A cluster of real processes on 127.0.0.1 for the cluster tests: etcd, nsqlookupd(s) and nsqds
+in cluster mode (docs/design.md §14), every port ephemeral.
+
+A node's cluster ID is `<ip>:<rpc port>:<tcp port>:<node id>`, so a node that restarts keeps its
+ports: `restart` starts it again on the ports it had. Everything that depends on the cluster
+reacting is polled with a deadline (`wait_for`).
+"""
+
+import json
+import signal
+import time
+from http.client import HTTPConnection
+from pathlib import Path
+
+from tests.cluster.etcd_server import EtcdServer
+from tests.harness import DaemonProcess
+from tests.youzan.support import HTTPReply, http_sync
+
+DEADLINE = 20.0
+
+
+def wait_for(check, what: str, timeout: float = DEADLINE):
+    """Call `check` until it returns something truthy; fail naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+class Node:
+    """One nsqd of the cluster."""
+
+    def __init__(self, cluster: "LocalCluster", index: int) -> None:
+        self.cluster = cluster
+        self.index = index
+        self.data_path = cluster.root / f"nsqd{index}"
+        self.data_path.mkdir(parents=True, exist_ok=True)
+        self.ports: dict[str, int] = {}
+        self.process: DaemonProcess | None = None
+
+    @property
+    def node_id(self) -> str:
+        return f"127.0.0.1:{self.ports['RPC']}:{self.ports['TCP']}:{self.index}"
+
+    @property
+    def tcp_port(self) -> int:
+        return self.ports["TCP"]
+
+    @property
+    def http_port(self) -> int:
+        return self.ports["HTTP"]
+
+    def start(self) -> "Node":
+        cluster = self.cluster
+        ports = self.ports
+        args = [
+            f"-tcp-address=127.0.0.1:{ports.get('TCP', 0)}",
+            f"-http-address=127.0.0.1:{ports.get('HTTP', 0)}",
+            f"-rpc-port=127.0.0.1:{ports.get('RPC', 0)}",
+            "-broadcast-address=127.0.0.1",
+            f"-data-path={self.data_path}",
+            f"-node-id={self.index}",
+            f"-cluster-leadership-addresses={cluster.etcd.client_url}",
+            f"-cluster-id={cluster.cluster_id}",
+            f"-cluster-node-ttl={cluster.ttl}s",
+            "-sync-timeout=200ms",
+            *[f"-lookupd-tcp-address=127.0.0.1:{ld.port('TCP')}" for ld in cluster.lookupds],
+            *cluster.nsqd_args,
+        ]
+        self.process = DaemonProcess("nsqd", args, cwd=self.data_path).start(
+            wait_for=("TCP", "HTTP", "RPC")
+        )
+        for kind in ("TCP", "HTTP", "RPC"):
+            ports[kind] = self.process.port(kind)
+        return self
+
+    def http(self, method: str, target: str, body: bytes = b"") -> HTTPReply:
+        return http_sync(self.http_port, method, target, body)
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def pause(self) -> None:
+        self.process.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.process.process.send_signal(signal.SIGCONT)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.process.poll() is None
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        root: Path,
+        etcd: EtcdServer,
+        *,
+        nsqds: int = 3,
+        lookupds: int = 1,
+        ttl: float = 2.0,
+        nsqd_args: tuple[str, ...] = (),
+    ) -> None:
+        self.root = root
+        self.etcd = etcd
+        self.cluster_id = "test"
+        self.ttl = ttl
+        self.nsqd_args = nsqd_args
+        self.lookupds: list[DaemonProcess] = []
+        for index in range(lookupds):
+            args = [
+                "-tcp-address=127.0.0.1:0",
+                "-http-address=127.0.0.1:0",
+                "-broadcast-address=127.0.0.1",
+                f"-cluster-leadership-addresses={etcd.client_url}",
+                f"-cluster-id={self.cluster_id}",
+                f"-cluster-node-ttl={ttl}s",
+            ]
+            directory = root / f"lookupd{index}"
+            directory.mkdir(parents=True, exist_ok=True)
+            self.lookupds.append(
+                DaemonProcess("nsqlookupd", args, cwd=directory).start(wait_for=("TCP", "HTTP"))
+            )
+        self.nodes = [Node(self, index).start() for index in range(nsqds)]
+        wait_for(lambda: len(self.stats().get("nsqd_nodes", [])) == nsqds, "nsqds registered")
+        wait_for(lambda: self.master() is not None, "a master nsqlookupd")
+
+    def close(self) -> None:
+        for node in self.nodes:
+            if node.process is not None:
+                if node.running:
+                    node.resume()
+                node.kill()
+        for lookupd in self.lookupds:
+            lookupd.kill()
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- nsqlookupd -----------------------------------------------------------------------------
+
+    def lookupd_http(self, method: str, target: str, index: int = 0) -> HTTPReply:
+        return http_sync(self.lookupds[index].port("HTTP"), method, target)
+
+    def stats(self, index: int = 0) -> dict:
+        reply = self.lookupd_http("GET", "/cluster/stats", index)
+        assert reply.status == 200, reply
+        return json.loads(reply.body)
+
+    def master(self) -> DaemonProcess | None:
+        for index, lookupd in enumerate(self.lookupds):
+            if lookupd.process.poll() is None and self.stats(index).get("is_master"):
+                return lookupd
+        return None
+
+    def master_http(self, method: str, target: str) -> HTTPReply:
+        master = wait_for(self.master, "a master nsqlookupd")
+        return http_sync(master.port("HTTP"), method, target)
+
+    def create_topic(self, topic: str, partitions: int, replicas: int, **extra: str) -> None:
+        query = f"topic={topic}&partition_num={partitions}&replicator={replicas}"
+        for key, value in extra.items():
+            query += f"&{key}={value}"
+        reply = self.master_http("POST", f"/topic/create?{query}")
+        assert reply.status == 200, reply
+        for partition in range(partitions):
+            wait_for(
+                lambda p=partition: self.node_leading(topic, p) is not None,
+                f"a leader of {topic}/{partition}",
+            )
+
+    def partition(self, topic: str, partition: int) -> dict | None:
+        for entry in self.stats()["partitions"]:
+            if entry["topic"] == topic and entry["partition"] == partition:
+                return entry
+        return None
+
+    def node(self, node_id: str) -> Node:
+        for node in self.nodes:
+            if node.ports and node.node_id == node_id:
+                return node
+        raise KeyError(node_id)
+
+    def node_leading(self, topic: str, partition: int) -> Node | None:
+        """The node that leads the partition and says so (its /stats lists it writable)."""
+        entry = self.partition(topic, partition)
+        if entry is None or not entry["leader"]:
+            return None
+        node = self.node(entry["leader"])
+        if not node.running:
+            return None
+        try:
+            # Short: a frozen node (SIGSTOP) does not answer at all.
+            connection = HTTPConnection("127.0.0.1", node.http_port, timeout=1)
+            connection.request("GET", f"/partition/offsets?topic={topic}")
+            response = connection.getresponse()
+            reply = HTTPReply(response.status, response.read(), dict(response.getheaders()))
+            connection.close()
+        except OSError:
+            return None
+        if reply.status != 200:
+            return None
+        for item in json.loads(reply.body)["partitions"]:
+            if item["partition"] == partition and item.get("role") == "leader":
+                return node
+        return None

@@ -1,0 +1,202 @@
+"""Failover on a cluster of real processes (docs/design.md §14): etcd, one nsqlookupd, three
+nsqds, node leases of 2 s. Publishers retry on the new leader; a consumer drains at the end;
+nothing acknowledged is lost, and the replicas' logs end byte-identical."""
+
+import time
+
+import pytest
+
+from common.command import encode_command, encode_rdy
+from common.frame import FRAME_TYPE_ERROR
+from tests.cluster.local_cluster import LocalCluster, wait_for
+from tests.harness import V2Connection
+
+
+@pytest.fixture
+def cluster(tmp_path, etcd_server):
+    with LocalCluster(tmp_path, etcd_server, nsqd_args=("-sync-every=1",)) as running:
+        yield running
+
+
+def publish(cluster, topic: str, body: bytes, deadline: float = 20.0) -> float:
+    """Publish to the partition's leader, retrying on whichever node leads it; the seconds it
+    took (the write unavailability a publisher saw)."""
+    started = time.monotonic()
+    while time.monotonic() - started < deadline:
+        leader = cluster.node_leading(topic, 0)
+        if leader is not None:
+            try:
+                connection = V2Connection(leader.tcp_port, timeout=5)
+                try:
+                    connection.send(encode_command(b"PUB", topic.encode(), b"0", body=body))
+                    frame = connection.read_response()
+                finally:
+                    connection.close()
+                if frame.frame_type != FRAME_TYPE_ERROR and frame.data == b"OK":
+                    return time.monotonic() - started
+            except OSError:
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"could not publish {body!r} within {deadline} s")
+
+
+def drain(node, topic: str, wanted: set[bytes]) -> set[bytes]:
+    """Consume channel `c` from `node` until every message in `wanted` came."""
+    received: set[bytes] = set()
+    connection = V2Connection(node.tcp_port)
+    try:
+        connection.send(b"SUB %s c 0\n" % topic.encode())
+        assert connection.read_response().data == b"OK"
+        connection.send(encode_rdy(100))
+        deadline = time.monotonic() + 20
+        while not wanted <= received:
+            assert time.monotonic() < deadline, f"missing {sorted(wanted - received)[:5]}"
+            for message in connection.read_messages(1):
+                received.add(message.body)
+                connection.send(b"FIN " + message.id + b"\n")
+    finally:
+        connection.close()
+    return received
+
+
+def log_files(node, topic: str) -> dict[str, bytes]:
+    return {
+        path.name: path.read_bytes()
+        for path in sorted((node.data_path / topic).iterdir())
+        if path.name.endswith(".commit.log") or ".diskqueue.0" in path.name
+    }
+
+
+def test_a_killed_leader_is_replaced_and_comes_back_as_a_follower(cluster):
+    cluster.create_topic("t", 1, 3)
+    old = cluster.node_leading("t", 0)
+    channel = old.http("POST", "/channel/create?topic=t&channel=c&partition=0")
+    assert channel.status == 200, channel
+    acked = set()
+    for i in range(30):
+        body = b"before %d" % i
+        publish(cluster, "t", body)
+        acked.add(body)
+    old.kill()
+    killed_at = time.monotonic()
+    unavailable = publish(cluster, "t", b"during")
+    acked.add(b"during")
+    new = cluster.node_leading("t", 0)
+    assert new is not old
+    assert unavailable < 10, unavailable
+    for i in range(30):
+        body = b"after %d" % i
+        publish(cluster, "t", body)
+        acked.add(body)
+    info = cluster.partition("t", 0)
+    assert old.node_id not in info["isr"] and old.node_id in info["catchup"]
+    assert info["write_epoch"] >= 2
+    old.start()
+    wait_for(lambda: old.node_id in cluster.partition("t", 0)["isr"], "the old leader rejoining")
+    assert cluster.node_leading("t", 0) is new
+    publish(cluster, "t", b"last")
+    acked.add(b"last")
+    received = drain(new, "t", acked)
+    assert acked <= received
+    expected = log_files(new, "t")
+    for node in cluster.nodes:
+        wait_for(lambda n=node: log_files(n, "t") == expected, f"{node.node_id} identical")
+    print(f"failover: write unavailability {unavailable:.2f} s after kill -9 at {killed_at:.0f}")
+
+
+def test_a_frozen_leader_is_replaced_and_cannot_write_when_it_thaws(cluster):
+    """SIGSTOP past the lease: a new leader is elected. SIGCONT: the old leader's next write
+    is refused by the followers (fencing), it steps down and catches up."""
+    cluster.create_topic("t", 1, 3)
+    old = cluster.node_leading("t", 0)
+    assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
+    acked = set()
+    for i in range(10):
+        publish(cluster, "t", b"before %d" % i)
+        acked.add(b"before %d" % i)
+    old.pause()
+    try:
+        unavailable = publish(cluster, "t", b"during")
+        acked.add(b"during")
+        new = cluster.node_leading("t", 0)
+        assert new is not old and unavailable < 10
+    finally:
+        old.resume()
+    # The thawed node learns it was replaced: it refuses publishes and rejoins as a follower.
+    wait_for(
+        lambda: (
+            old.node_id in cluster.partition("t", 0)["isr"] and cluster.node_leading("t", 0) is new
+        ),
+        "the thawed leader back as a follower",
+    )
+    connection = V2Connection(old.tcp_port)
+    try:
+        connection.send(encode_command(b"PUB", b"t", b"0", body=b"to the old leader"))
+        frame = connection.read_response()
+        assert (frame.frame_type, frame.data) == (FRAME_TYPE_ERROR, b"E_FAILED_ON_NOT_LEADER ")
+    finally:
+        connection.close()
+    for i in range(10):
+        publish(cluster, "t", b"after %d" % i)
+        acked.add(b"after %d" % i)
+    assert acked <= drain(new, "t", acked)
+    expected = log_files(new, "t")
+    for node in cluster.nodes:
+        wait_for(lambda n=node: log_files(n, "t") == expected, f"{node.node_id} identical")
+
+
+def test_a_killed_follower_leaves_the_isr_and_rejoins_after_a_restart(cluster):
+    cluster.create_topic("t", 1, 3)
+    leader = cluster.node_leading("t", 0)
+    follower = cluster.node(cluster.partition("t", 0)["isr"][1])
+    assert leader.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
+    acked = set()
+    for i in range(10):
+        publish(cluster, "t", b"before %d" % i)
+        acked.add(b"before %d" % i)
+    follower.kill()
+    # The leader keeps taking writes: the follower leaves the ISR (the leader asks, or the
+    # master sees its lease end), and 2 of 3 is still a majority.
+    for i in range(10):
+        publish(cluster, "t", b"while down %d" % i)
+        acked.add(b"while down %d" % i)
+    info = cluster.partition("t", 0)
+    assert follower.node_id not in info["isr"] and follower.node_id in info["catchup"]
+    assert cluster.node_leading("t", 0) is leader
+    follower.start()
+    wait_for(lambda: follower.node_id in cluster.partition("t", 0)["isr"], "the follower back")
+    for i in range(10):
+        publish(cluster, "t", b"after %d" % i)
+        acked.add(b"after %d" % i)
+    assert acked <= drain(leader, "t", acked)
+    expected = log_files(leader, "t")
+    for node in cluster.nodes:
+        wait_for(lambda n=node: log_files(n, "t") == expected, f"{node.node_id} identical")
+
+
+def test_leaders_keep_serving_while_etcd_restarts(cluster, etcd_server):
+    cluster.create_topic("t", 1, 3)
+    leader = cluster.node_leading("t", 0)
+    assert leader.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
+    acked = set()
+    etcd_server.kill()
+    for i in range(10):
+        assert publish(cluster_leader_only(leader), "t", b"etcd down %d" % i) < 5
+        acked.add(b"etcd down %d" % i)
+    etcd_server.start()
+    for i in range(10):
+        publish(cluster, "t", b"etcd back %d" % i)
+        acked.add(b"etcd back %d" % i)
+    assert cluster.node_leading("t", 0) is leader
+    assert acked <= drain(leader, "t", acked)
+
+
+class cluster_leader_only:
+    """A stand-in for `cluster` in `publish` while nsqlookupd cannot answer from etcd: the
+    leader is known."""
+
+    def __init__(self, leader) -> None:
+        self.leader = leader
+
+    def node_leading(self, topic: str, partition: int):
+        return self.leader
