@@ -1,8 +1,8 @@
 # Everything runs from a local virtualenv in .venv, built on first use.
 # `make run` needs Python 3.11 (with its venv module) and make, nothing else; `make test` also
 # installs the test tools: the test extras from PyPI, nsqjs from npm, and, where they are
-# missing, Debian's Chromium, Node.js and Java (apt-get, as root).
-# (Chromium: nsqadmin browser tests; Node.js: nsqjs; Java: Spark; etcd: tests/cluster.)
+# missing, Debian's Chromium (nsqadmin's browser tests), Node.js (nsqjs), Java (Spark) and
+# etcd (the cluster tests) (apt-get, as root).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -16,7 +16,7 @@ NODE_DIR := tests/interop/node
 NODE_INSTALLED := $(NODE_DIR)/node_modules/.installed
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y
 
-.PHONY: install install-test browser etcd java node run test lint bench clean
+.PHONY: install install-test browser etcd java node run run-cluster test lint bench clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,10 @@ install-test: $(TEST_INSTALLED) $(GNSQ_SUITE_INSTALLED) $(NODE_INSTALLED) browse
 ## Start nsqlookupd, nsqd and nsqadmin on localhost and print their URLs.
 run: install
 	$(BIN)/python -m tools.local_cluster
+
+## A replicated cluster on localhost: etcd, nsqlookupd, three nsqds and nsqadmin.
+run-cluster: install etcd
+	$(BIN)/python -m tools.local_cluster --replicated
 
 ## Debian's headless Chromium and its driver, for the nsqadmin browser tests.
 browser:

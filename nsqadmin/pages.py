@@ -36,6 +36,7 @@ from nsqadmin.stats import (
     aggregate_topics,
     counter_stats,
     find_producer,
+    node_address,
 )
 
 if TYPE_CHECKING:
@@ -119,7 +120,10 @@ class Pages:
         self.env = env
         self.prefix = prefix
         env.globals.update(
-            percentile_average=percentile_average, quantiles=quantiles, url_part=url_part
+            node_address=node_address,
+            percentile_average=percentile_average,
+            quantiles=quantiles,
+            url_part=url_part,
         )
 
     def routes(self) -> list[web.RouteDef]:
@@ -256,6 +260,9 @@ class Pages:
             total=total,
             nodes=total.nodes or [],
             has_logs=any(node.log is not None for node in total.nodes or []),
+            # Cluster partitions: one row each, its leader's view (NodeStats.finish).
+            replicas=total.replicated_nodes,
+            node_pages={p.tcp_address: p.http_address for p in producers},
             channels=channels,
             rate=history.rate(name),
             channel_rates={c.channel_name: history.rate(name, c.channel_name) for c in channels},

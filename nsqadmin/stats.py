@@ -11,6 +11,11 @@ Where Go's aggregation has a bug we do what it means to do, and say so:
   gets a fresh aggregate (node `*`) and the per-node rows stay untouched. A channel seen on one
   node only is that node's entry, as in Go (`node` is the nsqd's address, `nodes` is null).
 * The e2e aggregate's `min` is the minimum of the nodes' minimums (Go takes the max's min).
+
+Beyond Go: a partition of a cluster topic (nsqd's docs/design.md §14) is on several nsqd, its
+leader and its followers, and each reports it in /stats with its replica state (`cluster_*`).
+Those copies are one partition, not several: `NodeStats` keeps one row per partition, the
+leader's view (see `NodeStats.finish`), so totals count each message once.
 """
 
 import time
@@ -426,6 +431,63 @@ class LogRange:
         return self.end_count - self.start_count
 
 
+def node_address(node_id: str) -> str:
+    """`<ip>:<tcp port>` of a cluster node ID (`<ip>:<rpc port>:<tcp port>:<node id>`), the
+    address nsqd's `cluster_leader` names; the ID itself when it has another shape."""
+    parts = node_id.split(":")
+    return f"{parts[0]}:{parts[2]}" if len(parts) == 4 else node_id
+
+
+@dataclass
+class ReplicaState:
+    """A cluster partition's replicas as the nsqd that reported it knows them: its own role,
+    the leader (`<ip>:<tcp port>`), the in-sync replicas and catch-up nodes (node IDs), the
+    write epoch, and how many replicas the topic asks for."""
+
+    role: str
+    leader: str
+    isr: list[str]
+    catchup: list[str]
+    write_epoch: int
+    writable: bool
+    replicas: int
+    under_replicated: bool
+
+    @classmethod
+    def from_nsqd(cls, body: dict) -> "ReplicaState | None":
+        if "cluster_role" not in body:
+            return None
+        isr = [str(node) for node in body.get("cluster_isr") or []]
+        replicas = int(body.get("cluster_replicas", len(isr)))
+        return cls(
+            role=str(body["cluster_role"]),
+            leader=str(body.get("cluster_leader", "")),
+            isr=isr,
+            catchup=[str(node) for node in body.get("cluster_catchup") or []],
+            write_epoch=int(body.get("cluster_write_epoch", 0)),
+            writable=bool(body.get("cluster_writable", False)),
+            replicas=replicas,
+            under_replicated=bool(body.get("under_replicated", len(isr) < replicas)),
+        )
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role == "leader"
+
+    def to_json(self) -> dict:
+        """nsqd's /stats keys, so scripts read nsqadmin's API as they read nsqd."""
+        return {
+            "cluster_role": self.role,
+            "cluster_leader": self.leader,
+            "cluster_isr": self.isr,
+            "cluster_catchup": self.catchup,
+            "cluster_write_epoch": self.write_epoch,
+            "cluster_writable": self.writable,
+            "cluster_replicas": self.replicas,
+            "under_replicated": self.under_replicated,
+        }
+
+
 @dataclass
 class TopicStats:
     node: str = ""
@@ -443,6 +505,8 @@ class TopicStats:
     partition: int | None = None
     # Log topics (nsqd's docs/design.md §13): the partition's log on this node.
     log: LogRange | None = None
+    # Cluster topics (nsqd's docs/design.md §14): the partition's replicas, as this node knows.
+    replica: ReplicaState | None = None
 
     @classmethod
     def from_nsqd(
@@ -467,6 +531,7 @@ class TopicStats:
             e2e_processing_latency=E2eLatency.from_nsqd(body.get("e2e_processing_latency")),
             partition=int(body["topic_partition"]) if "topic_partition" in body else None,
             log=LogRange.from_nsqd(body),
+            replica=ReplicaState.from_nsqd(body),
         )
 
     @property
@@ -481,6 +546,16 @@ class TopicStats:
     @property
     def client_count(self) -> int:
         return sum(channel.client_count for channel in self.channels or [])
+
+    @property
+    def replicated_nodes(self) -> list["TopicStats"]:
+        """The partitions (one row each) that belong to a cluster, by partition number."""
+        rows = [node for node in self.nodes or [] if node.replica is not None]
+        return sorted(rows, key=lambda node: node.partition or 0)
+
+    @property
+    def under_replicated_partitions(self) -> int:
+        return sum(1 for node in self.replicated_nodes if node.replica.under_replicated)
 
     def add(self, other: "TopicStats") -> None:
         """Go's TopicStats.Add: fold one node's topic into this cluster-wide one."""
@@ -541,6 +616,12 @@ class TopicStats:
                     "log_end_count": self.log.end_count,
                 }
             ),
+            **({} if self.replica is None else self.replica.to_json()),
+            **(
+                {"under_replicated_partitions": self.under_replicated_partitions}
+                if self.replicated_nodes
+                else {}
+            ),
         }
 
 
@@ -551,10 +632,15 @@ def _e2e_json(e2e: E2eLatency | None) -> dict | None:
 @dataclass
 class NodeStats:
     """Go's GetNSQDStats result: each node's topics, and its channels aggregated across nodes
-    (keyed by channel name when one topic was selected, else by "topic:channel")."""
+    (keyed by channel name when one topic was selected, else by "topic:channel").
+
+    A cluster partition reported by several nodes (leader and followers) is one row, chosen by
+    `finish`: until then it waits in `replica_views`."""
 
     topics: list[TopicStats] = field(default_factory=list)
     channels: dict[str, ChannelStats] = field(default_factory=dict)
+    # (the node's row, the topic selected when it was added)
+    replica_views: list[tuple[TopicStats, str]] = field(default_factory=list)
 
     def add_node(
         self,
@@ -572,21 +658,53 @@ class NodeStats:
                 continue
             if selected_channel and topic.channels:
                 topic.channels = [c for c in topic.channels if c.channel_name == selected_channel]
-            self.topics.append(topic)
-            for channel in topic.channels or []:
-                key = channel.channel_name
-                if not selected_topic:
-                    key = f"{topic.topic_name}:{channel.channel_name}"
-                merged = self.channels.get(key)
-                if merged is None:
-                    merged = ChannelStats.aggregate(topic.topic_name, channel.channel_name)
-                    merged.node = node
-                    self.channels[key] = merged
-                merged.add(channel)
+            if topic.replica is not None:
+                self.replica_views.append((topic, selected_topic))
+                continue
+            self._add_topic(topic, selected_topic)
+
+    def _add_topic(self, topic: TopicStats, selected_topic: str) -> None:
+        self.topics.append(topic)
+        for channel in topic.channels or []:
+            key = channel.channel_name
+            if not selected_topic:
+                key = f"{topic.topic_name}:{channel.channel_name}"
+            merged = self.channels.get(key)
+            if merged is None:
+                merged = ChannelStats.aggregate(topic.topic_name, channel.channel_name)
+                merged.node = topic.node
+                self.channels[key] = merged
+            merged.add(channel)
 
     def finish(self) -> "NodeStats":
+        """Every node added: one row for each cluster partition, then the rows by hostname.
+
+        The row of a cluster partition is its leader's: the leader takes the publishes and
+        the consumers, so its numbers are the partition's (every holder watches the same
+        metadata in etcd, so the replica state is the same). Of several nodes that say they
+        lead, the one with
+        the highest write epoch does (the others have not yet heard they were replaced). With
+        no leader answering, a follower's view stands in, its role saying so."""
+        chosen: dict[tuple[str, int | None], TopicStats] = {}
+        for view, _selected in self.replica_views:
+            key = (view.topic_name, view.partition)
+            best = chosen.get(key)
+            if best is None or _view_rank(view) > _view_rank(best):
+                chosen[key] = view
+        # In the order the nodes were added, as the other rows are.
+        for view, selected_topic in self.replica_views:
+            if chosen.get((view.topic_name, view.partition)) is view:
+                self._add_topic(view, selected_topic)
+        self.replica_views = []
         self.topics.sort(key=lambda t: t.hostname)
         return self
+
+
+def _view_rank(view: TopicStats) -> tuple[bool, int, bool]:
+    """How much a node's view of a cluster partition is to be believed: a leader's over a
+    follower's, a newer write epoch over an older one, an ISR member's over a catch-up node's."""
+    replica = view.replica
+    return (replica.is_leader, replica.write_epoch, replica.role == "follower")
 
 
 def aggregate_topic(topic_name: str, per_node: Iterable[TopicStats]) -> TopicStats:

@@ -118,6 +118,11 @@ class Client:
 
     def channel_deleted(self) -> None:
         """Go closes the connections of a deleted channel's clients."""
+        self.close_by_server()
+
+    def close_by_server(self) -> None:
+        """nsqd ends the connection: its channel was deleted, or this node no longer leads
+        the partition (the client looks the new leader up)."""
         self.state = STATE_CLOSING
         self.closed_by_server = True
         self.wakeup.set()

@@ -462,12 +462,14 @@ class ClusterNode:
         self._nursery.start_soon(self._catch_up, topic)
 
     async def _catch_up(self, topic: "Topic") -> None:
+        """Catch up with the leader until this node is in the ISR (asking the master to
+        join it whenever it is on the catch-up list) or no longer holds the partition."""
         key = (topic.name, topic.partition)
         delay = 0.05
         try:
             while not topic.deleted:
                 info = topic.replica
-                if info is None or info.leader in ("", self.node_id):
+                if info is None or info.leader in ("", "?", self.node_id):
                     return
                 try:
                     await self._catch_up_once(topic, info)
@@ -482,13 +484,18 @@ class ClusterNode:
                     await trio.sleep(delay * (1 + random.random()))
                     delay = min(delay * 2, 1.0)
                     continue
-                if topic.replica is info:
-                    break
+                if topic.replica is not info:
+                    continue  # the info changed meanwhile: catch up with what it says now
+                if self.node_id not in info.catchup or self.session is None:
+                    return
+                # The leader's writes to this node are refused until this returns: it
+                # retries them for long enough.
+                if await self.session.join_isr(topic.name, topic.partition, info):
+                    return
+                await trio.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 1.0)
         finally:
             self._catching_up.discard(key)
-        info = topic.replica
-        if info is not None and self.node_id in info.catchup and self.session is not None:
-            await self.session.join_isr(topic.name, topic.partition, info)
 
     async def _catch_up_once(self, topic: "Topic", info: ReplicaInfo) -> None:
         link = self._link(info.leader)

@@ -46,7 +46,14 @@ class ClusterSession:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with self.client, trio.open_nursery() as nursery:
-            await self._register()
+            while True:
+                try:
+                    await self._register()
+                    break
+                except EtcdError as error:
+                    # etcd may start after nsqd (a whole cluster started at once).
+                    self.nsqd.log.error("CLUSTER: cannot register with etcd yet - %s", error)
+                    await trio.sleep(0.5)
             revision = await self._load()
             nursery.start_soon(self._keep_registered)
             nursery.start_soon(self._watch_topics, revision + 1)
@@ -75,6 +82,8 @@ class ClusterSession:
             while True:
                 try:
                     await self._register()
+                    # What changed while this node was away may have passed its watch by.
+                    await self._load()
                     break
                 except EtcdError as error:
                     self.nsqd.log.error("CLUSTER: cannot register - %s", error)
@@ -217,15 +226,17 @@ class ClusterSession:
             return None
         return updated
 
-    async def join_isr(self, topic: str, partition: int, info: ReplicaInfo) -> None:
-        """Caught up: ask the master to move this node from the catch-up list into the ISR."""
-        await self._ask_master(
+    async def join_isr(self, topic: str, partition: int, info: ReplicaInfo) -> bool:
+        """Caught up: ask the master to move this node from the catch-up list into the ISR.
+        Whether it did."""
+        answer = await self._ask_master(
             "/cluster/isr/join",
             topic=topic,
             partition=partition,
             node=self.node.node_id,
             epoch=info.epoch,
         )
+        return answer is not None
 
 
 def _post_json(url: str) -> dict:

@@ -87,6 +87,8 @@ def render_metrics(nsqd: "NSQD") -> str:
             family("nsq_log_messages", "gauge", "Messages written to the log since it began").add(
                 topic["log_end_count"], **where
             )
+        if "cluster_role" in topic:
+            _replicas(family, topic, **where)
         for channel in topic["channels"]:
             c = channel["channel_name"]
             labels = {**where, "channel": c}
@@ -154,6 +156,25 @@ def render_metrics(nsqd: "NSQD") -> str:
         memory["gc_total_runs"]
     )
     return "".join(f.render() for f in families.values())
+
+
+def _replicas(family, stats: dict, **labels: str) -> None:
+    """A cluster partition's replicas (docs/design.md §14) as this node knows them."""
+    family("nsq_partition_isr_size", "gauge", "In-sync replicas of the partition").add(
+        len(stats["cluster_isr"]), **labels
+    )
+    family("nsq_partition_replicas", "gauge", "Replicas the partition's topic asks for").add(
+        stats["cluster_replicas"], **labels
+    )
+    family("nsq_partition_write_epoch", "gauge", "The partition's write epoch").add(
+        stats["cluster_write_epoch"], **labels
+    )
+    family("nsq_partition_is_leader", "gauge", "1 while this nsqd leads the partition").add(
+        int(stats["cluster_role"] == "leader"), **labels
+    )
+    family(
+        "nsq_partition_under_replicated", "gauge", "1 while the ISR is smaller than the replicas"
+    ).add(int(stats["under_replicated"]), **labels)
 
 
 def _latency(family, name: str, stats: dict, **labels: str) -> None:

@@ -13,6 +13,7 @@ import trio
 
 from common.duration import format_duration
 from common.version import version_line
+from nsqd.cluster import UNKNOWN_REPLICA
 from nsqd.e2e import merged_result
 
 if TYPE_CHECKING:
@@ -173,7 +174,30 @@ def topic_stats(topic: "Topic", channels: list[dict], now: float) -> dict:
         stats["log_start_count"] = log.start.count
         stats["log_end_offset"] = log.end.offset
         stats["log_end_count"] = log.end.count
+    if topic.replica is not None:
+        stats.update(replica_stats(topic))
     return stats
+
+
+def replica_stats(topic: "Topic") -> dict:
+    """A cluster partition's replicas as this node knows them (docs/design.md §14), under
+    the `cluster_*` keys of `/stats`; the same state as `/partition/offsets`' entry."""
+    state = topic.nsqd.cluster.describe(topic)
+    # A partition found on disk at startup, before etcd says who holds it, knows no replicas:
+    # it is not reported under-replicated on a guess.
+    known = topic.replica is not UNKNOWN_REPLICA
+    replicas = topic.replica.replica if known else 0
+    return {
+        "cluster_role": state["role"],
+        "cluster_leader": state["leader"],
+        "cluster_isr": state["isr"],
+        "cluster_catchup": state["catchup"],
+        "cluster_write_epoch": state["write_epoch"],
+        "cluster_writable": state["writable"],
+        "cluster_replicas": replicas,
+        # Fewer in-sync replicas than the topic asks for: one more loss may stop writes.
+        "under_replicated": known and len(state["isr"]) < replicas,
+    }
 
 
 def gather(nsqd: "NSQD", topic_name: str, channel_name: str, include_clients: bool):
@@ -242,6 +266,23 @@ def _client_line(stats: dict) -> str:
     )
 
 
+def _replica_line(topic: dict) -> str:
+    """A cluster partition's replicas, under its topic line (Go's report has no such line:
+    topics outside a cluster keep Go's bytes)."""
+    line = (
+        f"      partition: {topic.get('topic_partition', '-')} role: {topic['cluster_role']}"
+        f" leader: {topic['cluster_leader'] or '-'}"
+        f" isr: {','.join(topic['cluster_isr']) or '-'}"
+        f" catchup: {','.join(topic['cluster_catchup']) or '-'}"
+        f" write-epoch: {topic['cluster_write_epoch']}"
+        f" writable: {str(topic['cluster_writable']).lower()}"
+        f" replicas: {len(topic['cluster_isr'])}/{topic['cluster_replicas']}"
+    )
+    if topic["under_replicated"]:
+        line += " UNDER-REPLICATED"
+    return line + "\n"
+
+
 def _rfc3339(seconds: int) -> str:
     moment = datetime.datetime.fromtimestamp(seconds).astimezone()
     text = moment.isoformat(timespec="seconds")
@@ -273,6 +314,8 @@ def text_report(nsqd: "NSQD", topics, producers, memory, health: str) -> str:
             f" be-depth: {topic['backend_depth']:<5} msgs: {topic['message_count']:<8}"
             f" e2e%: {_e2e_text(topic['e2e_processing_latency'])}\n"
         )
+        if "cluster_role" in topic:
+            out += _replica_line(topic)
         for channel in topic["channels"]:
             prefix = "   *P " if channel["paused"] else "      "
             out += (

@@ -64,7 +64,7 @@ class Node:
             "-broadcast-address=127.0.0.1",
             f"-data-path={self.data_path}",
             f"-node-id={self.index}",
-            f"-cluster-leadership-addresses={cluster.etcd.client_url}",
+            f"-cluster-leadership-addresses={cluster.etcd_url_of(self.index)}",
             f"-cluster-id={cluster.cluster_id}",
             f"-cluster-node-ttl={cluster.ttl}s",
             "-sync-timeout=200ms",
@@ -108,9 +108,12 @@ class LocalCluster:
         lookupds: int = 1,
         ttl: float = 2.0,
         nsqd_args: tuple[str, ...] = (),
+        etcd_urls: dict[int, str] | None = None,
     ) -> None:
         self.root = root
         self.etcd = etcd
+        # A node's own way to etcd (a black-holing proxy in the chaos tests), by node index.
+        self.etcd_urls = etcd_urls or {}
         self.cluster_id = "test"
         self.ttl = ttl
         self.nsqd_args = nsqd_args
@@ -132,6 +135,9 @@ class LocalCluster:
         self.nodes = [Node(self, index).start() for index in range(nsqds)]
         wait_for(lambda: len(self.stats().get("nsqd_nodes", [])) == nsqds, "nsqds registered")
         wait_for(lambda: self.master() is not None, "a master nsqlookupd")
+
+    def etcd_url_of(self, index: int) -> str:
+        return self.etcd_urls.get(index, self.etcd.client_url)
 
     def close(self) -> None:
         for node in self.nodes:

@@ -2,6 +2,7 @@
 nsqds, node leases of 2 s. Publishers retry on the new leader; a consumer drains at the end;
 nothing acknowledged is lost, and the replicas' logs end byte-identical."""
 
+import json
 import time
 
 import pytest
@@ -200,3 +201,41 @@ class cluster_leader_only:
 
     def node_leading(self, topic: str, partition: int):
         return self.leader
+
+
+def test_a_new_leader_resumes_consumption_near_the_old_leaders_cursor(cluster):
+    """The leader sends its channels' confirmed positions to the followers every
+    `--sync-timeout` (200 ms here): after a failover the consumer gets what it had not
+    finished, and at most what was finished since the last such update again."""
+    cluster.create_topic("t", 1, 3)
+    old = cluster.node_leading("t", 0)
+    assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
+    bodies = [b"m%03d" % i for i in range(100)]
+    for body in bodies:
+        publish(cluster, "t", body)
+    finished: set[bytes] = set()
+    connection = V2Connection(old.tcp_port)
+    try:
+        connection.send(b"SUB t c 0\n")
+        assert connection.read_response().data == b"OK"
+        connection.send(encode_rdy(1))
+        for _ in range(60):
+            (message,) = connection.read_messages(1)
+            finished.add(message.body)
+            connection.send(b"FIN " + message.id + b"\n")
+            connection.send(encode_rdy(1))
+    finally:
+        connection.close()
+    follower = cluster.node(cluster.partition("t", 0)["isr"][1])
+
+    def confirmed_on_follower() -> bool:
+        reply = follower.http("GET", "/stats?format=json&topic=t&channel=c")
+        topics = json.loads(reply.body)["topics"]
+        channels = topics[0]["channels"] if topics else []
+        return bool(channels) and channels[0].get("confirmed_count") == 60
+
+    wait_for(confirmed_on_follower, "the cursor on the followers")
+    old.kill()
+    new = wait_for(lambda: cluster.node_leading("t", 0), "a new leader")
+    received = drain(new, "t", set(bodies) - finished)
+    assert received == set(bodies) - finished, sorted(received & finished)[:5]

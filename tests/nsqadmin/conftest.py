@@ -1,12 +1,16 @@
 """A live cluster shared by the nsqadmin tests: nsqlookupd, two nsqd, nsqadmin. Each test
-works on topics of its own, so that the tests do not see each other's actions."""
+works on topics of its own, so that the tests do not see each other's actions. Tests of
+replicated topics get a cluster-mode cluster of their own (`replicated`): they kill nodes."""
 
 import itertools
 
 import pytest
 
+from tests.cluster.etcd_server import EtcdServer
+from tests.cluster.local_cluster import LocalCluster
 from tests.nsqadmin.support import (
     Cluster,
+    ReplicatedCluster,
     start_cluster_nsqd,
     start_nsqadmin,
     start_nsqlookupd,
@@ -30,3 +34,15 @@ def cluster(tmp_path_factory) -> Cluster:
 def topic_name(request) -> str:
     """A topic name no other test uses."""
     return f"t{next(_names)}-{request.node.name[:30].replace('[', '-').replace(']', '')}"
+
+
+@pytest.fixture
+def replicated(tmp_path) -> ReplicatedCluster:
+    """etcd, one nsqlookupd and three nsqd in cluster mode, and an nsqadmin asking the
+    nsqlookupd; all killed afterwards."""
+    with EtcdServer(tmp_path / "etcd") as etcd, LocalCluster(tmp_path, etcd) as local:
+        admin = start_nsqadmin(f"-lookupd-http-address=127.0.0.1:{local.lookupds[0].port('HTTP')}")
+        try:
+            yield ReplicatedCluster(local, admin)
+        finally:
+            admin.stop()

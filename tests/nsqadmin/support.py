@@ -10,12 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from common.command import encode_identify, encode_rdy, encode_sub
 from tests.harness import DaemonProcess, V2Connection, start_nsqd
 from tests.reference import REFERENCE_DIR
+
+if TYPE_CHECKING:
+    from tests.cluster.local_cluster import LocalCluster
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 
@@ -206,6 +209,26 @@ class Cluster:
     def stop(self) -> None:
         for process in [*self.extra, self.admin, *(n.process for n in self.nsqds), self.lookupd]:
             process.stop()
+
+
+@dataclass
+class ReplicatedCluster:
+    """A cluster in cluster mode (tests/cluster/local_cluster.py: etcd, one nsqlookupd, three
+    nsqd) and an nsqadmin that asks its nsqlookupd."""
+
+    local: "LocalCluster"
+    admin: DaemonProcess
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.admin.port('HTTP')}"
+
+    @property
+    def lookupd_http_address(self) -> str:
+        return f"127.0.0.1:{self.local.lookupds[0].port('HTTP')}"
+
+    def nsqd_http_address(self, node) -> str:
+        return f"127.0.0.1:{node.http_port}"
 
 
 # -- a consumer -----------------------------------------------------------------------------

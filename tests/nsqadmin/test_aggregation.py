@@ -342,3 +342,82 @@ def test_go_json_encoding():
         "1e+21",
         "123456789",
     ]
+
+
+# -- cluster partitions: one row each ---------------------------------------------------------
+
+
+def replica_body(
+    role: str,
+    write_epoch: int = 1,
+    *,
+    messages: int = 0,
+    isr: tuple[str, ...] = ("10.0.0.1:4200:4150:1", "10.0.0.2:4200:4150:2"),
+    catchup: tuple[str, ...] = (),
+) -> dict:
+    """An nsqd's /stats with partition 0 of topic `t` in a cluster, as `role` sees it, and
+    its channel `ch` holding what was published."""
+    body = copy.deepcopy(reference("nsqd_stats_json.http").json())
+    topic = body["topics"][0]
+    channel = topic["channels"][0]
+    topic.update(
+        topic_name="t",
+        message_count=messages,
+        topic_partition=0,
+        cluster_role=role,
+        cluster_leader="10.0.0.1:4150",
+        cluster_isr=list(isr),
+        cluster_catchup=list(catchup),
+        cluster_write_epoch=write_epoch,
+        cluster_writable=role == "leader",
+        cluster_replicas=3,
+        under_replicated=len(isr) < 3,
+    )
+    channel.update(channel_name="ch", depth=messages, message_count=messages)
+    return body
+
+
+def test_a_cluster_partition_is_its_leaders_row_once():
+    stats = NodeStats()
+    stats.add_node("10.0.0.2:4151", "b", replica_body("follower", messages=0), "t")
+    stats.add_node("10.0.0.1:4151", "a", replica_body("leader", messages=5), "t")
+    stats.add_node("10.0.0.3:4151", "c", replica_body("catchup", messages=0), "t")
+    total = aggregate_topic("t", stats.finish().topics)
+    [row] = total.nodes
+    assert (row.node, row.replica.role) == ("10.0.0.1:4151", "leader")
+    assert total.message_count == 5
+    # The channel too: the leader's, not the sum of the replicas'.
+    assert stats.channels["ch"].depth == 5 and len(stats.channels["ch"].nodes) == 1
+    assert total.under_replicated_partitions == 1
+    body = total.to_json()
+    assert body["under_replicated_partitions"] == 1
+    assert body["nodes"][0]["cluster_isr"] == ["10.0.0.1:4200:4150:1", "10.0.0.2:4200:4150:2"]
+    assert body["nodes"][0]["under_replicated"] is True
+
+
+def test_of_two_leaders_the_newer_write_epoch_wins():
+    stats = NodeStats()
+    stats.add_node("10.0.0.1:4151", "a", replica_body("leader", 3, messages=7), "t")
+    stats.add_node("10.0.0.2:4151", "b", replica_body("leader", 4, messages=2), "t")
+    [row] = stats.finish().topics
+    assert (row.node, row.replica.write_epoch, row.message_count) == ("10.0.0.2:4151", 4, 2)
+
+
+def test_without_a_leader_a_follower_stands_in():
+    stats = NodeStats()
+    stats.add_node("10.0.0.3:4151", "c", replica_body("catchup", 2), "t")
+    stats.add_node("10.0.0.2:4151", "b", replica_body("follower", 2), "t")
+    [row] = stats.finish().topics
+    assert (row.node, row.replica.role) == ("10.0.0.2:4151", "follower")
+
+
+def test_partitions_outside_a_cluster_stay_one_row_per_node():
+    stats = NodeStats()
+    for node in ("10.0.0.1:4151", "10.0.0.2:4151"):
+        body = copy.deepcopy(reference("nsqd_stats_json.http").json())
+        body["topics"][0]["topic_partition"] = 0
+        stats.add_node(node, node, body)
+    total = aggregate_topic("test", stats.finish().topics)
+    assert len(total.nodes) == 2
+    assert "under_replicated_partitions" not in total.to_json()
+    assert "cluster_role" not in total.nodes[0].to_json()

@@ -621,3 +621,99 @@ def test_a_classic_channel_has_no_lag_or_reset(cluster, topic_name):
     topic_page = http("GET", f"{cluster.url}/topics/{quote(topic_name)}").body.decode()
     assert "Log end" not in topic_page
     assert "partition" not in get_json(f"{cluster.url}/api/topics/{quote(topic_name)}")["nodes"][0]
+
+
+# -- cluster topics (partition replicas) -----------------------------------------------------
+
+
+def _replica_fields(node: dict) -> dict:
+    return {key: value for key, value in node.items() if key.startswith("cluster_")}
+
+
+def test_a_replicated_topic_is_one_row_per_partition_the_leaders(replicated):
+    """Each partition of a cluster topic is on three nsqd; the API shows it once, as its
+    leader reports it, both through nsqlookupd and with every nsqd named
+    (--nsqd-http-address), and its totals count each message once."""
+    local = replicated.local
+    local.create_topic("three", 2, 3)
+    counts = {0: 3, 1: 2}
+    for partition, count in counts.items():
+        leader = local.node_leading("three", partition)
+        for _ in range(count):
+            reply = http(
+                "POST",
+                f"http://127.0.0.1:{leader.http_port}/pub?topic=three&partition={partition}",
+                b"m",
+            )
+            assert reply.status == 200, reply.body
+    by_nsqd = start_nsqadmin(
+        *(f"-nsqd-http-address={replicated.nsqd_http_address(n)}" for n in local.nodes)
+    )
+    try:
+        for url in (replicated.url, f"http://127.0.0.1:{by_nsqd.port('HTTP')}"):
+            body = get_json(f"{url}/api/topics/three")
+            assert sorted(n["partition"] for n in body["nodes"]) == [0, 1], url
+            assert body["message_count"] == 5
+            assert body["under_replicated_partitions"] == 0
+            for node in body["nodes"]:
+                info = local.partition("three", node["partition"])
+                leader = local.node(info["leader"])
+                assert node["node"] == replicated.nsqd_http_address(leader)
+                assert node["message_count"] == counts[node["partition"]]
+                assert _replica_fields(node) == {
+                    "cluster_role": "leader",
+                    "cluster_leader": f"127.0.0.1:{leader.tcp_port}",
+                    "cluster_isr": info["isr"],
+                    "cluster_catchup": [],
+                    "cluster_write_epoch": info["write_epoch"],
+                    "cluster_writable": True,
+                    "cluster_replicas": 3,
+                }
+                assert node["under_replicated"] is False
+    finally:
+        by_nsqd.stop()
+    # A node's own page keeps its every partition, as leader or follower.
+    follower = local.node(local.partition("three", 0)["isr"][1])
+    node = get_json(f"{replicated.url}/api/nodes/{replicated.nsqd_http_address(follower)}")
+    roles = {t["partition"]: t["cluster_role"] for t in node["topics"]}
+    assert roles[0] == "follower"
+
+
+def test_a_dead_follower_is_flagged_under_replicated(replicated):
+    local = replicated.local
+    local.create_topic("two", 1, 2)
+    info = local.partition("two", 0)
+    victim = local.node(info["isr"][1])
+    url = f"{replicated.url}/api/topics/two"
+    assert get_json(url)["under_replicated_partitions"] == 0
+    victim.kill()
+    body = wait_until(
+        lambda: (body := get_json(url))["under_replicated_partitions"] == 1 and body,
+        timeout=20,
+        message="nsqadmin reporting two/0 under-replicated",
+    )
+    [node] = body["nodes"]
+    assert node["under_replicated"] is True
+    assert node["cluster_isr"] == [info["leader"]]
+    assert node["cluster_catchup"] == [victim.node_id]
+    assert node["cluster_writable"] is False
+    page = http("GET", f"{replicated.url}/").body.decode()
+    assert 'data-flag="under-replicated"' in page and "1 under-replicated" in page
+
+
+def test_a_follower_alone_stands_in_for_its_leader(replicated):
+    """An nsqadmin that can ask only a follower shows the follower's view, marked so."""
+    local = replicated.local
+    local.create_topic("two", 1, 2)
+    info = local.partition("two", 0)
+    follower = local.node(info["isr"][1])
+    admin = start_nsqadmin(f"-nsqd-http-address={replicated.nsqd_http_address(follower)}")
+    try:
+        url = f"http://127.0.0.1:{admin.port('HTTP')}"
+        [node] = get_json(f"{url}/api/topics/two")["nodes"]
+        assert node["node"] == replicated.nsqd_http_address(follower)
+        assert (node["cluster_role"], node["cluster_isr"]) == ("follower", info["isr"])
+        page = http("GET", f"{url}/topics/two").body.decode()
+        assert 'data-flag="no-leader-view"' in page and "seen by a follower" in page
+    finally:
+        admin.stop()

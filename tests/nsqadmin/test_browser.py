@@ -492,3 +492,66 @@ def test_reset_a_log_topic_channel_to_a_time(cluster, browser, topic_name):
         row = f'#topic-nodes tr[data-node="{nsqd.http_address}"]'
         assert field(browser, row, "partition") == "0"
         assert field(browser, row, "log_end").split()[0] == "1"
+
+
+def test_the_topic_page_shows_each_partitions_replicas(replicated, browser):
+    """A cluster topic's page: each partition once, with its leader, ISR, catch-up nodes and
+    write epoch; a follower killed, the partition is flagged under-replicated. The page's
+    screenshot goes to tests/nsqadmin/artifacts/replicas.png."""
+    local = replicated.local
+    local.create_topic("two", 1, 2)
+    info = local.partition("two", 0)
+    leader, victim = (local.node(node_id) for node_id in info["isr"])
+    assert leader.node_id == info["leader"]
+    row = '#partition-replicas tr[data-partition="0"]'
+
+    def chips(cell: str) -> list[str]:
+        elements = browser.find_elements(By.CSS_SELECTOR, f'{row} [data-field="{cell}"] .node-chip')
+        return [element.get_attribute("data-node-id") for element in elements]
+
+    def flags() -> list[str]:
+        elements = browser.find_elements(By.CSS_SELECTOR, f"{row} [data-flag]")
+        return [element.get_attribute("data-flag") for element in elements]
+
+    browser.get(f"{replicated.url}/topics/two")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#partition-replicas tbody tr")) == 1
+    assert field(browser, row, "leader") == f"127.0.0.1:{leader.tcp_port}"
+    assert chips("isr") == info["isr"]
+    assert field(browser, row, "isr_size") == "2/2"
+    assert chips("catchup") == []
+    assert field(browser, row, "write_epoch") == str(info["write_epoch"])
+    assert field(browser, row, "state") == "in sync"
+    assert flags() == []
+    assert not browser.find_elements(By.ID, "under-replicated")
+    # The leader's name leads to its node page.
+    link = browser.find_element(By.CSS_SELECTOR, f'{row} [data-field="leader"] a')
+    assert link.get_attribute("href").endswith(f"/nodes/127.0.0.1%3A{leader.http_port}")
+
+    victim.kill()
+
+    def flagged() -> bool:
+        browser.get(f"{replicated.url}/topics/two")
+        return "under-replicated" in flags()
+
+    wait_until(flagged, timeout=20, message="the topic page flagging two/0 under-replicated")
+    assert "under-replicated" in browser.find_element(By.CSS_SELECTOR, row).get_attribute("class")
+    badge = browser.find_element(By.CSS_SELECTOR, f'{row} [data-flag="under-replicated"]')
+    assert badge.is_displayed() and badge.text == "under-replicated"
+    assert flags() == ["under-replicated", "not-writable"]
+    assert browser.find_element(By.ID, "under-replicated").text == (
+        "1 of 1 partitions under-replicated"
+    )
+    assert chips("isr") == [leader.node_id]
+    assert chips("catchup") == [victim.node_id]
+    assert field(browser, row, "isr_size") == "1/2"
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / "replicas.png"
+    browser.save_screenshot(str(screenshot))
+    print(f"replicas page screenshot: {screenshot}")
+
+    # The Streams page flags the topic too.
+    browser.get(f"{replicated.url}/")
+    flag = browser.find_element(
+        By.CSS_SELECTOR, 'tr[data-topic="two"] [data-flag="under-replicated"]'
+    )
+    assert flag.text == "1 under-replicated"

@@ -37,3 +37,26 @@ def test_ctrl_c_stops_the_cluster_cleanly_and_keeps_nsqd_messages(tmp_path) -> N
         assert _consume_all(restarted.port(), "t", "c", 50) == set(range(50))
     finally:
         restarted.kill()
+
+
+def test_the_replicated_cluster_command_starts_etcd_nsqlookupd_three_nsqds_and_nsqadmin(tmp_path):
+    """`make run-cluster`: every daemon's flags are ones it takes, the nsqds have ports and data
+    paths of their own and all join the same cluster through the same etcd."""
+    from nsqadmin.options import build_flags as nsqadmin_flags
+    from nsqd.options import build_flags as nsqd_flags
+    from nsqd.options import options_from_values
+    from nsqlookupd.options import build_flags as nsqlookupd_flags
+    from tools.local_cluster import replicated_daemons
+
+    daemons = replicated_daemons(tmp_path, "/usr/bin/etcd")
+    names = [os.path.basename(name) for name, _args, _url in daemons]
+    assert names == ["etcd", "nsqlookupd", "nsqd", "nsqd", "nsqd", "nsqadmin"]
+    parsers = {"nsqd": nsqd_flags, "nsqlookupd": nsqlookupd_flags, "nsqadmin": nsqadmin_flags}
+    nsqds = []
+    for name, args, _url in daemons[1:]:
+        values = parsers[name]().parse(args).values
+        if name == "nsqd":
+            nsqds.append(options_from_values(values))
+    assert len({(o.tcp_address, o.http_address, o.rpc_port, o.data_path) for o in nsqds}) == 3
+    assert {o.cluster_leadership_addresses for o in nsqds} == {"http://127.0.0.1:2379"}
+    assert len({o.node_id for o in nsqds}) == 3

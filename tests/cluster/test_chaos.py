@@ -1,0 +1,326 @@
+"""Chaos on a cluster of real processes (docs/design.md §14, docs/RELIABILITY.md): etcd, one
+nsqlookupd, three nsqds; topics with replicator 2 and 3; a producer per topic publishing
+steadily (finding the leader through nsqlookupd and retrying, as the smart client does), and a
+consumer per topic draining whichever node leads it. Faults, one after the other: `kill -9` of a
+leader (then it is started again), `SIGSTOP` of a leader past its lease then `SIGCONT`, `kill -9`
+of a follower and a restart, a restart of etcd, and a leader's link to etcd black-holed then
+healed. Afterwards the checker reads everything: every acknowledged message consumed at least
+once (0 lost), the log bytes identical on every ISR member, duplicates counted, and the write
+unavailability of each fault.
+
+The default suite runs each fault once; `-m slow` runs `test_chaos_long` with many rounds.
+"""
+
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+
+from common.command import encode_command, encode_rdy
+from common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
+from common.message import decode_message
+from tests.cluster.local_cluster import LocalCluster, wait_for
+from tests.cluster.proxy import BlackholeProxy
+from tests.harness import V2Connection
+
+TOPICS = {"r2": 2, "r3": 3}
+
+
+@dataclass
+class TopicTraffic:
+    acked: set[bytes] = field(default_factory=set)
+    received: Counter = field(default_factory=Counter)
+    attempts: int = 0
+    # (seconds without an acknowledged publish, when it began): gaps longer than 0.5 s.
+    gaps: list[tuple[float, float]] = field(default_factory=list)
+
+
+class Workload:
+    """A producer and a consumer thread per topic until `stop()`."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.traffic = {topic: TopicTraffic() for topic in TOPICS}
+        self._stop = threading.Event()
+        self._threads = []
+        for topic in TOPICS:
+            for target in (self._produce, self._consume):
+                thread = threading.Thread(target=target, args=(topic,), daemon=True)
+                thread.start()
+                self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def _leader_port(self, topic: str) -> int | None:
+        try:
+            node = self.cluster.node_leading(topic, 0)
+        except (OSError, AssertionError, KeyError, ValueError):
+            return None
+        return node.tcp_port if node is not None else None
+
+    def _produce(self, topic: str) -> None:
+        traffic = self.traffic[topic]
+        sequence = 0
+        last_ok = time.monotonic()
+        connection = None
+        port = None
+        while not self._stop.is_set():
+            body = b"%s-%08d" % (topic.encode(), sequence)
+            traffic.attempts += 1
+            try:
+                if connection is None:
+                    port = self._leader_port(topic)
+                    if port is None:
+                        time.sleep(0.05)
+                        continue
+                    connection = V2Connection(port, timeout=3)
+                connection.send(encode_command(b"PUB", topic.encode(), b"0", body=body))
+                frame = connection.read_response()
+                ok = frame.frame_type != FRAME_TYPE_ERROR and frame.data == b"OK"
+            except OSError:
+                ok = False
+            if ok:
+                traffic.acked.add(body)
+                sequence += 1
+                now = time.monotonic()
+                if now - last_ok > 0.5:
+                    traffic.gaps.append((now - last_ok, last_ok))
+                last_ok = now
+                time.sleep(0.005)
+            else:
+                # Not acknowledged (it may still be stored: a retry then duplicates it).
+                sequence += 1
+                if connection is not None:
+                    connection.close()
+                connection = None
+                time.sleep(0.05)
+        if connection is not None:
+            connection.close()
+
+    def _consume(self, topic: str) -> None:
+        traffic = self.traffic[topic]
+        while not self._stop.is_set():
+            port = self._leader_port(topic)
+            if port is None:
+                time.sleep(0.05)
+                continue
+            try:
+                connection = V2Connection(port, timeout=1)
+            except OSError:
+                continue
+            try:
+                connection.send(b"SUB %s c 0\n" % topic.encode())
+                if connection.read_response().data != b"OK":
+                    continue
+                connection.send(encode_rdy(50))
+                while not self._stop.is_set():
+                    frame = connection.read_frame()
+                    if frame.frame_type != FRAME_TYPE_MESSAGE:
+                        if frame.data == b"_heartbeat_":
+                            connection.send(b"NOP\n")
+                            continue
+                        break
+                    message = decode_message(frame.data)
+                    traffic.received[message.body] += 1
+                    connection.send(b"FIN " + message.id + b"\n")
+            except OSError:
+                pass
+            finally:
+                connection.close()
+
+
+def log_files(node, topic: str) -> dict[str, bytes]:
+    return {
+        path.name: path.read_bytes()
+        for path in sorted((node.data_path / topic).iterdir())
+        if path.name.endswith(".commit.log") or ".diskqueue.0" in path.name
+    }
+
+
+def settle_and_check(cluster: LocalCluster, workload: Workload) -> dict:
+    """Stop the producers, let the consumers drain, then check every promise; the figures."""
+    # Every node back in every ISR, so the byte comparison covers all replicas.
+    for topic, replicas in TOPICS.items():
+        wait_for(
+            lambda t=topic, r=replicas: len(cluster.partition(t, 0)["isr"]) == r,
+            f"{topic}'s ISR whole again",
+            timeout=60,
+        )
+    producers_done = time.monotonic() + 1.0
+    while time.monotonic() < producers_done:
+        time.sleep(0.05)
+    workload._stop.set()
+    figures = {}
+    for topic, traffic in workload.traffic.items():
+        workload_acked = set(traffic.acked)
+        leader = wait_for(lambda t=topic: cluster.node_leading(t, 0), f"{topic}'s leader")
+        missing = workload_acked - set(traffic.received)
+        if missing:
+            missing -= drain_missing(leader, topic, missing)
+        assert not missing, f"{topic}: {len(missing)} acknowledged never consumed"
+        expected = log_files(leader, topic)
+        for node_id in cluster.partition(topic, 0)["isr"]:
+            node = cluster.node(node_id)
+            wait_for(
+                lambda n=node, t=topic, e=expected: log_files(n, t) == e,
+                f"{topic} identical on {node_id}",
+            )
+        figures[topic] = {
+            "acknowledged": len(workload_acked),
+            "lost": 0,
+            "duplicates": sum(count - 1 for count in traffic.received.values() if count > 1),
+            "gaps": [round(gap, 2) for gap, _at in traffic.gaps],
+        }
+    workload.stop()
+    return figures
+
+
+def drain_missing(node, topic: str, wanted: set[bytes]) -> set[bytes]:
+    """What a last consumer of the leader still gets of `wanted` (the workload's consumer may
+    have stopped before the end)."""
+    found: set[bytes] = set()
+    connection = V2Connection(node.tcp_port, timeout=2)
+    try:
+        connection.send(b"SUB %s c 0\n" % topic.encode())
+        assert connection.read_response().data == b"OK"
+        connection.send(encode_rdy(200))
+        deadline = time.monotonic() + 20
+        while not wanted <= found and time.monotonic() < deadline:
+            try:
+                frame = connection.read_frame()
+            except OSError:
+                break
+            if frame.frame_type == FRAME_TYPE_MESSAGE:
+                message = decode_message(frame.data)
+                found.add(message.body)
+                connection.send(b"FIN " + message.id + b"\n")
+    finally:
+        connection.close()
+    return found & wanted
+
+
+class Faults:
+    def __init__(self, cluster: LocalCluster, proxies: dict[int, BlackholeProxy]) -> None:
+        self.cluster = cluster
+        self.proxies = proxies
+
+    def _leader(self, topic: str = "r3"):
+        return wait_for(lambda: self.cluster.node_leading(topic, 0), f"{topic}'s leader")
+
+    def _whole(self) -> None:
+        for topic, replicas in TOPICS.items():
+            try:
+                wait_for(
+                    lambda t=topic, r=replicas: len(self.cluster.partition(t, 0)["isr"]) == r,
+                    f"{topic}'s ISR whole",
+                    timeout=30,
+                )
+            except AssertionError:
+                print(json.dumps(self.cluster.stats()["partitions"]))
+                for node in self.cluster.nodes:
+                    print("=====", node.node_id)
+                    print("\n".join(node.process.lines[-200:]))
+                print("\n".join(self.cluster.lookupds[0].lines[-40:]))
+                raise
+
+    def kill_leader(self) -> None:
+        leader = self._leader()
+        leader.kill()
+        wait_for(lambda: self.cluster.node_leading("r3", 0) not in (None, leader), "a new leader")
+        leader.start()
+        self._whole()
+
+    def freeze_leader(self) -> None:
+        leader = self._leader()
+        leader.pause()
+        try:
+            wait_for(
+                lambda: self.cluster.partition("r3", 0)["leader"] != leader.node_id,
+                "a new leader",
+            )
+        finally:
+            leader.resume()
+        self._whole()
+
+    def kill_follower(self) -> None:
+        info = self.cluster.partition("r3", 0)
+        follower = self.cluster.node(info["isr"][-1])
+        follower.kill()
+        wait_for(
+            lambda: follower.node_id not in self.cluster.partition("r3", 0)["isr"],
+            "the follower out of the ISR",
+        )
+        follower.start()
+        self._whole()
+
+    def restart_etcd(self) -> None:
+        self.cluster.etcd.kill()
+        time.sleep(0.5)  # the outage itself: traffic goes on meanwhile
+        self.cluster.etcd.start()
+        self._whole()
+
+    def cut_leader_from_etcd(self) -> None:
+        """The leader's etcd link black-holed past its lease: it is replaced, and its writes
+        are fenced off by the followers until it learns it."""
+        leader = self._leader()
+        proxy = self.proxies[leader.index]
+        proxy.blackhole()
+        try:
+            wait_for(
+                lambda: self.cluster.partition("r3", 0)["leader"] != leader.node_id,
+                "a new leader",
+            )
+        finally:
+            proxy.heal()
+        self._whole()
+
+    ALL = ("kill_leader", "freeze_leader", "kill_follower", "restart_etcd", "cut_leader_from_etcd")
+
+
+@pytest.fixture
+def chaos_cluster(tmp_path, etcd_server):
+    proxies = {index: BlackholeProxy(("127.0.0.1", etcd_server.client_port)) for index in range(3)}
+    etcd_urls = {index: f"http://{proxy.address}" for index, proxy in proxies.items()}
+    with LocalCluster(
+        tmp_path, etcd_server, nsqd_args=("-sync-every=1",), etcd_urls=etcd_urls
+    ) as cluster:
+        for topic, replicas in TOPICS.items():
+            cluster.create_topic(topic, 1, replicas)
+            leader = cluster.node_leading(topic, 0)
+            reply = leader.http("POST", f"/channel/create?topic={topic}&channel=c&partition=0")
+            assert reply.status == 200, reply
+        yield cluster, Faults(cluster, proxies)
+    for proxy in proxies.values():
+        proxy.close()
+
+
+def run_chaos(cluster, faults: Faults, rounds: int) -> dict:
+    workload = Workload(cluster)
+    try:
+        for _ in range(rounds):
+            for name in Faults.ALL:
+                getattr(faults, name)()
+        return settle_and_check(cluster, workload)
+    finally:
+        workload.stop()
+
+
+def test_chaos(chaos_cluster):
+    cluster, faults = chaos_cluster
+    figures = run_chaos(cluster, faults, rounds=1)
+    print("chaos:", json.dumps(figures))
+    for topic, figure in figures.items():
+        assert figure["acknowledged"] > 100, (topic, figure)
+
+
+@pytest.mark.slow
+def test_chaos_long(chaos_cluster):
+    cluster, faults = chaos_cluster
+    figures = run_chaos(cluster, faults, rounds=8)
+    print("chaos (long):", json.dumps(figures))
