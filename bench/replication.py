@@ -210,8 +210,15 @@ def failover(cluster: Cluster) -> float:
             raise RuntimeError("no new leader within 60 s")
         time.sleep(0.02)
     cluster.restart(index)
-    cluster.wait(lambda: len(next(p for p in cluster.stats()["partitions"] if p["topic"] == "f")["isr"]) == 3, "the old leader back in the ISR")  # fmt: skip
+    cluster.wait(lambda: len(isr_of(cluster, "f")) == 3, "the old leader back in the ISR")
     return unavailable
+
+
+def isr_of(cluster: Cluster, topic: str) -> list[str]:
+    for entry in cluster.stats()["partitions"]:
+        if entry["topic"] == topic:
+            return entry["isr"]
+    return []
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -238,33 +245,29 @@ def main(argv: list[str] | None = None) -> None:
             order = (1, 2, 3) if run % 2 == 0 else (3, 2, 1)
             for replicator in order:
                 rates[replicator].append(throughput(cluster, f"r{replicator}", args.count))
-            print(
-                "  run %d: " % (run + 1)
-                + ", ".join(f"replicator {r} {rates[r][-1]:,.0f}" for r in (1, 2, 3))
-                + " msgs/s",
-                flush=True,
-            )
+            figures = ", ".join(f"replicator {r} {rates[r][-1]:,.0f}" for r in (1, 2, 3))
+            print(f"  run {run + 1}: {figures} msgs/s", flush=True)
+        load = [os.getloadavg()[0]] * runs
         for replicator in (1, 2, 3):
-            report.add(
-                Record(
-                    "replication",
-                    f"TCP publish, replicator {replicator}",
-                    "msgs/s",
-                    rates[replicator],
-                    [os.getloadavg()[0]] * runs,
-                )
-            )
+            workload = f"TCP publish, replicator {replicator}"
+            report.add(Record("replication", workload, "msgs/s", rates[replicator], load))
             if replicator > 1:
                 ratios = [a / b for a, b in zip(rates[replicator], rates[1], strict=True)]
                 print(f"  replicator {replicator} ÷ replicator 1: {spread(ratios, '.2f')}")
-                report.add(Record("replication", f"TCP publish: replicator {replicator} ÷ replicator 1 (same run)", "×", ratios, [0.0] * runs, notes={"target": "≥ 0.4"}))  # fmt: skip
+                workload = f"TCP publish: replicator {replicator} ÷ replicator 1 (same run)"
+                notes = {"target": "≥ 0.4"}
+                report.add(Record("replication", workload, "×", ratios, load, notes=notes))
         cluster.create("f", 3)
         unavailable = [failover(cluster) for _ in range(failovers)]
+        each = ", ".join(f"{u:.2f}" for u in unavailable)
         print(
-            f"  failover after kill -9 of the leader: write unavailability p50"
-            f" {statistics.median(unavailable):.2f} s ({', '.join(f'{u:.2f}' for u in unavailable)})"
+            "  failover after kill -9 of the leader: write unavailability p50"
+            f" {statistics.median(unavailable):.2f} s ({each})"
         )
-        report.add(Record("replication", "write unavailability after a leader kill -9", "s", unavailable, [0.0] * failovers, notes={"target": "p50 ≤ 5 s"}))  # fmt: skip
+        workload = "write unavailability after a leader kill -9"
+        notes = {"target": "p50 ≤ 5 s"}
+        loads = [0.0] * failovers
+        report.add(Record("replication", workload, "s", unavailable, loads, notes=notes))
     except Exception:
         for index, node in enumerate(cluster.nodes):
             print(f"--- nsqd{index} log (last lines)", *node.lines, sep="\n", file=sys.stderr)
