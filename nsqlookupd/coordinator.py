@@ -153,6 +153,12 @@ class Coordinator:
             return False
         return node.tcp_port == peer.tcp_port and node.ip == peer.broadcast_address
 
+    def is_writable(self, topic: str, partition: int) -> bool:
+        """Whether the partition's ISR is a majority of its replicas (True for partitions
+        that are not the cluster's)."""
+        info = self.infos.get((topic, partition))
+        return info is None or len(info.isr) > info.replica // 2
+
     def meta_of(self, topic: str) -> TopicMeta | None:
         return self.metas.get(topic)
 

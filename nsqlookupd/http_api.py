@@ -141,8 +141,11 @@ class HTTPAPI:
             live = active(db.producers_of(registration), timeout, lifetime)
             if coordinator is not None:
                 # In a cluster only the partition's leader, as etcd says, is listed: a node
-                # that lost it (frozen, cut off) may still be registered here.
+                # that lost it (frozen, cut off) may still be registered here. Writers get
+                # it only while its ISR is a majority of the replicas.
                 live = [p for p in live if coordinator.is_leader(topic, pid, p.peer)]
+                if access == "w" and not coordinator.is_writable(topic, pid):
+                    live = []
             if access == "w":
                 live = [p for p in live if not p.tombstoned]
             if not live:
