@@ -333,8 +333,9 @@ class ClusterNode:
         }
 
     async def push_channels(self, topic: "Topic") -> None:
-        """A channel was created on a leader: its followers have it before the creation is
-        answered (a consumer that moves to a new leader finds it where it was)."""
+        """A channel was created or moved (setoffset) on a leader: its followers have it
+        before that is answered (a consumer that moves to a new leader finds it where it
+        was)."""
         info = topic.replica
         if info is None or info.leader != self.node_id or not info.followers():
             return

@@ -487,7 +487,7 @@ class HTTPAPI:
         partition = _partition_number(_first(params, "partition") or "-1")
         return self._writable_partition(topic_name, partition)
 
-    def channel_setoffset(self, request: Request) -> Response:
+    async def channel_setoffset(self, request: Request) -> Response:
         """POST /channel/setoffset?topic=&channel=[&partition=] with a body `<type>:<value>`
         (`timestamp`, `virtual_queue`, `msgcount`, `special:-1`): the channel's partitions
         deliver from there on, also to consumers already connected (Youzan's; docs/design.md
@@ -508,6 +508,9 @@ class HTTPAPI:
             self.nsqd.log.info(
                 "set the channel offset of %s:%s: %s:%d", topic.full_name, channel.name, kind, value
             )
+            if topic.replica is not None:
+                # A cluster leader's followers move the cursor too before the answer.
+                await self.nsqd.cluster.push_channels(topic)
         return v1_response(200)
 
     def topic_greedyclean(self, request: Request) -> Response:

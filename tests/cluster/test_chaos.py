@@ -29,10 +29,18 @@ from tests.harness import V2Connection
 TOPICS = {"r2": 2, "r3": 3}
 
 
+# The topic whose consumer subscribes with SUB_ORDERED: its first deliveries must come in
+# publishing order.
+ORDERED = "r3"
+DETAIL_SIZE = 12  # SUB_ORDERED's [8 offset][4 size] before the body (docs/protocol.md §3.5)
+
+
 @dataclass
 class TopicTraffic:
     acked: set[bytes] = field(default_factory=set)
     received: Counter = field(default_factory=Counter)
+    # Bodies in the order first received.
+    first: list[bytes] = field(default_factory=list)
     attempts: int = 0
     # (seconds without an acknowledged publish, when it began): gaps longer than 0.5 s.
     gaps: list[tuple[float, float]] = field(default_factory=list)
@@ -114,8 +122,9 @@ class Workload:
                 connection = V2Connection(port, timeout=1)
             except OSError:
                 continue
+            command = b"SUB_ORDERED" if topic == ORDERED else b"SUB"
             try:
-                connection.send(b"SUB %s c 0\n" % topic.encode())
+                connection.send(b"%s %s c 0\n" % (command, topic.encode()))
                 if connection.read_response().data != b"OK":
                     continue
                 connection.send(encode_rdy(50))
@@ -127,7 +136,10 @@ class Workload:
                             continue
                         break
                     message = decode_message(frame.data)
-                    traffic.received[message.body] += 1
+                    body = message.body[DETAIL_SIZE:] if topic == ORDERED else message.body
+                    if body not in traffic.received:
+                        traffic.first.append(body)
+                    traffic.received[body] += 1
                     connection.send(b"FIN " + message.id + b"\n")
             except OSError:
                 pass
@@ -164,6 +176,8 @@ def settle_and_check(cluster: LocalCluster, workload: Workload) -> dict:
         if missing:
             missing -= drain_missing(leader, topic, missing)
         assert not missing, f"{topic}: {len(missing)} acknowledged never consumed"
+        if topic == ORDERED:
+            assert traffic.first == sorted(traffic.first), f"{topic}: out of order"
         expected = log_files(leader, topic)
         for node_id in cluster.partition(topic, 0)["isr"]:
             node = cluster.node(node_id)
