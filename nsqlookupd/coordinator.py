@@ -169,6 +169,7 @@ class Coordinator:
 
     async def _campaign(self) -> None:
         while True:
+            lease = 0
             try:
                 lease = await self.client.grant_lease(self.ttl)
                 node = self.node
@@ -189,7 +190,18 @@ class Coordinator:
                 self.lookupd.log.error("CLUSTER: campaign - %s", error)
             finally:
                 self.is_master = False
+                if lease:
+                    await self._revoke(lease)
             await trio.sleep(0.2)
+
+    async def _revoke(self, lease: int) -> None:
+        """Let the lease go at once (a clean stop, a lost campaign): another nsqlookupd can
+        be master now, not a TTL later."""
+        with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+            try:
+                await self.client.revoke(lease)
+            except EtcdError:
+                pass
 
     async def _keep(self, lease: int, scope: trio.CancelScope) -> None:
         try:

@@ -239,3 +239,17 @@ def test_a_new_leader_resumes_consumption_near_the_old_leaders_cursor(cluster):
     new = wait_for(lambda: cluster.node_leading("t", 0), "a new leader")
     received = drain(new, "t", set(bodies) - finished)
     assert received == set(bodies) - finished, sorted(received & finished)[:5]
+
+
+def test_a_cleanly_stopped_leader_is_replaced_without_waiting_for_its_lease(tmp_path, etcd_server):
+    """SIGTERM: the node ends its lease as it stops, so the master moves its partitions at
+    once (a rolling restart costs no TTL)."""
+    with LocalCluster(tmp_path, etcd_server, ttl=30.0) as cluster:
+        cluster.create_topic("t", 1, 3)
+        old = cluster.node_leading("t", 0)
+        publish(cluster, "t", b"before")
+        old.stop()
+        stopped = time.monotonic()
+        publish(cluster, "t", b"after", deadline=10)
+        assert time.monotonic() - stopped < 10  # a 30 s lease would not have ended yet
+        assert cluster.node_leading("t", 0) is not old
