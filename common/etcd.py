@@ -1,7 +1,7 @@
 """A small etcd v3 client for trio, over etcd's gRPC-JSON gateway (HTTP/1.1 and JSON).
 
-The cluster keeps its membership, elections and replica sets in etcd (docs: YOUZAN-HA.md
-§3, §6.4). etcd's native API is gRPC; every etcd v3 server also serves the same RPCs as
+The cluster keeps its membership, elections and replica sets in etcd (docs/design.md §14).
+etcd's native API is gRPC; every etcd v3 server also serves the same RPCs as
 `POST /v3/<service>/<method>` with a JSON body, which trio can speak with a plain TCP stream,
 httptools and the stdlib (bench/etcd_client.py measures it against etcd3gw in a thread).
 
