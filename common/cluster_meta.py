@@ -18,6 +18,8 @@ the node's replication port is.
 import json
 from dataclasses import dataclass, field
 
+from common.flags import Flag, Kind
+
 
 class ClusterKeys:
     def __init__(self, root: str, cluster_id: str) -> None:
@@ -50,6 +52,33 @@ class ClusterKeys:
         if len(parts) == 3 and parts[2] == "ReplicaInfo" and parts[1].isdigit():
             return parts[0], int(parts[1]), "ReplicaInfo"
         return None
+
+
+def cluster_flags(defaults, *, alone: str, node_ttl: str) -> list[Flag]:
+    """The cluster-mode flags nsqd and nsqlookupd share (Youzan's names); `alone` says what
+    the daemon is without etcd, `node_ttl` what its lease guards."""
+    return [
+        Flag(
+            "cluster-id",
+            Kind.STRING,
+            defaults.cluster_id,
+            "cluster mode: the cluster this node belongs to (its keys' prefix in etcd)",
+        ),
+        Flag(
+            "cluster-leadership-addresses",
+            Kind.STRING,
+            defaults.cluster_leadership_addresses,
+            "cluster mode: etcd v3 endpoints, comma-separated (http://127.0.0.1:2379);"
+            f" empty: {alone}",
+        ),
+        Flag(
+            "cluster-leadership-root-dir",
+            Kind.STRING,
+            defaults.cluster_leadership_root_dir,
+            "cluster mode: the root of the cluster's keys in etcd",
+        ),
+        Flag("cluster-node-ttl", Kind.DURATION, defaults.cluster_node_ttl, node_ttl),
+    ]
 
 
 def node_id(ip: str, rpc_port: int, tcp_port: int, worker: int) -> str:
@@ -180,3 +209,31 @@ class ReplicaInfo:
             epoch,
             int(value.get("Replica", len(value.get("ISR") or ()) or 1)),
         )
+
+
+class TopicsView:
+    """Every topic's meta and every partition's replica info, as read and watched from etcd."""
+
+    def __init__(self, keys: ClusterKeys) -> None:
+        self.keys = keys
+        self.metas: dict[str, TopicMeta] = {}
+        self.infos: dict[tuple[str, int], ReplicaInfo] = {}
+
+    def take(self, key: str, value: bytes | None, revision: int) -> tuple | None:
+        """Take one key's new value (None: deleted) at `revision`; `(topic, partition or None,
+        "TopicMeta" or "ReplicaInfo")` for a topic key, None for any other. ValueError,
+        KeyError or TypeError for a value that is not what the key should hold."""
+        parsed = self.keys.parse_topic_key(key)
+        if parsed is None:
+            return None
+        topic, partition, what = parsed
+        if what == "TopicMeta":
+            if value is None:
+                self.metas.pop(topic, None)
+            else:
+                self.metas[topic] = TopicMeta.from_json(value)
+        elif value is None:
+            self.infos.pop((topic, partition), None)
+        else:
+            self.infos[(topic, partition)] = ReplicaInfo.from_json(value, revision)
+        return parsed

@@ -283,12 +283,7 @@ class ClusterNode:
         channels: dict | None,
     ) -> None:
         link = self._link(follower)
-        header = {
-            "topic": topic.name,
-            "partition": topic.partition,
-            "leader": self.node_id,
-            "epoch": info.epoch_for_write,
-        }
+        header = self._leader_header(topic, info)
         if channels is not None:
             # The channel set changed since the last group: the followers have it before the
             # messages published after it, so a new leader knows every channel they were
@@ -325,6 +320,15 @@ class ClusterNode:
         matched = end.offset <= log.written.offset and log.entry_ending_at(end) == entry
         return {"match": matched, "start": list(log.start), "end": list(log.written)}
 
+    def _leader_header(self, topic: "Topic", info: ReplicaInfo) -> dict:
+        """What every request of a leader to its followers says of the partition."""
+        return {
+            "topic": topic.name,
+            "partition": topic.partition,
+            "leader": self.node_id,
+            "epoch": info.epoch_for_write,
+        }
+
     def _channel_positions(self, topic: "Topic") -> dict[str, list[int]]:
         return {
             name: list(channel.queue.confirmed)
@@ -333,19 +337,13 @@ class ClusterNode:
         }
 
     async def push_channels(self, topic: "Topic") -> None:
-        """A channel was created or moved (setoffset) on a leader: its followers have it
-        before that is answered (a consumer that moves to a new leader finds it where it
-        was)."""
+        """The leader's channels and their confirmed positions, to its followers: every
+        `--sync-timeout`, and before a channel's creation or move (setoffset) is answered (a
+        consumer that moves to a new leader finds its channel where it was)."""
         info = topic.replica
         if info is None or info.leader != self.node_id or not info.followers():
             return
-        header = {
-            "topic": topic.name,
-            "partition": topic.partition,
-            "leader": self.node_id,
-            "epoch": info.epoch_for_write,
-            "channels": self._channel_positions(topic),
-        }
+        header = {**self._leader_header(topic, info), "channels": self._channel_positions(topic)}
         version = topic.channels_version
 
         async def push(follower: str) -> None:
@@ -537,31 +535,7 @@ class ClusterNode:
     async def send_cursors(self) -> None:
         """Each led partition's channels' confirmed positions, to its followers."""
         for topic in self.nsqd.all_partitions():
-            info = topic.replica
-            if info is None or info.leader != self.node_id or not info.followers():
-                continue
-            header = {
-                "topic": topic.name,
-                "partition": topic.partition,
-                "leader": self.node_id,
-                "epoch": info.epoch_for_write,
-                "channels": {
-                    name: list(channel.queue.confirmed)
-                    for name, channel in topic.channels.items()
-                    if not channel.ephemeral
-                },
-            }
-            for follower in info.followers():
-                try:
-                    await self._link(follower).request(CURSORS, header)
-                except (PeerUnavailable, ReplicaRefusal) as error:
-                    self.nsqd.log.warning(
-                        "TOPIC(%s) partition %d: cursors to %s - %s",
-                        topic.name,
-                        topic.partition,
-                        follower,
-                        error,
-                    )
+            await self.push_channels(topic)
 
     # -- the replication port ------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from common.cluster_meta import ReplicaInfo, TopicMeta
+from common.cluster_meta import ReplicaInfo, TopicsView
 from common.etcd import EtcdClient, EtcdError, LeaseLost, keep_lease_alive
 
 if TYPE_CHECKING:
@@ -40,8 +40,9 @@ class ClusterSession:
         )
         self.keys = node.keys
         self.ttl = max(1, round(options.cluster_node_ttl))
-        self.metas: dict[str, TopicMeta] = {}
-        self.infos: dict[tuple[str, int], ReplicaInfo] = {}
+        self.view = TopicsView(self.keys)
+        self.metas = self.view.metas
+        self.infos = self.view.infos
         self.master: dict | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -125,25 +126,15 @@ class ClusterSession:
         return revision
 
     def _take(self, key: str, value: bytes | None, revision: int) -> tuple[str, int] | None:
-        parsed = self.keys.parse_topic_key(key)
-        if parsed is None:
-            return None
-        topic, partition, what = parsed
+        """The partition whose replica info `key` now holds, if that is what it is."""
         try:
-            if what == "TopicMeta":
-                if value is None:
-                    self.metas.pop(topic, None)
-                else:
-                    self.metas[topic] = TopicMeta.from_json(value)
-                return None
-            if value is None:
-                self.infos.pop((topic, partition), None)
-                return None
-            self.infos[(topic, partition)] = ReplicaInfo.from_json(value, revision)
-            return topic, partition
+            parsed = self.view.take(key, value, revision)
         except (ValueError, KeyError, TypeError) as error:
             self.nsqd.log.error("CLUSTER: bad metadata at %s - %s", key, error)
             return None
+        if parsed is None or parsed[2] != "ReplicaInfo" or value is None:
+            return None
+        return parsed[0], parsed[1]
 
     def _apply(self, topic: str, partition: int) -> None:
         meta = self.metas.get(topic)

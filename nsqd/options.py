@@ -9,6 +9,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from common.cluster_meta import cluster_flags
 from common.daemon import standard_flags
 from common.flags import Flag, FlagSet, Kind
 from common.guid import MAX_NODE_ID, default_node_id
@@ -264,37 +265,17 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 " multiple times)",
                 config_key="log_topics",
             ),
-            Flag(
-                "cluster-id",
-                Kind.STRING,
-                d.cluster_id,
-                "cluster mode: the cluster this node belongs to (its keys' prefix in etcd)",
-            ),
-            Flag(
-                "cluster-leadership-addresses",
-                Kind.STRING,
-                d.cluster_leadership_addresses,
-                "cluster mode: etcd v3 endpoints, comma-separated (http://127.0.0.1:2379);"
-                " empty: a single node",
-            ),
-            Flag(
-                "cluster-leadership-root-dir",
-                Kind.STRING,
-                d.cluster_leadership_root_dir,
-                "cluster mode: the root of the cluster's keys in etcd",
+            *cluster_flags(
+                d,
+                alone="a single node",
+                node_ttl="cluster mode: how long a node that stopped answering etcd stays in the"
+                " cluster (its lease; a leader's failover starts after it)",
             ),
             Flag(
                 "rpc-port",
                 Kind.STRING,
                 d.rpc_port,
                 "cluster mode: port (or <addr>:<port>) other nsqds replicate through (0: any)",
-            ),
-            Flag(
-                "cluster-node-ttl",
-                Kind.DURATION,
-                d.cluster_node_ttl,
-                "cluster mode: how long a node that stopped answering etcd stays in the"
-                " cluster (its lease; a leader's failover starts after it)",
             ),
             Flag(
                 "queue-scan-worker-pool-max",

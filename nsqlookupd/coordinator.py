@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from common.cluster_meta import ClusterKeys, NodeInfo, ReplicaInfo, TopicMeta
+from common.cluster_meta import ClusterKeys, NodeInfo, ReplicaInfo, TopicMeta, TopicsView
 from common.etcd import EtcdClient, EtcdError, LeaseLost, keep_lease_alive
 
 if TYPE_CHECKING:
@@ -59,8 +59,9 @@ class Coordinator:
         self.master: dict | None = None
         self.lookupds: dict[str, dict] = {}
         self.nodes: dict[str, NodeInfo] = {}
-        self.metas: dict[str, TopicMeta] = {}
-        self.infos: dict[tuple[str, int], ReplicaInfo] = {}
+        self.view = TopicsView(self.keys)
+        self.metas = self.view.metas
+        self.infos = self.view.infos
         self._changed = trio.Event()
 
     @property
@@ -122,19 +123,7 @@ class Coordinator:
             elif key == keys.lookupd_leader:
                 self.master = json.loads(value) if value else None
             else:
-                parsed = keys.parse_topic_key(key)
-                if parsed is None:
-                    return
-                topic, partition, what = parsed
-                if what == "TopicMeta":
-                    if value is None:
-                        self.metas.pop(topic, None)
-                    else:
-                        self.metas[topic] = TopicMeta.from_json(value)
-                elif value is None:
-                    self.infos.pop((topic, partition), None)
-                else:
-                    self.infos[(topic, partition)] = ReplicaInfo.from_json(value, revision)
+                self.view.take(key, value, revision)
         except (ValueError, KeyError, TypeError) as error:
             self.lookupd.log.error("CLUSTER: bad metadata at %s - %s", key, error)
 

@@ -5,6 +5,7 @@ import dataclasses
 import socket
 from dataclasses import dataclass, field
 
+from common.cluster_meta import cluster_flags
 from common.daemon import standard_flags
 from common.flags import Flag, FlagSet, Kind
 from common.log import LOG_LEVELS
@@ -73,31 +74,11 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 False,
                 "[youzan] list partitions that have no channel yet in /lookup?access=w",
             ),
-            Flag(
-                "cluster-id",
-                Kind.STRING,
-                d.cluster_id,
-                "cluster mode: the cluster this node belongs to (its keys' prefix in etcd)",
-            ),
-            Flag(
-                "cluster-leadership-addresses",
-                Kind.STRING,
-                d.cluster_leadership_addresses,
-                "cluster mode: etcd v3 endpoints, comma-separated (http://127.0.0.1:2379);"
-                " empty: no cluster",
-            ),
-            Flag(
-                "cluster-leadership-root-dir",
-                Kind.STRING,
-                d.cluster_leadership_root_dir,
-                "cluster mode: the root of the cluster's keys in etcd",
-            ),
-            Flag(
-                "cluster-node-ttl",
-                Kind.DURATION,
-                d.cluster_node_ttl,
-                "cluster mode: how long a master nsqlookupd that stopped answering etcd stays"
-                " master (its lease)",
+            *cluster_flags(
+                d,
+                alone="no cluster",
+                node_ttl="cluster mode: how long a master nsqlookupd that stopped answering"
+                " etcd stays master (its lease)",
             ),
         ],
     )

@@ -1,0 +1,1306 @@
+"""A smart client for partitioned topics: it finds each partition's leader through every
+nsqlookupd and follows it when it moves, as Youzan's smart client does (docs/client.md).
+
+* `LookupdDiscovery` learns every nsqlookupd from `/listlookup` and merges what they all answer
+  to `/lookup?topic=T&access=r|w&metainfo=true` into a `TopicLayout` (docs/protocol.md §5.3,
+  §5.4).
+* `SmartProducer` publishes to a writable partition (`PUB <topic> <partition>`, §3.3):
+  round-robin, or by a stable hash of a key (ordered topics); when a leader moves, writes are
+  refused or a connection breaks, it drops the connection, looks up again and retries.
+* `SmartConsumer` subscribes to every readable partition (`SUB <topic> <channel> <partition>`,
+  `SUB_ORDERED` for ordered topics), spreads its RDY over them, and reconnects with backoff
+  and a new lookup when a connection closes.
+
+Blocking sockets and threads like `common.client`, whose connection it reuses, so the tools,
+plain threads and Spark executors can use it.
+"""
+
+import dataclasses
+import json
+import logging
+import socket
+import struct
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zlib
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from common.client import USER_AGENT, Connection, NSQError, split_ext_section
+from common.command import (
+    encode_command,
+    encode_fin,
+    encode_mpub,
+    encode_pub,
+    encode_rdy,
+    encode_req,
+    encode_touch,
+)
+from common.errors import NON_FATAL_CODES
+from common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
+from common.message import decode_message
+
+__all__ = [
+    "ConsumerStats",
+    "LookupUnavailable",
+    "LookupdDiscovery",
+    "ProducerStats",
+    "PublishFailed",
+    "Published",
+    "SmartClientError",
+    "SmartConsumer",
+    "SmartMessage",
+    "SmartProducer",
+    "TopicLayout",
+    "merge_lookups",
+    "partition_for_key",
+]
+
+log = logging.getLogger("nsqpy.smart_client")
+
+# Youzan's answers that mean "ask nsqlookupd again": the partition's leader moved, it refuses
+# writes for now, or this node does not have the partition (docs/protocol.md §3.9). Youzan's
+# clients drop the connection and look up again; publishes and subscriptions are retried.
+RETRYABLE_ERRORS = frozenset(
+    {"E_FAILED_ON_NOT_LEADER", "E_FAILED_ON_NOT_WRITABLE", "E_TOPIC_NOT_EXIST"}
+)
+# Messages of a SUB_ORDERED subscription carry `[8 queue offset][4 record size]` (§3.5).
+_DETAIL = struct.Struct(">QI")
+# A lookupd that failed is skipped for 1 s, 2 s, 4 s ... up to this, as Youzan's client lowers
+# the priority of a lookupd that keeps failing.
+_LOOKUPD_REST_MAX = 30.0
+
+Key = str | bytes | int
+
+
+class SmartClientError(Exception):
+    """An error of the smart client itself; nsqd's refusals are `common.client.NSQError`."""
+
+
+class LookupUnavailable(SmartClientError):
+    """No nsqlookupd answered; `failures` maps each one asked to why."""
+
+    def __init__(self, topic: str, failures: dict[str, str]) -> None:
+        details = "; ".join(f"{url}: {reason}" for url, reason in failures.items())
+        super().__init__(f"no nsqlookupd answered for topic {topic!r} ({details})")
+        self.topic = topic
+        self.failures = failures
+
+
+class PublishFailed(SmartClientError):
+    """A publish kept failing with retryable errors until the producer's deadline."""
+
+    def __init__(
+        self, topic: str, last_error: BaseException, attempts: int, elapsed: float
+    ) -> None:
+        super().__init__(
+            f"publishing to topic {topic!r} failed: {attempts} attempt(s) in {elapsed:.2f}s,"
+            f" last error: {last_error}"
+        )
+        self.topic = topic
+        self.last_error = last_error
+        self.attempts = attempts
+
+
+# -- discovery --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopicLayout:
+    """A topic as every nsqlookupd that answered sees it, merged.
+
+    `partitions` maps a partition to its leader's TCP address (`host:port`); `classic_nodes`
+    lists nsqds of lookupds without partitions (Go's nsqlookupd), which take the classic
+    `PUB <topic>` and `SUB <topic> <channel>`."""
+
+    topic: str
+    access: str
+    partitions: dict[int, str]
+    partition_num: int = 0
+    ordered: bool = False
+    extend_support: bool = False
+    classic_nodes: tuple[str, ...] = ()
+    answered: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        """Somewhere to go, and every partition the topic's meta announces has a leader here
+        (Youzan's client checks this with `meta.partition_num`)."""
+        has_nodes = bool(self.partitions or self.classic_nodes)
+        return has_nodes and len(self.partitions) >= self.partition_num
+
+
+def _lookupd_url(address: str) -> str:
+    address = address.strip().rstrip("/")
+    return address if address.startswith(("http://", "https://")) else f"http://{address}"
+
+
+def _peer_address(peer: dict) -> str:
+    host = str(peer["broadcast_address"])
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{peer['tcp_port']}"
+
+
+def merge_lookups(topic: str, access: str, answers: list[tuple[str, dict | None]]) -> TopicLayout:
+    """Merge the `/lookup` documents of several lookupds (None: one that does not know the
+    topic, or has no writable partition of it). A partition the lookupds disagree on (one of
+    them has not seen a failover yet) goes to the leader most of them name, the first one's
+    on a tie; `partition_num` is the largest announced, and the topic is ordered or ext if
+    any lookupd says so."""
+    votes: dict[int, Counter[str]] = {}
+    classic: dict[str, None] = {}
+    partition_num = 0
+    ordered = extend_support = False
+    for _url, document in answers:
+        if not document:
+            continue
+        meta = document.get("meta") or {}
+        partition_num = max(partition_num, int(meta.get("partition_num") or 0))
+        ordered = ordered or bool(meta.get("ordered"))
+        extend_support = extend_support or bool(meta.get("extend_support"))
+        if "partitions" not in document:
+            for peer in document.get("producers") or []:
+                classic[_peer_address(peer)] = None
+            continue
+        for key, peer in (document.get("partitions") or {}).items():
+            votes.setdefault(int(key), Counter())[_peer_address(peer)] += 1
+    partitions = {partition: votes[partition].most_common(1)[0][0] for partition in sorted(votes)}
+    if partitions:
+        partition_num = max(partition_num, max(partitions) + 1)
+    return TopicLayout(
+        topic,
+        access,
+        partitions,
+        partition_num,
+        ordered,
+        extend_support,
+        tuple(classic),
+        tuple(url for url, _document in answers),
+    )
+
+
+class LookupdDiscovery:
+    """The nsqlookupds of a cluster and what they say about topics; thread-safe.
+
+    Starts from the addresses given (`host:port` or URLs, always kept) and adds the ones their
+    `/listlookup` names, asked again every `rediscover_interval` seconds. A lookupd that fails
+    is skipped for a while (1 s, doubling up to 30 s) unless no other one answers.
+    """
+
+    def __init__(
+        self,
+        lookupd_http_addresses: str | Iterable[str],
+        *,
+        http_timeout: float = 2.0,
+        rediscover_interval: float = 60.0,
+    ) -> None:
+        given = (
+            [lookupd_http_addresses]
+            if isinstance(lookupd_http_addresses, str)
+            else list(lookupd_http_addresses)
+        )
+        if not given:
+            raise ValueError("at least one nsqlookupd HTTP address is needed")
+        self.http_timeout = http_timeout
+        self.rediscover_interval = rediscover_interval
+        self._given = list(dict.fromkeys(_lookupd_url(address) for address in given))
+        self._learnt: list[str] = []
+        self._discovered_at: float | None = None
+        self._failures: dict[str, int] = {}
+        self._resting_until: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._lookups = 0
+
+    @property
+    def lookupds(self) -> list[str]:
+        """Every lookupd known: the ones given, then the ones learnt."""
+        with self._lock:
+            return self._given + [url for url in self._learnt if url not in self._given]
+
+    @property
+    def lookups(self) -> int:
+        """How many `lookup` rounds (one `/lookup` to every lookupd) were made."""
+        with self._lock:
+            return self._lookups
+
+    def discover_lookupds(self) -> list[str]:
+        """Ask every known lookupd for `/listlookup` and learn the lookupds they list; returns
+        every lookupd known. When none answers, the list is kept as it was."""
+        learnt: list[str] = []
+        answered: list[str] = []
+        for url in self._to_ask(self.lookupds, lambda: bool(answered)):
+            try:
+                document = self._get(url, "/listlookup", {})
+                nodes = [
+                    (str(node["NodeIP"]), str(node["HttpPort"]))
+                    for node in (document or {}).get("lookupdnodes") or []
+                    if node.get("NodeIP") and node.get("HttpPort")
+                ]
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+                self._failed(url, error)
+                continue
+            self._answered(url)
+            answered.append(url)
+            for host, port in nodes:
+                host = f"[{host}]" if ":" in host else host
+                learnt.append(_lookupd_url(f"{host}:{port}"))
+        with self._lock:
+            if answered:
+                self._learnt = list(dict.fromkeys(learnt))
+            self._discovered_at = time.monotonic()
+        return self.lookupds
+
+    def lookup(self, topic: str, access: str = "r") -> TopicLayout:
+        """`/lookup?topic=&access=&metainfo=true` on every lookupd, merged (`merge_lookups`).
+        LookupUnavailable when none answers."""
+        if access not in ("r", "w"):
+            raise ValueError(f"access is 'r' (consumers) or 'w' (producers), not {access!r}")
+        with self._lock:
+            discovered_at = self._discovered_at
+        if discovered_at is None or time.monotonic() - discovered_at >= self.rediscover_interval:
+            self.discover_lookupds()
+        answers: list[tuple[str, dict | None]] = []
+        failures: dict[str, str] = {}
+        params = {"topic": topic, "access": access, "metainfo": "true"}
+        for url in self._to_ask(self.lookupds, lambda: bool(answers)):
+            try:
+                document = self._get(url, "/lookup", params)
+                # An answer that cannot be read counts as no answer.
+                merge_lookups(topic, access, [(url, document)])
+                answers.append((url, document))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+                failures[url] = str(error)
+                self._failed(url, error)
+                continue
+            self._answered(url)
+        with self._lock:
+            self._lookups += 1
+        if not answers:
+            raise LookupUnavailable(topic, failures)
+        return merge_lookups(topic, access, answers)
+
+    def _to_ask(self, urls: list[str], someone_answered: Callable[[], bool]) -> Iterator[str]:
+        """The lookupds that are not resting, then, if none of them answered, the resting
+        ones too."""
+        now = time.monotonic()
+        with self._lock:
+            resting = [url for url in urls if self._resting_until.get(url, 0.0) > now]
+        yield from (url for url in urls if url not in resting)
+        if not someone_answered():
+            yield from resting
+
+    def _get(self, url: str, path: str, params: dict[str, str]) -> dict | None:
+        """The JSON answer to a GET; None for a 404 (`TOPIC_NOT_FOUND`, or no writable
+        partition yet) and for an empty body (a standalone Youzan lookupd's `/listlookup`)."""
+        query = urllib.parse.urlencode(params)
+        request = urllib.request.Request(
+            f"{url}{path}" + (f"?{query}" if query else ""),
+            # Youzan's lookupd answers in the v1 form only to this Accept header (§5.1).
+            headers={"Accept": "application/vnd.nsq; version=1.0", "User-Agent": USER_AGENT},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.http_timeout) as response:
+                body = response.read()
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return None
+            raise
+        return json.loads(body) if body.strip() else None
+
+    def _failed(self, url: str, error: BaseException) -> None:
+        with self._lock:
+            failures = self._failures.get(url, 0) + 1
+            self._failures[url] = failures
+            rest = min(2.0 ** (failures - 1), _LOOKUPD_REST_MAX)
+            self._resting_until[url] = time.monotonic() + rest
+        log.warning("nsqlookupd %s failed (%s); skipped for %.0fs", url, error, rest)
+
+    def _answered(self, url: str) -> None:
+        with self._lock:
+            self._failures.pop(url, None)
+            self._resting_until.pop(url, None)
+
+
+def partition_for_key(key: Key, partition_num: int) -> int:
+    """The partition of a key's messages: CRC-32 of the key (a str's UTF-8 bytes, an int's
+    decimal digits) modulo the partition count, the same in every process and run."""
+    if partition_num <= 0:
+        raise ValueError("the topic has no partitions")
+    if isinstance(key, int):
+        data = str(key).encode()
+    elif isinstance(key, str):
+        data = key.encode()
+    else:
+        data = bytes(key)
+    return zlib.crc32(data) % partition_num
+
+
+def _read_reply(connection: Connection, timeout: float) -> bytes:
+    """The next response frame's data within `timeout` (heartbeats answered on the way);
+    NSQError for an error frame, TimeoutError when nsqd does not answer."""
+    deadline = time.monotonic() + timeout
+    # read_frame leaves its timeout on the socket, which sends from other threads would get.
+    socket_timeout = connection.sock.gettimeout()
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"nsqd {connection.address} did not answer within {timeout:g}s")
+            frame = connection.read_frame(timeout=remaining)
+            if frame is None or frame.frame_type == FRAME_TYPE_MESSAGE:
+                continue
+            if frame.frame_type == FRAME_TYPE_ERROR:
+                raise NSQError(frame.data.decode("utf-8", "replace"))
+            return frame.data
+    finally:
+        connection.sock.settimeout(socket_timeout)
+
+
+# -- producer ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Published:
+    """Where a publish went: the partition (None on a classic nsqd), the nsqd, and how many
+    times the command was sent (more than 1 after retries)."""
+
+    topic: str
+    partition: int | None
+    address: str
+    attempts: int
+
+
+@dataclass(frozen=True)
+class ProducerStats:
+    """What a producer did. `retries` counts commands sent again after a retryable failure,
+    `lookups` lookup rounds, `connections` TCP connections opened."""
+
+    publishes: int
+    messages: int
+    retries: int
+    lookups: int
+    connections: int
+
+
+@dataclass(frozen=True)
+class _Target:
+    partition: int | None
+    address: str
+
+    @property
+    def slot(self) -> int | str:
+        return self.address if self.partition is None else self.partition
+
+
+class _NodeLink:
+    """The producer's one connection to an nsqd; one command and its reply at a time."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.lock = threading.Lock()
+        self.connection: Connection | None = None
+
+
+class SmartProducer:
+    """Publishes to partitioned topics found through nsqlookupd, following their leaders.
+
+    Thread-safe: `publish` and `multi_publish` may be called from many threads (each nsqd
+    connection carries one command at a time). A publish that fails with
+    E_FAILED_ON_NOT_LEADER, E_FAILED_ON_NOT_WRITABLE, E_TOPIC_NOT_EXIST or a broken connection
+    drops that connection, looks the topic up again and is retried, first at once on another
+    partition, then after a pause that doubles from `backoff_initial` to `backoff_max`, until
+    `publish_timeout` seconds have passed (then PublishFailed). A keyed (or explicitly
+    partitioned) publish is only ever retried on its own partition, at its new leader. Any
+    other refusal is raised at once as NSQError. A retry after a broken connection may
+    duplicate a message nsqd had stored but could not acknowledge.
+
+    Lookups are kept `lookup_interval` seconds, or `backoff_max` while they lack some of the
+    topic's partitions. A partition that refused a publish is avoided by round-robin for
+    `partition_cooldown` seconds, or until a lookup shows it at another leader (nsqlookupd
+    may still list it at the same one: nsqd's `/disable/write` is not reported to it).
+    """
+
+    def __init__(
+        self,
+        lookupd_http_addresses: str | Iterable[str],
+        *,
+        lookup_interval: float = 60.0,
+        publish_timeout: float = 10.0,
+        backoff_initial: float = 0.05,
+        backoff_max: float = 1.0,
+        partition_cooldown: float = 5.0,
+        timeout: float = 5.0,
+        http_timeout: float = 2.0,
+        identify: dict | None = None,
+    ) -> None:
+        self.discovery = LookupdDiscovery(
+            lookupd_http_addresses, http_timeout=http_timeout, rediscover_interval=lookup_interval
+        )
+        self.lookup_interval = lookup_interval
+        self.publish_timeout = publish_timeout
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.partition_cooldown = partition_cooldown
+        self.timeout = timeout
+        # No heartbeats: a producer reads only after a command, and nsqd would close a
+        # connection left idle for two heartbeat intervals.
+        self._identify = {"heartbeat_interval": -1, **(identify or {})}
+        self._lock = threading.Lock()
+        self._layouts: dict[str, tuple[TopicLayout, float]] = {}
+        self._links: dict[str, _NodeLink] = {}
+        self._next: dict[str, int] = {}
+        self._cooling: dict[tuple[str, int | str], float] = {}
+        self._publishes = self._messages = self._retries = self._connections = 0
+        self._closed = False
+
+    def publish(
+        self, topic: str, body: bytes, *, key: Key | None = None, partition: int | None = None
+    ) -> Published:
+        """Publish one message and wait for nsqd's OK. An ordered topic needs `key` (same key,
+        same partition, while the partition count stays) or `partition`."""
+        return self._publish(topic, [body], key, partition)
+
+    def multi_publish(
+        self,
+        topic: str,
+        bodies: Iterable[bytes],
+        *,
+        key: Key | None = None,
+        partition: int | None = None,
+    ) -> Published:
+        """Publish several messages to one partition in one MPUB, atomically."""
+        bodies = list(bodies)
+        if not bodies:
+            raise ValueError("multi_publish needs at least one message")
+        return self._publish(topic, bodies, key, partition)
+
+    def refresh(self, topic: str) -> TopicLayout:
+        """Look `topic` up now (writable partitions)."""
+        return self._layout(topic, refresh=True)
+
+    def stats(self) -> ProducerStats:
+        with self._lock:
+            return ProducerStats(
+                self._publishes,
+                self._messages,
+                self._retries,
+                self.discovery.lookups,
+                self._connections,
+            )
+
+    def close(self) -> None:
+        """Close every connection; idempotent."""
+        with self._lock:
+            self._closed = True
+            links = list(self._links.values())
+            self._links.clear()
+        for link in links:
+            with link.lock:
+                if link.connection is not None:
+                    link.connection.close()
+                    link.connection = None
+
+    def __enter__(self) -> "SmartProducer":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _publish(
+        self, topic: str, bodies: list[bytes], key: Key | None, partition: int | None
+    ) -> Published:
+        if key is not None and partition is not None:
+            raise ValueError("give key or partition, not both")
+        started = time.monotonic()
+        deadline = started + self.publish_timeout
+        backoff = self.backoff_initial
+        tried: set[_Target] = set()
+        attempts = 0
+        last_error: BaseException = SmartClientError("no attempt made")
+        refresh = False
+        while True:
+            target = None
+            try:
+                layout = self._layout(topic, refresh)
+                target = self._choose(layout, key, partition, tried)
+                if target is None:
+                    last_error = SmartClientError(
+                        f"nsqlookupd lists no writable partition of topic {topic!r}"
+                        + ("" if partition is None and key is None else " for this key/partition")
+                    )
+            except LookupUnavailable as error:
+                last_error = error
+            if target is None or target in tried:
+                # Nothing left to try at once: pause, then start over from a new lookup.
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._count_retries(attempts)
+                    raise PublishFailed(topic, last_error, attempts, time.monotonic() - started)
+                time.sleep(min(backoff, remaining))
+                backoff = min(backoff * 2, self.backoff_max)
+                tried.clear()
+                refresh = True
+                continue
+            attempts += 1
+            try:
+                self._send(target.address, self._command(topic, bodies, target.partition))
+            except NSQError as error:
+                if error.code not in RETRYABLE_ERRORS:
+                    self._count_retries(attempts)
+                    raise
+                last_error = error
+            except OSError as error:
+                last_error = error
+            else:
+                with self._lock:
+                    self._publishes += 1
+                    self._messages += len(bodies)
+                    self._retries += attempts - 1
+                return Published(topic, target.partition, target.address, attempts)
+            log.info(
+                "publish to %s partition %s at %s failed (%s); looking up again",
+                topic,
+                target.partition,
+                target.address,
+                last_error,
+            )
+            tried.add(target)
+            with self._lock:
+                self._cooling[(topic, target.slot)] = time.monotonic() + self.partition_cooldown
+            refresh = True
+            if time.monotonic() >= deadline:
+                self._count_retries(attempts)
+                raise PublishFailed(topic, last_error, attempts, time.monotonic() - started)
+
+    def _count_retries(self, attempts: int) -> None:
+        with self._lock:
+            self._retries += max(attempts - 1, 0)
+
+    @staticmethod
+    def _command(topic: str, bodies: list[bytes], partition: int | None) -> bytes:
+        extra = () if partition is None else (partition,)
+        if len(bodies) == 1:
+            return encode_pub(topic, bodies[0], *extra)
+        return encode_mpub(topic, bodies, *extra)
+
+    def _layout(self, topic: str, refresh: bool) -> TopicLayout:
+        """The topic's writable partitions: cached, or looked up when asked to, when old, or
+        while incomplete; the cached one when no lookupd answers."""
+        with self._lock:
+            cached = self._layouts.get(topic)
+        if cached is not None and not refresh:
+            layout, fetched_at = cached
+            keep = self.lookup_interval if layout.complete else self.backoff_max
+            if time.monotonic() - fetched_at < keep:
+                return layout
+        try:
+            layout = self.discovery.lookup(topic, "w")
+        except LookupUnavailable:
+            if cached is None:
+                raise
+            log.warning("no nsqlookupd answered for %s; using its last lookup", topic)
+            return cached[0]
+        with self._lock:
+            known = self._layouts.get(topic)
+            if known is not None:
+                # A topic's partitions are never removed, and a standalone lookupd that did not
+                # create the topic knows neither its partition count nor that it is ordered
+                # (it counts the partitions registered with it): never go back on either, or
+                # a key would map to another partition.
+                previous = known[0]
+                layout = dataclasses.replace(
+                    layout,
+                    partition_num=max(layout.partition_num, previous.partition_num),
+                    ordered=layout.ordered or previous.ordered,
+                )
+                # A partition with a new leader, or back after it was gone, is worth trying
+                # again at once.
+                for partition, address in layout.partitions.items():
+                    if previous.partitions.get(partition) != address:
+                        self._cooling.pop((topic, partition), None)
+            self._layouts[topic] = (layout, time.monotonic())
+        return layout
+
+    def _choose(
+        self,
+        layout: TopicLayout,
+        key: Key | None,
+        partition: int | None,
+        tried: set[_Target],
+    ) -> _Target | None:
+        """The partition to publish to. Keyed: the key's partition, or None while it has no
+        writable leader. Otherwise the next one round-robin that was not tried (at that
+        leader) in this publish, preferring those not cooling down; a tried one when every
+        one was."""
+        if key is not None:
+            if not layout.partition_num:
+                return None
+            partition = partition_for_key(key, layout.partition_num)
+        if partition is not None:
+            if layout.partition_num and not 0 <= partition < layout.partition_num:
+                raise ValueError(
+                    f"topic {layout.topic!r} has partitions 0..{layout.partition_num - 1},"
+                    f" not {partition}"
+                )
+            address = layout.partitions.get(partition)
+            return None if address is None else _Target(partition, address)
+        if layout.ordered:
+            raise ValueError(
+                f"topic {layout.topic!r} is ordered: publish with key= (messages of one key"
+                " stay in order on one partition) or partition="
+            )
+        candidates = [_Target(p, address) for p, address in layout.partitions.items()] or [
+            _Target(None, address) for address in layout.classic_nodes
+        ]
+        if not candidates:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            start = self._next.get(layout.topic, 0)
+            rotation = [candidates[(start + i) % len(candidates)] for i in range(len(candidates))]
+            untried = [t for t in rotation if t not in tried]
+            ready = [t for t in untried if self._cooling.get((layout.topic, t.slot), 0.0) <= now]
+            chosen = (ready or untried or rotation)[0]
+            self._next[layout.topic] = (candidates.index(chosen) + 1) % len(candidates)
+        return chosen
+
+    def _send(self, address: str, data: bytes) -> None:
+        with self._lock:
+            if self._closed:
+                raise SmartClientError("the producer is closed")
+            link = self._links.setdefault(address, _NodeLink(address))
+        with link.lock:
+            try:
+                if link.connection is None:
+                    link.connection = Connection(
+                        address, timeout=self.timeout, identify=self._identify
+                    )
+                    with self._lock:
+                        self._connections += 1
+                link.connection.send(data)
+                _read_reply(link.connection, self.timeout)
+            except (OSError, NSQError, ValueError):
+                # Whatever the error, the connection's state is unknown (or nsqd closes it):
+                # the next publish opens a new one.
+                if link.connection is not None:
+                    link.connection.close()
+                    link.connection = None
+                raise
+
+
+# -- consumer ---------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class SmartMessage:
+    """A delivered message, answered on the connection it came from.
+
+    `id` is Youzan's 16 bytes `[8 internal id][8 trace id]` (echoed as they are); `offset`
+    and `record_size` are the queue position a SUB_ORDERED subscription reports;
+    `ext_header` the JSON header of an ext topic's message (None without one)."""
+
+    id: bytes
+    body: bytes
+    attempts: int
+    timestamp: int
+    partition: int | None
+    address: str
+    offset: int | None = None
+    record_size: int | None = None
+    ext_header: bytes | None = None
+    responded: bool = False
+    _subscription: "_Subscription | None" = field(default=None, repr=False)
+    _consumer: "SmartConsumer | None" = field(default=None, repr=False)
+
+    @property
+    def internal_id(self) -> int:
+        return int.from_bytes(self.id[:8], "big")
+
+    def finish(self) -> bool:
+        """FIN; False when its connection is gone (nsqd then delivers the message again)."""
+        return self._answer(encode_fin(self.id), "finished")
+
+    def requeue(self, delay_ms: int = 0) -> bool:
+        """REQ with a delay (ignored for SUB_ORDERED unless 0: docs/protocol.md §3.5)."""
+        return self._answer(encode_req(self.id, delay_ms), "requeued")
+
+    def touch(self) -> bool:
+        """TOUCH: reset its in-flight timeout."""
+        if self._subscription is None:
+            return False
+        return self._subscription.send(encode_touch(self.id))
+
+    def _answer(self, data: bytes, counter: str) -> bool:
+        if self.responded or self._subscription is None:
+            return False
+        self.responded = True
+        sent = self._subscription.send(data)
+        if sent and self._consumer is not None:
+            self._consumer._count(counter)
+        return sent
+
+
+@dataclass(frozen=True)
+class ConsumerStats:
+    """What a consumer did: messages received, finished and requeued; subscriptions made
+    and lost; lookup rounds."""
+
+    messages: int
+    finished: int
+    requeued: int
+    connections: int
+    disconnections: int
+    lookups: int
+
+
+class _Subscription:
+    """One connection subscribed to one partition, and the thread that reads it."""
+
+    def __init__(
+        self,
+        slot: int | str,
+        partition: int | None,
+        connection: Connection,
+        *,
+        detail: bool,
+        extend: bool,
+    ) -> None:
+        self.slot = slot
+        self.partition = partition
+        self.address = connection.address
+        self.connection = connection
+        self.detail = detail
+        self.extend = extend
+        # An RDY above the server's max_rdy_count is a fatal error.
+        self.max_rdy = int(connection.identify_reply.get("max_rdy_count", 2500))
+        self.rdy = 0
+        # Closed on purpose (a moved leader, close()): not a failure to back off from.
+        self.retired = False
+        self.closed = False
+        self.thread: threading.Thread | None = None
+
+    def send(self, data: bytes) -> bool:
+        if self.closed:
+            return False
+        try:
+            self.connection.send(data)
+        except OSError:
+            return False
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            # Wakes the reading thread out of recv, which close() alone would not.
+            self.connection.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.connection.close()
+
+
+@dataclass
+class _PartitionState:
+    slot: int | str
+    partition: int | None
+    address: str | None
+    subscription: _Subscription | None = None
+    failures: int = 0
+    retry_at: float = 0.0
+
+
+class SmartConsumer:
+    """Consumes `channel` of every partition of `topic`, found through nsqlookupd.
+
+    One connection per partition (`SUB <topic> <channel> <partition>`, or `SUB_ORDERED` when
+    `ordered` is true; None follows the topic's meta, and switches to SUB_ORDERED if nsqd
+    answers E_SUB_ORDER_IS_MUST). `max_in_flight` is spread as RDY over the connections, at
+    least 1 each. A connection that closes or gets an error is reopened after a backoff
+    (`backoff_initial` doubling to `backoff_max`) and a new lookup, at the partition's
+    current leader; new partitions are picked up by the lookups made every `lookup_interval`
+    seconds (or `refresh()`). A subscription refused for a reason a lookup cannot fix
+    (E_BAD_TOPIC, E_SUB_ORDER_IS_MUST with `ordered=False`, ...) stops the consumer: its
+    `receive` and `wait` raise the NSQError.
+
+    Messages are taken with `receive`, `receive_many` or iteration, or, with `handler`, given
+    to it on a thread of the consumer's: a handler that returns FINishes the message (unless
+    it answered it), one that raises requeues it after `requeue_delay_ms`. Thread-safe:
+    `receive` and the messages' `finish`/`requeue`/`touch` may be called from any thread.
+    Messages of a connection that closed are dropped from the queue (nsqd delivers them
+    again). `close()` closes every connection; nsqd requeues what was not finished.
+    """
+
+    def __init__(
+        self,
+        lookupd_http_addresses: str | Iterable[str],
+        topic: str,
+        channel: str,
+        handler: Callable[[SmartMessage], None] | None = None,
+        *,
+        max_in_flight: int = 1,
+        ordered: bool | None = None,
+        lookup_interval: float = 60.0,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+        requeue_delay_ms: int = 1000,
+        timeout: float = 5.0,
+        http_timeout: float = 2.0,
+        identify: dict | None = None,
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        self.topic = topic
+        self.channel = channel
+        self.max_in_flight = max_in_flight
+        self.lookup_interval = lookup_interval
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.requeue_delay_ms = requeue_delay_ms
+        self.timeout = timeout
+        self.discovery = LookupdDiscovery(
+            lookupd_http_addresses, http_timeout=http_timeout, rediscover_interval=lookup_interval
+        )
+        self._handler = handler
+        self._ordered = ordered
+        self._sub_ordered = bool(ordered)
+        self._extend = False
+        self._identify = dict(identify or {})
+        self._lock = threading.Lock()
+        self._rdy_lock = threading.Lock()
+        self._states: dict[int | str, _PartitionState] = {}
+        self._messages: deque[SmartMessage] = deque()
+        self._ready = threading.Condition()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._lookup_requested = False
+        self._error: BaseException | None = None
+        self._counts = dict.fromkeys(
+            ("messages", "finished", "requeued", "connections", "disconnections"), 0
+        )
+        self._threads: list[threading.Thread] = []
+        # The first lookup here: nsqlookupd addresses that all fail are a configuration error
+        # to report now; later, the consumer outlives nsqlookupd outages.
+        self._apply(self.discovery.lookup(topic, "r"))
+        self._start(self._supervise, f"smart-consumer {topic}/{channel}")
+        if handler is not None:
+            self._start(self._dispatch, f"smart-consumer handler {topic}/{channel}")
+
+    # -- the public side --
+
+    def receive(self, timeout: float | None = None) -> SmartMessage | None:
+        """The next message, or None if none came within `timeout` seconds (None: wait) or
+        the consumer was closed. Raises the error that stopped the consumer."""
+        if self._handler is not None:
+            raise RuntimeError("this consumer gives its messages to its handler")
+        return self._take(timeout)
+
+    def receive_many(
+        self, count: int, timeout: float, *, finish: bool = False
+    ) -> list[SmartMessage]:
+        """Up to `count` messages, as many as came within `timeout` seconds; FINished on the
+        way when `finish` is true."""
+        deadline = time.monotonic() + timeout
+        messages: list[SmartMessage] = []
+        while len(messages) < count:
+            message = self.receive(max(0.0, deadline - time.monotonic()))
+            if message is None:
+                break
+            if finish:
+                message.finish()
+            messages.append(message)
+        return messages
+
+    def __iter__(self) -> Iterator[SmartMessage]:
+        """Messages until the consumer is closed."""
+        while True:
+            message = self.receive()
+            if message is None:
+                return
+            yield message
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the consumer stops (closed, or stopped by an error, which is raised);
+        False if it still runs after `timeout` seconds."""
+        stopped = self._stopping.wait(timeout)
+        if self._error is not None:
+            raise self._error
+        return stopped
+
+    def refresh(self) -> None:
+        """Look the topic up again now (in the background), and connect what is new."""
+        with self._lock:
+            self._lookup_requested = True
+        self._wake.set()
+
+    def connected_partitions(self) -> dict[int | str, str]:
+        """Partition (or, on a classic nsqd, its address) -> the nsqd subscribed to now."""
+        with self._lock:
+            return {
+                slot: state.subscription.address
+                for slot, state in self._states.items()
+                if state.subscription is not None
+            }
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error that stopped the consumer, if one did."""
+        return self._error
+
+    def stats(self) -> ConsumerStats:
+        with self._lock:
+            counts = dict(self._counts)
+        return ConsumerStats(**counts, lookups=self.discovery.lookups)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Close every connection and stop the consumer's threads; idempotent."""
+        self._stop()
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> "SmartConsumer":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- threads --
+
+    def _start(self, target: Callable, name: str, *args: object) -> threading.Thread:
+        # Daemon threads: a program that forgets close() still exits.
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+        return thread
+
+    def _stop(self, error: BaseException | None = None) -> None:
+        with self._lock:
+            if error is not None and self._error is None:
+                self._error = error
+            subscriptions = [s.subscription for s in self._states.values() if s.subscription]
+        self._stopping.set()
+        self._wake.set()
+        for subscription in subscriptions:
+            subscription.retired = True
+            subscription.close()
+        with self._ready:
+            self._messages.clear()
+            self._ready.notify_all()
+
+    def _supervise(self) -> None:
+        try:
+            self._supervise_until_stopped()
+        except Exception as error:  # a consumer that cannot go on says why, it does not hang
+            log.exception("the consumer of %s/%s failed", self.topic, self.channel)
+            self._stop(error)
+
+    def _supervise_until_stopped(self) -> None:
+        """Look up when asked to, when the interval is over or before a reconnect, connect
+        what is due, sleep until the next thing is due."""
+        next_lookup = time.monotonic() + self.lookup_interval
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            with self._lock:
+                requested = self._lookup_requested
+                # A partition that was lost is looked up again at the reconnect's pace, also
+                # while no lookupd lists it (during a failover, or while its nsqd is down).
+                reconnect_due = any(
+                    s.subscription is None and s.failures and s.retry_at <= now
+                    for s in self._states.values()
+                )
+            if requested or reconnect_due or now >= next_lookup:
+                with self._lock:
+                    self._lookup_requested = False
+                try:
+                    self._apply(self.discovery.lookup(self.topic, "r"))
+                    next_lookup = time.monotonic() + self.lookup_interval
+                except LookupUnavailable as error:
+                    log.warning("%s", error)
+                    next_lookup = time.monotonic() + min(self.lookup_interval, self.backoff_max)
+                self._postpone_missing(now)
+            self._connect_due()
+            with self._lock:
+                waits = [
+                    s.retry_at
+                    for s in self._states.values()
+                    if s.subscription is None and (s.address or s.failures)
+                ]
+                requested = self._lookup_requested
+            if not requested:
+                self._wake.wait(max(0.0, min([next_lookup, *waits]) - time.monotonic()))
+            self._wake.clear()
+
+    def _postpone_missing(self, now: float) -> None:
+        """Lost partitions the lookup did not list: look for them again after a backoff."""
+        with self._lock:
+            for state in self._states.values():
+                if (
+                    state.subscription is None
+                    and state.address is None
+                    and state.failures
+                    and state.retry_at <= now
+                ):
+                    state.failures += 1
+                    state.retry_at = now + self._backoff(state.failures)
+
+    def _backoff(self, failures: int) -> float:
+        return min(self.backoff_initial * 2 ** (failures - 1), self.backoff_max)
+
+    def _apply(self, layout: TopicLayout) -> None:
+        """Follow a new lookup: new partitions, and partitions whose leader moved (their old
+        connection is closed; its unfinished messages come again from the new leader)."""
+        if layout.partitions:
+            entries: dict[int | str, tuple[int | None, str]] = {
+                partition: (partition, address) for partition, address in layout.partitions.items()
+            }
+        else:
+            entries = {address: (None, address) for address in layout.classic_nodes}
+        moved: list[_Subscription] = []
+        with self._lock:
+            if self._ordered is None and layout.ordered:
+                self._sub_ordered = True
+            # Sticky, like SUB_ORDERED: a lookupd that did not create the topic may not know.
+            self._extend = self._extend or layout.extend_support
+            for slot, (partition, address) in entries.items():
+                state = self._states.setdefault(slot, _PartitionState(slot, partition, None))
+                if state.address != address:
+                    state.address = address
+                    state.failures = 0
+                    state.retry_at = 0.0
+                    if state.subscription is not None and state.subscription.address != address:
+                        moved.append(state.subscription)
+            for slot, state in self._states.items():
+                if slot not in entries:
+                    # Gone from the lookup (its nsqd left): not reconnected until it is back.
+                    # A connection still open to it is kept while it works.
+                    state.address = None
+        for subscription in moved:
+            log.info(
+                "%s partition %s moved: leaving %s",
+                self.topic,
+                subscription.partition,
+                subscription.address,
+            )
+            subscription.retired = True
+            subscription.close()
+
+    def _connect_due(self) -> None:
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            with self._lock:
+                due = [
+                    state
+                    for state in self._states.values()
+                    if state.subscription is None and state.address and state.retry_at <= now
+                ]
+            if not due:
+                return
+            for state in due:
+                if self._stopping.is_set():
+                    return
+                self._connect(state)
+
+    def _connect(self, state: _PartitionState) -> None:
+        address = state.address
+        assert address is not None
+        try:
+            subscription = self._subscribe(state.slot, state.partition, address)
+        except NSQError as error:
+            if self._learn_from_refusal(error.code):
+                return
+            if error.code not in RETRYABLE_ERRORS:
+                log.error("subscribing to %s/%s failed: %s", self.topic, self.channel, error)
+                self._stop(error)
+                return
+            self._failed(state, address, error)
+            return
+        except (OSError, ValueError) as error:
+            self._failed(state, address, error)
+            return
+        with self._lock:
+            if self._stopping.is_set() or state.address != address:
+                subscription.retired = True
+                subscription.close()
+                return
+            state.subscription = subscription
+            state.failures = 0
+            self._counts["connections"] += 1
+        log.info("subscribed to %s partition %s at %s", self.topic, state.partition, address)
+        subscription.thread = self._start(
+            self._read, f"smart-consumer {self.topic}/{self.channel} {address}", subscription
+        )
+        self._rebalance()
+
+    def _learn_from_refusal(self, code: str) -> bool:
+        """The lookupds did not say the topic is ordered (or ext) and nsqd refused a plain SUB
+        for it: true when that is now known, to subscribe again at once."""
+        with self._lock:
+            if code == "E_SUB_ORDER_IS_MUST" and self._ordered is None and not self._sub_ordered:
+                self._sub_ordered = True
+                return True
+            if code == "E_SUB_EXTEND_NEED" and not self._extend:
+                self._extend = True
+                return True
+        return False
+
+    def _subscribe(self, slot: int | str, partition: int | None, address: str) -> _Subscription:
+        with self._lock:
+            ordered = self._sub_ordered
+            extend = self._extend
+        # An ext topic needs extend_support, a plain one must not have it (§3.3).
+        identify = {**({"extend_support": True} if extend else {}), **self._identify}
+        connection = Connection(address, timeout=self.timeout, identify=identify)
+        try:
+            extra = () if partition is None else (partition,)
+            command = "SUB_ORDERED" if ordered else "SUB"
+            connection.send(encode_command(command, self.topic, self.channel, *extra))
+            _read_reply(connection, self.timeout)
+        except BaseException:
+            connection.close()
+            raise
+        return _Subscription(slot, partition, connection, detail=ordered, extend=extend)
+
+    def _failed(self, state: _PartitionState, address: str, error: BaseException) -> None:
+        with self._lock:
+            state.failures += 1
+            delay = self._backoff(state.failures)
+            state.retry_at = time.monotonic() + delay
+        log.warning(
+            "subscribing to %s partition %s at %s failed (%s); again in %.2fs",
+            self.topic,
+            state.partition,
+            address,
+            error,
+            delay,
+        )
+
+    def _read(self, subscription: _Subscription) -> None:
+        error: BaseException | None = None
+        try:
+            while not subscription.closed:
+                frame = subscription.connection.read_frame(timeout=self.timeout)
+                if frame is None:
+                    continue
+                if frame.frame_type == FRAME_TYPE_MESSAGE:
+                    self._deliver(subscription, frame.data)
+                elif frame.frame_type == FRAME_TYPE_ERROR:
+                    text = frame.data.decode("utf-8", "replace")
+                    # Not fatal anywhere: typically a late FIN of a message already timed out.
+                    if text.split(" ", 1)[0] not in NON_FATAL_CODES:
+                        raise NSQError(text)
+        except Exception as caught:  # any end of the connection is handled the same way
+            error = caught
+        finally:
+            self._lost(subscription, error)
+
+    def _deliver(self, subscription: _Subscription, data: bytes) -> None:
+        decoded = decode_message(data)
+        body = decoded.body
+        header = offset = record_size = None
+        # EXT comes before DETAIL (docs/protocol.md §3.5).
+        if subscription.extend:
+            header, body = split_ext_section(body)
+        if subscription.detail:
+            offset, record_size = _DETAIL.unpack_from(body)
+            body = body[_DETAIL.size :]
+        message = SmartMessage(
+            decoded.id,
+            body,
+            decoded.attempts,
+            decoded.timestamp,
+            subscription.partition,
+            subscription.address,
+            offset,
+            record_size,
+            header,
+            _subscription=subscription,
+            _consumer=self,
+        )
+        self._count("messages")
+        with self._ready:
+            self._messages.append(message)
+            self._ready.notify()
+
+    def _lost(self, subscription: _Subscription, error: BaseException | None) -> None:
+        with self._lock:
+            state = self._states.get(subscription.slot)
+            current = state is not None and state.subscription is subscription
+            if current:
+                state.subscription = None
+                if not subscription.retired:
+                    state.failures += 1
+                    state.retry_at = time.monotonic() + self._backoff(state.failures)
+                if not self._stopping.is_set():
+                    self._counts["disconnections"] += 1
+                # The leader may have moved: know where before the reconnect is due.
+                self._lookup_requested = True
+        subscription.close()
+        with self._ready:
+            self._messages = deque(m for m in self._messages if m._subscription is not subscription)
+        if self._stopping.is_set() or not current:
+            return
+        if not subscription.retired:
+            log.warning(
+                "%s partition %s at %s lost (%s); reconnecting",
+                self.topic,
+                subscription.partition,
+                subscription.address,
+                error or "closed",
+            )
+        self._rebalance()
+        self._wake.set()
+
+    def _rebalance(self) -> None:
+        """max_in_flight over the subscriptions, at least 1 each (Go's maxInFlight/conns)."""
+        with self._rdy_lock:
+            with self._lock:
+                subscriptions = [s.subscription for s in self._states.values() if s.subscription]
+            if not subscriptions:
+                return
+            share, extra = divmod(self.max_in_flight, len(subscriptions))
+            for index, subscription in enumerate(subscriptions):
+                rdy = min(max(1, share + (1 if index < extra else 0)), subscription.max_rdy)
+                if rdy != subscription.rdy and subscription.send(encode_rdy(rdy)):
+                    subscription.rdy = rdy
+
+    def _dispatch(self) -> None:
+        while True:
+            try:
+                message = self._take(None)
+            except Exception:
+                return
+            if message is None:
+                return
+            try:
+                self._handler(message)
+            except Exception:
+                log.exception("the handler failed on a message of %s; requeueing it", self.topic)
+                message.requeue(self.requeue_delay_ms)
+            else:
+                message.finish()
+
+    def _take(self, timeout: float | None) -> SmartMessage | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._ready:
+            while not self._messages:
+                if self._error is not None:
+                    raise self._error
+                if self._stopping.is_set():
+                    return None
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._ready.wait(remaining)
+            return self._messages.popleft()
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] += 1
