@@ -7,6 +7,10 @@ Each body is written followed by a newline (with `--print-topic`, prefixed by `t
 For Youzan ext topics (docs/protocol.md §3.6): `--ext` reads them (IDENTIFY with
 `extend_support`) and prints each message's JSON header before its body (`header | body`,
 `{}` for none); `--desired-tag T` receives only the messages dispatched to tag T.
+
+`--partitioned` (nsqpy's) reads every partition of partitioned topics at their leaders, found
+through `--lookupd-http-address` and followed when they move (the smart client,
+docs/client.md).
 """
 
 import random
@@ -14,6 +18,7 @@ import sys
 
 from common.client import split_ext_section
 from common.flags import Flag, Kind
+from common.smart_client import SmartConsumer
 from tools._common import (
     ConsumerGroup,
     StopFlag,
@@ -50,6 +55,13 @@ def flags() -> list[Flag]:
             "ext topics: receive only the messages whose ##client_dispatch_tag is this (implies"
             " --ext)",
         ),
+        Flag(
+            "partitioned",
+            Kind.BOOL,
+            False,
+            "[nsqpy] read every partition of partitioned topics from their leaders, found"
+            " through --lookupd-http-address and followed when they move",
+        ),
         *address_flags(),
         consumer_opt_flag(),
         *log_flags(NAME),
@@ -75,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     if 0 < total < settings["max_in_flight"]:
         settings["max_in_flight"] = total
     stop = StopFlag()
+    if values["partitioned"]:
+        if not values["lookupd_http_address"]:
+            fatal(log, "--partitioned needs --lookupd-http-address")
+        return tail_partitions(values, topics, channel, settings, ext, total, stop)
     group = ConsumerGroup(
         topics,
         channel,
@@ -114,6 +130,45 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         group.close()
+    return 0
+
+
+def tail_partitions(values, topics, channel, settings, ext, total, stop) -> int:
+    """`--partitioned`: one smart consumer per topic (docs/client.md), each reading every
+    partition at its leader."""
+    out = sys.stdout.buffer
+    shown = 0
+    consumers = [
+        SmartConsumer(
+            values["lookupd_http_address"],
+            topic,
+            channel,
+            max_in_flight=settings["max_in_flight"],
+            identify=settings["identify"],
+        )
+        for topic in topics
+    ]
+    try:
+        while not stop and not (total and shown >= total):
+            for consumer in consumers:
+                message = consumer.receive(timeout=0.1)
+                if message is None:
+                    continue
+                if values["print_topic"]:
+                    out.write(consumer.topic.encode() + b" | ")
+                if ext:
+                    out.write((message.ext_header or b"{}") + b" | ")
+                out.write(message.body + b"\n")
+                out.flush()
+                message.finish()
+                shown += 1
+                if total and shown >= total:
+                    break
+    except BrokenPipeError:
+        pass
+    finally:
+        for consumer in consumers:
+            consumer.close()
     return 0
 
 

@@ -2,7 +2,9 @@
 `to_nsq` does: every record goes to every `--nsqd-tcp-address`, empty records are skipped,
 and `--rate N` throttles to N messages a second. `--ext-header '<json>'` publishes each record
 with that JSON header (Youzan's PUB_EXT, to an ext topic: `##client_dispatch_tag`,
-`##trace_id`, or any key; docs/protocol.md §3.6).
+`##trace_id`, or any key; docs/protocol.md §3.6). `--lookupd-http-address` (nsqpy's) publishes
+each record once to a partitioned topic, round-robin over its writable partitions at their
+leaders, following them when they move (the smart client, docs/client.md).
 """
 
 import json
@@ -12,6 +14,7 @@ import time
 
 from common.client import NSQError, Producer
 from common.flags import Flag, Kind
+from common.smart_client import SmartClientError, SmartProducer
 from tools._common import Progress, fatal, log_flags, make_logger, parse_args
 from tools._options import nsq_options
 
@@ -33,6 +36,13 @@ def flags() -> list[Flag]:
             (),
             "destination nsqd TCP address (may be given multiple times)",
         ),
+        Flag(
+            "lookupd-http-address",
+            Kind.STRING_LIST,
+            (),
+            "[nsqpy] publish to the leaders of a partitioned topic's partitions, found through"
+            " these nsqlookupds and followed when they move (may be given multiple times)",
+        ),
         Flag("rate", Kind.INT, 0, "Throttle messages to n/second. 0 to disable"),
         Flag(
             "ext-header",
@@ -52,6 +62,26 @@ def flags() -> list[Flag]:
 
 class _Interrupted(Exception):
     pass
+
+
+class LeaderProducer:
+    """`Producer`'s publishing side over the smart client (docs/client.md): round-robin over
+    a partitioned topic's writable partitions, each at its current leader."""
+
+    def __init__(self, lookupd_http_addresses: list[str], identify: dict) -> None:
+        self.producer = SmartProducer(lookupd_http_addresses, identify=identify)
+
+    def publish(self, topic: str, body: bytes) -> None:
+        try:
+            self.producer.publish(topic, body)
+        except SmartClientError as error:
+            raise NSQError(str(error)) from None
+
+    def publish_ext(self, topic: str, header: bytes, body: bytes) -> None:
+        raise NSQError("--ext-header is not supported with --lookupd-http-address")
+
+    def close(self) -> None:
+        self.producer.close()
 
 
 class Throttle:
@@ -96,8 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     delimiter = values["delimiter"].encode()
     if len(delimiter) != 1:
         fatal(log, "--delimiter must be a single byte")
-    if not values["nsqd_tcp_address"]:
-        fatal(log, "--nsqd-tcp-address required")
+    if values["nsqd_tcp_address"] and values["lookupd_http_address"]:
+        fatal(log, "use --nsqd-tcp-address or --lookupd-http-address not both")
+    if not values["nsqd_tcp_address"] and not values["lookupd_http_address"]:
+        fatal(log, "--nsqd-tcp-address or --lookupd-http-address required")
     if values["rate"] < 0:
         fatal(log, "--rate must be >= 0")
     identify = nsq_options(log, values, "producer-opt").identify(f"{NAME}/nsqpy")
@@ -127,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for address in values["nsqd_tcp_address"]:
             producers.append(Producer(address, identify=identify))
+        if values["lookupd_http_address"]:
+            producers.append(LeaderProducer(values["lookupd_http_address"], identify))
     except (OSError, NSQError) as error:
         fatal(log, "failed to create nsq.Producer - %s", error)
     throttle = Throttle(values["rate"])
