@@ -8,27 +8,21 @@ reacting is polled with a deadline (`wait_for`).
 
 import json
 import signal
-import time
 from http.client import HTTPConnection
 from pathlib import Path
 
 from tests.cluster.etcd_server import EtcdServer
 from tests.harness import DaemonProcess
+from tests.nsqlookupd.support import poll
 from tests.youzan.support import HTTPReply, http_sync
 
 DEADLINE = 20.0
 
 
 def wait_for(check, what: str, timeout: float = DEADLINE):
-    """Call `check` until it returns something truthy; fail naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    """Call `check` until it returns something truthy; fail naming `what` after `timeout`
+    (a cluster reacts within a node lease or two, hence the longer default)."""
+    return poll(check, what, timeout)
 
 
 class Node:
