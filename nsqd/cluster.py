@@ -97,11 +97,12 @@ class ClusterNode:
         host, _, port = options.rpc_port.rpartition(":")
         host = host.strip("[]") or options.broadcast_address
         listeners = await trio.open_tcp_listeners(int(port), host=host)
-        self.rpc_port = listeners[0].socket.getsockname()[1]
+        # The node's ID carries the port its peers connect to, which a proxy may front.
+        self.rpc_port = options.broadcast_rpc_port or listeners[0].socket.getsockname()[1]
         self.node_id = node_id(
             options.broadcast_address, self.rpc_port, nsqd.tcp_port, options.node_id
         )
-        nsqd.log.info("RPC: listening on %s:%d", host, self.rpc_port)
+        nsqd.log.info("RPC: listening on %s:%d", host, listeners[0].socket.getsockname()[1])
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(partial(trio.serve_listeners, self._serve_peer, listeners))
@@ -294,7 +295,9 @@ class ClusterNode:
         while True:
             try:
                 for entry, data in writes:
-                    await link.request(PUT, {**header, "entry": list(entry)}, data)
+                    # A peer that stalls (a cut link) is given up on by the deadline.
+                    remaining = max(0.05, deadline - trio.current_time())
+                    await link.request(PUT, {**header, "entry": list(entry)}, data, remaining)
                 return
             except (PeerUnavailable, ReplicaRefusal) as error:
                 if _is_stale_leader(error) or trio.current_time() >= deadline:
@@ -344,6 +347,13 @@ class ClusterNode:
         if info is None or info.leader != self.node_id or not info.followers():
             return
         header = {**self._leader_header(topic, info), "channels": self._channel_positions(topic)}
+        log = topic.log
+        if topic.writer.idle and log.written.offset > log.start.offset:
+            # Anti-entropy: with nothing in flight a follower must end where the leader does.
+            # One that has more holds a group the leader cut back (it arrived after the leader
+            # gave up on it): it cuts it too.
+            header["end"] = list(log.written)
+            header["last"] = list(log.entry_ending_at(log.written) or ())
         version = topic.channels_version
 
         async def push(follower: str) -> None:
@@ -432,7 +442,27 @@ class ClusterNode:
         if header.get("leader") != info.leader:
             raise ReplicaRefusal(error_header("E_FAILED_ON_NOT_LEADER", "not my leader"))
         self._take_channels(topic, header.get("channels", {}), move=True)
+        if "end" in header:
+            self._check_end(topic, Position(*header["end"]), tuple(header.get("last") or ()))
         return {}
+
+    def _check_end(self, topic: "Topic", end: Position, last: tuple) -> None:
+        """The leader, idle, ends at `end` with index entry `last`: cut what lies past it
+        (a group the leader rolled back), or catch up when behind or apart."""
+        if (topic.name, topic.partition) in self._catching_up:
+            return
+        log = topic.log
+        if log.written == end:
+            return
+        if log.written.offset > end.offset and last and log.entry_ending_at(end) == last:
+            self.nsqd.log.warning(
+                "TOPIC(%s) partition %d: cutting back groups the leader does not have",
+                topic.name,
+                topic.partition,
+            )
+            log.truncate_to(end)
+            return
+        self.start_catch_up(topic)
 
     def _take_channels(self, topic: "Topic", channels: dict, *, move: bool) -> None:
         """A follower takes its leader's channels: missing ones are created where the

@@ -76,6 +76,12 @@ class LogWriter:
     def dirty(self) -> bool:
         return self.log.dirty
 
+    @property
+    def idle(self) -> bool:
+        """Nothing appended, written or being replicated: the log's end is what every ISR
+        follower must have."""
+        return not self._busy and not self._unreplicated and self.group is None
+
     def write_now(self) -> None:
         """Write the open group, unless a round is under way (it waits for the next)."""
         if not self._busy:
@@ -128,10 +134,14 @@ class LogWriter:
             await self.replicate([written for written, _group in batch])
         except Exception as error:
             first = batch[0][0][0]
+            issued = log.last_id
             try:
                 log.truncate_to(Position(first[3], first[5] - 1))
             except (ValueError, OSError) as cut_error:
                 self.nsqd.log.error("LOG(%s) failed to cut back - %s", log.name, cut_error)
+            # The IDs of the groups cut back are not given again: a follower that got one of
+            # them tells it from the leader's next group by its IDs (`ClusterNode` MATCH).
+            log.last_id = max(log.last_id, issued)
             for _written, group in batch:
                 group.error = error
                 group.done = True

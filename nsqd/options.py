@@ -59,6 +59,7 @@ class Options:
     cluster_leadership_addresses: str = ""
     cluster_leadership_root_dir: str = "NSQMetaData"
     rpc_port: str = "0"
+    broadcast_rpc_port: int = 0
     cluster_node_ttl: float = 3.0
 
     queue_scan_interval: float = 0.1
@@ -270,6 +271,13 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 alone="a single node",
                 node_ttl="cluster mode: how long a node that stopped answering etcd stays in the"
                 " cluster (its lease; a leader's failover starts after it)",
+            ),
+            Flag(
+                "broadcast-rpc-port",
+                Kind.INT,
+                d.broadcast_rpc_port,
+                "cluster mode: the replication port other nsqds are told to use, when they"
+                " reach this one through a proxy or NAT (default: --rpc-port's)",
             ),
             Flag(
                 "rpc-port",

@@ -30,25 +30,38 @@ class PeerLink:
         self._frames: list[Frame] = []
         self._lock = trio.Lock()
 
-    async def request(self, op: int, header: dict, payload: bytes = b"") -> Frame:
+    async def request(
+        self, op: int, header: dict, payload: bytes = b"", timeout: float | None = None
+    ) -> Frame:
         """The peer's `REPLY`; ReplicaRefusal for its `ERROR`, PeerUnavailable when it cannot
-        be had."""
-        async with self._lock:
-            try:
-                with trio.fail_after(self.timeout):
-                    if self._stream is None:
-                        self._stream = await trio.open_tcp_stream(*self.address)
-                        self._reader = FrameReader()
-                        self._frames = []
-                    await self._stream.send_all(encode_frame(op, header, payload))
-                    frame = await self._next_frame()
-            except (OSError, trio.BrokenResourceError, trio.TooSlowError) as error:
-                await self._drop()
-                host, port = self.address
-                raise PeerUnavailable(f"{host}:{port}: {error or type(error).__name__}") from None
-            except ReplicationProtocolError as error:
-                await self._drop()
-                raise PeerUnavailable(f"{self.address}: {error}") from None
+        be had within `timeout` (the link's own by default; waiting for the link counts)."""
+        limit = self.timeout if timeout is None else min(timeout, self.timeout)
+        with trio.move_on_after(limit) as waited:
+            await self._lock.acquire()
+        if waited.cancelled_caught:
+            raise PeerUnavailable(f"{self.address[0]}:{self.address[1]}: busy past {limit:g} s")
+        try:
+            return await self._request(op, header, payload, limit)
+        finally:
+            self._lock.release()
+
+    async def _request(self, op: int, header: dict, payload: bytes, limit: float) -> Frame:
+        try:
+            with trio.fail_after(limit):
+                if self._stream is None:
+                    self._stream = await trio.open_tcp_stream(*self.address)
+                    self._reader = FrameReader()
+                    self._frames = []
+                await self._stream.send_all(encode_frame(op, header, payload))
+                frame = await self._next_frame()
+        except (OSError, trio.BrokenResourceError, trio.TooSlowError) as error:
+            # A request cut short leaves its answer (if any comes) unread: a new connection.
+            await self._drop()
+            host, port = self.address
+            raise PeerUnavailable(f"{host}:{port}: {error or type(error).__name__}") from None
+        except ReplicationProtocolError as error:
+            await self._drop()
+            raise PeerUnavailable(f"{self.address}: {error}") from None
         if frame.op == ERROR:
             raise ReplicaRefusal(frame.header)
         if frame.op != REPLY:

@@ -11,7 +11,8 @@ import signal
 from http.client import HTTPConnection
 from pathlib import Path
 
-from tests.cluster.etcd_server import EtcdServer
+from tests.cluster.etcd_server import EtcdServer, free_port
+from tests.cluster.proxy import BlackholeProxy
 from tests.harness import DaemonProcess
 from tests.nsqlookupd.support import poll
 from tests.youzan.support import HTTPReply, http_sync
@@ -35,6 +36,7 @@ class Node:
         self.data_path.mkdir(parents=True, exist_ok=True)
         self.ports: dict[str, int] = {}
         self.process: DaemonProcess | None = None
+        self.rpc_proxy: BlackholeProxy | None = None
 
     @property
     def node_id(self) -> str:
@@ -51,10 +53,22 @@ class Node:
     def start(self) -> "Node":
         cluster = self.cluster
         ports = self.ports
+        rpc = [f"-rpc-port=127.0.0.1:{ports.get('RPC', 0)}"]
+        if cluster.rpc_proxies:
+            # Peers reach the node through a proxy the test can black-hole: the node binds a
+            # port of its own and advertises the proxy's (its ID carries the proxy's).
+            if self.rpc_proxy is None:
+                bound = free_port()
+                self.rpc_proxy = BlackholeProxy(("127.0.0.1", bound))
+                self.ports["RPC bound"] = bound
+            rpc = [
+                f"-rpc-port=127.0.0.1:{ports['RPC bound']}",
+                f"-broadcast-rpc-port={self.rpc_proxy.port}",
+            ]
         args = [
             f"-tcp-address=127.0.0.1:{ports.get('TCP', 0)}",
             f"-http-address=127.0.0.1:{ports.get('HTTP', 0)}",
-            f"-rpc-port=127.0.0.1:{ports.get('RPC', 0)}",
+            *rpc,
             "-broadcast-address=127.0.0.1",
             f"-data-path={self.data_path}",
             f"-node-id={self.index}",
@@ -70,6 +84,8 @@ class Node:
         )
         for kind in ("TCP", "HTTP", "RPC"):
             ports[kind] = self.process.port(kind)
+        if self.rpc_proxy is not None:
+            ports["RPC"] = self.rpc_proxy.port
         return self
 
     def http(self, method: str, target: str, body: bytes = b"") -> HTTPReply:
@@ -103,11 +119,14 @@ class LocalCluster:
         ttl: float = 2.0,
         nsqd_args: tuple[str, ...] = (),
         etcd_urls: dict[int, str] | None = None,
+        rpc_proxies: bool = False,
     ) -> None:
         self.root = root
         self.etcd = etcd
         # A node's own way to etcd (a black-holing proxy in the chaos tests), by node index.
         self.etcd_urls = etcd_urls or {}
+        # Every node's replication port behind a black-holing proxy (`Node.rpc_proxy`).
+        self.rpc_proxies = rpc_proxies
         self.cluster_id = "test"
         self.ttl = ttl
         self.nsqd_args = nsqd_args
@@ -141,6 +160,9 @@ class LocalCluster:
                 node.kill()
         for lookupd in self.lookupds:
             lookupd.kill()
+        for node in self.nodes:
+            if node.rpc_proxy is not None:
+                node.rpc_proxy.close()
 
     def __enter__(self) -> "LocalCluster":
         return self

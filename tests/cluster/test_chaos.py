@@ -3,7 +3,8 @@ nsqlookupd, three nsqds; topics with replicator 2 and 3; a producer per topic pu
 steadily (finding the leader through nsqlookupd and retrying, as the smart client does), and a
 consumer per topic draining whichever node leads it. Faults, one after the other: `kill -9` of a
 leader (then it is started again), `SIGSTOP` of a leader past its lease then `SIGCONT`, `kill -9`
-of a follower and a restart, a restart of etcd, and a leader's link to etcd black-holed then
+of a follower and a restart, a restart of etcd, a leader's link to etcd black-holed then
+healed, and a follower cut off from etcd and from its peers (black-holing proxies), then
 healed. Afterwards the checker reads everything: every acknowledged message consumed at least
 once (0 lost), the log bytes identical on every ISR member, duplicates counted, and the write
 unavailability of each fault.
@@ -181,10 +182,20 @@ def settle_and_check(cluster: LocalCluster, workload: Workload) -> dict:
         expected = log_files(leader, topic)
         for node_id in cluster.partition(topic, 0)["isr"]:
             node = cluster.node(node_id)
-            wait_for(
-                lambda n=node, t=topic, e=expected: log_files(n, t) == e,
-                f"{topic} identical on {node_id}",
-            )
+            try:
+                wait_for(
+                    lambda n=node, t=topic, e=expected: log_files(n, t) == e,
+                    f"{topic} identical on {node_id}",
+                )
+            except AssertionError:
+                got = log_files(node, topic)
+                for name in sorted(set(got) | set(expected)):
+                    a, b = expected.get(name, b""), got.get(name, b"")
+                    if a != b:
+                        first = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
+                        print("DIFF", name, len(a), len(b), "first difference at", first)
+                print(json.dumps(cluster.stats()["partitions"]))
+                raise
         figures[topic] = {
             "acknowledged": len(workload_acked),
             "lost": 0,
@@ -294,7 +305,33 @@ class Faults:
             proxy.heal()
         self._whole()
 
-    ALL = ("kill_leader", "freeze_leader", "kill_follower", "restart_etcd", "cut_leader_from_etcd")
+    def isolate_follower(self) -> None:
+        """A follower's links cut both ways (etcd, and its peers' replication to it): the
+        leader's writes to it stall until it gives up on it, then go on without it; healed,
+        it catches up and rejoins."""
+        info = self.cluster.partition("r3", 0)
+        follower = self.cluster.node(info["isr"][-1])
+        links = (self.proxies[follower.index], follower.rpc_proxy)
+        for link in links:
+            link.blackhole()
+        try:
+            wait_for(
+                lambda: follower.node_id not in self.cluster.partition("r3", 0)["isr"],
+                "the cut-off follower out of the ISR",
+            )
+        finally:
+            for link in links:
+                link.heal()
+        self._whole()
+
+    ALL = (
+        "kill_leader",
+        "freeze_leader",
+        "kill_follower",
+        "restart_etcd",
+        "cut_leader_from_etcd",
+        "isolate_follower",
+    )
 
 
 @pytest.fixture
@@ -302,7 +339,11 @@ def chaos_cluster(tmp_path, etcd_server):
     proxies = {index: BlackholeProxy(("127.0.0.1", etcd_server.client_port)) for index in range(3)}
     etcd_urls = {index: f"http://{proxy.address}" for index, proxy in proxies.items()}
     with LocalCluster(
-        tmp_path, etcd_server, nsqd_args=("-sync-every=1",), etcd_urls=etcd_urls
+        tmp_path,
+        etcd_server,
+        nsqd_args=("-sync-every=1",),
+        etcd_urls=etcd_urls,
+        rpc_proxies=True,
     ) as cluster:
         for topic, replicas in TOPICS.items():
             cluster.create_topic(topic, 1, replicas)
