@@ -88,6 +88,9 @@ class ClusterNode:
         # The master nsqlookupd's HTTP address, as its leader session says.
         self.master_http: str | None = None
         self.session = None
+        # Partitions whose ordered channels' cursors moved: pushed to the followers at once.
+        self._moved: set = set()
+        self._moved_wakeup = trio.Event()
 
     # -- serving ---------------------------------------------------------------------------
 
@@ -107,6 +110,7 @@ class ClusterNode:
             self._nursery = nursery
             nursery.start_soon(partial(trio.serve_listeners, self._serve_peer, listeners))
             nursery.start_soon(self._cursor_timer)
+            nursery.start_soon(self._push_moved_cursors)
             if self.enabled:
                 from nsqd.cluster_session import ClusterSession
 
@@ -561,6 +565,21 @@ class ClusterNode:
         while True:
             await trio.sleep(self.nsqd.options.sync_timeout)
             await self.send_cursors()
+
+    def cursor_moved(self, topic: "Topic") -> None:
+        """An ordered channel's cursor moved (a FIN): its followers learn it at once, not at
+        the next `--sync-timeout`, so a new leader repeats at most the messages in flight."""
+        self._moved.add(topic)
+        self._moved_wakeup.set()
+
+    async def _push_moved_cursors(self) -> None:
+        while True:
+            await self._moved_wakeup.wait()
+            self._moved_wakeup = trio.Event()
+            moved, self._moved = self._moved, set()
+            for topic in moved:
+                if not topic.deleted:
+                    await self.push_channels(topic)
 
     async def send_cursors(self) -> None:
         """Each led partition's channels' confirmed positions, to its followers."""

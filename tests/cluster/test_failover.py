@@ -253,3 +253,46 @@ def test_a_cleanly_stopped_leader_is_replaced_without_waiting_for_its_lease(tmp_
         publish(cluster, "t", b"after", deadline=10)
         assert time.monotonic() - stopped < 10  # a 30 s lease would not have ended yet
         assert cluster.node_leading("t", 0) is not old
+
+
+def test_an_ordered_channels_cursor_reaches_the_followers_on_every_fin(tmp_path, etcd_server):
+    """SUB_ORDERED: each FIN's new cursor goes to the followers at once (Youzan replicates
+    ordered cursors synchronously), not at the next `--sync-timeout` (30 s here): after a
+    failover the ordered consumer continues right after its last FIN."""
+    with LocalCluster(tmp_path, etcd_server, nsqd_args=("-sync-timeout=30s",)) as cluster:
+        cluster.create_topic("t", 1, 3)
+        old = cluster.node_leading("t", 0)
+        assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
+        bodies = [b"m%03d" % i for i in range(50)]
+        for body in bodies:
+            publish(cluster, "t", body)
+        connection = V2Connection(old.tcp_port)
+        try:
+            connection.send(b"SUB_ORDERED t c 0\n")
+            assert connection.read_response().data == b"OK"
+            connection.send(encode_rdy(1))
+            for expected in bodies[:30]:
+                (message,) = connection.read_messages(1)
+                assert message.body[12:] == expected  # after SUB_ORDERED's 12-byte detail
+                connection.send(b"FIN " + message.id + b"\n")
+            follower = cluster.node(cluster.partition("t", 0)["isr"][1])
+
+            def follower_confirmed() -> bool:
+                reply = follower.http("GET", "/stats?format=json&topic=t&channel=c")
+                channels = json.loads(reply.body)["topics"][0]["channels"]
+                return bool(channels) and channels[0].get("confirmed_count") == 30
+
+            wait_for(follower_confirmed, "the ordered cursor on a follower", timeout=10)
+        finally:
+            connection.close()
+        old.kill()
+        new = wait_for(lambda: cluster.node_leading("t", 0), "a new leader")
+        consumer = V2Connection(new.tcp_port)
+        try:
+            consumer.send(b"SUB_ORDERED t c 0\n")
+            assert consumer.read_response().data == b"OK"
+            consumer.send(encode_rdy(1))
+            (message,) = consumer.read_messages(1)
+            assert message.body[12:] == bodies[30]
+        finally:
+            consumer.close()
