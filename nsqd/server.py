@@ -89,6 +89,9 @@ class NSQD:
         gc_pauses.install()
         self._connections: set[ProtocolV2] = set()
         self._written_backends: set[DiskQueue] = set()
+        # Diskqueue fsyncs under way: a commit that finds its queues taken by another task's
+        # commit waits for them (its writes may be in them).
+        self._queue_syncs: set[trio.Event] = set()
         # Partition logs appended to since the last commit: each writes its group then.
         self._written_logs: set[LogWriter] = set()
         self._metadata_wakeup = Wakeup()
@@ -399,11 +402,15 @@ class NSQD:
         waits: list = [
             partial(group.writer.wait, group) for group in {g for g in groups if not g.done}
         ]
+        if self._queue_syncs:
+            # Another task's commit took the written queues and is syncing them: what this
+            # task wrote may be among them, and is answered only once they are synced.
+            waits.extend(event.wait for event in self._queue_syncs)
         if self._written_backends:
             backends, self._written_backends = self._written_backends, set()
             for backend in backends:
                 if backend.sync_due:
-                    waits.append(partial(self.sync_backend, backend))
+                    waits.append(partial(self._commit_sync, backend))
         if len(waits) == 1:
             await waits[0]()
         elif waits:
@@ -450,6 +457,16 @@ class NSQD:
                     await backend.sync()
                 else:
                     await self.sync_backend(backend)
+
+    async def _commit_sync(self, backend) -> None:
+        """A diskqueue fsync publishes wait for: the commits of other tasks wait for it too."""
+        done = trio.Event()
+        self._queue_syncs.add(done)
+        try:
+            await self.sync_backend(backend)
+        finally:
+            self._queue_syncs.discard(done)
+            done.set()
 
     async def sync_backend(self, backend) -> None:
         """Run one sync job off the loop; a failure (the job logs it) makes health NOK."""

@@ -17,9 +17,11 @@ import threading
 
 import pytest
 import trio
+import trio.testing
 
 from common.command import encode_pub
 from nsqd.partition_log import ENTRY
+from nsqd.publish import publish as nsqd_publish
 from tests.conftest import running_nsqd, wait_until
 from tests.nsqd.wire import Wire, consumer
 from tests.nsqd_http.rawhttp import request, target
@@ -149,3 +151,35 @@ async def test_a_failed_group_write_refuses_every_publish_in_the_group(
         assert [entry[-1] for entry in index_entries(nsqd, "t")] == [1, 1]
         delivered = await reader.read_messages(2)
         assert [message.body for message in delivered] == [b"a", b"d"]
+
+
+async def test_a_commit_waits_for_an_fsync_another_commit_started_for_its_write(
+    nsqd_options, monkeypatch
+):
+    """Classic topics, `--sync-every=1`: a publish written before another task's commit took
+    its queue (an HTTP poller pass, then a TCP batch) is answered only once that commit's
+    fsync, which covers it, is done, never while it runs."""
+    options = dataclasses.replace(nsqd_options, mem_queue_size=0, sync_every=1)
+    async with running_nsqd(options) as nsqd:
+        topic = nsqd.get_topic("classic")
+        topic.get_channel("c")
+        slow_disk = SlowDisk(monkeypatch)
+        # The first publisher's write, then a second publisher's, both before any commit.
+        nsqd_publish(nsqd, topic, [b"first"])
+        nsqd_publish(nsqd, topic, [b"second"])
+        done = []
+
+        async def commit(name: str) -> None:
+            await nsqd.commit_backend_writes()
+            done.append(name)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(commit, "first")  # takes the written queue, then waits on fsync
+            await wait_until(slow_disk.entered.is_set)
+            nursery.start_soon(commit, "second")
+            # The second commit has nothing of its own to sync, but its write is in the
+            # fsync under way: it may not return before that.
+            await trio.testing.wait_all_tasks_blocked()
+            assert done == []
+            slow_disk.release()
+        assert sorted(done) == ["first", "second"]
