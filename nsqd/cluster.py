@@ -230,10 +230,12 @@ class ClusterNode:
 
     # -- leader: replicating ----------------------------------------------------------------
 
-    async def replicate(self, topic: "Topic", writes: list[tuple[tuple, bytes]]) -> None:
-        """Every ISR follower has `writes` (index entry, bytes) when this returns;
-        ClusterWriteError when that cannot be, after the master was asked to drop the
-        followers that fail."""
+    async def replicate(
+        self, topic: "Topic", writes: list[tuple[tuple, bytes]], delays: list = ()
+    ) -> None:
+        """Every ISR follower has `writes` (index entry, bytes) when this returns, and the
+        due times of the DPUBs among them (`delays`, offset and unix time); ClusterWriteError
+        when that cannot be, after the master was asked to drop the followers that fail."""
         info = topic.replica
         if info is None or info.leader != self.node_id:
             raise ClusterWriteError("E_FAILED_ON_NOT_LEADER", "no longer the leader")
@@ -243,7 +245,7 @@ class ClusterNode:
         async with trio.open_nursery() as sending:
             for follower in info.followers():
                 sending.start_soon(
-                    self._replicate_to, follower, topic, info, writes, failed, channels
+                    self._replicate_to, follower, topic, info, writes, failed, channels, delays
                 )
         if not failed:
             if channels is not None:
@@ -286,9 +288,14 @@ class ClusterNode:
         writes: list[tuple[tuple, bytes]],
         failed: dict[str, Exception],
         channels: dict | None,
+        delays: list,
     ) -> None:
         link = self._link(follower)
         header = self._leader_header(topic, info)
+        if delays:
+            # A DPUB's due time is kept with each channel's cursor, not in the record: the
+            # followers keep it too, so a new leader still holds the message until then.
+            header["delays"] = [list(delay) for delay in delays]
         if channels is not None:
             # The channel set changed since the last group: the followers have it before the
             # messages published after it, so a new leader knows every channel they were
@@ -438,6 +445,10 @@ class ClusterNode:
         except OSError as error:
             raise ReplicaRefusal(error_header("E_WRITE_FAILED", str(error))) from None
         topic.replicated(entry[6], len(payload))
+        if "delays" in header:
+            delays = [(int(offset), float(due)) for offset, due in header["delays"]]
+            for channel in topic.channels.values():
+                channel.queue.delays.update(delays)
         await topic.writer.sync_if_due()
         return {"end": list(log.written)}
 

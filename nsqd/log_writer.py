@@ -131,7 +131,8 @@ class LogWriter:
         batch, self._unreplicated = self._unreplicated, []
         log = self.log
         try:
-            await self.replicate([written for written, _group in batch])
+            delays = [delay for _written, group in batch for delay in group.delays]
+            await self.replicate([written for written, _group in batch], delays)
         except Exception as error:
             first = batch[0][0][0]
             issued = log.last_id

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from common.command import encode_command, encode_rdy
+from common.command import encode_command, encode_dpub, encode_rdy
 from common.frame import FRAME_TYPE_ERROR
 from tests.cluster.local_cluster import LocalCluster, wait_for
 from tests.harness import V2Connection
@@ -296,3 +296,31 @@ def test_an_ordered_channels_cursor_reaches_the_followers_on_every_fin(tmp_path,
             assert message.body[12:] == bodies[30]
         finally:
             consumer.close()
+
+
+def test_a_deferred_message_still_waits_on_the_new_leader(cluster):
+    """A DPUB's due time travels with its group: after a failover the new leader holds the
+    message until then, as the old one would have."""
+    cluster.create_topic("t", 1, 3)
+    old = cluster.node_leading("t", 0)
+    assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
+    connection = V2Connection(old.tcp_port)
+    try:
+        connection.send(encode_dpub("t", 6000, b"later"))
+        published_at = time.monotonic()
+        assert connection.read_response().data == b"OK"
+    finally:
+        connection.close()
+    old.kill()
+    new = wait_for(lambda: cluster.node_leading("t", 0), "a new leader")
+    consumer = V2Connection(new.tcp_port, timeout=15)
+    try:
+        consumer.send(b"SUB t c 0\n")
+        assert consumer.read_response().data == b"OK"
+        consumer.send(encode_rdy(1))
+        (message,) = consumer.read_messages(1)
+        waited = time.monotonic() - published_at
+    finally:
+        consumer.close()
+    assert message.body == b"later"
+    assert waited >= 5.5, f"delivered {waited:.1f} s after a 6 s DPUB"
