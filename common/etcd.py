@@ -784,6 +784,17 @@ class Watch:
         self._lines.clear()
 
 
+async def release_lease(client: "EtcdClient", lease: int, timeout: float = 1.0) -> None:
+    """Revoke `lease` now, shielded from cancellation and within `timeout` (a clean stop, a
+    lost campaign): what it guarded moves on at once, not a TTL later. An etcd that does not
+    answer is left to let the lease expire."""
+    with trio.CancelScope(shield=True), trio.move_on_after(timeout):
+        try:
+            await client.revoke(lease)
+        except EtcdError:
+            pass
+
+
 async def keep_lease_alive(
     client: EtcdClient,
     lease: int,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from common.cluster_meta import ReplicaInfo, TopicsView
-from common.etcd import EtcdClient, EtcdError, LeaseLost, keep_lease_alive
+from common.etcd import EtcdClient, EtcdError, LeaseLost, keep_lease_alive, release_lease
 
 if TYPE_CHECKING:
     from nsqd.cluster import ClusterNode
@@ -44,28 +44,19 @@ class ClusterSession:
         self.metas = self.view.metas
         self.infos = self.view.infos
         self.master: dict | None = None
+        self.lease = 0
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            await self._run(task_status)
-        finally:
-            await self._leave()
-
-    async def _leave(self) -> None:
-        """A clean stop ends the node's lease at once: the master moves its partitions now,
-        not a TTL later."""
-        lease = getattr(self, "lease", 0)
-        if not lease:
-            return
-        with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-            async with EtcdClient(self.client.endpoints, timeout=1.0) as client:
-                try:
-                    await client.revoke(lease)
-                except EtcdError:
-                    pass
+        async with self.client:
+            try:
+                await self._run(task_status)
+            finally:
+                if self.lease:
+                    # A clean stop: the master moves this node's partitions now.
+                    await release_lease(self.client, self.lease)
 
     async def _run(self, task_status) -> None:
-        async with self.client, trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
             while True:
                 try:
                     await self._register()

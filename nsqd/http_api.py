@@ -167,9 +167,7 @@ class HTTPAPI:
         topic = self.nsqd.get_partition(topic_name, partition)
         if topic is None:
             raise HTTPError(404, "E_TOPIC_NOT_EXIST")
-        if self.nsqd.write_disabled_for(topic):
-            raise HTTPError(400, "E_FAILED_ON_NOT_WRITABLE")
-        refusal = self.nsqd.cluster_refusal(topic)
+        refusal = self.nsqd.publish_refusal(topic)
         if refusal is not None:
             raise HTTPError(400, refusal)
         return topic

@@ -143,15 +143,12 @@ class LogWriter:
             # The IDs of the groups cut back are not given again: a follower that got one of
             # them tells it from the leader's next group by its IDs (`ClusterNode` MATCH).
             log.last_id = max(log.last_id, issued)
-            for _written, group in batch:
+            # What a clean stop wrote meanwhile (no commit writes during a round) was cut back
+            # with the batch.
+            for _written, group in batch + self._unreplicated:
                 group.error = error
                 group.done = True
-            if self._unreplicated:
-                # Written after the batch (by a commit on another task): cut back with it.
-                for _written, group in self._unreplicated:
-                    group.error = error
-                    group.done = True
-                self._unreplicated = []
+            self._unreplicated = []
             return
         last = batch[-1][0][0]
         log.make_visible(Position(last[3] + last[4], last[5] - 1 + last[6]))
@@ -173,7 +170,7 @@ class LogWriter:
         try:
             written = log.commit(visible=not replicating)
         except OSError as os_error:
-            error = write_error(log, os_error, log.segment_path(log.segments[-1].number))
+            error = write_error(log, os_error, log.active_segment_path)
             group.error = error
             group.done = True
             self.nsqd.log.error(

@@ -227,6 +227,11 @@ class PartitionLog:
         return os.path.join(self.directory, f"{self.name}.diskqueue.{number:0{width}d}.dat")
 
     @property
+    def active_segment_path(self) -> str:
+        """The segment writes go to (what a failed write's error names)."""
+        return self.segment_path(self.segments[-1].number)
+
+    @property
     def writer_meta_path(self) -> str:
         return os.path.join(self.directory, f"{self.name}.diskqueue.meta.writer.dat")
 

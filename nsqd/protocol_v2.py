@@ -678,11 +678,7 @@ class ProtocolV2:
     def check_writable(self, topic) -> None:
         """`/disable/write` refuses publishes (Youzan's; docs/protocol.md §8 #4), and so does a
         cluster node that does not lead the partition or cannot replicate it now."""
-        refusal = (
-            "E_FAILED_ON_NOT_WRITABLE"
-            if self.nsqd.write_disabled_for(topic)
-            else self.nsqd.cluster_refusal(topic)
-        )
+        refusal = self.nsqd.publish_refusal(topic)
         if refusal is not None:
             # Not fatal for Youzan clients (they re-query lookupd), fatal for classic ones.
             raise ProtocolError(refusal, "", fatal=self.dialect.publish_errors_are_fatal)

@@ -208,6 +208,13 @@ class NSQD:
         mode = self.write_disabled
         return mode == "all" or (mode == "ordered" and topic.ordered)
 
+    def publish_refusal(self, topic: Topic) -> str | None:
+        """Why a partition takes no publish here now: `/disable/write` (Youzan's,
+        docs/protocol.md §8 #4), or the cluster (`cluster_refusal`); None when it takes one."""
+        if self.write_disabled_for(topic):
+            return "E_FAILED_ON_NOT_WRITABLE"
+        return self.cluster_refusal(topic)
+
     def cluster_refusal(self, topic: Topic) -> str | None:
         """Why a cluster partition takes no publish here: `E_FAILED_ON_NOT_LEADER` on a
         node that does not lead it, `E_FAILED_ON_NOT_WRITABLE` while its leader cannot
@@ -368,9 +375,8 @@ class NSQD:
         try:
             group = writer.append(messages)
         except OSError as os_error:
-            log = writer.log
             self._write_failed(
-                write_error(log, os_error, log.segment_path(log.segments[-1].number)),
+                write_error(writer.log, os_error, writer.log.active_segment_path),
                 "TOPIC(%s) ERROR: failed to write message to log",
                 topic,
             )

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from common.cluster_meta import ClusterKeys, NodeInfo, ReplicaInfo, TopicMeta, TopicsView
-from common.etcd import EtcdClient, EtcdError, LeaseLost, keep_lease_alive
+from common.etcd import EtcdClient, EtcdError, LeaseLost, keep_lease_alive, release_lease
 
 if TYPE_CHECKING:
     from nsqlookupd.server import NSQLookupd
@@ -180,17 +180,9 @@ class Coordinator:
             finally:
                 self.is_master = False
                 if lease:
-                    await self._revoke(lease)
+                    # Another nsqlookupd can be master now, not a TTL later.
+                    await release_lease(self.client, lease)
             await trio.sleep(0.2)
-
-    async def _revoke(self, lease: int) -> None:
-        """Let the lease go at once (a clean stop, a lost campaign): another nsqlookupd can
-        be master now, not a TTL later."""
-        with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-            try:
-                await self.client.revoke(lease)
-            except EtcdError:
-                pass
 
     async def _keep(self, lease: int, scope: trio.CancelScope) -> None:
         try:
