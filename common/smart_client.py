@@ -125,6 +125,8 @@ class TopicLayout:
     extend_support: bool = False
     classic_nodes: tuple[str, ...] = ()
     answered: tuple[str, ...] = ()
+    # Each partition's leader's HTTP address (`host:port`), for range reads of log topics.
+    http_addresses: dict[int, str] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -139,11 +141,11 @@ def _lookupd_url(address: str) -> str:
     return address if address.startswith(("http://", "https://")) else f"http://{address}"
 
 
-def _peer_address(peer: dict) -> str:
+def _peer_address(peer: dict, port: str = "tcp_port") -> str:
     host = str(peer["broadcast_address"])
     if ":" in host:
         host = f"[{host}]"
-    return f"{host}:{peer['tcp_port']}"
+    return f"{host}:{peer[port]}"
 
 
 def merge_lookups(topic: str, access: str, answers: list[tuple[str, dict | None]]) -> TopicLayout:
@@ -153,6 +155,7 @@ def merge_lookups(topic: str, access: str, answers: list[tuple[str, dict | None]
     on a tie; `partition_num` is the largest announced, and the topic is ordered or ext if
     any lookupd says so."""
     votes: dict[int, Counter[str]] = {}
+    http_of: dict[str, str] = {}
     classic: dict[str, None] = {}
     partition_num = 0
     ordered = extend_support = False
@@ -168,7 +171,10 @@ def merge_lookups(topic: str, access: str, answers: list[tuple[str, dict | None]
                 classic[_peer_address(peer)] = None
             continue
         for key, peer in (document.get("partitions") or {}).items():
-            votes.setdefault(int(key), Counter())[_peer_address(peer)] += 1
+            address = _peer_address(peer)
+            votes.setdefault(int(key), Counter())[address] += 1
+            if peer.get("http_port"):
+                http_of[address] = _peer_address(peer, "http_port")
     partitions = {partition: votes[partition].most_common(1)[0][0] for partition in sorted(votes)}
     if partitions:
         partition_num = max(partition_num, max(partitions) + 1)
@@ -181,6 +187,7 @@ def merge_lookups(topic: str, access: str, answers: list[tuple[str, dict | None]
         extend_support,
         tuple(classic),
         tuple(url for url, _document in answers),
+        {p: http_of[a] for p, a in partitions.items() if a in http_of},
     )
 
 
@@ -283,6 +290,25 @@ class LookupdDiscovery:
         if not answers:
             raise LookupUnavailable(topic, failures)
         return merge_lookups(topic, access, answers)
+
+    def replicas(self, topic: str) -> dict[int, list[str]]:
+        """The HTTP addresses of each partition's in-sync replicas, from the first lookupd that
+        answers `/cluster/stats` (docs/protocol.md §5.6); empty outside a cluster."""
+        for url in self._to_ask(self.lookupds, lambda: False):
+            try:
+                document = self._get(url, "/cluster/stats", {}) or {}
+                return {
+                    int(entry["partition"]): [str(a) for a in entry.get("isr_http") or []]
+                    for entry in document.get("partitions") or []
+                    if entry.get("topic") == topic
+                }
+            except urllib.error.HTTPError as error:
+                if error.code == 400:
+                    return {}  # E_NOT_CLUSTER: a standalone lookupd
+                self._failed(url, error)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+                self._failed(url, error)
+        return {}
 
     def _to_ask(self, urls: list[str], someone_answered: Callable[[], bool]) -> Iterator[str]:
         """The lookupds that are not resting, then, if none of them answered, the resting

@@ -4,6 +4,7 @@ Spark hands options over as a case-insensitive dict with lower-cased keys, so ev
 here goes through `get`, never through a camel-cased key.
 """
 
+import json
 from collections.abc import Mapping
 
 from common.client import http_json
@@ -76,3 +77,116 @@ def producer_addresses(producer: dict) -> tuple[str, str]:
     """(TCP address, HTTP address) of one lookupd producer record."""
     host = producer["broadcast_address"]
     return f"{host}:{producer['tcp_port']}", f"{host}:{producer['http_port']}"
+
+
+def boolean(options: Mapping[str, str], name: str, default: bool) -> bool:
+    value = _get(options, name)
+    if value is None:
+        return default
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise ValueError(f'the nsq option "{name}" is true or false, not {value!r}')
+
+
+# -- positions in log topics (the Kafka source's option names) --------------------------------
+
+EARLIEST = -2
+LATEST = -1
+
+
+def position_spec(
+    options: Mapping[str, str], prefix: str, topic: str, default: str
+) -> tuple[str, object]:
+    """How a read starts or ends (`prefix` "starting" or "ending"), as the Kafka source takes
+    it:
+
+    * `<prefix>Offsets`: "earliest", "latest", or JSON of virtual offsets per partition,
+      `{"0": 1234, "1": -2}` or Kafka's `{"<topic>": {"0": 1234}}`, -2 meaning earliest and -1
+      latest;
+    * `<prefix>Timestamp`: milliseconds since the epoch, for every partition;
+    * `<prefix>OffsetsByTimestamp`: JSON of milliseconds per partition.
+
+    Returns ("earliest"|"latest", None), ("offsets", {partition: offset}) or ("timestamps",
+    {partition or None for all: milliseconds})."""
+    offsets = _get(options, f"{prefix}Offsets")
+    timestamp = _get(options, f"{prefix}Timestamp")
+    by_timestamp = _get(options, f"{prefix}OffsetsByTimestamp")
+    given = [
+        name
+        for name, value in (
+            ("Offsets", offsets),
+            ("Timestamp", timestamp),
+            ("OffsetsByTimestamp", by_timestamp),
+        )
+        if value is not None
+    ]
+    if len(given) > 1:
+        names = " and ".join(f'"{prefix}{name}"' for name in given)
+        raise ValueError(f"the nsq options {names} cannot be given together")
+    if timestamp is not None:
+        return "timestamps", {None: _non_negative(timestamp, f"{prefix}Timestamp")}
+    if by_timestamp is not None:
+        values = _per_partition(by_timestamp, f"{prefix}OffsetsByTimestamp", topic)
+        return "timestamps", {
+            p: _non_negative(v, f"{prefix}OffsetsByTimestamp") for p, v in values.items()
+        }
+    text = (offsets or default).strip()
+    if text.lower() in ("earliest", "latest"):
+        if prefix == "ending" and text.lower() == "earliest":
+            raise ValueError('the nsq option "endingOffsets" cannot be "earliest"')
+        return text.lower(), None
+    values = _per_partition(text, f"{prefix}Offsets", topic)
+    checked = {}
+    for partition, value in values.items():
+        number = int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+        if number is None or number < EARLIEST:
+            raise ValueError(
+                f'the nsq option "{prefix}Offsets" gives partition {partition} {value!r}:'
+                " a virtual offset, -2 (earliest) or -1 (latest)"
+            )
+        checked[partition] = number
+    return "offsets", checked
+
+
+def _per_partition(text: str, name: str, topic: str) -> dict[int, object]:
+    try:
+        document = json.loads(text)
+    except ValueError:
+        raise ValueError(
+            f'the nsq option "{name}" is "earliest", "latest" or JSON such as {{"0": 42}},'
+            f" not {text!r}"
+        ) from None
+    if (
+        isinstance(document, dict)
+        and set(document) == {topic}
+        and isinstance(document[topic], dict)
+    ):
+        document = document[topic]  # Kafka's {"<topic>": {"<partition>": offset}}
+    if not isinstance(document, dict):
+        raise ValueError(f'the nsq option "{name}" must be a JSON object, not {text!r}')
+    values = {}
+    for key, value in document.items():
+        try:
+            partition = int(key)
+        except ValueError:
+            raise ValueError(
+                f'the nsq option "{name}" has {key!r}, not a partition number'
+            ) from None
+        values[partition] = value
+    return values
+
+
+def _non_negative(value: object, name: str) -> int:
+    try:
+        number = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise ValueError(
+            f'the nsq option "{name}" takes milliseconds since the epoch, not {value!r}'
+        ) from None
+    if number < 0:
+        raise ValueError(
+            f'the nsq option "{name}" takes milliseconds since the epoch, not {value!r}'
+        )
+    return number

@@ -3,7 +3,12 @@
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-SCHEMA = "id string, body binary, attempts int, timestamp timestamp, topic string, nsqd string"
+# `partition` is null for an unpartitioned classic topic; `offset`, a message's virtual offset
+# in its partition's log, only for log topics.
+SCHEMA = (
+    "id string, body binary, attempts int, timestamp timestamp, topic string, nsqd string,"
+    " partition int, offset long"
+)
 
 
 class NSQDataSource(DataSource):
@@ -16,6 +21,32 @@ class NSQDataSource(DataSource):
 
     def schema(self) -> str:
         return SCHEMA
+
+    def streamReader(self, schema: StructType):
+        """The replayable reader for log topics; for classic topics Spark falls back to
+        `simpleStreamReader` (at-least-once, through the driver)."""
+        from pyspark.errors import PySparkNotImplementedError
+
+        from nsq_spark.log_reader import NSQLogStreamReader
+        from nsq_spark.topic_kind import reads_a_log
+
+        if not reads_a_log(self.options):
+            raise PySparkNotImplementedError(
+                errorClass="NOT_IMPLEMENTED", messageParameters={"feature": "streamReader"}
+            )
+        return NSQLogStreamReader(self.options, schema)
+
+    def reader(self, schema: StructType):
+        """`spark.read.format("nsq")`: a range of a log topic's history."""
+        from nsq_spark.log_reader import NSQLogBatchReader
+        from nsq_spark.topic_kind import reads_a_log
+
+        if not reads_a_log(self.options):
+            raise ValueError(
+                "nsq: batch reads need a log topic (a partitioned topic, or one nsqd's"
+                " --log-topic); a classic topic cannot be read by position. Use readStream."
+            )
+        return NSQLogBatchReader(self.options, schema)
 
     def simpleStreamReader(self, schema: StructType):
         from nsq_spark.reader import NSQStreamReader

@@ -555,15 +555,24 @@ class HTTPAPI:
         return v1_response(200, {"topic": _first(params, "topic"), "partitions": partitions})
 
     def partition_search(self, request: Request) -> Response:
-        """The position of the first message published at or after `timestamp` (unix
-        seconds, fractions allowed)."""
+        """A position by one of `timestamp` (unix seconds, fractions allowed: the first
+        message published at or after it), `count` (the message with that many before it) or
+        `offset` (the first record boundary at or after that virtual offset); each clamped to
+        the retained start and the committed end."""
         params = _query(request)
         log = self._log_partition(params).log
-        try:
-            seconds = float(_first(params, "timestamp") or "")
-        except ValueError:
-            raise HTTPError(400, "INVALID_ARG_TIMESTAMP") from None
-        position = log.search_timestamp(int(seconds * 1_000_000_000))
+        count = _first(params, "count")
+        offset = _first(params, "offset")
+        if count is not None:
+            position = log.position_of_count(_int_arg(count, "INVALID_ARG_COUNT"))
+        elif offset is not None:
+            position = log.position_at_or_after(_int_arg(offset, "INVALID_ARG_OFFSET"))
+        else:
+            try:
+                seconds = float(_first(params, "timestamp") or "")
+            except ValueError:
+                raise HTTPError(400, "INVALID_ARG_TIMESTAMP") from None
+            position = log.search_timestamp(int(seconds * 1_000_000_000))
         return v1_response(200, {"offset": position.offset, "count": position.count})
 
     def partition_fetch(self, request: Request) -> Response:
@@ -573,13 +582,10 @@ class HTTPAPI:
         replica, so a reader can repeat it anywhere."""
         params = _query(request)
         log = self._log_partition(params).log
-        try:
-            offset = int(_first(params, "offset") or "0")
-            end_text = _first(params, "end")
-            end = int(end_text) if end_text else log.end.offset
-            max_bytes = int(_first(params, "max_bytes") or str(1 << 20))
-        except ValueError:
-            raise HTTPError(400, "INVALID_ARG_OFFSET") from None
+        offset = _int_arg(_first(params, "offset") or "0", "INVALID_ARG_OFFSET")
+        end_text = _first(params, "end")
+        end = _int_arg(end_text, "INVALID_ARG_OFFSET") if end_text else log.end.offset
+        max_bytes = _int_arg(_first(params, "max_bytes") or str(1 << 20), "INVALID_ARG_OFFSET")
         if offset < log.start.offset:
             raise HTTPError(416, "OFFSET_BEFORE_START")
         start = log.position_at_or_after(offset)
@@ -722,3 +728,10 @@ def _publish_refused(error: PublishError) -> HTTPError:
     """503 EXITING while nsqd exits. Go answers 503 EXITING to any PutMessage error; a full
     disk is no exit, so it gets 500 INTERNAL_ERROR (which Go's /pub also answers)."""
     return HTTPError(503, "EXITING") if error.exiting else HTTPError(500, "INTERNAL_ERROR")
+
+
+def _int_arg(text: str, error: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise HTTPError(400, error) from None

@@ -381,6 +381,12 @@ class HTTPAPI:
                     "partition": partition,
                     "leader": info.leader,
                     "isr": list(info.isr),
+                    # Where readers of any replica (range fetches) find each ISR member.
+                    "isr_http": [
+                        f"{node.ip}:{node.http_port}"
+                        for node in map(coordinator.nodes.get, info.isr)
+                        if node is not None
+                    ],
                     "catchup": list(info.catchup),
                     "replica": info.replica,
                     "write_epoch": info.epoch_for_write,

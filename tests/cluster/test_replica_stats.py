@@ -189,3 +189,9 @@ async def test_a_partition_not_yet_placed_is_not_called_under_replicated(nsqd):
         " writable: false replicas: 0/0\n"
     ) in report
     assert 'nsq_partition_under_replicated{topic="t",partition="0"} 0\n' in render_metrics(nsqd)
+
+
+def test_cluster_stats_give_each_isr_members_http_address(cluster):
+    info = cluster.partition("three", 0)
+    members = [cluster.node(node_id) for node_id in info["isr"]]
+    assert info["isr_http"] == [f"127.0.0.1:{node.http_port}" for node in members]

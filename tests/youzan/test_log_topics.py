@@ -202,6 +202,13 @@ async def test_range_reads_return_the_stored_records(nsqd):
     }
     found = (await http(nsqd, "GET", "/partition/search?topic=lt&partition=0&timestamp=0")).json()
     assert found == {"offset": 0, "count": 0}
+    search = "/partition/search?topic=lt&partition=0"
+    by_count = (await http(nsqd, "GET", f"{search}&count=2")).json()
+    assert by_count == {"offset": replies[2].offset, "count": 2}
+    inside_the_first = (await http(nsqd, "GET", f"{search}&offset=1")).json()
+    assert inside_the_first == {"offset": replies[1].offset, "count": 1}
+    past_the_end = (await http(nsqd, "GET", f"{search}&count=99")).json()
+    assert past_the_end == {"offset": end, "count": 3}
     first = await http(nsqd, "GET", "/partition/fetch?topic=lt&partition=0&offset=0&max_bytes=1")
     assert first.headers["Content-Type"] == "application/octet-stream"
     assert (first.headers["X-NSQ-Start-Count"], first.headers["X-NSQ-Next-Count"]) == ("0", "1")
@@ -228,6 +235,8 @@ async def test_range_reads_return_the_stored_records(nsqd):
         ("/partition/fetch?topic=lt&partition=0&offset=1", 400, "OFFSET_NOT_A_RECORD_BOUNDARY"),
         ("/partition/fetch?topic=lt&partition=0&offset=x", 400, "INVALID_ARG_OFFSET"),
         ("/partition/search?topic=lt&partition=0&timestamp=x", 400, "INVALID_ARG_TIMESTAMP"),
+        ("/partition/search?topic=lt&partition=0&count=x", 400, "INVALID_ARG_COUNT"),
+        ("/partition/search?topic=lt&partition=0&offset=x", 400, "INVALID_ARG_OFFSET"),
     ],
 )
 async def test_range_read_refusals(nsqd, target, status, message):

@@ -1,0 +1,452 @@
+"""The replayable source of log topics: Spark's Kafka source, for NSQ partitions.
+
+A log topic keeps every message in its partitions' logs at a virtual offset that is the same
+on every replica (docs/design.md §13, §14). So, as Spark reads Kafka:
+
+* an offset is `{"<partition>": <virtual offset>}`; `latestOffset` takes each partition's
+  committed end from its leader (`/partition/offsets`), capped by `maxOffsetsPerTrigger`
+  (messages) or `maxBytesPerTrigger`;
+* `partitions(start, end)` plans one input partition per NSQ partition range, splitting large
+  ranges (and more, up to `minPartitions`) at record boundaries;
+* `read()` runs on the executors: it fetches `[start, end)` straight from a replica
+  (`/partition/fetch`), trying the others and then asking nsqlookupd again when one stops
+  answering, and hands Spark Arrow record batches. A batch read again after a restart gets the
+  same rows, which is what makes the query exactly-once with an idempotent or transactional sink
+  (Spark's file sinks);
+* `commit(end)` moves the channel named by the `channel` option to `end` on every leader, so
+  retention keeps what the query has not committed and nsqadmin shows its lag.
+
+`NSQLogBatchReader` reads a range of history with `spark.read` (`startingOffsets`,
+`endingOffsets`, or timestamps).
+"""
+
+import http.client
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from urllib.parse import quote
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from common.names import is_ephemeral, is_valid_name
+from nsq_spark import options as opts
+from nsq_spark.log_records import records_to_batch
+from nsq_spark.partition_directory import PartitionDirectory, PartitionRange
+
+log = logging.getLogger("nsq_spark")
+
+# A range larger than this is split, so that one Spark task does not read it all.
+SPLIT_BYTES = 64 * 1024 * 1024
+DEFAULT_FETCH_MAX_BYTES = 4 * 1024 * 1024
+# How long a task keeps trying replicas, and nsqlookupd for new ones, before it fails.
+DEFAULT_FETCH_TIMEOUT = 60.0
+_RETRY_PAUSE = 0.25
+
+Offsets = dict[str, int]
+
+
+class LogRange(InputPartition):
+    """`[start, end)` of one partition, and where to read it (the leader first)."""
+
+    def __init__(self, partition: int, start: int, end: int, replicas: tuple[str, ...]) -> None:
+        super().__init__((partition, start, end))
+        self.partition = partition
+        self.start = start
+        self.end = end
+        self.replicas = replicas
+
+
+class DataLoss(RuntimeError):
+    """A range's messages were removed by retention before the query read them."""
+
+
+class _LogReading:
+    """What the stream and batch readers share: options, the directory, planning, reading."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        # No I/O here: Spark builds this object in several processes (docs/design.md §10).
+        self.topic = opts.required(options, "topic")
+        self.lookupd = opts.address_list(options.get("lookupd"))
+        self.nsqd_http = opts.address_list(options.get("nsqd_http"))
+        if not self.lookupd and not self.nsqd_http:
+            raise ValueError('reading a log topic needs the option "lookupd" or "nsqd_http"')
+        self.fail_on_data_loss = opts.boolean(options, "failOnDataLoss", True)
+        self.min_partitions = opts.positive_int(options, "minPartitions", 1)
+        self.fetch_max_bytes = opts.positive_int(options, "fetchMaxBytes", DEFAULT_FETCH_MAX_BYTES)
+        self.fetch_timeout = opts.duration_seconds(options, "fetchTimeout", DEFAULT_FETCH_TIMEOUT)
+        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self._directory: PartitionDirectory | None = None
+
+    @property
+    def directory(self) -> PartitionDirectory:
+        if self._directory is None:
+            self._directory = PartitionDirectory(
+                self.topic, lookupd=self.lookupd, nsqd_http=self.nsqd_http
+            )
+        return self._directory
+
+    def __getstate__(self) -> dict:
+        # Executors get the options, not the driver's connections and caches.
+        state = dict(self.__dict__)
+        state["_directory"] = None
+        state.pop("_known", None)
+        return state
+
+    # -- positions -------------------------------------------------------------------------
+
+    def resolve(
+        self, spec: tuple[str, object], known: dict[int, PartitionRange], unlisted: str
+    ) -> dict[int, int]:
+        """The virtual offset each known partition's `spec` points at; `unlisted` ("earliest"
+        or "latest") for partitions a per-partition spec does not name."""
+        kind, values = spec
+        resolved: dict[int, int] = {}
+        for partition, found in known.items():
+            if kind == "earliest":
+                resolved[partition] = found.start
+            elif kind == "latest":
+                resolved[partition] = found.end
+            elif kind == "offsets":
+                value = values.get(
+                    partition, opts.EARLIEST if unlisted == "earliest" else opts.LATEST
+                )
+                if value == opts.EARLIEST:
+                    resolved[partition] = found.start
+                elif value == opts.LATEST:
+                    resolved[partition] = found.end
+                elif value < found.start:
+                    resolved[partition] = value  # gone: failOnDataLoss decides at read time
+                else:
+                    # A position inside a record reads from the next whole one.
+                    resolved[partition] = self.directory.search(
+                        found.replicas, partition, offset=value
+                    )
+            else:
+                millis = values.get(partition, values.get(None))
+                if millis is None:
+                    resolved[partition] = found.start if unlisted == "earliest" else found.end
+                else:
+                    resolved[partition] = self.directory.search(
+                        found.replicas, partition, timestamp=f"{millis / 1000:.3f}"
+                    )
+        return resolved
+
+    # -- planning --------------------------------------------------------------------------
+
+    def plan(
+        self, start: dict[int, int], end: dict[int, int], known: dict[int, PartitionRange]
+    ) -> list[LogRange]:
+        """The input partitions of `[start, end)`: one per NSQ partition with something to
+        read, split at record boundaries when larger than SPLIT_BYTES, and further, the
+        largest first, until there are `minPartitions`."""
+        pieces: dict[int, int] = {}
+        ranges = {p: (start.get(p, 0), e) for p, e in end.items() if e > start.get(p, 0)}
+        for partition, (first, last) in ranges.items():
+            pieces[partition] = -(-(last - first) // SPLIT_BYTES)
+        while ranges and sum(pieces.values()) < self.min_partitions:
+            widest = max(ranges, key=lambda p: (ranges[p][1] - ranges[p][0]) / pieces[p])
+            if (ranges[widest][1] - ranges[widest][0]) // (pieces[widest] + 1) < 1:
+                break
+            pieces[widest] += 1
+        planned: list[LogRange] = []
+        for partition, (first, last) in sorted(ranges.items()):
+            replicas = known[partition].replicas if partition in known else ()
+            bounds = [first]
+            count = pieces[partition]
+            for k in range(1, count):
+                target = first + (last - first) * k // count
+                try:
+                    aligned = self.directory.search(replicas, partition, offset=target)
+                except OSError:
+                    break  # no replica answers now: the range stays whole
+                if bounds[-1] < aligned < last:
+                    bounds.append(aligned)
+            bounds.append(last)
+            for low, high in zip(bounds, bounds[1:], strict=False):
+                planned.append(LogRange(partition, low, high, replicas))
+        return planned
+
+    # -- reading, on the executors ---------------------------------------------------------
+
+    def read_range(self, piece: LogRange) -> Iterator[pa.RecordBatch]:
+        """The records of `piece` as record batches, from whichever replica answers."""
+        position = piece.start
+        replicas = list(piece.replicas)
+        deadline = time.monotonic() + self.fetch_timeout
+        connections: dict[str, http.client.HTTPConnection] = {}
+        failures: dict[str, str] = {}
+        try:
+            while position < piece.end:
+                fetched = None
+                for address in replicas:
+                    try:
+                        fetched = self._fetch(connections, address, piece, position)
+                    except _PositionRemoved as removed:
+                        position = self._after_data_loss(piece, position, removed.start)
+                        fetched = (b"", position)
+                        break
+                    except (OSError, http.client.HTTPException, _ReplicaBehind) as error:
+                        failures[address] = str(error) or type(error).__name__
+                        connections.pop(address, None)
+                        continue
+                    if fetched[0]:
+                        break
+                    failures[address] = f"nothing from offset {position}"
+                    fetched = None
+                if fetched is None:
+                    if time.monotonic() >= deadline:
+                        detail = "; ".join(f"{a}: {why}" for a, why in failures.items())
+                        raise RuntimeError(
+                            f"nsq: no replica of topic {self.topic!r} partition"
+                            f" {piece.partition} served offset {position} within"
+                            f" {self.fetch_timeout:g}s ({detail or 'none known'})"
+                        )
+                    time.sleep(_RETRY_PAUSE)
+                    replicas = self._replicas_now(piece) or replicas
+                    continue
+                data, following = fetched
+                if data:
+                    yield records_to_batch(
+                        data,
+                        position,
+                        topic=self.topic,
+                        partition=piece.partition,
+                        nsqd=address,
+                        schema=self.arrow_schema,
+                    )
+                position = following
+        finally:
+            for connection in connections.values():
+                connection.close()
+
+    def _replicas_now(self, piece: LogRange) -> list[str]:
+        try:
+            return list(self.directory.replicas(piece.partition))
+        except Exception as error:  # any failure here means: try again later
+            log.warning("nsq: looking up partition %d again failed: %s", piece.partition, error)
+            return []
+
+    def _fetch(
+        self,
+        connections: dict[str, http.client.HTTPConnection],
+        address: str,
+        piece: LogRange,
+        position: int,
+    ) -> tuple[bytes, int]:
+        connection = connections.get(address)
+        if connection is None:
+            host, _, port = address.rpartition(":")
+            connection = connections[address] = http.client.HTTPConnection(
+                host.strip("[]"), int(port), timeout=30
+            )
+        connection.request(
+            "GET",
+            f"/partition/fetch?topic={quote(self.topic)}&partition={piece.partition}"
+            f"&offset={position}&end={piece.end}&max_bytes={self.fetch_max_bytes}",
+        )
+        response = connection.getresponse()
+        body = response.read()
+        if response.status == 416:
+            raise _PositionRemoved(self._retained_start(address, piece.partition))
+        if response.status == 400:
+            raise ValueError(f"nsq: /partition/fetch at {address}: {body[:200]!r}")
+        if response.status != 200:
+            raise _ReplicaBehind(f"HTTP {response.status} {body[:200]!r}")
+        following = int(response.getheader("X-NSQ-Next-Offset") or position)
+        if not body and following < piece.end:
+            raise _ReplicaBehind(f"its log ends at {following}")
+        return body, following
+
+    def _retained_start(self, address: str, partition: int) -> int:
+        return self.directory.search((address,), partition, offset=0)
+
+    def _after_data_loss(self, piece: LogRange, position: int, retained_start: int) -> int:
+        message = (
+            f"nsq: topic {self.topic!r} partition {piece.partition}: the messages from offset"
+            f" {position} to {retained_start} were removed by retention before this query read"
+            " them"
+        )
+        if self.fail_on_data_loss:
+            raise DataLoss(
+                f"{message}. Set the option failOnDataLoss to false to skip what is gone."
+            )
+        log.warning("%s; skipped (failOnDataLoss is false)", message)
+        return min(retained_start, piece.end)
+
+
+class _PositionRemoved(Exception):
+    def __init__(self, start: int) -> None:
+        super().__init__(start)
+        self.start = start
+
+
+class _ReplicaBehind(Exception):
+    """A replica that cannot serve the position now; another may."""
+
+
+class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        super().__init__(options, schema)
+        # The query's cursor on every partition: what retention keeps, and its lag.
+        self.channel = opts.required(options, "channel")
+        if not is_valid_name(self.channel) or is_ephemeral(self.channel):
+            raise ValueError(
+                f"nsq: {self.channel!r} cannot be the query's channel: a channel name is 1-64"
+                " characters of [.a-zA-Z0-9_-], and not #ephemeral (its cursor must last)"
+            )
+        self.starting = opts.position_spec(options, "starting", self.topic, "latest")
+        max_rows = options.get("maxoffsetspertrigger")
+        max_bytes = options.get("maxbytespertrigger")
+        self.max_rows = opts.positive_int(options, "maxOffsetsPerTrigger", 1) if max_rows else None
+        self.max_bytes = opts.positive_int(options, "maxBytesPerTrigger", 1) if max_bytes else None
+        if self.max_rows is not None and self.max_bytes is not None:
+            raise ValueError(
+                'the nsq options "maxOffsetsPerTrigger" and "maxBytesPerTrigger" cannot be given'
+                " together"
+            )
+        self._known: dict[int, PartitionRange] = {}
+        self._available_now: dict[int, int] | None = None
+
+    def _refresh(self) -> dict[int, PartitionRange]:
+        found = self.directory.partitions()
+        self._known.update(found)
+        return found
+
+    def initialOffset(self) -> dict:
+        found = self._refresh()
+        return _offsets(self.resolve(self.starting, found, "earliest"))
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now = {p: found.end for p, found in self._refresh().items()}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.max_rows is not None:
+            return ReadMaxRows(self.max_rows)
+        if self.max_bytes is not None:
+            return ReadMaxBytes(self.max_bytes)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = _partitions(start)
+        end = dict(begin)
+        for partition, found in self._refresh().items():
+            first = begin.get(partition, 0)  # a new partition: from its beginning
+            last = found.end
+            if self._available_now is not None:
+                last = min(last, self._available_now.get(partition, first))
+            end[partition] = max(first, last)
+        if isinstance(limit, ReadMaxRows):
+            end = self._limit_rows(begin, end, limit.max_rows)
+        elif isinstance(limit, ReadMaxBytes):
+            end = self._limit_bytes(begin, end, limit.max_bytes)
+        return _offsets(end)
+
+    def _limit_rows(self, begin: dict[int, int], end: dict[int, int], limit: int) -> dict[int, int]:
+        """At most `limit` messages in all, shared out in proportion to what each partition
+        has (the Kafka source's rule)."""
+        counts: dict[int, tuple[int, int]] = {}
+        for partition, last in end.items():
+            first = begin.get(partition, 0)
+            if last > first:
+                replicas = self._known[partition].replicas
+                low = self.directory.search_position(replicas, partition, offset=first)[1]
+                high = self.directory.search_position(replicas, partition, offset=last)[1]
+                counts[partition] = (low, high)
+        total = sum(high - low for low, high in counts.values())
+        if total <= limit:
+            return end
+        limited = dict(end)
+        granted = 0
+        for partition, (low, high) in sorted(counts.items()):
+            share = max(1 if granted < limit else 0, (high - low) * limit // total)
+            share = min(share, high - low, limit - granted)
+            granted += share
+            replicas = self._known[partition].replicas
+            limited[partition] = self.directory.search(replicas, partition, count=low + share)
+        return limited
+
+    def _limit_bytes(
+        self, begin: dict[int, int], end: dict[int, int], limit: int
+    ) -> dict[int, int]:
+        spans = {p: (begin.get(p, 0), last) for p, last in end.items() if last > begin.get(p, 0)}
+        total = sum(last - first for first, last in spans.values())
+        if total <= limit:
+            return end
+        limited = dict(end)
+        for partition, (first, last) in spans.items():
+            share = max(1, (last - first) * limit // total)
+            replicas = self._known[partition].replicas
+            # The first boundary at or after the share: at least one record moves on.
+            limited[partition] = self.directory.search(replicas, partition, offset=first + share)
+        return limited
+
+    def partitions(self, start: dict, end: dict) -> list[LogRange]:
+        begin, finish = _partitions(start), _partitions(end)
+        if any(p not in self._known for p in finish):
+            self._refresh()
+        return self.plan(begin, finish, self._known)
+
+    def read(self, partition: LogRange) -> Iterator[pa.RecordBatch]:
+        return self.read_range(partition)
+
+    def commit(self, end: dict) -> None:
+        for partition, offset in _partitions(end).items():
+            found = self._known.get(partition)
+            if found is None or not found.replicas:
+                continue
+            try:
+                self.directory.set_cursor(self.channel, partition, found.replicas[0], offset)
+            except OSError as error:
+                # The next commit moves it further; until then retention keeps more.
+                log.warning(
+                    "nsq: moving channel %r of partition %d to %d failed: %s",
+                    self.channel,
+                    partition,
+                    offset,
+                    error,
+                )
+                self._known.pop(partition, None)
+
+    def stop(self) -> None:
+        pass
+
+
+class NSQLogBatchReader(_LogReading, DataSourceReader):
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        super().__init__(options, schema)
+        self.starting = opts.position_spec(options, "starting", self.topic, "earliest")
+        self.ending = opts.position_spec(options, "ending", self.topic, "latest")
+
+    def partitions(self) -> list[LogRange]:
+        known = self.directory.partitions()
+        start = self.resolve(self.starting, known, "earliest")
+        end = self.resolve(self.ending, known, "latest")
+        for partition, last in end.items():
+            if last < start[partition]:
+                raise ValueError(
+                    f"nsq: partition {partition} would end at offset {last}, before its start"
+                    f" {start[partition]}"
+                )
+        return self.plan(start, end, known)
+
+    def read(self, partition: LogRange) -> Iterator[pa.RecordBatch]:
+        return self.read_range(partition)
+
+
+def _partitions(offsets: dict) -> dict[int, int]:
+    return {int(partition): int(offset) for partition, offset in offsets.items()}
+
+
+def _offsets(positions: dict[int, int]) -> Offsets:
+    """Spark compares offsets as JSON text: always in partition order."""
+    return {str(partition): positions[partition] for partition in sorted(positions)}

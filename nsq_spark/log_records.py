@@ -1,0 +1,75 @@
+"""Stored log records (nsqd's `/partition/fetch` body) as Arrow record batches.
+
+A fetch returns the records of a partition exactly as nsqd stored them (docs/protocol.md §6.3):
+`[4 size][8 timestamp ns][2 attempts][8 id][8 trace id][body]`, where an ext topic's records
+flag `0xA` in the attempts' high nibble and put an ext section (`[1 version]`, and for version
+4 `[2 length][header]`) before the body. Offsets are virtual: a record's offset is the previous
+record's plus its size prefix and size, the same on every replica.
+"""
+
+import struct
+from binascii import hexlify
+
+import pyarrow as pa
+
+_SIZED_HEADER = struct.Struct(">IqH8sQ")
+_BODY_START = _SIZED_HEADER.size  # 30
+_EXT_FLAG = 0xA000
+
+
+class RecordError(ValueError):
+    """Bytes that are not whole records."""
+
+
+def records_to_batch(
+    data: bytes,
+    first_offset: int,
+    *,
+    topic: str,
+    partition: int,
+    nsqd: str,
+    schema: pa.Schema,
+) -> pa.RecordBatch:
+    """One record batch of the source's schema from a fetch's body that starts at
+    `first_offset`; columns are found by name, so their order is the schema's."""
+    ids: list[bytes] = []
+    bodies: list[bytes] = []
+    attempts_column: list[int] = []
+    timestamps: list[int] = []
+    offsets: list[int] = []
+    unpack = _SIZED_HEADER.unpack_from
+    view = memoryview(data)
+    at, length = 0, len(data)
+    while at < length:
+        if at + _BODY_START > length:
+            raise RecordError(f"a truncated record header at offset {first_offset + at}")
+        size, timestamp, attempts, raw_id, _trace_id = unpack(data, at)
+        end = at + 4 + size
+        if end > length or size < _BODY_START - 4:
+            raise RecordError(f"a record of {size} bytes at offset {first_offset + at}")
+        body_at = at + _BODY_START
+        if attempts & 0xF000 == _EXT_FLAG:
+            attempts &= 0x0FFF
+            version = data[body_at]
+            body_at += 1
+            if version == 4:
+                body_at += 2 + int.from_bytes(data[body_at : body_at + 2], "big")
+        ids.append(raw_id)
+        bodies.append(view[body_at:end])
+        attempts_column.append(attempts)
+        timestamps.append(timestamp // 1000)
+        offsets.append(first_offset + at)
+        at = end
+    rows = len(ids)
+    columns = {
+        "id": pa.array([hexlify(raw).decode() for raw in ids], pa.string()),
+        "body": pa.array(bodies, pa.binary()),
+        "attempts": pa.array(attempts_column, pa.int32()),
+        "timestamp": pa.array(timestamps, pa.int64()),
+        "topic": pa.repeat(pa.scalar(topic, pa.string()), rows),
+        "nsqd": pa.repeat(pa.scalar(nsqd, pa.string()), rows),
+        "partition": pa.repeat(pa.scalar(partition, pa.int32()), rows),
+        "offset": pa.array(offsets, pa.int64()),
+    }
+    arrays = [columns[field.name].cast(field.type) for field in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

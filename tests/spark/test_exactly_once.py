@@ -1,0 +1,85 @@
+"""Exactly-once from a log topic to Spark's parquet sink: the driver is killed with SIGKILL in
+the middle of a micro-batch, the query restarts from its checkpoint, and the output holds every
+published message once."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness import start_nsqd
+from tests.spark.conftest import wait_until
+from tests.spark.test_log_source import create_topic, publish
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("exactly_once_driver.py")
+
+
+def start_driver(nsqd_http: str, checkpoint: Path, output: Path, mode: str) -> subprocess.Popen:
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
+    return subprocess.Popen(
+        [sys.executable, str(DRIVER), nsqd_http, "orders", str(checkpoint), str(output), mode],
+        cwd=ROOT,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def batch_logs(checkpoint: Path) -> tuple[set[str], set[str]]:
+    """The batch numbers in the offset log (planned) and in the commit log (done)."""
+
+    def numbers(folder: str) -> set[str]:
+        path = checkpoint / folder
+        return {name for name in os.listdir(path) if name.isdigit()} if path.exists() else set()
+
+    return numbers("offsets"), numbers("commits")
+
+
+def test_the_parquet_output_holds_every_message_once_after_the_driver_is_killed(spark, tmp_path):
+    data = tmp_path / "nsqd"
+    data.mkdir()
+    nsqd = start_nsqd(data)
+    try:
+        http = nsqd.addresses["HTTP"]
+        create_topic(http, "orders", 2)
+        published = []
+        for partition in (0, 1):
+            for first in range(0, 600, 100):
+                bodies = [b"order-%d-%04d" % (partition, i) for i in range(first, first + 100)]
+                publish(http, "orders", partition, bodies)
+                published += bodies
+        checkpoint, output = tmp_path / "checkpoint", tmp_path / "output"
+
+        driver = start_driver(http, checkpoint, output, "continuous")
+        try:
+            # Mid-batch: a batch planned (in the offset log) and not yet committed, after a
+            # few that were.
+            def mid_batch() -> bool:
+                planned, done = batch_logs(checkpoint)
+                return len(done) >= 2 and len(planned - done) == 1
+
+            wait_until(mid_batch, timeout=120, interval=0.005, what="a batch in progress")
+            driver.send_signal(signal.SIGKILL)
+        finally:
+            driver.kill()
+            driver.communicate(timeout=30)
+        planned, done = batch_logs(checkpoint)
+        assert len(planned) > len(done), "the driver was killed between batches"
+
+        rerun = start_driver(http, checkpoint, output, "available-now")
+        log, _ = rerun.communicate(timeout=240)
+        assert rerun.returncode == 0, log[-5000:]
+
+        rows = spark.read.parquet(str(output)).collect()
+        bodies = sorted(bytes(row.body) for row in rows)
+        assert len(bodies) == len(published), "duplicates or losses"
+        assert bodies == sorted(published)
+    finally:
+        nsqd.stop()

@@ -1,0 +1,192 @@
+"""The replayable source of log topics: batch reads of history, availableNow streams that move
+their channel cursor, positions by offset and by timestamp, and data lost to retention."""
+
+import json
+import time
+
+import pytest
+
+from common.client import http_json, http_request
+from tests.harness import start_nsqd
+from tests.spark.conftest import collect_available_now
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def nsqd(tmp_path):
+    data = tmp_path / "nsqd"
+    data.mkdir()
+    # Small segments, so retention can remove some of a partition.
+    daemon = start_nsqd(data, "-max-bytes-per-file=4096")
+    yield daemon
+    daemon.stop()
+
+
+def create_topic(http: str, topic: str, partitions: int) -> None:
+    http_request(http, "/topic/create", method="POST", topic=topic, partition_num=str(partitions))
+
+
+def publish(http: str, topic: str, partition: int, bodies: list[bytes]) -> None:
+    payload = b"".join(len(body).to_bytes(4, "big") + body for body in bodies)
+    http_request(
+        http,
+        "/mpub",
+        method="POST",
+        body=len(bodies).to_bytes(4, "big") + payload,
+        topic=topic,
+        partition=str(partition),
+        binary="true",
+    )
+
+
+def partition_ends(http: str, topic: str) -> dict[int, dict]:
+    document = http_json(http, "/partition/offsets", topic=topic)
+    return {entry["partition"]: entry for entry in document["partitions"]}
+
+
+def channel_cursors(http: str, topic: str, channel: str) -> dict[int, dict]:
+    """The channel's stats in each partition of the topic."""
+    stats = http_json(http, "/stats", format="json", topic=topic)
+    return {
+        entry["topic_partition"]: found
+        for entry in stats["topics"]
+        if entry["topic_name"] == topic
+        for found in entry["channels"]
+        if found["channel_name"] == channel
+    }
+
+
+def bodies_of(rows) -> list[bytes]:
+    return sorted(bytes(row.body) for row in rows)
+
+
+def test_a_batch_read_returns_a_range_of_history_by_offsets(spark, nsqd):
+    http = nsqd.addresses["HTTP"]
+    create_topic(http, "history", 2)
+    for partition in (0, 1):
+        publish(http, "history", partition, [b"p%d-%03d" % (partition, i) for i in range(300)])
+    ends = partition_ends(http, "history")
+    # Partition 0 from its 100th message's offset, partition 1 up to its 50th.
+    rows = (
+        spark.read.format("nsq")
+        .option("nsqd_http", http)
+        .option("topic", "history")
+        .load()
+        .collect()
+    )
+    assert len(rows) == 600
+    by_body = {bytes(row.body): row for row in rows}
+    hundredth = by_body[b"p0-100"].offset
+    fiftieth = by_body[b"p1-050"].offset
+    assert all(row.topic == "history" and row.nsqd == http for row in rows)
+    assert len({row.id for row in rows}) == 600
+
+    ranged = (
+        spark.read.format("nsq")
+        .option("nsqd_http", http)
+        .option("topic", "history")
+        .option("startingOffsets", json.dumps({"history": {"0": hundredth, "1": -2}}))
+        .option("endingOffsets", json.dumps({"0": -1, "1": fiftieth}))
+        .option("minPartitions", "5")
+        .load()
+    )
+    assert ranged.rdd.getNumPartitions() >= 5
+    expected = [b"p0-%03d" % i for i in range(100, 300)] + [b"p1-%03d" % i for i in range(50)]
+    assert bodies_of(ranged.collect()) == sorted(expected)
+    assert ends[0]["end"]["count"] == 300
+
+
+def test_a_read_starts_at_a_timestamp(spark, nsqd, tmp_path):
+    http = nsqd.addresses["HTTP"]
+    create_topic(http, "stamped", 1)
+    publish(http, "stamped", 0, [b"before-%d" % i for i in range(20)])
+    boundary_ms = int(time.time() * 1000) + 1
+    # Every later message gets a later timestamp: wait for the clock to pass the boundary.
+    deadline = time.monotonic() + 5
+    while time.time() * 1000 <= boundary_ms and time.monotonic() < deadline:
+        time.sleep(0.001)
+    publish(http, "stamped", 0, [b"after-%d" % i for i in range(20)])
+    expected = sorted(b"after-%d" % i for i in range(20))
+
+    batch = (
+        spark.read.format("nsq")
+        .option("nsqd_http", http)
+        .option("topic", "stamped")
+        .option("startingTimestamp", str(boundary_ms))
+        .load()
+    )
+    assert bodies_of(batch.collect()) == expected
+    stream = (
+        spark.readStream.format("nsq")
+        .option("nsqd_http", http)
+        .option("topic", "stamped")
+        .option("channel", "from-the-boundary")
+        .option("startingOffsetsByTimestamp", json.dumps({"0": boundary_ms}))
+        .load()
+    )
+    assert bodies_of(collect_available_now(stream, tmp_path / "checkpoint")) == expected
+
+
+def test_an_available_now_stream_reads_everything_once_and_moves_its_channel(spark, nsqd, tmp_path):
+    http = nsqd.addresses["HTTP"]
+    create_topic(http, "events", 2)
+    published = []
+    for partition in (0, 1):
+        bodies = [b"e%d-%04d" % (partition, i) for i in range(1000)]
+        publish(http, "events", partition, bodies)
+        published += bodies
+    batches: list[tuple[int, int]] = []
+
+    def collect(batch, batch_id):
+        rows = batch.collect()
+        batches.append((batch_id, len(rows)))
+        received.extend(rows)
+
+    received: list = []
+    query = (
+        spark.readStream.format("nsq")
+        .option("nsqd_http", http)
+        .option("topic", "events")
+        .option("channel", "spark-query")
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "700")
+        .load()
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert not query.isActive and query.exception() is None
+    assert bodies_of(received) == sorted(published)
+    assert [size for _, size in sorted(batches)] == [700, 700, 600]
+    # Spark commits a batch to the source when it plans the next one: the channel stands at the
+    # end of the second batch, and shows the last one as lag, like any consumer's.
+    cursors = channel_cursors(http, "events", "spark-query")
+    assert sum(cursor["confirmed_count"] for cursor in cursors.values()) == 1400
+    assert sum(cursor["lag"] for cursor in cursors.values()) == 600
+
+
+def test_data_removed_by_retention_fails_the_read_unless_failOnDataLoss_is_false(spark, nsqd):
+    http = nsqd.addresses["HTTP"]
+    create_topic(http, "short", 1)
+    for first in range(0, 400, 50):  # segments roll between writes
+        publish(http, "short", 0, [b"m%03d" % i for i in range(first, first + 50)])
+    # The one channel has passed everything: a greedy clean removes every full segment.
+    where = {"topic": "short", "channel": "done", "partition": "0"}
+    http_request(http, "/channel/create", method="POST", **where)
+    http_request(http, "/channel/setoffset", method="POST", body=b"special:-1", **where)
+    http_request(http, "/topic/greedyclean", method="POST", topic="short", partition="0")
+    start = partition_ends(http, "short")[0]["start"]
+    assert start["count"] > 0
+    reader = (
+        spark.read.format("nsq")
+        .option("nsqd_http", http)
+        .option("topic", "short")
+        .option("startingOffsets", '{"0": 0}')
+    )
+    with pytest.raises(Exception, match="removed by retention before this query read them"):
+        reader.load().collect()
+    rows = reader.option("failOnDataLoss", "false").load().collect()
+    assert bodies_of(rows) == [b"m%03d" % i for i in range(start["count"], 400)]
