@@ -4,10 +4,10 @@ steadily (finding the leader through nsqlookupd and retrying, as the smart clien
 consumer per topic draining whichever node leads it. Faults, one after the other: `kill -9` of a
 leader (then it is started again), `SIGSTOP` of a leader past its lease then `SIGCONT`, `kill -9`
 of a follower and a restart, a restart of etcd, a leader's link to etcd black-holed then
-healed, and a follower cut off from etcd and from its peers (black-holing proxies), then
-healed. Afterwards the checker reads everything: every acknowledged message consumed at least
-once (0 lost), the log bytes identical on every ISR member, duplicates counted, and the write
-unavailability of each fault.
+healed, a follower cut off from etcd and from its peers (black-holing proxies), then healed,
+and the same for a leader, whose producers still reach it. Afterwards the checker reads
+everything: every acknowledged message consumed at least once (0 lost), the log bytes
+identical on every ISR member, duplicates counted, and the write unavailability of each fault.
 
 The default suite runs each fault once; `-m slow` runs `test_chaos_long` with many rounds.
 """
@@ -324,6 +324,29 @@ class Faults:
                 link.heal()
         self._whole()
 
+    def isolate_leader(self) -> None:
+        """The leader's links cut both ways (etcd, its replication to the followers, their
+        catch-up reads from it) while producers still reach it: it can acknowledge nothing,
+        since no follower gets its writes; a new leader is elected from the followers, and
+        once healed the old leader learns it, cuts back what it wrote alone and catches up."""
+        leader = self._leader()
+        pid = leader.process.process.pid
+        links = [self.proxies[leader.index], leader.rpc_proxy]
+        for link in links:
+            link.blackhole()
+        peers = [node.rpc_proxy for node in self.cluster.nodes if node is not leader]
+        for proxy in peers:
+            proxy.blackhole_from(pid)
+        try:
+            wait_for(
+                lambda: self.cluster.partition("r3", 0)["leader"] != leader.node_id,
+                "a new leader",
+            )
+        finally:
+            for link in links + peers:
+                link.heal()
+        self._whole()
+
     ALL = (
         "kill_leader",
         "freeze_leader",
@@ -331,6 +354,7 @@ class Faults:
         "restart_etcd",
         "cut_leader_from_etcd",
         "isolate_follower",
+        "isolate_leader",
     )
 
 
