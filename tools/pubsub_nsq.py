@@ -1,0 +1,656 @@
+"""nsq_pubsub's NSQ side: a consumer per HTTP subscriber and a publishing connection per nsqd,
+on asyncio, over the project's sans-IO codec (`common/command.py` encodes the commands,
+`common/frame.py` cuts the frames, `common/message.py` unpacks the messages).
+
+Why asyncio and not `common.client`'s blocking sockets and threads: every subscriber of
+nsq_pubsub is a consumer of its own, with one connection to each nsqd (or partition leader) it
+reads, and the HTTP side is aiohttp on an event loop. With the threaded clients a subscriber
+costs a reading thread per connection (and SmartConsumer adds a supervisor thread), so 1,000
+subscribers on one nsqd are 2,000 threads taking turns on the GIL, and every message crosses
+from a reading thread into the loop before it can be written to the subscriber's socket. Here a
+subscriber is a task per connection plus one that keeps its subscriptions up, read by the same
+loop that writes to its HTTP client: a message goes from nsqd's frame to the subscriber's
+socket without a thread switch, and the loop waits for the HTTP side before it FINishes (the
+contract in nsq_pubsub's docstring). tests/tools/test_nsq_pubsub.py holds 1,000 SSE
+subscribers this way, each with its own nsqd connection, in one thread.
+
+The blocking `common.smart_client.SmartProducer` is still what publishes through nsqlookupd (in
+a worker thread, see nsq_pubsub.Publisher): a publish is one request and its answer, and the
+smart client already follows partition leaders and retries.
+"""
+
+import asyncio
+import json
+import logging
+import socket
+import ssl
+import struct
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from common.client import USER_AGENT, NSQError, split_address, split_ext_section
+from common.command import (
+    CLS,
+    MAGIC_V2,
+    NOP,
+    encode_command,
+    encode_fin,
+    encode_identify,
+    encode_rdy,
+    encode_req,
+    encode_touch,
+)
+from common.errors import NON_FATAL_CODES
+from common.frame import (
+    FRAME_TYPE_ERROR,
+    FRAME_TYPE_MESSAGE,
+    FRAME_TYPE_RESPONSE,
+    Frame,
+    FrameDecoder,
+)
+from common.message import decode_message
+
+__all__ = [
+    "Connection",
+    "Delivery",
+    "Producer",
+    "SubscribeError",
+    "Subscription",
+    "Target",
+    "Targets",
+]
+
+HEARTBEAT = b"_heartbeat_"
+CLOSE_WAIT = b"CLOSE_WAIT"
+RECEIVE_SIZE = 256 * 1024
+# Messages of a SUB_ORDERED subscription start with `[8 queue offset][4 record size]`
+# (docs/protocol.md §3.5).
+_DETAIL = struct.Struct(">QI")
+# How long a closing subscriber waits for nsqd's CLOSE_WAIT after its REQs and CLS, and how
+# long a connection attempt may take.
+CLOSE_TIMEOUT = 2.0
+CONNECT_TIMEOUT = 5.0
+# A subscriber with no connection at all (nsqd down, topic not registered yet) tries again
+# this often, instead of waiting a whole lookupd poll interval.
+IDLE_RETRY_INTERVAL = 1.0
+# A lost connection is reconnected after this pause (nsqd may be restarting).
+RECONNECT_DELAY = 1.0
+_CLIENT_ID = socket.gethostname().split(".")[0]
+_HOSTNAME = socket.gethostname()
+
+
+class SubscribeError(Exception):
+    """No nsqd could be subscribed to; the text says what each one answered."""
+
+
+class Connection:
+    """One V2 connection on asyncio streams: the magic, IDENTIFY (and the TLS upgrade when
+    nsqd grants it), then frames. Heartbeats are answered as they are read."""
+
+    def __init__(
+        self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.address = address
+        self.reader = reader
+        self.writer = writer
+        self.identify_reply: dict = {}
+        self._decoder = FrameDecoder()
+        self._backlog: deque[Frame] = deque()
+
+    @classmethod
+    async def open(
+        cls,
+        address: str,
+        identify: dict,
+        tls: ssl.SSLContext | None = None,
+        timeout: float = CONNECT_TIMEOUT,
+    ) -> "Connection":
+        """Connect and IDENTIFY. With `tls`, TLS is asked for (`tls_v1`) and required: an
+        nsqd that does not grant it is an error, not a silent plain-text connection."""
+        host, port = split_address(address)
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, port)
+            connection = cls(address, reader, writer)
+            try:
+                settings = {
+                    "client_id": _CLIENT_ID,
+                    "hostname": _HOSTNAME,
+                    "user_agent": USER_AGENT,
+                    "feature_negotiation": True,
+                    **identify,
+                }
+                if tls is not None:
+                    settings["tls_v1"] = True
+                writer.write(MAGIC_V2 + encode_identify(settings))
+                reply = await connection.response()
+                connection.identify_reply = json.loads(reply) if reply.startswith(b"{") else {}
+                if tls is not None:
+                    if not connection.identify_reply.get("tls_v1"):
+                        raise ConnectionError(f"nsqd {address} did not grant TLS")
+                    await writer.start_tls(tls, server_hostname=host)
+                    await connection.response()  # nsqd's OK, the first frame over TLS
+            except BaseException:
+                connection.abort()
+                raise
+        return connection
+
+    async def frames(self) -> list[Frame]:
+        """The next frames (at least one; heartbeats are answered with NOP and left out).
+        ConnectionError when nsqd closed the connection."""
+        if self._backlog:
+            frames = list(self._backlog)
+            self._backlog.clear()
+            return frames
+        while True:
+            data = await self.reader.read(RECEIVE_SIZE)
+            if not data:
+                raise ConnectionError(f"nsqd {self.address} closed the connection")
+            frames = self._decoder.receive_data(data)
+            kept = [
+                frame
+                for frame in frames
+                if frame.frame_type != FRAME_TYPE_RESPONSE or frame.data != HEARTBEAT
+            ]
+            if len(kept) != len(frames):
+                self.send(NOP)
+            if kept:
+                return kept
+
+    async def response(self) -> bytes:
+        """The next response frame's data (frames read past it wait for `frames`); NSQError
+        for an error frame. For the handshake, before any message can come."""
+        while True:
+            frames = await self.frames()
+            for index, frame in enumerate(frames):
+                if frame.frame_type == FRAME_TYPE_MESSAGE:
+                    continue
+                self._backlog.extend(frames[index + 1 :])
+                if frame.frame_type == FRAME_TYPE_ERROR:
+                    raise NSQError(frame.data.decode("utf-8", "replace"))
+                return frame.data
+
+    def send(self, data: bytes) -> None:
+        """Queue bytes for nsqd; dropped once the connection is closing (nsqd then treats
+        whatever they answered as it treats a closed connection)."""
+        if not self.writer.is_closing():
+            self.writer.write(data)
+
+    @property
+    def closed(self) -> bool:
+        return self.writer.is_closing()
+
+    def close(self) -> None:
+        """Close after what is queued has been sent."""
+        self.writer.close()
+
+    def abort(self) -> None:
+        self.writer.transport.abort()
+
+
+# -- subscribing ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """An nsqd a subscriber reads from, and the partition there (None: a classic topic)."""
+
+    address: str
+    partition: int | None = None
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Where a topic is read: its nsqds or partition leaders, and how (SUB_ORDERED for an
+    ordered topic, `extend_support` for an ext topic)."""
+
+    targets: tuple[Target, ...]
+    ordered: bool = False
+    extend: bool = False
+
+
+class Delivery:
+    """A message handed to a subscriber, answered on the connection it came from."""
+
+    __slots__ = ("link", "id", "body", "attempts", "timestamp")
+
+    def __init__(
+        self, link: "_Link", message_id: bytes, body: bytes, attempts: int, timestamp: int
+    ) -> None:
+        self.link = link
+        self.id = message_id
+        self.body = body
+        self.attempts = attempts
+        self.timestamp = timestamp
+
+
+class _Link:
+    """One subscribed connection of a subscription, and the task that reads it."""
+
+    __slots__ = ("target", "connection", "detail", "extend", "max_rdy", "rdy", "unfinished", "task")
+
+    def __init__(self, target: Target, connection: Connection, detail: bool, extend: bool) -> None:
+        self.target = target
+        self.connection = connection
+        self.detail = detail
+        self.extend = extend
+        # An RDY above nsqd's max_rdy_count is a fatal error.
+        self.max_rdy = int(connection.identify_reply.get("max_rdy_count", 2500))
+        self.rdy = 0
+        # The messages nsqd counts in flight to us: delivered, not yet FINished or REQueued.
+        self.unfinished: dict[bytes, None] = {}
+        self.task: asyncio.Task | None = None
+
+    @property
+    def msg_timeout(self) -> float:
+        return int(self.connection.identify_reply.get("msg_timeout", 60000)) / 1000
+
+
+Discover = Callable[[str], Awaitable[Targets]]
+
+
+class Subscription:
+    """One subscriber's consumer: `topic`/`channel` on every target `discover` names, with
+    `max_in_flight` spread as RDY over the connections (at least 1 each, as go-nsq does).
+
+    Messages are taken in batches (`next_batch`) and answered with `finish`; `close` REQueues
+    what is still unfinished, so nsqd gives it to the channel's other subscribers at once
+    instead of after `--msg-timeout`. Targets are looked up again every `poll_interval`
+    seconds (every IDLE_RETRY_INTERVAL while nothing is connected), connecting what is new or
+    was lost; a partition whose leader moved is left for its new leader.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        discover: Discover,
+        *,
+        max_in_flight: int,
+        identify: dict,
+        tls: ssl.SSLContext | None,
+        poll_interval: float,
+        log: logging.Logger,
+    ) -> None:
+        self.topic = topic
+        self.channel = channel
+        self.max_in_flight = max_in_flight
+        self.finished = 0
+        self._discover = discover
+        self._identify = identify
+        self._tls = tls
+        self._poll_interval = poll_interval
+        self._log = log
+        self._links: dict[Target, _Link] = {}
+        self._pending: deque[Delivery] = deque()
+        self._ready = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._ordered = False
+        self._extend = False
+        self._closing = False
+        self._stopped = False
+        self._supervisor: asyncio.Task | None = None
+
+    # -- the subscriber's side --
+
+    async def start(self) -> None:
+        """Look the topic up and subscribe everywhere it is. SubscribeError when it is
+        somewhere and no nsqd could be subscribed to; a topic no nsqd has yet is waited for.
+        Lookup errors (no nsqlookupd answered) are raised as they are."""
+        targets = await self._discover(self.topic)
+        failures = await self._connect_missing(targets)
+        if targets.targets and not self._links:
+            raise SubscribeError("; ".join(failures))
+        self._supervisor = asyncio.create_task(self._supervise())
+
+    async def next_batch(self) -> list[Delivery]:
+        """Every message delivered and not yet taken, once there is at least one; [] once
+        `stop` was called."""
+        while not self._pending and not self._stopped:
+            self._ready.clear()
+            await self._ready.wait()
+        if self._stopped:
+            return []
+        batch = list(self._pending)
+        self._pending.clear()
+        return batch
+
+    def finish(self, batch: list[Delivery]) -> None:
+        """FIN these messages: one write per connection."""
+        by_link: dict[_Link, list[bytes]] = {}
+        for delivery in batch:
+            by_link.setdefault(delivery.link, []).append(delivery.id)
+        for link, ids in by_link.items():
+            if self._links.get(link.target) is not link:
+                continue  # its connection is gone: nsqd delivers these again
+            unfinished = link.unfinished
+            for message_id in ids:
+                unfinished.pop(message_id, None)
+            link.connection.send(b"".join(encode_fin(message_id) for message_id in ids))
+            self.finished += len(ids)
+
+    def touch_unfinished(self) -> None:
+        """TOUCH every unfinished message: the subscriber's socket is full and nsqd must not
+        time them out (and give them to someone else) while they wait for it."""
+        for link in self._links.values():
+            if link.unfinished:
+                link.connection.send(b"".join(encode_touch(mid) for mid in link.unfinished))
+
+    @property
+    def touch_interval(self) -> float:
+        """Half the shortest `msg_timeout` nsqd granted."""
+        timeouts = [link.msg_timeout for link in self._links.values()]
+        return max(min(timeouts, default=60.0) / 2, 0.05)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(link.unfinished) for link in self._links.values())
+
+    @property
+    def connections(self) -> int:
+        return len(self._links)
+
+    def stop(self) -> None:
+        """Make `next_batch` return [] (nsq_pubsub stopping): the stream ends cleanly."""
+        self._stopped = True
+        self._ready.set()
+
+    async def close(self) -> None:
+        """Leave: RDY 0, REQ every unfinished message, CLS; REQ whatever nsqd sent before it
+        answered CLOSE_WAIT; close. The REQs are written before anything is awaited, so a
+        close that is itself cancelled (nsq_pubsub stopping) has still sent them. Bounded by
+        CLOSE_TIMEOUT; a second call returns at once."""
+        if self._closing:
+            return
+        self._closing = True
+        self.stop()
+        self._pending.clear()
+        links = list(self._links.values())
+        for link in links:
+            requeues = b"".join(encode_req(mid, 0) for mid in link.unfinished)
+            link.unfinished.clear()
+            link.connection.send(encode_rdy(0) + requeues + CLS)
+        tasks = {link.task for link in links if link.task is not None}
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            tasks.add(self._supervisor)
+        try:
+            if tasks:
+                await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT)
+        finally:
+            for link in links:
+                if link.task is not None:
+                    link.task.cancel()
+                link.connection.close()
+            self._links.clear()
+
+    # -- connections --
+
+    async def _supervise(self) -> None:
+        """Look up and connect again every poll interval, sooner when a connection was lost
+        or none is up."""
+        while True:
+            interval = self._poll_interval if self._links else IDLE_RETRY_INTERVAL
+            try:
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
+                await asyncio.sleep(RECONNECT_DELAY)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                targets = await self._discover(self.topic)
+            except Exception as error:  # lookupd down: keep what we have, try again later
+                self._log.warning("looking up %s failed - %s", self.topic, error)
+                continue
+            await self._connect_missing(targets)
+
+    async def _connect_missing(self, targets: Targets) -> list[str]:
+        """Subscribe to the targets not connected yet (all at once); leave partitions whose
+        leader moved. Returns why each failed one failed."""
+        self._ordered = self._ordered or targets.ordered
+        self._extend = self._extend or targets.extend
+        wanted = set(targets.targets)
+        for target, link in list(self._links.items()):
+            if target.partition is not None and target not in wanted:
+                self._log.info(
+                    "%s partition %s moved: leaving %s",
+                    self.topic,
+                    target.partition,
+                    target.address,
+                )
+                self._drop(link)
+        missing = [target for target in targets.targets if target not in self._links]
+        results = await asyncio.gather(
+            *(self._subscribe(target) for target in missing), return_exceptions=True
+        )
+        failures = []
+        for target, result in zip(missing, results, strict=True):
+            if isinstance(result, BaseException):
+                if isinstance(result, asyncio.CancelledError):
+                    raise result
+                failures.append(f"{target.address}: {result}")
+                self._log.warning(
+                    "subscribing to %s/%s at %s failed - %s",
+                    self.topic,
+                    self.channel,
+                    target.address,
+                    result,
+                )
+        if missing:
+            self._rebalance()
+        return failures
+
+    async def _subscribe(self, target: Target) -> None:
+        """SUB (or SUB_ORDERED) at one target. An nsqd that answers that the topic must be
+        read ordered, or with extend_support, is subscribed to again that way (as
+        SmartConsumer learns it when nsqlookupd did not say)."""
+        for _attempt in range(3):
+            ordered, extend = self._ordered, self._extend
+            # An ext topic needs extend_support; a plain one must not have it (§3.3).
+            identify = {**self._identify, **({"extend_support": True} if extend else {})}
+            connection = await Connection.open(target.address, identify, self._tls)
+            try:
+                command = "SUB_ORDERED" if ordered else "SUB"
+                extra = () if target.partition is None else (target.partition,)
+                connection.send(encode_command(command, self.topic, self.channel, *extra))
+                await connection.response()
+            except NSQError as error:
+                connection.abort()
+                if error.code == "E_SUB_ORDER_IS_MUST" and not self._ordered:
+                    self._ordered = True
+                    continue
+                if error.code == "E_SUB_EXTEND_NEED" and not self._extend:
+                    self._extend = True
+                    continue
+                raise
+            except BaseException:
+                connection.abort()
+                raise
+            if self._closing or target in self._links:
+                connection.abort()
+                return
+            link = _Link(target, connection, detail=ordered, extend=extend)
+            self._links[target] = link
+            link.task = asyncio.create_task(self._read(link))
+            return
+        raise SubscribeError(f"nsqd {target.address} refused every way of subscribing")
+
+    def _rebalance(self) -> None:
+        """max_in_flight over the connections, at least 1 each (go-nsq's maxInFlight/conns)."""
+        if self._closing or not self._links:
+            return
+        share, extra = divmod(self.max_in_flight, len(self._links))
+        for index, link in enumerate(self._links.values()):
+            rdy = min(max(1, share + (1 if index < extra else 0)), link.max_rdy)
+            if rdy != link.rdy:
+                link.rdy = rdy
+                link.connection.send(encode_rdy(rdy))
+
+    async def _read(self, link: _Link) -> None:
+        error: BaseException | None = None
+        try:
+            while True:
+                for frame in await link.connection.frames():
+                    if frame.frame_type == FRAME_TYPE_MESSAGE:
+                        self._deliver(link, frame.data)
+                    elif frame.frame_type == FRAME_TYPE_ERROR:
+                        text = frame.data.decode("utf-8", "replace")
+                        # A late FIN/REQ/TOUCH of a message nsqd already timed out: not fatal.
+                        if text.split(" ", 1)[0] not in NON_FATAL_CODES:
+                            raise NSQError(text)
+                        self._log.debug("(%s) %s", link.target.address, text)
+                    elif frame.data == CLOSE_WAIT:
+                        return
+        except asyncio.CancelledError:
+            raise
+        except Exception as caught:  # any end of the connection is handled the same way
+            error = caught
+        finally:
+            self._lost(link, error)
+
+    def _deliver(self, link: _Link, data: bytes) -> None:
+        decoded = decode_message(data)
+        if self._closing:
+            # Sent before nsqd saw our CLS: back to the channel at once.
+            link.connection.send(encode_req(decoded.id, 0))
+            return
+        body = decoded.body
+        # The ext section comes before the ordered detail (docs/protocol.md §3.5).
+        if link.extend:
+            body = split_ext_section(body)[1]
+        if link.detail:
+            body = body[_DETAIL.size :]
+        link.unfinished[decoded.id] = None
+        self._pending.append(Delivery(link, decoded.id, body, decoded.attempts, decoded.timestamp))
+        self._ready.set()
+
+    def _lost(self, link: _Link, error: BaseException | None) -> None:
+        if self._links.get(link.target) is not link:
+            link.connection.close()
+            return
+        del self._links[link.target]
+        link.connection.close()
+        if self._closing:
+            return
+        # Its messages will come again from nsqd (after their timeout): not ours to deliver.
+        self._pending = deque(d for d in self._pending if d.link is not link)
+        self._log.warning(
+            "(%s) %s/%s connection lost - %s",
+            link.target.address,
+            self.topic,
+            self.channel,
+            error or "closed",
+        )
+        self._rebalance()
+        self._wake.set()
+
+    def _drop(self, link: _Link) -> None:
+        """Leave a connection on purpose (a moved partition): what it had is REQueued."""
+        del self._links[link.target]
+        self._pending = deque(d for d in self._pending if d.link is not link)
+        requeues = b"".join(encode_req(mid, 0) for mid in link.unfinished)
+        link.unfinished.clear()
+        link.connection.send(encode_rdy(0) + requeues)
+        if link.task is not None:
+            link.task.cancel()
+        link.connection.close()
+
+
+# -- publishing -------------------------------------------------------------------------------
+
+
+class _ProducerLink:
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        # The commands sent and not answered yet, in order: nsqd answers them in order.
+        self.waiting: deque[asyncio.Future] = deque()
+        self.task: asyncio.Task | None = None
+
+
+class Producer:
+    """Publishes to nsqds over TCP: one connection per nsqd, opened on first use, commands
+    pipelined on it (nsqd answers in the order it received them). A connection that breaks
+    or does not answer within `timeout` is closed; the next command opens a new one."""
+
+    def __init__(
+        self,
+        identify: dict,
+        tls: ssl.SSLContext | None = None,
+        *,
+        timeout: float = 5.0,
+    ) -> None:
+        self.identify = identify
+        self.tls = tls
+        self.timeout = timeout
+        self._links: dict[str, _ProducerLink] = {}
+        self._connecting: dict[str, asyncio.Lock] = {}
+
+    async def send(self, address: str, command: bytes) -> bytes:
+        """Send one publishing command to the nsqd at `address` and return its answer
+        (`OK`). NSQError for a refusal; OSError or TimeoutError when the connection failed
+        (whether nsqd stored the message is then unknown)."""
+        link = await self._link(address)
+        future = asyncio.get_running_loop().create_future()
+        link.waiting.append(future)
+        link.connection.send(command)
+        try:
+            # Cancelled (its publisher went away, or the timeout), the future is done: the
+            # reader skips its answer.
+            async with asyncio.timeout(self.timeout):
+                return await future
+        except TimeoutError:
+            self._close(address, link, TimeoutError(f"nsqd {address} did not answer"))
+            raise
+
+    async def close(self) -> None:
+        for address, link in list(self._links.items()):
+            self._close(address, link, ConnectionError("the producer is closed"))
+
+    async def _link(self, address: str) -> _ProducerLink:
+        link = self._links.get(address)
+        if link is not None:
+            return link
+        lock = self._connecting.setdefault(address, asyncio.Lock())
+        async with lock:
+            link = self._links.get(address)
+            if link is None:
+                connection = await Connection.open(address, self.identify, self.tls, self.timeout)
+                link = _ProducerLink(connection)
+                link.task = asyncio.create_task(self._read(address, link))
+                self._links[address] = link
+        return link
+
+    async def _read(self, address: str, link: _ProducerLink) -> None:
+        error: BaseException = ConnectionError(f"nsqd {address} closed the connection")
+        try:
+            while True:
+                for frame in await link.connection.frames():
+                    if frame.frame_type == FRAME_TYPE_MESSAGE or not link.waiting:
+                        continue
+                    future = link.waiting.popleft()
+                    if future.done():
+                        continue  # its publisher went away; the answer has no one to go to
+                    if frame.frame_type == FRAME_TYPE_ERROR:
+                        future.set_exception(NSQError(frame.data.decode("utf-8", "replace")))
+                    else:
+                        future.set_result(frame.data)
+        except asyncio.CancelledError:
+            raise
+        except Exception as caught:
+            error = caught
+        finally:
+            self._close(address, link, error)
+
+    def _close(self, address: str, link: _ProducerLink, error: BaseException) -> None:
+        if self._links.get(address) is link:
+            del self._links[address]
+        link.connection.close()
+        if link.task is not None and link.task is not asyncio.current_task():
+            link.task.cancel()
+        while link.waiting:
+            future = link.waiting.popleft()
+            if not future.done():
+                future.set_exception(
+                    error if isinstance(error, OSError) else ConnectionError(str(error))
+                )
