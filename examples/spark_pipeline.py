@@ -1,7 +1,7 @@
 """Order events on a log topic, summed per minute and kind by Spark into Parquet, exactly once.
 
     make run                                   # in another terminal: nsqd on 127.0.0.1:4151
-    .venv/bin/python examples/spark_pipeline.py --nsqd-http 127.0.0.1:4151 \\
+    .venv/bin/python -m examples.spark_pipeline --nsqd-http 127.0.0.1:4151 \\
         --output /tmp/order_totals --checkpoint /tmp/order_totals.checkpoint
 
 The job publishes `--events` JSON order events (`{"order", "kind", "amount", "at"}`, the event

@@ -1,6 +1,6 @@
-"""examples/spark_pipeline.py runs as its docstring shows, against a real nsqd: order events
-published to a log topic, summed per minute by a watermarked streaming query into Parquet, and
-checked by the job itself against what it published."""
+"""examples/spark_pipeline.py runs as the README shows (`python -m examples.spark_pipeline`),
+against a real nsqd: order events published to a log topic, summed per minute by a watermarked
+streaming query into Parquet, and checked by the job itself against what it published."""
 
 import subprocess
 import sys
@@ -23,7 +23,8 @@ def test_the_pipeline_example_writes_totals_that_match_the_published_events(tmp_
         result = subprocess.run(
             [
                 sys.executable,
-                "examples/spark_pipeline.py",
+                "-m",
+                "examples.spark_pipeline",
                 f"--nsqd-http={nsqd.addresses['HTTP']}",
                 f"--output={tmp_path / 'totals'}",
                 f"--checkpoint={tmp_path / 'checkpoint'}",
