@@ -120,7 +120,7 @@ class Connection:
             self.sock.settimeout(timeout if timeout is not None else self.sock.gettimeout())
             try:
                 data = self.sock.recv(256 * 1024)
-            except TimeoutError:
+            except (TimeoutError, BlockingIOError):  # timeout 0: a non-blocking read
                 return None
             if not data:
                 raise ConnectionError(f"nsqd {self.address} closed the connection")

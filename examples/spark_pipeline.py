@@ -77,10 +77,13 @@ def publish(spark: SparkSession, args: argparse.Namespace, events: list[dict]) -
         topic=args.topic,
         partition_num=str(args.partitions),
     )
-    # Spread the events over the partitions by order, in the `key` column.
+    # Spread the events over the partitions by order, in the `key` column; one task, so that
+    # each partition gets its events in time order (two tasks would publish their halves in
+    # whatever order they run, and the watermark would pass minutes still to come).
     rows = [(json.dumps(event), event["order"]) for event in events]
     (
         spark.createDataFrame(rows, "body string, key string")
+        .coalesce(1)
         .write.format("nsq")
         .option("nsqd_http", args.nsqd_http)
         .option("topic", args.topic)

@@ -10,13 +10,8 @@ from collections.abc import Mapping
 from common.client import http_json
 from common.duration import parse_duration
 
-# nsqd's default -max-rdy-count; RDY above the server's cap is E_INVALID and fatal, so the
-# reader checks the IDENTIFY reply too (subscription.py).
-DEFAULT_MAX_BATCH = 1000
 DEFAULT_MSG_TIMEOUT = 60.0
 DEFAULT_IDLE_TIMEOUT = 10.0
-# /mpub bodies: comfortably below nsqd's default -max-body-size (5 MB) for small rows.
-DEFAULT_PUBLISH_CHUNK = 500
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:

@@ -1,4 +1,5 @@
-"""The streaming reader: NSQ messages become micro-batches, FINished when Spark commits.
+"""The streaming reader of classic topics: NSQ messages become micro-batches, FINished when Spark
+commits.
 
 Everything here runs in Spark's driver-side source runner process (one per source per query),
 except `readBetweenOffsets`, which runs on an executor. The offset is `{"seq": n}`, a batch
@@ -6,26 +7,46 @@ counter: NSQ cannot replay, so an offset names a batch, not a position in the st
 
 At-least-once: batch n's messages stay in flight (TOUCHed) until Spark calls `commit` with
 an end offset >= n, which happens once batch n's sink has committed and batch n+1 is being
-planned; only then are they FINished. Anything not FINished (crash, stop, restart) is
-redelivered by nsqd after its msg timeout, with attempts + 1.
+planned; only then are they FINished, on the connection that received them. Anything not
+FINished (crash, stop, restart) is redelivered by nsqd after its msg timeout, with attempts + 1.
+Duplicates are possible, order is not kept.
+
+Throughput: Spark pays a fixed cost per micro-batch (offset and commit logs, planning: ~0.1 s
+on a small machine), so batches must be large (`maxBatch`, 10,000 rows by default). Batch n-1
+is still un-FINished while batch n is read, so two batches are in flight per nsqd, spread over
+`connectionsPerNsqd` connections, because nsqd caps each connection's RDY at its
+--max-rdy-count; by default there are as many connections as that cap requires (8 for the
+default cap of 2500), which the first connection learns from IDENTIFY. The source runner
+holds up to 2 x `maxBatch` messages per nsqd: lower it for large bodies. Each batch goes to
+Spark as one Arrow record batch with the source's schema (columns are matched by name; the
+`partition` and `offset` columns of log topics are null here).
 """
 
-import datetime
 import logging
 import math
 import queue
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping
 
+import pyarrow as pa
 from pyspark.sql.datasource import SimpleDataSourceStreamReader
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+from pyspark.sql.types import (
+    StructType,
+)
 
-from common.client import Message, http_json
+from common.client import http_json
 from nsq_spark import options as opts
-from nsq_spark.subscription import Subscription
+from nsq_spark.source import SCHEMA
+from nsq_spark.subscription import Delivery, Subscription
 
 log = logging.getLogger("nsq_spark")
 
+# Spark's per-batch cost is amortised over this many rows; two batches are in flight, which
+# nsqd's default --max-rdy-count of 2500 spreads over 8 connections per nsqd.
+DEFAULT_MAX_BATCH = 10_000
 # A lost connection is retried at most this often, so a down nsqd costs no busy loop.
 RECONNECT_INTERVAL = 1.0
 # How often lookupd is asked again for nsqds that started carrying the topic.
@@ -33,10 +54,13 @@ LOOKUPD_POLL_INTERVAL = 15.0
 # availableNow, with batches still pending: how long a read waits for more before it returns a
 # flush batch so that Spark commits (and we FIN) them.
 FLUSH_WAIT = 0.1
+# How long a commit waits for its FINs to reach the sockets: the runner process may be killed
+# right after the last commit of an availableNow query.
+FIN_FLUSH_TIMEOUT = 10.0
 
 
 class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: Mapping[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str], schema: StructType = SCHEMA) -> None:
         # No I/O here: Spark builds this object in several processes, and only the source
         # runner's copy ever reads (see docs/design.md §10).
         self.topic = opts.required(options, "topic")
@@ -46,9 +70,12 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
         self.lookupd_addresses = opts.address_list(options.get("lookupd"))
         if not self.nsqd_addresses and not self.lookupd_addresses:
             raise ValueError('the nsq source needs the option "nsqd" or "lookupd"')
-        self.max_batch = opts.positive_int(options, "maxBatch", opts.DEFAULT_MAX_BATCH)
+        self.max_batch = opts.positive_int(options, "maxBatch", DEFAULT_MAX_BATCH)
+        # 0 when not given: as many as two batches need (see _connect).
+        self.connections_per_nsqd = opts.positive_int(options, "connectionsPerNsqd", 0)
         self.msg_timeout = opts.duration_seconds(options, "msgTimeout", opts.DEFAULT_MSG_TIMEOUT)
         self.idle_timeout = opts.duration_seconds(options, "idleTimeout", opts.DEFAULT_IDLE_TIMEOUT)
+        self.schema = schema
         self._started = False
 
     def _start(self) -> None:
@@ -56,15 +83,22 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
         if self._started:
             return
         self._started = True
-        self.inbox: queue.SimpleQueue[tuple[Subscription, Message]] = queue.SimpleQueue()
-        self.subscriptions: dict[str, Subscription] = {}
+        self.arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+        self.inbox: queue.SimpleQueue[tuple[Subscription, list[Delivery]]] = queue.SimpleQueue()
+        # Chunks taken off the inbox but not handed to Spark yet (a batch ended inside them).
+        self.leftover: deque[tuple[Subscription, list[Delivery]]] = deque()
+        self.subscriptions: dict[tuple[str, int], Subscription] = {}
         self.http_addresses: dict[str, str] = dict(
             zip(self.nsqd_addresses, self.nsqd_http_addresses, strict=False)
         )
-        self.last_attempt: dict[str, float] = {}
+        self.last_attempt: dict[tuple[str, int], float] = {}
+        # Per nsqd, once its first connection told its max_rdy_count: how many connections,
+        # and the RDY of each.
+        self.connection_counts: dict[str, int] = {}
+        self.rdy_per_connection: dict[str, int] = {}
         self.last_lookup = 0.0
-        # seq -> subscription -> [(id, attempts)]: handed to Spark, FINished on commit.
-        self.pending: dict[int, dict[Subscription, list[tuple[bytes, int]]]] = {}
+        # seq -> [(subscription, deliveries)]: handed to Spark, FINished on commit.
+        self.pending: dict[int, list[tuple[Subscription, list[Delivery]]]] = {}
         # availableNow: None when not in that mode, else messages still expected (infinite
         # when some nsqd's depth is unknown: the idle timeout ends the run then).
         self.available_now_remaining: float | None = None
@@ -88,38 +122,71 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
             self.http_addresses[tcp] = http
 
     def _connect(self) -> None:
-        """Subscribe to every known nsqd that has no live connection (rate-limited)."""
+        """Open every connection that is not live (each retried at most every
+        RECONNECT_INTERVAL): `connectionsPerNsqd` per known nsqd, by default as many as its
+        max_rdy_count needs to hold two batches, which the first connection learns."""
         self._discover()
         now = time.monotonic()
         for address in self.nsqd_addresses:
-            current = self.subscriptions.get(address)
-            if current is not None and current.alive:
-                continue
-            if now - self.last_attempt.get(address, -RECONNECT_INTERVAL) < RECONNECT_INTERVAL:
-                continue
-            self.last_attempt[address] = now
-            if current is not None:
-                log.warning("nsq: lost %s (%s), reconnecting", address, current.error)
-                current.close()
-                self._forget(current)
-            try:
-                self.subscriptions[address] = Subscription(
+            index = 0
+            while index < self.connection_counts.get(address, 1):
+                self._ensure_connection(address, index, now)
+                index += 1
+
+    def _ensure_connection(self, address: str, index: int, now: float) -> None:
+        key = (address, index)
+        current = self.subscriptions.get(key)
+        if current is not None and current.alive:
+            return
+        if now - self.last_attempt.get(key, -RECONNECT_INTERVAL) < RECONNECT_INTERVAL:
+            return
+        self.last_attempt[key] = now
+        if current is not None:
+            log.warning("nsq: lost %s (%s), reconnecting", address, current.error)
+            current.close()
+            self._forget(current)
+        # Batch n-1 is still in flight while batch n is read: two batches per nsqd, shared by
+        # its connections.
+        window = 2 * self.max_batch
+        try:
+            subscription = Subscription(
+                address,
+                self.topic,
+                self.channel,
+                max_in_flight=self.rdy_per_connection.get(address, window),
+                msg_timeout=self.msg_timeout,
+                inbox=self.inbox,
+                http_address=self.http_addresses.get(address),
+            )
+        except OSError as error:
+            log.warning("nsq: cannot subscribe at %s: %s", address, error)
+            return
+        self.subscriptions[key] = subscription
+        if address not in self.connection_counts:
+            max_rdy = subscription.max_rdy_count
+            count = self.connections_per_nsqd or math.ceil(window / max_rdy)
+            per_connection = math.ceil(window / count)
+            if per_connection > max_rdy:
+                log.warning(
+                    "nsq: %d connections to %s with max_rdy_count %d hold %d messages, less"
+                    " than two batches of maxBatch %d: batches will alternate with empty ones;"
+                    " leave connectionsPerNsqd unset or raise it",
+                    count,
                     address,
-                    self.topic,
-                    self.channel,
-                    max_in_flight=2 * self.max_batch,
-                    msg_timeout=self.msg_timeout,
-                    inbox=self.inbox,
-                    http_address=self.http_addresses.get(address),
+                    max_rdy,
+                    count * max_rdy,
+                    self.max_batch,
                 )
-            except OSError as error:
-                log.warning("nsq: cannot subscribe at %s: %s", address, error)
+            self.connection_counts[address] = count
+            self.rdy_per_connection[address] = per_connection
+            if subscription.max_in_flight != min(per_connection, max_rdy):
+                subscription.ready(per_connection)
 
     def _forget(self, subscription: Subscription) -> None:
         """Drop a dead connection's pending state: nsqd redelivers its messages anyway, and a
         FIN on another connection would be refused."""
-        for batch in self.pending.values():
-            batch.pop(subscription, None)
+        for seq, batch in self.pending.items():
+            self.pending[seq] = [(s, chunk) for s, chunk in batch if s is not subscription]
 
     # -- SimpleDataSourceStreamReader ---------------------------------------------------------
 
@@ -157,14 +224,15 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
         self.available_now_remaining = expected
         self.last_message_at = time.monotonic()
 
-    def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
+    def read(self, start: dict) -> tuple[Iterator[pa.RecordBatch], dict]:
         self._start()
         seq = start["seq"]
         self._connect()
-        rows, deliveries = self._take_batch()
-        if rows:
-            self.pending[seq + 1] = deliveries
-            return iter(rows), {"seq": seq + 1}
+        taken, count = self._take_batch()
+        if count:
+            self.pending[seq + 1] = taken
+            # A list iterator, not a generator: Spark copies it (copy.copy) to replay its cache.
+            return iter([self._record_batch(taken, count)]), {"seq": seq + 1}
         if any(pending_seq <= seq for pending_seq in self.pending):
             # The flush batch: Spark commits batch n only when it plans batch n+1, so without
             # an (empty) batch n+1 the last messages would never be FINished.
@@ -177,12 +245,18 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
         return iter([])
 
     def commit(self, end: dict) -> None:
+        finished: dict[Subscription, list[list[Delivery]]] = {}
         for seq in sorted(s for s in self.pending if s <= end["seq"]):
-            for subscription, deliveries in self.pending.pop(seq).items():
-                if subscription.alive:
-                    subscription.finish(deliveries)
+            for subscription, chunk in self.pending.pop(seq):
+                finished.setdefault(subscription, []).append(chunk)
             # The FINs reopen the RDY window: availableNow's idle time starts again from here.
             self.last_message_at = time.monotonic()
+        # Queue every connection's FINs before waiting for any, so they go out in parallel.
+        live = [s for s in finished if s.alive]
+        for subscription in live:
+            subscription.finish(d for chunk in finished[subscription] for d in chunk)
+        for subscription in live:
+            subscription.flush(FIN_FLUSH_TIMEOUT)
 
     def stop(self) -> None:
         """Close the connections. Spark never calls this on a simple reader (its runner process
@@ -193,40 +267,54 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
 
     # -- batches ------------------------------------------------------------------------------
 
-    def _take_batch(self) -> tuple[list[tuple], dict[Subscription, list[tuple[bytes, int]]]]:
-        rows: list[tuple] = []
-        deliveries: dict[Subscription, list[tuple[bytes, int]]] = {}
-        while len(rows) < self.max_batch and not self.available_now_done:
-            item = self._next_message(have_rows=bool(rows))
+    def _take_batch(self) -> tuple[list[tuple[Subscription, list[Delivery]]], int]:
+        """Up to maxBatch deliveries (and, in availableNow, no more than still expected), as
+        (subscription, deliveries) chunks, and their count."""
+        taken: list[tuple[Subscription, list[Delivery]]] = []
+        count = 0
+        while count < self.max_batch and not self.available_now_done:
+            limit = self.max_batch - count
+            if self.available_now_remaining is not None:
+                if self.available_now_remaining <= 0:
+                    self.available_now_done = True
+                    break
+                if self.available_now_remaining < limit:
+                    limit = math.ceil(self.available_now_remaining)
+            item = self._next_chunk(have_rows=count > 0, limit=limit)
             if item is None:
                 break
-            subscription, message = item
-            rows.append(self._row(subscription, message))
-            deliveries.setdefault(subscription, []).append((message.id, message.attempts))
+            taken.append(item)
+            count += len(item[1])
+            if self.available_now_remaining is not None:
+                self.available_now_remaining -= len(item[1])
         if self.available_now_done:
             self._release_unwanted()
-        return rows, deliveries
+        return taken, count
 
-    def _next_message(self, have_rows: bool) -> tuple[Subscription, Message] | None:
-        """The next message from a live connection: a dead connection's messages are skipped,
-        nsqd redelivers them on the new one."""
+    def _next_chunk(
+        self, have_rows: bool, limit: int
+    ) -> tuple[Subscription, list[Delivery]] | None:
+        """The next deliveries of a live connection, at most `limit`: a dead connection's
+        messages are skipped, nsqd redelivers them on the new one."""
         while True:
-            item = self._next_delivery(have_rows)
-            if item is None or item[0].alive:
-                return item
-            if self.available_now_remaining is not None:
-                self.available_now_remaining += 1  # not counted after all
+            item = self.leftover.popleft() if self.leftover else self._next_arrival(have_rows)
+            if item is None:
+                return None
+            subscription, chunk = item
+            if not subscription.alive:
+                continue
+            if len(chunk) > limit:
+                self.leftover.appendleft((subscription, chunk[limit:]))
+                chunk = chunk[:limit]
+            return subscription, chunk
 
-    def _next_delivery(self, have_rows: bool) -> tuple[Subscription, Message] | None:
+    def _next_arrival(self, have_rows: bool) -> tuple[Subscription, list[Delivery]] | None:
         if self.available_now_remaining is None:
             try:
                 return self.inbox.get_nowait()
             except queue.Empty:
                 return None
         # availableNow: an empty read ends the query, so wait for what is still expected.
-        if self.available_now_remaining <= 0:
-            self.available_now_done = True
-            return None
         while True:
             idle_left = self.last_message_at + self.idle_timeout - time.monotonic()
             if idle_left <= 0:
@@ -241,40 +329,71 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
             else:
                 wait = min(idle_left, 0.5)
             try:
-                item = self.inbox.get(timeout=wait)
+                item = self.inbox.get(timeout=wait) if wait > 0 else self.inbox.get_nowait()
             except queue.Empty:
                 if have_rows or self.pending:
                     return None
                 self._connect()
                 continue
             self.last_message_at = time.monotonic()
-            self.available_now_remaining -= 1
             return item
 
     def _release_unwanted(self) -> None:
         """After availableNow's snapshot is consumed: RDY 0 and REQ whatever else arrived, so
         other consumers get it now rather than after a msg timeout."""
-        unwanted: dict[Subscription, list[bytes]] = {}
         for subscription in self.subscriptions.values():
             if subscription.alive:
                 subscription.pause()
+        unwanted: dict[Subscription, list[Delivery]] = {}
+        while self.leftover:
+            subscription, chunk = self.leftover.popleft()
+            unwanted.setdefault(subscription, []).extend(chunk)
         while True:
             try:
-                subscription, message = self.inbox.get_nowait()
+                subscription, chunk = self.inbox.get_nowait()
             except queue.Empty:
                 break
-            unwanted.setdefault(subscription, []).append(message.id)
-        for subscription, message_ids in unwanted.items():
+            unwanted.setdefault(subscription, []).extend(chunk)
+        for subscription, deliveries in unwanted.items():
             if subscription.alive:
-                subscription.requeue(message_ids)
+                subscription.requeue(deliveries)
 
-    def _row(self, subscription: Subscription, message: Message) -> tuple:
-        timestamp = datetime.datetime.fromtimestamp(message.timestamp / 1e9, tz=datetime.UTC)
-        return (
-            message.id.decode("ascii"),
-            message.body,
-            message.attempts,
-            timestamp,
-            self.topic,
-            subscription.address,
-        )
+    def _record_batch(
+        self, taken: list[tuple[Subscription, list[Delivery]]], count: int
+    ) -> pa.RecordBatch:
+        """One Arrow record batch of the source's schema; columns are found by name, and a
+        column a classic topic has no value for (partition, offset) is null."""
+        ids: list[bytes] = []
+        bodies: list[bytes] = []
+        attempts: list[int] = []
+        timestamps: list[int] = []
+        nsqds: list[str] = []
+        for subscription, chunk in taken:
+            chunk_ids, chunk_bodies, chunk_attempts, chunk_timestamps = zip(*chunk, strict=True)
+            ids += chunk_ids
+            bodies += chunk_bodies
+            attempts += chunk_attempts
+            timestamps += chunk_timestamps
+            nsqds += [subscription.address] * len(chunk)
+        columns = {
+            # nsqd's IDs are 16 ASCII hex digits; the cast to string checks they are UTF-8.
+            "id": pa.array(ids, pa.binary()),
+            "body": pa.array(bodies, pa.binary()),
+            "attempts": pa.array(attempts, pa.int32()),
+            # Spark keeps microseconds: drop the nanoseconds nsqd stamps.
+            "timestamp": pa.array(timestamps, pa.timestamp("ns", tz="UTC")).cast(
+                pa.timestamp("us", tz="UTC"), safe=False
+            ),
+            "topic": pa.repeat(pa.scalar(self.topic, pa.string()), count),
+            "nsqd": pa.array(nsqds, pa.string()),
+        }
+        arrays = []
+        for field in self.arrow_schema:
+            column = columns.get(field.name.lower())
+            if column is None:
+                arrays.append(pa.nulls(count, field.type))
+            elif column.type != field.type:
+                arrays.append(column.cast(field.type))
+            else:
+                arrays.append(column)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)

@@ -1,13 +1,30 @@
 """The `nsq` data source: `spark.readStream.format("nsq")` and `df.write.format("nsq")`."""
 
 from pyspark.sql.datasource import DataSource
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
-# `partition` is null for an unpartitioned classic topic; `offset`, a message's virtual offset
-# in its partition's log, only for log topics.
-SCHEMA = (
-    "id string, body binary, attempts int, timestamp timestamp, topic string, nsqd string,"
-    " partition int, offset long"
+# A StructType, not a DDL string: the readers build their Arrow schema from it in processes
+# that have no JVM to parse DDL. `partition` is null for an unpartitioned classic topic;
+# `offset`, a message's virtual offset in its partition's log, only for log topics.
+SCHEMA = StructType(
+    [
+        StructField("id", StringType()),
+        StructField("body", BinaryType()),
+        StructField("attempts", IntegerType()),
+        StructField("timestamp", TimestampType()),
+        StructField("topic", StringType()),
+        StructField("nsqd", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+    ]
 )
 
 
@@ -19,7 +36,7 @@ class NSQDataSource(DataSource):
     def name(cls) -> str:
         return "nsq"
 
-    def schema(self) -> str:
+    def schema(self) -> StructType:
         return SCHEMA
 
     def streamReader(self, schema: StructType):
@@ -51,7 +68,7 @@ class NSQDataSource(DataSource):
     def simpleStreamReader(self, schema: StructType):
         from nsq_spark.reader import NSQStreamReader
 
-        return NSQStreamReader(self.options)
+        return NSQStreamReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool):
         from nsq_spark.writer import NSQWriter

@@ -36,6 +36,8 @@ def test_run_in_thread_publish_consume_and_temporary_data_path():
             message = consumer.receive(timeout=5)
             assert message.body == b"hello"
             message.finish()
+            # A zero timeout looks without waiting: nothing more is there.
+            assert consumer.receive(timeout=0) is None
         assert http_request(handle.http_address, "/ping") == b"OK"
     finally:
         handle.stop()

@@ -1,11 +1,16 @@
-"""The sinks against a real nsqd: a batch write, and a stream -> transform -> stream trip."""
+"""The sinks against a real nsqd: a batch write, a stream -> transform -> stream trip, and how
+bodies are cut into MPUBs."""
 
 import time
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
+from pyspark.sql.types import BinaryType, StructField, StructType
 
 from common.client import Consumer, http_publish
+from nsq_spark.writer import NSQWriter
+from tests.harness import start_nsqd
 from tests.spark.conftest import addresses, topic_stats, wait_until
 
 pytestmark = pytest.mark.spark
@@ -78,3 +83,27 @@ def test_stream_transform_stream_round_trip(spark, nsqd, tmp_path):
         return channel["depth"] == 0 and channel["in_flight_count"] == 0
 
     wait_until(drained, what="the source channel to drain")
+
+
+def test_large_bodies_are_cut_into_mpubs_nsqd_accepts(tmp_path):
+    """Chunks stop at 1 MiB of bodies, below this nsqd's -max-body-size of 1.2 MB, whatever
+    publishChunk says; an empty body fails the write before anything of its batch is sent.
+    The writer is driven without Spark, with the Arrow batches Spark would hand it."""
+    data = tmp_path / "nsqd"
+    data.mkdir()
+    nsqd = start_nsqd(data, "-max-body-size=1200000")
+    try:
+        http = nsqd.addresses["HTTP"]
+        schema = StructType([StructField("body", BinaryType())])
+        writer = NSQWriter({"nsqd_http": http, "topic": "big", "publishchunk": "1000"}, schema)
+        bodies = [bytes([i]) * 100_000 for i in range(30)]
+        published = writer.write(iter([pa.record_batch([pa.array(bodies)], names=["body"])]))
+        assert published.messages == 30
+        assert topic_stats(http, "big")["message_count"] == 30
+        assert sorted(consume(nsqd.addresses["TCP"], "big", 30)) == sorted(bodies)
+
+        with pytest.raises(ValueError, match="empty"):
+            writer.write(iter([pa.record_batch([pa.array([b"a", b""])], names=["body"])]))
+        assert topic_stats(http, "big")["message_count"] == 30
+    finally:
+        nsqd.stop()

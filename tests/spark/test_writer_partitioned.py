@@ -1,0 +1,149 @@
+"""The sink on partitioned topics: with `lookupd`, rows go over TCP MPUB to the partitions'
+leaders through the smart client; with `nsqd_http`, to `/mpub?partition=`; by key when the rows
+have a `key` column, else round-robin.
+
+nsqlookupd and one nsqd run as subprocesses; the topics are created with Youzan's
+`POST /topic/create?partition_num=4` on nsqlookupd (no etcd), and their channel on every
+partition first, since nsqlookupd lists a partition to writers only once it has one.
+"""
+
+import pytest
+from pyspark.sql import functions as F
+
+from common.client import http_json, http_request
+from common.smart_client import SmartConsumer, partition_for_key
+from tests.harness import DaemonProcess, start_nsqd
+from tests.spark.conftest import wait_until
+
+pytestmark = pytest.mark.spark
+
+PARTITIONS = 4
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """(nsqlookupd HTTP, nsqd HTTP), the nsqd registered with the nsqlookupd."""
+    daemons = []
+    try:
+        lookupd = DaemonProcess(
+            "nsqlookupd",
+            [
+                "-tcp-address=127.0.0.1:0",
+                "-http-address=127.0.0.1:0",
+                "-broadcast-address=127.0.0.1",
+            ],
+        ).start(wait_for=("TCP", "HTTP"))
+        daemons.append(lookupd)
+        data = tmp_path / "nsqd"
+        data.mkdir()
+        nsqd = start_nsqd(
+            data, f"-lookupd-tcp-address={lookupd.addresses['TCP']}", "-broadcast-address=127.0.0.1"
+        )
+        daemons.append(nsqd)
+        lookupd_http = lookupd.addresses["HTTP"]
+        # nsqlookupd places a new topic's partitions on the nsqds registered with it.
+        wait_until(
+            lambda: http_json(lookupd_http, "/nodes")["producers"], what="the nsqd to register"
+        )
+        yield lookupd_http, nsqd.addresses["HTTP"]
+    finally:
+        for daemon in reversed(daemons):
+            daemon.stop()
+
+
+def partition_counts(nsqd_http: str, topic: str) -> dict[int, int]:
+    """topic partition -> messages published to it, from the nsqd's /stats."""
+    stats = http_json(nsqd_http, "/stats", format="json", topic=topic)
+    return {
+        entry["topic_partition"]: entry["message_count"]
+        for entry in stats.get("topics") or []
+        if entry["topic_name"] == topic and "topic_partition" in entry
+    }
+
+
+def create_partitioned_topic(lookupd_http: str, nsqd_http: str, topic: str, **flags: str):
+    http_request(
+        lookupd_http,
+        "/topic/create",
+        method="POST",
+        topic=topic,
+        partition_num=str(PARTITIONS),
+        replicator="1",
+        **flags,
+    )
+    wait_until(
+        lambda: len(partition_counts(nsqd_http, topic)) == PARTITIONS,
+        what=f"the nsqd to hold {PARTITIONS} partitions of {topic}",
+    )
+    for partition in range(PARTITIONS):
+        http_request(
+            nsqd_http,
+            "/channel/create",
+            method="POST",
+            topic=topic,
+            channel="c",
+            partition=str(partition),
+        )
+
+    def writable() -> bool:
+        try:
+            document = http_json(lookupd_http, "/lookup", topic=topic, access="w")
+        except OSError:
+            return False
+        return len(document.get("partitions") or {}) == PARTITIONS
+
+    wait_until(writable, what=f"nsqlookupd to list every partition of {topic} to writers")
+
+
+def test_keyed_rows_go_to_their_partition_in_order(spark, cluster):
+    lookupd_http, nsqd_http = cluster
+    create_partitioned_topic(lookupd_http, nsqd_http, "orders", orderedmulti="true")
+    # Two Spark partitions holding ids 0-199 and 200-399; seven keys in both.
+    rows = spark.range(400, numPartitions=2).select(
+        F.format_string("k%d", F.col("id") % 7).alias("key"),
+        F.format_string("k%d %d", F.col("id") % 7, "id").alias("body"),
+    )
+    (
+        rows.write.format("nsq")
+        .option("lookupd", lookupd_http)
+        .option("topic", "orders")
+        .option("publishChunk", "16")
+        .mode("append")
+        .save()
+    )
+    assert sum(partition_counts(nsqd_http, "orders").values()) == 400
+
+    with SmartConsumer([lookupd_http], "orders", "c", max_in_flight=8) as consumer:
+        messages = consumer.receive_many(400, timeout=30, finish=True)
+    assert len(messages) == 400
+    ids_by_key: dict[str, list[int]] = {}
+    for message in messages:
+        key, number = message.body.decode().split()
+        assert message.partition == partition_for_key(key, PARTITIONS)
+        ids_by_key.setdefault(key, []).append(int(number))
+    assert sorted(i for ids in ids_by_key.values() for i in ids) == list(range(400))
+    # An ordered topic hands each partition's messages out in the order they were stored:
+    # each Spark partition's rows of a key kept theirs.
+    for ids in ids_by_key.values():
+        for spark_partition in (range(0, 200), range(200, 400)):
+            mine = [i for i in ids if i in spark_partition]
+            assert mine == sorted(mine)
+
+
+@pytest.mark.parametrize("through", ["lookupd", "nsqd_http"])
+def test_rows_without_a_key_are_spread_over_the_partitions(spark, cluster, through):
+    """Through lookupd, the smart client's round-robin; through an nsqd, `/mpub?partition=`."""
+    lookupd_http, nsqd_http = cluster
+    create_partitioned_topic(lookupd_http, nsqd_http, "spread")
+    (
+        spark.range(400, numPartitions=2)
+        .select(F.col("id").cast("string").alias("body"))
+        .write.format("nsq")
+        .option(through, lookupd_http if through == "lookupd" else nsqd_http)
+        .option("topic", "spread")
+        .option("publishChunk", "25")
+        .mode("append")
+        .save()
+    )
+    counts = partition_counts(nsqd_http, "spread")
+    assert sum(counts.values()) == 400 and all(counts.values()), counts
