@@ -500,3 +500,21 @@ class CommandParser:
             self._data = b""
             self._position = 0
         self._wanted = 0
+
+
+def parse_http_mpub_body(
+    body: bytes, binary: bool, max_msg_size: int, max_body_size: int
+) -> list[bytes]:
+    """The messages of an HTTP `/mpub` body: binary (`parse_mpub_body`, stopping after the last
+    message as Go does) or one per line, where Go drops empty lines. ProtocolError whose code
+    without its `E_` is the 413's text (`BAD_BODY`, `BAD_MESSAGE`, `MSG_TOO_BIG`)."""
+    if binary:
+        return parse_mpub_body(body, max_msg_size, max_body_size, exact=False)
+    bodies = []
+    for line in body.split(b"\n"):
+        if not line:
+            continue
+        if len(line) > max_msg_size:
+            raise ProtocolError("E_MSG_TOO_BIG", f"message too big {len(line)} > {max_msg_size}")
+        bodies.append(line)
+    return bodies

@@ -56,6 +56,7 @@ __all__ = [
     "SmartMessage",
     "SmartProducer",
     "TopicLayout",
+    "lookupd_json",
     "merge_lookups",
     "partition_for_key",
 ]
@@ -321,22 +322,7 @@ class LookupdDiscovery:
             yield from resting
 
     def _get(self, url: str, path: str, params: dict[str, str]) -> dict | None:
-        """The JSON answer to a GET; None for a 404 (`TOPIC_NOT_FOUND`, or no writable
-        partition yet) and for an empty body (a standalone Youzan lookupd's `/listlookup`)."""
-        query = urllib.parse.urlencode(params)
-        request = urllib.request.Request(
-            f"{url}{path}" + (f"?{query}" if query else ""),
-            # Youzan's lookupd answers in the v1 form only to this Accept header (§5.1).
-            headers={"Accept": "application/vnd.nsq; version=1.0", "User-Agent": USER_AGENT},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.http_timeout) as response:
-                body = response.read()
-        except urllib.error.HTTPError as error:
-            if error.code == 404:
-                return None
-            raise
-        return json.loads(body) if body.strip() else None
+        return lookupd_json(url, path, params, self.http_timeout)
 
     def _failed(self, url: str, error: BaseException) -> None:
         with self._lock:
@@ -350,6 +336,26 @@ class LookupdDiscovery:
         with self._lock:
             self._failures.pop(url, None)
             self._resting_until.pop(url, None)
+
+
+def lookupd_json(url: str, path: str, params: dict[str, str], timeout: float) -> dict | None:
+    """An nsqlookupd's v1 JSON answer to a GET; None for a 404 (`TOPIC_NOT_FOUND`, or no
+    writable partition yet) and for an empty body (a standalone Youzan lookupd's
+    `/listlookup`)."""
+    query = urllib.parse.urlencode(params)
+    request = urllib.request.Request(
+        f"{url}{path}" + (f"?{query}" if query else ""),
+        # Youzan's lookupd answers in the v1 form only to this Accept header (§5.1).
+        headers={"Accept": "application/vnd.nsq; version=1.0", "User-Agent": USER_AGENT},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            body = response.read()
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return None
+        raise
+    return json.loads(body) if body.strip() else None
 
 
 def partition_for_key(key: Key, partition_num: int) -> int:

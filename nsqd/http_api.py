@@ -9,7 +9,7 @@ import json
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
 
-from common.command_parser import parse_mpub_body
+from common.command_parser import parse_http_mpub_body
 from common.errors import ProtocolError
 from common.goformat import go_atoi
 from common.http_server import (
@@ -219,21 +219,10 @@ class HTTPAPI:
         binary_text = _first(params, "binary")
         # Text mode is the default; a value other than true/1/false/0 means binary (Go).
         binary = binary_text is not None and _BOOL_PARAMS.get(binary_text, True)
-        if binary:
-            try:
-                bodies = parse_mpub_body(
-                    body, options.max_msg_size, options.max_body_size, exact=False
-                )
-            except ProtocolError as error:
-                raise HTTPError(413, error.code[2:]) from None
-        else:
-            bodies = []
-            for line in body.split(b"\n"):
-                if not line:
-                    continue  # Go silently drops empty messages in text mode
-                if len(line) > options.max_msg_size:
-                    raise HTTPError(413, "MSG_TOO_BIG")
-                bodies.append(line)
+        try:
+            bodies = parse_http_mpub_body(body, binary, options.max_msg_size, options.max_body_size)
+        except ProtocolError as error:
+            raise HTTPError(413, error.code[2:]) from None
         if not bodies:
             return _OK
         self._publish(topic, bodies, 0.0)

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import WSMsgType, web
 
-from common.command_parser import parse_mpub_body
+from common.command_parser import parse_http_mpub_body
 from common.duration import format_duration
 from common.errors import ProtocolError
 from common.flags import Flag, Kind, parse_go_bool
@@ -507,21 +507,11 @@ class PubSub:
         topic = _publish_topic(params)
         binary_text = _first(params, "binary")
         # Text mode is the default; a value other than true/1/false/0 means binary (Go).
-        if binary_text is not None and _BOOL_PARAMS.get(binary_text, True):
-            try:
-                bodies = parse_mpub_body(
-                    body, options.max_msg_size, options.max_body_size, exact=False
-                )
-            except ProtocolError as error:
-                raise HTTPError(413, error.code[2:]) from None
-        else:
-            bodies = []
-            for line in body.split(b"\n"):
-                if not line:
-                    continue  # Go drops empty messages in text mode
-                if len(line) > options.max_msg_size:
-                    raise HTTPError(413, "MSG_TOO_BIG")
-                bodies.append(line)
+        binary = binary_text is not None and _BOOL_PARAMS.get(binary_text, True)
+        try:
+            bodies = parse_http_mpub_body(body, binary, options.max_msg_size, options.max_body_size)
+        except ProtocolError as error:
+            raise HTTPError(413, error.code[2:]) from None
         if bodies:
             await self.publisher.publish(topic, bodies, None)
         return v1_text("OK")

@@ -5,16 +5,12 @@ every subscriber and publish, and the publisher behind `/pub` and `/mpub` (docs/
 
 import asyncio
 import itertools
-import json
 import ssl
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from common.client import USER_AGENT, NSQError
+from common.client import NSQError
 from common.command import encode_dpub, encode_mpub, encode_pub
 from common.http_server import HTTPError
 from common.smart_client import (
@@ -24,6 +20,7 @@ from common.smart_client import (
     SmartClientError,
     SmartProducer,
     TopicLayout,
+    lookupd_json,
     merge_lookups,
 )
 from tools.pubsub_nsq import Producer, Target, Targets
@@ -174,20 +171,7 @@ class Layouts:
 
     def _get_json(self, url: str, path: str, params: dict[str, str]) -> dict | None:
         """A lookupd's v1 answer; None for 404 (a topic it does not know)."""
-        query = urllib.parse.urlencode(params)
-        request = urllib.request.Request(
-            f"{url}{path}" + (f"?{query}" if query else ""),
-            # Youzan's lookupd answers in the v1 form only to this Accept header (§5.1).
-            headers={"Accept": "application/vnd.nsq; version=1.0", "User-Agent": USER_AGENT},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.http_timeout) as response:
-                body = response.read()
-        except urllib.error.HTTPError as error:
-            if error.code == 404:
-                return None
-            raise
-        return json.loads(body) if body.strip() else None
+        return lookupd_json(url, path, params, self.http_timeout)
 
 
 # -- publishing -------------------------------------------------------------------------------
