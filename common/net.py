@@ -65,3 +65,19 @@ async def accept_forever(listener, handler, nursery, log, kind: str) -> None:
             await trio.sleep(0.05)
             continue
         nursery.start_soon(handler, stream)
+
+
+def listening_socket(address: str, backlog: int = 1024) -> socket.socket:
+    """A blocking listening socket on `host:port` (port 0 picks one), SO_REUSEADDR set so that a
+    harness can start a daemon again on the same port at once; errors read as Go's."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise OSError(f"listen ({address}) failed - address {address}: missing port in address")
+    host = host.strip("[]") or "0.0.0.0"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, int(port)), family=family, backlog=backlog)
+    except OSError as error:
+        raise OSError(
+            error.errno, f"listen ({address}) failed - {error.strerror or error}"
+        ) from None

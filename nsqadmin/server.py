@@ -3,13 +3,13 @@ that feeds the charts, and the notification sender; `serve()` runs them until `s
 
 import asyncio
 import logging
-import socket
 import ssl
 import time
 
 import aiohttp
 from aiohttp import web
 
+from common.net import listening_socket
 from common.version import version_line
 from nsqadmin.actions import Actions
 from nsqadmin.app import build_app
@@ -66,7 +66,7 @@ class NSQAdmin:
             sock_read=options.http_client_request_timeout,
         )
         connector = aiohttp.TCPConnector(ssl=self.client_ssl_context(), limit=64)
-        sock = listen(options.http_address)
+        sock = listening_socket(options.http_address)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             self.cluster = ClusterInfo(session, self.log)
             self.notifier = Notifier(options.notification_http_endpoint, session, self.log)
@@ -110,22 +110,6 @@ class NSQAdmin:
             except Exception:  # the poller must outlive any surprise in one poll
                 self.log.exception("chart poll failed")
             await asyncio.sleep(max(POLL_INTERVAL - (loop.time() - started), 0.1))
-
-
-def listen(address: str) -> socket.socket:
-    """A listening socket on `host:port` (port 0 picks one), SO_REUSEADDR set, so that a
-    harness can restart nsqadmin on the same port at once."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise OSError(f"listen ({address}) failed - address {address}: missing port in address")
-    host = host.strip("[]") or "0.0.0.0"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        return socket.create_server((host, int(port)), family=family, backlog=1024)
-    except OSError as error:
-        raise OSError(
-            error.errno, f"listen ({address}) failed - {error.strerror or error}"
-        ) from None
 
 
 def format_address(sockname) -> str:

@@ -44,7 +44,6 @@ import itertools
 import logging
 import secrets
 import signal
-import socket
 import ssl
 import sys
 import time
@@ -67,7 +66,7 @@ from common.http_server import (
     parse_query,
 )
 from common.names import is_valid_name
-from common.net import format_address
+from common.net import format_address, listening_socket
 from common.smart_client import LookupUnavailable
 from common.version import VERSION, version_line
 from tools._common import (
@@ -410,7 +409,7 @@ class PubSub:
         )
         await runner.setup()
         try:
-            sock = listen(options.http_address)
+            sock = listening_socket(options.http_address, backlog=4096)
             # The listen backlog is the site's (its default, 128, drops bursts of subscribers).
             await web.SockSite(runner, sock, backlog=4096).start()
             self.http_address = format_address(sock.getsockname())
@@ -418,7 +417,7 @@ class PubSub:
             if options.https_address:
                 context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
                 context.load_cert_chain(options.tls_cert, options.tls_key)
-                tls_sock = listen(options.https_address)
+                tls_sock = listening_socket(options.https_address, backlog=4096)
                 await web.SockSite(runner, tls_sock, ssl_context=context, backlog=4096).start()
                 self.https_address = format_address(tls_sock.getsockname())
                 self.log.info("HTTPS: listening on %s", self.https_address)
@@ -782,22 +781,6 @@ def _publish_topic(params: dict[str, list[str]]) -> str:
     if not is_valid_name(topic):
         raise HTTPError(400, "INVALID_TOPIC")
     return topic
-
-
-def listen(address: str) -> socket.socket:
-    """A listening socket on `host:port` (port 0 picks one) with SO_REUSEADDR, so a harness
-    can start nsq_pubsub again on the same port at once. Errors read as Go's."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise OSError(f"listen ({address}) failed - address {address}: missing port in address")
-    host = host.strip("[]") or "0.0.0.0"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        return socket.create_server((host, int(port)), family=family, backlog=4096)
-    except OSError as error:
-        raise OSError(
-            error.errno, f"listen ({address}) failed - {error.strerror or error}"
-        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
