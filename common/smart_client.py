@@ -164,13 +164,13 @@ def merge_lookups(topic: str, access: str, answers: list[tuple[str, dict | None]
         if not document:
             continue
         meta = document.get("meta") or {}
-        partition_num = max(partition_num, int(meta.get("partition_num") or 0))
         ordered = ordered or bool(meta.get("ordered"))
         extend_support = extend_support or bool(meta.get("extend_support"))
-        if "partitions" not in document:
+        if _classic_topic(document):
             for peer in document.get("producers") or []:
                 classic[_peer_address(peer)] = None
             continue
+        partition_num = max(partition_num, int(meta.get("partition_num") or 0))
         for key, peer in (document.get("partitions") or {}).items():
             address = _peer_address(peer)
             votes.setdefault(int(key), Counter())[address] += 1
@@ -190,6 +190,21 @@ def merge_lookups(topic: str, access: str, answers: list[tuple[str, dict | None]
         tuple(url for url, _document in answers),
         {p: http_of[a] for p, a in partitions.items() if a in http_of},
     )
+
+
+def _classic_topic(document: dict) -> bool:
+    """Whether a `/lookup` answer is of a classic topic: one without partitions (Go's
+    nsqlookupd), or whose only partition, 0, several nsqds registered. nsqpy's and Youzan's
+    nsqds register a classic topic as partition 0, and the answer names one of them there;
+    a partitioned topic's partition is registered by its leader alone. A classic topic is read
+    from, and may be written to, every nsqd that has it."""
+    if "partitions" not in document:
+        return True
+    partitions = document.get("partitions") or {}
+    if set(partitions) - {"0"}:
+        return False
+    named = {_peer_address(peer) for peer in partitions.values()}
+    return any(_peer_address(peer) not in named for peer in document.get("producers") or [])
 
 
 class LookupdDiscovery:

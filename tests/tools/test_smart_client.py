@@ -289,6 +289,27 @@ def test_round_robin_spreads_over_partitions_and_the_consumer_reads_them_all(clu
         )
 
 
+def test_a_classic_topic_is_read_from_every_nsqd_that_has_it(cluster, topic):
+    # nsqpy's nsqds register a classic topic as partition 0; nsqlookupd names one of them
+    # there, but every one has messages.
+    for index, nsqd in enumerate(cluster.nsqds):
+        http_request(
+            nsqd.addresses["HTTP"], "/pub", method="POST", body=b"on %d" % index, topic=topic
+        )
+    for lookupd in cluster.lookupds:
+        wait_until(
+            lambda lookupd=lookupd: (
+                len(http_json(lookupd.addresses["HTTP"], "/lookup", topic=topic)["producers"]) == 2
+            ),
+            DEADLINE,
+        )
+    layout = LookupdDiscovery(cluster.lookupd_addresses).lookup(topic, "r")
+    assert layout.partitions == {}
+    assert sorted(layout.classic_nodes) == sorted(cluster.tcp_address(i) for i in range(2))
+    with SmartConsumer(cluster.lookupd_addresses, topic, "c") as consumer:
+        assert read_until(consumer, {b"on 0", b"on 1"}) == {b"on 0", b"on 1"}
+
+
 def test_a_handler_gets_every_message_and_each_is_finished(cluster, topic):
     cluster.create_topic(topic)
     received: list[bytes] = []
