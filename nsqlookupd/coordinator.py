@@ -12,6 +12,10 @@ elected through etcd, runs the coordinator.
   leaves every ISR it was in for the catch-up list; where it led, the live ISR member with the
   most messages becomes leader with the next write epoch. Every change is a transaction on
   the info's revision (`Epoch`), so two masters can never both win.
+* **Replacement**: a replica whose node stays gone past `--cluster-replace-dead-after` goes to
+  the live node that holds the fewest replicas, on the catch-up list: it catches up from the
+  leader and joins the ISR, so a partition does not stay under-replicated (or, with two
+  replicas, unwritable) while a node is gone for good.
 * **ISR requests** from nsqds: a leader drops followers that cannot take its writes
   (`leave_isr`), a caught-up node joins (`join_isr`, next write epoch).
 """
@@ -58,6 +62,8 @@ class Coordinator:
         self.is_master = False
         self.master: dict | None = None
         self.lookupds: dict[str, dict] = {}
+        # A replica's node that is gone -> when the master first saw it gone (trio's clock).
+        self._gone_since: dict[str, float] = {}
         self.nodes: dict[str, NodeInfo] = {}
         self.view = TopicsView(self.keys)
         self.metas = self.view.metas
@@ -205,15 +211,64 @@ class Coordinator:
                 await self._changed.wait()
 
     async def check(self) -> None:
-        """Every partition whose nodes are gone: ISR members leave for the catch-up list, and
-        a partition whose leader is gone gets a new one."""
+        """Every partition whose nodes are gone: ISR members leave for the catch-up list, a
+        partition whose leader is gone gets a new one, and a replica whose node stays gone
+        past `--cluster-replace-dead-after` goes to another node."""
+        now = trio.current_time()
+        for node in [node for node in self._gone_since if node in self.nodes]:
+            del self._gone_since[node]
         for (topic, partition), info in list(self.infos.items()):
             live = self.nodes
+            for node in (*info.isr, *info.catchup):
+                if node not in live:
+                    self._gone_since.setdefault(node, now)
             if info.leader and info.leader not in live:
                 await self._elect(topic, partition, info)
             elif any(node not in live for node in info.followers()):
                 gone = [node for node in info.followers() if node not in live]
                 await self._leave(topic, partition, info, gone)
+            elif any(node not in live for node in info.catchup):
+                await self._replace_gone(topic, partition, info, now)
+
+    async def _replace_gone(
+        self, topic: str, partition: int, info: ReplicaInfo, now: float
+    ) -> None:
+        """Give the replica of a node gone too long to the live node holding the fewest
+        replicas: it joins the catch-up list, catches up from the leader and joins the ISR."""
+        after = self.lookupd.options.cluster_replace_dead_after
+        gone = [
+            node
+            for node in info.catchup
+            if node not in self.nodes and after > 0 and now - self._gone_since[node] >= after
+        ]
+        holders = {info.leader, *info.isr, *info.catchup}
+        spare = [node for node in self.nodes if node not in holders]
+        if not gone or not spare:
+            return
+        load = dict.fromkeys(spare, 0)
+        for other in self.infos.values():
+            for node in {other.leader, *other.isr, *other.catchup}:
+                if node in load:
+                    load[node] += 1
+        replacement = min(spare, key=lambda node: (load[node], node))
+        updated = ReplicaInfo(
+            info.leader,
+            info.isr,
+            (*(node for node in info.catchup if node != gone[0]), replacement),
+            info.channels,
+            info.epoch_for_write,
+            info.epoch,
+            info.replica,
+        )
+        if await self._write(topic, partition, updated, info):
+            self.lookupd.log.info(
+                "CLUSTER: %s/%d: %s gone for %.0fs, its replica goes to %s",
+                topic,
+                partition,
+                gone[0],
+                now - self._gone_since[gone[0]],
+                replacement,
+            )
 
     async def _elect(self, topic: str, partition: int, info: ReplicaInfo) -> None:
         candidates = [node for node in info.isr if node != info.leader and node in self.nodes]

@@ -27,6 +27,8 @@ class Options:
     cluster_leadership_addresses: str = ""
     cluster_leadership_root_dir: str = "NSQMetaData"
     cluster_node_ttl: float = 3.0
+    # How long a replica's node may stay gone before the master places the replica elsewhere.
+    cluster_replace_dead_after: float = 300.0
 
     def replace(self, **changes) -> "Options":
         return dataclasses.replace(self, **changes)
@@ -79,6 +81,13 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 alone="no cluster",
                 node_ttl="cluster mode: how long a master nsqlookupd that stopped answering"
                 " etcd stays master (its lease)",
+            ),
+            Flag(
+                "cluster-replace-dead-after",
+                Kind.DURATION,
+                d.cluster_replace_dead_after,
+                "cluster mode: how long a replica's nsqd may be gone before the master gives the"
+                " replica to another nsqd, which catches up from the leader (0 never)",
             ),
         ],
     )

@@ -118,6 +118,7 @@ class LocalCluster:
         lookupds: int = 1,
         ttl: float = 2.0,
         nsqd_args: tuple[str, ...] = (),
+        lookupd_args: tuple[str, ...] = (),
         etcd_urls: dict[int, str] | None = None,
         rpc_proxies: bool = False,
     ) -> None:
@@ -139,6 +140,7 @@ class LocalCluster:
                 f"-cluster-leadership-addresses={etcd.client_url}",
                 f"-cluster-id={self.cluster_id}",
                 f"-cluster-node-ttl={ttl}s",
+                *lookupd_args,
             ]
             directory = root / f"lookupd{index}"
             directory.mkdir(parents=True, exist_ok=True)

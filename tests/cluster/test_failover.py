@@ -324,3 +324,37 @@ def test_a_deferred_message_still_waits_on_the_new_leader(cluster):
         consumer.close()
     assert message.body == b"later"
     assert waited >= 5.5, f"delivered {waited:.1f} s after a 6 s DPUB"
+
+
+def test_a_replica_gone_for_good_is_placed_on_another_node_which_catches_up(tmp_path, etcd_server):
+    with LocalCluster(
+        tmp_path,
+        etcd_server,
+        nsqd_args=("-sync-every=1",),
+        lookupd_args=("-cluster-replace-dead-after=1s",),
+    ) as cluster:
+        cluster.create_topic("t", 1, 2)
+        info = cluster.partition("t", 0)
+        leader = cluster.node(info["leader"])
+        gone = cluster.node(info["isr"][1])
+        spare = next(node for node in cluster.nodes if node.node_id not in info["isr"])
+        assert leader.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
+        acked = set()
+        for i in range(20):
+            body = b"before %d" % i
+            publish(cluster, "t", body)
+            acked.add(body)
+        gone.kill()
+        # Two replicas, one gone: no writes until the spare node has caught up and joined.
+        wait_for(
+            lambda: cluster.partition("t", 0)["isr"] == [leader.node_id, spare.node_id],
+            "the spare node in the ISR",
+            timeout=30,
+        )
+        assert gone.node_id not in cluster.partition("t", 0)["catchup"]
+        for i in range(20):
+            body = b"after %d" % i
+            publish(cluster, "t", body)
+            acked.add(body)
+        assert log_files(spare, "t") == log_files(leader, "t")
+        assert drain(leader, "t", acked) >= acked
