@@ -286,6 +286,10 @@ class Channel:
         self.requeue_count += 1
         if delay > 0:
             self.deferred.push(message, now + delay)
+            if self.topic.replica is not None:
+                # The delay reaches the followers at once (coalesced), so that a new leader
+                # holds the message until it is due, as a DPUB's.
+                self.topic.nsqd.cluster.cursor_moved(self.topic)
         else:
             self._redeliver([message])
         return True

@@ -350,6 +350,17 @@ class ClusterNode:
             if not channel.ephemeral
         }
 
+    def _channel_deferrals(self, topic: "Topic") -> dict[str, dict[str, float]]:
+        """Each channel's deferred messages (REQ with a delay, DPUBs not read yet) by offset,
+        with their due times: a new leader holds them until then too."""
+        deferrals = {}
+        for name, channel in topic.channels.items():
+            if not channel.ephemeral:
+                dues = channel.queue.deferred_dues()
+                if dues:
+                    deferrals[name] = {str(offset): due for offset, due in dues.items()}
+        return deferrals
+
     async def push_channels(self, topic: "Topic") -> None:
         """The leader's channels and their confirmed positions, to its followers: every
         `--sync-timeout`, and before a channel's creation or move (setoffset) is answered (a
@@ -358,6 +369,9 @@ class ClusterNode:
         if info is None or info.leader != self.node_id or not info.followers():
             return
         header = {**self._leader_header(topic, info), "channels": self._channel_positions(topic)}
+        deferred = self._channel_deferrals(topic)
+        if deferred:
+            header["deferred"] = deferred
         log = topic.log
         if topic.writer.idle and log.written.offset > log.start.offset:
             # Anti-entropy: with nothing in flight a follower must end where the leader does.
@@ -457,6 +471,15 @@ class ClusterNode:
         if header.get("leader") != info.leader:
             raise ReplicaRefusal(error_header("E_FAILED_ON_NOT_LEADER", "not my leader"))
         self._take_channels(topic, header.get("channels", {}), move=True)
+        for name, dues in (header.get("deferred") or {}).items():
+            channel = topic.channels.get(name)
+            if channel is not None:
+                queue = channel.queue
+                floor = queue.confirmed.offset
+                # What the channel confirmed past no longer waits; the rest is the leader's.
+                kept = {offset: due for offset, due in queue.delays.items() if offset >= floor}
+                kept.update((int(offset), float(due)) for offset, due in dues.items())
+                queue.delays = kept
         if "end" in header:
             self._check_end(topic, Position(*header["end"]), tuple(header.get("last") or ()))
         return {}
@@ -578,8 +601,9 @@ class ClusterNode:
             await self.send_cursors()
 
     def cursor_moved(self, topic: "Topic") -> None:
-        """An ordered channel's cursor moved (a FIN): its followers learn it at once, not at
-        the next `--sync-timeout`, so a new leader repeats at most the messages in flight."""
+        """An ordered channel's cursor moved (a FIN), or a channel deferred a message (REQ
+        with a delay): the followers learn it at once, not at the next `--sync-timeout`, so a
+        new leader repeats at most the messages in flight, and holds deferred ones until due."""
         self._moved.add(topic)
         self._moved_wakeup.set()
 

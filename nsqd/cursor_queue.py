@@ -113,6 +113,14 @@ class CursorQueue:
 
     def _delays_snapshot(self) -> bytes | None:
         """The delays file's content; None when nothing is deferred."""
+        delays = self.deferred_dues()
+        if not delays:
+            return None
+        return json.dumps({str(offset): due for offset, due in sorted(delays.items())}).encode()
+
+    def deferred_dues(self) -> dict[int, float]:
+        """Every deferred message's offset and due time (unix seconds): DPUBs not read yet and
+        messages deferred in memory (REQ with a delay)."""
         delays = dict(self.delays)
         if self.deferred_source is not None:
             deferred = list(self.deferred_source())
@@ -124,9 +132,7 @@ class CursorQueue:
                 wall = time.time()
                 for message in deferred:
                     delays[message.offset] = wall + max(0.0, message.deadline - now)
-        if not delays:
-            return None
-        return json.dumps({str(offset): due for offset, due in sorted(delays.items())}).encode()
+        return delays
 
     def take_delay(self, message: Message) -> float | None:
         """Seconds a message read from the log must still wait, if it was deferred."""

@@ -358,3 +358,48 @@ def test_a_replica_gone_for_good_is_placed_on_another_node_which_catches_up(tmp_
             acked.add(body)
         assert log_files(spare, "t") == log_files(leader, "t")
         assert drain(leader, "t", acked) >= acked
+
+
+def test_a_requeued_messages_delay_still_holds_on_the_new_leader(cluster):
+    """A REQ's delay reaches the followers at once: after a failover the new leader holds the
+    message until it is due, as the old one would have."""
+    cluster.create_topic("t", 1, 3)
+    old = cluster.node_leading("t", 0)
+    assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
+    publish(cluster, "t", b"retry later")
+    consumer = V2Connection(old.tcp_port, timeout=15)
+    try:
+        consumer.send(b"SUB t c 0\n")
+        assert consumer.read_response().data == b"OK"
+        consumer.send(encode_rdy(1))
+        (message,) = consumer.read_messages(1)
+        consumer.send(b"REQ " + message.id + b" 6000\n")
+        requeued_at = time.monotonic()
+    finally:
+        consumer.close()
+    followers = [cluster.node(n) for n in cluster.partition("t", 0)["isr"] if n != old.node_id]
+
+    def known_to_the_followers() -> bool:
+        # Each follower keeps its channels' deferred messages in `<log>:<channel>.delayed.json`.
+        return all(
+            any(
+                b'"0"' in path.read_bytes()
+                for path in (node.data_path / "t").glob("*:c.delayed.json")
+            )
+            for node in followers
+        )
+
+    wait_for(known_to_the_followers, "the delay on both followers", timeout=5)
+    old.kill()
+    new = wait_for(lambda: cluster.node_leading("t", 0), "a new leader")
+    consumer = V2Connection(new.tcp_port, timeout=15)
+    try:
+        consumer.send(b"SUB t c 0\n")
+        assert consumer.read_response().data == b"OK"
+        consumer.send(encode_rdy(1))
+        (again,) = consumer.read_messages(1)
+        waited = time.monotonic() - requeued_at
+    finally:
+        consumer.close()
+    assert again.body == b"retry later"
+    assert waited >= 5.5, f"delivered {waited:.1f} s after a 6 s REQ"
