@@ -209,10 +209,11 @@ class NSQD:
         return mode == "all" or (mode == "ordered" and topic.ordered)
 
     def publish_refusal(self, topic: Topic) -> str | None:
-        """Why a partition takes no publish here now: `/disable/write` (Youzan's,
-        docs/protocol.md §8 #4), or the cluster (`cluster_refusal`); None when it takes one."""
+        """Why a partition takes no publish here now: `/disable/write` (Youzan answers it as
+        it answers a node that is not the leader, docs/protocol.md §3.3), or the cluster
+        (`cluster_refusal`); None when it takes one."""
         if self.write_disabled_for(topic):
-            return "E_FAILED_ON_NOT_WRITABLE"
+            return "E_FAILED_ON_NOT_LEADER"
         return self.cluster_refusal(topic)
 
     def cluster_refusal(self, topic: Topic) -> str | None:

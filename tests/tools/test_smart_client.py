@@ -424,9 +424,9 @@ def test_disabled_writes_send_the_producer_to_the_other_partitions(cluster, topi
                     keyed.publish(topic, b"keyed", key=key)
             assert caught.value.topic == topic
             assert isinstance(caught.value.last_error, NSQError)
-            assert caught.value.last_error.code == "E_FAILED_ON_NOT_WRITABLE"
+            assert caught.value.last_error.code == "E_FAILED_ON_NOT_LEADER"
             assert f"topic {topic!r}" in str(caught.value)
-            assert "E_FAILED_ON_NOT_WRITABLE" in str(caught.value)
+            assert "E_FAILED_ON_NOT_LEADER" in str(caught.value)
         finally:
             http_request(
                 disabled_nsqd.addresses["HTTP"], "/disable/write", method="POST", type="none"

@@ -47,6 +47,7 @@ from tests.youzan.support import (
 
 TOPIC_NOT_EXIST = "E_TOPIC_NOT_EXIST "
 NOT_WRITABLE = "E_FAILED_ON_NOT_WRITABLE "
+NOT_LEADER = "E_FAILED_ON_NOT_LEADER "
 HEX_DIGITS = set(b"0123456789abcdef")
 OFFICIAL_IDENTIFY_KEYS = [
     "max_rdy_count",
@@ -783,13 +784,13 @@ async def test_disable_write_all_refuses_publishes_not_fatally_on_youzan_connect
         mpub_trace("yz", [(1, b"x")], 1),
     ]:
         await wire.send(data)
-        await wire.expect_error(NOT_WRITABLE, fatal=False)
+        await wire.expect_error(NOT_LEADER, fatal=False)
     reply = await http(nsqd, "POST", "/pubtrace?topic=yz&partition=0&trace_id=1", b"x")
-    assert (reply.status, reply.json()) == (400, {"message": "E_FAILED_ON_NOT_WRITABLE"})
+    assert (reply.status, reply.json()) == (400, {"message": "E_FAILED_ON_NOT_LEADER"})
     # A classic connection gets the same error with official fatality (docs/protocol.md §8 #4).
     classic = await connect(nsqd)
     await classic.send(encode_pub("yz", b"x"))
-    await classic.expect_error(NOT_WRITABLE)
+    await classic.expect_error(NOT_LEADER)
     # Any other type enables writes again.
     await disable_write(nsqd, "none")
     await wire.command_ok(encode_pub("yz", b"x", 0))
@@ -802,7 +803,7 @@ async def test_disable_write_ordered_refuses_only_ordered_topics(nsqd):
     wire = await connect(nsqd)
     await disable_write(nsqd, "ordered")
     await wire.send(pub_trace("ord", 1, b"x", 0))
-    await wire.expect_error(NOT_WRITABLE, fatal=False)
+    await wire.expect_error(NOT_LEADER, fatal=False)
     assert (await wire.publish_traced("yz", 2, b"x", 0)).trace_id == 2
     await disable_write(nsqd, None)
     assert (await wire.publish_traced("ord", 3, b"x", 0)).trace_id == 3
