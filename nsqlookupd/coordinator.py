@@ -24,6 +24,7 @@ import json
 import logging
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import trio
@@ -251,14 +252,8 @@ class Coordinator:
                 if node in load:
                     load[node] += 1
         replacement = min(spare, key=lambda node: (load[node], node))
-        updated = ReplicaInfo(
-            info.leader,
-            info.isr,
-            (*(node for node in info.catchup if node != gone[0]), replacement),
-            info.channels,
-            info.epoch_for_write,
-            info.epoch,
-            info.replica,
+        updated = replace(
+            info, catchup=(*(node for node in info.catchup if node != gone[0]), replacement)
         )
         if await self._write(topic, partition, updated, info):
             self.lookupd.log.info(
@@ -285,14 +280,12 @@ class Coordinator:
         for other in self.infos.values():
             led[other.leader] = led.get(other.leader, 0) + 1
         leader = max(reachable, key=lambda node: (counts[node], -led.get(node, 0)))
-        updated = ReplicaInfo(
-            leader,
-            tuple(node for node in info.isr if node in self.nodes),
-            tuple(dict.fromkeys([*info.catchup, info.leader])),
-            info.channels,
-            info.epoch_for_write + 1,
-            info.epoch,
-            info.replica,
+        updated = replace(
+            info,
+            leader=leader,
+            isr=tuple(node for node in info.isr if node in self.nodes),
+            catchup=tuple(dict.fromkeys([*info.catchup, info.leader])),
+            epoch_for_write=info.epoch_for_write + 1,
         )
         if await self._write(topic, partition, updated, info):
             self.lookupd.log.info(
@@ -322,14 +315,10 @@ class Coordinator:
     async def _leave(
         self, topic: str, partition: int, info: ReplicaInfo, nodes: list[str]
     ) -> ReplicaInfo | None:
-        updated = ReplicaInfo(
-            info.leader,
-            tuple(node for node in info.isr if node not in nodes),
-            tuple(dict.fromkeys([*info.catchup, *nodes])),
-            info.channels,
-            info.epoch_for_write,
-            info.epoch,
-            info.replica,
+        updated = replace(
+            info,
+            isr=tuple(node for node in info.isr if node not in nodes),
+            catchup=tuple(dict.fromkeys([*info.catchup, *nodes])),
         )
         if await self._write(topic, partition, updated, info):
             self.lookupd.log.info(
@@ -408,14 +397,11 @@ class Coordinator:
                 return info
             if node not in self.nodes:
                 raise CoordinatorError(400, f"E_NOT_LIVE {node} is not a live node")
-            updated = ReplicaInfo(
-                info.leader,
-                (*info.isr, node),
-                tuple(other for other in info.catchup if other != node),
-                info.channels,
-                info.epoch_for_write + 1,
-                info.epoch,
-                info.replica,
+            updated = replace(
+                info,
+                isr=(*info.isr, node),
+                catchup=tuple(other for other in info.catchup if other != node),
+                epoch_for_write=info.epoch_for_write + 1,
             )
             if await self._write(topic, partition, updated, info):
                 self.lookupd.log.info("CLUSTER: %s/%d: %s joined the ISR", topic, partition, node)
