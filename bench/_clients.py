@@ -93,10 +93,12 @@ def create_channel(port: int, topic: str, channel: str) -> None:
 # -- throughput ------------------------------------------------------------------------------
 
 
-def publisher(port, topic, batches, batch, size, window, barrier, results) -> None:
-    """MPUB `batches` batches of `batch` messages, `window` outstanding.
-    Puts (messages, start, end, cpu, 0)."""
-    bodies = [os.urandom(size) for _ in range(batch)]
+def publisher(
+    port, topic, batches, batch, size, window, barrier, results, printable: bool = False
+) -> None:
+    """MPUB `batches` batches of `batch` messages (random bytes, or `printable` ones: no
+    newline in them), `window` outstanding. Puts (messages, start, end, cpu, 0)."""
+    bodies = [b"x" * size] * batch if printable else [os.urandom(size) for _ in range(batch)]
     command = encode_mpub(topic, bodies)
     sock = connect(port)
     sock.sendall(MAGIC_V2)

@@ -100,42 +100,11 @@ class PubSub:
 
 
 def publisher(port, topic, batches, size, barrier, results) -> None:
-    """MPUB `batches` batches of BATCH printable messages to nsqd, WINDOW outstanding.
-    Puts (messages, start, end, cpu, 0)."""
-    from bench._clients import connect
-    from common.command import MAGIC_V2, NOP, encode_mpub
-    from common.frame import FRAME_TYPE_RESPONSE, FrameDecoder
+    """MPUB `batches` batches of BATCH printable messages to nsqd (one line each when streamed),
+    WINDOW outstanding. Puts (messages, start, end, cpu, 0)."""
+    from bench._clients import publisher as mpub_publisher
 
-    command = encode_mpub(topic, [b"x" * size] * BATCH)
-    sock = connect(port)
-    sock.sendall(MAGIC_V2)
-    decoder = FrameDecoder()
-    barrier.wait()
-    cpu = time.process_time()
-    start = time.monotonic()
-    sent = min(WINDOW, batches)
-    sock.sendall(command * sent)
-    acked = 0
-    while acked < batches:
-        data = sock.recv(1024 * 1024)
-        if not data:
-            raise ConnectionError("nsqd closed the connection")
-        oks = 0
-        for frame in decoder.receive_data(data):
-            if frame.frame_type == FRAME_TYPE_RESPONSE and frame.data == b"OK":
-                oks += 1
-            elif frame.data == b"_heartbeat_":
-                sock.sendall(NOP)
-            else:
-                raise RuntimeError(f"publish failed: {frame}")
-        acked += oks
-        more = min(oks, batches - sent)
-        if more:
-            sock.sendall(command * more)
-            sent += more
-    end = time.monotonic()
-    results.put((acked * BATCH, start, end, time.process_time() - cpu, 0))
-    sock.close()
+    mpub_publisher(port, topic, batches, BATCH, size, WINDOW, barrier, results, printable=True)
 
 
 def subscribers(address, topic, count, channel, each, total, barrier, results) -> None:

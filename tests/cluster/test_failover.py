@@ -60,6 +60,25 @@ def drain(node, topic: str, wanted: set[bytes]) -> set[bytes]:
     return received
 
 
+def subscribed(node, topic: str) -> V2Connection:
+    """A consumer of channel `c` of partition 0 on `node`, RDY 1."""
+    consumer = V2Connection(node.tcp_port, timeout=15)
+    consumer.send(b"SUB %s c 0\n" % topic.encode())
+    assert consumer.read_response().data == b"OK"
+    consumer.send(encode_rdy(1))
+    return consumer
+
+
+def first_message(node, topic: str):
+    """The first message `node` delivers on channel `c` of partition 0."""
+    consumer = subscribed(node, topic)
+    try:
+        (message,) = consumer.read_messages(1)
+    finally:
+        consumer.close()
+    return message
+
+
 def log_files(node, topic: str) -> dict[str, bytes]:
     return {
         path.name: path.read_bytes()
@@ -313,15 +332,8 @@ def test_a_deferred_message_still_waits_on_the_new_leader(cluster):
         connection.close()
     old.kill()
     new = wait_for(lambda: cluster.node_leading("t", 0), "a new leader")
-    consumer = V2Connection(new.tcp_port, timeout=15)
-    try:
-        consumer.send(b"SUB t c 0\n")
-        assert consumer.read_response().data == b"OK"
-        consumer.send(encode_rdy(1))
-        (message,) = consumer.read_messages(1)
-        waited = time.monotonic() - published_at
-    finally:
-        consumer.close()
+    message = first_message(new, "t")
+    waited = time.monotonic() - published_at
     assert message.body == b"later"
     assert waited >= 5.5, f"delivered {waited:.1f} s after a 6 s DPUB"
 
@@ -367,11 +379,8 @@ def test_a_requeued_messages_delay_still_holds_on_the_new_leader(cluster):
     old = cluster.node_leading("t", 0)
     assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
     publish(cluster, "t", b"retry later")
-    consumer = V2Connection(old.tcp_port, timeout=15)
+    consumer = subscribed(old, "t")
     try:
-        consumer.send(b"SUB t c 0\n")
-        assert consumer.read_response().data == b"OK"
-        consumer.send(encode_rdy(1))
         (message,) = consumer.read_messages(1)
         consumer.send(b"REQ " + message.id + b" 6000\n")
         requeued_at = time.monotonic()
@@ -392,14 +401,7 @@ def test_a_requeued_messages_delay_still_holds_on_the_new_leader(cluster):
     wait_for(known_to_the_followers, "the delay on both followers", timeout=5)
     old.kill()
     new = wait_for(lambda: cluster.node_leading("t", 0), "a new leader")
-    consumer = V2Connection(new.tcp_port, timeout=15)
-    try:
-        consumer.send(b"SUB t c 0\n")
-        assert consumer.read_response().data == b"OK"
-        consumer.send(encode_rdy(1))
-        (again,) = consumer.read_messages(1)
-        waited = time.monotonic() - requeued_at
-    finally:
-        consumer.close()
+    again = first_message(new, "t")
+    waited = time.monotonic() - requeued_at
     assert again.body == b"retry later"
     assert waited >= 5.5, f"delivered {waited:.1f} s after a 6 s REQ"
