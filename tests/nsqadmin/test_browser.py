@@ -6,15 +6,12 @@ is taken by clicking, through the confirmation page where there is one, and chec
 nsqd and nsqlookupd afterwards. The Topic page's screenshot goes to
 tests/nsqadmin/artifacts/topic.png (its path is printed)."""
 
-from pathlib import Path
-
 import pytest
-from selenium import webdriver
 from selenium.common.exceptions import NoSuchElementException, WebDriverException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from tests.browser import start_chromium
 from tests.nsqadmin.support import (
     ARTIFACTS,
     USER_AGENT,
@@ -25,29 +22,10 @@ from tests.nsqadmin.support import (
     wait_until,
 )
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-
 
 @pytest.fixture(scope="module")
 def browser():
-    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not Path(path).exists()]
-    assert not missing, f"{missing} not installed: `make browser` installs Debian's chromium"
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--disable-dev-shm-usage",
-        "--window-size=1280,1000",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
+    driver = start_chromium("--window-size=1280,1000")
     yield driver
     driver.quit()
 
@@ -434,21 +412,7 @@ def test_only_admin_users_see_and_use_the_buttons(cluster, browser, busy_topic):
 
 def test_pages_work_without_javascript(cluster, busy_topic):
     """The same forms with JavaScript off: a plain form post, a confirmation, a redirect."""
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-    ):
-        options.add_argument(argument)
-    options.add_experimental_option(
-        "prefs", {"profile.managed_default_content_settings.javascript": 2}
-    )
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver = start_chromium(prefs={"profile.managed_default_content_settings.javascript": 2})
     try:
         driver.get(f"{cluster.url}/topics/{busy_topic}/ch")
         assert driver.find_elements(By.ID, "auto-refresh") == []  # added by the script only

@@ -9,20 +9,15 @@ same port, the browser reconnects by itself (nsq_pubsub's `retry: 1000`), sendin
 `id:` it saw as `Last-Event-ID`, and receives what the channel kept for it.
 """
 
-from pathlib import Path
-
 import pytest
-from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
-from selenium.webdriver.chrome.service import Service
 
 from common.client import http_publish
+from tests.browser import start_chromium
 from tests.harness import DaemonProcess
 from tests.tools.conftest import wait_until
 from tests.tools.test_nsq_pubsub import publish, start_pubsub, subscribers_of
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 DEADLINE = 15.0
 
 # The page's script: every event's id and data, and how many times the stream opened.
@@ -40,22 +35,7 @@ window.source = source;
 
 @pytest.fixture(scope="module")
 def browser():
-    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not Path(path).exists()]
-    assert not missing, f"{missing} not installed: `make browser` installs Debian's chromium"
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--disable-dev-shm-usage",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
+    driver = start_chromium()
     yield driver
     driver.quit()
 
