@@ -169,6 +169,17 @@ def listed(lookupd: DaemonProcess, topic: str, access: str) -> dict:
     return document.get("partitions") or {}
 
 
+def producers_of(lookupd: DaemonProcess, topic: str) -> list:
+    """/lookup's producers on this lookupd ([] while it does not know the topic)."""
+    try:
+        document = http_json(lookupd.addresses["HTTP"], "/lookup", topic=topic)
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return []
+        raise
+    return document.get("producers") or []
+
+
 def unused_address() -> str:
     """An address where nothing listens (a port that was free a moment ago)."""
     with socket.socket() as probe:
@@ -297,12 +308,7 @@ def test_a_classic_topic_is_read_from_every_nsqd_that_has_it(cluster, topic):
             nsqd.addresses["HTTP"], "/pub", method="POST", body=b"on %d" % index, topic=topic
         )
     for lookupd in cluster.lookupds:
-        wait_until(
-            lambda lookupd=lookupd: (
-                len(http_json(lookupd.addresses["HTTP"], "/lookup", topic=topic)["producers"]) == 2
-            ),
-            DEADLINE,
-        )
+        wait_until(lambda lookupd=lookupd: len(producers_of(lookupd, topic)) == 2, DEADLINE)
     layout = LookupdDiscovery(cluster.lookupd_addresses).lookup(topic, "r")
     assert layout.partitions == {}
     assert sorted(layout.classic_nodes) == sorted(cluster.tcp_address(i) for i in range(2))
