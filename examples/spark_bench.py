@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from common.client import http_json, http_request  # noqa: E402
+from common.client import http_json  # noqa: E402
 from nsq_spark import register  # noqa: E402
-from tests.harness import DaemonProcess, start_nsqd  # noqa: E402
+from tests.harness import DaemonProcess, create_partitioned_topic, start_nsqd  # noqa: E402
 
 PARTITIONS = 4
 
@@ -65,44 +65,6 @@ def wait_for(predicate, what: str, timeout: float = 30.0):
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-def create_partitioned_topic(
-    lookupd_http: str, nsqd_http: str, topic: str, count: int = PARTITIONS
-) -> None:
-    """A topic of `count` partitions (a log topic) with a channel on each, so nsqlookupd lists
-    them to writers."""
-    http_request(
-        lookupd_http,
-        "/topic/create",
-        method="POST",
-        topic=topic,
-        partition_num=str(count),
-        replicator="1",
-    )
-
-    def partitions() -> list[int]:
-        stats = http_json(nsqd_http, "/stats", format="json", topic=topic)
-        return [t["topic_partition"] for t in stats.get("topics") or [] if "topic_partition" in t]
-
-    for partition in wait_for(lambda: len(partitions()) == count and partitions(), topic):
-        http_request(
-            nsqd_http,
-            "/channel/create",
-            method="POST",
-            topic=topic,
-            channel="bench",
-            partition=str(partition),
-        )
-
-    def writable() -> bool:
-        try:
-            document = http_json(lookupd_http, "/lookup", topic=topic, access="w")
-        except OSError:
-            return False
-        return len(document.get("partitions") or {}) == count
-
-    wait_for(writable, f"nsqlookupd to list {topic}'s partitions to writers")
 
 
 def write_classic(rows: DataFrame, nsqd_http: str, topic: str) -> float:
@@ -248,8 +210,8 @@ def main() -> None:
         register(spark)
         try:
             wait_for(lambda: http_json(lookupd_http, "/nodes")["producers"], "nsqd to register")
-            create_partitioned_topic(lookupd_http, http, "bench_partitioned")
-            create_partitioned_topic(lookupd_http, http, "bench_log2", 2)
+            create_partitioned_topic(lookupd_http, http, "bench_partitioned", PARTITIONS, "bench")
+            create_partitioned_topic(lookupd_http, http, "bench_log2", 2, "bench")
             padding = "x" * max(0, args.body_size - 12)
             rows = spark.range(args.rows, numPartitions=2).select(
                 F.format_string("k%d", F.col("id") % 1000).alias("key"),

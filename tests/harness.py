@@ -127,6 +127,66 @@ def start_nsqd(
     return DaemonProcess("nsqd", args, cwd=data_path).start(wait_for=wait_for)
 
 
+def create_partitioned_topic(
+    lookupd_http: str,
+    nsqd_http: str,
+    topic: str,
+    partitions: int,
+    channel: str,
+    *,
+    timeout: float = 30.0,
+    **flags: str,
+) -> None:
+    """Create a partitioned topic through a standalone nsqlookupd, which places it on its one
+    registered nsqd (`nsqd_http`), with `channel` on every partition; return once nsqlookupd
+    lists every partition to writers (it lists one only once it has a channel)."""
+    from common.client import http_json
+    from common.client import http_request as request
+
+    request(
+        lookupd_http,
+        "/topic/create",
+        method="POST",
+        topic=topic,
+        partition_num=str(partitions),
+        replicator="1",
+        **flags,
+    )
+
+    def placed() -> bool:
+        stats = http_json(nsqd_http, "/stats", format="json", topic=topic)
+        found = [t for t in stats.get("topics") or [] if "topic_partition" in t]
+        return len(found) == partitions
+
+    _poll(placed, timeout, f"the nsqd to hold {partitions} partitions of {topic}")
+    for partition in range(partitions):
+        request(
+            nsqd_http,
+            "/channel/create",
+            method="POST",
+            topic=topic,
+            channel=channel,
+            partition=str(partition),
+        )
+
+    def writable() -> bool:
+        try:
+            document = http_json(lookupd_http, "/lookup", topic=topic, access="w")
+        except OSError:
+            return False
+        return len(document.get("partitions") or {}) == partitions
+
+    _poll(writable, timeout, f"nsqlookupd to list every partition of {topic} to writers")
+
+
+def _poll(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
 def http_request(port: int, method: str, path: str, body: bytes = b"") -> bytes:
     """A blocking HTTP request to a daemon on 127.0.0.1; the body of its 2xx answer."""
     request = urllib.request.Request(

@@ -41,6 +41,15 @@ def publish(cluster, topic: str, body: bytes, deadline: float = 20.0) -> float:
     raise AssertionError(f"could not publish {body!r} within {deadline} s")
 
 
+def publish_numbered(cluster, topic: str, label: str, count: int) -> set[bytes]:
+    """Publish `<label> 0` to `<label> <count - 1>` one after the other, each acknowledged;
+    their bodies."""
+    bodies = [b"%s %d" % (label.encode(), i) for i in range(count)]
+    for body in bodies:
+        publish(cluster, topic, body)
+    return set(bodies)
+
+
 def drain(node, topic: str, wanted: set[bytes]) -> set[bytes]:
     """Consume channel `c` from `node` until every message in `wanted` came."""
     received: set[bytes] = set()
@@ -92,11 +101,7 @@ def test_a_killed_leader_is_replaced_and_comes_back_as_a_follower(cluster):
     old = cluster.node_leading("t", 0)
     channel = old.http("POST", "/channel/create?topic=t&channel=c&partition=0")
     assert channel.status == 200, channel
-    acked = set()
-    for i in range(30):
-        body = b"before %d" % i
-        publish(cluster, "t", body)
-        acked.add(body)
+    acked = publish_numbered(cluster, "t", "before", 30)
     old.kill()
     killed_at = time.monotonic()
     unavailable = publish(cluster, "t", b"during")
@@ -104,10 +109,7 @@ def test_a_killed_leader_is_replaced_and_comes_back_as_a_follower(cluster):
     new = cluster.node_leading("t", 0)
     assert new is not old
     assert unavailable < 10, unavailable
-    for i in range(30):
-        body = b"after %d" % i
-        publish(cluster, "t", body)
-        acked.add(body)
+    acked |= publish_numbered(cluster, "t", "after", 30)
     info = cluster.partition("t", 0)
     assert old.node_id not in info["isr"] and old.node_id in info["catchup"]
     assert info["write_epoch"] >= 2
@@ -130,10 +132,7 @@ def test_a_frozen_leader_is_replaced_and_cannot_write_when_it_thaws(cluster):
     cluster.create_topic("t", 1, 3)
     old = cluster.node_leading("t", 0)
     assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
-    acked = set()
-    for i in range(10):
-        publish(cluster, "t", b"before %d" % i)
-        acked.add(b"before %d" % i)
+    acked = publish_numbered(cluster, "t", "before", 10)
     old.pause()
     try:
         unavailable = publish(cluster, "t", b"during")
@@ -156,9 +155,7 @@ def test_a_frozen_leader_is_replaced_and_cannot_write_when_it_thaws(cluster):
         assert (frame.frame_type, frame.data) == (FRAME_TYPE_ERROR, b"E_FAILED_ON_NOT_LEADER ")
     finally:
         connection.close()
-    for i in range(10):
-        publish(cluster, "t", b"after %d" % i)
-        acked.add(b"after %d" % i)
+    acked |= publish_numbered(cluster, "t", "after", 10)
     assert acked <= drain(new, "t", acked)
     expected = log_files(new, "t")
     for node in cluster.nodes:
@@ -170,24 +167,17 @@ def test_a_killed_follower_leaves_the_isr_and_rejoins_after_a_restart(cluster):
     leader = cluster.node_leading("t", 0)
     follower = cluster.node(cluster.partition("t", 0)["isr"][1])
     assert leader.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
-    acked = set()
-    for i in range(10):
-        publish(cluster, "t", b"before %d" % i)
-        acked.add(b"before %d" % i)
+    acked = publish_numbered(cluster, "t", "before", 10)
     follower.kill()
     # The leader keeps taking writes: the follower leaves the ISR (the leader asks, or the
     # master sees its lease end), and 2 of 3 is still a majority.
-    for i in range(10):
-        publish(cluster, "t", b"while down %d" % i)
-        acked.add(b"while down %d" % i)
+    acked |= publish_numbered(cluster, "t", "while down", 10)
     info = cluster.partition("t", 0)
     assert follower.node_id not in info["isr"] and follower.node_id in info["catchup"]
     assert cluster.node_leading("t", 0) is leader
     follower.start()
     wait_for(lambda: follower.node_id in cluster.partition("t", 0)["isr"], "the follower back")
-    for i in range(10):
-        publish(cluster, "t", b"after %d" % i)
-        acked.add(b"after %d" % i)
+    acked |= publish_numbered(cluster, "t", "after", 10)
     assert acked <= drain(leader, "t", acked)
     expected = log_files(leader, "t")
     for node in cluster.nodes:
@@ -204,9 +194,7 @@ def test_leaders_keep_serving_while_etcd_restarts(cluster, etcd_server):
         assert publish(cluster_leader_only(leader), "t", b"etcd down %d" % i) < 5
         acked.add(b"etcd down %d" % i)
     etcd_server.start()
-    for i in range(10):
-        publish(cluster, "t", b"etcd back %d" % i)
-        acked.add(b"etcd back %d" % i)
+    acked |= publish_numbered(cluster, "t", "etcd back", 10)
     assert cluster.node_leading("t", 0) is leader
     assert acked <= drain(leader, "t", acked)
 
@@ -351,11 +339,7 @@ def test_a_replica_gone_for_good_is_placed_on_another_node_which_catches_up(tmp_
         gone = cluster.node(info["isr"][1])
         spare = next(node for node in cluster.nodes if node.node_id not in info["isr"])
         assert leader.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
-        acked = set()
-        for i in range(20):
-            body = b"before %d" % i
-            publish(cluster, "t", body)
-            acked.add(body)
+        acked = publish_numbered(cluster, "t", "before", 20)
         gone.kill()
         # Two replicas, one gone: no writes until the spare node has caught up and joined.
         wait_for(
@@ -364,10 +348,7 @@ def test_a_replica_gone_for_good_is_placed_on_another_node_which_catches_up(tmp_
             timeout=30,
         )
         assert gone.node_id not in cluster.partition("t", 0)["catchup"]
-        for i in range(20):
-            body = b"after %d" % i
-            publish(cluster, "t", body)
-            acked.add(body)
+        acked |= publish_numbered(cluster, "t", "after", 20)
         assert log_files(spare, "t") == log_files(leader, "t")
         assert drain(leader, "t", acked) >= acked
 

@@ -10,9 +10,9 @@ partition first, since nsqlookupd lists a partition to writers only once it has 
 import pytest
 from pyspark.sql import functions as F
 
-from common.client import http_json, http_request
+from common.client import http_json
 from common.smart_client import SmartConsumer, partition_for_key
-from tests.harness import DaemonProcess, start_nsqd
+from tests.harness import DaemonProcess, create_partitioned_topic, start_nsqd
 from tests.spark.conftest import wait_until
 
 pytestmark = pytest.mark.spark
@@ -61,43 +61,11 @@ def partition_counts(nsqd_http: str, topic: str) -> dict[int, int]:
     }
 
 
-def create_partitioned_topic(lookupd_http: str, nsqd_http: str, topic: str, **flags: str):
-    http_request(
-        lookupd_http,
-        "/topic/create",
-        method="POST",
-        topic=topic,
-        partition_num=str(PARTITIONS),
-        replicator="1",
-        **flags,
-    )
-    wait_until(
-        lambda: len(partition_counts(nsqd_http, topic)) == PARTITIONS,
-        what=f"the nsqd to hold {PARTITIONS} partitions of {topic}",
-    )
-    for partition in range(PARTITIONS):
-        http_request(
-            nsqd_http,
-            "/channel/create",
-            method="POST",
-            topic=topic,
-            channel="c",
-            partition=str(partition),
-        )
-
-    def writable() -> bool:
-        try:
-            document = http_json(lookupd_http, "/lookup", topic=topic, access="w")
-        except OSError:
-            return False
-        return len(document.get("partitions") or {}) == PARTITIONS
-
-    wait_until(writable, what=f"nsqlookupd to list every partition of {topic} to writers")
-
-
 def test_keyed_rows_go_to_their_partition_in_order(spark, cluster):
     lookupd_http, nsqd_http = cluster
-    create_partitioned_topic(lookupd_http, nsqd_http, "orders", orderedmulti="true")
+    create_partitioned_topic(
+        lookupd_http, nsqd_http, "orders", PARTITIONS, "c", orderedmulti="true"
+    )
     # Two Spark partitions holding ids 0-199 and 200-399; seven keys in both.
     rows = spark.range(400, numPartitions=2).select(
         F.format_string("k%d", F.col("id") % 7).alias("key"),
@@ -134,7 +102,7 @@ def test_keyed_rows_go_to_their_partition_in_order(spark, cluster):
 def test_rows_without_a_key_are_spread_over_the_partitions(spark, cluster, through):
     """Through lookupd, the smart client's round-robin; through an nsqd, `/mpub?partition=`."""
     lookupd_http, nsqd_http = cluster
-    create_partitioned_topic(lookupd_http, nsqd_http, "spread")
+    create_partitioned_topic(lookupd_http, nsqd_http, "spread", PARTITIONS, "c")
     (
         spark.range(400, numPartitions=2)
         .select(F.col("id").cast("string").alias("body"))
