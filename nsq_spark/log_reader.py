@@ -323,7 +323,8 @@ class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAva
         return found
 
     def initialOffset(self) -> dict:
-        found = self._refresh()
+        found = self.directory.every_partition(self.fetch_timeout)
+        self._known.update(found)
         return _offsets(self.resolve(self.starting, found, "earliest"))
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -428,7 +429,7 @@ class NSQLogBatchReader(_LogReading, DataSourceReader):
         self.ending = opts.position_spec(options, "ending", self.topic, "latest")
 
     def partitions(self) -> list[LogRange]:
-        known = self.directory.partitions()
+        known = self.directory.every_partition(self.fetch_timeout)
         start = self.resolve(self.starting, known, "earliest")
         end = self.resolve(self.ending, known, "latest")
         for partition, last in end.items():

@@ -12,6 +12,7 @@ given (`nsqd_http`), each of which answers for the partitions it holds.
 """
 
 import logging
+import time
 import urllib.error
 from dataclasses import dataclass
 
@@ -20,9 +21,15 @@ from common.smart_client import LookupdDiscovery, LookupUnavailable
 
 log = logging.getLogger("nsq_spark")
 
+_ASK_AGAIN_PAUSE = 0.25
+
 
 class NotALogTopic(ValueError):
     """The topic is a classic one: nsqd cannot read it by position."""
+
+
+class PartitionsUnavailable(RuntimeError):
+    """Partitions nsqlookupd announces that no leader answered for in time."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,8 @@ class PartitionDirectory:
         self.topic = topic
         self.nsqd_http = list(nsqd_http)
         self.discovery = LookupdDiscovery(lookupd, http_timeout=timeout) if lookupd else None
+        # How many partitions the topic has, from nsqlookupd's meta (0: not known).
+        self.partition_num = 0
 
     # -- where the partitions are ----------------------------------------------------------
 
@@ -87,6 +96,27 @@ class PartitionDirectory:
                     )
         return dict(sorted(found.items()))
 
+    def every_partition(self, timeout: float) -> dict[int, PartitionRange]:
+        """`partitions()` once it holds every partition nsqlookupd's meta announces, asking
+        again until `timeout` (seconds) has passed: a query that starts while a partition is
+        under election must not take it for a new one and read it from its beginning.
+        PartitionsUnavailable when some still have no leader. With `nsqd_http` alone the
+        partitions are those the nsqds hold."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.partitions()
+            missing = sorted(set(range(self.partition_num)) - set(found))
+            if not missing:
+                return found
+            if time.monotonic() >= deadline:
+                listed = ", ".join(map(str, missing))
+                raise PartitionsUnavailable(
+                    f"nsq: no leader of partition(s) {listed} of topic {self.topic!r} answered"
+                    f" /partition/offsets within {timeout:g}s (under election, or every replica"
+                    " is down): where they start and end is not known"
+                )
+            time.sleep(_ASK_AGAIN_PAUSE)
+
     def replicas(self, partition: int) -> tuple[str, ...]:
         """Where `partition` can be read now, the leader first (empty when nowhere)."""
         found = self.partitions().get(partition)
@@ -101,6 +131,7 @@ class PartitionDirectory:
         except LookupUnavailable as error:
             log.warning("nsq: %s", error)
             return []
+        self.partition_num = layout.partition_num
         by_address: dict[str, set[int]] = {}
         for partition, address in layout.http_addresses.items():
             by_address.setdefault(address, set()).add(partition)

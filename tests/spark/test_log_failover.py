@@ -9,6 +9,9 @@ import threading
 import pytest
 
 from common.smart_client import SmartProducer
+from nsq_spark.log_reader import NSQLogBatchReader, NSQLogStreamReader
+from nsq_spark.partition_directory import PartitionsUnavailable
+from nsq_spark.source import SCHEMA
 from tests.cluster.etcd_server import EtcdServer
 from tests.cluster.local_cluster import LocalCluster, wait_for
 
@@ -89,3 +92,47 @@ def test_a_stream_reads_on_through_a_leader_failover(spark, cluster, tmp_path):
     # The same offsets on every replica: partition 0's rows are contiguous records.
     offsets = sorted(row.offset for row in received if row.partition == 0)
     assert offsets[0] == 0 and len(offsets) == len(set(offsets))
+
+
+def test_the_first_offsets_wait_for_a_partition_without_a_leader(cluster):
+    """A query that starts with `latest` while a partition has no leader (its only replica
+    is down) does not take it for a new partition read from its beginning: the first offsets
+    wait for its leader, and name it when it does not come back in time."""
+    cluster.create_topic("gap", 2, 1)
+    lookupd = f"127.0.0.1:{cluster.lookupds[0].port('HTTP')}"
+    ends = {}
+    for partition in range(2):
+        leader = cluster.node_leading("gap", partition)
+        for i in range(5):
+            reply = leader.http("POST", f"/pub?topic=gap&partition={partition}", b"m%d" % i)
+            assert reply.status == 200, reply
+        offsets = json.loads(leader.http("GET", "/partition/offsets?topic=gap").body)
+        for entry in offsets["partitions"]:
+            if entry["partition"] == partition:
+                ends[str(partition)] = entry["end"]["offset"]
+    assert all(end > 0 for end in ends.values())
+    down = cluster.node_leading("gap", 1)
+    led_by_down = {p for p in range(2) if cluster.node_leading("gap", p) is down}
+    down.kill()
+
+    def listed() -> set[int]:
+        reply = cluster.lookupd_http("GET", "/lookup?topic=gap&access=r")
+        return {int(p) for p in json.loads(reply.body).get("partitions") or {}}
+
+    wait_for(lambda: not listed() & led_by_down, "the down node's partitions unlisted")
+    options = {"lookupd": lookupd, "topic": "gap", "channel": "q", "startingoffsets": "latest"}
+    missing = ", ".join(map(str, sorted(led_by_down)))
+    brief = {**options, "fetchtimeout": "1s"}
+    with pytest.raises(PartitionsUnavailable, match=f"partition\\(s\\) {missing} of topic 'gap'"):
+        NSQLogStreamReader(brief, SCHEMA).initialOffset()
+    with pytest.raises(PartitionsUnavailable, match=f"partition\\(s\\) {missing} of topic 'gap'"):
+        NSQLogBatchReader(brief, SCHEMA).partitions()
+
+    first: list[dict] = []
+    reader = threading.Thread(
+        target=lambda: first.append(NSQLogStreamReader(options, SCHEMA).initialOffset())
+    )
+    reader.start()
+    down.start()
+    reader.join(timeout=90)
+    assert first == [ends]
