@@ -95,8 +95,10 @@ java:
 	}
 
 ## Lint, then the whole default test suite.
+# Two workers (pytest-xdist), a test file each at a time: most tests wait on daemons, Spark or
+# Chromium more than they compute, so two at once take about 60% of the serial time.
 test: install-test lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 lint: $(TEST_INSTALLED)
 	$(BIN)/ruff check .

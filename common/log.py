@@ -44,7 +44,22 @@ class GoFormatter(logging.Formatter):
         stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(seconds))
         micros = int((record.created - seconds) * 1_000_000)
         level = _LEVEL_NAMES.get(record.levelno, record.levelname)
-        return f"{self.prefix}{stamp}.{micros:06d} {level}: {record.getMessage()}"
+        return f"{self.prefix}{stamp}.{micros:06d} {level}: {printable(record.getMessage())}"
+
+
+def printable(message: str) -> str:
+    """`message` with each byte that was not UTF-8 (a client's bytes decoded with
+    surrogateescape, echoed in an error) written as `\\xNN`: a log line is always valid UTF-8,
+    for the terminal and for whatever ships the log."""
+    try:
+        message.encode("utf-8")
+        return message
+    except UnicodeEncodeError:
+        pass
+    try:
+        return message.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a lone surrogate that stood for no byte
+        return message.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def setup_logger(name: str, prefix: str, level: str, stream=None) -> logging.Logger:
