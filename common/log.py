@@ -44,7 +44,7 @@ class GoFormatter(logging.Formatter):
         stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(seconds))
         micros = int((record.created - seconds) * 1_000_000)
         level = _LEVEL_NAMES.get(record.levelno, record.levelname)
-        return f"{self.prefix}{stamp}.{micros:06d} {level}: {printable(record.getMessage())}"
+        return f"{self.prefix}{stamp}.{micros:06d} {level}: {record.getMessage()}"
 
 
 def printable(message: str) -> str:
@@ -62,6 +62,25 @@ def printable(message: str) -> str:
         return message.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+class _PrintableFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = printable(message)
+        if cleaned is not message:
+            record.msg, record.args = cleaned, None
+        return True
+
+
+_PRINTABLE = _PrintableFilter()
+
+
+def keep_printable(logger: logging.Logger) -> logging.Logger:
+    """Every record of `logger` made printable (`printable`) before any handler sees it, the
+    daemon's own or one an embedding program attached."""
+    logger.addFilter(_PRINTABLE)  # once: addFilter skips a filter already there
+    return logger
+
+
 def setup_logger(name: str, prefix: str, level: str, stream=None) -> logging.Logger:
     """The daemon's logger, writing Go-format lines to stderr (or `stream`)."""
     logger = logging.getLogger(name)
@@ -71,4 +90,4 @@ def setup_logger(name: str, prefix: str, level: str, stream=None) -> logging.Log
     logger.addHandler(handler)
     logger.setLevel(LOG_LEVELS[level])
     logger.propagate = False
-    return logger
+    return keep_printable(logger)

@@ -20,6 +20,7 @@ from functools import partial
 import trio
 
 from common.http_server import serve_http
+from common.log import keep_printable
 from common.names import is_ephemeral, is_valid_name
 from common.net import accept_forever, format_address, open_listener
 from common.version import VERSION
@@ -60,7 +61,7 @@ from nsqd.wakeup import Wakeup
 class NSQD:
     def __init__(self, options: Options, log: logging.Logger | None = None) -> None:
         self.options = options
-        self.log = log or logging.getLogger("nsqd")
+        self.log = keep_printable(log or logging.getLogger("nsqd"))
         self.data_path = options.effective_data_path()
         self.registry = TopicRegistry()
         # name -> the topic's default (lowest) local partition, which classic commands use

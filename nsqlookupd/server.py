@@ -14,6 +14,7 @@ import trio
 
 from common.errors import ProtocolError
 from common.http_server import serve_http
+from common.log import keep_printable
 from common.lookup_protocol import (
     OK,
     LookupServerConnection,
@@ -39,7 +40,7 @@ HTTP_MAX_BODY = 1024 * 1024
 class NSQLookupd:
     def __init__(self, options: Options, log: logging.Logger | None = None) -> None:
         self.options = options
-        self.log = log or logging.getLogger("nsqlookupd")
+        self.log = keep_printable(log or logging.getLogger("nsqlookupd"))
         self.db = RegistrationDB()
         self.hostname = socket.gethostname()
         self.tcp_address: str | None = None
