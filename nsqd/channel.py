@@ -359,6 +359,16 @@ class Channel:
         self.stop_waiting(client)
         if self.clients.pop(client.id, None) is None:
             return
+        if (self.topic.log is not None or self.ordered) and not self.deleted:
+            # Youzan nsqd requeues a leaving consumer's in-flight messages at once
+            # (RequeueClientMessages); Go's wait out --msg-timeout. An ordered channel hands
+            # out nothing while a message is in flight, so waiting would stall it that long.
+            leaving = [message for message in self.in_flight if message.client_id == client.id]
+            for message in leaving:
+                self.in_flight.pop(message.id)
+            if leaving:
+                self.requeue_count += len(leaving)
+                self._redeliver(leaving)
         # Go deletes an ephemeral channel when its last client leaves.
         if self.ephemeral and not self.clients and not self.deleted:
             self.topic.delete_channel(self.name)

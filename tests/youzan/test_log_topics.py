@@ -175,6 +175,26 @@ async def test_ordered_consumption_continues_in_order_across_a_restart(nsqd_opti
     assert offsets == sorted(offsets)
 
 
+@pytest.mark.parametrize("name", ["SUB_ORDERED", "SUB"])
+async def test_a_leaving_consumers_in_flight_messages_go_to_the_next_at_once(nsqd, name):
+    """Youzan requeues a closed connection's in-flight messages (RequeueClientMessages), where
+    Go waits for --msg-timeout (60 s here): an ordered channel would deliver nothing meanwhile."""
+    await create_partitions(nsqd, "leave", 0)
+    first = await subscriber(nsqd, name, "leave", "c", 0, rdy=2)
+    await publish_traced(nsqd, "leave", 0, [b"a", b"b", b"c"])
+    held = await first.read_youzans(1 if name == "SUB_ORDERED" else 2)
+    await first.stream.aclose()
+    second = await subscriber(nsqd, name, "leave", "c", 0, rdy=3)
+    again = []
+    with trio.fail_after(5):  # well inside the 60 s message timeout
+        while len(again) < 3:  # one at a time: an ordered channel's next waits for the FIN
+            again += await read_and_fin(second, 1)
+    assert [m.body for m in again] == [b"a", b"b", b"c"]
+    assert [m.attempts for m in again[: len(held)]] == [2] * len(held)
+    channel = nsqd.registry.get("leave", 0).channels["c"]
+    assert channel.requeue_count == len(held) and channel.timeout_count == 0
+
+
 # -- helpers --------------------------------------------------------------------------------
 
 
