@@ -91,25 +91,33 @@ def first_leaf(group: BaseExceptionGroup) -> BaseException:
     return error
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 async def _serve_until_signal(server: Server) -> None:
-    # What the signal receiver restores when it closes: a signal that comes once serve() has
-    # returned, everything written, is ignored instead of ending the process with 143.
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_IGN)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_shutdown_on_signal, server)
-        await server.serve()
-        nursery.cancel_scope.cancel()
+    # Held back while the handlers change: a signal that came between the two would meet
+    # SIG_IGN and be lost, and the daemon would not stop.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        # What the receiver restores when it closes: a signal that comes once serve() has
+        # returned, everything written, is ignored instead of ending the process with 143.
+        for signum in _STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        # The receiver stays open for the whole run: closed early, it would hand a signal
+        # still pending (a terminal's SIGINT, then a supervisor's SIGTERM) back to the
+        # default handler, which kills the process before its messages are on disk.
+        with trio.open_signal_receiver(*_STOP_SIGNALS) as signals:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_shutdown_on_signal, server, signals)
+                await server.serve()
+                nursery.cancel_scope.cancel()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
-async def _shutdown_on_signal(server: Server) -> None:
+async def _shutdown_on_signal(server: Server, signals) -> None:
     """The first SIGTERM or SIGINT begins the clean exit; later ones are ignored, as Go's
-    daemons ignore them, until serve() has written everything and returned.
-
-    The receiver stays open for the whole run: closed early, it would hand a signal still
-    pending (a terminal's SIGINT, then a supervisor's SIGTERM) back to the default handler,
-    which kills the process before its messages are on disk.
-    """
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for _signal in signals:
-            server.shutdown()
+    daemons ignore them, until serve() has written everything and returned."""
+    async for _signal in signals:
+        server.shutdown()
