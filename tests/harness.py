@@ -21,6 +21,7 @@ from pathlib import Path
 from common.command import MAGIC_V2
 from common.frame import FRAME_TYPE_MESSAGE, Frame, FrameDecoder
 from common.message import DecodedMessage, decode_message
+from tests.nsqlookupd.support import poll
 
 BIN = Path(sys.executable).parent
 _LISTENING = re.compile(r"(TCP|HTTP|HTTPS|RPC): listening on (\S+)")
@@ -158,7 +159,7 @@ def create_partitioned_topic(
         found = [t for t in stats.get("topics") or [] if "topic_partition" in t]
         return len(found) == partitions
 
-    _poll(placed, timeout, f"the nsqd to hold {partitions} partitions of {topic}")
+    poll(placed, f"the nsqd to hold {partitions} partitions of {topic}", timeout)
     for partition in range(partitions):
         request(
             nsqd_http,
@@ -176,15 +177,7 @@ def create_partitioned_topic(
             return False
         return len(document.get("partitions") or {}) == partitions
 
-    _poll(writable, timeout, f"nsqlookupd to list every partition of {topic} to writers")
-
-
-def _poll(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+    poll(writable, f"nsqlookupd to list every partition of {topic} to writers", timeout)
 
 
 def http_request(port: int, method: str, path: str, body: bytes = b"") -> bytes:
