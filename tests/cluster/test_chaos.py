@@ -1,13 +1,14 @@
 """Chaos on a cluster of real processes (docs/design.md §14, docs/RELIABILITY.md): etcd, one
 nsqlookupd, three nsqds; topics with replicator 2 and 3; a producer per topic publishing
-steadily (finding the leader through nsqlookupd and retrying, as the smart client does), and a
-consumer per topic draining whichever node leads it. Faults, one after the other: `kill -9` of a
-leader (then it is started again), `SIGSTOP` of a leader past its lease then `SIGCONT`, `kill -9`
-of a follower and a restart, a restart of etcd, a leader's link to etcd black-holed then
-healed, a follower cut off from etcd and from its peers (black-holing proxies), then healed,
-and the same for a leader, whose producers still reach it. Afterwards the checker reads
-everything: every acknowledged message consumed at least once (0 lost), the log bytes
-identical on every ISR member, duplicates counted, and the write unavailability of each fault.
+steadily through the smart client (which follows the leader through nsqlookupd and retries),
+and a consumer per topic draining whichever node leads it. Faults, one after the other:
+`kill -9` of a leader (then it is started again), `SIGSTOP` of a leader past its lease then
+`SIGCONT`, `kill -9` of a follower and a restart, a restart of etcd, a leader's link to etcd
+black-holed then healed, a follower cut off from etcd and from its peers (black-holing
+proxies), then healed, and the same for a leader, whose producers still reach it. Afterwards
+the checker reads everything: every acknowledged message consumed at least once (0 lost), the
+log bytes identical on every ISR member, duplicates counted, and the write unavailability of
+each fault.
 
 The default suite runs each fault once; `-m slow` runs `test_chaos_long` with many rounds.
 """
@@ -20,9 +21,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from common.command import encode_command, encode_rdy
-from common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
+from common.client import NSQError
+from common.command import encode_rdy
+from common.frame import FRAME_TYPE_MESSAGE
 from common.message import decode_message
+from common.smart_client import SmartClientError, SmartProducer
 from tests.cluster.local_cluster import LocalCluster, wait_for
 from tests.cluster.proxy import BlackholeProxy
 from tests.harness import V2Connection
@@ -77,40 +80,23 @@ class Workload:
         traffic = self.traffic[topic]
         sequence = 0
         last_ok = time.monotonic()
-        connection = None
-        port = None
-        while not self._stop.is_set():
-            body = b"%s-%08d" % (topic.encode(), sequence)
-            traffic.attempts += 1
-            try:
-                if connection is None:
-                    port = self._leader_port(topic)
-                    if port is None:
-                        time.sleep(0.05)
-                        continue
-                    connection = V2Connection(port, timeout=3)
-                connection.send(encode_command(b"PUB", topic.encode(), b"0", body=body))
-                frame = connection.read_response()
-                ok = frame.frame_type != FRAME_TYPE_ERROR and frame.data == b"OK"
-            except OSError:
-                ok = False
-            if ok:
-                traffic.acked.add(body)
+        lookupd = f"127.0.0.1:{self.cluster.lookupds[0].port('HTTP')}"
+        with SmartProducer(lookupd, publish_timeout=5, timeout=3) as producer:
+            while not self._stop.is_set():
+                body = b"%s-%08d" % (topic.encode(), sequence)
                 sequence += 1
+                traffic.attempts += 1
+                try:
+                    producer.publish(topic, body)
+                except (SmartClientError, NSQError, OSError):
+                    # Not acknowledged (it may still be stored: a retry then duplicates it).
+                    continue
+                traffic.acked.add(body)
                 now = time.monotonic()
                 if now - last_ok > 0.5:
                     traffic.gaps.append((now - last_ok, last_ok))
                 last_ok = now
                 time.sleep(0.005)
-            else:
-                # Not acknowledged (it may still be stored: a retry then duplicates it).
-                sequence += 1
-                if connection is not None:
-                    connection.close()
-                connection = None
-                time.sleep(0.05)
-        if connection is not None:
-            connection.close()
 
     def _consume(self, topic: str) -> None:
         traffic = self.traffic[topic]
