@@ -89,7 +89,12 @@ def test_daemon_logs_its_version_line_first(daemon: str, arguments: list[str], t
         first_line = process.stderr.readline()
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        try:
+            process.wait(timeout=30)  # a daemon that ignored SIGTERM fails the test
+        except subprocess.TimeoutExpired:
+            process.kill()  # and is not left running
+            process.wait()
+            raise
     assert first_line.endswith(
         f"INFO: {daemon} v{NSQ_PROTOCOL_VERSION} (built w/nsqpy-"
         f"{PACKAGE_VERSION}-python{sys.version.split()[0]})\n"
