@@ -114,8 +114,10 @@ class ClusterNode:
             if self.enabled:
                 from nsqd.cluster_session import ClusterSession
 
+                # Not waited for: joining the cluster waits on etcd, and a SIGTERM must stop
+                # the node even while etcd is away (docs/operations.md).
                 self.session = ClusterSession(self)
-                await nursery.start(self.session.run)
+                nursery.start_soon(self.session.run)
             task_status.started()
 
     def info(self) -> NodeInfo:

@@ -85,11 +85,13 @@ class Coordinator:
         }
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        # Started at once: reading the cluster waits on etcd, and a SIGTERM must stop this
+        # nsqlookupd even while etcd is away.
+        task_status.started()
         async with self.client, trio.open_nursery() as nursery:
             revision = await self._load()
             nursery.start_soon(self._follow, revision + 1)
             nursery.start_soon(self._campaign)
-            task_status.started()
 
     # -- following the cluster ---------------------------------------------------------------
 
