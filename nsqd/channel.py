@@ -263,10 +263,11 @@ class Channel:
         self.queue.acknowledge(message)
         if self.delivery.finish_releases_next:
             self.notify()  # the next message may go now, to whichever client is waiting
-            if self.topic.replica is not None:
-                # Youzan replicates an ordered channel's cursor on every FIN: here at once,
-                # coalesced (`ClusterNode.cursor_moved`).
-                self.topic.nsqd.cluster.cursor_moved(self.topic)
+        if self.topic.replica is not None:
+            # Youzan replicates an ordered channel's cursor on every FIN, and every other's on
+            # a timer; here every cursor goes at once, coalesced (`ClusterNode.cursor_moved`),
+            # so a failover repeats little more than what was in flight.
+            self.topic.nsqd.cluster.cursor_moved(self.topic)
         if self.e2e is not None:
             self.e2e.insert(time.time_ns() - message.timestamp, trio.current_time())
         return message

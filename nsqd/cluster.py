@@ -60,6 +60,12 @@ REPLICATION_RETRY_SECONDS = 2.0
 # What one catch-up pull asks for.
 PULL_MAX_ENTRIES = 1000
 PULL_MAX_BYTES = 8 * 1024 * 1024
+# Channel cursors moved by FINs reach the followers at most this long after the previous push
+# (plus the push's round trip): what a failover redelivers beyond the messages in flight.
+CURSOR_PUSH_INTERVAL = 0.01
+# A follower that does not answer a push within this long misses it (the next one repeats it):
+# one stalled follower must not hold back the pushes to the others for long.
+CURSOR_PUSH_TIMEOUT = 1.0
 
 
 # What a partition found on disk is until the cluster's metadata says who leads it.
@@ -385,7 +391,7 @@ class ClusterNode:
 
         async def push(follower: str) -> None:
             try:
-                await self._link(follower).request(CURSORS, header)
+                await self._link(follower).request(CURSORS, header, timeout=CURSOR_PUSH_TIMEOUT)
             except (PeerUnavailable, ReplicaRefusal) as error:
                 self.nsqd.log.warning(
                     "TOPIC(%s) partition %d: channels to %s - %s",
@@ -603,9 +609,10 @@ class ClusterNode:
             await self.send_cursors()
 
     def cursor_moved(self, topic: "Topic") -> None:
-        """An ordered channel's cursor moved (a FIN), or a channel deferred a message (REQ
-        with a delay): the followers learn it at once, not at the next `--sync-timeout`, so a
-        new leader repeats at most the messages in flight, and holds deferred ones until due."""
+        """A channel's cursor moved (a FIN), or a channel deferred a message (REQ with a
+        delay): the followers learn it at once, not at the next `--sync-timeout`, so a new
+        leader repeats little more than the messages in flight, and holds deferred ones until
+        due. Pushes are coalesced: the moves of one round trip go in one push."""
         self._moved.add(topic)
         self._moved_wakeup.set()
 
@@ -617,6 +624,9 @@ class ClusterNode:
             for topic in moved:
                 if not topic.deleted:
                     await self.push_channels(topic)
+            # The FINs of the next few milliseconds share one push: a consumer finishing
+            # tens of thousands of messages a second costs a push per interval, not per FIN.
+            await trio.sleep(CURSOR_PUSH_INTERVAL)
 
     async def send_cursors(self) -> None:
         """Each led partition's channels' confirmed positions, to its followers."""
