@@ -63,9 +63,11 @@ install-test: $(TEST_INSTALLED) $(GNSQ_SUITE_INSTALLED) $(NODE_INSTALLED) browse
 run: install
 	$(BIN)/python -m tools.local_cluster
 
-## A replicated cluster on localhost: etcd, nsqlookupd, three nsqds and nsqadmin.
+## A replicated cluster on localhost: etcd, nsqlookupd, three nsqds and nsqadmin. An nsqd that
+## dies is started again on `restart <n>`, or with CLUSTER_ARGS=--restart-after=SECONDS.
+CLUSTER_ARGS ?=
 run-cluster: install etcd
-	$(BIN)/python -m tools.local_cluster --replicated
+	$(BIN)/python -m tools.local_cluster --replicated $(CLUSTER_ARGS)
 
 ## Debian's headless Chromium and its driver, for the nsqadmin browser tests.
 browser:

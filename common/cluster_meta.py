@@ -27,6 +27,7 @@ class ClusterKeys:
         self.nsqd_nodes = self.base + "NsqdNodes/"
         self.lookupd_nodes = self.base + "NsqlookupdInfo/NsqlookupdNodes/"
         self.lookupd_leader = self.base + "NsqlookupdInfo/LookupdLeaderSession"
+        self.cluster_state = self.base + "NsqlookupdInfo/ClusterState"
         self.topics = self.base + "Topics/"
 
     def nsqd_node(self, node_id: str) -> str:
@@ -211,12 +212,49 @@ class ReplicaInfo:
         )
 
 
+@dataclass(frozen=True)
+class ClusterState:
+    """What the master's operators set for the whole cluster (nsqpy's key; Youzan keeps it in
+    the master's memory, so a new master forgets it): upgrade mode (no re-replication while
+    nodes restart), the nsqd nodes being removed, the nsqlookupd nodes tombstoned (hidden
+    from `/listlookup`), and top-N balance. `revision` is the key's, for the next write."""
+
+    upgrading: bool = False
+    removing: tuple[str, ...] = ()
+    tombstoned_lookupds: tuple[str, ...] = ()
+    topn_balance: bool = False
+    revision: int = 0
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "Upgrading": self.upgrading,
+                "RemovingNodes": list(self.removing),
+                "TombstonedLookupds": list(self.tombstoned_lookupds),
+                "TopNBalance": self.topn_balance,
+            }
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, revision: int) -> "ClusterState":
+        value = json.loads(data)
+        return cls(
+            bool(value.get("Upgrading", False)),
+            tuple(value.get("RemovingNodes") or ()),
+            tuple(value.get("TombstonedLookupds") or ()),
+            bool(value.get("TopNBalance", False)),
+            revision,
+        )
+
+
 class TopicsView:
     """Every topic's meta and every partition's replica info, as read and watched from etcd."""
 
     def __init__(self, keys: ClusterKeys) -> None:
         self.keys = keys
         self.metas: dict[str, TopicMeta] = {}
+        # Each meta's revision: the condition of its next write.
+        self.meta_revisions: dict[str, int] = {}
         self.infos: dict[tuple[str, int], ReplicaInfo] = {}
 
     def take(self, key: str, value: bytes | None, revision: int) -> tuple | None:
@@ -230,8 +268,10 @@ class TopicsView:
         if what == "TopicMeta":
             if value is None:
                 self.metas.pop(topic, None)
+                self.meta_revisions.pop(topic, None)
             else:
                 self.metas[topic] = TopicMeta.from_json(value)
+                self.meta_revisions[topic] = revision
         elif value is None:
             self.infos.pop((topic, partition), None)
         else:

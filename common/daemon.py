@@ -16,13 +16,14 @@ from typing import Any, Protocol
 import trio
 
 from common.flags import ConfigError, Flag, FlagSet, Kind, merge, read_config
-from common.log import parse_log_level, setup_logger
+from common.log import parse_flag_log_level, setup_logger
 from common.version import version_line
 
 
 def standard_flags(log_level: str, log_prefix: str) -> list[Flag]:
     """The flags every Go NSQ daemon has: --config, --version, --log-level, --log-prefix and
-    the deprecated --verbose."""
+    the deprecated --verbose; and the glog flags Youzan's daemons take, which its clients'
+    test scripts pass (`--log-level=1`, `--alsologtostderr=true`)."""
     return [
         Flag("config", Kind.STRING, "", "path to config file", config_key=None),
         Flag("version", Kind.BOOL, False, "print version string", config_key=None),
@@ -30,12 +31,25 @@ def standard_flags(log_level: str, log_prefix: str) -> list[Flag]:
             "log-level",
             Kind.VALUE,
             log_level,
-            "set log verbosity: debug, info, warn, error, or fatal",
-            parse=parse_log_level,
+            "set log verbosity: debug, info, warn, error, or fatal"
+            " (or Youzan's 0 error, 1 warn, 2 info, 3 debug)",
+            parse=parse_flag_log_level,
             default_text=log_level.upper(),
         ),
         Flag("log-prefix", Kind.STRING, log_prefix, "log message prefix"),
         Flag("verbose", Kind.BOOL, False, "[deprecated] has no effect, use --log-level"),
+        Flag(
+            "alsologtostderr",
+            Kind.BOOL,
+            False,
+            "[Youzan compatibility] has no effect: logs always go to stderr",
+        ),
+        Flag(
+            "logtostderr",
+            Kind.BOOL,
+            False,
+            "[Youzan compatibility] has no effect: logs always go to stderr",
+        ),
     ]
 
 

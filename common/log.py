@@ -34,6 +34,25 @@ def parse_log_level(text: str) -> str:
     return lowered
 
 
+# Youzan's nsqd and nsqlookupd (glog, `levellogger`) number their levels: 0 error, 1 warn,
+# 2 info, 3 debug, 4 detail; its clients' test scripts pass `--log-level=1`.
+_YOUZAN_LOG_LEVELS = ("error", "warn", "info", "debug")
+
+
+def youzan_log_level(number: int) -> str:
+    """One of Youzan's numeric levels as ours (debug for 3 and above, error below 0)."""
+    return _YOUZAN_LOG_LEVELS[min(max(number, 0), len(_YOUZAN_LOG_LEVELS) - 1)]
+
+
+def parse_flag_log_level(text: str) -> str:
+    """The `--log-level` flag: a level name, any case (Go's lg.ParseLogLevel), or one of
+    Youzan's numbers (`youzan_log_level`)."""
+    stripped = text.strip()
+    if stripped.removeprefix("-").isdigit():
+        return youzan_log_level(int(stripped))
+    return parse_log_level(text)
+
+
 class GoFormatter(logging.Formatter):
     def __init__(self, prefix: str) -> None:
         super().__init__()

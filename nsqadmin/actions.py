@@ -147,6 +147,80 @@ class Actions:
         self._notify(request, "tombstone_topic_producer", topic, node=node)
         return errors
 
+    # -- a replicated cluster's operations (the master nsqlookupd's, docs/operations.md) --
+
+    async def create_partitioned(
+        self, request: web.Request, topic: str, settings: dict[str, str], channel: str = ""
+    ) -> list[str]:
+        """Youzan's `/topic/create` with `partition_num`, `replicator`, `retention`,
+        `syncdisk`, `orderedmulti` and `extend`, on the master nsqlookupd; then `channel` on
+        every partition's leader (the master's `/channel/create`)."""
+        self.check_admin(request)
+        _check_topic(topic)
+        if channel:
+            _check_channel(channel)
+        for key in ("partition_num", "replicator", "retention", "syncdisk"):
+            value = settings.get(key, "")
+            if value and not (value.isascii() and value.isdigit()):
+                raise ActionError(400, f"INVALID_{key.upper()}")
+        query = {"topic": topic, **{k: v for k, v in settings.items() if v}}
+        errors = await self._operate("topic/create", query)
+        self._notify(request, "create_topic", topic)
+        if channel and not errors:
+            errors = await self._operate("channel/create", {"topic": topic, "channel": channel})
+            self._notify(request, "create_channel", topic, channel)
+        return errors
+
+    async def expand(self, request: web.Request, topic: str, partition_num: str) -> list[str]:
+        self.check_admin(request)
+        _check_topic(topic)
+        if not (partition_num.isascii() and partition_num.isdigit()):
+            raise ActionError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
+        query = {"topic": topic, "partition_num": partition_num}
+        errors = await self._operate("topic/partition/expand", query)
+        self._notify(request, "expand_topic", topic)
+        return errors
+
+    async def move(
+        self,
+        request: web.Request,
+        topic: str,
+        partition: str,
+        source: str,
+        destination: str,
+        move_leader: bool,
+    ) -> list[str]:
+        self.check_admin(request)
+        _check_topic(topic)
+        query = {
+            "topic": topic,
+            "partition": partition,
+            "move_from": source,
+            "move_to": destination,
+            "move_leader": "true" if move_leader else "false",
+        }
+        errors = await self._operate("topic/partition/move", query)
+        self._notify(request, "move_partition", topic, node=destination)
+        return errors
+
+    async def remove_node(self, request: web.Request, node: str) -> list[str]:
+        self.check_admin(request)
+        errors = await self._operate("cluster/node/remove", {"remove_node": node})
+        self._notify(request, "remove_node", "", node=node)
+        return errors
+
+    async def set_upgrading(self, request: web.Request, upgrading: bool) -> list[str]:
+        self.check_admin(request)
+        path = "cluster/upgrade/begin" if upgrading else "cluster/upgrade/done"
+        errors = await self._operate(path, {})
+        self._notify(request, "begin_upgrade" if upgrading else "finish_upgrade", "")
+        return errors
+
+    async def _operate(self, path: str, query: dict[str, str]) -> list[str]:
+        if not self._lookupds:
+            raise ActionError(400, "this needs a replicated cluster's nsqlookupd")
+        return await self.cluster.cluster_operation(self._lookupds, path, query)
+
 
 def unix_seconds(value: object) -> int:
     """Unix seconds from a number, its digits, or an ISO 8601 time (UTC unless it says)."""

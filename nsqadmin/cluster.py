@@ -378,6 +378,49 @@ class ClusterInfo:
         errors += await self._post_all([endpoint(node, "topic/delete", {"topic": topic})])
         return errors
 
+    # ---------------------------------------------------------------------------- clusters
+
+    async def get_cluster_stats(self, lookupds: list[str]) -> tuple[dict | None, list[str]]:
+        """The replicated cluster as its master nsqlookupd sees it (`/cluster/stats`), or
+        None when no nsqlookupd given is in a cluster; the errors of those that failed."""
+        errors: list[str] = []
+        found = None
+        for address in lookupds:
+            try:
+                stats = await self.get_json(endpoint(address, "cluster/stats"))
+            except RequestError as error:
+                if "E_NOT_CLUSTER" not in str(error):
+                    errors.append(str(error))
+                continue
+            if found is None or stats.get("is_master"):
+                found = stats
+            if stats.get("is_master"):
+                break
+        if found is None and errors and len(errors) == len(lookupds):
+            raise UpstreamError("failed to query any nsqlookupd: " + "\n".join(errors))
+        return found, errors
+
+    async def cluster_operation(
+        self, lookupds: list[str], path: str, query: dict[str, str]
+    ) -> list[str]:
+        """One of Youzan's operations (`/topic/partition/expand`, `/cluster/node/remove`, ...)
+        on the master nsqlookupd, whichever of `lookupds` it is: the others answer that they
+        are not. The errors; UpstreamError when none took it."""
+        refusals = []
+        for address in lookupds:
+            try:
+                await self.post(endpoint(address, path, query))
+            except RequestError as error:
+                text = str(error)
+                if "Not nsqlookup leader" in text or "E_FAILED_ON_NOT_LEADER" in text:
+                    continue
+                refusals.append(text)
+                continue
+            return []
+        if refusals:
+            return refusals
+        raise UpstreamError("failed to query any nsqlookupd: no master nsqlookupd answered")
+
 
 def https_endpoint(url: str, body: bytes) -> str | None:
     """Go's httpsEndpoint: the same URL over HTTPS at the `https_port` a 403 names."""

@@ -114,6 +114,14 @@ def url_part(text: str) -> str:
     return quote(text, safe="")
 
 
+def partition_layout(total) -> tuple[int, int] | None:
+    """(partitions, replicas) of a replicated cluster's topic, for the Streams badge."""
+    if total is None or not total.replicated_nodes:
+        return None
+    rows = total.replicated_nodes
+    return len(rows), max(node.replica.replicas for node in rows)
+
+
 class Pages:
     def __init__(self, admin: "NSQAdmin", env: jinja2.Environment, prefix: str) -> None:
         self.admin = admin
@@ -139,6 +147,7 @@ class Pages:
             web.get(f"{p}/topics/{{topic}}/{{channel}}", self.channel),
             web.post(f"{p}/topics/{{topic}}/{{channel}}", self.channel_form),
             web.get(f"{p}/nodes", self.nodes),
+            web.post(f"{p}/nodes", self.nodes_form),
             web.get(f"{p}/nodes/{{node}}", self.node),
             web.post(f"{p}/nodes/{{node}}", self.node_form),
             web.get(f"{p}/counter", self.counter),
@@ -224,10 +233,12 @@ class Pages:
         history, now = self.admin.history, time.time()
         rows = []
         for name in sorted(set(topics) | set(totals)):
+            total = totals.get(name)
             rows.append(
                 {
                     "name": name,
-                    "total": totals.get(name),
+                    "total": total,
+                    "layout": partition_layout(total),
                     "rate": history.rate(name),
                     "sparkline": Markup(
                         render_sparkline(
@@ -251,6 +262,9 @@ class Pages:
         total = aggregate_topic(name, stats.topics)
         history = self.admin.history
         channels = sorted(total.channels or [], key=lambda c: c.channel_name)
+        cluster_stats = None
+        if total.replicated_nodes and self._lookupds:
+            cluster_stats = await problems.get(cluster.get_cluster_stats(self._lookupds), None)
         return self._render(
             request,
             "topic.html",
@@ -268,6 +282,7 @@ class Pages:
             channel_rates={c.channel_name: history.rate(name, c.channel_name) for c in channels},
             charts=self._charts(name),
             can_tombstone=bool(self._lookupds),
+            cluster=cluster_stats,
         )
 
     async def channel(self, request: web.Request) -> web.Response:
@@ -307,6 +322,9 @@ class Pages:
             totals["clients"] += topic.client_count
             totals["messages"] += topic.message_count
             totals["depth"] += topic.depth
+        cluster_stats = None
+        if self._lookupds:
+            cluster_stats = await problems.get(cluster.get_cluster_stats(self._lookupds), None)
         return self._render(
             request,
             "nodes.html",
@@ -315,6 +333,7 @@ class Pages:
             producers=producers,
             node_totals=by_node,
             lookupd_count=len(self._lookupds),
+            cluster=cluster_stats,
         )
 
     async def node(self, request: web.Request) -> web.Response:
@@ -408,6 +427,73 @@ class Pages:
                 done=f"{'Paused' if action == 'pause' else 'Unpaused'} topic {topic}.",
                 then=topic_page,
             )
+        if action == "expand":
+            count = str(form.get("partition_num", ""))
+            return await self._act(
+                request,
+                form,
+                question=f"Expand topic {topic} to {count} partitions? Keyed producers then"
+                " send some keys to other partitions.",
+                confirm_label="Expand topic",
+                run=lambda: actions.expand(request, topic, count),
+                done=f"Expanded topic {topic} to {count} partitions.",
+                then=topic_page,
+                cancel=topic_page,
+            )
+        if action == "move":
+            partition = str(form.get("partition", ""))
+            source, destination = str(form.get("move_from", "")), str(form.get("move_to", ""))
+            move_leader = form.get("move_leader") == "true"
+            return await self._act(
+                request,
+                form,
+                question=f"Move partition {partition} of topic {topic} from {source} to"
+                f" {destination}{' (its leadership too)' if move_leader else ''}? The new copy"
+                " catches up first; then the old one is deleted.",
+                confirm_label="Move partition",
+                run=lambda: actions.move(
+                    request, topic, partition, source, destination, move_leader
+                ),
+                done=f"Moved partition {partition} of topic {topic} to {destination}.",
+                then=topic_page,
+                cancel=topic_page,
+            )
+        return self._message(request, 400, "Unknown action", f"No such action: {action!r}.")
+
+    async def nodes_form(self, request: web.Request) -> web.StreamResponse:
+        """A replicated cluster's node actions: remove a node, begin or finish an upgrade."""
+        form = await request.post()
+        action = str(form.get("action", ""))
+        actions = self.admin.actions
+        nodes_page = self._url("nodes")
+        if action == "remove_node":
+            node = str(form.get("node_id", ""))
+            return await self._act(
+                request,
+                form,
+                question=f"Remove nsqd {node} from the cluster? Every replica it holds moves to"
+                " other nodes; then it holds nothing and can be stopped.",
+                confirm_label="Remove node",
+                run=lambda: actions.remove_node(request, node),
+                done=f"Removing {node}: its replicas are moving to other nodes.",
+                then=nodes_page,
+                cancel=nodes_page,
+            )
+        if action in ("upgrade_begin", "upgrade_done"):
+            begin = action == "upgrade_begin"
+            return await self._act(
+                request,
+                form,
+                question="Begin upgrade mode? Until it is finished, no replica is moved or"
+                " re-created while nodes restart."
+                if begin
+                else "Finish upgrade mode? Replicas are moved and re-created again as needed.",
+                confirm_label="Begin upgrade" if begin else "Finish upgrade",
+                run=lambda: actions.set_upgrading(request, begin),
+                done="Upgrade mode on." if begin else "Upgrade mode off.",
+                then=nodes_page,
+                cancel=nodes_page,
+            )
         return self._message(request, 400, "Unknown action", f"No such action: {action!r}.")
 
     async def channel_form(self, request: web.Request) -> web.StreamResponse:
@@ -495,12 +581,33 @@ class Pages:
         topic = str(form.get("topic", "")).strip()
         channel = str(form.get("channel", "")).strip()
         what = f"topic {topic}" + (f" and its channel {channel}" if channel else "")
+        actions = self.admin.actions
+        settings = {
+            key: str(form.get(key, "")).strip()
+            for key in ("partition_num", "replicator", "retention", "syncdisk")
+        }
+        settings.update(
+            (flag, "true") for flag in ("orderedmulti", "extend") if form.get(flag) == "true"
+        )
+        if not settings["partition_num"]:
+            run = lambda: actions.create(request, topic, channel)  # noqa: E731
+        else:
+            settings["replicator"] = settings["replicator"] or "1"
+            what = f"topic {topic} ({settings['partition_num']} partitions ×"
+            what += f" {settings['replicator']} replicas)"
+            what += f" and its channel {channel}" if channel else ""
+
+            async def run() -> list[str]:
+                return await actions.create_partitioned(request, topic, settings, channel)
+
         return await self._act(
             request,
             form,
-            run=lambda: self.admin.actions.create(request, topic, channel),
+            run=run,
             done=f"Created {what}.",
-            then=self._url("lookup") if self._lookupds else self._url("topics", topic),
+            then=self._url("topics", topic)
+            if settings["partition_num"] or not self._lookupds
+            else self._url("lookup"),
         )
 
     def _next(self, form, default: str) -> str:

@@ -9,6 +9,7 @@ nothing to take waits in `_waiting` and is woken when messages arrive (docs/desi
 """
 
 import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import trio
@@ -71,6 +72,8 @@ class Channel:
         self.delivery = ORDERED if topic.ordered else FIFO
         # Youzan ext topics deliver by `##client_dispatch_tag` (nsqd/tag_dispatch.py).
         self.tags = TagDispatch() if topic.ext else None
+        # The `desired_tag`s of the channel's consumers, with how many have each.
+        self._client_tags: Counter[str] = Counter()
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
@@ -151,7 +154,7 @@ class Channel:
         if not count:
             return []
         if self.tags is not None:
-            taken, woken = self.tags.take(tag, count, self._take_from_queue)
+            taken, woken = self.tags.take(tag, count, self._take_from_queue, self._client_tags)
             for other in woken:
                 self._notify_tag(other)
             return taken
@@ -215,7 +218,7 @@ class Channel:
         if self.tags is not None:
             # The consumers of the tags with messages waiting for them, then one at random
             # to read on (unless what waits has filled the dispatch).
-            for tag in self.tags.waiting_tags():
+            for tag in self.tags.waiting_tags(self._client_tags):
                 self._notify_tag(tag)
             if not self._waiting or self.tags.full() or not self.queue.has_messages():
                 return
@@ -355,11 +358,20 @@ class Channel:
                 f"consumers for {self.topic_name}:{self.name} exceeds limit of {limit}"
             )
         self.clients[client.id] = client
+        if self.tags is not None and client.desired_tag:
+            self._client_tags[client.desired_tag] += 1
 
     def remove_client(self, client: "Client") -> None:
         self.stop_waiting(client)
         if self.clients.pop(client.id, None) is None:
             return
+        if self.tags is not None and client.desired_tag:
+            tags = self._client_tags
+            tags[client.desired_tag] -= 1
+            if tags[client.desired_tag] <= 0:
+                del tags[client.desired_tag]
+                # What waits for the tag is now for the consumers without one.
+                self.notify()
         if (self.topic.log is not None or self.ordered) and not self.deleted:
             # Youzan nsqd requeues a leaving consumer's in-flight messages at once
             # (RequeueClientMessages); Go's wait out --msg-timeout. An ordered channel hands

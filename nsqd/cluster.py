@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from common.cluster_meta import ClusterKeys, NodeInfo, ReplicaInfo, TopicMeta, node_id, rpc_address
+from common.names import is_valid_name
 from common.replication import (
     CURSORS,
     ERROR,
@@ -60,6 +61,13 @@ REPLICATION_RETRY_SECONDS = 2.0
 # What one catch-up pull asks for.
 PULL_MAX_ENTRIES = 1000
 PULL_MAX_BYTES = 8 * 1024 * 1024
+# A leader that cannot replicate probes its followers this often (doubling up to the maximum)
+# until they answer, and tells the master after `UNWRITABLE_REPORT_AFTER`.
+HEAL_PROBE_DELAY = 0.1
+HEAL_PROBE_MAX_DELAY = 1.0
+UNWRITABLE_REPORT_AFTER = 2.0
+# How long a leader waits for the master to name the follower it handed a partition to.
+HANDOVER_TIMEOUT = 3.0
 # Channel cursors moved by FINs reach the followers at most this long after the previous push
 # (plus the push's round trip): what a failover redelivers beyond the messages in flight.
 CURSOR_PUSH_INTERVAL = 0.01
@@ -175,7 +183,12 @@ class ClusterNode:
         topic = nsqd.registry.get(topic_name, partition)
         if not info.holds(me):
             if topic is not None and topic.replica is not None:
+                if info.epoch < topic.replica.epoch:
+                    return  # an older revision than the one applied
+                # Moved off this node (a move, a node removal, a replacement): the replicas
+                # that hold it now are the partition; this copy is of no more use.
                 self._step_down(topic, info)
+                self.forget(topic_name, partition, "no longer holds it")
             return
         if topic is None:
             topic = nsqd.create_partition(
@@ -190,12 +203,18 @@ class ClusterNode:
         previous = topic.replica
         if previous is not None and info.epoch < previous.epoch:
             return  # an older revision than the one applied
+        self._take_meta(topic, meta)
         topic.replica = info
         topic.log.write_epoch = info.epoch_for_write
         if info.leader == me:
             was_leader = previous is not None and previous.leader == me
             topic.writer.replicate = partial(self.replicate, topic) if info.followers() else None
             topic.cluster_writable = len(info.isr) > info.replica // 2
+            topic.handing_over = False
+            # The channels the cluster gave the partition (an expansion copies the topic's).
+            for channel in info.channels:
+                if channel not in topic.channels and is_valid_name(channel):
+                    topic.get_channel(channel)
             if not was_leader:
                 nsqd.log.info(
                     "TOPIC(%s) partition %d: leader, write epoch %d, ISR %s",
@@ -214,8 +233,31 @@ class ClusterNode:
         topic.replica = info
         topic.writer.replicate = None
         topic.cluster_writable = False
+        topic.handing_over = False
         if leader_changed or me in info.catchup:
             self.start_catch_up(topic)
+
+    def _take_meta(self, topic: "Topic", meta: TopicMeta) -> None:
+        """The topic's settings that `/topic/meta/update` changes."""
+        if meta.sync_every and meta.sync_every != topic.sync_every:
+            topic.sync_every = meta.sync_every
+            topic.log.sync_every = max(1, meta.sync_every)
+            self.nsqd.topology_changed()
+        topic.retention_days = meta.retention_day
+        topic.channel_auto_create = not meta.disable_channel_auto_create
+
+    def forget(self, topic_name: str, partition: int, why: str) -> None:
+        """Delete the local copy of a partition the cluster no longer keeps here (moved away,
+        or the topic deleted)."""
+        topic = self.nsqd.registry.get(topic_name, partition)
+        if topic is None or topic.replica is None:
+            return
+        self._step_down(topic, topic.replica)
+        self.nsqd.log.info(
+            "TOPIC(%s) partition %d: deleting the local replica (%s)", topic_name, partition, why
+        )
+        self._catching_up.discard((topic_name, partition))
+        self.nsqd.delete_topic(topic_name, partition)
 
     def _step_down(self, topic: "Topic", info: ReplicaInfo) -> None:
         """This node no longer leads the partition: it stops taking writes, leaves
@@ -274,7 +316,7 @@ class ClusterNode:
         remaining = [node for node in info.isr if node not in failed]
         reasons = "; ".join(f"{node}: {error}" for node, error in failed.items())
         if len(remaining) <= info.replica // 2 or self.session is None:
-            topic.cluster_writable = False
+            self._stop_writes(topic, info, reasons)
             raise ClusterWriteError("E_FAILED_ON_NOT_WRITABLE", f"replication failed: {reasons}")
         self.nsqd.log.warning(
             "TOPIC(%s) partition %d: asking the master to drop %s from the ISR - %s",
@@ -285,8 +327,123 @@ class ClusterNode:
         )
         updated = await self.session.leave_isr(topic.name, topic.partition, list(failed), info)
         if updated is None:
-            topic.cluster_writable = False
+            self._stop_writes(topic, info, reasons)
             raise ClusterWriteError("E_FAILED_ON_NOT_WRITABLE", f"replication failed: {reasons}")
+
+    # -- leader: healing -------------------------------------------------------------------
+
+    def _stop_writes(self, topic: "Topic", info: ReplicaInfo, reasons: str) -> None:
+        """Replication failed with no majority left (or no master to ask): the partition
+        takes no publish until its followers answer again (`_restore_writes`), which may be
+        long after the network healed, so this node does not wait to be told."""
+        if not topic.cluster_writable:
+            return
+        topic.cluster_writable = False
+        self.nsqd.log.error(
+            "TOPIC(%s) partition %d: not writable, replication failed - %s",
+            topic.name,
+            topic.partition,
+            reasons,
+        )
+        if self._nursery is not None:
+            self._nursery.start_soon(self._restore_writes, topic, info)
+
+    async def _restore_writes(self, topic: "Topic", info: ReplicaInfo) -> None:
+        """Probe the ISR followers until every one is at this leader's end again, then take
+        writes again. Meanwhile: a majority that answers drops the rest from the ISR (through
+        the master), and after `UNWRITABLE_REPORT_AFTER` the master is told, which may give
+        the partition to a follower (one that its peers can reach, when this node cannot)."""
+        started = trio.current_time()
+        reported = False
+        delay = HEAL_PROBE_DELAY
+        while not topic.deleted and topic.replica is info and not topic.cluster_writable:
+            in_sync = await self._probe_followers(topic, info)
+            if topic.replica is not info or topic.cluster_writable:
+                return  # the info changed meanwhile (`apply` decided), or another probe won
+            lagging = [node for node in info.followers() if node not in in_sync]
+            if not lagging:
+                topic.cluster_writable = True
+                self.nsqd.log.info(
+                    "TOPIC(%s) partition %d: every ISR follower is at this leader's end again;"
+                    " writable",
+                    topic.name,
+                    topic.partition,
+                )
+                return
+            session = self.session
+            if session is not None and len(info.isr) - len(lagging) > info.replica // 2:
+                if await session.leave_isr(topic.name, topic.partition, lagging, info):
+                    return  # `apply` of the smaller ISR made it writable
+            if session is not None and not reported:
+                if trio.current_time() - started >= UNWRITABLE_REPORT_AFTER:
+                    reported = await session.report_unwritable(topic.name, topic.partition, info)
+            await trio.sleep(delay)
+            delay = min(delay * 2, HEAL_PROBE_MAX_DELAY)
+
+    async def _probe_followers(self, topic: "Topic", info: ReplicaInfo) -> set[str]:
+        """The ISR followers that answer a push of the channels and this leader's end with
+        the same end (one that held a group the leader cut back cuts it; one that is behind
+        starts catching up)."""
+        await topic.writer.drain()
+        header = {**self._leader_header(topic, info), "channels": self._channel_positions(topic)}
+        log = topic.log
+        end = list(log.written)
+        header["end"] = end
+        header["last"] = list(log.entry_ending_at(log.written) or ())
+        in_sync: set[str] = set()
+
+        async def probe(follower: str) -> None:
+            try:
+                reply = await self._link(follower).request(
+                    CURSORS, header, timeout=CURSOR_PUSH_TIMEOUT
+                )
+            except (PeerUnavailable, ReplicaRefusal):
+                return
+            if reply.header.get("end") == end and not reply.header.get("catching_up"):
+                in_sync.add(follower)
+
+        async with trio.open_nursery() as probing:
+            for follower in info.followers():
+                probing.start_soon(probe, follower)
+        return in_sync
+
+    # -- leader: handing over ----------------------------------------------------------------
+
+    async def hand_over(self, topic: "Topic", to: str) -> Position:
+        """A planned leader transfer's first half, asked by the master: stop taking publishes,
+        wait until what was taken is replicated, send the channels' positions to the
+        followers, and return the log's end, which `to` (an ISR follower) has too. The master
+        then names `to` leader; if it does not within `HANDOVER_TIMEOUT`, this node takes
+        publishes again."""
+        info = topic.replica
+        if info is None or info.leader != self.node_id:
+            raise ClusterWriteError("E_FAILED_ON_NOT_LEADER", "not the leader")
+        if to not in info.followers():
+            raise ClusterWriteError("E_NOT_IN_ISR", f"{to} is not an ISR follower")
+        if not topic.cluster_writable:
+            raise ClusterWriteError("E_FAILED_ON_NOT_WRITABLE", "not writable")
+        topic.handing_over = True
+        try:
+            with trio.fail_after(HANDOVER_TIMEOUT):
+                await topic.writer.drain()
+                await self.push_channels(topic)
+        except BaseException:
+            topic.handing_over = False
+            raise
+        if self._nursery is not None:
+            self._nursery.start_soon(self._end_handover, topic, info)
+        return topic.log.written
+
+    async def _end_handover(self, topic: "Topic", info: ReplicaInfo) -> None:
+        await trio.sleep(HANDOVER_TIMEOUT)
+        if topic.replica is info and topic.handing_over:
+            topic.handing_over = False
+            self.nsqd.log.warning(
+                "TOPIC(%s) partition %d: the master did not move the leader; taking publishes"
+                " again",
+                topic.name,
+                topic.partition,
+            )
 
     async def _replicate_to(
         self,
@@ -490,7 +647,10 @@ class ClusterNode:
                 queue.delays = kept
         if "end" in header:
             self._check_end(topic, Position(*header["end"]), tuple(header.get("last") or ()))
-        return {}
+        return {
+            "end": list(topic.log.written),
+            "catching_up": (topic.name, topic.partition) in self._catching_up,
+        }
 
     def _check_end(self, topic: "Topic", end: Position, last: tuple) -> None:
         """The leader, idle, ends at `end` with index entry `last`: cut what lies past it
@@ -514,6 +674,10 @@ class ClusterNode:
         """A follower takes its leader's channels: missing ones are created where the
         leader's are; with `move`, existing ones move to the leader's confirmed position."""
         log = topic.log
+        for name in [name for name, channel in topic.channels.items() if not channel.ephemeral]:
+            if name not in channels:
+                # Deleted on the leader (`channels` is its whole set).
+                topic.delete_channel(name)
         for name, (offset, count) in channels.items():
             exists = name in topic.channels
             if exists and not move:

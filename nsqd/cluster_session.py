@@ -141,12 +141,18 @@ class ClusterSession:
                 changed = self._take(event.kv.key, value, event.kv.mod_revision)
                 if changed is not None:
                     self._apply(*changed)
-                elif value is not None:
-                    parsed = self.keys.parse_topic_key(event.kv.key)
-                    if parsed is not None and parsed[2] == "TopicMeta":
-                        for topic, partition in list(self.infos):
-                            if topic == parsed[0]:
-                                self._apply(topic, partition)
+                    continue
+                parsed = self.keys.parse_topic_key(event.kv.key)
+                if parsed is None:
+                    continue
+                topic, partition, what = parsed
+                if what == "ReplicaInfo" and value is None:
+                    # The partition is gone from the cluster (`/topic/delete`).
+                    self.node.forget(topic, partition, "the topic was deleted")
+                elif what == "TopicMeta" and value is not None:
+                    for known, number in list(self.infos):
+                        if known == topic:
+                            self._apply(known, number)
 
     async def reload(self, topic: str, partition: int) -> None:
         """Read one partition's replica info now (a peer knows a newer one than the watch
@@ -226,6 +232,18 @@ class ClusterSession:
         if updated is None or any(node in updated.isr for node in nodes):
             return None
         return updated
+
+    async def report_unwritable(self, topic: str, partition: int, info: ReplicaInfo) -> bool:
+        """Tell the master that this node, the partition's leader, cannot replicate it: the
+        master may give it to a follower that the others reach. Whether it was told."""
+        answer = await self._ask_master(
+            "/cluster/leader/unwritable",
+            topic=topic,
+            partition=partition,
+            node=self.node.node_id,
+            epoch=info.epoch,
+        )
+        return answer is not None
 
     async def join_isr(self, topic: str, partition: int, info: ReplicaInfo) -> bool:
         """Caught up: ask the master to move this node from the catch-up list into the ISR.

@@ -9,6 +9,8 @@ import json
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
 
+import trio
+
 from common.command_parser import parse_http_mpub_body
 from common.errors import ProtocolError
 from common.goformat import go_atoi
@@ -26,9 +28,10 @@ from common.http_server import (
 )
 from common.http_server import first_param as _first
 from common.http_server import query_params as _query
-from common.log import parse_log_level
+from common.log import parse_log_level, youzan_log_level
 from common.names import is_valid_name
 from common.version import VERSION
+from nsqd.cluster import ClusterWriteError
 from nsqd.ext_header import (
     TRACE_ID_KEY,
     ExtHeaderError,
@@ -99,6 +102,10 @@ class HTTPAPI:
         router.add("GET", "/partition/offsets", self.partition_offsets)
         router.add("GET", "/partition/search", self.partition_search)
         router.add("GET", "/partition/fetch", self.partition_fetch)
+        # Cluster mode (docs/design.md §14): what the master nsqlookupd asks of a node.
+        router.add("GET", "/cluster/partitions", self.cluster_partitions)
+        router.add("POST", "/cluster/leader/handover", self.leader_handover)
+        router.add("POST", "/loglevel/set", self.set_log_level)
 
     async def _commit(self, write_groups: list) -> None:
         await self.nsqd.commit_backend_writes(write_groups)
@@ -376,6 +383,7 @@ class HTTPAPI:
 
     async def channel_create(self, request: Request) -> Response:
         topics, channel_name = self._topic_and_channel_name(_query(request))
+        self._refuse_on_followers(topics)
         for topic in topics:
             version = topic.channels_version
             topic.get_channel(channel_name)
@@ -383,10 +391,22 @@ class HTTPAPI:
                 await self.nsqd.cluster.push_channels(topic)
         return v1_response(200)
 
-    def channel_delete(self, request: Request) -> Response:
-        for topic, channel in self._existing_channels(request):
+    async def channel_delete(self, request: Request) -> Response:
+        found = self._existing_channels(request)
+        self._refuse_on_followers([topic for topic, _channel in found])
+        for topic, channel in found:
             topic.delete_channel(channel.name)
+            if topic.replica is not None:
+                # The followers drop it before the answer, as they take a new one.
+                await self.nsqd.cluster.push_channels(topic)
         return v1_response(200)
+
+    @staticmethod
+    def _refuse_on_followers(topics) -> None:
+        """A cluster partition's channels are its leader's to change: the followers take
+        them from it (a channel made on a follower would never reach the leader)."""
+        if any(topic.is_cluster_follower for topic in topics):
+            raise HTTPError(400, "E_FAILED_ON_NOT_LEADER")
 
     def channel_empty(self, request: Request) -> Response:
         for _topic, channel in self._existing_channels(request):
@@ -589,6 +609,60 @@ class HTTPAPI:
             ("X-NSQ-Next-Count", str(following.count)),
         ]
         return Response(200, data, headers)
+
+    def cluster_partitions(self, request: Request) -> Response:
+        """Every cluster partition this node holds, as the master nsqlookupd reads them for
+        leader health, hand-overs and load factors: its role and writability, its log's
+        start and end, and how far its slowest channel is behind."""
+        nsqd = self.nsqd
+        partitions = []
+        for topic in nsqd.all_partitions():
+            if topic.replica is None or topic.log is None:
+                continue
+            log = topic.log
+            confirmed = [c.queue.confirmed.offset for c in topic.channels.values()]
+            entry = {
+                "topic": topic.name,
+                "partition": topic.partition,
+                "start": list(log.start),
+                "end": list(log.end),
+                "channels": sorted(topic.channels),
+                "channel_depth_bytes": log.end.offset - min(confirmed, default=log.end.offset),
+                "handing_over": topic.handing_over,
+            }
+            entry.update(nsqd.cluster.describe(topic))
+            partitions.append(entry)
+        return v1_response(200, {"node": nsqd.cluster.node_id, "partitions": partitions})
+
+    async def leader_handover(self, request: Request) -> Response:
+        """POST /cluster/leader/handover?topic=&partition=&to=<node id>: the first half of a
+        planned leader transfer (`ClusterNode.hand_over`), asked by the master nsqlookupd."""
+        params = _query(request)
+        topic = self._log_partition(params)
+        to = _first(params, "to")
+        if not to:
+            raise HTTPError(400, "MISSING_ARG_NODE")
+        if topic.replica is None:
+            raise HTTPError(400, "E_NOT_CLUSTER the partition is not a cluster's")
+        try:
+            end = await self.nsqd.cluster.hand_over(topic, to)
+        except ClusterWriteError as error:
+            raise HTTPError(400, f"{error.code} {error}") from None
+        except trio.TooSlowError:
+            raise HTTPError(500, "E_TIMEOUT the partition's writes did not drain") from None
+        return v1_response(200, {"end": list(end)})
+
+    def set_log_level(self, request: Request) -> Response:
+        """Youzan's POST /loglevel/set?loglevel=N (glog-style numbers, `common/log.py`)."""
+        text = _first(_query(request), "loglevel")
+        if not text:
+            raise HTTPError(400, "MISSING_ARG_LEVEL")
+        try:
+            level = youzan_log_level(int(text))
+        except ValueError:
+            raise HTTPError(400, "BAD_LEVEL_STRING") from None
+        self.nsqd.set_options(log_level=level)
+        return v1_response(200)
 
     def disable_write(self, request: Request) -> Response:
         """POST /disable/write?type=all|ordered (anything else enables writes again)."""

@@ -82,6 +82,16 @@ class LogWriter:
         follower must have."""
         return not self._busy and not self._unreplicated and self.group is None
 
+    async def drain(self) -> None:
+        """Until every appended group is written and replicated (or refused): a leader that
+        hands its partition over takes no new publishes and waits for this, so the follower
+        taking over has everything acknowledged."""
+        while not self.idle:
+            if self._busy:
+                await self._round_over.wait()
+            else:
+                await self._round()
+
     def write_now(self) -> None:
         """Write the open group, unless a round is under way (it waits for the next)."""
         if not self._busy:

@@ -570,6 +570,11 @@ class ProtocolV2:
         client = self.client
         if self.nsqd.exiting:
             raise ProtocolError("E_SUB_FAILED", "SUB failed to deleted topic/channel")
+        if not topic.channel_auto_create and channel_name not in topic.channels:
+            # Youzan's `disable_channel_auto_create`: channels come from /channel/create.
+            raise ProtocolError(
+                "E_SUB_CHANNEL_NOT_REGISTERED", "channel is not registered under topic."
+            )
         version = topic.channels_version
         channel = topic.get_channel(channel_name)
         if topic.channels_version != version and topic.replica is not None:

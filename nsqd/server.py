@@ -223,7 +223,7 @@ class NSQD:
         replicate; None when it does (and alone)."""
         if topic.replica is None:
             return None
-        if topic.is_cluster_follower:
+        if topic.is_cluster_follower or topic.handing_over:
             return "E_FAILED_ON_NOT_LEADER"
         if not topic.cluster_writable:
             return "E_FAILED_ON_NOT_WRITABLE"
@@ -443,8 +443,10 @@ class NSQD:
             if greedy:
                 keep, older_than = -1.0, math.inf
             else:
-                keep = float(options.retention_size_per_day * max(options.retention_days, 1))
-                older_than = time.time() - options.retention_days * 86400
+                # A cluster topic's own retention (`/topic/meta/update?retention=`) wins.
+                days = topic.retention_days or options.retention_days
+                keep = float(options.retention_size_per_day * max(days, 1))
+                older_than = time.time() - days * 86400
             removed += log.clean(floor, keep_bytes=keep, older_than=older_than)
         return removed
 

@@ -51,6 +51,13 @@ class Topic:
         # as its leader, takes writes now. None alone.
         self.replica = replica
         self.cluster_writable = True
+        # A cluster leader handing the partition to a follower (a planned leader transfer):
+        # it takes no publish until the new leader does.
+        self.handing_over = False
+        # The cluster's topic settings (Youzan's topic meta): retention in days (0: nsqd's
+        # --retention-days), and whether SUB may create a channel.
+        self.retention_days = 0
+        self.channel_auto_create = True
         self.name = name
         self.partition = partition
         self.partitioned = partitioned

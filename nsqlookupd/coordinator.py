@@ -5,32 +5,60 @@ elected through etcd, runs the coordinator.
 * **Election**: each nsqlookupd registers `NsqlookupdNodes/Node-<id>` on its lease and tries to
   create `LookupdLeaderSession` on the same lease; the one that did is the master until its
   lease ends; the others watch the key and try again when it goes.
-* **Placement** (`create_topic`): a partition's replicas go on distinct live nsqds, its leader
-  first, spread by partition number; `TopicMeta` and each `ReplicaInfo` are created in etcd,
-  and the nsqds, which watch them, take their parts.
 * **Failure** (`check`): a node whose key is gone (its lease ended: killed, frozen, cut off)
   leaves every ISR it was in for the catch-up list; where it led, the live ISR member with the
-  most messages becomes leader with the next write epoch. Every change is a transaction on
-  the info's revision (`Epoch`), so two masters can never both win.
-* **Replacement**: a replica whose node stays gone past `--cluster-replace-dead-after` goes to
-  the live node that holds the fewest replicas, on the catch-up list: it catches up from the
-  leader and joins the ISR, so a partition does not stay under-replicated (or, with two
-  replicas, unwritable) while a node is gone for good.
+  most messages becomes leader with the next write epoch. A leader that is alive but refuses
+  writes (it cannot replicate: cut off from its followers one way or both) for
+  `UNWRITABLE_GRACE`, or says so, is replaced the same way when a majority of the replicas
+  answers without it. Every change is a transaction on the info's revision (`Epoch`), so two
+  masters can never both win.
+* **Replica count** (`_keep_replicas`, not in upgrade mode): a partition with fewer replicas
+  than it should have (a node gone past `--cluster-replace-dead-after`, a node being removed,
+  a higher replicator) gets one on the least loaded node without it, which catches up from the
+  leader and joins the ISR; then the departing one is dropped. One with more drops the extra.
+* **Planned leader transfer** (`transfer_leader`): the leader stops taking publishes, finishes
+  what it took and sends its channels' positions (`POST /cluster/leader/handover`); once the
+  chosen ISR member has the same log, it is named leader with the next write epoch, and the
+  old leader goes on as a follower. Writes pause for the hand-over only. Balancing, moves and
+  node removal use it.
+* **Balance** (`nsqlookupd/placement.py`): while the cluster is stable and within
+  `--balance-interval`, one leader (or replica) move at a time towards every node leading at
+  most its share of each topic's partitions and of the cluster's.
 * **ISR requests** from nsqds: a leader drops followers that cannot take its writes
   (`leave_isr`), a caught-up node joins (`join_isr`, next write epoch).
+
+The operators' requests (create, expand, move, remove a node, ...) are in
+`nsqlookupd/operations.py`.
 """
 
 import json
 import logging
-import urllib.error
-import urllib.request
+import time
+from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import trio
 
-from common.cluster_meta import ClusterKeys, NodeInfo, ReplicaInfo, TopicMeta, TopicsView
+from common.cluster_meta import (
+    ClusterKeys,
+    ClusterState,
+    NodeInfo,
+    ReplicaInfo,
+    TopicMeta,
+    TopicsView,
+)
 from common.etcd import EtcdClient, EtcdError, LeaseLost, keep_lease_alive, release_lease
+from nsqlookupd.node_reports import NodeCallError, NodeReports, call_node
+from nsqlookupd.options import balance_window
+from nsqlookupd.placement import (
+    Move,
+    new_replica_node,
+    next_leader_move,
+    next_replica_move,
+    node_loads,
+    partition_load_factor,
+)
 
 if TYPE_CHECKING:
     from nsqlookupd.server import NSQLookupd
@@ -39,6 +67,21 @@ logger = logging.getLogger("nsqlookupd")
 # The master checks every partition this often, besides on each node event.
 CHECK_INTERVAL = 1.0
 OFFSETS_TIMEOUT = 2.0
+# How often the master reads every node's partitions (others less often: only for stats).
+POLL_INTERVAL = 1.0
+FOLLOWER_POLL_INTERVAL = 5.0
+# A leader that refuses writes this long is replaced, when a majority answers without it.
+UNWRITABLE_GRACE = 3.0
+# How often the master looks for a balancing move.
+BALANCE_INTERVAL = 2.0
+# How long a moved replica may take to catch up (Youzan: 10 minutes).
+MOVE_TIMEOUT = 600.0
+# How long a leader takes to hand a partition over.
+HANDOVER_TIMEOUT = 5.0
+# How often every nsqlookupd checks that etcd answers (for /cluster/stats and nsqadmin).
+ETCD_CHECK_INTERVAL = 2.0
+# Top-N balance considers this many of the busiest partitions (Youzan's topicTopNLimit).
+TOPN_LIMIT = 100
 
 
 class CoordinatorError(Exception):
@@ -63,12 +106,23 @@ class Coordinator:
         self.is_master = False
         self.master: dict | None = None
         self.lookupds: dict[str, dict] = {}
+        self.state = ClusterState()
         # A replica's node that is gone -> when the master first saw it gone (trio's clock).
         self._gone_since: dict[str, float] = {}
         self.nodes: dict[str, NodeInfo] = {}
         self.view = TopicsView(self.keys)
         self.metas = self.view.metas
         self.infos = self.view.infos
+        self.reports = NodeReports()
+        # A partition whose leader refuses writes -> since when (trio's clock).
+        self._unwritable_since: dict[tuple[str, int], float] = {}
+        # Partitions a transfer or move is under way for: nothing else changes them meanwhile.
+        self.busy: set[tuple[str, int]] = set()
+        # The balancing move under way (Youzan's balanceWaiting), and how many were made.
+        self.balancing: Move | None = None
+        self.balance_moves = 0
+        self.etcd_ok = False
+        self.etcd_error = "not checked yet"
         self._changed = trio.Event()
 
     @property
@@ -89,9 +143,11 @@ class Coordinator:
         # nsqlookupd even while etcd is away.
         task_status.started()
         async with self.client, trio.open_nursery() as nursery:
+            nursery.start_soon(self._check_etcd)
             revision = await self._load()
             nursery.start_soon(self._follow, revision + 1)
             nursery.start_soon(self._campaign)
+            nursery.start_soon(self._poll_nodes)
 
     # -- following the cluster ---------------------------------------------------------------
 
@@ -112,7 +168,7 @@ class Coordinator:
             async for event in watch:
                 value = event.kv.value if event.kind == "PUT" else None
                 self._take(event.kv.key, value, event.kv.mod_revision)
-                self._changed.set()
+                self.notify_changed()
 
     def _take(self, key: str, value: bytes | None, revision: int) -> None:
         keys = self.keys
@@ -121,6 +177,7 @@ class Coordinator:
                 node = key[len(keys.nsqd_nodes) :].removeprefix("Node-")
                 if value is None:
                     self.nodes.pop(node, None)
+                    self.reports.forget(node)
                 else:
                     self.nodes[node] = NodeInfo.from_json(value)
             elif key.startswith(keys.lookupd_nodes):
@@ -131,10 +188,23 @@ class Coordinator:
                     self.lookupds[node] = json.loads(value)
             elif key == keys.lookupd_leader:
                 self.master = json.loads(value) if value else None
+            elif key == keys.cluster_state:
+                self.state = ClusterState.from_json(value, revision) if value else ClusterState()
             else:
                 self.view.take(key, value, revision)
         except (ValueError, KeyError, TypeError) as error:
             self.lookupd.log.error("CLUSTER: bad metadata at %s - %s", key, error)
+
+    async def _check_etcd(self) -> None:
+        """Whether etcd answers, for `/cluster/stats` (nsqadmin shows it)."""
+        while True:
+            try:
+                await self.client.get(self.keys.lookupd_leader)
+            except EtcdError as error:
+                self.etcd_ok, self.etcd_error = False, str(error)
+            else:
+                self.etcd_ok, self.etcd_error = True, ""
+            await trio.sleep(ETCD_CHECK_INTERVAL)
 
     def leader_of(self, topic: str, partition: int) -> str | None:
         info = self.infos.get((topic, partition))
@@ -162,6 +232,20 @@ class Coordinator:
 
     def under_replicated(self) -> list[tuple[str, int]]:
         return sorted(key for key, info in self.infos.items() if len(info.isr) < info.replica)
+
+    def eligible_nodes(self) -> list[str]:
+        """Live nodes that may take partitions: not being removed."""
+        return sorted(node for node in self.nodes if node not in self.state.removing)
+
+    def stable(self) -> bool:
+        """Youzan's IsClusterStable, and more: not in upgrade mode, no node being removed,
+        every partition led by a live node with its full ISR and nothing catching up."""
+        if self.state.upgrading or self.state.removing:
+            return False
+        for info in self.infos.values():
+            if info.leader not in self.nodes or info.catchup or len(info.isr) < info.replica:
+                return False
+        return True
 
     # -- the master election -----------------------------------------------------------------
 
@@ -199,28 +283,44 @@ class Coordinator:
         finally:
             scope.cancel()
 
+    def notify_changed(self) -> None:
+        """Wake every task waiting for the cluster's metadata to change."""
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    async def wait_changed(self, timeout: float) -> None:
+        """Until the metadata changes, or `timeout` seconds."""
+        with trio.move_on_after(timeout):
+            await self._changed.wait()
+
     async def _wait_for_no_master(self) -> None:
         while self.master is not None:
-            self._changed = trio.Event()
             await self._changed.wait()
 
     # -- the master's work --------------------------------------------------------------------
 
     async def _coordinate(self) -> None:
-        while True:
-            await self.check()
-            with trio.move_on_after(CHECK_INTERVAL):
-                self._changed = trio.Event()
-                await self._changed.wait()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._balance_loop)
+            while True:
+                await self.check()
+                await self.wait_changed(CHECK_INTERVAL)
+
+    def _require_master(self) -> None:
+        if not self.is_master:
+            raise CoordinatorError(400, "E_FAILED_ON_NOT_LEADER")
 
     async def check(self) -> None:
         """Every partition whose nodes are gone: ISR members leave for the catch-up list, a
-        partition whose leader is gone gets a new one, and a replica whose node stays gone
-        past `--cluster-replace-dead-after` goes to another node."""
+        partition whose leader is gone gets a new one; then the replica counts, and the
+        leaders that refuse writes."""
         now = trio.current_time()
         for node in [node for node in self._gone_since if node in self.nodes]:
             del self._gone_since[node]
-        for (topic, partition), info in list(self.infos.items()):
+        for key, info in sorted(self.infos.items()):
+            if key in self.busy:
+                continue
+            topic, partition = key
             live = self.nodes
             for node in (*info.isr, *info.catchup):
                 if node not in live:
@@ -230,85 +330,177 @@ class Coordinator:
             elif any(node not in live for node in info.followers()):
                 gone = [node for node in info.followers() if node not in live]
                 await self._leave(topic, partition, info, gone)
-            elif any(node not in live for node in info.catchup):
-                await self._replace_gone(topic, partition, info, now)
+            elif not self.state.upgrading:
+                await self._keep_replicas(topic, partition, info, now)
+        await self._check_leader_health(now)
+        if self.state.removing:
+            await self._finish_removals()
 
-    async def _replace_gone(
+    async def _finish_removals(self) -> None:
+        """Nodes being removed that hold nothing any more leave the removal list."""
+        done = [
+            node
+            for node in self.state.removing
+            if not any(info.holds(node) for info in self.infos.values())
+        ]
+        if done:
+            for node in done:
+                self.lookupd.log.info(
+                    "CLUSTER: %s holds no replica any more; it may be stopped", node
+                )
+            await self.change_state(
+                removing=tuple(node for node in self.state.removing if node not in done)
+            )
+
+    async def _keep_replicas(
         self, topic: str, partition: int, info: ReplicaInfo, now: float
     ) -> None:
-        """Give the replica of a node gone too long to the live node holding the fewest
-        replicas: it joins the catch-up list, catches up from the leader and joins the ISR."""
+        """A replica on the least loaded node without one where the partition has fewer than
+        it should (counting neither nodes being removed nor nodes gone past
+        `--cluster-replace-dead-after`); the departing ones dropped once the new ones are in
+        the ISR; extra ones dropped (a lower replicator)."""
         after = self.lookupd.options.cluster_replace_dead_after
-        gone = [
+        removing = set(self.state.removing)
+        gone_long = {
             node
             for node in info.catchup
             if node not in self.nodes and after > 0 and now - self._gone_since[node] >= after
-        ]
-        holders = {info.leader, *info.isr, *info.catchup}
-        spare = [node for node in self.nodes if node not in holders]
-        if not gone or not spare:
+        }
+        departing = (removing | gone_long) & {*info.isr, *info.catchup}
+        if info.leader in removing and info.leader in self.nodes:
+            successor = self._successor(topic, partition, info, exclude=removing)
+            if successor is not None:
+                await self._try_transfer(topic, partition, successor, "its node is being removed")
             return
-        load = dict.fromkeys(spare, 0)
-        for other in self.infos.values():
-            for node in {other.leader, *other.isr, *other.catchup}:
-                if node in load:
-                    load[node] += 1
-        replacement = min(spare, key=lambda node: (load[node], node))
+        staying = [
+            node for node in dict.fromkeys([*info.isr, *info.catchup]) if node not in departing
+        ]
+        if len(staying) < info.replica:
+            holders = {info.leader, *info.isr, *info.catchup}
+            node = new_replica_node(
+                topic,
+                self.eligible_nodes(),
+                self.infos,
+                exclude=holders,
+                loads=self.reports.loads(),
+            )
+            if node is None:
+                return
+            updated = replace(info, catchup=(*info.catchup, node))
+            if await self._write(topic, partition, updated, info):
+                self.lookupd.log.info(
+                    "CLUSTER: %s/%d: a new replica on %s (%d of %d; departing: %s)",
+                    topic,
+                    partition,
+                    node,
+                    len(staying),
+                    info.replica,
+                    ",".join(sorted(departing)) or "none",
+                )
+            return
+        staying_isr = [node for node in info.isr if node not in departing]
+        if departing and len(staying_isr) >= info.replica:
+            await self._drop(topic, partition, info, sorted(departing), "replaced")
+            return
+        if len(staying) > info.replica:
+            extra = [node for node in info.catchup if node not in departing]
+            extra += sorted(
+                (node for node in info.followers() if node not in departing),
+                key=lambda node: -self._replica_count(node),
+            )
+            await self._drop(
+                topic, partition, info, extra[: len(staying) - info.replica], "too many replicas"
+            )
+
+    def _replica_count(self, node: str) -> int:
+        return sum(1 for info in self.infos.values() if info.holds(node))
+
+    async def _drop(
+        self, topic: str, partition: int, info: ReplicaInfo, nodes: list[str], why: str
+    ) -> bool:
+        """Drop follower or catch-up replicas (never the leader); they delete their copies."""
+        nodes = [node for node in nodes if node != info.leader]
+        if not nodes:
+            return False
         updated = replace(
-            info, catchup=(*(node for node in info.catchup if node != gone[0]), replacement)
+            info,
+            isr=tuple(node for node in info.isr if node not in nodes),
+            catchup=tuple(node for node in info.catchup if node not in nodes),
         )
         if await self._write(topic, partition, updated, info):
             self.lookupd.log.info(
-                "CLUSTER: %s/%d: %s gone for %.0fs, its replica goes to %s",
-                topic,
-                partition,
-                gone[0],
-                now - self._gone_since[gone[0]],
-                replacement,
+                "CLUSTER: %s/%d: %s no longer hold it (%s)", topic, partition, ",".join(nodes), why
             )
+            return True
+        return False
 
-    async def _elect(self, topic: str, partition: int, info: ReplicaInfo) -> None:
+    def _successor(self, topic: str, partition: int, info: ReplicaInfo, exclude=()) -> str | None:
+        """The caught-up ISR follower a planned transfer would go to: the one leading
+        fewest partitions."""
+        leaders = Counter(other.leader for other in self.infos.values())
+        candidates = [
+            node
+            for node in info.followers()
+            if node in self.nodes
+            and node not in exclude
+            and self.reports.caught_up((topic, partition), node)
+        ]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda node: (leaders[node], node))
+
+    async def _elect(
+        self, topic: str, partition: int, info: ReplicaInfo, *, unwritable: bool = False
+    ) -> bool:
+        """A new leader among the live ISR: the one with the most messages. `unwritable`: the
+        leader is alive but cannot replicate; it goes to the catch-up list, and only a
+        majority of the replicas answering without it may elect."""
         candidates = [node for node in info.isr if node != info.leader and node in self.nodes]
         if not candidates:
-            return  # nothing to fail over to: the partition waits for its leader
+            return False  # nothing to fail over to: the partition waits for its leader
         counts = {}
         async with trio.open_nursery() as asking:
             for node in candidates:
                 asking.start_soon(self._ask_count, node, topic, partition, counts)
         reachable = [node for node in candidates if node in counts]
-        if not reachable:
-            return
-        led = {}
-        for other in self.infos.values():
-            led[other.leader] = led.get(other.leader, 0) + 1
-        leader = max(reachable, key=lambda node: (counts[node], -led.get(node, 0)))
+        if not reachable or (unwritable and len(reachable) <= info.replica // 2):
+            return False
+        led = Counter(other.leader for other in self.infos.values())
+        leader = max(reachable, key=lambda node: (counts[node], -led[node]))
+        if unwritable:
+            isr = tuple(node for node in info.isr if node != info.leader)
+        else:
+            isr = tuple(node for node in info.isr if node in self.nodes)
         updated = replace(
             info,
             leader=leader,
-            isr=tuple(node for node in info.isr if node in self.nodes),
+            isr=isr,
             catchup=tuple(dict.fromkeys([*info.catchup, info.leader])),
             epoch_for_write=info.epoch_for_write + 1,
         )
         if await self._write(topic, partition, updated, info):
             self.lookupd.log.info(
-                "CLUSTER: %s/%d: leader %s gone, %s leads (write epoch %d, %d messages)",
+                "CLUSTER: %s/%d: leader %s %s, %s leads (write epoch %d, %d messages)",
                 topic,
                 partition,
                 info.leader,
+                "refused writes" if unwritable else "gone",
                 leader,
                 updated.epoch_for_write,
                 counts[leader],
             )
+            return True
+        return False
 
     async def _ask_count(self, node: str, topic: str, partition: int, counts: dict) -> None:
         info = self.nodes.get(node)
         if info is None:
             return
-        url = f"http://{info.ip}:{info.http_port}/partition/offsets?topic={topic}"
         try:
-            with trio.fail_after(OFFSETS_TIMEOUT):
-                answer = await trio.to_thread.run_sync(_get_json, url, abandon_on_cancel=True)
-        except (OSError, ValueError, trio.TooSlowError):
+            answer = await call_node(
+                info, "GET", "/partition/offsets", OFFSETS_TIMEOUT, topic=topic
+            )
+        except NodeCallError:
             return
         for entry in answer.get("partitions", []):
             if int(entry.get("partition", -1)) == partition:
@@ -337,40 +529,8 @@ class Coordinator:
         if not revision:
             return False
         self._take(key, updated.to_json(), revision)
+        self.notify_changed()
         return True
-
-    # -- requests -----------------------------------------------------------------------------
-
-    def _require_master(self) -> None:
-        if not self.is_master:
-            raise CoordinatorError(400, "E_FAILED_ON_NOT_LEADER")
-
-    async def create_topic(self, topic: str, meta: TopicMeta) -> None:
-        self._require_master()
-        if topic in self.metas:
-            raise CoordinatorError(400, "E_TOPIC_EXIST")
-        nodes = sorted(self.nodes)
-        if len(nodes) < meta.replica:
-            raise CoordinatorError(
-                400,
-                f"E_NOT_ENOUGH_NODES {len(nodes)} nsqd node(s) for {meta.replica} replicas",
-            )
-        if not await self.client.create(self.keys.topic_meta(topic), meta.to_json()):
-            raise CoordinatorError(400, "E_TOPIC_EXIST")
-        self.metas[topic] = meta
-        for partition in range(meta.partition_num):
-            replicas = tuple(nodes[(partition + i) % len(nodes)] for i in range(meta.replica))
-            info = ReplicaInfo(replicas[0], replicas, replica=meta.replica)
-            key = self.keys.replica_info(topic, partition)
-            revision = await self.client.create(key, info.to_json())
-            if revision:
-                self._take(key, info.to_json(), revision)
-        self.lookupd.log.info(
-            "CLUSTER: created %s: %d partition(s), %d replica(s)",
-            topic,
-            meta.partition_num,
-            meta.replica,
-        )
 
     async def _current(self, topic: str, partition: int) -> ReplicaInfo:
         kv = await self.client.get(self.keys.replica_info(topic, partition))
@@ -378,6 +538,276 @@ class Coordinator:
             raise CoordinatorError(404, "E_TOPIC_NOT_EXIST")
         self._take(kv.key, kv.value, kv.mod_revision)
         return self.infos[(topic, partition)]
+
+    # -- leaders that refuse writes -------------------------------------------------------------
+
+    async def _check_leader_health(self, now: float) -> None:
+        """Leaders whose nodes report them not writable (not while handing over) for
+        `UNWRITABLE_GRACE` are replaced: a leader that cannot replicate marks itself so and
+        tells no one if it cannot reach the master either."""
+        for key, info in sorted(self.infos.items()):
+            report = self.reports.of(info.leader, key)
+            if (
+                key in self.busy
+                or report is None
+                or report.get("role") != "leader"
+                or report.get("writable")
+                or report.get("handing_over")
+            ):
+                self._unwritable_since.pop(key, None)
+                continue
+            since = self._unwritable_since.setdefault(key, now)
+            if now - since >= UNWRITABLE_GRACE:
+                if await self._elect(*key, info, unwritable=True):
+                    self._unwritable_since.pop(key, None)
+
+    async def leader_unwritable(self, topic: str, partition: int, node: str) -> ReplicaInfo:
+        """A leader says it cannot replicate (`ClusterNode._restore_writes`): replaced now if
+        a majority answers without it."""
+        self._require_master()
+        info = await self._current(topic, partition)
+        if info.leader == node and (topic, partition) not in self.busy:
+            if await self._elect(topic, partition, info, unwritable=True):
+                self._unwritable_since.pop((topic, partition), None)
+        return self.infos[(topic, partition)]
+
+    # -- planned leader transfer ---------------------------------------------------------------
+
+    async def transfer_leader(self, topic: str, partition: int, to: str, why: str) -> ReplicaInfo:
+        """Hand the partition's leadership to `to`, a live ISR follower: the leader drains
+        and hands over, `to` is checked to have its whole log, then named leader."""
+        key = (topic, partition)
+        if key in self.busy:
+            raise CoordinatorError(400, "another move of the partition is under way")
+        self.busy.add(key)
+        try:
+            return await self._transfer(topic, partition, to, why)
+        finally:
+            self.busy.discard(key)
+
+    async def _try_transfer(self, topic: str, partition: int, to: str, why: str) -> bool:
+        try:
+            await self.transfer_leader(topic, partition, to, why)
+        except (CoordinatorError, EtcdError) as error:
+            self.lookupd.log.warning(
+                "CLUSTER: %s/%d: moving the leader to %s failed - %s", topic, partition, to, error
+            )
+            return False
+        return True
+
+    async def _transfer(self, topic: str, partition: int, to: str, why: str) -> ReplicaInfo:
+        info = await self._current(topic, partition)
+        if info.leader == to:
+            return info
+        if to not in info.followers() or to not in self.nodes:
+            raise CoordinatorError(400, f"{to} is not a live ISR member of {topic}/{partition}")
+        leader = self.nodes.get(info.leader)
+        if leader is None:
+            raise CoordinatorError(400, f"the leader {info.leader} is not live")
+        started = trio.current_time()
+        try:
+            answer = await call_node(
+                leader,
+                "POST",
+                "/cluster/leader/handover",
+                HANDOVER_TIMEOUT,
+                topic=topic,
+                partition=partition,
+                to=to,
+            )
+        except NodeCallError as error:
+            raise CoordinatorError(400, f"the leader refused to hand over: {error}") from None
+        end = int(answer["end"][1])
+        counts: dict[str, int] = {}
+        await self._ask_count(to, topic, partition, counts)
+        if counts.get(to) != end:
+            # The leader takes publishes again after its own timeout.
+            raise CoordinatorError(
+                400, f"{to} has {counts.get(to)} messages, the leader {end}: not caught up"
+            )
+        updated = replace(info, leader=to, epoch_for_write=info.epoch_for_write + 1)
+        if not await self._write(topic, partition, updated, info):
+            raise CoordinatorError(409, "E_CONFLICT the partition changed meanwhile")
+        self.lookupd.log.info(
+            "CLUSTER: %s/%d: leader moved from %s to %s (%s), write epoch %d, %.0f ms",
+            topic,
+            partition,
+            info.leader,
+            to,
+            why,
+            updated.epoch_for_write,
+            (trio.current_time() - started) * 1000,
+        )
+        return self.infos[(topic, partition)]
+
+    # -- moving replicas -----------------------------------------------------------------------
+
+    async def move_replica(
+        self,
+        topic: str,
+        partition: int,
+        source: str,
+        destination: str,
+        *,
+        move_leader: bool,
+        timeout: float = MOVE_TIMEOUT,
+    ) -> ReplicaInfo:
+        """Youzan's tryMoveTopicPartition: `destination` joins the catch-up list, catches up
+        and joins the ISR; then the leadership moves to it (`move_leader`, when `source`
+        leads) and `source` leaves. CoordinatorError with Youzan's texts."""
+        key = (topic, partition)
+        if key in self.busy:
+            raise CoordinatorError(400, "another balance is running, should wait")
+        self.busy.add(key)
+        try:
+            info = await self._current(topic, partition)
+            if destination not in info.isr:
+                if destination not in info.catchup:
+                    updated = replace(info, catchup=(*info.catchup, destination))
+                    if not await self._write(topic, partition, updated, info):
+                        raise CoordinatorError(400, "catchup changed while wait moving")
+                self.lookupd.log.info(
+                    "CLUSTER: %s/%d: moving from %s to %s, %s catching up",
+                    topic,
+                    partition,
+                    source,
+                    destination,
+                    destination,
+                )
+                with trio.move_on_after(timeout) as waited:
+                    while True:
+                        info = self.infos.get(key)
+                        if info is None:
+                            raise CoordinatorError(400, "E_TOPIC_NOT_EXIST")
+                        if destination in info.isr:
+                            break
+                        if destination not in info.catchup:
+                            raise CoordinatorError(400, "catchup changed while wait moving")
+                        await self.wait_changed(1.0)
+                if waited.cancelled_caught:
+                    raise CoordinatorError(400, "timeout waiting move topic")
+            info = await self._current(topic, partition)
+            if info.leader == source:
+                if not move_leader:
+                    raise CoordinatorError(400, "can not move leader without moveleader param")
+                await self._transfer(topic, partition, destination, "moved")
+                info = await self._current(topic, partition)
+            if source in info.isr or source in info.catchup:
+                await self._drop(topic, partition, info, [source], f"moved to {destination}")
+            return self.infos[key]
+        finally:
+            self.busy.discard(key)
+
+    # -- balance ---------------------------------------------------------------------------------
+
+    def balance_allowed(self) -> str | None:
+        """Why balancing does not run now, or None when it may."""
+        window = balance_window(self.lookupd.options)
+        if window is None:
+            return "switched off (--balance-interval=off)"
+        hour = time.localtime().tm_hour
+        if not window[0] <= hour <= window[1]:
+            return f"outside --balance-interval {window[0]},{window[1]}"
+        if not self.is_master:
+            return "not the master"
+        if not self.stable():
+            return "the cluster is not stable"
+        if any(node not in self.reports.reports for node in self.nodes):
+            return "waiting for every node's report"
+        return None
+
+    def next_balance_move(self) -> Move | None:
+        nodes = self.eligible_nodes()
+        infos = dict(self.infos)
+        loads = self.reports.loads()
+        groups = []
+        if self.state.topn_balance:
+            busiest = sorted(loads, key=lambda key: -partition_load_factor(loads[key]))[:TOPN_LIMIT]
+            groups.append([key for key in busiest if key in infos])
+
+        move = next_leader_move(nodes, infos, self.reports.caught_up, loads, groups)
+        if move is None:
+            move = next_replica_move(nodes, infos)
+        return move
+
+    async def _balance_loop(self) -> None:
+        while True:
+            await trio.sleep(BALANCE_INTERVAL)
+            if self.balance_allowed() is not None or self.balancing is not None:
+                continue
+            move = self.next_balance_move()
+            if move is None:
+                continue
+            self.balancing = move
+            try:
+                self.lookupd.log.info("CLUSTER: balancing: %s", move)
+                if move.leader:
+                    done = await self._try_transfer(
+                        move.topic, move.partition, move.destination, "balance"
+                    )
+                else:
+                    try:
+                        await self.move_replica(
+                            move.topic,
+                            move.partition,
+                            move.source,
+                            move.destination,
+                            move_leader=False,
+                        )
+                        done = True
+                    except (CoordinatorError, EtcdError) as error:
+                        self.lookupd.log.warning("CLUSTER: balancing %s failed - %s", move, error)
+                        done = False
+                self.balance_moves += done
+            finally:
+                self.balancing = None
+
+    # -- reading the nodes ---------------------------------------------------------------------
+
+    async def _poll_nodes(self) -> None:
+        """Every node's partitions, for leader health, hand-overs, balance and load factors."""
+        while True:
+            nodes = dict(self.nodes)
+            async with trio.open_nursery() as polling:
+                for node_id, node in nodes.items():
+                    polling.start_soon(self._poll_node, node_id, node)
+            await trio.sleep(POLL_INTERVAL if self.is_master else FOLLOWER_POLL_INTERVAL)
+
+    async def _poll_node(self, node_id: str, node: NodeInfo) -> None:
+        try:
+            answer = await call_node(node, "GET", "/cluster/partitions", POLL_INTERVAL)
+        except NodeCallError:
+            return
+        if node_id in self.nodes:
+            self.reports.take(node_id, answer, trio.current_time())
+
+    def node_stats(self) -> dict[str, dict]:
+        """Each live node's leaders, replicas and Youzan load factors."""
+        loads = node_loads(self.nodes, self.infos, self.reports.loads())
+        return {
+            node: {
+                "leaders": load.leaders,
+                "replicas": load.replicas,
+                "leader_load_factor": round(load.leader_load_factor, 3),
+                "node_load_factor": round(load.node_load_factor, 3),
+            }
+            for node, load in loads.items()
+        }
+
+    def topn_topics(self, count: int) -> list[dict]:
+        """Youzan's `topn_topics`: the busiest partitions (`<topic>-<partition>`) by load
+        factor."""
+        loads = self.reports.loads()
+        ranked = sorted(
+            ((partition_load_factor(load), key) for key, load in loads.items()),
+            key=lambda item: (-item[0], item[1]),
+        )[:count]
+        return [
+            {"topic": f"{topic}-{partition}", "load_factor": round(factor, 3)}
+            for factor, (topic, partition) in ranked
+        ]
+
+    # -- requests from nsqds ---------------------------------------------------------------------
 
     async def leave_isr(self, topic: str, partition: int, nodes: list[str]) -> ReplicaInfo:
         self._require_master()
@@ -399,6 +829,8 @@ class Coordinator:
                 return info
             if node not in self.nodes:
                 raise CoordinatorError(400, f"E_NOT_LIVE {node} is not a live node")
+            if node not in info.catchup:
+                raise CoordinatorError(400, f"E_NOT_CATCHUP {node} does not hold the partition")
             updated = replace(
                 info,
                 isr=(*info.isr, node),
@@ -410,10 +842,23 @@ class Coordinator:
                 return self.infos[(topic, partition)]
         raise CoordinatorError(409, "E_CONFLICT the partition kept changing")
 
+    # -- cluster state ---------------------------------------------------------------------------
 
-def _get_json(url: str) -> dict:
-    try:
-        with urllib.request.urlopen(url, timeout=OFFSETS_TIMEOUT) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        raise ValueError(f"{error.code}") from None
+    async def change_state(self, **changes) -> ClusterState:
+        """Write the cluster state with `changes` (a transaction on its revision)."""
+        self._require_master()
+        for _ in range(5):
+            kv = await self.client.get(self.keys.cluster_state)
+            current = ClusterState.from_json(kv.value, kv.mod_revision) if kv else ClusterState()
+            updated = replace(current, **changes)
+            if kv is None:
+                revision = await self.client.create(self.keys.cluster_state, updated.to_json())
+            else:
+                revision = await self.client.replace(
+                    self.keys.cluster_state, updated.to_json(), kv.mod_revision
+                )
+            if revision:
+                self._take(self.keys.cluster_state, updated.to_json(), revision)
+                self.notify_changed()
+                return self.state
+        raise CoordinatorError(409, "E_CONFLICT the cluster state kept changing")

@@ -20,6 +20,7 @@ from common.http_server import (
 )
 from common.http_server import first_param as _first
 from common.http_server import query_params as _query
+from common.log import LOG_LEVELS, youzan_log_level
 from common.names import is_valid_name
 from common.version import VERSION
 from nsqlookupd.coordinator import CoordinatorError
@@ -36,6 +37,12 @@ def _post(url: str) -> None:
     request = urllib.request.Request(url, data=b"", method="POST")
     with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT) as response:
         response.read()
+
+
+def _is_int(text: str) -> bool:
+    """Go's strconv.Atoi accepts it (a sign, then ASCII digits)."""
+    digits = text[1:] if text[:1] in "+-" else text
+    return digits.isascii() and digits.isdigit()
 
 
 def _topic_and_channel(params: dict[str, list[str]]) -> tuple[str, str]:
@@ -75,7 +82,18 @@ class HTTPAPI:
         router.add("POST", "/disable/write", self.disable_write)
         router.add("POST", "/cluster/isr/leave", self.isr_leave)
         router.add("POST", "/cluster/isr/join", self.isr_join)
+        router.add("POST", "/cluster/leader/unwritable", self.leader_unwritable)
         router.add("GET", "/cluster/stats", self.cluster_stats)
+        # Youzan's operations (docs/operations.md, "Operating a replicated cluster").
+        router.add("POST", "/topic/partition/expand", self.partition_expand)
+        router.add("POST", "/topic/partition/move", self.partition_move)
+        router.add("POST", "/topic/meta/update", self.meta_update)
+        router.add("POST", "/cluster/node/remove", self.node_remove)
+        router.add("POST", "/cluster/upgrade/begin", self.upgrade_begin)
+        router.add("POST", "/cluster/upgrade/done", self.upgrade_done)
+        router.add("POST", "/cluster/balance/topn", self.balance_topn)
+        router.add("POST", "/cluster/lookupd/tombstone", self.lookupd_tombstone)
+        router.add("POST", "/loglevel/set", self.set_log_level)
 
     def ping(self, request: Request) -> Response:
         return text_response(200, "OK")
@@ -260,7 +278,11 @@ class HTTPAPI:
         lookupd = self.lookupd
         coordinator = lookupd.coordinator
         if coordinator is not None:
-            nodes = sorted(coordinator.lookupds.values(), key=lambda node: node.get("ID", ""))
+            tombstoned = coordinator.state.tombstoned_lookupds
+            nodes = sorted(
+                (node for key, node in coordinator.lookupds.items() if key not in tombstoned),
+                key=lambda node: node.get("ID", ""),
+            )
             return v1_response(
                 200,
                 {"lookupdleader": coordinator.master or {}, "lookupdnodes": nodes},
@@ -317,21 +339,20 @@ class HTTPAPI:
     async def _create_in_cluster(self, topic: str, params: dict[str, list[str]]) -> None:
         """Youzan's `/topic/create` on the master: placement and replica sets in etcd."""
         partition_num, replicator = self._partition_params(params, max_replicator=5)
+        retention = _first(params, "retention") or "0"
+        if not _is_int(retention):
+            raise HTTPError(400, "INVALID_ARG_TOPIC_RETENTION")
         meta = TopicMeta(
             partition_num,
             replicator,
             sync_every=self._sync_every(params),
+            retention_day=int(retention),
             ordered_multi=_first(params, "orderedmulti") == "true",
             multi_part=_first(params, "multipart") == "true",
             ext=_first(params, "extend") == "true",
             disable_channel_auto_create=_first(params, "disable_channel_auto_create") == "true",
         )
-        try:
-            await self.lookupd.coordinator.create_topic(topic, meta)
-        except CoordinatorError as error:
-            raise HTTPError(error.status, error.text) from None
-        except EtcdError as error:
-            raise HTTPError(500, f"E_ETCD {error}") from None
+        await self._operate(self.lookupd.operations.create_topic(topic, meta))
 
     async def isr_leave(self, request: Request) -> Response:
         """A leader drops followers that cannot take its writes (`nsqd/cluster.py`)."""
@@ -342,6 +363,12 @@ class HTTPAPI:
         """A node that caught up with a partition's leader joins its ISR."""
         topic, partition, nodes = self._isr_params(request)
         return await self._isr_change(self.lookupd.coordinator.join_isr, topic, partition, nodes[0])
+
+    async def leader_unwritable(self, request: Request) -> Response:
+        """A leader that cannot replicate says so (`nsqd/cluster.py`)."""
+        topic, partition, nodes = self._isr_params(request)
+        coordinator = self.lookupd.coordinator
+        return await self._isr_change(coordinator.leader_unwritable, topic, partition, nodes[0])
 
     def _isr_params(self, request: Request) -> tuple[str, int, list[str]]:
         if self.lookupd.coordinator is None:
@@ -368,11 +395,16 @@ class HTTPAPI:
         return v1_response(200, json.loads(info.to_json()))
 
     def cluster_stats(self, request: Request) -> Response:
-        """The cluster as this nsqlookupd sees it: nodes, master, and each partition's
-        replicas (Youzan's `/cluster/stats`, in nsqpy's shape)."""
+        """The cluster as this nsqlookupd sees it: Youzan's `stable`, `node_stat_list` (each
+        node's leader and node load factors) and `topn_topics` (`?topn=N`), and beside them
+        nsqpy's: nodes with their leaders and replicas, the master, etcd's reachability, the
+        cluster state and each partition's replicas."""
         coordinator = self.lookupd.coordinator
         if coordinator is None:
             raise HTTPError(400, "E_NOT_CLUSTER this nsqlookupd is not in a cluster")
+        params = _query(request)
+        topn_text = _first(params, "topn") or "0"
+        topn = int(topn_text) if topn_text.isdigit() else 0
         partitions = []
         for (topic, partition), info in sorted(coordinator.infos.items()):
             partitions.append(
@@ -394,16 +426,194 @@ class HTTPAPI:
                     "under_replicated": len(info.isr) < info.replica,
                 }
             )
+        stats = coordinator.node_stats()
+        nodes = []
+        node_stat_list = []
+        for node_id, node in sorted(coordinator.nodes.items()):
+            peer = self._peer_of(node.ip, node.tcp_port)
+            hostname = peer.hostname if peer is not None else ""
+            numbers = stats.get(node_id, {})
+            node_stat_list.append(
+                {
+                    "hostname": hostname,
+                    "broadcast_address": node.ip,
+                    "tcp_port": node.tcp_port,
+                    "http_port": node.http_port,
+                    "leader_load_factor": numbers.get("leader_load_factor", 0.0),
+                    "node_load_factor": numbers.get("node_load_factor", 0.0),
+                }
+            )
+            nodes.append(
+                {
+                    "id": node_id,
+                    "hostname": hostname,
+                    "broadcast_address": node.ip,
+                    "tcp_port": node.tcp_port,
+                    "http_port": node.http_port,
+                    "rpc_port": node.rpc_port,
+                    "removing": node_id in coordinator.state.removing,
+                    **numbers,
+                }
+            )
+        state = coordinator.state
         return v1_response(
             200,
             {
+                "stable": coordinator.stable(),
+                "node_stat_list": node_stat_list,
+                "topn_topics": coordinator.topn_topics(topn) if topn > 0 else [],
                 "master": coordinator.master,
                 "is_master": coordinator.is_master,
+                "etcd": {
+                    "reachable": coordinator.etcd_ok,
+                    "endpoints": coordinator.client.endpoints,
+                    "error": coordinator.etcd_error,
+                },
+                "upgrading": state.upgrading,
+                "removing_nodes": list(state.removing),
+                "tombstoned_lookupds": list(state.tombstoned_lookupds),
+                "topn_balance": state.topn_balance,
+                "balance": {
+                    "not_now": coordinator.balance_allowed(),
+                    "moving": str(coordinator.balancing) if coordinator.balancing else None,
+                    "moves": coordinator.balance_moves,
+                },
+                "nodes": nodes,
                 "nsqd_nodes": sorted(coordinator.nodes),
                 "lookupd_nodes": sorted(coordinator.lookupds),
                 "partitions": partitions,
             },
         )
+
+    def _peer_of(self, address: str, tcp_port: int):
+        """The registered nsqd peer at `address:tcp_port` (Youzan's SearchPeerClientByClusterID)."""
+        for producer in self.lookupd.db.find_producers("client", "", ""):
+            peer = producer.peer
+            if peer.broadcast_address == address and peer.tcp_port == tcp_port:
+                return peer
+        return None
+
+    # -- Youzan's cluster operations -----------------------------------------------------------
+
+    def _operations(self):
+        operations = self.lookupd.operations
+        if operations is None:
+            raise HTTPError(500, "MISSING_COORDINATOR")
+        return operations
+
+    @staticmethod
+    async def _operate(call) -> None:
+        try:
+            await call
+        except CoordinatorError as error:
+            raise HTTPError(error.status, error.text) from None
+        except EtcdError as error:
+            raise HTTPError(500, f"E_ETCD {error}") from None
+
+    async def partition_expand(self, request: Request) -> Response:
+        operations = self._operations()
+        params = _query(request)
+        topic = _first(params, "topic")
+        if not topic:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        text = _first(params, "partition_num")
+        if not text:
+            raise HTTPError(400, "MISSING_ARG_TOPIC_PARTITION_NUM")
+        if not _is_int(text) or not 0 < int(text) <= 255:
+            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
+        await self._operate(operations.expand(topic, int(text)))
+        return v1_response(200)
+
+    async def partition_move(self, request: Request) -> Response:
+        operations = self._operations()
+        params = _query(request)
+        topic = _first(params, "topic")
+        if not topic:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        text = _first(params, "partition")
+        if not text:
+            raise HTTPError(400, "MISSING_ARG_TOPIC_PARTITION")
+        if not _is_int(text) or not 0 <= int(text) < 255:
+            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
+        await self._operate(
+            operations.move(
+                topic,
+                int(text),
+                _first(params, "move_leader") == "true",
+                _first(params, "move_from") or "",
+                _first(params, "move_to") or "",
+            )
+        )
+        return v1_response(200)
+
+    async def meta_update(self, request: Request) -> Response:
+        operations = self._operations()
+        params = _query(request)
+        topic = _first(params, "topic")
+        if not topic:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        replicator = _first(params, "replicator")
+        if replicator and (not _is_int(replicator) or not 0 < int(replicator) <= 5):
+            raise HTTPError(400, "INVALID_ARG_TOPIC_REPLICATOR")
+        sync_every = _first(params, "syncdisk")
+        if sync_every and not _is_int(sync_every):
+            raise HTTPError(400, "INVALID_ARG_TOPIC_SYNC_DISK")
+        retention = _first(params, "retention")
+        if retention and not _is_int(retention):
+            raise HTTPError(400, "INVALID_ARG_TOPIC_RETENTION")
+        auto_create = _first(params, "disable_channel_auto_create")
+        await self._operate(
+            operations.update_meta(
+                topic,
+                replicator=int(replicator) if replicator else None,
+                sync_every=int(sync_every) if sync_every else None,
+                retention_days=int(retention) if retention else None,
+                disable_channel_auto_create=None if not auto_create else auto_create == "true",
+                upgrade_ext=_first(params, "upgradeext") == "true",
+            )
+        )
+        return v1_response(200)
+
+    async def node_remove(self, request: Request) -> Response:
+        operations = self._operations()
+        node = _first(_query(request), "remove_node") or ""
+        await self._operate(operations.remove_node(node))
+        return v1_response(200)
+
+    async def upgrade_begin(self, request: Request) -> Response:
+        await self._operate(self._operations().set_upgrading(True))
+        return v1_response(200)
+
+    async def upgrade_done(self, request: Request) -> Response:
+        await self._operate(self._operations().set_upgrading(False))
+        return v1_response(200)
+
+    async def balance_topn(self, request: Request) -> Response:
+        operations = self._operations()
+        enabled = _first(_query(request), "enable") == "true"
+        await self._operate(operations.set_topn_balance(enabled))
+        return v1_response(200)
+
+    async def lookupd_tombstone(self, request: Request) -> Response:
+        params = _query(request)
+        node = _first(params, "node")
+        if not node:
+            raise HTTPError(400, "MISSING_ARG_NODE")
+        operations = self._operations()
+        await self._operate(operations.tombstone_lookupd(node, bool(_first(params, "restore"))))
+        return v1_response(200)
+
+    def set_log_level(self, request: Request) -> Response:
+        """Youzan's POST /loglevel/set?loglevel=N (glog-style numbers, `common/log.py`)."""
+        text = _first(_query(request), "loglevel")
+        if not text:
+            raise HTTPError(400, "MISSING_ARG_LEVEL")
+        if not _is_int(text):
+            raise HTTPError(400, "BAD_LEVEL_STRING")
+        level = youzan_log_level(int(text))
+        self.lookupd.log.setLevel(LOG_LEVELS[level])
+        self.lookupd.log.info("log level set to %s", level)
+        return v1_response(200)
 
     async def _create_partitioned(self, topic: str, params: dict[str, list[str]]) -> None:
         """Youzan's `/topic/create?partition_num=N&replicator=R`: place the partitions on the
@@ -461,11 +671,20 @@ class HTTPAPI:
         self.lookupd.write_disabled = kind if kind in ("all", "ordered") else None
         return v1_response(200)
 
-    def topic_delete(self, request: Request) -> Response:
+    async def topic_delete(self, request: Request) -> Response:
         params = _query(request)
         topic = _first(params, "topic")
         if topic is None:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
+        coordinator = self.lookupd.coordinator
+        if coordinator is not None and topic in coordinator.metas:
+            # A cluster topic: Youzan's delete, every partition at once.
+            partition = _first(params, "partition")
+            if not partition:
+                raise HTTPError(400, "MISSING_ARG_TOPIC_PARTITION")
+            if partition != "**":
+                raise HTTPError(400, "REMOVE_SINGLE_PARTITION_NOT_ALLOWED")
+            await self._operate(self.lookupd.operations.delete_topic(topic))
         db = self.lookupd.db
         for registration in db.find_registrations("channel", topic, ANY):
             self.lookupd.log.info("DB: removing channel(%s) from topic(%s)", registration[2], topic)
@@ -492,15 +711,28 @@ class HTTPAPI:
                     producer.tombstone()
         return v1_response(200)
 
-    def channel_create(self, request: Request) -> Response:
+    async def channel_create(self, request: Request) -> Response:
         topic, channel = _topic_and_channel(_query(request))
+        if self._cluster_topic(topic):
+            # Made on every partition's leader, which takes it to its followers.
+            await self._operate(
+                self.lookupd.operations.channel_everywhere(topic, channel, delete=False)
+            )
         self.lookupd.log.info("DB: adding channel(%s) in topic(%s)", channel, topic)
         self.lookupd.db.add_registration(("channel", topic, channel, None))
         self.lookupd.db.add_registration(("topic", topic, "", None))
         return v1_response(200)
 
-    def channel_delete(self, request: Request) -> Response:
+    def _cluster_topic(self, topic: str) -> bool:
+        coordinator = self.lookupd.coordinator
+        return coordinator is not None and topic in coordinator.metas
+
+    async def channel_delete(self, request: Request) -> Response:
         topic, channel = _topic_and_channel(_query(request))
+        if self._cluster_topic(topic):
+            await self._operate(
+                self.lookupd.operations.channel_everywhere(topic, channel, delete=True)
+            )
         registrations = self.lookupd.db.find_registrations("channel", topic, channel)
         if not registrations:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")

@@ -29,6 +29,9 @@ class Options:
     cluster_node_ttl: float = 3.0
     # How long a replica's node may stay gone before the master places the replica elsewhere.
     cluster_replace_dead_after: float = 300.0
+    # Youzan's `balance_interval`: the hours of the day (local time, both included) in which the
+    # master moves leaders and replicas to balance the nodes; empty: any time; "off": never.
+    balance_interval: tuple[str, ...] = ()
 
     def replace(self, **changes) -> "Options":
         return dataclasses.replace(self, **changes)
@@ -83,6 +86,14 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 " etcd stays master (its lease)",
             ),
             Flag(
+                "balance-interval",
+                Kind.STRING_LIST,
+                list(d.balance_interval),
+                "cluster mode: the hours of the day in which the master balances leaders and"
+                " replicas, as START,END (Youzan's balance_interval, e.g. 2,4; may be given twice,"
+                " once each); not given: at any time; off: never",
+            ),
+            Flag(
                 "cluster-replace-dead-after",
                 Kind.DURATION,
                 d.cluster_replace_dead_after,
@@ -99,7 +110,31 @@ class OptionsError(ValueError):
 
 def options_from_values(values: dict) -> Options:
     known = {f.name for f in dataclasses.fields(Options)}
-    options = Options(**{key: value for key, value in values.items() if key in known})
+    fields = {key: value for key, value in values.items() if key in known}
+    if "balance_interval" in fields:
+        fields["balance_interval"] = tuple(fields["balance_interval"] or ())
+    options = Options(**fields)
     if options.log_level not in LOG_LEVELS:
         raise OptionsError(f"invalid log level {options.log_level!r}")
+    balance_window(options)  # refuses a bad --balance-interval at start
     return options
+
+
+def balance_window(options: Options) -> tuple[int, int] | None:
+    """The hours in which balancing runs: (0, 23) for any time, None for never. OptionsError
+    for a value that is not `off` or two hours."""
+    items = [part.strip() for item in options.balance_interval for part in item.split(",")]
+    items = [item for item in items if item]
+    if not items:
+        return (0, 23)
+    if items == ["off"]:
+        return None
+    if len(items) != 2 or not all(item.isdigit() and int(item) <= 23 for item in items):
+        raise OptionsError(
+            f"invalid balance-interval {','.join(items)!r}: want START,END hours of the day"
+            " (0-23), or off"
+        )
+    start, end = int(items[0]), int(items[1])
+    if start > end:
+        raise OptionsError(f"invalid balance-interval {start},{end}: START is after END")
+    return start, end

@@ -52,10 +52,13 @@ class NSQLookupd:
         self._shutdown = trio.Event()
         # Cluster mode (docs/design.md §14): the cluster's metadata, and the master's work.
         self.coordinator = None
+        self.operations = None
         if options.cluster_leadership_addresses:
             from nsqlookupd.coordinator import Coordinator
+            from nsqlookupd.operations import ClusterOperations
 
             self.coordinator = Coordinator(self)
+            self.operations = ClusterOperations(self.coordinator)
 
     @property
     def tcp_port(self) -> int:

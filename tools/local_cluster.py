@@ -3,17 +3,22 @@
 
 Each daemon is its own process started from this virtualenv's console scripts. If one of them
 exits, the others are stopped and its exit status becomes ours, so a broken daemon is never
-hidden behind a cluster that looks up. Ctrl-C (or SIGTERM) stops each daemon once, cleanly: nsqd
-writes the messages it holds before it exits.
+hidden behind a cluster that looks up; except an nsqd of the replicated cluster, whose death is
+what the cluster is for: the runner says so and goes on, and starts it again when asked (type
+`restart <n>` and Enter), or by itself `--restart-after` seconds later. Ctrl-C (or SIGTERM)
+stops each daemon once, cleanly: nsqd writes the messages it holds before it exits.
 """
 
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
@@ -42,9 +47,54 @@ DAEMONS = [
 ]
 
 
-def run(daemons: list[tuple[str, list[str], str]], data_path: Path) -> int:
+@dataclass
+class Daemon:
+    name: str
+    command: list[str]
+    url: str
+    # An nsqd of the replicated cluster: it may die without the rest stopping.
+    replaceable: bool = False
+    number: int = 0
+    process: subprocess.Popen | None = None
+    # When it is to be started again (time.monotonic()), after it died.
+    restart_at: float | None = None
+    deaths: list[int] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{os.path.basename(self.name)} {self.number}" if self.number else self.name
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.command, start_new_session=True)
+        self.restart_at = None
+
+
+def _describe_exit(status: int) -> str:
+    if status < 0:
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exited with status {status}"
+
+
+def _read_commands(lines: "queue.Queue[str]", stream) -> None:
+    for line in stream:
+        lines.put(line.strip())
+
+
+def run(
+    daemons: list[tuple[str, list[str], str]],
+    data_path: Path,
+    *,
+    replaceable_nsqds: bool = False,
+    restart_after: float | None = None,
+    commands=None,
+) -> int:
     """Start `daemons` (console script, arguments, URL to print), wait until one of them exits
-    or a SIGINT/SIGTERM arrives, then stop the rest once and wait for every one of them.
+    or a SIGINT/SIGTERM arrives, then stop the rest once and wait for every one of them. With
+    `replaceable_nsqds`, an nsqd that exits is reported and left down until `restart <n>` is
+    read from `commands` (standard input by default), or `restart_after` seconds.
 
     The children run in sessions of their own, so a terminal's Ctrl-C reaches this runner
     alone and each daemon gets exactly one SIGTERM from it: a second signal would find nsqd
@@ -58,33 +108,100 @@ def run(daemons: list[tuple[str, list[str], str]], data_path: Path) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request_stop)
 
-    processes: list[tuple[str, subprocess.Popen]] = []
+    requests: queue.Queue[str] = queue.Queue()
+    if replaceable_nsqds:
+        stream = sys.stdin if commands is None else commands
+        threading.Thread(target=_read_commands, args=(requests, stream), daemon=True).start()
+    running: list[Daemon] = []
+    numbers = 0
+    for name, args, url in daemons:
+        given = any(arg.startswith("-data-path=") for arg in args)
+        extra = [f"-data-path={data_path}"] if name == "nsqd" and not given else []
+        program = name if os.path.isabs(name) else str(BIN / name)
+        daemon = Daemon(name, [program, *args, *extra], url)
+        if replaceable_nsqds and name == "nsqd":
+            numbers += 1
+            daemon.replaceable, daemon.number = True, numbers
+        running.append(daemon)
+    failed: Daemon | None = None
     try:
-        for name, args, url in daemons:
-            given = any(arg.startswith("-data-path=") for arg in args)
-            extra = [f"-data-path={data_path}"] if name == "nsqd" and not given else []
-            program = name if os.path.isabs(name) else str(BIN / name)
-            command = [program, *args, *extra]
-            processes.append((name, subprocess.Popen(command, start_new_session=True)))
-            print(f"{os.path.basename(name):<11} {url}", flush=True)
+        for daemon in running:
+            daemon.start()
+            print(f"{daemon.label:<11} {daemon.url}", flush=True)
         print(f"nsqd data in {data_path}; Ctrl-C stops everything", flush=True)
-        while not stop_requested.wait(0.2):
-            if any(process.poll() is not None for _name, process in processes):
-                break
+        if replaceable_nsqds:
+            again = f", or by itself after {restart_after:g} s" if restart_after else ""
+            print(
+                "an nsqd may die (try kill -9): the cluster fails over; `restart <n>` and Enter"
+                f" starts nsqd <n> again{again}",
+                flush=True,
+            )
+        while failed is None and not stop_requested.wait(0.2):
+            failed = _supervise(running, requests, restart_after)
     finally:
-        for _name, process in processes:
-            if process.poll() is None:
-                process.terminate()
-        for _name, process in processes:
-            process.wait()
+        for daemon in running:
+            if daemon.process is not None and daemon.process.poll() is None:
+                daemon.process.terminate()
+        for daemon in running:
+            if daemon.process is not None:
+                daemon.process.wait()
     status = 0
-    for name, process in processes:
-        # etcd ends on the SIGTERM it was sent without a status of its own.
-        stopped = os.path.isabs(name) and process.returncode == -signal.SIGTERM
-        if process.returncode != 0 and not stopped:
-            print(f"{name} exited with status {process.returncode}", file=sys.stderr)
-            status = status or process.returncode
+    for daemon in running:
+        code = daemon.process.returncode if daemon.process is not None else 0
+        # etcd ends on the SIGTERM it was sent without a status of its own, and so does a
+        # daemon stopped before it could take signals (it was only starting).
+        stopped = daemon is not failed and code == -signal.SIGTERM
+        if daemon.replaceable and daemon is not failed and daemon.restart_at is not None:
+            continue  # reported when it died
+        if code != 0 and not stopped:
+            print(f"{daemon.label} exited with status {code}", file=sys.stderr)
+            status = status or code
     return status
+
+
+def _supervise(
+    running: list[Daemon], requests: "queue.Queue[str]", restart_after: float | None
+) -> Daemon | None:
+    """One look at the daemons: a replaceable nsqd that died is reported (and its restart
+    scheduled); any other daemon that exited is returned, ending the run."""
+    now = time.monotonic()
+    for daemon in running:
+        process = daemon.process
+        if process is None or process.poll() is None:
+            continue
+        if not daemon.replaceable:
+            return daemon
+        if daemon.restart_at is None:
+            daemon.deaths.append(process.returncode)
+            daemon.restart_at = now + restart_after if restart_after else float("inf")
+            when = f"in {restart_after:g} s" if restart_after else f"with `restart {daemon.number}`"
+            print(
+                f"{daemon.label} ({daemon.url}) {_describe_exit(process.returncode)}; the"
+                f" cluster goes on without it; it starts again {when}",
+                flush=True,
+            )
+    while True:
+        try:
+            line = requests.get_nowait()
+        except queue.Empty:
+            break
+        words = line.split()
+        if len(words) == 2 and words[0] == "restart" and words[1].isdigit():
+            targets = [d for d in running if d.replaceable and d.number == int(words[1])]
+            if not targets:
+                print(f"no nsqd {words[1]}", flush=True)
+            for daemon in targets:
+                if daemon.restart_at is None:
+                    print(f"{daemon.label} is running", flush=True)
+                else:
+                    daemon.restart_at = now
+        elif words:
+            print("commands: restart <n>", flush=True)
+    for daemon in running:
+        if daemon.restart_at is not None and daemon.restart_at <= now:
+            daemon.start()
+            print(f"{daemon.label} started again ({daemon.url})", flush=True)
+    return None
 
 
 def replicated_daemons(data_path: Path, etcd: str) -> list[tuple[str, list[str], str]]:
@@ -148,7 +265,22 @@ def replicated_daemons(data_path: Path, etcd: str) -> list[tuple[str, list[str],
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     data_path = Path(os.environ.get("NSQPY_DATA", tempfile.mkdtemp(prefix="nsqpy-")))
-    if argv == ["--replicated"]:
+    replicated = "--replicated" in argv
+    restart_after = None
+    offset = 0
+    for arg in argv:
+        if arg.startswith("--restart-after="):
+            restart_after = float(arg.split("=", 1)[1])
+        elif arg.startswith("--port-offset="):
+            offset = int(arg.split("=", 1)[1])
+        elif arg != "--replicated":
+            print(
+                "usage: python -m tools.local_cluster [--replicated [--restart-after=SECONDS]]"
+                " [--port-offset=N]",
+                file=sys.stderr,
+            )
+            return 2
+    if replicated:
         etcd = shutil.which("etcd")
         if etcd is None:
             print(
@@ -158,11 +290,28 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         for index in range(3):
             (data_path / f"nsqd{index + 1}").mkdir(parents=True, exist_ok=True)
-        return run(replicated_daemons(data_path, etcd), data_path)
-    if argv:
-        print("usage: python -m tools.local_cluster [--replicated]", file=sys.stderr)
-        return 2
-    return run(DAEMONS, data_path)
+        daemons = shift_ports(replicated_daemons(data_path, etcd), offset)
+        return run(daemons, data_path, replaceable_nsqds=True, restart_after=restart_after)
+    return run(shift_ports(DAEMONS, offset), data_path)
+
+
+def shift_ports(
+    daemons: list[tuple[str, list[str], str]], offset: int
+) -> list[tuple[str, list[str], str]]:
+    """Every 127.0.0.1 port of the daemons' arguments and URLs moved up by `offset` (to run
+    beside another cluster, or in the tests)."""
+    if not offset:
+        return daemons
+
+    def shift(text: str) -> str:
+        parts = text.split("127.0.0.1:")
+        for index in range(1, len(parts)):
+            digits = len(parts[index]) - len(parts[index].lstrip("0123456789"))
+            port = int(parts[index][:digits])
+            parts[index] = str(port + offset) + parts[index][digits:]
+        return "127.0.0.1:".join(parts)
+
+    return [(name, [shift(arg) for arg in args], shift(url)) for name, args, url in daemons]
 
 
 if __name__ == "__main__":

@@ -108,11 +108,12 @@ def test_every_replica_reports_the_partitions_state(cluster):
 
 
 def test_metrics_name_each_family_once(cluster):
-    info = cluster.partition("three", 0)
-    body = cluster.node(info["leader"]).http("GET", "/metrics").body.decode()
+    # A node that holds both partitions ("three" is on every node).
+    node = cluster.node(cluster.partition("two", 0)["leader"])
+    body = node.http("GET", "/metrics").body.decode()
     for name in ("isr_size", "replicas", "write_epoch", "is_leader", "under_replicated"):
         assert body.count(f"# TYPE nsq_partition_{name} gauge\n") == 1
-        # One series per partition on this node: "three" and "two" (both led here).
+        # One series per partition on this node: "three" and "two".
         assert len(re.findall(rf"^nsq_partition_{name}{{", body, re.MULTILINE)) == 2
 
 
@@ -129,16 +130,18 @@ def test_a_topic_outside_the_cluster_reports_no_replicas(cluster):
 def test_a_dead_follower_leaves_its_partitions_under_replicated(cluster):
     two = cluster.partition("two", 0)
     three = cluster.partition("three", 0)
-    leader = cluster.node(two["leader"])
-    assert three["leader"] == two["leader"]  # both created on the same sorted node list
-    victim = cluster.node(two["isr"][1])
-    survivor = cluster.node(next(n for n in three["isr"] if n not in (two["isr"])))
+    # The placement spreads the two leaders over two nodes; the third follows both.
+    assert two["leader"] != three["leader"]
+    [victim_id] = [n for n in two["isr"] if n not in (two["leader"], three["leader"])]
+    victim = cluster.node(victim_id)
+    leaders = {"two": cluster.node(two["leader"]), "three": cluster.node(three["leader"])}
+    survivor = cluster.node(next(n for n in three["isr"] if n not in (victim_id, three["leader"])))
     victim.kill()
 
     # The node's lease runs out (--cluster-node-ttl), then the master drops it from the ISRs.
     wait_for(
-        lambda: all(stats(leader, topic)["under_replicated"] for topic in ("two", "three")),
-        "the leader reporting both partitions under-replicated",
+        lambda: all(stats(leaders[topic], topic)["under_replicated"] for topic in leaders),
+        "the leaders reporting their partitions under-replicated",
     )
     wait_for(
         lambda: stats(survivor, "three")["under_replicated"],
@@ -146,9 +149,10 @@ def test_a_dead_follower_leaves_its_partitions_under_replicated(cluster):
     )
     for topic, isr, writable in (
         # One of two replicas is no majority: the leader refuses publishes.
-        ("two", [leader.node_id], False),
-        ("three", [leader.node_id, survivor.node_id], True),
+        ("two", [leaders["two"].node_id], False),
+        ("three", [leaders["three"].node_id, survivor.node_id], True),
     ):
+        leader = leaders[topic]
         entry = stats(leader, topic)
         assert entry["cluster_role"] == "leader"
         assert sorted(entry["cluster_isr"]) == sorted(isr)
@@ -158,12 +162,10 @@ def test_a_dead_follower_leaves_its_partitions_under_replicated(cluster):
         line = replica_line(leader, topic)
         assert f" catchup: {victim.node_id} " in line
         assert line.endswith(f" replicas: {len(isr)}/{entry['cluster_replicas']} UNDER-REPLICATED")
-    samples = metrics(leader)
-    assert samples['nsq_partition_under_replicated{topic="two",partition="0"}'] == 1
-    assert samples['nsq_partition_under_replicated{topic="three",partition="0"}'] == 1
-    assert samples['nsq_partition_isr_size{topic="two",partition="0"}'] == 1
-    assert samples['nsq_partition_isr_size{topic="three",partition="0"}'] == 2
-    assert samples['nsq_partition_is_leader{topic="two",partition="0"}'] == 1
+        samples = metrics(leader)
+        assert samples[f'nsq_partition_under_replicated{{topic="{topic}",partition="0"}}'] == 1
+        assert samples[f'nsq_partition_isr_size{{topic="{topic}",partition="0"}}'] == len(isr)
+        assert samples[f'nsq_partition_is_leader{{topic="{topic}",partition="0"}}'] == 1
     assert metrics(survivor)['nsq_partition_is_leader{topic="three",partition="0"}'] == 0
 
 

@@ -1,9 +1,17 @@
 """The daemons' log lines: Go's format, and always valid UTF-8."""
 
 import io
+import signal
+import subprocess
+import urllib.request
+
+import pytest
 
 from common.goformat import go_text
-from common.log import setup_logger
+from common.log import parse_flag_log_level, setup_logger, youzan_log_level
+from tests.cluster.etcd_server import free_port
+from tests.harness import BIN
+from tests.nsqlookupd.support import poll
 from nsqd.options import Options
 from nsqd.server import NSQD
 
@@ -30,3 +38,54 @@ def test_an_in_process_nsqds_records_are_printable_for_any_handler(caplog, tmp_p
     )
     server.log.error("[%s] - %s", "client", "E_BAD_TOPIC " + go_text(b"t\xfe"))
     assert caplog.records[-1].getMessage() == "[client] - E_BAD_TOPIC t\\xfe"
+
+
+@pytest.mark.parametrize(
+    "text,level",
+    [("0", "error"), ("1", "warn"), ("2", "info"), ("3", "debug"), ("4", "debug"), ("-1", "error")],
+)
+def test_youzans_numeric_log_levels(text, level):
+    """Youzan's daemons (glog, `levellogger`) take `--log-level=<n>`: 0 error ... 3 debug."""
+    assert parse_flag_log_level(text) == level
+    assert youzan_log_level(int(text)) == level
+
+
+def test_log_level_names_stay_gos():
+    assert parse_flag_log_level("WARN") == "warn"
+    with pytest.raises(ValueError, match="invalid log-level 'loud'"):
+        parse_flag_log_level("loud")
+
+
+@pytest.mark.parametrize("daemon", ["nsqd", "nsqlookupd"])
+def test_daemons_take_youzans_glog_flags(tmp_path, daemon):
+    """What Youzan's client test scripts pass: `--log-level=1 --alsologtostderr=true`. At
+    warn, the listening lines are not logged, so the ports are given."""
+    ports = [free_port(), free_port()]
+    args = [
+        f"-tcp-address=127.0.0.1:{ports[0]}",
+        f"-http-address=127.0.0.1:{ports[1]}",
+        "--log-level=1",
+        "--alsologtostderr=true",
+        "-logtostderr",
+    ]
+    if daemon == "nsqd":
+        args.append(f"-data-path={tmp_path}")
+    process = subprocess.Popen(
+        [str(BIN / daemon), *args], cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        reply = poll(lambda: _ping(ports[1]), f"{daemon} answering /ping", 10)
+        assert reply == b"OK"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _out, err = process.communicate(timeout=10)
+    assert process.returncode == 0, err
+    assert " INFO: " not in err  # warn and above only
+
+
+def _ping(port: int) -> bytes | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=1) as response:
+            return response.read()
+    except OSError:
+        return None

@@ -9,7 +9,7 @@ tests/nsqadmin/artifacts/topic.png (its path is printed)."""
 import pytest
 from selenium.common.exceptions import NoSuchElementException, WebDriverException
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.browser import start_chromium
 from tests.nsqadmin.support import (
@@ -519,3 +519,102 @@ def test_the_topic_page_shows_each_partitions_replicas(replicated, browser):
         By.CSS_SELECTOR, 'tr[data-topic="two"] [data-flag="under-replicated"]'
     )
     assert flag.text == "1 under-replicated"
+
+
+def test_a_replicated_clusters_operations_in_the_browser(replicated, browser):
+    """Youzan's create form, the Streams page's partitions × replicas, expanding and moving
+    from the Topic page, and on the Nodes page the cluster (master, etcd, each node's leaders
+    and replicas), upgrade mode and removing a node: each confirmed, then checked on the
+    master nsqlookupd."""
+    local = replicated.local
+    url = replicated.url
+
+    browser.get(f"{url}/lookup")
+    for element_id, value in (
+        ("create-topic", "ops"),
+        ("create-channel", "c"),
+        ("create-partitions", "2"),
+        ("create-replicas", "2"),
+        ("create-retention", "3"),
+    ):
+        browser.find_element(By.ID, element_id).send_keys(value)
+    click_through(browser, browser.find_element(By.ID, "create-submit"))
+    assert flash(browser) == "Created topic ops (2 partitions × 2 replicas) and its channel c."
+    for partition in (0, 1):
+        wait_until(lambda p=partition: local.node_leading("ops", p), message=f"ops/{partition}")
+    meta = get_json(f"http://{replicated.lookupd_http_address}/lookup?topic=ops&metainfo=true")
+    assert (meta["meta"]["partition_num"], meta["meta"]["replica"]) == (2, 2)
+
+    def streams_badge() -> str:
+        browser.get(f"{url}/")
+        found = browser.find_elements(
+            By.CSS_SELECTOR, 'tr[data-topic="ops"] [data-flag="partitioned"]'
+        )
+        return found[0].text if found else ""
+
+    wait_until(lambda: streams_badge() == "2 × 2", message="the Streams page's 2 × 2")
+
+    # Expand to three partitions.
+    browser.get(f"{url}/topics/ops")
+    count = browser.find_element(By.ID, "expand-partitions")
+    count.clear()
+    count.send_keys("3")
+    click_through(browser, browser.find_element(By.ID, "expand-submit"))
+    confirm(browser)
+    assert flash(browser) == "Expanded topic ops to 3 partitions."
+    wait_until(lambda: local.node_leading("ops", 2), message="ops/2 led")
+
+    # Move partition 0, with its leadership, to the node that does not hold it.
+    entry = local.partition("ops", 0)
+    [spare] = [n.node_id for n in local.nodes if n.node_id not in entry["isr"]]
+    browser.get(f"{url}/topics/ops")
+    Select(browser.find_element(By.ID, "move-partition")).select_by_value("0")
+    Select(browser.find_element(By.ID, "move-from")).select_by_value(entry["leader"])
+    Select(browser.find_element(By.ID, "move-to")).select_by_value(spare)
+    browser.find_element(By.ID, "move-leader").click()
+    click_through(browser, browser.find_element(By.ID, "move-submit"))
+    confirm(browser)
+    assert flash(browser) == f"Moved partition 0 of topic ops to {spare}."
+    assert local.partition("ops", 0)["leader"] == spare
+
+    # The Nodes page: the cluster as the master sees it.
+    browser.get(f"{url}/nodes")
+    master = local.stats()["master"]
+    assert browser.find_element(By.ID, "cluster-master").text == (
+        f"{master['NodeIP']}:{master['HttpPort']}"
+    )
+    assert browser.find_element(By.ID, "cluster-etcd").text.startswith("reachable")
+    for node in local.stats()["nodes"]:
+        row = f'#cluster-nodes tr[data-node-id="{node["id"]}"]'
+        assert numbers(browser, row, "leaders", "replicas") == {
+            "leaders": node["leaders"],
+            "replicas": node["replicas"],
+        }
+
+    # Upgrade mode on and off.
+    click_action(browser, "upgrade_begin", "#cluster")
+    confirm(browser)
+    assert flash(browser) == "Upgrade mode on."
+    assert local.stats()["upgrading"] is True
+    assert browser.find_element(By.CSS_SELECTOR, '#cluster [data-flag="upgrading"]').is_displayed()
+    click_action(browser, "upgrade_done", "#cluster")
+    confirm(browser)
+    assert flash(browser) == "Upgrade mode off."
+    assert local.stats()["upgrading"] is False
+
+    # Remove the node that now leads partition 0: it ends holding nothing.
+    click_action(browser, "remove_node", f'#cluster-nodes tr[data-node-id="{spare}"]')
+    confirm(browser)
+    assert flash(browser) == f"Removing {spare}: its replicas are moving to other nodes."
+
+    def holds_nothing() -> bool:
+        stats = local.stats()
+        return not stats["removing_nodes"] and all(
+            spare not in [e["leader"], *e["isr"], *e["catchup"]] for e in stats["partitions"]
+        )
+
+    wait_until(holds_nothing, timeout=60, message="the removed node holding nothing")
+    browser.get(f"{url}/nodes")
+    assert numbers(browser, f'#cluster-nodes tr[data-node-id="{spare}"]', "replicas") == {
+        "replicas": 0
+    }

@@ -1,7 +1,7 @@
 """Youzan ext topics, complete (docs/protocol.md §3.6, §6.2): HTTP `/pub_ext`, and tag dispatch —
 a consumer that IDENTIFYs with `desired_tag` receives exactly the messages whose
 `##client_dispatch_tag` is its tag, untagged messages go only to consumers without a tag, and a
-tag nobody consumes waits in the channel. Clients here are Youzan-style raw V2 connections
+tag no consumer has goes to the consumers without one (Youzan's messagePump). Clients here are Youzan-style raw V2 connections
 (binary IDs, `extend_support`); the tags live in the partition log, so a restart keeps them."""
 
 import json
@@ -173,18 +173,36 @@ async def test_tagged_and_untagged_consumers_each_receive_exactly_their_own(nsqd
     assert await bodies(plain, 1) == [b"u-last"]
 
 
-async def test_a_tag_nobody_consumes_waits_for_its_consumer(nsqd):
+async def test_a_tag_no_consumer_has_goes_to_the_untagged_consumers(nsqd):
+    """Youzan's messagePump: a tagged message whose tag no consumer of the channel has falls
+    through to the channel's common queue, and an untagged consumer gets it."""
     await create_partitions(nsqd, "yz", 0, ext="true")
     plain = await tagged_consumer(nsqd, "yz", "c", "")
     writer = await connect(nsqd)
     await writer.command_ok(pub_ext("yz", {TAG: "green"}, b"g1", 0))
     await writer.command_ok(pub_ext("yz", {}, b"u1", 0))
-    # The untagged consumer skips the green message, which stays in the channel.
-    assert await bodies(plain, 1) == [b"u1"]
-    stats = nsqd.get_partition("yz", 0).channels["c"]
-    assert stats.depth == 1
+    assert await bodies(plain, 2) == [b"g1", b"u1"]
+    # With a consumer of the tag connected, its messages go to it alone.
     green = await tagged_consumer(nsqd, "yz", "c", "green")
-    assert await bodies(green, 1) == [b"g1"]
+    await writer.command_ok(pub_ext("yz", {TAG: "green"}, b"g2", 0))
+    await writer.command_ok(pub_ext("yz", {}, b"u2", 0))
+    assert await bodies(green, 1) == [b"g2"]
+    assert await bodies(plain, 1) == [b"u2"]
+
+
+async def test_a_leaving_tagged_consumers_messages_go_to_the_untagged_ones(nsqd):
+    await create_partitions(nsqd, "yz", 0, ext="true")
+    green = await tagged_consumer(nsqd, "yz", "c", "green", rdy=1)
+    plain = await tagged_consumer(nsqd, "yz", "c", "")
+    writer = await connect(nsqd)
+    for body in (b"g1", b"g2", b"g3"):
+        await writer.command_ok(pub_ext("yz", {TAG: "green"}, body, 0))
+    await writer.command_ok(pub_ext("yz", {}, b"u1", 0))
+    # The green consumer holds one message in flight and leaves without finishing it.
+    await green.read_youzans(1)
+    await green.stream.aclose()
+    received = await bodies(plain, 4)
+    assert sorted(received) == [b"g1", b"g2", b"g3", b"u1"]
 
 
 async def test_consumers_of_a_plain_topic_ignore_their_tag(nsqd):
@@ -211,8 +229,9 @@ async def test_tags_survive_a_restart_of_a_log_topic(nsqd_options):
         await writer.command_ok(pub_ext("yz", {}, b"u1", 0))
         await writer.command_ok(pub_ext("yz", {TAG: "blue"}, b"b2", 0))
     async with running_nsqd(nsqd_options) as nsqd:
-        plain = await tagged_consumer(nsqd, "yz", "c", "")
+        # The tagged consumer first: until it is there, its tag's messages would be anyone's.
         blue = await tagged_consumer(nsqd, "yz", "c", "blue")
+        plain = await tagged_consumer(nsqd, "yz", "c", "")
         messages = await blue.read_youzans(2)
         assert [header_of(m.body) for m in messages] == [
             ({TAG: "blue", "k": "v"}, b"b1"),

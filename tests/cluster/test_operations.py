@@ -1,0 +1,361 @@
+"""Operating a replicated cluster (docs/operations.md, "Operating a replicated cluster"), on
+real processes: etcd, nsqlookupd and three or four nsqds, smart-client producers and consumers
+publishing and consuming throughout. Balance after a failover, a rolling restart, partition
+expansion, moves, node removal, topic meta updates and upgrade mode: nothing acknowledged is
+lost, and every replica ends byte-identical."""
+
+import json
+import math
+import time
+from collections import Counter
+
+import pytest
+
+from tests.cluster.local_cluster import LocalCluster, wait_for
+from tests.cluster.traffic import Traffic, check_replicas_identical, log_files
+from tests.harness import V2Connection
+
+
+@pytest.fixture
+def cluster(tmp_path, etcd_server):
+    with LocalCluster(tmp_path, etcd_server, nsqd_args=("-sync-every=1",)) as running:
+        yield running
+
+
+def create_topic(cluster: LocalCluster, topic: str, partitions: int, replicas: int) -> None:
+    """The topic, with channel `c` on every partition (made by the master on each leader)."""
+    cluster.create_topic(topic, partitions, replicas)
+    reply = cluster.master_http("POST", f"/channel/create?topic={topic}&channel=c")
+    assert reply.status == 200, reply
+
+
+def leaders(cluster: LocalCluster, topic: str, partitions: int) -> Counter:
+    return Counter(cluster.partition(topic, p)["leader"] for p in range(partitions))
+
+
+def balanced(cluster: LocalCluster, topic: str, partitions: int) -> bool:
+    counts = leaders(cluster, topic, partitions)
+    limit = math.ceil(partitions / len(cluster.nodes))
+    return len(counts) == len(cluster.nodes) and max(counts.values()) <= limit
+
+
+def operate(cluster: LocalCluster, target: str, status: int = 200) -> dict:
+    reply = cluster.master_http("POST", target)
+    assert reply.status == status, reply
+    return json.loads(reply.body) if reply.body else {}
+
+
+def test_leaders_move_back_once_a_restarted_node_caught_up(cluster):
+    """Youzan's balance: a failover leaves a node leading nothing; once it is back and
+    caught up, leaders move to it (planned transfers) until no node leads more than
+    ⌈partitions / nodes⌉."""
+    create_topic(cluster, "t", 6, 2)
+    assert balanced(cluster, "t", 6)
+    traffic = Traffic(cluster, "t", producers=1)
+    try:
+        traffic.wait_acked(100)
+        victim = cluster.nodes[2]
+        victim.kill()
+        wait_for(
+            lambda: victim.node_id not in leaders(cluster, "t", 6), "the victim's leaders moved"
+        )
+        assert not balanced(cluster, "t", 6)
+        victim.start()
+        wait_for(lambda: balanced(cluster, "t", 6), "leaders balanced again", timeout=60)
+        assert cluster.stats()["balance"]["moves"] >= 1
+        traffic.check_all_consumed()
+    finally:
+        traffic.close()
+    check_replicas_identical(cluster, "t", 6)
+
+
+def test_a_rolling_restart_loses_nothing(cluster):
+    """Each node in turn: SIGTERM, start again, wait until every ISR is whole. Producers and
+    a consumer run throughout; the longest write gap per partition is printed."""
+    create_topic(cluster, "t", 3, 3)
+    traffic = Traffic(cluster, "t")
+    try:
+        traffic.wait_acked(200)
+        for node in cluster.nodes:
+            node.stop()
+            node.start()
+            for partition in range(3):
+                wait_for(
+                    lambda p=partition: len(cluster.partition("t", p)["isr"]) == 3,
+                    f"t/{partition}'s ISR whole after {node.node_id} restarted",
+                    timeout=60,
+                )
+            traffic.wait_acked(len(traffic.acked) + 50)
+        traffic.check_all_consumed()
+        print("rolling restart: longest write gap per partition (s):", traffic.gaps)
+    finally:
+        traffic.close()
+    check_replicas_identical(cluster, "t", 3)
+
+
+def test_expanding_and_moving_partitions_under_load(tmp_path, etcd_server):
+    with LocalCluster(tmp_path, etcd_server, nsqds=4, nsqd_args=("-sync-every=1",)) as cluster:
+        create_topic(cluster, "t", 2, 2)
+        traffic = Traffic(cluster, "t")
+        try:
+            traffic.wait_acked(200)
+            operate(cluster, "/topic/partition/expand?topic=t&partition_num=4")
+            meta = cluster.lookupd_http("GET", "/lookup?topic=t&metainfo=true")
+            assert json.loads(meta.body)["meta"]["partition_num"] == 4
+            # The new partitions have the topic's channel, and the smart clients use them.
+            wait_for(
+                lambda: traffic.partitions_used[2] > 10 and traffic.partitions_used[3] > 10,
+                "publishes to the new partitions",
+            )
+            # Move partition 0, leader and all, to a node that does not hold it.
+            entry = cluster.partition("t", 0)
+            source = entry["leader"]
+            [destination] = [n.node_id for n in cluster.nodes if n.node_id not in entry["isr"]][:1]
+            operate(
+                cluster,
+                f"/topic/partition/move?topic=t&partition=0&move_leader=true"
+                f"&move_from={source}&move_to={destination}",
+            )
+            moved = cluster.partition("t", 0)
+            assert moved["leader"] == destination
+            assert source not in moved["isr"] + moved["catchup"]
+            wait_for(lambda: not log_files(cluster.node(source), "t", 0), "the old copy deleted")
+            traffic.wait_acked(len(traffic.acked) + 200)
+            traffic.check_all_consumed()
+        finally:
+            traffic.close()
+        check_replicas_identical(cluster, "t", 4)
+
+
+def test_a_removed_node_ends_holding_nothing(cluster):
+    create_topic(cluster, "t", 3, 2)
+    traffic = Traffic(cluster, "t")
+    try:
+        traffic.wait_acked(200)
+        victim = cluster.nodes[1]
+        operate(cluster, f"/cluster/node/remove?remove_node={victim.node_id}")
+        assert victim.node_id in cluster.stats()["removing_nodes"]
+
+        def holds_nothing() -> bool:
+            stats = cluster.stats()
+            return not stats["removing_nodes"] and not any(
+                victim.node_id in [entry["leader"], *entry["isr"], *entry["catchup"]]
+                for entry in stats["partitions"]
+            )
+
+        try:
+            wait_for(holds_nothing, "the removed node holding nothing", timeout=60)
+        except AssertionError:
+            print(json.dumps(cluster.stats(), indent=1))
+            print("\n".join(cluster.lookupds[0].lines[-60:]))
+            raise
+        node_stats = {node["id"]: node for node in cluster.stats()["nodes"]}
+        assert node_stats[victim.node_id]["replicas"] == 0
+        wait_for(
+            lambda: not any(log_files(victim, "t", p) for p in range(3)),
+            "its copies deleted",
+        )
+        traffic.wait_acked(len(traffic.acked) + 100)
+        traffic.check_all_consumed()
+    finally:
+        traffic.close()
+    check_replicas_identical(cluster, "t", 3)
+
+
+def test_meta_update_changes_replicas_and_settings(cluster):
+    create_topic(cluster, "t", 2, 2)
+    operate(cluster, "/topic/meta/update?topic=t&replicator=3&syncdisk=10&retention=5")
+    for partition in range(2):
+        wait_for(
+            lambda p=partition: len(cluster.partition("t", p)["isr"]) == 3,
+            f"t/{partition} on three nodes",
+            timeout=30,
+        )
+    meta = json.loads(cluster.lookupd_http("GET", "/lookup?topic=t&metainfo=true").body)["meta"]
+    assert meta["replica"] == 3
+    operate(cluster, "/topic/meta/update?topic=t&disable_channel_auto_create=true")
+    leader = cluster.node(cluster.partition("t", 0)["leader"])
+    connection = V2Connection(leader.tcp_port)
+    try:
+        connection.send(b"SUB t other 0\n")
+        assert connection.read_response().data == (
+            b"E_SUB_CHANNEL_NOT_REGISTERED channel is not registered under topic."
+        )
+    finally:
+        connection.close()
+    operate(cluster, "/topic/meta/update?topic=t&replicator=2")
+    for partition in range(2):
+        wait_for(
+            lambda p=partition: len(cluster.partition("t", p)["isr"]) == 2,
+            f"t/{partition} back on two nodes",
+        )
+    check_replicas_identical(cluster, "t", 2)
+
+
+def test_upgrade_mode_holds_re_replication_back(tmp_path, etcd_server):
+    with LocalCluster(
+        tmp_path, etcd_server, lookupd_args=("-cluster-replace-dead-after=1s",)
+    ) as cluster:
+        create_topic(cluster, "t", 1, 2)
+        operate(cluster, "/cluster/upgrade/begin")
+        assert cluster.stats()["upgrading"] and not cluster.stats()["stable"]
+        entry = cluster.partition("t", 0)
+        follower = cluster.node(entry["isr"][1])
+        spare = next(n for n in cluster.nodes if n.node_id not in entry["isr"])
+        follower.kill()
+        wait_for(lambda: follower.node_id in cluster.partition("t", 0)["catchup"], "left ISR")
+        # Past --cluster-replace-dead-after, and the spare is still not given the replica.
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            assert spare.node_id not in cluster.partition("t", 0)["catchup"]
+            time.sleep(0.2)
+        operate(cluster, "/cluster/upgrade/done")
+        wait_for(
+            lambda: spare.node_id in cluster.partition("t", 0)["isr"],
+            "the replica placed on the spare once the upgrade is done",
+        )
+
+
+def test_channels_and_topics_everywhere(cluster):
+    """`/channel/create` and `/channel/delete` on the master reach every partition's leader
+    and its followers; `/topic/delete?partition=**` removes every replica."""
+    cluster.create_topic("t", 2, 2)
+    operate(cluster, "/channel/create?topic=t&channel=ch")
+
+    def channels_everywhere(present: bool) -> bool:
+        for partition in range(2):
+            for node_id in cluster.partition("t", partition)["isr"]:
+                reply = cluster.node(node_id).http("GET", "/cluster/partitions")
+                entries = json.loads(reply.body)["partitions"]
+                [entry] = [e for e in entries if e["topic"] == "t" and e["partition"] == partition]
+                if ("ch" in entry["channels"]) != present:
+                    return False
+        return True
+
+    assert channels_everywhere(True)
+    lookup = json.loads(cluster.lookupd_http("GET", "/lookup?topic=t&access=w").body)
+    assert sorted(lookup["partitions"]) == ["0", "1"]  # writable once they have a channel
+    operate(cluster, "/channel/delete?topic=t&channel=ch")
+    assert channels_everywhere(False)
+    assert operate(cluster, "/channel/delete?topic=t&channel=ch", 404) == {
+        "message": "CHANNEL_NOT_FOUND"
+    }
+    operate(cluster, "/topic/delete?topic=t", 400)
+    operate(cluster, "/topic/delete?topic=t&partition=0", 400)
+    holders = {n for p in range(2) for n in cluster.partition("t", p)["isr"]}
+    operate(cluster, "/topic/delete?topic=t&partition=**")
+    wait_for(
+        lambda: not any(log_files(cluster.node(n), "t", p) for n in holders for p in range(2)),
+        "every replica deleted",
+    )
+    assert cluster.partition("t", 0) is None
+    assert cluster.lookupd_http("GET", "/lookup?topic=t").status == 404
+
+
+@pytest.mark.parametrize(
+    "target,status,message",
+    [
+        ("/topic/partition/expand?partition_num=3", 400, "MISSING_ARG_TOPIC"),
+        ("/topic/partition/expand?topic=t", 400, "MISSING_ARG_TOPIC_PARTITION_NUM"),
+        ("/topic/partition/expand?topic=t&partition_num=x", 400, "INVALID_ARG_TOPIC_PARTITION_NUM"),
+        (
+            "/topic/partition/expand?topic=t&partition_num=1",
+            500,
+            "the partition number can not be reduced",
+        ),
+        ("/topic/partition/expand?topic=none&partition_num=3", 500, "topic is not created"),
+        ("/topic/partition/move?topic=t", 400, "MISSING_ARG_TOPIC_PARTITION"),
+        (
+            "/topic/partition/move?topic=t&partition=0&move_from=a&move_to=a",
+            400,
+            "move to and from node can not be the same",
+        ),
+        (
+            "/topic/partition/move?topic=t&partition=0&move_leader=true&move_from=a&move_to=b",
+            400,
+            "move from not the topic leader",
+        ),
+        ("/topic/meta/update?topic=t&replicator=9", 400, "INVALID_ARG_TOPIC_REPLICATOR"),
+        ("/topic/meta/update?topic=t&syncdisk=5000", 400, "max sync every allowed exceed"),
+        ("/topic/meta/update?topic=t&retention=61", 400, "max retention days allowed exceed"),
+        ("/topic/meta/update?topic=none&retention=1", 400, "topic is not created"),
+        ("/cluster/node/remove?remove_node=nobody", 400, "node not found"),
+        ("/cluster/lookupd/tombstone", 400, "MISSING_ARG_NODE"),
+        ("/cluster/lookupd/tombstone?node=nobody", 404, "lookup node id not found"),
+        ("/loglevel/set", 400, "MISSING_ARG_LEVEL"),
+        ("/loglevel/set?loglevel=high", 400, "BAD_LEVEL_STRING"),
+    ],
+)
+def test_operations_answer_youzans_errors(cluster, target, status, message):
+    if cluster.partition("t", 0) is None:
+        cluster.create_topic("t", 2, 2)
+    assert operate(cluster, target, status) == {"message": message}
+
+
+def test_only_the_master_operates(tmp_path, etcd_server):
+    with LocalCluster(tmp_path, etcd_server, lookupds=2) as cluster:
+        cluster.create_topic("t", 1, 2)
+        other = next(index for index in range(2) if not cluster.stats(index)["is_master"])
+        for target, status in (
+            ("/topic/partition/expand?topic=t&partition_num=2", 500),
+            ("/cluster/upgrade/begin", 400),
+            ("/cluster/node/remove?remove_node=x", 400),
+        ):
+            reply = cluster.lookupd_http("POST", target, other)
+            assert (reply.status, json.loads(reply.body)) == (
+                status,
+                {"message": "Not nsqlookup leader"},
+            )
+
+
+def test_a_tombstoned_nsqlookupd_leaves_listlookup(tmp_path, etcd_server):
+    with LocalCluster(tmp_path, etcd_server, lookupds=2) as cluster:
+        listed = json.loads(cluster.lookupd_http("GET", "/listlookup").body)["lookupdnodes"]
+        victim = listed[1]["ID"]
+        operate(cluster, f"/cluster/lookupd/tombstone?node={victim}")
+        for index in range(2):
+            wait_for(
+                lambda i=index: (
+                    victim
+                    not in [
+                        n["ID"]
+                        for n in json.loads(cluster.lookupd_http("GET", "/listlookup", i).body)[
+                            "lookupdnodes"
+                        ]
+                    ]
+                ),
+                "the tombstoned nsqlookupd hidden",
+            )
+        operate(cluster, f"/cluster/lookupd/tombstone?node={victim}&restore=true")
+        listed = json.loads(cluster.lookupd_http("GET", "/listlookup").body)["lookupdnodes"]
+        assert victim in [node["ID"] for node in listed]
+
+
+def test_cluster_stats_carry_youzans_fields(cluster):
+    create_topic(cluster, "t", 3, 2)
+    operate(cluster, "/cluster/balance/topn?enable=true")
+    stats = json.loads(cluster.master_http("GET", "/cluster/stats?topn=2").body)
+    assert stats["stable"] is True
+    assert stats["topn_balance"] is True
+    assert stats["etcd"]["reachable"] is True
+    assert len(stats["node_stat_list"]) == 3
+    for entry in stats["node_stat_list"]:
+        assert set(entry) == {
+            "hostname",
+            "broadcast_address",
+            "tcp_port",
+            "http_port",
+            "leader_load_factor",
+            "node_load_factor",
+        }
+        assert entry["node_load_factor"] >= entry["leader_load_factor"] > 0
+    wait_for(
+        lambda: (
+            len(json.loads(cluster.master_http("GET", "/cluster/stats?topn=2").body)["topn_topics"])
+            == 2
+        ),
+        "two top-N partitions",
+    )
+    nodes = {node["id"]: node for node in stats["nodes"]}
+    assert sum(node["leaders"] for node in nodes.values()) == 3
+    assert sum(node["replicas"] for node in nodes.values()) == 6
