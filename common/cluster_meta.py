@@ -16,8 +16,10 @@ the node's replication port is.
 """
 
 import json
+import ssl
 from dataclasses import dataclass, field
 
+from common.etcd import EtcdClient
 from common.flags import Flag, Kind
 
 
@@ -56,9 +58,41 @@ class ClusterKeys:
 
 
 def cluster_flags(defaults, *, alone: str, node_ttl: str) -> list[Flag]:
-    """The cluster-mode flags nsqd and nsqlookupd share (Youzan's names); `alone` says what
-    the daemon is without etcd, `node_ttl` what its lease guards."""
+    """The cluster-mode flags nsqd and nsqlookupd share (Youzan's names, and etcd's TLS
+    files); `alone` says what the daemon is without etcd, `node_ttl` what its lease
+    guards."""
     return [
+        Flag(
+            "cluster-leadership-username",
+            Kind.STRING,
+            defaults.cluster_leadership_username,
+            "cluster mode: etcd user (etcd's auth on)",
+        ),
+        Flag(
+            "cluster-leadership-password",
+            Kind.STRING,
+            defaults.cluster_leadership_password,
+            "cluster mode: the etcd user's password",
+        ),
+        Flag(
+            "cluster-leadership-tls-cert",
+            Kind.STRING,
+            defaults.cluster_leadership_tls_cert,
+            "cluster mode: client certificate for https:// etcd endpoints (etcd's"
+            " --client-cert-auth)",
+        ),
+        Flag(
+            "cluster-leadership-tls-key",
+            Kind.STRING,
+            defaults.cluster_leadership_tls_key,
+            "cluster mode: the client certificate's private key",
+        ),
+        Flag(
+            "cluster-leadership-tls-root-ca-file",
+            Kind.STRING,
+            defaults.cluster_leadership_tls_root_ca_file,
+            "cluster mode: CA that signed etcd's certificate (default: the system's)",
+        ),
         Flag(
             "cluster-id",
             Kind.STRING,
@@ -80,6 +114,28 @@ def cluster_flags(defaults, *, alone: str, node_ttl: str) -> list[Flag]:
         ),
         Flag("cluster-node-ttl", Kind.DURATION, defaults.cluster_node_ttl, node_ttl),
     ]
+
+
+def etcd_client(options, *, timeout: float = 3.0) -> EtcdClient:
+    """The etcd client of a daemon's cluster options: its endpoints (a bare `host:port` is
+    plain HTTP), TLS files and credentials."""
+    endpoints = [a.strip() for a in options.cluster_leadership_addresses.split(",") if a.strip()]
+    context = None
+    if any(a.startswith("https://") for a in endpoints):
+        context = ssl.create_default_context(
+            cafile=options.cluster_leadership_tls_root_ca_file or None
+        )
+        if options.cluster_leadership_tls_cert:
+            context.load_cert_chain(
+                options.cluster_leadership_tls_cert, options.cluster_leadership_tls_key or None
+            )
+    return EtcdClient(
+        [a if "://" in a else f"http://{a}" for a in endpoints],
+        timeout=timeout,
+        ssl_context=context,
+        username=options.cluster_leadership_username,
+        password=options.cluster_leadership_password,
+    )
 
 
 def node_id(ip: str, rpc_port: int, tcp_port: int, worker: int) -> str:

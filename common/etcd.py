@@ -34,6 +34,7 @@ import collections
 import json
 import os
 import select
+import ssl
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -44,6 +45,7 @@ import trio
 __all__ = [
     "EtcdClient",
     "EtcdCompacted",
+    "EtcdAuthError",
     "EtcdError",
     "EtcdUnavailable",
     "KeyValue",
@@ -66,8 +68,13 @@ WATCH_RETRY_MAX_DELAY = 1.0
 LEASE_RETRY_DELAY = 0.2
 
 # gRPC status codes that matter here (google.golang.org/grpc/codes).
+GRPC_INVALID_ARGUMENT = 3
 GRPC_NOT_FOUND = 5
 GRPC_UNAVAILABLE = 14
+GRPC_UNAUTHENTICATED = 16
+# What etcd answers a request without a valid token while auth is on (3.4: "user name is
+# empty" for none, code 16 "invalid auth token" for an expired one).
+_TOKEN_REFUSALS = ("invalid auth token", "user name is empty")
 
 
 class EtcdError(Exception):
@@ -95,6 +102,11 @@ class EtcdCompacted(EtcdError):
 
 class LeaseLost(EtcdError):
     """A lease expired or was revoked, or could not be refreshed before its TTL ran out."""
+
+
+class EtcdAuthError(Exception):
+    """etcd refused the client's user and password: a configuration error no retry mends
+    (not an EtcdError, so that the loops that wait for etcd to come back do not wait for it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,12 +204,13 @@ def watch_request(prefix: str, start_revision: int) -> dict[str, Any]:
     return {"create_request": create}
 
 
-def encode_request(host: str, path: str, body: dict[str, Any]) -> bytes:
-    """An HTTP/1.1 keep-alive POST of `body` as JSON."""
+def encode_request(host: str, path: str, body: dict[str, Any], token: str = "") -> bytes:
+    """An HTTP/1.1 keep-alive POST of `body` as JSON, with etcd's auth `token` if any."""
     payload = json.dumps(body, separators=(",", ":")).encode()
+    auth = f"Authorization: {token}\r\n" if token else ""
     head = (
         f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\n\r\n"
+        f"{auth}Content-Length: {len(payload)}\r\n\r\n"
     )
     return head.encode("latin-1") + payload
 
@@ -365,7 +378,8 @@ class _Endpoint:
     url: str
     host: str
     port: int
-    idle: list[trio.SocketStream]
+    idle: list[trio.abc.Stream]
+    tls: bool = False
 
     @property
     def authority(self) -> str:
@@ -375,29 +389,42 @@ class _Endpoint:
 
 def _parse_endpoint(url: str) -> _Endpoint:
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"etcd endpoint {url!r} is not valid: expected http://HOST:PORT")
-    return _Endpoint(url.rstrip("/"), parts.hostname, parts.port or DEFAULT_PORT, [])
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"etcd endpoint {url!r} is not valid: expected http://HOST:PORT or https://HOST:PORT"
+        )
+    return _Endpoint(
+        url.rstrip("/"), parts.hostname, parts.port or DEFAULT_PORT, [], parts.scheme == "https"
+    )
 
 
-def _dropped(stream: trio.SocketStream) -> bool:
+def _socket_of(stream: trio.abc.Stream) -> trio.socket.SocketType:
+    if isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    return stream.socket
+
+
+def _dropped(stream: trio.abc.Stream) -> bool:
     # An idle keep-alive connection has nothing to read; if it is readable, the server has
     # closed it (etcd restarted) and a request sent on it would be lost. This is how urllib3
-    # checks its pooled connections; one poll(2) costs about a microsecond.
+    # checks its pooled connections; one poll(2) costs about a microsecond. (Over TLS a late
+    # session ticket reads the same: that connection is merely replaced.)
     poller = select.poll()
-    poller.register(stream.socket.fileno(), select.POLLIN)
+    poller.register(_socket_of(stream).fileno(), select.POLLIN)
     return bool(poller.poll(0))
 
 
-def _close(stream: trio.SocketStream) -> None:
+def _close(stream: trio.abc.Stream) -> None:
     # SocketStream.aclose is this plus a checkpoint; closing synchronously also works inside
     # a cancelled scope.
-    stream.socket.close()
+    _socket_of(stream).close()
 
 
-async def _open_connection(endpoint: _Endpoint) -> trio.SocketStream:
+async def _open_connection(
+    endpoint: _Endpoint, ssl_context: ssl.SSLContext | None = None
+) -> trio.abc.Stream:
     try:
-        return await trio.open_tcp_stream(endpoint.host, endpoint.port)
+        stream = await trio.open_tcp_stream(endpoint.host, endpoint.port)
     except OSError as error:
         # trio's own message ("all attempts to connect to ... failed") hides why; the
         # attempts' errors are its cause.
@@ -406,6 +433,18 @@ async def _open_connection(endpoint: _Endpoint) -> trio.SocketStream:
             {os.strerror(cause.errno) for cause in causes if getattr(cause, "errno", None)}
         )
         raise _NotSent(f"connect failed: {', '.join(reasons) or error}") from None
+    if not endpoint.tls:
+        return stream
+    tls = trio.SSLStream(
+        stream, ssl_context or ssl.create_default_context(), server_hostname=endpoint.host
+    )
+    try:
+        await tls.do_handshake()
+    except (trio.BrokenResourceError, OSError) as error:
+        stream.socket.close()
+        cause = error.__cause__ or error
+        raise _NotSent(f"TLS handshake failed: {cause}") from None
+    return tls
 
 
 async def _read_answer(stream: trio.SocketStream, parser: ResponseParser) -> None:
@@ -425,12 +464,28 @@ class EtcdClient:
     pooled per endpoint. Use it from one trio run; close it with `aclose` or `async with`.
     """
 
-    def __init__(self, endpoints: list[str], *, timeout: float = 5.0) -> None:
-        """`endpoints`: URLs like "http://127.0.0.1:2379" of members of one cluster."""
+    def __init__(
+        self,
+        endpoints: list[str],
+        *,
+        timeout: float = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
+        username: str = "",
+        password: str = "",
+    ) -> None:
+        """`endpoints`: URLs like "http://127.0.0.1:2379" of members of one cluster;
+        https:// ones are reached over TLS with `ssl_context` (the CA to trust, a client
+        certificate for etcd's `--client-cert-auth`). With `username`, every call carries a
+        token etcd gave for it and `password` (etcd's auth), renewed when etcd refuses it;
+        EtcdAuthError when etcd refuses the password."""
         if not endpoints:
             raise ValueError("etcd client needs at least one endpoint")
         self._endpoints = [_parse_endpoint(url) for url in endpoints]
         self.timeout = timeout
+        self._ssl_context = ssl_context
+        self._username = username
+        self._password = password
+        self._token = ""
         self._preferred = 0  # the endpoint that answered last
         self._closed = False
 
@@ -541,16 +596,58 @@ class EtcdClient:
         count = len(self._endpoints)
         return [(self._preferred + step) % count for step in range(count)]
 
-    async def _connect(self, endpoint: _Endpoint) -> trio.SocketStream:
+    async def _connect(self, endpoint: _Endpoint) -> trio.abc.Stream:
         while endpoint.idle:
             stream = endpoint.idle.pop()
             if not _dropped(stream):
                 return stream
             _close(stream)
-        return await _open_connection(endpoint)
+        return await _open_connection(endpoint, self._ssl_context)
+
+    async def token(self, *, renew: bool = False) -> str:
+        """The auth token calls carry ("" without a user): asked for once, and again with
+        `renew` (etcd refused the last one: it expired, or etcd restarted)."""
+        if not self._username:
+            return ""
+        if self._token and not renew:
+            return self._token
+        try:
+            answer = await self._call(
+                "/auth/authenticate",
+                {"name": self._username, "password": self._password},
+                authenticate=False,
+            )
+        except EtcdError as error:
+            if "authentication failed" in str(error) or error.code == GRPC_INVALID_ARGUMENT:
+                raise EtcdAuthError(f"etcd refused user {self._username!r}: {error}") from None
+            raise
+        self._token = str(answer.get("token", ""))
+        return self._token
 
     async def _call(
-        self, method: str, body: dict[str, Any], *, resend: bool = True, stream: bool = False
+        self,
+        method: str,
+        body: dict[str, Any],
+        *,
+        resend: bool = True,
+        stream: bool = False,
+        authenticate: bool = True,
+    ) -> dict[str, Any]:
+        """`_call_once`, with the auth token when there is a user: asked for the first time,
+        and once more when etcd refuses it."""
+        if not authenticate or not self._username:
+            return await self._call_once(method, body, resend=resend, stream=stream, token="")
+        token = await self.token()
+        try:
+            return await self._call_once(method, body, resend=resend, stream=stream, token=token)
+        except EtcdError as error:
+            if not _token_refused(error):
+                raise
+        token = await self.token(renew=True)
+        return await self._call_once(method, body, resend=resend, stream=stream, token=token)
+
+    async def _call_once(
+        self, method: str, body: dict[str, Any], *, resend: bool, stream: bool, token: str
     ) -> dict[str, Any]:
         """POST `body` to /v3`method` with failover; the answer's JSON (for a streaming RPC,
         its one `result`)."""
@@ -563,7 +660,7 @@ class EtcdClient:
         for attempt, index in enumerate(order):
             endpoint = self._endpoints[index]
             share = max(deadline - trio.current_time(), 0) / (len(order) - attempt)
-            request = encode_request(endpoint.authority, path, body)
+            request = encode_request(endpoint.authority, path, body, token)
             sent = False
             with trio.move_on_after(share):
                 try:
@@ -644,6 +741,8 @@ class Watch:
         self._splitter = LineSplitter()
         self._opened = False
         self._closed = False
+        # etcd refused the last token: the next open asks for a new one.
+        self._token_refused = False
 
     async def __aenter__(self) -> "Watch":
         return self
@@ -700,13 +799,23 @@ class Watch:
         self._drop()
         # A watch holds its connection for as long as it lives, so it never takes one from
         # (or gives one back to) the pool.
-        self._connection = await _open_connection(endpoint)
+        client = self._client
+        token = await client.token(renew=self._token_refused)
+        self._connection = await _open_connection(endpoint, client._ssl_context)
         body = watch_request(self.prefix, self.revision)
         await self._connection.send_all(
-            encode_request(endpoint.authority, API_PREFIX + "/watch", body)
+            encode_request(endpoint.authority, API_PREFIX + "/watch", body, token)
         )
         while True:
-            message = await self._next_message()
+            try:
+                message = await self._next_message()
+            except EtcdError as error:
+                if not _token_refused(error):
+                    raise
+                # An expired token: a new one for the next try (a connection error for now).
+                self._token_refused = True
+                raise _NoAnswer(str(error)) from None
+            self._token_refused = False
             if message.created:
                 if self.revision <= 0:
                     # "From now": pin it, so a re-open does not skip what happens meanwhile.
@@ -731,7 +840,8 @@ class Watch:
                 with trio.move_on_after(self._client.timeout):
                     try:
                         await self._open_on(endpoint)
-                    except _CONNECTION_ERRORS:
+                    except (*_CONNECTION_ERRORS, EtcdAuthError):
+                        # A refused password after a restart of etcd is waited out too.
                         continue
                     self._client._preferred = index
                     return
@@ -782,6 +892,12 @@ class Watch:
         self._parser = ResponseParser()
         self._splitter = LineSplitter()
         self._lines.clear()
+
+
+def _token_refused(error: EtcdError) -> bool:
+    return error.code == GRPC_UNAUTHENTICATED or any(
+        refusal in str(error) for refusal in _TOKEN_REFUSALS
+    )
 
 
 async def release_lease(client: "EtcdClient", lease: int, timeout: float = 1.0) -> None:

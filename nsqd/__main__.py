@@ -4,6 +4,7 @@ import gc
 import logging
 
 from common.daemon import run_daemon
+from common.etcd import EtcdAuthError
 from nsqd.data_path import DataPathError
 from nsqd.metadata import MetadataError
 from nsqd.options import Options, OptionsError, build_flags, options_from_values
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
         options_from_values,
         _build,
         argv=argv,
-        startup_errors=(MetadataError, DataPathError),
+        startup_errors=(MetadataError, DataPathError, EtcdAuthError),
         option_errors=(OptionsError,),
     )
 

@@ -33,6 +33,7 @@ import trio
 
 from common.cluster_meta import ClusterKeys, NodeInfo, ReplicaInfo, TopicMeta, node_id, rpc_address
 from common.names import is_valid_name
+from common.net import format_address
 from common.replication import (
     CURSORS,
     ERROR,
@@ -48,6 +49,7 @@ from common.replication import (
 )
 from nsqd.partition_log import Position
 from nsqd.peer_link import PeerLink, PeerUnavailable
+from nsqd.tls import cluster_contexts
 
 if TYPE_CHECKING:
     from nsqd.server import NSQD
@@ -68,6 +70,8 @@ HEAL_PROBE_MAX_DELAY = 1.0
 UNWRITABLE_REPORT_AFTER = 2.0
 # How long a leader waits for the master to name the follower it handed a partition to.
 HANDOVER_TIMEOUT = 3.0
+# A replication peer has this long to finish the TLS handshake.
+PEER_HANDSHAKE_TIMEOUT = 5.0
 # Channel cursors moved by FINs reach the followers at most this long after the previous push
 # (plus the push's round trip): what a failover redelivers beyond the messages in flight.
 CURSOR_PUSH_INTERVAL = 0.01
@@ -102,6 +106,8 @@ class ClusterNode:
         # The master nsqlookupd's HTTP address, as its leader session says.
         self.master_http: str | None = None
         self.session = None
+        # The replication links' mutual TLS (`--cluster-tls-*`), or None (plain TCP).
+        self.server_tls, self.client_tls = cluster_contexts(options)
         # Partitions whose ordered channels' cursors moved: pushed to the followers at once.
         self._moved: set = set()
         self._moved_wakeup = trio.Event()
@@ -120,6 +126,13 @@ class ClusterNode:
             options.broadcast_address, self.rpc_port, nsqd.tcp_port, options.node_id
         )
         nsqd.log.info("RPC: listening on %s:%d", host, listeners[0].socket.getsockname()[1])
+        if self.server_tls is None and self.enabled:
+            nsqd.log.warning(
+                "RPC: the replication links are not authenticated or encrypted: whoever reaches"
+                " the rpc port can read and write the partitions' logs; give"
+                " --cluster-tls-cert, --cluster-tls-key and --cluster-tls-root-ca-file"
+                ' (docs/operations.md, "Securing a cluster")'
+            )
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(partial(trio.serve_listeners, self._serve_peer, listeners))
@@ -147,7 +160,7 @@ class ClusterNode:
     def _link(self, node: str) -> PeerLink:
         link = self._links.get(node)
         if link is None:
-            link = self._links[node] = PeerLink(rpc_address(node))
+            link = self._links[node] = PeerLink(rpc_address(node), ssl_context=self.client_tls)
         return link
 
     def describe(self, topic: "Topic") -> dict:
@@ -800,6 +813,21 @@ class ClusterNode:
     # -- the replication port ------------------------------------------------------------------
 
     async def _serve_peer(self, stream: trio.SocketStream) -> None:
+        if self.server_tls is not None:
+            tls = trio.SSLStream(stream, self.server_tls, server_side=True)
+            try:
+                with trio.fail_after(PEER_HANDSHAKE_TIMEOUT):
+                    await tls.do_handshake()
+            except (trio.BrokenResourceError, trio.TooSlowError, OSError) as error:
+                try:
+                    peer = format_address(stream.socket.getpeername())
+                except OSError:
+                    peer = "unknown"
+                reason = str(error.__cause__ or error) or "no TLS handshake in time"
+                self.nsqd.log.warning("RPC: refused a peer (%s) - %s", peer, reason)
+                await trio.aclose_forcefully(stream)
+                return
+            stream = tls
         reader = FrameReader()
         async with stream:
             try:

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from common.cluster_meta import ReplicaInfo, TopicsView
-from common.etcd import EtcdClient, EtcdError, LeaseLost, keep_lease_alive, release_lease
+from common.cluster_meta import ReplicaInfo, TopicsView, etcd_client
+from common.etcd import EtcdAuthError, EtcdError, LeaseLost, keep_lease_alive, release_lease
 
 if TYPE_CHECKING:
     from nsqd.cluster import ClusterNode
@@ -34,10 +34,7 @@ class ClusterSession:
         self.node = node
         self.nsqd = node.nsqd
         options = self.nsqd.options
-        endpoints = [a.strip() for a in options.cluster_leadership_addresses.split(",") if a]
-        self.client = EtcdClient(
-            [a if "://" in a else f"http://{a}" for a in endpoints], timeout=3.0
-        )
+        self.client = etcd_client(options)
         self.keys = node.keys
         self.ttl = max(1, round(options.cluster_node_ttl))
         self.view = TopicsView(self.keys)
@@ -96,7 +93,7 @@ class ClusterSession:
                     # What changed while this node was away may have passed its watch by.
                     await self._load()
                     break
-                except EtcdError as error:
+                except (EtcdError, EtcdAuthError) as error:
                     self.nsqd.log.error("CLUSTER: cannot register - %s", error)
                     await trio.sleep(0.5)
 

@@ -58,6 +58,16 @@ class Options:
     cluster_id: str = "nsqpy"
     cluster_leadership_addresses: str = ""
     cluster_leadership_root_dir: str = "NSQMetaData"
+    cluster_leadership_username: str = ""
+    cluster_leadership_password: str = ""
+    cluster_leadership_tls_cert: str = ""
+    cluster_leadership_tls_key: str = ""
+    cluster_leadership_tls_root_ca_file: str = ""
+    # Mutual TLS on the replication links (`--rpc-port`): this node's certificate and key,
+    # and the cluster's CA, which must have signed every peer's.
+    cluster_tls_cert: str = ""
+    cluster_tls_key: str = ""
+    cluster_tls_root_ca_file: str = ""
     rpc_port: str = "0"
     broadcast_rpc_port: int = 0
     cluster_node_ttl: float = 3.0
@@ -286,6 +296,25 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 "cluster mode: port (or <addr>:<port>) other nsqds replicate through (0: any)",
             ),
             Flag(
+                "cluster-tls-cert",
+                Kind.STRING,
+                d.cluster_tls_cert,
+                "cluster mode: this node's certificate for the replication links (mutual TLS)",
+            ),
+            Flag(
+                "cluster-tls-key",
+                Kind.STRING,
+                d.cluster_tls_key,
+                "cluster mode: the replication certificate's private key",
+            ),
+            Flag(
+                "cluster-tls-root-ca-file",
+                Kind.STRING,
+                d.cluster_tls_root_ca_file,
+                "cluster mode: the cluster's CA: replication peers must present a certificate it"
+                " signed",
+            ),
+            Flag(
                 "queue-scan-worker-pool-max",
                 Kind.INT,
                 d.queue_scan_worker_pool_max,
@@ -497,4 +526,14 @@ def options_from_values(values: dict) -> Options:
         raise OptionsError("--max-confirm-win must be >= 1")
     if options.sync_every < 1:
         raise OptionsError("--sync-every must be >= 1")
+    cluster_tls = (
+        options.cluster_tls_cert,
+        options.cluster_tls_key,
+        options.cluster_tls_root_ca_file,
+    )
+    if any(cluster_tls) and not all(cluster_tls):
+        raise OptionsError(
+            "--cluster-tls-cert, --cluster-tls-key and --cluster-tls-root-ca-file must be given"
+            " together (mutual TLS needs this node's certificate and the cluster's CA)"
+        )
     return options

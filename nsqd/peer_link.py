@@ -2,6 +2,8 @@
 time, its answer read before the next goes out, reconnected on the next request after a
 failure. A leader holds one per follower and sends each group to all of them side by side."""
 
+import ssl
+
 import trio
 
 from common.replication import (
@@ -22,10 +24,18 @@ class PeerUnavailable(Exception):
 
 
 class PeerLink:
-    def __init__(self, address: tuple[str, int], *, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        *,
+        timeout: float = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.address = address
         self.timeout = timeout
-        self._stream: trio.SocketStream | None = None
+        # The cluster's mutual TLS (`nsqd/tls.py`), when configured.
+        self.ssl_context = ssl_context
+        self._stream: trio.abc.Stream | None = None
         self._reader = FrameReader()
         self._frames: list[Frame] = []
         self._lock = trio.Lock()
@@ -49,7 +59,7 @@ class PeerLink:
         try:
             with trio.fail_after(limit):
                 if self._stream is None:
-                    self._stream = await trio.open_tcp_stream(*self.address)
+                    self._stream = await self._connect()
                     self._reader = FrameReader()
                     self._frames = []
                 await self._stream.send_all(encode_frame(op, header, payload))
@@ -58,7 +68,9 @@ class PeerLink:
             # A request cut short leaves its answer (if any comes) unread: a new connection.
             await self._drop()
             host, port = self.address
-            raise PeerUnavailable(f"{host}:{port}: {error or type(error).__name__}") from None
+            # A TLS handshake the peer refused is a BrokenResourceError caused by an SSLError.
+            reason = error.__cause__ or error
+            raise PeerUnavailable(f"{host}:{port}: {reason or type(error).__name__}") from None
         except ReplicationProtocolError as error:
             await self._drop()
             raise PeerUnavailable(f"{self.address}: {error}") from None
@@ -67,6 +79,18 @@ class PeerLink:
         if frame.op != REPLY:
             raise PeerUnavailable(f"{self.address}: answered with op {frame.op}")
         return frame
+
+    async def _connect(self) -> trio.abc.Stream:
+        stream = await trio.open_tcp_stream(*self.address)
+        if self.ssl_context is None:
+            return stream
+        tls = trio.SSLStream(stream, self.ssl_context, server_hostname=self.address[0])
+        try:
+            await tls.do_handshake()
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+        return tls
 
     async def _next_frame(self) -> Frame:
         while not self._frames:

@@ -47,6 +47,28 @@ def server_context(options: Options) -> ssl.SSLContext | None:
     return context
 
 
+def cluster_contexts(options: Options) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """The replication links' mutual TLS (`--cluster-tls-*`): a server context that demands a
+    certificate the cluster's CA signed, and a client context that presents this node's and
+    trusts only that CA. Any certificate the CA signed is a member: the CA is the cluster's
+    own, so names are not checked (peers are known by IP and port). (None, None) without
+    them."""
+    if not options.cluster_tls_cert:
+        return None, None
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.minimum_version = ssl.TLSVersion.TLSv1_2
+    server.load_cert_chain(options.cluster_tls_cert, options.cluster_tls_key)
+    server.verify_mode = ssl.CERT_REQUIRED
+    server.load_verify_locations(options.cluster_tls_root_ca_file)
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.minimum_version = ssl.TLSVersion.TLSv1_2
+    client.check_hostname = False
+    client.verify_mode = ssl.CERT_REQUIRED
+    client.load_verify_locations(options.cluster_tls_root_ca_file)
+    client.load_cert_chain(options.cluster_tls_cert, options.cluster_tls_key)
+    return server, client
+
+
 _VERSION_NAMES = {
     "TLSv1": "TLS1.0",
     "TLSv1.1": "TLS1.1",

@@ -1,6 +1,7 @@
 """The `nsqlookupd` console script: Go nsqlookupd's command line, then the daemon."""
 
 from common.daemon import run_daemon
+from common.etcd import EtcdAuthError
 from nsqlookupd.options import OptionsError, build_flags, options_from_values
 from nsqlookupd.server import NSQLookupd
 
@@ -12,6 +13,7 @@ def main(argv: list[str] | None = None) -> None:
         options_from_values,
         NSQLookupd,
         argv=argv,
+        startup_errors=(EtcdAuthError,),
         option_errors=(OptionsError,),
     )
 

@@ -47,8 +47,9 @@ from common.cluster_meta import (
     ReplicaInfo,
     TopicMeta,
     TopicsView,
+    etcd_client,
 )
-from common.etcd import EtcdClient, EtcdError, LeaseLost, keep_lease_alive, release_lease
+from common.etcd import EtcdAuthError, EtcdError, LeaseLost, keep_lease_alive, release_lease
 from nsqlookupd.node_reports import NodeCallError, NodeReports, call_node
 from nsqlookupd.options import balance_window
 from nsqlookupd.placement import (
@@ -98,10 +99,7 @@ class Coordinator:
         self.lookupd = lookupd
         options = lookupd.options
         self.keys = ClusterKeys(options.cluster_leadership_root_dir, options.cluster_id)
-        endpoints = [a.strip() for a in options.cluster_leadership_addresses.split(",") if a]
-        self.client = EtcdClient(
-            [a if "://" in a else f"http://{a}" for a in endpoints], timeout=3.0
-        )
+        self.client = etcd_client(options)
         self.ttl = max(1, round(options.cluster_node_ttl))
         self.is_master = False
         self.master: dict | None = None
@@ -200,7 +198,7 @@ class Coordinator:
         while True:
             try:
                 await self.client.get(self.keys.lookupd_leader)
-            except EtcdError as error:
+            except (EtcdError, EtcdAuthError) as error:
                 self.etcd_ok, self.etcd_error = False, str(error)
             else:
                 self.etcd_ok, self.etcd_error = True, ""
@@ -268,7 +266,7 @@ class Coordinator:
                             self.is_master = True
                             await self._coordinate()
                         await self._wait_for_no_master()
-            except (EtcdError, LeaseLost) as error:
+            except (EtcdError, EtcdAuthError, LeaseLost) as error:
                 self.lookupd.log.error("CLUSTER: campaign - %s", error)
             finally:
                 self.is_master = False

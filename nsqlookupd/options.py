@@ -26,6 +26,11 @@ class Options:
     cluster_id: str = "nsqpy"
     cluster_leadership_addresses: str = ""
     cluster_leadership_root_dir: str = "NSQMetaData"
+    cluster_leadership_username: str = ""
+    cluster_leadership_password: str = ""
+    cluster_leadership_tls_cert: str = ""
+    cluster_leadership_tls_key: str = ""
+    cluster_leadership_tls_root_ca_file: str = ""
     cluster_node_ttl: float = 3.0
     # How long a replica's node may stay gone before the master places the replica elsewhere.
     cluster_replace_dead_after: float = 300.0

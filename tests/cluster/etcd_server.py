@@ -23,9 +23,11 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ETCD = "/usr/bin/etcd"
@@ -54,7 +56,16 @@ class EtcdServer:
     call `start` and `close`.
     """
 
-    def __init__(self, directory: str | os.PathLike | None = None, *, name: str = "test") -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike | None = None,
+        *,
+        name: str = "test",
+        tls: "EtcdTLS | None" = None,
+    ) -> None:
+        # With `tls`: clients reach it over HTTPS and must present a certificate its CA
+        # signed (etcd's --client-cert-auth).
+        self.tls = tls
         self._owns_directory = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="etcd-test-"))
         self.name = name
@@ -72,7 +83,20 @@ class EtcdServer:
     @property
     def client_url(self) -> str:
         """The URL an EtcdClient connects to, e.g. "http://127.0.0.1:40123"."""
-        return f"http://127.0.0.1:{self.client_port}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.client_port}"
+
+    def enable_auth(self, user: str, password: str) -> None:
+        """etcd's auth on, with `user` (given the root role) and `password`: from now on
+        every request needs a token for them."""
+        for path, body in (
+            ("/v3/auth/role/add", {"name": "root"}),
+            ("/v3/auth/user/add", {"name": user, "password": password}),
+            ("/v3/auth/user/grant", {"user": user, "role": "root"}),
+            ("/v3/auth/enable", {}),
+        ):
+            status, answer = self._post(path, body)
+            assert status == 200, (path, answer)
 
     @property
     def data_dir(self) -> Path:
@@ -173,8 +197,16 @@ class EtcdServer:
         return "\n".join(text.splitlines()[-lines:])
 
     def _spawn(self) -> None:
-        client = f"http://127.0.0.1:{self.client_port}"
+        client = self.client_url
         peer = f"http://127.0.0.1:{self.peer_port}"
+        tls = []
+        if self.tls is not None:
+            tls = [
+                f"--cert-file={self.tls.cert}",
+                f"--key-file={self.tls.key}",
+                f"--trusted-ca-file={self.tls.ca}",
+                "--client-cert-auth",
+            ]
         self.directory.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -192,6 +224,7 @@ class EtcdServer:
                     "--logger=zap",
                     "--log-outputs=stderr",
                     "--log-level=warn",
+                    *tls,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -226,15 +259,70 @@ class EtcdServer:
             self.process.kill()
 
     def _answers(self) -> bool:
-        connection = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=1.0)
-        body = json.dumps({"key": base64.b64encode(b"\0").decode()})
         try:
-            connection.request("POST", "/v3/kv/range", body)
-            return connection.getresponse().status == 200
+            status, answer = self._post("/v3/kv/range", {"key": base64.b64encode(b"\0").decode()})
         except OSError:
             return False
+        # With auth on, a read without a token is refused: etcd answers, so it is up.
+        return status == 200 or "user name is empty" in str(answer)
+
+    def _post(self, path: str, body: dict) -> tuple[int, dict]:
+        if self.tls is None:
+            connection = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=1.0)
+        else:
+            connection = http.client.HTTPSConnection(
+                "127.0.0.1", self.client_port, timeout=1.0, context=self.tls.client_context()
+            )
+        try:
+            connection.request("POST", path, json.dumps(body))
+            response = connection.getresponse()
+            data = response.read()
+            try:
+                return response.status, json.loads(data)
+            except ValueError:
+                return response.status, {"raw": data.decode("latin-1")}
         finally:
             connection.close()
+
+
+@dataclass(frozen=True)
+class EtcdTLS:
+    """etcd's certificate and key, the CA that signed them and the clients' certificates,
+    and a client certificate and key that CA signed."""
+
+    cert: str
+    key: str
+    ca: str
+    client_cert: str
+    client_key: str
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.ca)
+        context.load_cert_chain(self.client_cert, self.client_key)
+        return context
+
+    @classmethod
+    def make(cls, directory: Path) -> "EtcdTLS":
+        """A CA of its own (trustme) and the certificates: etcd's for 127.0.0.1."""
+        import trustme
+
+        directory.mkdir(parents=True, exist_ok=True)
+        authority = trustme.CA()
+        server = authority.issue_cert("127.0.0.1", "localhost")
+        client = authority.issue_cert("nsqpy-cluster-client")
+        files = {
+            "ca": directory / "etcd-ca.pem",
+            "cert": directory / "etcd.pem",
+            "key": directory / "etcd-key.pem",
+            "client_cert": directory / "etcd-client.pem",
+            "client_key": directory / "etcd-client-key.pem",
+        }
+        authority.cert_pem.write_to_path(files["ca"])
+        server.cert_chain_pems[0].write_to_path(files["cert"])
+        server.private_key_pem.write_to_path(files["key"])
+        client.cert_chain_pems[0].write_to_path(files["client_cert"])
+        client.private_key_pem.write_to_path(files["client_key"])
+        return cls(**{name: str(path) for name, path in files.items()})
 
 
 class _PortTaken(RuntimeError):

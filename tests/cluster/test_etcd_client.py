@@ -472,8 +472,9 @@ async def test_the_client_works_again_once_etcd_is_back(etcd, etcd_server):
     assert await etcd.create("k2", "after")
 
 
-def test_endpoints_must_be_http_urls():
-    with pytest.raises(ValueError, match="expected http://HOST:PORT"):
-        EtcdClient(["https://127.0.0.1:2379"])
+def test_endpoints_must_be_http_or_https_urls():
+    with pytest.raises(ValueError, match="expected http://HOST:PORT or https://HOST:PORT"):
+        EtcdClient(["unix:///run/etcd.sock"])
+    assert EtcdClient(["https://127.0.0.1:2379"]).endpoints == ["https://127.0.0.1:2379"]
     with pytest.raises(ValueError, match="at least one"):
         EtcdClient([])

@@ -162,6 +162,6 @@ def check_replicas_identical(cluster: LocalCluster, topic: str, partitions: int)
         for node_id in entry["isr"]:
             node = cluster.node(node_id)
             wait_for(
-                lambda n=node, p=partition: log_files(n, topic, p) == expected,
+                lambda n=node, p=partition, e=expected: log_files(n, topic, p) == e,
                 f"{topic}/{partition} identical on {node_id}",
             )

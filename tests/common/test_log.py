@@ -9,11 +9,11 @@ import pytest
 
 from common.goformat import go_text
 from common.log import parse_flag_log_level, setup_logger, youzan_log_level
+from nsqd.options import Options
+from nsqd.server import NSQD
 from tests.cluster.etcd_server import free_port
 from tests.harness import BIN
 from tests.nsqlookupd.support import poll
-from nsqd.options import Options
-from nsqd.server import NSQD
 
 
 def test_a_byte_that_is_not_utf8_is_logged_as_an_escape():

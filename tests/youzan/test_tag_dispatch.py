@@ -1,8 +1,9 @@
 """Youzan ext topics, complete (docs/protocol.md §3.6, §6.2): HTTP `/pub_ext`, and tag dispatch —
 a consumer that IDENTIFYs with `desired_tag` receives exactly the messages whose
 `##client_dispatch_tag` is its tag, untagged messages go only to consumers without a tag, and a
-tag no consumer has goes to the consumers without one (Youzan's messagePump). Clients here are Youzan-style raw V2 connections
-(binary IDs, `extend_support`); the tags live in the partition log, so a restart keeps them."""
+tag no consumer has goes to the consumers without one (Youzan's messagePump). Clients here are
+Youzan-style raw V2 connections (binary IDs, `extend_support`); the tags live in the partition
+log, so a restart keeps them."""
 
 import json
 import struct

@@ -1,0 +1,232 @@
+"""A cluster's own links let no one in (docs/operations.md, "Securing a cluster"): replication
+over mutual TLS with the cluster's CA, refusing a plain-TCP peer and a peer whose certificate
+another CA signed; etcd over TLS with client certificates and etcd's user/password auth; a wrong
+password ends a daemon's start with one clear line."""
+
+import json
+import socket
+import ssl
+import time
+
+import pytest
+import trustme
+
+from common.replication import (
+    PULL,
+    PUT,
+    REPLY,
+    FrameReader,
+    ReplicationProtocolError,
+    encode_frame,
+)
+from tests.cluster.etcd_server import EtcdServer, EtcdTLS
+from tests.cluster.local_cluster import LocalCluster, wait_for
+from tests.cluster.traffic import check_replicas_identical
+from tests.harness import DaemonProcess, V2Connection
+
+
+def write_identity(authority: trustme.CA, directory, name: str) -> tuple[str, str]:
+    identity = authority.issue_cert(name, "127.0.0.1")
+    cert, key = directory / f"{name}.pem", directory / f"{name}-key.pem"
+    identity.cert_chain_pems[0].write_to_path(cert)
+    identity.private_key_pem.write_to_path(key)
+    return str(cert), str(key)
+
+
+@pytest.fixture
+def cluster_ca(tmp_path):
+    authority = trustme.CA()
+    directory = tmp_path / "cluster-tls"
+    directory.mkdir()
+    ca = directory / "cluster-ca.pem"
+    authority.cert_pem.write_to_path(ca)
+    cert, key = write_identity(authority, directory, "nsqd")
+    return {"ca": str(ca), "cert": cert, "key": key, "authority": authority, "dir": directory}
+
+
+@pytest.fixture
+def tls_cluster(tmp_path, etcd_server, cluster_ca):
+    flags = (
+        f"-cluster-tls-cert={cluster_ca['cert']}",
+        f"-cluster-tls-key={cluster_ca['key']}",
+        f"-cluster-tls-root-ca-file={cluster_ca['ca']}",
+        "-sync-every=1",
+    )
+    with LocalCluster(tmp_path, etcd_server, nsqd_args=flags) as cluster:
+        cluster.create_topic("t", 1, 3)
+        yield cluster
+
+
+def publish_some(cluster, count: int) -> None:
+    leader = cluster.node_leading("t", 0)
+    connection = V2Connection(leader.tcp_port)
+    try:
+        for index in range(count):
+            connection.send(b"PUB t 0\n" + len(b"m%d" % index).to_bytes(4, "big") + b"m%d" % index)
+            assert connection.read_response().data == b"OK"
+    finally:
+        connection.close()
+
+
+def log_end(node) -> list[int]:
+    reply = node.http("GET", "/partition/offsets?topic=t")
+    [entry] = json.loads(reply.body)["partitions"]
+    return [entry["end"]["offset"], entry["end"]["count"]]
+
+
+def raw_exchange(port: int, frame: bytes, context: ssl.SSLContext | None = None) -> bytes:
+    """Send `frame` to a replication port (over TLS with `context`), and what comes back
+    before the peer closes or goes quiet."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=3)
+    try:
+        if context is not None:
+            sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
+        sock.sendall(frame)
+        received = b""
+        while True:
+            try:
+                data = sock.recv(65536)
+            except (TimeoutError, ssl.SSLError, ConnectionResetError):
+                break
+            if not data:
+                break
+            received += data
+        return received
+    finally:
+        sock.close()
+
+
+def frames_of(data: bytes) -> list:
+    try:
+        return FrameReader().receive_data(data)
+    except ReplicationProtocolError:
+        return []
+
+
+def test_replication_runs_over_mutual_tls(tls_cluster):
+    publish_some(tls_cluster, 20)
+    check_replicas_identical(tls_cluster, "t", 1)
+    for node in tls_cluster.nodes:
+        assert not any("not authenticated" in line for line in node.process.lines)
+
+
+def test_an_unauthenticated_peer_gets_no_data_and_changes_nothing(tls_cluster):
+    publish_some(tls_cluster, 5)
+    info = tls_cluster.partition("t", 0)
+    leader = tls_cluster.node(info["leader"])
+    follower = tls_cluster.node(info["isr"][1])
+    before = log_end(follower)
+    pull = encode_frame(PULL, {"topic": "t", "partition": 0, "offset": 0})
+    answer = raw_exchange(leader.ports["RPC"], pull)
+    # No frame of the protocol comes back (at most a TLS alert), and no message.
+    assert frames_of(answer) == []
+    assert b"m0" not in answer
+    entry = [0, 0, 0, before[0], 10, before[1] + 1, 1]
+    put = encode_frame(
+        PUT,
+        {
+            "topic": "t",
+            "partition": 0,
+            "leader": info["leader"],
+            "epoch": info["write_epoch"],
+            "entry": entry,
+        },
+        b"\0" * 10,
+    )
+    raw_exchange(follower.ports["RPC"], put)
+    assert log_end(follower) == before
+    wait_for(
+        lambda: any("RPC: refused a peer" in line for line in follower.process.lines),
+        "the refusal logged",
+    )
+
+
+def test_a_peer_with_another_cas_certificate_is_refused(tls_cluster, cluster_ca):
+    stranger_ca = trustme.CA()
+    cert, key = write_identity(stranger_ca, cluster_ca["dir"], "stranger")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.load_verify_locations(cluster_ca["ca"])
+    context.load_cert_chain(cert, key)
+    leader = tls_cluster.node(tls_cluster.partition("t", 0)["leader"])
+    pull = encode_frame(PULL, {"topic": "t", "partition": 0, "offset": 0})
+    answer = raw_exchange(leader.ports["RPC"], pull, context)
+    assert answer == b""
+    # The same with the cluster CA's certificate is answered.
+    member = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    member.check_hostname = False
+    member.load_verify_locations(cluster_ca["ca"])
+    member.load_cert_chain(cluster_ca["cert"], cluster_ca["key"])
+    frames = frames_of(raw_exchange(leader.ports["RPC"], pull, member))
+    assert frames and frames[0].op == REPLY
+
+
+def test_without_cluster_tls_a_node_warns_what_is_exposed(tmp_path, etcd_server):
+    with LocalCluster(tmp_path, etcd_server, nsqds=1) as cluster:
+        assert any(
+            "replication links are not authenticated or encrypted" in line
+            for line in cluster.nodes[0].process.lines
+        )
+
+
+def test_half_the_cluster_tls_flags_is_refused_at_start(tmp_path, cluster_ca):
+    nsqd = DaemonProcess(
+        "nsqd",
+        [f"-data-path={tmp_path}", f"-cluster-tls-cert={cluster_ca['cert']}"],
+        cwd=tmp_path,
+    )
+    with pytest.raises(RuntimeError, match="must be given together"):
+        nsqd.start()
+
+
+@pytest.fixture
+def secure_etcd(tmp_path):
+    tls = EtcdTLS.make(tmp_path / "etcd-tls")
+    with EtcdServer(tmp_path / "etcd", tls=tls) as etcd:
+        etcd.enable_auth("root", "s3cret")
+        yield etcd, tls
+
+
+def etcd_flags(tls: EtcdTLS, password: str) -> tuple[str, ...]:
+    return (
+        f"-cluster-leadership-tls-cert={tls.client_cert}",
+        f"-cluster-leadership-tls-key={tls.client_key}",
+        f"-cluster-leadership-tls-root-ca-file={tls.ca}",
+        "-cluster-leadership-username=root",
+        f"-cluster-leadership-password={password}",
+    )
+
+
+def test_a_cluster_on_an_etcd_with_tls_and_auth(tmp_path, secure_etcd):
+    etcd, tls = secure_etcd
+    flags = etcd_flags(tls, "s3cret")
+    with LocalCluster(tmp_path, etcd, nsqd_args=flags, lookupd_args=flags) as cluster:
+        cluster.create_topic("t", 1, 3)
+        publish_some(cluster, 10)
+        old = cluster.node_leading("t", 0)
+        old.kill()
+        wait_for(lambda: cluster.node_leading("t", 0) not in (None, old), "a failover through etcd")
+        assert cluster.stats()["etcd"]["reachable"] is True
+
+
+@pytest.mark.parametrize("daemon", ["nsqd", "nsqlookupd"])
+def test_a_wrong_etcd_password_fails_the_start_with_one_line(tmp_path, secure_etcd, daemon):
+    etcd, tls = secure_etcd
+    args = [
+        "-tcp-address=127.0.0.1:0",
+        "-http-address=127.0.0.1:0",
+        f"-cluster-leadership-addresses={etcd.client_url}",
+        *etcd_flags(tls, "wrong"),
+    ]
+    if daemon == "nsqd":
+        args += [f"-data-path={tmp_path}", "-rpc-port=127.0.0.1:0"]
+    process = DaemonProcess(daemon, args, cwd=tmp_path)
+    process.start(wait_for=("TCP",))
+    started = time.monotonic()
+    status = process.process.wait(15)
+    assert status == 1, process.log
+    assert time.monotonic() - started < 10
+    fatal = [line for line in process.lines if " FATAL: " in line]
+    assert len(fatal) == 1, process.log
+    assert "etcd refused user 'root'" in fatal[0]
+    assert "authentication failed" in fatal[0]
