@@ -47,6 +47,7 @@ from common.replication import (
     encode_frame,
     error_header,
 )
+from nsqd.log_writer import WriteRefused
 from nsqd.partition_log import Position
 from nsqd.peer_link import PeerLink, PeerUnavailable
 from nsqd.tls import cluster_contexts
@@ -84,12 +85,8 @@ CURSOR_PUSH_TIMEOUT = 1.0
 UNKNOWN_REPLICA = ReplicaInfo(leader="?", isr=(), epoch=-1, epoch_for_write=-1)
 
 
-class ClusterWriteError(Exception):
+class ClusterWriteError(WriteRefused):
     """A replicated write that could not be made: `code` is Youzan's error for the publisher."""
-
-    def __init__(self, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
 
 
 class ClusterNode:
@@ -244,6 +241,7 @@ class ClusterNode:
         if previous is not None and previous.leader == me:
             self._step_down(topic, info)
         topic.replica = info
+        topic.writer.abandon(ClusterWriteError("E_FAILED_ON_NOT_LEADER", "not the leader"))
         topic.writer.replicate = None
         topic.cluster_writable = False
         topic.handing_over = False
@@ -273,10 +271,12 @@ class ClusterNode:
         self.nsqd.delete_topic(topic_name, partition)
 
     def _step_down(self, topic: "Topic", info: ReplicaInfo) -> None:
-        """This node no longer leads the partition: it stops taking writes, leaves
-        nsqlookupd's lists, and its consumers go (they look the new leader up)."""
+        """This node no longer leads the partition: it stops taking writes (what it took and
+        did not write yet is refused), leaves nsqlookupd's lists, and its consumers go (they
+        look the new leader up)."""
         was_leader = topic.replica is not None and topic.replica.leader == self.node_id
         topic.replica = info
+        topic.writer.abandon(ClusterWriteError("E_FAILED_ON_NOT_LEADER", "no longer the leader"))
         topic.writer.replicate = None
         topic.cluster_writable = False
         if was_leader:
@@ -298,22 +298,44 @@ class ClusterNode:
     ) -> None:
         """Every ISR follower has `writes` (index entry, bytes) when this returns, and the
         due times of the DPUBs among them (`delays`, offset and unix time); ClusterWriteError
-        when that cannot be, after the master was asked to drop the followers that fail."""
-        info = topic.replica
-        if info is None or info.leader != self.node_id:
-            raise ClusterWriteError("E_FAILED_ON_NOT_LEADER", "no longer the leader")
-        failed: dict[str, Exception] = {}
-        version = topic.channels_version
-        channels = self._channel_positions(topic) if version != topic.replicated_channels else None
-        async with trio.open_nursery() as sending:
-            for follower in info.followers():
-                sending.start_soon(
-                    self._replicate_to, follower, topic, info, writes, failed, channels, delays
-                )
-        if not failed:
-            if channels is not None:
-                topic.replicated_channels = version
-            return
+        when that cannot be, after the master was asked to drop the followers that fail.
+
+        The ISR is read again after each round: a node that joined it while the round was
+        under way (with the next write epoch) gets the writes too before they are
+        acknowledged, and so does one that the ISR holds once the master dropped the failed
+        ones. So every member of the ISR at acknowledgement time has them: a new leader,
+        elected from it, has every acknowledged message."""
+        have: set[str] = set()
+        while True:
+            info = topic.replica
+            if info is None or info.leader != self.node_id:
+                raise ClusterWriteError("E_FAILED_ON_NOT_LEADER", "no longer the leader")
+            missing = [follower for follower in info.followers() if follower not in have]
+            if not missing:
+                return
+            failed: dict[str, Exception] = {}
+            version = topic.channels_version
+            changed = version != topic.replicated_channels
+            channels = self._channel_positions(topic) if changed else None
+            async with trio.open_nursery() as sending:
+                for follower in missing:
+                    sending.start_soon(
+                        self._replicate_to, follower, topic, info, writes, failed, channels, delays
+                    )
+            have.update(follower for follower in missing if follower not in failed)
+            if not failed:
+                if channels is not None:
+                    topic.replicated_channels = version
+                continue
+            await self._drop_failed(topic, info, failed)
+
+    async def _drop_failed(
+        self, topic: "Topic", info: ReplicaInfo, failed: dict[str, Exception]
+    ) -> None:
+        """After followers failed a round: step down when one says this node is no longer
+        the leader; stop writes when those left are no majority (or no master can be
+        asked); else ask the master to drop the failed ones (the writes go on to whoever the
+        ISR then holds). ClusterWriteError unless the master dropped them."""
         stale = [error for error in failed.values() if _is_stale_leader(error)]
         if stale:
             self.nsqd.log.error(
@@ -398,21 +420,22 @@ class ClusterNode:
         the same end (one that held a group the leader cut back cuts it; one that is behind
         starts catching up)."""
         await topic.writer.drain()
-        header = {**self._leader_header(topic, info), "channels": self._channel_positions(topic)}
-        log = topic.log
-        end = list(log.written)
-        header["end"] = end
-        header["last"] = list(log.entry_ending_at(log.written) or ())
         in_sync: set[str] = set()
 
         async def probe(follower: str) -> None:
+            sent = {}
+
+            def header() -> dict:
+                sent.update(self._cursors_header(topic, info, end=True))
+                return sent
+
             try:
                 reply = await self._link(follower).request(
                     CURSORS, header, timeout=CURSOR_PUSH_TIMEOUT
                 )
             except (PeerUnavailable, ReplicaRefusal):
                 return
-            if reply.header.get("end") == end and not reply.header.get("catching_up"):
+            if reply.header.get("end") == sent.get("end") and not reply.header.get("catching_up"):
                 in_sync.add(follower)
 
         async with trio.open_nursery() as probing:
@@ -546,22 +569,13 @@ class ClusterNode:
         info = topic.replica
         if info is None or info.leader != self.node_id or not info.followers():
             return
-        header = {**self._leader_header(topic, info), "channels": self._channel_positions(topic)}
-        deferred = self._channel_deferrals(topic)
-        if deferred:
-            header["deferred"] = deferred
-        log = topic.log
-        if topic.writer.idle and log.written.offset > log.start.offset:
-            # Anti-entropy: with nothing in flight a follower must end where the leader does.
-            # One that has more holds a group the leader cut back (it arrived after the leader
-            # gave up on it): it cuts it too.
-            header["end"] = list(log.written)
-            header["last"] = list(log.entry_ending_at(log.written) or ())
         version = topic.channels_version
 
         async def push(follower: str) -> None:
             try:
-                await self._link(follower).request(CURSORS, header, timeout=CURSOR_PUSH_TIMEOUT)
+                await self._link(follower).request(
+                    CURSORS, partial(self._cursors_header, topic, info), timeout=CURSOR_PUSH_TIMEOUT
+                )
             except (PeerUnavailable, ReplicaRefusal) as error:
                 self.nsqd.log.warning(
                     "TOPIC(%s) partition %d: channels to %s - %s",
@@ -575,6 +589,22 @@ class ClusterNode:
             for follower in info.followers():
                 pushing.start_soon(push, follower)
         topic.replicated_channels = version
+
+    def _cursors_header(self, topic: "Topic", info: ReplicaInfo, *, end: bool = False) -> dict:
+        """A CURSORS request's header, made as it goes on the link (after every group sent
+        before it): the channels' positions and deferred messages, and, while no group is
+        being written or replicated (or with `end`), the log's end and its last index entry:
+        a follower that has more holds groups the leader cut back, and cuts them too. (Made
+        any earlier, it could name an end that a group acknowledged since has passed.)"""
+        header = {**self._leader_header(topic, info), "channels": self._channel_positions(topic)}
+        deferred = self._channel_deferrals(topic)
+        if deferred:
+            header["deferred"] = deferred
+        log = topic.log
+        if end or (topic.writer.idle and log.written.offset > log.start.offset):
+            header["end"] = list(log.written)
+            header["last"] = list(log.entry_ending_at(log.written) or ())
+        return header
 
     def _answer_pull(self, topic: "Topic", header: dict) -> tuple[dict, bytes]:
         log = topic.log

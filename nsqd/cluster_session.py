@@ -151,16 +151,17 @@ class ClusterSession:
                         if known == topic:
                             self._apply(known, number)
 
-    async def reload(self, topic: str, partition: int) -> None:
+    async def reload(self, topic: str, partition: int) -> bool:
         """Read one partition's replica info now (a peer knows a newer one than the watch
-        brought so far)."""
+        brought so far). Whether etcd answered."""
         try:
             kv = await self.client.get(self.keys.replica_info(topic, partition))
-        except EtcdError as error:
+        except (EtcdError, EtcdAuthError) as error:
             self.nsqd.log.error("CLUSTER: cannot read %s/%d - %s", topic, partition, error)
-            return
+            return False
         if kv is not None and self._take(kv.key, kv.value, kv.mod_revision) is not None:
             self._apply(topic, partition)
+        return True
 
     def refresh(self, topic: str, partition: int) -> None:
         """`reload`, in the background."""
@@ -224,7 +225,11 @@ class ClusterSession:
         )
         if answer is None:
             return None
-        await self.reload(topic, partition)
+        if not await self.reload(topic, partition) and "Epoch" in answer:
+            # etcd is out of reach from here, the master is not: its answer is what it wrote.
+            key = self.keys.replica_info(topic, partition)
+            if self._take(key, json.dumps(answer).encode(), int(answer["Epoch"])) is not None:
+                self._apply(topic, partition)
         updated = self.infos.get((topic, partition))
         if updated is None or any(node in updated.isr for node in nodes):
             return None

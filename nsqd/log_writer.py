@@ -27,6 +27,15 @@ if TYPE_CHECKING:
     from nsqd.topic import Topic
 
 
+class WriteRefused(Exception):
+    """Publishes that will not be written (their group was cut back, or this node no longer
+    leads the partition): `code` is the error their publishers get."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
 class WriteGroup:
     """The publishes one write carries. `done` once written (and fsynced when the policy
     wanted it), or failed: then `error` says why, for each of them. The topic counts its
@@ -92,6 +101,20 @@ class LogWriter:
             else:
                 await self._round()
 
+    def abandon(self, error: Exception) -> None:
+        """Refuse what was appended and not written yet, and forget it: this node no longer
+        leads the partition, so it must acknowledge nothing more (what a round is replicating
+        is refused by that round, whose followers refuse it)."""
+        self.log.discard_pending()
+        self._fail_open(error)
+
+    def _fail_open(self, error: Exception) -> None:
+        group = self.group
+        if group is not None:
+            self.group = None
+            group.error = error
+            group.done = True
+
     def write_now(self) -> None:
         """Write the open group, unless a round is under way (it waits for the next)."""
         if not self._busy:
@@ -141,6 +164,8 @@ class LogWriter:
         batch, self._unreplicated = self._unreplicated, []
         log = self.log
         try:
+            if self.replicate is None:
+                raise WriteRefused("E_FAILED_ON_NOT_LEADER", "no longer the leader")
             delays = [delay for _written, group in batch for delay in group.delays]
             await self.replicate([written for written, _group in batch], delays)
         except Exception as error:
@@ -159,6 +184,9 @@ class LogWriter:
                 group.error = error
                 group.done = True
             self._unreplicated = []
+            # The cut discarded what was appended meanwhile too: its publishes are refused,
+            # never acknowledged as if it had been written.
+            self._fail_open(error)
             return
         last = batch[-1][0][0]
         log.make_visible(Position(last[3] + last[4], last[5] - 1 + last[6]))
@@ -189,11 +217,13 @@ class LogWriter:
             self.nsqd.set_health(error)
             return
         self.nsqd.set_health(None)
+        if written is None:
+            # Nothing of the group is in the log: the log was closed, or cut back under it.
+            group.error = WriteRefused("E_FAILED_ON_NOT_WRITABLE", "the group was not written")
+            group.done = True
+            return
         if replicating:
-            if written is not None:
-                self._unreplicated.append((written, group))
-            else:
-                group.done = True  # the log was closed under it
+            self._unreplicated.append((written, group))
             return
         if log.sync_due:
             self._unsynced.append(group)

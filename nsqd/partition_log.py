@@ -473,7 +473,7 @@ class PartitionLog:
         try:
             self._write_group(entry, data, self.appended, self._pending_defers)
         except OSError:
-            self._discard_pending()
+            self.discard_pending()
             raise
         if visible:
             self.end = self.written
@@ -535,7 +535,8 @@ class PartitionLog:
         if segment.size >= self.max_bytes_per_file:
             self._roll()
 
-    def _discard_pending(self) -> None:
+    def discard_pending(self) -> None:
+        """Forget what was appended since the last commit (it will not be written)."""
         self._ops_since_sync = max(0, self._ops_since_sync - self._pending_count)
         self._pending = []
         self._pending_first = None
@@ -858,7 +859,7 @@ class PartitionLog:
         """Cut the log back to `position`, where one of its index entries ends (a leader's
         group that its followers did not all take; a follower's tail that its new leader does
         not have). ValueError when `position` is not such a place in the active index file."""
-        self._discard_pending()
+        self.discard_pending()
         if position == self.written:
             return
         if not self.start.offset <= position.offset < self.written.offset:
@@ -1061,7 +1062,7 @@ class PartitionLog:
 
     def delete(self) -> None:
         """The partition's files go, and what was appended but not written with them."""
-        self._discard_pending()
+        self.discard_pending()
         if not self._closed:
             os.close(self._write_fd)
             os.close(self._index_fd)

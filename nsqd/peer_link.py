@@ -3,6 +3,7 @@ time, its answer read before the next goes out, reconnected on the next request 
 failure. A leader holds one per follower and sends each group to all of them side by side."""
 
 import ssl
+from collections.abc import Callable
 
 import trio
 
@@ -41,16 +42,24 @@ class PeerLink:
         self._lock = trio.Lock()
 
     async def request(
-        self, op: int, header: dict, payload: bytes = b"", timeout: float | None = None
+        self,
+        op: int,
+        header: dict | Callable[[], dict],
+        payload: bytes = b"",
+        timeout: float | None = None,
     ) -> Frame:
         """The peer's `REPLY`; ReplicaRefusal for its `ERROR`, PeerUnavailable when it cannot
-        be had within `timeout` (the link's own by default; waiting for the link counts)."""
+        be had within `timeout` (the link's own by default; waiting for the link counts).
+        A `header` that is a function is called once the link is this request's: what it
+        says is then what the peer's log has of every request before it on the link."""
         limit = self.timeout if timeout is None else min(timeout, self.timeout)
         with trio.move_on_after(limit) as waited:
             await self._lock.acquire()
         if waited.cancelled_caught:
             raise PeerUnavailable(f"{self.address[0]}:{self.address[1]}: busy past {limit:g} s")
         try:
+            if callable(header):
+                header = header()
             return await self._request(op, header, payload, limit)
         finally:
             self._lock.release()

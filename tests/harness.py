@@ -35,10 +35,14 @@ class DaemonProcess:
         cwd: str | os.PathLike | None = None,
         *,
         new_session: bool = False,
+        prefix: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.args = args
         self.cwd = cwd
+        # What runs the console script (`ip netns exec <namespace>` for the network tests);
+        # it must exec it, so that signals reach the daemon.
+        self.prefix = prefix
         # A process group of its own, to be signalled as a terminal signals its foreground job.
         self.new_session = new_session
         self.addresses: dict[str, str] = {}
@@ -49,7 +53,7 @@ class DaemonProcess:
     def start(self, wait_for: tuple[str, ...] = ("TCP",), timeout: float = 20.0) -> "DaemonProcess":
         self.addresses.clear()
         self.process = subprocess.Popen(
-            [str(BIN / self.name), *self.args],
+            [*self.prefix, str(BIN / self.name), *self.args],
             cwd=self.cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

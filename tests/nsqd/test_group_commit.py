@@ -20,6 +20,7 @@ import trio
 import trio.testing
 
 from common.command import encode_pub
+from nsqd.log_writer import WriteRefused
 from nsqd.partition_log import ENTRY
 from nsqd.publish import publish as nsqd_publish
 from tests.conftest import running_nsqd, wait_until
@@ -183,3 +184,57 @@ async def test_a_commit_waits_for_an_fsync_another_commit_started_for_its_write(
             assert done == []
             slow_disk.release()
         assert sorted(done) == ["first", "second"]
+
+
+class StalledReplication:
+    """A leader's replication (`LogWriter.replicate`) that waits until `fail()`, then
+    fails as a round whose followers did not answer: what a cut-off leader's round does."""
+
+    def __init__(self) -> None:
+        self.entered = trio.Event()
+        self._failed = trio.Event()
+
+    async def __call__(self, writes, delays=()) -> None:
+        self.entered.set()
+        await self._failed.wait()
+        raise WriteRefused("E_FAILED_ON_NOT_WRITABLE", "replication failed")
+
+    def fail(self) -> None:
+        self._failed.set()
+
+
+async def test_publishes_appended_during_a_failed_replication_round_are_refused(nsqd_options):
+    """A publish that arrives while a round is replicating waits in the next group; the
+    round fails and its log is cut back, which drops that group's appends too: its publisher
+    is refused, never told OK for a message that was not written."""
+    options = dataclasses.replace(nsqd_options, log_topic=["*"], sync_every=1)
+    async with running_nsqd(options) as nsqd:
+        await tcp_publish(nsqd, "t", b"before", {})
+        topic = nsqd.get_topic("t")
+        replication = StalledReplication()
+        topic.writer.replicate = replication
+        replies: dict = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tcp_publish, nsqd, "t", b"in the round", replies)
+            await replication.entered.wait()
+            nursery.start_soon(tcp_publish, nsqd, "t", b"behind the round", replies)
+            await wait_until(lambda: topic.writer.group is not None)
+            replication.fail()
+        assert replies == {
+            b"in the round": b"E_FAILED_ON_NOT_WRITABLE ",
+            b"behind the round": b"E_FAILED_ON_NOT_WRITABLE ",
+        }
+        assert [entry[-1] for entry in index_entries(nsqd, "t")] == [1]
+
+
+async def test_a_writer_that_stops_leading_refuses_what_it_did_not_write(nsqd_options):
+    options = dataclasses.replace(nsqd_options, log_topic=["*"], sync_every=1)
+    async with running_nsqd(options) as nsqd:
+        topic = nsqd.get_topic("t")
+        nsqd_publish(nsqd, topic, [b"appended"])
+        group = topic.writer.group
+        topic.writer.abandon(WriteRefused("E_FAILED_ON_NOT_LEADER", "no longer the leader"))
+        await nsqd.commit_backend_writes([group])
+        assert group.done and group.error.code == "E_FAILED_ON_NOT_LEADER"
+        assert topic.log.written.count == topic.log.appended.count == 0
+        assert not os.path.exists(topic.log.index_path()) or index_entries(nsqd, "t") == []
