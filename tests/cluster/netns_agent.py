@@ -75,7 +75,9 @@ class TopicTraffic:
                     with self.lock:
                         self.acked.append((time.monotonic(), sequence))
                         self.acked_wall[sequence] = (
-                            time.strftime("%H:%M:%S") + ("%.3f" % (time.time() % 1))[1:]
+                            time.strftime("%H:%M:%S")
+                            + ("%.3f" % (time.time() % 1))[1:]
+                            + f" at {published.address}, attempt {published.attempts}"
                         )
                 sequence += 1
                 time.sleep(0.005)
