@@ -16,41 +16,41 @@ from typing import Any, Protocol
 import trio
 
 from common.flags import ConfigError, Flag, FlagSet, Kind, merge, read_config
-from common.log import parse_flag_log_level, setup_logger
+from common.log import parse_flag_log_level, parse_log_level, setup_logger
 from common.version import version_line
 
 
-def standard_flags(log_level: str, log_prefix: str) -> list[Flag]:
+def standard_flags(log_level: str, log_prefix: str, *, youzan: bool = False) -> list[Flag]:
     """The flags every Go NSQ daemon has: --config, --version, --log-level, --log-prefix and
-    the deprecated --verbose; and the glog flags Youzan's daemons take, which its clients'
-    test scripts pass (`--log-level=1`, `--alsologtostderr=true`)."""
-    return [
+    the deprecated --verbose. With `youzan` (nsqd and nsqlookupd, whose Youzan versions take
+    glog's flags and its clients' test scripts pass them: `--log-level=1`,
+    `--alsologtostderr=true`), numeric log levels and those flags too."""
+    level_help = "set log verbosity: debug, info, warn, error, or fatal"
+    flags = [
         Flag("config", Kind.STRING, "", "path to config file", config_key=None),
         Flag("version", Kind.BOOL, False, "print version string", config_key=None),
         Flag(
             "log-level",
             Kind.VALUE,
             log_level,
-            "set log verbosity: debug, info, warn, error, or fatal"
-            " (or Youzan's 0 error, 1 warn, 2 info, 3 debug)",
-            parse=parse_flag_log_level,
+            level_help + (" (or Youzan's 0 error, 1 warn, 2 info, 3 debug)" if youzan else ""),
+            parse=parse_flag_log_level if youzan else parse_log_level,
             default_text=log_level.upper(),
         ),
         Flag("log-prefix", Kind.STRING, log_prefix, "log message prefix"),
         Flag("verbose", Kind.BOOL, False, "[deprecated] has no effect, use --log-level"),
-        Flag(
-            "alsologtostderr",
-            Kind.BOOL,
-            False,
-            "[Youzan compatibility] has no effect: logs always go to stderr",
-        ),
-        Flag(
-            "logtostderr",
-            Kind.BOOL,
-            False,
-            "[Youzan compatibility] has no effect: logs always go to stderr",
-        ),
     ]
+    if youzan:
+        for name in ("alsologtostderr", "logtostderr"):
+            flags.append(
+                Flag(
+                    name,
+                    Kind.BOOL,
+                    False,
+                    "[Youzan compatibility] has no effect: logs always go to stderr",
+                )
+            )
+    return flags
 
 
 class Server(Protocol):

@@ -157,7 +157,7 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
     return FlagSet(
         "nsqd",
         [
-            *standard_flags(d.log_level, d.log_prefix),
+            *standard_flags(d.log_level, d.log_prefix, youzan=True),
             Flag(
                 "node-id",
                 Kind.INT64,

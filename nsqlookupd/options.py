@@ -47,7 +47,7 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
     return FlagSet(
         "nsqlookupd",
         [
-            *standard_flags(d.log_level, d.log_prefix),
+            *standard_flags(d.log_level, d.log_prefix, youzan=True),
             Flag(
                 "tcp-address",
                 Kind.STRING,

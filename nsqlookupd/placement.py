@@ -7,10 +7,11 @@ metadata and the load the master measured; `nsqlookupd/coordinator.py` carries t
   80 % by write rate (Youzan's write level, 1–100, from bytes published per hour), 10 % by data
   its channels have yet to consume and 10 % by the data it keeps as leader; its *node load
   factor* adds 5 % by all the data it keeps, led or followed.
-* **Placement**: a new partition's leader is the node leading the fewest partitions of the
-  topic, then of the cluster, then with the lowest leader load factor; its followers are the
-  nodes holding the fewest replicas of the topic, then of the cluster, then with the lowest
-  node load factor, then leading the fewest. On an empty cluster this is round-robin.
+* **Placement**: the new partitions' leaders first, each on the node leading the fewest
+  partitions of the topic, then of the cluster, then with the lowest leader load factor; then
+  their followers, each on the node holding the fewest replicas of the topic, then of the
+  cluster, then with the lowest node load factor, then leading the fewest. On an empty cluster
+  every node leads and holds as many as the others, give or take one.
 * **Balance** (`next_leader_move`, `next_replica_move`): no node leads more than
   ⌈partitions / nodes⌉ of a topic's partitions, nor of the cluster's; a leader moves only to a
   caught-up member of its ISR, the partition with the least load first (moving a busy one
@@ -154,7 +155,11 @@ def place_partitions(
         if name == topic:
             topic_leaders[info.leader] += 1
             topic_replicas.update(_holders(info))
-    placed = {}
+    # The leaders first, spread over the nodes; then each partition's followers on the nodes
+    # holding the fewest replicas (choosing followers partition by partition along with the
+    # leaders would load a node that is yet to lead with followers too).
+    partitions = list(partitions)
+    placed: dict[int, list[str]] = {}
     for partition in partitions:
         leader = min(
             nodes,
@@ -167,28 +172,33 @@ def place_partitions(
                 n,
             ),
         )
-        chosen = [leader]
-        while len(chosen) < replica:
-            chosen.append(
-                min(
-                    (n for n in nodes if n not in chosen),
-                    key=lambda n: (
-                        topic_replicas[n],
-                        replicas[n],
-                        round(factors[n].node_load_factor, 1),
-                        # Youzan weighs a follower 0.7 of a leader: the busier with leaders last.
-                        leaders[n],
-                        n,
-                    ),
-                )
-            )
         topic_leaders[leader] += 1
         leaders[leader] += 1
-        for node in chosen:
-            topic_replicas[node] += 1
-            replicas[node] += 1
-        placed[partition] = tuple(chosen)
-    return placed
+        topic_replicas[leader] += 1
+        replicas[leader] += 1
+        placed[partition] = [leader]
+    position = {node: index for index, node in enumerate(nodes)}
+    # A follower for each partition in turn, then a second one for each, and so on.
+    for _round in range(replica - 1):
+        for partition in partitions:
+            chosen = placed[partition]
+            after = position[chosen[0]]
+            follower = min(
+                (n for n in nodes if n not in chosen),
+                key=lambda n: (
+                    topic_replicas[n],
+                    replicas[n],
+                    round(factors[n].node_load_factor, 1),
+                    # Youzan weighs a follower 0.7 of a leader: the busier with leaders last.
+                    leaders[n],
+                    # Then the nodes after the leader in turn, as round-robin places them.
+                    (position[n] - after) % len(nodes),
+                ),
+            )
+            topic_replicas[follower] += 1
+            replicas[follower] += 1
+            chosen.append(follower)
+    return {partition: tuple(chosen) for partition, chosen in placed.items()}
 
 
 def new_replica_node(

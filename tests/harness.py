@@ -8,6 +8,7 @@ socket and our codec, for wire-level tests.
 
 import os
 import queue
+import random
 import re
 import signal
 import socket
@@ -241,3 +242,46 @@ class V2Connection:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def free_cluster_port_offset() -> int:
+    """A port offset at which every port of `make run-cluster` is free on 127.0.0.1."""
+    from tools.local_cluster import replicated_daemons
+
+    base = [(name, args, url) for name, args, url in replicated_daemons(Path("/x"), "/e")]
+    ports = {
+        int(part.split(":")[1].rstrip("/").split("/")[0])
+        for _name, args, url in base
+        for text in (*args, url)
+        for part in text.replace("http://", "").split()
+        if part.count(":") == 1 and "127.0.0.1:" in part
+    }
+    rng = random.Random()
+    for _ in range(50):
+        offset = rng.randrange(20000, 50000, 100)
+        try:
+            for port in ports:
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port + offset))
+        except OSError:
+            continue
+        return offset
+    raise AssertionError("no free port range for the cluster")
+
+
+def pid_listening(port: int) -> int:
+    """The process with a listening TCP socket on 127.0.0.1:`port` (through /proc)."""
+    inode = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state = fields[1], fields[3]
+        if state == "0A" and int(local.split(":")[1], 16) == port:
+            inode = fields[9]
+    assert inode is not None, f"nothing listens on {port}"
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            if os.readlink(fd) == f"socket:[{inode}]":
+                return int(fd.parent.parent.name)
+        except OSError:
+            continue
+    raise AssertionError(f"no process owns port {port}")

@@ -57,13 +57,19 @@ def test_load_factors_weigh_writes_backlog_and_data_as_youzan():
     assert node_load_factor(factor, [PartitionLoad(data_bytes=1024 * MB)]) > factor
 
 
-def test_an_empty_cluster_gets_leaders_and_replicas_round_robin():
-    placement = place_partitions("t", range(6), 2, NODES, {})
-    infos = infos_of("t", placement)
-    loads = node_loads(NODES, infos, {})
-    assert [loads[n].leaders for n in NODES] == [2, 2, 2]
-    assert [loads[n].replicas for n in NODES] == [4, 4, 4]
-    assert all(len(set(nodes)) == 2 for nodes in placement.values())
+@pytest.mark.parametrize(
+    "partitions,replicas,nodes",
+    [(6, 2, 3), (3, 2, 3), (4, 3, 3), (5, 2, 4), (1, 3, 3), (8, 3, 5), (2, 2, 4)],
+)
+def test_an_empty_cluster_gets_leaders_and_replicas_evenly(partitions, replicas, nodes):
+    names = [f"n{i}" for i in range(nodes)]
+    placement = place_partitions("t", range(partitions), replicas, names, {})
+    loads = node_loads(names, infos_of("t", placement), {})
+    assert all(len(set(chosen)) == replicas for chosen in placement.values())
+    leaders = [loads[n].leaders for n in names]
+    held = [loads[n].replicas for n in names]
+    assert max(leaders) - min(leaders) <= 1, leaders
+    assert max(held) - min(held) <= 1, held
 
 
 def test_a_new_topic_leads_where_the_others_do_not():

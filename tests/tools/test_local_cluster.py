@@ -4,9 +4,7 @@ messages it holds and they are all there after a restart."""
 import json
 import os
 import queue
-import random
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import DaemonProcess, start_nsqd
+from tests.harness import DaemonProcess, free_cluster_port_offset, pid_listening, start_nsqd
 from tests.nsqd.test_durability import numbered, publish
 from tests.nsqd.test_signals import _consume_all
 from tests.nsqlookupd.support import poll
@@ -75,54 +73,11 @@ def test_the_replicated_cluster_command_starts_etcd_nsqlookupd_three_nsqds_and_n
     assert len({o.node_id for o in nsqds}) == 3
 
 
-def _free_offset() -> int:
-    """A port offset at which every port of `make run-cluster` is free on 127.0.0.1."""
-    from tools.local_cluster import replicated_daemons
-
-    base = [(name, args, url) for name, args, url in replicated_daemons(Path("/x"), "/e")]
-    ports = {
-        int(part.split(":")[1].rstrip("/").split("/")[0])
-        for _name, args, url in base
-        for text in (*args, url)
-        for part in text.replace("http://", "").split()
-        if part.count(":") == 1 and "127.0.0.1:" in part
-    }
-    rng = random.Random()
-    for _ in range(50):
-        offset = rng.randrange(20000, 50000, 100)
-        try:
-            for port in ports:
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port + offset))
-        except OSError:
-            continue
-        return offset
-    raise AssertionError("no free port range for the cluster")
-
-
-def _pid_listening(port: int) -> int:
-    """The process with a listening TCP socket on 127.0.0.1:`port` (through /proc)."""
-    inode = None
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local, state = fields[1], fields[3]
-        if state == "0A" and int(local.split(":")[1], 16) == port:
-            inode = fields[9]
-    assert inode is not None, f"nothing listens on {port}"
-    for fd in Path("/proc").glob("[0-9]*/fd/*"):
-        try:
-            if os.readlink(fd) == f"socket:[{inode}]":
-                return int(fd.parent.parent.name)
-        except OSError:
-            continue
-    raise AssertionError(f"no process owns port {port}")
-
-
 @pytest.mark.parametrize("restart", ["--restart-after=1", "on request"])
 def test_the_replicated_cluster_outlives_a_killed_nsqd_and_restarts_it(tmp_path, restart):
     """`make run-cluster`: kill -9 of an nsqd leaves the rest running; the runner says so and
     starts it again, by itself after `--restart-after` or on `restart <n>`."""
-    offset = _free_offset()
+    offset = free_cluster_port_offset()
     args = ["-m", "tools.local_cluster", "--replicated", f"--port-offset={offset}"]
     if restart.startswith("--"):
         args.append(restart)
@@ -165,7 +120,7 @@ def test_the_replicated_cluster_outlives_a_killed_nsqd_and_restarts_it(tmp_path,
             "three nsqds in the cluster",
             30,
         )
-        os.kill(_pid_listening(4152 + offset), signal.SIGKILL)
+        os.kill(pid_listening(4152 + offset), signal.SIGKILL)
         line = expect("nsqd 2 (tcp://127.0.0.1:")
         assert "killed by SIGKILL; the cluster goes on without it" in line
         if not restart.startswith("--"):

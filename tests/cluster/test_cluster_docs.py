@@ -1,0 +1,125 @@
+"""The replicated cluster's documentation runs as written: `make run-cluster`'s runner (etcd,
+nsqlookupd, three nsqds, nsqadmin; its documented ports moved by a free offset), then
+docs/operations.md's walkthrough and the README's failover demo, every shell block in order,
+with the same ports moved."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.harness import free_cluster_port_offset
+from tests.nsqlookupd.support import poll
+
+REPO = Path(__file__).parents[2]
+
+
+def blocks(document: str, heading: str) -> list[str]:
+    """The ```sh blocks of the `heading` section of `document`."""
+    text = (REPO / document).read_text()
+    section = text[text.index(heading) :]
+    end = section.find("\n## ", len(heading))
+    section = section if end < 0 else section[:end]
+    return re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+
+
+def shift(text: str, offset: int) -> str:
+    return re.sub(r"127\.0\.0\.1:(\d+)", lambda match: f"127.0.0.1:{int(match[1]) + offset}", text)
+
+
+def cluster_stats(lookupd: str) -> dict:
+    try:
+        with urllib.request.urlopen(f"http://{lookupd}/cluster/stats", timeout=2) as response:
+            return json.loads(response.read())
+    except (OSError, ValueError):
+        return {}
+
+
+class Runner:
+    """`python -m tools.local_cluster --replicated`, as `make run-cluster` runs it."""
+
+    def __init__(self, data: Path) -> None:
+        self.offset = free_cluster_port_offset()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tools.local_cluster", "--replicated"]
+            + [f"--port-offset={self.offset}"],
+            cwd=REPO,
+            env={**os.environ, "NSQPY_DATA": str(data)},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        self.lookupd = f"127.0.0.1:{4161 + self.offset}"
+        poll(lambda: len(self.stats().get("nsqd_nodes", [])) == 3, "three nsqds", 30)
+        poll(lambda: self.stats().get("is_master"), "a master nsqlookupd", 30)
+
+    def stats(self) -> dict:
+        return cluster_stats(self.lookupd)
+
+    def run(self, block: str) -> str:
+        result = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", shift(block, self.offset)],
+            cwd=REPO,
+            capture_output=True,
+            timeout=90,
+            check=False,
+        )
+        assert result.returncode == 0, (block, result.stderr.decode())
+        return result.stdout.decode()
+
+    def type(self, line: str) -> None:
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def stop(self) -> None:
+        os.killpg(self.process.pid, signal.SIGINT)
+        self.process.wait(60)
+
+
+@pytest.fixture
+def runner(tmp_path):
+    running = Runner(tmp_path)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def test_the_operations_walkthrough_runs_as_written(runner):
+    walkthrough = blocks("docs/operations.md", "### Walkthrough")
+    assert len(walkthrough) == 5
+    outputs = [runner.run(block) for block in walkthrough]
+    assert '"leader"' in outputs[2] and '"leaders"' in outputs[2]
+    assert outputs[4].strip() == "1000"
+
+
+def test_the_readmes_failover_demo_runs_as_written(runner):
+    [demo] = blocks("README.md", "## A replicated cluster")
+    runner.run(demo)
+    killed = f"127.0.0.1:{4152 + runner.offset}"
+    assert all(
+        entry["leader"].split(":")[2] != killed.split(":")[1]
+        for entry in runner.stats()["partitions"]
+    )
+    runner.type("restart 2")
+    poll(
+        lambda: (
+            len(runner.stats().get("nsqd_nodes", [])) == 3
+            and all(len(entry["isr"]) == 2 for entry in runner.stats()["partitions"])
+        ),
+        "nsqd 2 back in every ISR",
+        60,
+    )
+    tail = (
+        ".venv/bin/nsq_tail --partitioned --lookupd-http-address=127.0.0.1:4161"
+        " --topic=orders --channel=billing -n 2000 | sort -n | uniq | wc -l"
+    )
+    assert runner.run(tail).strip() == "2000"
