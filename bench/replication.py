@@ -111,7 +111,10 @@ class Cluster:
         self.root = root
         self.cluster = cluster
         self.nodes = [self._nsqd(index, {}) for index in range(3)]
-        self.wait(lambda: len(self.stats()["nsqd_nodes"]) == 3, "three nsqds")
+        self.wait(
+            lambda: (stats := self.stats())["is_master"] and len(stats["nsqd_nodes"]) == 3,
+            "a master nsqlookupd and three nsqds",
+        )
 
     def _nsqd(self, index: int, ports: dict[str, int]) -> Process:
         data = self.root / f"nsqd{index}"

@@ -189,6 +189,9 @@ class TopicMeta:
     multi_part: bool = False
     ext: bool = False
     disable_channel_auto_create: bool = False
+    # Youzan's MagicCode: set when the topic is created, so a copy of a partition kept on a
+    # node from an earlier topic of the same name (deleted while the node was away) is known.
+    magic_code: int = 0
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -197,6 +200,7 @@ class TopicMeta:
                 "Replica": self.replica,
                 "SuggestLF": False,
                 "SyncEvery": self.sync_every,
+                "MagicCode": self.magic_code,
                 "RetentionDay": self.retention_day,
                 "OrderedMulti": self.ordered_multi,
                 "MultiPart": self.multi_part,
@@ -217,6 +221,7 @@ class TopicMeta:
             bool(value.get("MultiPart", False)),
             bool(value.get("Ext", False)),
             bool(value.get("DisableChannelAutoCreate", False)),
+            int(value.get("MagicCode", 0)),
         )
 
 

@@ -63,7 +63,11 @@ class GoFormatter(logging.Formatter):
         stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(seconds))
         micros = int((record.created - seconds) * 1_000_000)
         level = _LEVEL_NAMES.get(record.levelno, record.levelname)
-        return f"{self.prefix}{stamp}.{micros:06d} {level}: {record.getMessage()}"
+        line = f"{self.prefix}{stamp}.{micros:06d} {level}: {record.getMessage()}"
+        if record.exc_info:
+            # An internal error is only worth logging with the traceback that explains it.
+            return f"{line}\n{self.formatException(record.exc_info)}"
+        return line
 
 
 def printable(message: str) -> str:

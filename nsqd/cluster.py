@@ -200,6 +200,18 @@ class ClusterNode:
                 self._step_down(topic, info)
                 self.forget(topic_name, partition, "no longer holds it")
             return
+        if topic is not None and topic.replica is not None:
+            kept = topic.log.magic_code
+            if meta.magic_code and kept and kept != meta.magic_code:
+                # Deleted and created again while this node was away: what is on disk is the
+                # old topic's, and the new one starts empty (Youzan's CheckMagicCode).
+                self.forget(
+                    topic_name,
+                    partition,
+                    f"it is of an earlier topic of that name: magic code {kept},"
+                    f" the cluster's {meta.magic_code}",
+                )
+                topic = None
         if topic is None:
             topic = nsqd.create_partition(
                 topic_name,
@@ -213,6 +225,8 @@ class ClusterNode:
         previous = topic.replica
         if previous is not None and info.epoch < previous.epoch:
             return  # an older revision than the one applied
+        if meta.magic_code and topic.log.magic_code != meta.magic_code:
+            topic.log.set_magic_code(meta.magic_code)
         self._take_meta(topic, meta)
         topic.replica = info
         topic.log.write_epoch = info.epoch_for_write

@@ -107,11 +107,25 @@ class ClusterSession:
             except EtcdError as error:
                 self.nsqd.log.error("CLUSTER: cannot read the topics - %s", error)
                 await trio.sleep(0.5)
+        # A load after the lease was lost starts again from what etcd holds now.
+        self.metas.clear()
+        self.infos.clear()
         for kv in kvs:
             self._take(kv.key, kv.value, kv.mod_revision)
         for topic, partition in sorted(self.infos):
             self._apply(topic, partition)
+        self._forget_deleted_topics()
         return revision
+
+    def _forget_deleted_topics(self) -> None:
+        """Local partitions of topics deleted while this node was away go, as in Youzan's
+        loadLocalTopicData; unless etcd holds no topic at all (an etcd emptied by accident
+        must not empty every node as well)."""
+        if not self.metas:
+            return
+        for topic in self.nsqd.all_partitions():
+            if topic.replica is not None and topic.name not in self.metas:
+                self.node.forget(topic.name, topic.partition, "the topic was deleted")
 
     def _take(self, key: str, value: bytes | None, revision: int) -> tuple[str, int] | None:
         """The partition whose replica info `key` now holds, if that is what it is."""
@@ -150,6 +164,9 @@ class ClusterSession:
                     for known, number in list(self.infos):
                         if known == topic:
                             self._apply(known, number)
+                elif what == "TopicMeta":
+                    for local in self.nsqd.registry.partitions(topic):
+                        self.node.forget(topic, local.partition, "the topic was deleted")
 
     async def reload(self, topic: str, partition: int) -> bool:
         """Read one partition's replica info now (a peer knows a newer one than the watch

@@ -227,6 +227,24 @@ class PartitionLog:
         return os.path.join(self.directory, f"{self.name}.diskqueue.{number:0{width}d}.dat")
 
     @property
+    def magic_code_path(self) -> str:
+        """Youzan's `magic<partition>`: the MagicCode of the topic this log was written for."""
+        return os.path.join(self.directory, f"magic{self.partition}")
+
+    @property
+    def magic_code(self) -> int:
+        """The MagicCode recorded with this log, 0 for none (or an unreadable file: the
+        cluster's code is then taken as this log's)."""
+        try:
+            with open(self.magic_code_path, "rb") as file:
+                return int(file.read().strip() or b"0")
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def set_magic_code(self, code: int) -> None:
+        _write_atomically(self.magic_code_path, b"%d\n" % code)
+
+    @property
     def active_segment_path(self) -> str:
         """The segment writes go to (what a failed write's error names)."""
         return self.segment_path(self.segments[-1].number)
@@ -672,8 +690,8 @@ class PartitionLog:
             make, hex_id = Message, hexlify
             header_size, body_start = RECORD_HEADER_SIZE, BODY_START
             for _ in range(max_count - len(messages)):
-                if at + 4 > length:
-                    break
+                if at + body_start > length:
+                    break  # the chunk ends inside this record's header
                 size, timestamp, attempts, trace_id = unpack_header(chunk, at)
                 end_at = at + 4 + size
                 if end_at > length or size < header_size:
@@ -1068,8 +1086,9 @@ class PartitionLog:
             os.close(self._index_fd)
             self._closed = True
         prefixes = (f"{self.name}.", f"{self.name}:", f"{self.topic}_{self.partition}.commit.log")
+        magic = os.path.basename(self.magic_code_path)
         for name in os.listdir(self.directory):
-            if name.startswith(prefixes):
+            if name.startswith(prefixes) or name == magic:
                 os.unlink(os.path.join(self.directory, name))
 
 

@@ -7,6 +7,7 @@ nsqlookupd, and channels made or deleted on every partition's leader.
 Each raises CoordinatorError with the status and text Youzan's nsqlookupd answers.
 """
 
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -72,6 +73,8 @@ class ClusterOperations:
             coordinator.infos,
             coordinator.reports.loads(),
         )
+        # Youzan's MagicCode is the creation time in nanoseconds: never 0, never reused.
+        meta = replace(meta, magic_code=time.time_ns())
         if not await coordinator.client.create(coordinator.keys.topic_meta(topic), meta.to_json()):
             raise CoordinatorError(400, "E_TOPIC_EXIST")
         coordinator.metas[topic] = meta

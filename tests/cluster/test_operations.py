@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 
 from tests.cluster.local_cluster import LocalCluster, wait_for
+from tests.cluster.test_failover import drain, publish_numbered
 from tests.cluster.traffic import Traffic, check_replicas_identical, log_files
 from tests.harness import V2Connection
 
@@ -250,6 +251,39 @@ def test_channels_and_topics_everywhere(cluster):
     )
     assert cluster.partition("t", 0) is None
     assert cluster.lookupd_http("GET", "/lookup?topic=t").status == 404
+
+
+def test_a_node_away_while_its_topic_was_deleted_drops_its_copy_on_return(cluster):
+    create_topic(cluster, "kept", 1, 3)
+    create_topic(cluster, "t", 1, 3)
+    publish_numbered(cluster, "t", "old", 5)
+    away = cluster.nodes[2]
+    away.stop()
+    operate(cluster, "/topic/delete?topic=t&partition=**")
+    assert log_files(away, "t", 0), "the stopped node keeps its copy meanwhile"
+    away.start()
+    wait_for(lambda: not log_files(away, "t", 0), "the copy of the deleted topic dropped")
+    assert log_files(away, "kept", 0), "a topic the cluster still has stays"
+
+
+def test_a_topic_created_again_never_takes_the_old_topics_copy(cluster):
+    """Youzan's MagicCode: a node that was away while its topic was deleted (and found no
+    topic in etcd on its return, so kept its copy) drops that copy when the topic created
+    again gives it the partition; here it is the only node, so it leads the new topic."""
+    create_topic(cluster, "t", 1, 3)
+    old = publish_numbered(cluster, "t", "old", 5)
+    away, *others = reversed(cluster.nodes)
+    away.stop()
+    operate(cluster, "/topic/delete?topic=t&partition=**")
+    for node in others:
+        node.stop()
+    away.start()
+    wait_for(lambda: cluster.stats()["nsqd_nodes"] == [away.node_id], "only the node back")
+    assert log_files(away, "t", 0), "with no topic in etcd at all, nothing local is deleted"
+    create_topic(cluster, "t", 1, 1)
+    new = publish_numbered(cluster, "t", "new", 5)
+    received = drain(away, "t", new)
+    assert received == new, f"the old topic's {sorted(received & old)} delivered"
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,19 @@ def test_a_byte_that_is_not_utf8_is_logged_as_an_escape():
     second.encode("utf-8")
 
 
+def test_an_internal_error_is_logged_with_its_traceback():
+    stream = io.StringIO()
+    log = setup_logger("nsqd.test_log_traceback", "[nsqd] ", "info", stream=stream)
+    try:
+        {}["missing"]
+    except KeyError:
+        log.exception("PROTOCOL(V2): [%s] internal error, closing the connection", "peer")
+    first, *rest = stream.getvalue().splitlines()
+    assert first.endswith("ERROR: PROTOCOL(V2): [peer] internal error, closing the connection")
+    assert rest[0] == "Traceback (most recent call last):"
+    assert rest[-1] == "KeyError: 'missing'"
+
+
 def test_an_in_process_nsqds_records_are_printable_for_any_handler(caplog, tmp_path):
     """An embedding program's handlers (here pytest's) get the escaped text too."""
     server = NSQD(

@@ -10,9 +10,11 @@ import pytest
 from nsqd.cursor_queue import CursorQueue
 from nsqd.message import Message
 from nsqd.partition_log import (
+    BODY_START,
     ENTRY,
     ID_PARTITION_SHIFT,
     META_MAGIC,
+    READ_CHUNK,
     PartitionLog,
     Position,
     record_size,
@@ -116,6 +118,31 @@ def test_segments_roll_at_max_bytes_and_reads_cross_them(tmp_path):
     assert [m.body for m in reopened.read(Position(0, 0), 10)] == bodies
     assert [m.body for m in reopened.read(Position(140, 2), 1)] == [bodies[2]]
     reopened.close()
+
+
+def test_a_record_whose_header_crosses_the_read_chunks_end_is_read_whole(tmp_path):
+    log = open_log(tmp_path)
+    # The first record ends 10 bytes before READ_CHUNK: the second's 30-byte header crosses it.
+    bodies = [b"a" * (READ_CHUNK - 10 - BODY_START), b"second", b"third"]
+    publish(log, *bodies)
+    log.close()
+    reopened = open_log(tmp_path)  # no hot tail: every read comes from the segment
+    assert [m.body for m in reopened.read(Position(0, 0), 10)] == bodies
+    second = reopened.read(Position(READ_CHUNK - 10, 1), 10)
+    assert [m.body for m in second] == bodies[1:]
+    reopened.close()
+
+
+def test_the_magic_code_is_youzans_file_and_goes_with_the_log(tmp_path):
+    log = open_log(tmp_path)
+    assert log.magic_code == 0
+    log.set_magic_code(1_700_000_000_123_456_789)
+    assert (tmp_path / "t" / "magic2").read_bytes() == b"1700000000123456789\n"
+    log.close()
+    reopened = open_log(tmp_path)
+    assert reopened.magic_code == 1_700_000_000_123_456_789
+    reopened.delete()
+    assert not (tmp_path / "t" / "magic2").exists()
 
 
 def test_the_index_rolls_into_numbered_files_and_reopens(tmp_path):
