@@ -75,7 +75,7 @@ HANDOVER_TIMEOUT = 3.0
 PEER_HANDSHAKE_TIMEOUT = 5.0
 # Channel cursors moved by FINs reach the followers at most this long after the previous push
 # (plus the push's round trip): what a failover redelivers beyond the messages in flight.
-CURSOR_PUSH_INTERVAL = 0.01
+CURSOR_PUSH_INTERVAL = 0.005
 # A follower that does not answer a push within this long misses it (the next one repeats it):
 # one stalled follower must not hold back the pushes to the others for long.
 CURSOR_PUSH_TIMEOUT = 1.0
