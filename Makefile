@@ -1,8 +1,8 @@
 # Everything runs from a local virtualenv in .venv, built on first use.
 # `make run` needs Python 3.11 (with its venv module) and make, nothing else; `make test` also
 # installs the test tools: the test extras from PyPI, nsqjs from npm, and, where they are
-# missing, Debian's Chromium (nsqadmin's browser tests), Node.js (nsqjs), Java (Spark) and
-# etcd (the cluster tests) (apt-get, as root).
+# missing, Debian's Chromium (nsqadmin's browser tests), Node.js (nsqjs), Java (Spark), etcd
+# (the cluster tests) and iproute2 and nftables (the network fault tests) (apt-get, as root).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -16,7 +16,7 @@ NODE_DIR := tests/interop/node
 NODE_INSTALLED := $(NODE_DIR)/node_modules/.installed
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y
 
-.PHONY: install install-test browser etcd java node run run-cluster test lint bench clean
+.PHONY: install install-test browser etcd netns java node run run-cluster test lint bench clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,7 +57,7 @@ $(GNSQ_SUITE_INSTALLED): $(TEST_INSTALLED)
 install: $(INSTALLED)
 
 ## Everything the test suite needs.
-install-test: $(TEST_INSTALLED) $(GNSQ_SUITE_INSTALLED) $(NODE_INSTALLED) browser etcd java
+install-test: $(TEST_INSTALLED) $(GNSQ_SUITE_INSTALLED) $(NODE_INSTALLED) browser etcd netns java
 
 ## Start nsqlookupd, nsqd and nsqadmin on localhost and print their URLs.
 run: install
@@ -85,6 +85,16 @@ etcd:
 			echo "error: /usr/bin/etcd not found and apt-get is not available: the cluster tests (tests/cluster) need etcd 3.4 (Debian: apt-get install etcd-server)" >&2; \
 			exit 1; }; \
 		apt-get update && $(APT_INSTALL) etcd-server; \
+	fi
+
+## iproute2 (`ip netns`) and Debian's nftables for the network fault tests
+## (tests/cluster/test_network_faults.py), which join namespaces of their own through a bridge.
+netns:
+	@if ! command -v ip >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1; then \
+		command -v apt-get >/dev/null 2>&1 || { \
+			echo "error: ip or nft not found and apt-get is not available: the network fault tests (tests/cluster/test_network_faults.py) need iproute2 and nftables (Debian: apt-get install iproute2 nftables)" >&2; \
+			exit 1; }; \
+		apt-get update && $(APT_INSTALL) iproute2 nftables; \
 	fi
 
 ## Java 17 for the Spark connector tests (marker `spark`), which start a local JVM.
