@@ -255,24 +255,16 @@ class ClusterSession:
     async def report_unwritable(self, topic: str, partition: int, info: ReplicaInfo) -> bool:
         """Tell the master that this node, the partition's leader, cannot replicate it: the
         master may give it to a follower that the others reach. Whether it was told."""
-        answer = await self._ask_master(
-            "/cluster/leader/unwritable",
-            topic=topic,
-            partition=partition,
-            node=self.node.node_id,
-            epoch=info.epoch,
-        )
-        return answer is not None
+        return await self._tell_master("/cluster/leader/unwritable", topic, partition, info)
 
     async def join_isr(self, topic: str, partition: int, info: ReplicaInfo) -> bool:
         """Caught up: ask the master to move this node from the catch-up list into the ISR.
         Whether it did."""
+        return await self._tell_master("/cluster/isr/join", topic, partition, info)
+
+    async def _tell_master(self, path: str, topic: str, partition: int, info: ReplicaInfo) -> bool:
         answer = await self._ask_master(
-            "/cluster/isr/join",
-            topic=topic,
-            partition=partition,
-            node=self.node.node_id,
-            epoch=info.epoch,
+            path, topic=topic, partition=partition, node=self.node.node_id, epoch=info.epoch
         )
         return answer is not None
 

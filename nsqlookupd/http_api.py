@@ -45,6 +45,21 @@ def _is_int(text: str) -> bool:
     return digits.isascii() and digits.isdigit()
 
 
+def _topic_and_number(
+    params: dict[str, list[str]], name: str, missing: str, allowed: range
+) -> tuple[str, int]:
+    """The topic and a partition number or count of Youzan's operations, with its errors."""
+    topic = _first(params, "topic")
+    if not topic:
+        raise HTTPError(400, "MISSING_ARG_TOPIC")
+    text = _first(params, name)
+    if not text:
+        raise HTTPError(400, missing)
+    if not _is_int(text) or int(text) not in allowed:
+        raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
+    return topic, int(text)
+
+
 def _topic_and_channel(params: dict[str, list[str]]) -> tuple[str, str]:
     """Go's http_api.GetTopicChannelArgs."""
     topic = _first(params, "topic")
@@ -512,33 +527,22 @@ class HTTPAPI:
 
     async def partition_expand(self, request: Request) -> Response:
         operations = self._operations()
-        params = _query(request)
-        topic = _first(params, "topic")
-        if not topic:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        text = _first(params, "partition_num")
-        if not text:
-            raise HTTPError(400, "MISSING_ARG_TOPIC_PARTITION_NUM")
-        if not _is_int(text) or not 0 < int(text) <= 255:
-            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
-        await self._operate(operations.expand(topic, int(text)))
+        topic, count = _topic_and_number(
+            _query(request), "partition_num", "MISSING_ARG_TOPIC_PARTITION_NUM", range(1, 256)
+        )
+        await self._operate(operations.expand(topic, count))
         return v1_response(200)
 
     async def partition_move(self, request: Request) -> Response:
         operations = self._operations()
         params = _query(request)
-        topic = _first(params, "topic")
-        if not topic:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        text = _first(params, "partition")
-        if not text:
-            raise HTTPError(400, "MISSING_ARG_TOPIC_PARTITION")
-        if not _is_int(text) or not 0 <= int(text) < 255:
-            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
+        topic, partition = _topic_and_number(
+            params, "partition", "MISSING_ARG_TOPIC_PARTITION", range(255)
+        )
         await self._operate(
             operations.move(
                 topic,
-                int(text),
+                partition,
                 _first(params, "move_leader") == "true",
                 _first(params, "move_from") or "",
                 _first(params, "move_to") or "",
