@@ -6,6 +6,7 @@ keeps every log line for assertions. `V2Connection` is a tiny blocking V2 client
 socket and our codec, for wire-level tests.
 """
 
+import json
 import os
 import queue
 import random
@@ -267,6 +268,15 @@ def free_cluster_port_offset() -> int:
             continue
         return offset
     raise AssertionError("no free port range for the cluster")
+
+
+def cluster_stats(lookupd: str) -> dict:
+    """nsqlookupd's `/cluster/stats` at `lookupd` (host:port), or {} while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://{lookupd}/cluster/stats", timeout=2) as response:
+            return json.loads(response.read())
+    except (OSError, ValueError):
+        return {}
 
 
 def pid_listening(port: int) -> int:

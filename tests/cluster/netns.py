@@ -28,7 +28,8 @@ def check_tools() -> None:
     if missing or os.geteuid() != 0:
         raise NetworkUnavailable(
             f"the network fault tests need root and iproute2 and nftables (missing: "
-            f"{', '.join(missing) or 'root'}); `make test` installs iproute2 and nftables and runs as root"
+            f"{', '.join(missing) or 'root'}); `make test` installs iproute2 and nftables and"
+            " runs as root"
         )
 
 

@@ -1,7 +1,6 @@
 """`make run`'s cluster runner: Ctrl-C stops every daemon once and cleanly, so nsqd writes the
 messages it holds and they are all there after a restart."""
 
-import json
 import os
 import queue
 import signal
@@ -10,12 +9,17 @@ import sys
 import textwrap
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.harness import DaemonProcess, free_cluster_port_offset, pid_listening, start_nsqd
+from tests.harness import (
+    DaemonProcess,
+    cluster_stats,
+    free_cluster_port_offset,
+    pid_listening,
+    start_nsqd,
+)
 from tests.nsqd.test_durability import numbered, publish
 from tests.nsqd.test_signals import _consume_all
 from tests.nsqlookupd.support import poll
@@ -116,7 +120,7 @@ def test_the_replicated_cluster_outlives_a_killed_nsqd_and_restarts_it(tmp_path,
     try:
         expect("Ctrl-C stops everything")
         poll(
-            lambda: len(_cluster_stats(lookupd).get("nsqd_nodes", [])) == 3,
+            lambda: len(cluster_stats(lookupd).get("nsqd_nodes", [])) == 3,
             "three nsqds in the cluster",
             30,
         )
@@ -128,7 +132,7 @@ def test_the_replicated_cluster_outlives_a_killed_nsqd_and_restarts_it(tmp_path,
             runner.stdin.flush()
         expect("nsqd 2 started again")
         poll(
-            lambda: len(_cluster_stats(lookupd).get("nsqd_nodes", [])) == 3,
+            lambda: len(cluster_stats(lookupd).get("nsqd_nodes", [])) == 3,
             "the restarted nsqd back in the cluster",
             30,
         )
@@ -137,11 +141,3 @@ def test_the_replicated_cluster_outlives_a_killed_nsqd_and_restarts_it(tmp_path,
         os.killpg(runner.pid, signal.SIGINT)
         status = runner.wait(60)
     assert status == 0, "\n".join(seen)
-
-
-def _cluster_stats(lookupd: str) -> dict:
-    try:
-        with urllib.request.urlopen(f"http://{lookupd}/cluster/stats", timeout=2) as response:
-            return json.loads(response.read())
-    except (OSError, ValueError):
-        return {}
