@@ -42,6 +42,7 @@ class ClusterSession:
         self.infos = self.view.infos
         self.master: dict | None = None
         self.lease = 0
+        self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with self.client:
@@ -54,6 +55,7 @@ class ClusterSession:
 
     async def _run(self, task_status) -> None:
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             while True:
                 try:
                     await self._register()
@@ -182,8 +184,8 @@ class ClusterSession:
 
     def refresh(self, topic: str, partition: int) -> None:
         """`reload`, in the background."""
-        if self.node._nursery is not None:
-            self.node._nursery.start_soon(self.reload, topic, partition)
+        if self._nursery is not None:
+            self._nursery.start_soon(self.reload, topic, partition)
 
     # -- the master --------------------------------------------------------------------------
 

@@ -158,17 +158,18 @@ class Coordinator:
                 self.lookupd.log.error("CLUSTER: cannot read the cluster - %s", error)
                 await trio.sleep(0.5)
         for kv in kvs:
-            self._take(kv.key, kv.value, kv.mod_revision)
+            self.learn(kv.key, kv.value, kv.mod_revision)
         return revision
 
     async def _follow(self, revision: int) -> None:
         async with self.client.watch_prefix(self.keys.base, revision) as watch:
             async for event in watch:
                 value = event.kv.value if event.kind == "PUT" else None
-                self._take(event.kv.key, value, event.kv.mod_revision)
+                self.learn(event.kv.key, value, event.kv.mod_revision)
                 self.notify_changed()
 
-    def _take(self, key: str, value: bytes | None, revision: int) -> None:
+    def learn(self, key: str, value: bytes | None, revision: int) -> None:
+        """Take what etcd holds at `key` (None: deleted) into this master's view."""
         keys = self.keys
         try:
             if key.startswith(keys.nsqd_nodes):
@@ -304,7 +305,7 @@ class Coordinator:
                 await self.check()
                 await self.wait_changed(CHECK_INTERVAL)
 
-    def _require_master(self) -> None:
+    def require_master(self) -> None:
         if not self.is_master:
             raise CoordinatorError(400, "E_FAILED_ON_NOT_LEADER")
 
@@ -385,7 +386,7 @@ class Coordinator:
             if node is None:
                 return
             updated = replace(info, catchup=(*info.catchup, node))
-            if await self._write(topic, partition, updated, info):
+            if await self.write_replica_info(topic, partition, updated, info):
                 self.lookupd.log.info(
                     "CLUSTER: %s/%d: a new replica on %s (%d of %d; departing: %s)",
                     topic,
@@ -425,7 +426,7 @@ class Coordinator:
             isr=tuple(node for node in info.isr if node not in nodes),
             catchup=tuple(node for node in info.catchup if node not in nodes),
         )
-        if await self._write(topic, partition, updated, info):
+        if await self.write_replica_info(topic, partition, updated, info):
             self.lookupd.log.info(
                 "CLUSTER: %s/%d: %s no longer hold it (%s)", topic, partition, ",".join(nodes), why
             )
@@ -476,7 +477,7 @@ class Coordinator:
             catchup=tuple(dict.fromkeys([*info.catchup, info.leader])),
             epoch_for_write=info.epoch_for_write + 1,
         )
-        if await self._write(topic, partition, updated, info):
+        if await self.write_replica_info(topic, partition, updated, info):
             self.lookupd.log.info(
                 "CLUSTER: %s/%d: leader %s %s, %s leads (write epoch %d, %d messages)",
                 topic,
@@ -512,29 +513,30 @@ class Coordinator:
             isr=tuple(node for node in info.isr if node not in nodes),
             catchup=tuple(dict.fromkeys([*info.catchup, *nodes])),
         )
-        if await self._write(topic, partition, updated, info):
+        if await self.write_replica_info(topic, partition, updated, info):
             self.lookupd.log.info(
                 "CLUSTER: %s/%d: %s left the ISR", topic, partition, ",".join(nodes)
             )
             return self.infos.get((topic, partition), updated)
         return None
 
-    async def _write(
+    async def write_replica_info(
         self, topic: str, partition: int, updated: ReplicaInfo, previous: ReplicaInfo
     ) -> bool:
+        """Write `updated` if etcd still holds `previous` (its revision); whether it did."""
         key = self.keys.replica_info(topic, partition)
         revision = await self.client.replace(key, updated.to_json(), previous.epoch)
         if not revision:
             return False
-        self._take(key, updated.to_json(), revision)
+        self.learn(key, updated.to_json(), revision)
         self.notify_changed()
         return True
 
-    async def _current(self, topic: str, partition: int) -> ReplicaInfo:
+    async def current(self, topic: str, partition: int) -> ReplicaInfo:
         kv = await self.client.get(self.keys.replica_info(topic, partition))
         if kv is None:
             raise CoordinatorError(404, "E_TOPIC_NOT_EXIST")
-        self._take(kv.key, kv.value, kv.mod_revision)
+        self.learn(kv.key, kv.value, kv.mod_revision)
         return self.infos[(topic, partition)]
 
     # -- leaders that refuse writes -------------------------------------------------------------
@@ -562,8 +564,8 @@ class Coordinator:
     async def leader_unwritable(self, topic: str, partition: int, node: str) -> ReplicaInfo:
         """A leader says it cannot replicate (`ClusterNode._restore_writes`): replaced now if
         a majority answers without it."""
-        self._require_master()
-        info = await self._current(topic, partition)
+        self.require_master()
+        info = await self.current(topic, partition)
         if info.leader == node and (topic, partition) not in self.busy:
             if await self._elect(topic, partition, info, unwritable=True):
                 self._unwritable_since.pop((topic, partition), None)
@@ -594,7 +596,7 @@ class Coordinator:
         return True
 
     async def _transfer(self, topic: str, partition: int, to: str, why: str) -> ReplicaInfo:
-        info = await self._current(topic, partition)
+        info = await self.current(topic, partition)
         if info.leader == to:
             return info
         if to not in info.followers() or to not in self.nodes:
@@ -624,7 +626,7 @@ class Coordinator:
                 400, f"{to} has {counts.get(to)} messages, the leader {end}: not caught up"
             )
         updated = replace(info, leader=to, epoch_for_write=info.epoch_for_write + 1)
-        if not await self._write(topic, partition, updated, info):
+        if not await self.write_replica_info(topic, partition, updated, info):
             raise CoordinatorError(409, "E_CONFLICT the partition changed meanwhile")
         self.lookupd.log.info(
             "CLUSTER: %s/%d: leader moved from %s to %s (%s), write epoch %d, %.0f ms",
@@ -658,11 +660,11 @@ class Coordinator:
             raise CoordinatorError(400, "another balance is running, should wait")
         self.busy.add(key)
         try:
-            info = await self._current(topic, partition)
+            info = await self.current(topic, partition)
             if destination not in info.isr:
                 if destination not in info.catchup:
                     updated = replace(info, catchup=(*info.catchup, destination))
-                    if not await self._write(topic, partition, updated, info):
+                    if not await self.write_replica_info(topic, partition, updated, info):
                         raise CoordinatorError(400, "catchup changed while wait moving")
                 self.lookupd.log.info(
                     "CLUSTER: %s/%d: moving from %s to %s, %s catching up",
@@ -684,12 +686,12 @@ class Coordinator:
                         await self.wait_changed(1.0)
                 if waited.cancelled_caught:
                     raise CoordinatorError(400, "timeout waiting move topic")
-            info = await self._current(topic, partition)
+            info = await self.current(topic, partition)
             if info.leader == source:
                 if not move_leader:
                     raise CoordinatorError(400, "can not move leader without moveleader param")
                 await self._transfer(topic, partition, destination, "moved")
-                info = await self._current(topic, partition)
+                info = await self.current(topic, partition)
             if source in info.isr or source in info.catchup:
                 await self._drop(topic, partition, info, [source], f"moved to {destination}")
             return self.infos[key]
@@ -808,9 +810,9 @@ class Coordinator:
     # -- requests from nsqds ---------------------------------------------------------------------
 
     async def leave_isr(self, topic: str, partition: int, nodes: list[str]) -> ReplicaInfo:
-        self._require_master()
+        self.require_master()
         for _ in range(5):
-            info = await self._current(topic, partition)
+            info = await self.current(topic, partition)
             leaving = [node for node in nodes if node in info.isr and node != info.leader]
             if not leaving:
                 return info
@@ -820,9 +822,9 @@ class Coordinator:
         raise CoordinatorError(409, "E_CONFLICT the partition kept changing")
 
     async def join_isr(self, topic: str, partition: int, node: str) -> ReplicaInfo:
-        self._require_master()
+        self.require_master()
         for _ in range(5):
-            info = await self._current(topic, partition)
+            info = await self.current(topic, partition)
             if node in info.isr:
                 return info
             if node not in self.nodes:
@@ -835,7 +837,7 @@ class Coordinator:
                 catchup=tuple(other for other in info.catchup if other != node),
                 epoch_for_write=info.epoch_for_write + 1,
             )
-            if await self._write(topic, partition, updated, info):
+            if await self.write_replica_info(topic, partition, updated, info):
                 self.lookupd.log.info("CLUSTER: %s/%d: %s joined the ISR", topic, partition, node)
                 return self.infos[(topic, partition)]
         raise CoordinatorError(409, "E_CONFLICT the partition kept changing")
@@ -844,7 +846,7 @@ class Coordinator:
 
     async def change_state(self, **changes) -> ClusterState:
         """Write the cluster state with `changes` (a transaction on its revision)."""
-        self._require_master()
+        self.require_master()
         for _ in range(5):
             kv = await self.client.get(self.keys.cluster_state)
             current = ClusterState.from_json(kv.value, kv.mod_revision) if kv else ClusterState()
@@ -856,7 +858,7 @@ class Coordinator:
                     self.keys.cluster_state, updated.to_json(), kv.mod_revision
                 )
             if revision:
-                self._take(self.keys.cluster_state, updated.to_json(), revision)
+                self.learn(self.keys.cluster_state, updated.to_json(), revision)
                 self.notify_changed()
                 return self.state
         raise CoordinatorError(409, "E_CONFLICT the cluster state kept changing")

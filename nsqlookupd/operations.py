@@ -56,7 +56,7 @@ class ClusterOperations:
         """Youzan's CreateTopic: `TopicMeta`, then each partition's `ReplicaInfo`, placed on
         the least loaded nodes (`nsqlookupd/placement.py`)."""
         coordinator = self.coordinator
-        coordinator._require_master()
+        coordinator.require_master()
         if topic in coordinator.metas:
             raise CoordinatorError(400, "E_TOPIC_EXIST")
         nodes = coordinator.eligible_nodes()
@@ -99,7 +99,7 @@ class ClusterOperations:
             key = coordinator.keys.replica_info(topic, partition)
             revision = await coordinator.client.create(key, info.to_json())
             if revision:
-                coordinator._take(key, info.to_json(), revision)
+                coordinator.learn(key, info.to_json(), revision)
 
     async def expand(self, topic: str, partition_num: int) -> None:
         """Youzan's ExpandTopicPartition: the new partitions are placed on the least loaded
@@ -157,7 +157,7 @@ class ClusterOperations:
         )
         if not written:
             raise CoordinatorError(status, "E_CONFLICT the topic's meta changed meanwhile")
-        coordinator._take(coordinator.keys.topic_meta(topic), meta.to_json(), written)
+        coordinator.learn(coordinator.keys.topic_meta(topic), meta.to_json(), written)
 
     async def update_meta(
         self,
@@ -203,8 +203,8 @@ class ClusterOperations:
             for key, info in sorted(coordinator.infos.items()):
                 if key[0] == topic and info.replica != changed.replica:
                     for _ in range(5):
-                        current = await coordinator._current(*key)
-                        if await coordinator._write(
+                        current = await coordinator.current(*key)
+                        if await coordinator.write_replica_info(
                             *key, replace(current, replica=changed.replica), current
                         ):
                             break

@@ -95,7 +95,15 @@ def test_a_rolling_restart_loses_nothing(cluster):
 
 
 def test_expanding_and_moving_partitions_under_load(tmp_path, etcd_server):
-    with LocalCluster(tmp_path, etcd_server, nsqds=4, nsqd_args=("-sync-every=1",)) as cluster:
+    # Balancing off: a balance move beside the operator's would be refused ("another balance
+    # is running") or could move the partition again right after (balance has its own test).
+    with LocalCluster(
+        tmp_path,
+        etcd_server,
+        nsqds=4,
+        nsqd_args=("-sync-every=1",),
+        lookupd_args=("-balance-interval=off",),
+    ) as cluster:
         create_topic(cluster, "t", 2, 2)
         traffic = Traffic(cluster, "t")
         try:
