@@ -119,6 +119,8 @@ class Coordinator:
         # The balancing move under way (Youzan's balanceWaiting), and how many were made.
         self.balancing: Move | None = None
         self.balance_moves = 0
+        self.balance_rounds = 0  # times balance looked for a move
+        self._announced_removed: set[str] = set()
         self.etcd_ok = False
         self.etcd_error = "not checked yet"
         self._changed = trio.Event()
@@ -233,13 +235,23 @@ class Coordinator:
         return sorted(key for key, info in self.infos.items() if len(info.isr) < info.replica)
 
     def eligible_nodes(self) -> list[str]:
-        """Live nodes that may take partitions: not being removed."""
+        """Live nodes that may take partitions: not being removed, nor removed and waiting to
+        be stopped."""
         return sorted(node for node in self.nodes if node not in self.state.removing)
 
+    def holds_any(self, node: str) -> bool:
+        return any(info.holds(node) for info in self.infos.values())
+
+    def removed_nodes(self) -> list[str]:
+        """Nodes whose removal is done (they hold nothing) and that have not left yet: they
+        may be stopped, and are given nothing meanwhile (Youzan's "data_transferred")."""
+        return sorted(node for node in self.state.removing if not self.holds_any(node))
+
     def stable(self) -> bool:
-        """Youzan's IsClusterStable, and more: not in upgrade mode, no node being removed,
-        every partition led by a live node with its full ISR and nothing catching up."""
-        if self.state.upgrading or self.state.removing:
+        """Youzan's IsClusterStable, and more: not in upgrade mode, no node still being
+        emptied, every partition led by a live node with its full ISR and nothing catching
+        up."""
+        if self.state.upgrading or any(self.holds_any(node) for node in self.state.removing):
             return False
         for info in self.infos.values():
             if info.leader not in self.nodes or info.catchup or len(info.isr) < info.replica:
@@ -336,19 +348,21 @@ class Coordinator:
             await self._finish_removals()
 
     async def _finish_removals(self) -> None:
-        """Nodes being removed that hold nothing any more leave the removal list."""
-        done = [
-            node
-            for node in self.state.removing
-            if not any(info.holds(node) for info in self.infos.values())
-        ]
-        if done:
-            for node in done:
+        """A node being removed that holds nothing any more may be stopped, and stays on the
+        removal list (given nothing) until it leaves the cluster, as Youzan's "done" state:
+        balance would otherwise give the emptiest node replicas back before it is stopped."""
+        removed = self.removed_nodes()
+        for node in removed:
+            if node not in self._announced_removed:
+                self._announced_removed.add(node)
                 self.lookupd.log.info(
                     "CLUSTER: %s holds no replica any more; it may be stopped", node
                 )
+        gone = [node for node in removed if node not in self.nodes]
+        if gone:
+            self._announced_removed.difference_update(gone)
             await self.change_state(
-                removing=tuple(node for node in self.state.removing if node not in done)
+                removing=tuple(node for node in self.state.removing if node not in gone)
             )
 
     async def _keep_replicas(
@@ -735,6 +749,7 @@ class Coordinator:
             await trio.sleep(BALANCE_INTERVAL)
             if self.balance_allowed() is not None or self.balancing is not None:
                 continue
+            self.balance_rounds += 1
             move = self.next_balance_move()
             if move is None:
                 continue

@@ -442,6 +442,8 @@ class HTTPAPI:
                 }
             )
         stats = coordinator.node_stats()
+        removed = coordinator.removed_nodes()
+        removing = set(coordinator.state.removing) - set(removed)
         nodes = []
         node_stat_list = []
         for node_id, node in sorted(coordinator.nodes.items()):
@@ -466,7 +468,8 @@ class HTTPAPI:
                     "tcp_port": node.tcp_port,
                     "http_port": node.http_port,
                     "rpc_port": node.rpc_port,
-                    "removing": node_id in coordinator.state.removing,
+                    "removing": node_id in removing,
+                    "removed": node_id in removed,
                     **numbers,
                 }
             )
@@ -485,13 +488,15 @@ class HTTPAPI:
                     "error": coordinator.etcd_error,
                 },
                 "upgrading": state.upgrading,
-                "removing_nodes": list(state.removing),
+                "removing_nodes": sorted(removing),
+                "removed_nodes": removed,
                 "tombstoned_lookupds": list(state.tombstoned_lookupds),
                 "topn_balance": state.topn_balance,
                 "balance": {
                     "not_now": coordinator.balance_allowed(),
                     "moving": str(coordinator.balancing) if coordinator.balancing else None,
                     "moves": coordinator.balance_moves,
+                    "rounds": coordinator.balance_rounds,
                 },
                 "nodes": nodes,
                 "nsqd_nodes": sorted(coordinator.nodes),

@@ -145,25 +145,29 @@ def test_a_removed_node_ends_holding_nothing(cluster):
         operate(cluster, f"/cluster/node/remove?remove_node={victim.node_id}")
         assert victim.node_id in cluster.stats()["removing_nodes"]
 
-        def holds_nothing() -> bool:
+        def removed() -> bool:
             stats = cluster.stats()
-            return not stats["removing_nodes"] and not any(
+            return stats["removed_nodes"] == [victim.node_id] and not any(
                 victim.node_id in [entry["leader"], *entry["isr"], *entry["catchup"]]
                 for entry in stats["partitions"]
             )
 
-        try:
-            wait_for(holds_nothing, "the removed node holding nothing", timeout=60)
-        except AssertionError:
-            print(json.dumps(cluster.stats(), indent=1))
-            print("\n".join(cluster.lookupds[0].lines[-60:]))
-            raise
-        node_stats = {node["id"]: node for node in cluster.stats()["nodes"]}
+        wait_for(removed, "the removed node holding nothing", timeout=60)
+        stats = cluster.stats()
+        assert not stats["removing_nodes"] and stats["stable"]
+        node_stats = {node["id"]: node for node in stats["nodes"]}
         assert node_stats[victim.node_id]["replicas"] == 0
+        assert node_stats[victim.node_id]["removed"] is True
         wait_for(
             lambda: not any(log_files(victim, "t", p) for p in range(3)),
             "its copies deleted",
         )
+        # Until it is stopped, balance gives the emptiest node nothing back.
+        rounds = stats["balance"]["rounds"]
+        wait_for(lambda: cluster.stats()["balance"]["rounds"] >= rounds + 2, "two balance rounds")
+        assert removed()
+        victim.stop()
+        wait_for(lambda: not cluster.stats()["removed_nodes"], "the stopped node off the list")
         traffic.wait_acked(len(traffic.acked) + 100)
         traffic.check_all_consumed()
     finally:

@@ -609,12 +609,14 @@ def test_a_replicated_clusters_operations_in_the_browser(replicated, browser):
 
     def holds_nothing() -> bool:
         stats = local.stats()
-        return not stats["removing_nodes"] and all(
+        return stats["removed_nodes"] == [spare] and all(
             spare not in [e["leader"], *e["isr"], *e["catchup"]] for e in stats["partitions"]
         )
 
     wait_until(holds_nothing, timeout=60, message="the removed node holding nothing")
     browser.get(f"{url}/nodes")
-    assert numbers(browser, f'#cluster-nodes tr[data-node-id="{spare}"]', "replicas") == {
-        "replicas": 0
-    }
+    row = f'#cluster-nodes tr[data-node-id="{spare}"]'
+    assert numbers(browser, row, "replicas") == {"replicas": 0}
+    assert browser.find_element(By.CSS_SELECTOR, f'{row} [data-flag="removed"]').text == (
+        "removed: may be stopped"
+    )
