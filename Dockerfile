@@ -2,14 +2,15 @@ FROM python:3.11-slim
 
 WORKDIR /opt/nsqpy
 COPY pyproject.toml README.md ./
+# The `nsqpy` root package, the Spark connector and the pytest plugin (its fixtures start
+# nsqd/nsqlookupd in-process).
+COPY nsqpy ./nsqpy
 COPY common ./common
 COPY diskqueue ./diskqueue
 COPY nsqd ./nsqd
 COPY nsqlookupd ./nsqlookupd
 COPY nsqadmin ./nsqadmin
 COPY tools ./tools
-# The pytest plugin the package declares (its fixtures start nsqd/nsqlookupd in-process).
-COPY nsqpy_pytest ./nsqpy_pytest
 RUN pip install --no-cache-dir .
 
 # The daemons run as an unprivileged user that owns only nsqd's data directory.

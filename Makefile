@@ -61,13 +61,13 @@ install-test: $(TEST_INSTALLED) $(GNSQ_SUITE_INSTALLED) $(NODE_INSTALLED) browse
 
 ## Start nsqlookupd, nsqd and nsqadmin on localhost and print their URLs.
 run: install
-	$(BIN)/python -m tools.local_cluster
+	$(BIN)/python -m nsqpy.tools.local_cluster
 
 ## A replicated cluster on localhost: etcd, nsqlookupd, three nsqds and nsqadmin. An nsqd that
 ## dies is started again on `restart <n>`, or with CLUSTER_ARGS=--restart-after=SECONDS.
 CLUSTER_ARGS ?=
 run-cluster: install etcd
-	$(BIN)/python -m tools.local_cluster --replicated $(CLUSTER_ARGS)
+	$(BIN)/python -m nsqpy.tools.local_cluster --replicated $(CLUSTER_ARGS)
 
 ## Debian's headless Chromium and its driver, for the nsqadmin browser tests.
 browser:

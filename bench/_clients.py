@@ -16,7 +16,7 @@ import socket
 import struct
 import time
 
-from common.command import (
+from nsqpy.common.command import (
     MAGIC_V2,
     NOP,
     encode_identify,
@@ -25,7 +25,7 @@ from common.command import (
     encode_rdy,
     encode_sub,
 )
-from common.frame import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, FrameDecoder
+from nsqpy.common.frame import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, FrameDecoder
 
 SOCKET_BUFFER = 4 * 1024 * 1024
 RECEIVE_SIZE = 1024 * 1024

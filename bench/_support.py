@@ -112,7 +112,7 @@ class Window:
 
 # `gc_mode`: run nsqd's console entry point with the cyclic GC changed, nsqd itself unchanged.
 _GC_PRELUDE = """import gc, sys
-import nsqd.__main__ as entry
+import nsqpy.nsqd.__main__ as entry
 mode = {mode!r}
 original = entry._build
 def build(options, log):

@@ -39,10 +39,11 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+from nsqpy.common.client import NSQError
+from nsqpy.common.smart_client import SmartClientError, SmartConsumer, SmartProducer
+
 from bench._support import Record, Report, add_common_arguments, banner, runs_of, spread
 from bench.replication import Cluster
-from common.client import NSQError
-from common.smart_client import SmartClientError, SmartConsumer, SmartProducer
 
 
 def post(cluster: Cluster, path: str, timeout: float = 120) -> None:

@@ -28,9 +28,9 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 
 import trio
+from nsqpy.common.etcd import EtcdClient
 
 from bench._support import Record, Report, add_common_arguments, banner, load_average, runs_of
-from common.etcd import EtcdClient
 
 KEYS = 100
 VALUE = b"v" * 100

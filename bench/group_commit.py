@@ -17,9 +17,10 @@ import sys
 import threading
 import time
 
+from nsqpy.common.command import MAGIC_V2, encode_pub
+from nsqpy.nsqd.partition_log import ENTRY
+
 from bench._support import Nsqd, Record, Report, add_common_arguments, banner, runs_of, spread
-from common.command import MAGIC_V2, encode_pub
-from nsqd.partition_log import ENTRY
 
 TOPIC = "bench_group"
 BODY = b"x" * 200

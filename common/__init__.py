@@ -1,5 +1,5 @@
 """What nsqd, nsqlookupd, nsqadmin and the tools share: sans-IO codecs, names, options, version."""
 
-from common.version import NSQ_PROTOCOL_VERSION, VERSION
+from nsqpy.common.version import NSQ_PROTOCOL_VERSION, VERSION
 
 __all__ = ["NSQ_PROTOCOL_VERSION", "VERSION"]

@@ -16,7 +16,7 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass
 
-from common.command import (
+from nsqpy.common.command import (
     MAGIC_V2,
     NOP,
     encode_command,
@@ -31,9 +31,9 @@ from common.command import (
     encode_sub,
     encode_touch,
 )
-from common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
-from common.message import decode_message
-from common.version import VERSION
+from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
+from nsqpy.common.message import decode_message
+from nsqpy.common.version import VERSION
 
 USER_AGENT = f"nsqpy/{VERSION}"
 HEARTBEAT = b"_heartbeat_"

@@ -19,8 +19,8 @@ import json
 import ssl
 from dataclasses import dataclass, field
 
-from common.etcd import EtcdClient
-from common.flags import Flag, Kind
+from nsqpy.common.etcd import EtcdClient
+from nsqpy.common.flags import Flag, Kind
 
 
 class ClusterKeys:

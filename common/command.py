@@ -1,6 +1,6 @@
 """V2 client→server commands: the parsed form, and the encoders clients use (docs/protocol.md §1.2).
 
-The server side parses bytes into `Command` objects with `common.command_parser`; our own
+The server side parses bytes into `Command` objects with `nsqpy.common.command_parser`; our own
 client, the tools and the tests build the same bytes with the `encode_*` functions here.
 """
 

@@ -17,10 +17,10 @@ checks must run before the size checks, so the parser calls `before_body(name)` 
 import struct
 from collections.abc import Callable, Iterator
 
-from common.command import MAGIC_V2, Command
-from common.errors import ProtocolError
-from common.goformat import go_atoi, go_base10, go_quote, go_text
-from common.names import is_valid_name
+from nsqpy.common.command import MAGIC_V2, Command
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.goformat import go_atoi, go_base10, go_quote, go_text
+from nsqpy.common.names import is_valid_name
 
 _SIZE = struct.Struct(">i")
 _JSON_LENGTH = struct.Struct(">H")

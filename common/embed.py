@@ -1,5 +1,5 @@
 """A daemon on its own trio loop in a background thread, for code that is not trio (plain
-threads, asyncio, pytest fixtures). `nsqd.embed` and `nsqlookupd.embed` build on it."""
+threads, asyncio, pytest fixtures). `nsqpy.nsqd.embed` and `nsqpy.nsqlookupd.embed` build on it."""
 
 import contextlib
 import threading

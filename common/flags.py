@@ -31,14 +31,14 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, NamedTuple, TextIO
 
-from common.duration import (
+from nsqpy.common.duration import (
     MAX_DURATION_NS,
     MIN_DURATION_NS,
     DurationError,
     format_duration,
     parse_duration,
 )
-from common.goformat import go_quote
+from nsqpy.common.goformat import go_quote
 
 __all__ = [
     "ConfigError",

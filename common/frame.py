@@ -6,8 +6,8 @@ A frame is `[4-byte BE size][4-byte BE frame type][data]` with size = 4 + len(da
 import struct
 from dataclasses import dataclass
 
-from common.errors import ProtocolError
-from common.message import MESSAGE_HEADER_SIZE
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.message import MESSAGE_HEADER_SIZE
 
 FRAME_TYPE_RESPONSE = 0
 FRAME_TYPE_ERROR = 1

@@ -26,8 +26,7 @@ import select
 import socket
 
 import trio
-
-from common.http_server import (
+from nsqpy.common.http_server import (
     RECEIVE_SIZE,
     ConnectionState,
     Router,

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from common.errors import ProtocolError
-from common.goformat import go_json as _go_json
-from common.names import is_valid_name
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.goformat import go_json as _go_json
+from nsqpy.common.names import is_valid_name
 
 MAGIC_V1 = b"  V1"
 OK = b"OK"

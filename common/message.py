@@ -7,7 +7,7 @@ diskqueue, so a Go nsqd data directory holds exactly these records.
 import struct
 from dataclasses import dataclass
 
-from common.errors import ProtocolError
+from nsqpy.common.errors import ProtocolError
 
 MESSAGE_ID_LENGTH = 16
 _MESSAGE_HEADER = struct.Struct(">qH16s")

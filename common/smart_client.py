@@ -11,7 +11,7 @@ nsqlookupd and follows it when it moves, as Youzan's smart client does (docs/cli
   `SUB_ORDERED` for ordered topics), spreads its RDY over them, and reconnects with backoff
   and a new lookup when a connection closes.
 
-Blocking sockets and threads like `common.client`, whose connection it reuses, so the tools,
+Blocking sockets and threads like `nsqpy.common.client`, whose connection it reuses, so the tools,
 plain threads and Spark executors can use it.
 """
 
@@ -30,8 +30,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from common.client import USER_AGENT, Connection, NSQError, split_ext_section
-from common.command import (
+from nsqpy.common.client import USER_AGENT, Connection, NSQError, split_ext_section
+from nsqpy.common.command import (
     encode_command,
     encode_fin,
     encode_mpub,
@@ -40,9 +40,9 @@ from common.command import (
     encode_req,
     encode_touch,
 )
-from common.errors import NON_FATAL_CODES
-from common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
-from common.message import decode_message
+from nsqpy.common.errors import NON_FATAL_CODES
+from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
+from nsqpy.common.message import decode_message
 
 __all__ = [
     "ConsumerStats",
@@ -79,7 +79,7 @@ Key = str | bytes | int
 
 
 class SmartClientError(Exception):
-    """An error of the smart client itself; nsqd's refusals are `common.client.NSQError`."""
+    """An error of the smart client itself; nsqd's refusals are `nsqpy.common.client.NSQError`."""
 
 
 class LookupUnavailable(SmartClientError):

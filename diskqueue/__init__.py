@@ -1,8 +1,8 @@
 """A file-segmented FIFO of byte records, byte-compatible with go-diskqueue."""
 
-from diskqueue.errors import MessageSizeError, QueueClosedError
-from diskqueue.metadata import Metadata
-from diskqueue.queue import DiskQueue
-from diskqueue.syncjob import SyncJob
+from nsqpy.diskqueue.errors import MessageSizeError, QueueClosedError
+from nsqpy.diskqueue.metadata import Metadata
+from nsqpy.diskqueue.queue import DiskQueue
+from nsqpy.diskqueue.syncjob import SyncJob
 
 __all__ = ["DiskQueue", "MessageSizeError", "Metadata", "QueueClosedError", "SyncJob"]

@@ -3,7 +3,7 @@
 A queue named ``name`` in ``data_path`` is a series of data files
 ``<name>.diskqueue.%06d.dat``, each a run of records ``[4-byte big-endian int32 size][data]``
 with no file header, plus one metadata file ``<name>.diskqueue.meta.dat``
-(see ``diskqueue.metadata``). nsqd names a topic's queue after the topic and a channel's
+(see ``nsqpy.diskqueue.metadata``). nsqd names a topic's queue after the topic and a channel's
 after ``<topic>:<channel>``.
 """
 

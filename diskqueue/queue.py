@@ -1,14 +1,14 @@
 """DiskQueue: a FIFO of byte records on disk, byte-compatible with go-diskqueue.
 
-The files are go-diskqueue's (see ``diskqueue.layout`` and ``diskqueue.metadata``) and the
-rules for rolling, reading and bad files follow the newest go-diskqueue (nsqio/go-diskqueue,
-diskqueue.go): a Go nsqd data directory opens here and ours opens in Go.
+The files are go-diskqueue's (see ``nsqpy.diskqueue.layout`` and ``nsqpy.diskqueue.metadata``)
+and the rules for rolling, reading and bad files follow the newest go-diskqueue
+(nsqio/go-diskqueue, diskqueue.go): a Go nsqd data directory opens here and ours opens in Go.
 
 What differs is the shape. go-diskqueue is a goroutine behind channels; this is a plain
 synchronous object for a single caller (nsqd's trio loop): no threads, no timers, no locks on
 the hot path. The caller decides when to sync (``sync_due``, ``dirty``, ``sync_timeout``) and
 where the fsync runs (``prepare_sync()`` returns a job for a worker thread; ``sync()`` runs
-it inline). See ``diskqueue.syncjob``.
+it inline). See ``nsqpy.diskqueue.syncjob``.
 
 Costs on the hot path:
 
@@ -26,8 +26,8 @@ import re
 from collections.abc import Iterable, Sequence
 from types import TracebackType
 
-from diskqueue.errors import MessageSizeError, QueueClosedError
-from diskqueue.layout import (
+from nsqpy.diskqueue.errors import MessageSizeError, QueueClosedError
+from nsqpy.diskqueue.layout import (
     BAD_FILE_SUFFIX,
     MAX_RECORD_SIZE,
     RECORD_HEADER,
@@ -35,8 +35,8 @@ from diskqueue.layout import (
     data_file_name,
     metadata_file_name,
 )
-from diskqueue.metadata import Metadata, read_metadata
-from diskqueue.syncjob import SyncJob, SyncState
+from nsqpy.diskqueue.metadata import Metadata, read_metadata
+from nsqpy.diskqueue.syncjob import SyncJob, SyncState
 
 logger = logging.getLogger("diskqueue")
 

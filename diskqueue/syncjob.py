@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 
-from diskqueue.metadata import write_metadata
+from nsqpy.diskqueue.metadata import write_metadata
 
 logger = logging.getLogger("diskqueue")
 

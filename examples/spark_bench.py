@@ -20,7 +20,7 @@ with the nsqlookupd) and a local[2] SparkSession, then times, each in its own fu
    untimed, before), and the 4-partition topic of step 2 (2 × `--rows`).
 
 Times are wall clock and include Spark's job and micro-batch overheads. Before the clock starts,
-a small write of 2 partitions forks both Python workers and imports nsq_spark in them, and a
+a small write of 2 partitions forks both Python workers and imports nsqpy.spark in them, and a
 small availableNow read loads Spark's streaming classes, so that the numbers are the
 connector's and not Spark's one-time start-up; the read's time still includes the query's own
 start (its source runner process, the planning of its first batch), which the micro-batch
@@ -37,11 +37,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from nsqpy.common.client import http_json  # noqa: E402
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from common.client import http_json  # noqa: E402
-from nsq_spark import register  # noqa: E402
+from nsqpy.spark import register  # noqa: E402
 from tests.harness import DaemonProcess, create_partitioned_topic, start_nsqd  # noqa: E402
 
 PARTITIONS = 4

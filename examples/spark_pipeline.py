@@ -24,11 +24,11 @@ import random
 import sys
 from collections import defaultdict
 
+from nsqpy.common.client import http_request
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from common.client import http_request
-from nsq_spark import register
+from nsqpy.spark import register
 
 EVENT_SCHEMA = "order string, kind string, amount long, at timestamp"
 KINDS = ("book", "music", "garden")

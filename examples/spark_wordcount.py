@@ -20,7 +20,7 @@ from functools import partial
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from nsq_spark import register
+from nsqpy.spark import register
 
 
 def write_both(batch, batch_id: int, args: argparse.Namespace) -> None:

@@ -6,9 +6,10 @@ import socket
 import threading
 import time
 
-from common.command import MAGIC_V2, encode_mpub, encode_rdy, encode_sub
-from common.frame import FRAME_TYPE_MESSAGE, FrameDecoder
-from common.message import decode_message
+from nsqpy.common.command import MAGIC_V2, encode_mpub, encode_rdy, encode_sub
+from nsqpy.common.frame import FRAME_TYPE_MESSAGE, FrameDecoder
+from nsqpy.common.message import decode_message
+
 from fuzz.tcp_grammar import CANARY_TOPIC
 
 CANARY_CHANNEL = "canary"

@@ -29,20 +29,20 @@ if atheris is not None and __name__ == "__main__" and "--random" not in sys.argv
     # Only when run as the fuzzer: a process that imports this module (the tests) keeps its
     # modules as they are.
     with atheris.instrument_imports(
-        include=["common.command_parser", "common.frame", "common.goformat", "common.names",
-                 "common.http_server", "nsqd.protocol_v2"]
+        include=["nsqpy.common.command_parser", "nsqpy.common.frame", "nsqpy.common.goformat",
+                 "nsqpy.common.names", "nsqpy.common.http_server", "nsqpy.nsqd.protocol_v2"]
     ):  # fmt: skip
-        from common.command_parser import CommandParser, parse_mpub_body
-        from common.errors import ProtocolError
-        from common.frame import FrameDecoder, encode_frame
-        from common.http_server import QueryError, parse_query
-        from nsqd.identify import decode_identify
+        from nsqpy.common.command_parser import CommandParser, parse_mpub_body
+        from nsqpy.common.errors import ProtocolError
+        from nsqpy.common.frame import FrameDecoder, encode_frame
+        from nsqpy.common.http_server import QueryError, parse_query
+        from nsqpy.nsqd.identify import decode_identify
 else:
-    from common.command_parser import CommandParser, parse_mpub_body
-    from common.errors import ProtocolError
-    from common.frame import FrameDecoder, encode_frame
-    from common.http_server import QueryError, parse_query
-    from nsqd.identify import decode_identify
+    from nsqpy.common.command_parser import CommandParser, parse_mpub_body
+    from nsqpy.common.errors import ProtocolError
+    from nsqpy.common.frame import FrameDecoder, encode_frame
+    from nsqpy.common.http_server import QueryError, parse_query
+    from nsqpy.nsqd.identify import decode_identify
 
 # Small limits, so that the fuzzer reaches "too big" as easily as "fits".
 LIMITS = {"max_msg_size": 64, "max_body_size": 256, "max_line_length": 100}

@@ -16,9 +16,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from common.command import MAGIC_V2
-from common.errors import ProtocolError
-from common.frame import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, FrameDecoder
+from nsqpy.common.command import MAGIC_V2
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.frame import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, FrameDecoder
+
 from fuzz.tcp_grammar import Grammar, Session, chunks
 from fuzz.tcp_oracle import Matcher
 from fuzz.workers import run_workers

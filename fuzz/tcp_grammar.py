@@ -14,7 +14,8 @@ import random
 import struct
 from dataclasses import dataclass, field
 
-from common.command import MAGIC_V2
+from nsqpy.common.command import MAGIC_V2
+
 from fuzz.tcp_oracle import Expect, expectation
 
 _SIZE = struct.Struct(">i")

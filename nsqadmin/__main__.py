@@ -5,11 +5,11 @@ import asyncio
 import signal
 import sys
 
-from common.flags import ConfigError, merge, read_config
-from common.log import setup_logger
-from common.version import version_line
-from nsqadmin.options import OptionsError, build_flags, options_from_values
-from nsqadmin.server import NSQAdmin
+from nsqpy.common.flags import ConfigError, merge, read_config
+from nsqpy.common.log import setup_logger
+from nsqpy.common.version import version_line
+from nsqpy.nsqadmin.options import OptionsError, build_flags, options_from_values
+from nsqpy.nsqadmin.server import NSQAdmin
 
 
 def main(argv: list[str] | None = None) -> None:

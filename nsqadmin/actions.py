@@ -12,11 +12,10 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from aiohttp import web
-
-from common.names import is_valid_channel_name, is_valid_topic_name
-from nsqadmin.cluster import ClusterInfo
-from nsqadmin.notify import Notifier, admin_action
-from nsqadmin.options import Options
+from nsqpy.common.names import is_valid_channel_name, is_valid_topic_name
+from nsqpy.nsqadmin.cluster import ClusterInfo
+from nsqpy.nsqadmin.notify import Notifier, admin_action
+from nsqpy.nsqadmin.options import Options
 
 TOPIC_ACTIONS = ("pause", "unpause", "empty")
 

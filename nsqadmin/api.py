@@ -12,17 +12,16 @@ import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-
-from common.flags import Kind
-from common.goformat import go_json
-from common.log import LOG_LEVELS, parse_log_level
-from nsqadmin.actions import ActionError, is_same_origin
-from nsqadmin.cluster import RequestError, UpstreamError
-from nsqadmin.options import build_flags
-from nsqadmin.stats import aggregate_topic, counter_stats, find_producer, warning_message
+from nsqpy.common.flags import Kind
+from nsqpy.common.goformat import go_json
+from nsqpy.common.log import LOG_LEVELS, parse_log_level
+from nsqpy.nsqadmin.actions import ActionError, is_same_origin
+from nsqpy.nsqadmin.cluster import RequestError, UpstreamError
+from nsqpy.nsqadmin.options import build_flags
+from nsqpy.nsqadmin.stats import aggregate_topic, counter_stats, find_producer, warning_message
 
 if TYPE_CHECKING:
-    from nsqadmin.server import NSQAdmin
+    from nsqpy.nsqadmin.server import NSQAdmin
 
 
 def v1_response(body: Any, status: int = 200) -> web.Response:

@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING
 
 import jinja2
 from aiohttp import web
-
-from nsqadmin.api import API, v1_error
-from nsqadmin.format import FILTERS
-from nsqadmin.pages import Pages
+from nsqpy.nsqadmin.api import API, v1_error
+from nsqpy.nsqadmin.format import FILTERS
+from nsqpy.nsqadmin.pages import Pages
 
 if TYPE_CHECKING:
-    from nsqadmin.server import NSQAdmin
+    from nsqpy.nsqadmin.server import NSQAdmin
 
 PACKAGE_DIR = Path(__file__).parent
 STATIC_DIR = PACKAGE_DIR / "static"

@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass
 from html import escape
 
-from nsqadmin.stats import TopicStats
+from nsqpy.nsqadmin.stats import TopicStats
 
 POLL_INTERVAL = 2.0  # seconds between two polls of the cluster's /stats
 WINDOW = 600.0  # seconds of history kept and drawn

@@ -17,9 +17,8 @@ from typing import Any, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
 import aiohttp
-
-from common.flags import go_quote
-from nsqadmin.stats import (
+from nsqpy.common.flags import go_quote
+from nsqpy.nsqadmin.stats import (
     NodeStats,
     Producer,
     mark_out_of_date,

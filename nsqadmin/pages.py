@@ -24,12 +24,11 @@ from urllib.parse import quote
 import jinja2
 from aiohttp import web
 from markupsafe import Markup
-
-from common.version import VERSION
-from nsqadmin.actions import ActionError, is_same_origin, unix_seconds
-from nsqadmin.charts import render_chart, render_sparkline
-from nsqadmin.cluster import UpstreamError
-from nsqadmin.stats import (
+from nsqpy.common.version import VERSION
+from nsqpy.nsqadmin.actions import ActionError, is_same_origin, unix_seconds
+from nsqpy.nsqadmin.charts import render_chart, render_sparkline
+from nsqpy.nsqadmin.cluster import UpstreamError
+from nsqpy.nsqadmin.stats import (
     E2eLatency,
     NodeStats,
     aggregate_topic,
@@ -40,7 +39,7 @@ from nsqadmin.stats import (
 )
 
 if TYPE_CHECKING:
-    from nsqadmin.server import NSQAdmin
+    from nsqpy.nsqadmin.server import NSQAdmin
 
 T = TypeVar("T")
 

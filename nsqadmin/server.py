@@ -8,17 +8,16 @@ import time
 
 import aiohttp
 from aiohttp import web
-
-from common.net import listening_socket
-from common.version import version_line
-from nsqadmin.actions import Actions
-from nsqadmin.app import build_app
-from nsqadmin.charts import POLL_INTERVAL, History
-from nsqadmin.cluster import ClusterInfo, UpstreamError
-from nsqadmin.notify import Notifier
-from nsqadmin.options import Options
-from nsqadmin.pages import FlashStore
-from nsqadmin.stats import aggregate_topics
+from nsqpy.common.net import listening_socket
+from nsqpy.common.version import version_line
+from nsqpy.nsqadmin.actions import Actions
+from nsqpy.nsqadmin.app import build_app
+from nsqpy.nsqadmin.charts import POLL_INTERVAL, History
+from nsqpy.nsqadmin.cluster import ClusterInfo, UpstreamError
+from nsqpy.nsqadmin.notify import Notifier
+from nsqpy.nsqadmin.options import Options
+from nsqpy.nsqadmin.pages import FlashStore
+from nsqpy.nsqadmin.stats import aggregate_topics
 
 
 class NSQAdmin:

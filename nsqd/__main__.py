@@ -3,12 +3,12 @@
 import gc
 import logging
 
-from common.daemon import run_daemon
-from common.etcd import EtcdAuthError
-from nsqd.data_path import DataPathError
-from nsqd.metadata import MetadataError
-from nsqd.options import Options, OptionsError, build_flags, options_from_values
-from nsqd.server import NSQD
+from nsqpy.common.daemon import run_daemon
+from nsqpy.common.etcd import EtcdAuthError
+from nsqpy.nsqd.data_path import DataPathError
+from nsqpy.nsqd.metadata import MetadataError
+from nsqpy.nsqd.options import Options, OptionsError, build_flags, options_from_values
+from nsqpy.nsqd.server import NSQD
 
 
 def _build(options: Options, log: logging.Logger) -> NSQD:

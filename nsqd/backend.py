@@ -3,10 +3,10 @@
 import os
 from collections.abc import Iterable
 
-from common.message import MESSAGE_HEADER_SIZE
-from diskqueue import DiskQueue
-from diskqueue.layout import data_file_name
-from nsqd.options import Options
+from nsqpy.common.message import MESSAGE_HEADER_SIZE
+from nsqpy.diskqueue import DiskQueue
+from nsqpy.diskqueue.layout import data_file_name
+from nsqpy.nsqd.options import Options
 
 
 class BackendWriteError(Exception):

@@ -13,20 +13,19 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 import trio
-
-from common.names import is_ephemeral
-from nsqd.backend import BackendWriteError
-from nsqd.cursor_queue import CursorQueue
-from nsqd.delivery import FIFO, ORDERED
-from nsqd.e2e import LatencyStream, merged_result
-from nsqd.inflight import DeadlineQueue
-from nsqd.message import Message
-from nsqd.message_queue import BufferedDiskQueue, MessageQueue
-from nsqd.tag_dispatch import TagDispatch
+from nsqpy.common.names import is_ephemeral
+from nsqpy.nsqd.backend import BackendWriteError
+from nsqpy.nsqd.cursor_queue import CursorQueue
+from nsqpy.nsqd.delivery import FIFO, ORDERED
+from nsqpy.nsqd.e2e import LatencyStream, merged_result
+from nsqpy.nsqd.inflight import DeadlineQueue
+from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.message_queue import BufferedDiskQueue, MessageQueue
+from nsqpy.nsqd.tag_dispatch import TagDispatch
 
 if TYPE_CHECKING:
-    from nsqd.client import Client
-    from nsqd.topic import Topic
+    from nsqpy.nsqd.client import Client
+    from nsqpy.nsqd.topic import Topic
 
 
 class ChannelError(Exception):

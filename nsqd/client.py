@@ -7,11 +7,11 @@ import itertools
 import time
 from typing import TYPE_CHECKING
 
-from nsqd.wakeup import Wakeup
+from nsqpy.nsqd.wakeup import Wakeup
 
 if TYPE_CHECKING:
-    from nsqd.channel import Channel
-    from nsqd.options import Options
+    from nsqpy.nsqd.channel import Channel
+    from nsqpy.nsqd.options import Options
 
 # Go's connection states and their numbers (docs/protocol.md §1.5); Go's Disconnected (1) and
 # Connected (2) are never entered by a V2 connection.

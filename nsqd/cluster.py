@@ -30,11 +30,17 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
-
-from common.cluster_meta import ClusterKeys, NodeInfo, ReplicaInfo, TopicMeta, node_id, rpc_address
-from common.names import is_valid_name
-from common.net import format_address
-from common.replication import (
+from nsqpy.common.cluster_meta import (
+    ClusterKeys,
+    NodeInfo,
+    ReplicaInfo,
+    TopicMeta,
+    node_id,
+    rpc_address,
+)
+from nsqpy.common.names import is_valid_name
+from nsqpy.common.net import format_address
+from nsqpy.common.replication import (
     CURSORS,
     ERROR,
     MATCH,
@@ -47,14 +53,14 @@ from common.replication import (
     encode_frame,
     error_header,
 )
-from nsqd.log_writer import WriteRefused
-from nsqd.partition_log import Position
-from nsqd.peer_link import PeerLink, PeerUnavailable
-from nsqd.tls import cluster_contexts
+from nsqpy.nsqd.log_writer import WriteRefused
+from nsqpy.nsqd.partition_log import Position
+from nsqpy.nsqd.peer_link import PeerLink, PeerUnavailable
+from nsqpy.nsqd.tls import cluster_contexts
 
 if TYPE_CHECKING:
-    from nsqd.server import NSQD
-    from nsqd.topic import Topic
+    from nsqpy.nsqd.server import NSQD
+    from nsqpy.nsqd.topic import Topic
 
 logger = logging.getLogger("nsqd")
 
@@ -136,7 +142,7 @@ class ClusterNode:
             nursery.start_soon(self._cursor_timer)
             nursery.start_soon(self._push_moved_cursors)
             if self.enabled:
-                from nsqd.cluster_session import ClusterSession
+                from nsqpy.nsqd.cluster_session import ClusterSession
 
                 # Not waited for: joining the cluster waits on etcd, and a SIGTERM must stop
                 # the node even while etcd is away (docs/operations.md).

@@ -18,12 +18,11 @@ import urllib.request
 from typing import TYPE_CHECKING
 
 import trio
-
-from common.cluster_meta import ReplicaInfo, TopicsView, etcd_client
-from common.etcd import EtcdAuthError, EtcdError, LeaseLost, keep_lease_alive, release_lease
+from nsqpy.common.cluster_meta import ReplicaInfo, TopicsView, etcd_client
+from nsqpy.common.etcd import EtcdAuthError, EtcdError, LeaseLost, keep_lease_alive, release_lease
 
 if TYPE_CHECKING:
-    from nsqd.cluster import ClusterNode
+    from nsqpy.nsqd.cluster import ClusterNode
 
 logger = logging.getLogger("nsqd")
 MASTER_TIMEOUT = 5.0

@@ -26,10 +26,9 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import trio
-
-from nsqd.backend import BackendWriteError
-from nsqd.message import Message
-from nsqd.partition_log import (
+from nsqpy.nsqd.backend import BackendWriteError
+from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.partition_log import (
     META_MAGIC,
     LogCorruption,
     PartitionLog,
@@ -38,8 +37,8 @@ from nsqd.partition_log import (
 )
 
 if TYPE_CHECKING:
-    from diskqueue import DiskQueue
-    from nsqd.topic import Topic
+    from nsqpy.diskqueue import DiskQueue
+    from nsqpy.nsqd.topic import Topic
 
 
 class CursorQueue:

@@ -11,8 +11,8 @@ else.
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from nsqd.message import Message
-    from nsqd.message_queue import MessageQueue
+    from nsqpy.nsqd.message import Message
+    from nsqpy.nsqd.message_queue import MessageQueue
 
 
 class FifoDelivery:

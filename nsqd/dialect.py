@@ -12,16 +12,16 @@ their MPUB forms). Classic connections never see any of Youzan's encodings.
 import struct
 from typing import TYPE_CHECKING
 
-from common.errors import ProtocolError
-from common.frame import FRAME_TYPE_MESSAGE, encode_message_frames
-from common.goformat import go_byte_slice, go_text
-from common.message import MESSAGE_ID_LENGTH
-from nsqd.partition_log import record_size
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.frame import FRAME_TYPE_MESSAGE, encode_message_frames
+from nsqpy.common.goformat import go_byte_slice, go_text
+from nsqpy.common.message import MESSAGE_ID_LENGTH
+from nsqpy.nsqd.partition_log import record_size
 
 if TYPE_CHECKING:
-    from nsqd.client import Client
-    from nsqd.message import Message
-    from nsqd.topic import Topic
+    from nsqpy.nsqd.client import Client
+    from nsqpy.nsqd.message import Message
+    from nsqpy.nsqd.topic import Topic
 
 # [frame size][frame type][timestamp][attempts][internal id][trace id]
 _BINARY_FRAME_HEADER = struct.Struct(">IiqHQQ")

@@ -24,10 +24,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import trio
-
-from common.embed import ServerThread
-from nsqd.options import Options
-from nsqd.server import NSQD
+from nsqpy.common.embed import ServerThread
+from nsqpy.nsqd.options import Options
+from nsqpy.nsqd.server import NSQD
 
 __all__ = ["EMBEDDED_DEFAULTS", "NSQDThread", "embedded_options", "run_in_thread", "serve"]
 

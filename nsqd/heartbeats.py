@@ -13,8 +13,7 @@ import itertools
 import math
 
 import trio
-
-from nsqd.wakeup import Wakeup
+from nsqpy.nsqd.wakeup import Wakeup
 
 RESOLUTION = 0.05
 

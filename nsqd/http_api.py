@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
 
 import trio
-
-from common.command_parser import parse_http_mpub_body
-from common.errors import ProtocolError
-from common.goformat import go_atoi
-from common.http_server import (
+from nsqpy.common.command_parser import parse_http_mpub_body
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.goformat import go_atoi
+from nsqpy.common.http_server import (
     JSON_CONTENT_TYPE,
     NSQ_V1_HEADER,
     TEXT_CONTENT_TYPE,
@@ -26,13 +25,13 @@ from common.http_server import (
     text_response,
     v1_response,
 )
-from common.http_server import first_param as _first
-from common.http_server import query_params as _query
-from common.log import parse_log_level, youzan_log_level
-from common.names import is_valid_name
-from common.version import VERSION
-from nsqd.cluster import ClusterWriteError
-from nsqd.ext_header import (
+from nsqpy.common.http_server import first_param as _first
+from nsqpy.common.http_server import query_params as _query
+from nsqpy.common.log import parse_log_level, youzan_log_level
+from nsqpy.common.names import is_valid_name
+from nsqpy.common.version import VERSION
+from nsqpy.nsqd.cluster import ClusterWriteError
+from nsqpy.nsqd.ext_header import (
     TRACE_ID_KEY,
     ExtHeaderError,
     encode_fields,
@@ -40,14 +39,14 @@ from nsqd.ext_header import (
     trace_id_of,
     with_http_headers,
 )
-from nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from nsqd.metrics import render_metrics
-from nsqd.partition_log import parse_consume_offset, record_size
-from nsqd.publish import PublishError, publish
-from nsqd.stats import gather, memory_stats, text_report
+from nsqpy.nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from nsqpy.nsqd.metrics import render_metrics
+from nsqpy.nsqd.partition_log import parse_consume_offset, record_size
+from nsqpy.nsqd.publish import PublishError, publish
+from nsqpy.nsqd.stats import gather, memory_stats, text_report
 
 if TYPE_CHECKING:
-    from nsqd.server import NSQD
+    from nsqpy.nsqd.server import NSQD
 
 # Every successful publish gets the same bytes (Go's RespondV1 with the string "OK").
 _OK = CachedResponse(200, b"OK", [NSQ_V1_HEADER, ("Content-Type", TEXT_CONTENT_TYPE)])

@@ -10,12 +10,12 @@ import json
 import re
 from typing import TYPE_CHECKING
 
-from common.errors import ProtocolError
-from common.version import VERSION
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.version import VERSION
 
 if TYPE_CHECKING:
-    from nsqd.client import Client
-    from nsqd.options import Options
+    from nsqpy.nsqd.client import Client
+    from nsqpy.nsqd.options import Options
 
 # The IDENTIFY keys by which a client shows it speaks Youzan's dialect (docs/protocol.md §8 #1).
 YOUZAN_IDENTIFY_KEYS = ("extend_support", "desired_tag", "ext_filter")

@@ -12,7 +12,7 @@ import heapq
 import itertools
 from collections.abc import Iterator
 
-from nsqd.message import Message
+from nsqpy.nsqd.message import Message
 
 # Below this many referenced messages a rebuild is not worth doing.
 _MIN_REFERENCES_FOR_REBUILD = 1024

@@ -18,13 +18,12 @@ whichever connection's commit wrote it.
 from typing import TYPE_CHECKING
 
 import trio
-
-from nsqd.backend import write_error
-from nsqd.partition_log import PartitionLog, Position
+from nsqpy.nsqd.backend import write_error
+from nsqpy.nsqd.partition_log import PartitionLog, Position
 
 if TYPE_CHECKING:
-    from nsqd.server import NSQD
-    from nsqd.topic import Topic
+    from nsqpy.nsqd.server import NSQD
+    from nsqpy.nsqd.topic import Topic
 
 
 class WriteRefused(Exception):

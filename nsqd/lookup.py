@@ -18,8 +18,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 import trio
-
-from common.lookup_protocol import (
+from nsqpy.common.lookup_protocol import (
     MAGIC_V1,
     LookupClientConnection,
     LookupResponseError,
@@ -28,11 +27,11 @@ from common.lookup_protocol import (
     encode_register,
     encode_unregister,
 )
-from common.version import VERSION
-from nsqd.wakeup import Wakeup
+from nsqpy.common.version import VERSION
+from nsqpy.nsqd.wakeup import Wakeup
 
 if TYPE_CHECKING:
-    from nsqd.server import NSQD
+    from nsqpy.nsqd.server import NSQD
 
 PING_INTERVAL = 15.0
 RESPONSE_TIMEOUT = 5.0

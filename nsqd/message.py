@@ -6,7 +6,7 @@ time and ownership are per channel; the body bytes are shared, never copied.
 
 import struct
 
-from common.message import MESSAGE_HEADER_SIZE
+from nsqpy.common.message import MESSAGE_HEADER_SIZE
 
 # A record in a partition's queue: its 4-byte length prefix, the message header, the body.
 RECORD_OVERHEAD = 4 + MESSAGE_HEADER_SIZE

@@ -15,13 +15,13 @@ cursor (`nsqd/cursor_queue.py`).
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
-from nsqd.backend import BackendWriteError, DroppingQueue
-from nsqd.message import Message
+from nsqpy.nsqd.backend import BackendWriteError, DroppingQueue
+from nsqpy.nsqd.message import Message
 
 if TYPE_CHECKING:
-    from diskqueue import DiskQueue
-    from nsqd.log_writer import LogWriter
-    from nsqd.server import NSQD
+    from nsqpy.diskqueue import DiskQueue
+    from nsqpy.nsqd.log_writer import LogWriter
+    from nsqpy.nsqd.server import NSQD
 
 
 class MessageQueue(Protocol):

@@ -166,7 +166,7 @@ def scan_queue_names(data_path: str) -> list[str]:
 
 def topics_from_queue_names(names: list[str]) -> list[TopicMetadata]:
     """What `nsqd.dat` would have said, from queue names: `<topic>`, `<topic>#<p>` (a Youzan
-    partition, nsqd.topic.Topic.backend_name) and either with `:<channel>`. Pause flags,
+    partition, nsqpy.nsqd.topic.Topic.backend_name) and either with `:<channel>`. Pause flags,
     and a partition's ordered/ext flags and offset, were only in nsqd.dat and come back off."""
     topics: dict[tuple[str, int], TopicMetadata] = {}
     for name in names:

@@ -7,10 +7,10 @@ as `/stats` directly. Counters end in `_total`, label values are escaped as the 
 
 from typing import TYPE_CHECKING
 
-from nsqd.stats import gather, memory_stats
+from nsqpy.nsqd.stats import gather, memory_stats
 
 if TYPE_CHECKING:
-    from nsqd.server import NSQD
+    from nsqpy.nsqd.server import NSQD
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

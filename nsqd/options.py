@@ -9,11 +9,11 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from common.cluster_meta import cluster_flags
-from common.daemon import standard_flags
-from common.flags import Flag, FlagSet, Kind
-from common.guid import MAX_NODE_ID, default_node_id
-from common.log import LOG_LEVELS
+from nsqpy.common.cluster_meta import cluster_flags
+from nsqpy.common.daemon import standard_flags
+from nsqpy.common.flags import Flag, FlagSet, Kind
+from nsqpy.common.guid import MAX_NODE_ID, default_node_id
+from nsqpy.common.log import LOG_LEVELS
 
 
 def _hostname() -> str:

@@ -43,8 +43,8 @@ from binascii import hexlify, unhexlify
 from collections.abc import Callable
 from typing import NamedTuple
 
-from common.goformat import go_quote
-from nsqd.message import Message
+from nsqpy.common.goformat import go_quote
+from nsqpy.nsqd.message import Message
 
 ENTRY = struct.Struct(">qqqqiqi")  # LogID, Epoch, LastMsgLogID, MsgOffset, MsgSize, MsgCnt, MsgNum
 assert ENTRY.size == 48

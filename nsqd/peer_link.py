@@ -6,8 +6,7 @@ import ssl
 from collections.abc import Callable
 
 import trio
-
-from common.replication import (
+from nsqpy.common.replication import (
     ERROR,
     REPLY,
     Frame,

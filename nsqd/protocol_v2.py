@@ -19,31 +19,30 @@ import os
 from typing import TYPE_CHECKING
 
 import trio
-
-from common.command_parser import CommandParser
-from common.errors import ProtocolError
-from common.frame import (
+from nsqpy.common.command_parser import CommandParser
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.frame import (
     CLOSE_WAIT_FRAME,
     HEARTBEAT_FRAME,
     OK_FRAME,
     encode_error,
     encode_response,
 )
-from common.goformat import go_base10, go_quote, go_text
-from common.names import is_valid_name
-from nsqd.auth import AuthError, query_any
-from nsqd.channel import ChannelError
-from nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Client
-from nsqd.compression import CompressedStream, PrefixedStream
-from nsqd.dialect import CLASSIC, ClassicDialect, YouzanDialect
-from nsqd.identify import Negotiated, decode_identify, negotiate
-from nsqd.message import Message
-from nsqd.protocol_youzan import YouzanCommands, is_partition
-from nsqd.publish import PublishError, publish
-from nsqd.tls import connection_details, peer_common_name
+from nsqpy.common.goformat import go_base10, go_quote, go_text
+from nsqpy.common.names import is_valid_name
+from nsqpy.nsqd.auth import AuthError, query_any
+from nsqpy.nsqd.channel import ChannelError
+from nsqpy.nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Client
+from nsqpy.nsqd.compression import CompressedStream, PrefixedStream
+from nsqpy.nsqd.dialect import CLASSIC, ClassicDialect, YouzanDialect
+from nsqpy.nsqd.identify import Negotiated, decode_identify, negotiate
+from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.protocol_youzan import YouzanCommands, is_partition
+from nsqpy.nsqd.publish import PublishError, publish
+from nsqpy.nsqd.tls import connection_details, peer_common_name
 
 if TYPE_CHECKING:
-    from nsqd.server import NSQD
+    from nsqpy.nsqd.server import NSQD
 
 RECEIVE_SIZE = 64 * 1024
 # The most messages one pump pass sends; bounds one buffer and lets FINs interleave.

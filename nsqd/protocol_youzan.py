@@ -12,17 +12,17 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from common.command import split_ext_body, split_trace_body
-from common.command_parser import parse_partition
-from common.errors import ProtocolError
-from common.frame import OK_FRAME, encode_response
-from common.goformat import go_quote, go_text
-from common.names import is_valid_name
-from nsqd.ext_header import ExtHeaderError, parse_fields, trace_id_of
-from nsqd.partition_log import parse_consume_offset, record_size
+from nsqpy.common.command import split_ext_body, split_trace_body
+from nsqpy.common.command_parser import parse_partition
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.frame import OK_FRAME, encode_response
+from nsqpy.common.goformat import go_quote, go_text
+from nsqpy.common.names import is_valid_name
+from nsqpy.nsqd.ext_header import ExtHeaderError, parse_fields, trace_id_of
+from nsqpy.nsqd.partition_log import parse_consume_offset, record_size
 
 if TYPE_CHECKING:
-    from nsqd.protocol_v2 import ProtocolV2
+    from nsqpy.nsqd.protocol_v2 import ProtocolV2
 
 _TRACE_REPLY = struct.Struct(">2sQQQI")
 

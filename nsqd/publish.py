@@ -6,12 +6,12 @@ only maps `PublishError` to its wire form; the publish is acknowledged once nsqd
 
 from typing import TYPE_CHECKING
 
-from nsqd.backend import BackendWriteError
-from nsqd.message import Message
+from nsqpy.nsqd.backend import BackendWriteError
+from nsqpy.nsqd.message import Message
 
 if TYPE_CHECKING:
-    from nsqd.server import NSQD
-    from nsqd.topic import Topic
+    from nsqpy.nsqd.server import NSQD
+    from nsqpy.nsqd.topic import Topic
 
 
 class PublishError(Exception):

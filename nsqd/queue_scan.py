@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
-    from nsqd.channel import Channel
-    from nsqd.server import NSQD
+    from nsqpy.nsqd.channel import Channel
+    from nsqpy.nsqd.server import NSQD
 
 
 class QueueScanner:

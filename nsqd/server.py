@@ -18,23 +18,22 @@ from collections.abc import Iterable
 from functools import partial
 
 import trio
-
-from common.http_server import serve_http
-from common.log import keep_printable
-from common.names import is_ephemeral, is_valid_name
-from common.net import accept_forever, format_address, open_listener
-from common.version import VERSION
-from diskqueue import DiskQueue
-from nsqd.backend import BackendWriteError, open_backend, write_error
-from nsqd.channel import Channel
-from nsqd.client import Client
-from nsqd.cluster import UNKNOWN_REPLICA, ClusterNode
-from nsqd.data_path import prepare_data_path
-from nsqd.heartbeats import HeartbeatClock
-from nsqd.http_api import HTTPAPI, TLSRequiredRouter
-from nsqd.log_writer import LogWriter, WriteGroup
-from nsqd.lookup import LookupChannelsError, LookupPeers, topic_channels
-from nsqd.metadata import (
+from nsqpy.common.http_server import serve_http
+from nsqpy.common.log import keep_printable
+from nsqpy.common.names import is_ephemeral, is_valid_name
+from nsqpy.common.net import accept_forever, format_address, open_listener
+from nsqpy.common.version import VERSION
+from nsqpy.diskqueue import DiskQueue
+from nsqpy.nsqd.backend import BackendWriteError, open_backend, write_error
+from nsqpy.nsqd.channel import Channel
+from nsqpy.nsqd.client import Client
+from nsqpy.nsqd.cluster import UNKNOWN_REPLICA, ClusterNode
+from nsqpy.nsqd.data_path import prepare_data_path
+from nsqpy.nsqd.heartbeats import HeartbeatClock
+from nsqpy.nsqd.http_api import HTTPAPI, TLSRequiredRouter
+from nsqpy.nsqd.log_writer import LogWriter, WriteGroup
+from nsqpy.nsqd.lookup import LookupChannelsError, LookupPeers, topic_channels
+from nsqpy.nsqd.metadata import (
     ChannelMetadata,
     MetadataError,
     TopicMetadata,
@@ -46,16 +45,16 @@ from nsqd.metadata import (
     topics_from_queue_names,
     write_metadata,
 )
-from nsqd.options import Options, build_flags
-from nsqd.partition_log import log_exists
-from nsqd.protocol_v2 import ProtocolV2
-from nsqd.queue_scan import QueueScanner
-from nsqd.stats import gc_pauses
-from nsqd.statsd import StatsdPusher
-from nsqd.tls import server_context
-from nsqd.topic import Topic
-from nsqd.topic_registry import TopicRegistry
-from nsqd.wakeup import Wakeup
+from nsqpy.nsqd.options import Options, build_flags
+from nsqpy.nsqd.partition_log import log_exists
+from nsqpy.nsqd.protocol_v2 import ProtocolV2
+from nsqpy.nsqd.queue_scan import QueueScanner
+from nsqpy.nsqd.stats import gc_pauses
+from nsqpy.nsqd.statsd import StatsdPusher
+from nsqpy.nsqd.tls import server_context
+from nsqpy.nsqd.topic import Topic
+from nsqpy.nsqd.topic_registry import TopicRegistry
+from nsqpy.nsqd.wakeup import Wakeup
 
 
 class NSQD:
@@ -329,7 +328,7 @@ class NSQD:
         if "lookupd_tcp_address" in changes:
             self.lookup_peers.set_addresses(self.options.lookupd_tcp_address)
         if "log_level" in changes:
-            from common.log import LOG_LEVELS
+            from nsqpy.common.log import LOG_LEVELS
 
             self.log.setLevel(LOG_LEVELS[self.options.log_level])
 

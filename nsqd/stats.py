@@ -10,17 +10,16 @@ import time
 from typing import TYPE_CHECKING
 
 import trio
-
-from common.duration import format_duration
-from common.version import version_line
-from nsqd.cluster import UNKNOWN_REPLICA
-from nsqd.e2e import merged_result
+from nsqpy.common.duration import format_duration
+from nsqpy.common.version import version_line
+from nsqpy.nsqd.cluster import UNKNOWN_REPLICA
+from nsqpy.nsqd.e2e import merged_result
 
 if TYPE_CHECKING:
-    from nsqd.channel import Channel
-    from nsqd.client import Client
-    from nsqd.server import NSQD
-    from nsqd.topic import Topic
+    from nsqpy.nsqd.channel import Channel
+    from nsqpy.nsqd.client import Client
+    from nsqpy.nsqd.server import NSQD
+    from nsqpy.nsqd.topic import Topic
 
 
 # -- memory ----------------------------------------------------------------------------------

@@ -11,12 +11,11 @@ import socket
 from typing import TYPE_CHECKING
 
 import trio
-
-from common.names import is_ephemeral
-from nsqd.stats import gather, memory_stats
+from nsqpy.common.names import is_ephemeral
+from nsqpy.nsqd.stats import gather, memory_stats
 
 if TYPE_CHECKING:
-    from nsqd.server import NSQD
+    from nsqpy.nsqd.server import NSQD
 
 
 def statsd_prefix(template: str, broadcast_address: str, http_port: int) -> str:

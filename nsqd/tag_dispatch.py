@@ -14,8 +14,8 @@ message finds no taker).
 from collections import deque
 from collections.abc import Callable, Container
 
-from nsqd.ext_header import dispatch_tag
-from nsqd.message import Message
+from nsqpy.nsqd.ext_header import dispatch_tag
+from nsqpy.nsqd.message import Message
 
 HELD_LIMIT = 10_000
 

@@ -9,8 +9,7 @@ root CA file when one is given, else against the system's).
 import ssl
 
 import trio
-
-from nsqd.options import Options
+from nsqpy.nsqd.options import Options
 
 _MIN_VERSIONS = {
     "ssl3.0": ssl.TLSVersion.TLSv1,  # SSLv3 cannot be enabled in modern OpenSSL

@@ -11,20 +11,19 @@ import time
 from typing import TYPE_CHECKING
 
 import trio
-
-from common.guid import GUIDFactory
-from common.names import is_ephemeral
-from nsqd.channel import Channel
-from nsqd.log_writer import LogWriter
-from nsqd.message import RECORD_OVERHEAD, Message
-from nsqd.message_queue import BufferedDiskQueue, LogTopicQueue, MessageQueue
-from nsqd.partition_log import PartitionLog
-from nsqd.wakeup import Wakeup
+from nsqpy.common.guid import GUIDFactory
+from nsqpy.common.names import is_ephemeral
+from nsqpy.nsqd.channel import Channel
+from nsqpy.nsqd.log_writer import LogWriter
+from nsqpy.nsqd.message import RECORD_OVERHEAD, Message
+from nsqpy.nsqd.message_queue import BufferedDiskQueue, LogTopicQueue, MessageQueue
+from nsqpy.nsqd.partition_log import PartitionLog
+from nsqpy.nsqd.wakeup import Wakeup
 
 if TYPE_CHECKING:
-    from common.cluster_meta import ReplicaInfo
-    from nsqd.log_writer import WriteGroup
-    from nsqd.server import NSQD
+    from nsqpy.common.cluster_meta import ReplicaInfo
+    from nsqpy.nsqd.log_writer import WriteGroup
+    from nsqpy.nsqd.server import NSQD
 
 # How many backlog messages the pump moves before letting other tasks run.
 _PUMP_BATCH = 1024

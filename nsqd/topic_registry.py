@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from nsqd.topic import Topic
+    from nsqpy.nsqd.topic import Topic
 
 
 class TopicRegistry:

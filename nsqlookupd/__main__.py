@@ -1,9 +1,9 @@
 """The `nsqlookupd` console script: Go nsqlookupd's command line, then the daemon."""
 
-from common.daemon import run_daemon
-from common.etcd import EtcdAuthError
-from nsqlookupd.options import OptionsError, build_flags, options_from_values
-from nsqlookupd.server import NSQLookupd
+from nsqpy.common.daemon import run_daemon
+from nsqpy.common.etcd import EtcdAuthError
+from nsqpy.nsqlookupd.options import OptionsError, build_flags, options_from_values
+from nsqpy.nsqlookupd.server import NSQLookupd
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -39,8 +39,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import trio
-
-from common.cluster_meta import (
+from nsqpy.common.cluster_meta import (
     ClusterKeys,
     ClusterState,
     NodeInfo,
@@ -49,10 +48,10 @@ from common.cluster_meta import (
     TopicsView,
     etcd_client,
 )
-from common.etcd import EtcdAuthError, EtcdError, LeaseLost, keep_lease_alive, release_lease
-from nsqlookupd.node_reports import NodeCallError, NodeReports, call_node
-from nsqlookupd.options import balance_window
-from nsqlookupd.placement import (
+from nsqpy.common.etcd import EtcdAuthError, EtcdError, LeaseLost, keep_lease_alive, release_lease
+from nsqpy.nsqlookupd.node_reports import NodeCallError, NodeReports, call_node
+from nsqpy.nsqlookupd.options import balance_window
+from nsqpy.nsqlookupd.placement import (
     Move,
     new_replica_node,
     next_leader_move,
@@ -62,7 +61,7 @@ from nsqlookupd.placement import (
 )
 
 if TYPE_CHECKING:
-    from nsqlookupd.server import NSQLookupd
+    from nsqpy.nsqlookupd.server import NSQLookupd
 
 logger = logging.getLogger("nsqlookupd")
 # The master checks every partition this often, besides on each node event.

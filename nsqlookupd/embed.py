@@ -13,7 +13,7 @@ back from the server or handle::
     finally:
         handle.stop()
 
-This mirrors `nsqd.embed` (the daemons do not import each other).
+This mirrors `nsqpy.nsqd.embed` (the daemons do not import each other).
 """
 
 import contextlib
@@ -22,10 +22,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import trio
-
-from common.embed import ServerThread
-from nsqlookupd.options import Options
-from nsqlookupd.server import NSQLookupd
+from nsqpy.common.embed import ServerThread
+from nsqpy.nsqlookupd.options import Options
+from nsqpy.nsqlookupd.server import NSQLookupd
 
 __all__ = ["EMBEDDED_DEFAULTS", "NSQLookupdThread", "embedded_options", "run_in_thread", "serve"]
 

@@ -7,10 +7,9 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 import trio
-
-from common.cluster_meta import TopicMeta
-from common.etcd import EtcdError
-from common.http_server import (
+from nsqpy.common.cluster_meta import TopicMeta
+from nsqpy.common.etcd import EtcdError
+from nsqpy.common.http_server import (
     HTTPError,
     Request,
     Response,
@@ -18,16 +17,16 @@ from common.http_server import (
     text_response,
     v1_response,
 )
-from common.http_server import first_param as _first
-from common.http_server import query_params as _query
-from common.log import LOG_LEVELS, youzan_log_level
-from common.names import is_valid_name
-from common.version import VERSION
-from nsqlookupd.coordinator import CoordinatorError
-from nsqlookupd.registry import ANY, active
+from nsqpy.common.http_server import first_param as _first
+from nsqpy.common.http_server import query_params as _query
+from nsqpy.common.log import LOG_LEVELS, youzan_log_level
+from nsqpy.common.names import is_valid_name
+from nsqpy.common.version import VERSION
+from nsqpy.nsqlookupd.coordinator import CoordinatorError
+from nsqpy.nsqlookupd.registry import ANY, active
 
 if TYPE_CHECKING:
-    from nsqlookupd.server import NSQLookupd
+    from nsqpy.nsqlookupd.server import NSQLookupd
 
 _NO_CHANNEL = "Topic has no channel, should init at least one for the new topic"
 _HTTP_TIMEOUT = 5.0

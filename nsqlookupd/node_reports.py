@@ -15,9 +15,8 @@ import urllib.request
 from dataclasses import dataclass, field
 
 import trio
-
-from common.cluster_meta import NodeInfo
-from nsqlookupd.placement import PartitionKey, PartitionLoad
+from nsqpy.common.cluster_meta import NodeInfo
+from nsqpy.nsqlookupd.placement import PartitionKey, PartitionLoad
 
 # A write rate is averaged over about this many seconds.
 RATE_WINDOW = 60.0

@@ -12,15 +12,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import trio
-
-from common.cluster_meta import ReplicaInfo, TopicMeta
-from common.names import is_valid_name
-from nsqlookupd.coordinator import CoordinatorError
-from nsqlookupd.node_reports import NodeCallError, call_node
-from nsqlookupd.placement import place_partitions
+from nsqpy.common.cluster_meta import ReplicaInfo, TopicMeta
+from nsqpy.common.names import is_valid_name
+from nsqpy.nsqlookupd.coordinator import CoordinatorError
+from nsqpy.nsqlookupd.node_reports import NodeCallError, call_node
+from nsqpy.nsqlookupd.placement import place_partitions
 
 if TYPE_CHECKING:
-    from nsqlookupd.coordinator import Coordinator
+    from nsqpy.nsqlookupd.coordinator import Coordinator
 
 # Youzan's limits (consistence/nsqlookup_coord_api.go).
 MAX_PARTITION_NUM = 255

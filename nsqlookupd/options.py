@@ -5,10 +5,10 @@ import dataclasses
 import socket
 from dataclasses import dataclass, field
 
-from common.cluster_meta import cluster_flags
-from common.daemon import standard_flags
-from common.flags import Flag, FlagSet, Kind
-from common.log import LOG_LEVELS
+from nsqpy.common.cluster_meta import cluster_flags
+from nsqpy.common.daemon import standard_flags
+from nsqpy.common.flags import Flag, FlagSet, Kind
+from nsqpy.common.log import LOG_LEVELS
 
 
 @dataclass(frozen=True)

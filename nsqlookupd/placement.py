@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from common.cluster_meta import ReplicaInfo
+from nsqpy.common.cluster_meta import ReplicaInfo
 
 # Youzan's caps (data_placement_mgr.go).
 HIGHEST_PUB_QPS_LEVEL = 100.0

@@ -11,22 +11,21 @@ import time
 from functools import partial
 
 import trio
-
-from common.errors import ProtocolError
-from common.http_server import serve_http
-from common.log import keep_printable
-from common.lookup_protocol import (
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.http_server import serve_http
+from nsqpy.common.log import keep_printable
+from nsqpy.common.lookup_protocol import (
     OK,
     LookupServerConnection,
     encode_error,
     encode_response,
     identify_reply,
 )
-from common.names import is_ephemeral
-from common.net import accept_forever, format_address, open_listener
-from common.version import VERSION
-from nsqlookupd.options import Options
-from nsqlookupd.registry import ANY, PeerInfo, RegistrationDB
+from nsqpy.common.names import is_ephemeral
+from nsqpy.common.net import accept_forever, format_address, open_listener
+from nsqpy.common.version import VERSION
+from nsqpy.nsqlookupd.options import Options
+from nsqpy.nsqlookupd.registry import ANY, PeerInfo, RegistrationDB
 
 # Official nsqd pings every 15 s; a peer silent for longer than this is gone (docs/protocol.md §8
 # #12: no read deadline shorter than 30 s). Go's nsqlookupd sets none; one keeps dead peers from
@@ -54,8 +53,8 @@ class NSQLookupd:
         self.coordinator = None
         self.operations = None
         if options.cluster_leadership_addresses:
-            from nsqlookupd.coordinator import Coordinator
-            from nsqlookupd.operations import ClusterOperations
+            from nsqpy.nsqlookupd.coordinator import Coordinator
+            from nsqpy.nsqlookupd.operations import ClusterOperations
 
             self.coordinator = Coordinator(self)
             self.operations = ClusterOperations(self.coordinator)
@@ -72,7 +71,7 @@ class NSQLookupd:
         self._shutdown.set()
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        from nsqlookupd.http_api import HTTPAPI
+        from nsqpy.nsqlookupd.http_api import HTTPAPI
 
         tcp_listener = await open_listener(self.options.tcp_address)
         self.tcp_address = format_address(tcp_listener.socket.getsockname())

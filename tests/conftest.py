@@ -5,9 +5,8 @@ import re
 
 import pytest
 import trio
-
-from nsqd.options import Options
-from nsqd.server import NSQD
+from nsqpy.nsqd.options import Options
+from nsqpy.nsqd.server import NSQD
 
 
 @pytest.fixture

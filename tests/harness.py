@@ -20,9 +20,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common.command import MAGIC_V2
-from common.frame import FRAME_TYPE_MESSAGE, Frame, FrameDecoder
-from common.message import DecodedMessage, decode_message
+from nsqpy.common.command import MAGIC_V2
+from nsqpy.common.frame import FRAME_TYPE_MESSAGE, Frame, FrameDecoder
+from nsqpy.common.message import DecodedMessage, decode_message
+
 from tests.nsqlookupd.support import poll
 
 BIN = Path(sys.executable).parent
@@ -147,8 +148,8 @@ def create_partitioned_topic(
     """Create a partitioned topic through a standalone nsqlookupd, which places it on its one
     registered nsqd (`nsqd_http`), with `channel` on every partition; return once nsqlookupd
     lists every partition to writers (it lists one only once it has a channel)."""
-    from common.client import http_json
-    from common.client import http_request as request
+    from nsqpy.common.client import http_json
+    from nsqpy.common.client import http_request as request
 
     request(
         lookupd_http,
@@ -247,7 +248,7 @@ class V2Connection:
 
 def free_cluster_port_offset() -> int:
     """A port offset at which every port of `make run-cluster` is free on 127.0.0.1."""
-    from tools.local_cluster import replicated_daemons
+    from nsqpy.tools.local_cluster import replicated_daemons
 
     base = [(name, args, url) for name, args, url in replicated_daemons(Path("/x"), "/e")]
     ports = {

@@ -14,8 +14,8 @@ which this client does not speak, are refused unless given their "off" value.
 import logging
 from collections.abc import Iterable
 
-from common.duration import DurationError, format_duration_ns, parse_duration_ns
-from common.flags import parse_go_bool, parse_go_float, parse_go_int
+from nsqpy.common.duration import DurationError, format_duration_ns, parse_duration_ns
+from nsqpy.common.flags import parse_go_bool, parse_go_float, parse_go_int
 
 __all__ = ["NsqOptions", "OptionError", "consumer_settings", "nsq_options"]
 
@@ -198,7 +198,7 @@ class NsqOptions:
 
 def nsq_options(log: logging.Logger, values: dict, flag: str = "consumer-opt") -> NsqOptions:
     """The parsed --consumer-opt (or --producer-opt) values; logs and exits 1 on a bad one."""
-    from tools._common import fatal
+    from nsqpy.tools._common import fatal
 
     try:
         return NsqOptions(values.get(flag.replace("-", "_")) or (), flag)

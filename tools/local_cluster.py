@@ -275,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
             offset = int(arg.split("=", 1)[1])
         elif arg != "--replicated":
             print(
-                "usage: python -m tools.local_cluster [--replicated [--restart-after=SECONDS]]"
-                " [--port-offset=N]",
+                "usage: python -m nsqpy.tools.local_cluster"
+                " [--replicated [--restart-after=SECONDS]] [--port-offset=N]",
                 file=sys.stderr,
             )
             return 2

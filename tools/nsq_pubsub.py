@@ -51,13 +51,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from aiohttp import WSMsgType, web
-
-from common.command_parser import parse_http_mpub_body
-from common.duration import format_duration
-from common.errors import ProtocolError
-from common.flags import Flag, Kind, parse_go_bool
-from common.goformat import go_atoi, go_json
-from common.http_server import (
+from nsqpy.common.command_parser import parse_http_mpub_body
+from nsqpy.common.duration import format_duration
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.flags import Flag, Kind, parse_go_bool
+from nsqpy.common.goformat import go_atoi, go_json
+from nsqpy.common.http_server import (
     JSON_CONTENT_TYPE,
     NSQ_V1_HEADER,
     TEXT_CONTENT_TYPE,
@@ -65,11 +64,11 @@ from common.http_server import (
     QueryError,
     parse_query,
 )
-from common.names import is_valid_name
-from common.net import format_address, listening_socket
-from common.smart_client import LookupUnavailable
-from common.version import VERSION, version_line
-from tools._common import (
+from nsqpy.common.names import is_valid_name
+from nsqpy.common.net import format_address, listening_socket
+from nsqpy.common.smart_client import LookupUnavailable
+from nsqpy.common.version import VERSION, version_line
+from nsqpy.tools._common import (
     address_flags,
     check_sources,
     consumer_opt_flag,
@@ -78,9 +77,9 @@ from tools._common import (
     make_logger,
     parse_args,
 )
-from tools._options import OptionError, consumer_settings, nsq_options
-from tools.pubsub_cluster import Layouts, Publisher
-from tools.pubsub_nsq import Delivery, SubscribeError, Subscription, Target, Targets
+from nsqpy.tools._options import OptionError, consumer_settings, nsq_options
+from nsqpy.tools.pubsub_cluster import Layouts, Publisher
+from nsqpy.tools.pubsub_nsq import Delivery, SubscribeError, Subscription, Target, Targets
 
 NAME = "nsq_pubsub"
 # Sent first on every event stream: a browser whose stream ended reconnects after 1 s (with
@@ -185,7 +184,7 @@ def _split_option(text: str) -> tuple[str, str | None]:
 
 def split_tls_options(texts: Iterable[str], flag: str) -> tuple[list[str], ssl.SSLContext | None]:
     """Take go-nsq's TLS options out of a `--consumer-opt`/`--producer-opt` list: the other
-    options (for tools._options.NsqOptions) and the TLS context they ask for (None without
+    options (for nsqpy.tools._options.NsqOptions) and the TLS context they ask for (None without
     `tls_v1`, which go-nsq needs before it uses any of them). Errors are go-nsq's, wrapped as
     Go's flag package wraps them."""
     rest: list[str] = []

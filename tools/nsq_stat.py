@@ -7,9 +7,9 @@ import sys
 import time
 import urllib.error
 
-from common.client import http_json
-from common.flags import Flag, Kind
-from tools._common import StopFlag, fatal, log_flags, make_logger, parse_args
+from nsqpy.common.client import http_json
+from nsqpy.common.flags import Flag, Kind
+from nsqpy.tools._common import StopFlag, fatal, log_flags, make_logger, parse_args
 
 NAME = "nsq_stat"
 

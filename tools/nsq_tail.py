@@ -16,10 +16,10 @@ docs/client.md).
 import random
 import sys
 
-from common.client import split_ext_section
-from common.flags import Flag, Kind
-from common.smart_client import SmartConsumer
-from tools._common import (
+from nsqpy.common.client import split_ext_section
+from nsqpy.common.flags import Flag, Kind
+from nsqpy.common.smart_client import SmartConsumer
+from nsqpy.tools._common import (
     ConsumerGroup,
     StopFlag,
     address_flags,
@@ -30,7 +30,7 @@ from tools._common import (
     make_logger,
     parse_args,
 )
-from tools._options import consumer_settings
+from nsqpy.tools._options import consumer_settings
 
 NAME = "nsq_tail"
 

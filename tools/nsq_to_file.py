@@ -21,9 +21,9 @@ import sys
 import time
 import urllib.error
 
-from common.client import http_json
-from common.flags import Flag, Kind
-from tools._common import (
+from nsqpy.common.client import http_json
+from nsqpy.common.flags import Flag, Kind
+from nsqpy.tools._common import (
     WAKE_INTERVAL,
     ConsumerGroup,
     Progress,
@@ -36,7 +36,7 @@ from tools._common import (
     make_logger,
     parse_args,
 )
-from tools._options import consumer_settings
+from nsqpy.tools._options import consumer_settings
 
 NAME = "nsq_to_file"
 

@@ -17,8 +17,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from common.flags import Flag, Kind
-from tools._common import (
+from nsqpy.common.flags import Flag, Kind
+from nsqpy.tools._common import (
     WAKE_INTERVAL,
     ConsumerGroup,
     Progress,
@@ -32,7 +32,7 @@ from tools._common import (
     parse_args,
     settle,
 )
-from tools._options import consumer_settings
+from nsqpy.tools._options import consumer_settings
 
 NAME = "nsq_to_http"
 MODES = ("round-robin", "hostpool", "epsilon-greedy", "fan-out")

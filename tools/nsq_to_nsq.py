@@ -9,9 +9,9 @@ answered `OK`; a failed publish REQueues it.
 import itertools
 import sys
 
-from common.client import NSQError, Producer
-from common.flags import Flag, Kind
-from tools._common import (
+from nsqpy.common.client import NSQError, Producer
+from nsqpy.common.flags import Flag, Kind
+from nsqpy.tools._common import (
     ConsumerGroup,
     Progress,
     StopFlag,
@@ -24,7 +24,7 @@ from tools._common import (
     parse_args,
     settle,
 )
-from tools._options import consumer_settings, nsq_options
+from nsqpy.tools._options import consumer_settings, nsq_options
 
 NAME = "nsq_to_nsq"
 MODES = ("round-robin", "hostpool", "epsilon-greedy")

@@ -10,10 +10,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from common.client import NSQError
-from common.command import encode_dpub, encode_mpub, encode_pub
-from common.http_server import HTTPError
-from common.smart_client import (
+from nsqpy.common.client import NSQError
+from nsqpy.common.command import encode_dpub, encode_mpub, encode_pub
+from nsqpy.common.http_server import HTTPError
+from nsqpy.common.smart_client import (
     RETRYABLE_ERRORS,
     LookupdDiscovery,
     LookupUnavailable,
@@ -23,7 +23,7 @@ from common.smart_client import (
     lookupd_json,
     merge_lookups,
 )
-from tools.pubsub_nsq import Producer, Target, Targets
+from nsqpy.tools.pubsub_nsq import Producer, Target, Targets
 
 __all__ = ["Layouts", "Publisher", "TopicView"]
 

@@ -12,11 +12,11 @@ import signal
 import sys
 import time
 
-from common.client import NSQError, Producer
-from common.flags import Flag, Kind
-from common.smart_client import SmartClientError, SmartProducer
-from tools._common import Progress, fatal, log_flags, make_logger, parse_args
-from tools._options import nsq_options
+from nsqpy.common.client import NSQError, Producer
+from nsqpy.common.flags import Flag, Kind
+from nsqpy.common.smart_client import SmartClientError, SmartProducer
+from nsqpy.tools._common import Progress, fatal, log_flags, make_logger, parse_args
+from nsqpy.tools._options import nsq_options
 
 NAME = "to_nsq"
 

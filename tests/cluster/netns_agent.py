@@ -22,8 +22,8 @@ import urllib.error
 import urllib.request
 from collections import Counter
 
-from common.client import NSQError
-from common.smart_client import SmartClientError, SmartConsumer, SmartProducer
+from nsqpy.common.client import NSQError
+from nsqpy.common.smart_client import SmartClientError, SmartConsumer, SmartProducer
 
 
 class TopicTraffic:

@@ -32,12 +32,12 @@ def shift(text: str, offset: int) -> str:
 
 
 class Runner:
-    """`python -m tools.local_cluster --replicated`, as `make run-cluster` runs it."""
+    """`python -m nsqpy.tools.local_cluster --replicated`, as `make run-cluster` runs it."""
 
     def __init__(self, data: Path) -> None:
         self.offset = free_cluster_port_offset()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tools.local_cluster", "--replicated"]
+            [sys.executable, "-m", "nsqpy.tools.local_cluster", "--replicated"]
             + [f"--port-offset={self.offset}"],
             cwd=REPO,
             env={**os.environ, "NSQPY_DATA": str(data)},

@@ -9,8 +9,7 @@ import time
 import httptools
 import pytest
 import trio
-
-from common.etcd import (
+from nsqpy.common.etcd import (
     EtcdClient,
     EtcdCompacted,
     EtcdError,
@@ -34,6 +33,7 @@ from common.etcd import (
     txn_request,
     watch_request,
 )
+
 from tests.cluster.etcd_server import EtcdServer, free_port
 from tests.conftest import wait_until
 

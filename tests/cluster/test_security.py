@@ -10,8 +10,7 @@ import time
 
 import pytest
 import trustme
-
-from common.replication import (
+from nsqpy.common.replication import (
     PULL,
     PUT,
     REPLY,
@@ -19,6 +18,7 @@ from common.replication import (
     ReplicationProtocolError,
     encode_frame,
 )
+
 from tests.cluster.etcd_server import EtcdServer, EtcdTLS
 from tests.cluster.local_cluster import LocalCluster, wait_for
 from tests.cluster.traffic import check_replicas_identical

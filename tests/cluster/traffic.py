@@ -8,8 +8,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from common.client import NSQError
-from common.smart_client import SmartClientError, SmartConsumer, SmartProducer
+from nsqpy.common.client import NSQError
+from nsqpy.common.smart_client import SmartClientError, SmartConsumer, SmartProducer
+
 from tests.cluster.local_cluster import LocalCluster, wait_for
 
 

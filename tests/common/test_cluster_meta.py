@@ -2,7 +2,7 @@
 
 import json
 
-from common.cluster_meta import TopicMeta
+from nsqpy.common.cluster_meta import TopicMeta
 
 
 def test_topic_meta_is_youzans_json_and_reads_back():

@@ -5,8 +5,7 @@ import json
 import struct
 
 import pytest
-
-from common.command import (
+from nsqpy.common.command import (
     CLS,
     MAGIC_V2,
     NOP,
@@ -28,14 +27,14 @@ from common.command import (
     split_ext_body,
     split_trace_body,
 )
-from common.command_parser import (
+from nsqpy.common.command_parser import (
     BODY_COMMANDS,
     DEFAULT_MAX_LINE_LENGTH,
     CommandParser,
     parse_mpub_body,
     parse_partition,
 )
-from common.errors import ProtocolError
+from nsqpy.common.errors import ProtocolError
 
 # Small limits so that the "too big" texts are short and every boundary is cheap to reach.
 MAX_MSG = 100

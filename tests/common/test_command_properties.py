@@ -4,8 +4,7 @@ import struct
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from common.command import (
+from nsqpy.common.command import (
     CLS,
     MAGIC_V2,
     NOP,
@@ -24,8 +23,8 @@ from common.command import (
     encode_touch,
     encode_trace_body,
 )
-from common.command_parser import BODY_COMMANDS, CommandParser
-from common.errors import ProtocolError
+from nsqpy.common.command_parser import BODY_COMMANDS, CommandParser
+from nsqpy.common.errors import ProtocolError
 
 # -- strategies -------------------------------------------------------------------------------
 

@@ -3,8 +3,7 @@
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from common.duration import (
+from nsqpy.common.duration import (
     MAX_DURATION_NS,
     MIN_DURATION_NS,
     DurationError,

@@ -1,4 +1,4 @@
-"""Go `flag` parity for common.flags, against nsqd v1.3.0's real flag table and help text."""
+"""Go `flag` parity for nsqpy.common.flags, against nsqd v1.3.0's real flag table and help text."""
 
 import io
 import subprocess
@@ -6,8 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from common.flags import (
+from nsqpy.common.flags import (
     ConfigError,
     Flag,
     FlagError,
@@ -20,6 +19,7 @@ from common.flags import (
     parse_go_bool,
     read_config,
 )
+
 from tests.reference import REFERENCE_DIR
 
 REFERENCE = REFERENCE_DIR
@@ -740,7 +740,7 @@ def test_error_prints_message_and_usage_and_exits_2(flags: FlagSet) -> None:
 def test_exit_codes_of_a_real_process() -> None:
     program = (
         "import sys\n"
-        "from common.flags import Flag, FlagSet, Kind\n"
+        "from nsqpy.common.flags import Flag, FlagSet, Kind\n"
         "flags = FlagSet('nsqd', [Flag('msg-timeout', Kind.DURATION, '1m', 'timeout')])\n"
         "values, _, _ = flags.parse_or_exit(sys.argv[1:])\n"
         "print(values['msg_timeout'])\n"

@@ -6,9 +6,8 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from common.errors import ProtocolError
-from common.frame import (
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.frame import (
     CLOSE_WAIT_FRAME,
     FRAME_HEADER_SIZE,
     FRAME_TYPE_ERROR,
@@ -24,7 +23,7 @@ from common.frame import (
     encode_message_frames,
     encode_response,
 )
-from common.message import DecodedMessage, decode_message, encode_message
+from nsqpy.common.message import DecodedMessage, decode_message, encode_message
 
 MESSAGE_ID = b"0a1b2c3d4e5f6789"
 

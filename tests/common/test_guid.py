@@ -7,8 +7,7 @@ import re
 import zlib
 
 import pytest
-
-from common.guid import MAX_NODE_ID, TWEPOCH, GUIDFactory, default_node_id, guid_fields
+from nsqpy.common.guid import MAX_NODE_ID, TWEPOCH, GUIDFactory, default_node_id, guid_fields
 
 HEX_ID = re.compile(rb"[0-9a-f]{16}")
 # 2023-11-14 22:13:20 UTC in ns; any instant after Go's twepoch will do.

@@ -7,9 +7,8 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from common.errors import ProtocolError
-from common.lookup_protocol import (
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.lookup_protocol import (
     DEFAULT_MAX_IDENTIFY_BODY_SIZE,
     MAGIC_V1,
     OK,

@@ -5,9 +5,8 @@ import struct
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from common.errors import ProtocolError
-from common.message import (
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.message import (
     MESSAGE_HEADER_SIZE,
     MESSAGE_ID_LENGTH,
     DecodedMessage,

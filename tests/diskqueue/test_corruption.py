@@ -13,8 +13,7 @@ import struct
 from pathlib import Path
 
 import pytest
-
-from diskqueue import DiskQueue
+from nsqpy.diskqueue import DiskQueue
 
 MIN_MSG_SIZE = 26
 MAX_MSG_SIZE = 1024 * 1024 + MIN_MSG_SIZE

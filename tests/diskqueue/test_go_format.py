@@ -12,7 +12,7 @@ import re
 import struct
 from pathlib import Path
 
-from diskqueue import DiskQueue
+from nsqpy.diskqueue import DiskQueue
 
 # nsqd's bounds: minValidMsgLength = MsgIDLength(16) + 8 + 2; max = --max-msg-size + that.
 MIN_MSG_SIZE = 26

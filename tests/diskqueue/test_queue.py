@@ -7,8 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from diskqueue import DiskQueue, MessageSizeError, QueueClosedError
+from nsqpy.diskqueue import DiskQueue, MessageSizeError, QueueClosedError
 
 
 def open_queue(path: Path, **kwargs: object) -> DiskQueue:

@@ -1,13 +1,13 @@
-"""nsqd.embed and nsqlookupd.embed: trio `serve()` and thread-backed `run_in_thread()`."""
+"""nsqpy.nsqd.embed and nsqpy.nsqlookupd.embed: trio `serve()` and thread-backed
+`run_in_thread()`."""
 
 import os
 import time
 
 import pytest
-
-from common.client import Consumer, Producer, http_json, http_request
-from nsqd import embed as nsqd_embed
-from nsqlookupd import embed as lookupd_embed
+from nsqpy.common.client import Consumer, Producer, http_json, http_request
+from nsqpy.nsqd import embed as nsqd_embed
+from nsqpy.nsqlookupd import embed as lookupd_embed
 
 
 async def test_serve_in_trio_yields_a_listening_nsqd(tmp_path):

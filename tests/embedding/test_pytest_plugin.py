@@ -11,7 +11,7 @@ def test_fixtures_give_running_servers(pytester):
         import pytest
         import trio
 
-        from common.client import Consumer, Producer, lookup_nsqds
+        from nsqpy.common.client import Consumer, Producer, lookup_nsqds
 
 
         def get(address, path):
@@ -63,6 +63,6 @@ def test_plugin_is_registered_through_the_entry_point(pytester):
     pytester.makepyfile("def test_nothing(): pass")
     result = pytester.runpytest_subprocess("--fixtures")
     output = result.stdout.str()
-    assert "fixtures defined from nsqpy_pytest.plugin" in output
+    assert "fixtures defined from nsqpy.testing.plugin" in output
     for fixture in ("nsqd --", "nsqlookupd --", "nsq_cluster --"):
         assert fixture in output

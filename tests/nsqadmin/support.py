@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from common.command import encode_identify, encode_rdy, encode_sub
+from nsqpy.common.command import encode_identify, encode_rdy, encode_sub
+
 from tests.harness import DaemonProcess, V2Connection, start_nsqd
 from tests.reference import REFERENCE_DIR
 

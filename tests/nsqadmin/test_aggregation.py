@@ -8,8 +8,8 @@ Then the cases the captures do not show: several nodes, e2e percentiles, counter
 
 import copy
 
-from common.goformat import go_float, go_json
-from nsqadmin.stats import (
+from nsqpy.common.goformat import go_float, go_json
+from nsqpy.nsqadmin.stats import (
     ChannelStats,
     E2eLatency,
     NodeStats,
@@ -24,6 +24,7 @@ from nsqadmin.stats import (
     semver_key,
     warning_message,
 )
+
 from tests.nsqadmin.support import reference
 
 LOOKUPD = "127.0.0.1:24161"  # the capture's nsqlookupd, as nsqadmin was given it

@@ -5,20 +5,25 @@ import base64
 import xml.etree.ElementTree as ElementTree
 
 import pytest
-
-from nsqadmin.charts import History, chart_window, nice_ceiling, render_chart, render_sparkline
-from nsqadmin.cluster import endpoint, https_endpoint
-from nsqadmin.format import commafy, nanotohuman, percentile_label, rate
-from nsqadmin.notify import basic_auth_user
-from nsqadmin.options import (
+from nsqpy.nsqadmin.charts import (
+    History,
+    chart_window,
+    nice_ceiling,
+    render_chart,
+    render_sparkline,
+)
+from nsqpy.nsqadmin.cluster import endpoint, https_endpoint
+from nsqpy.nsqadmin.format import commafy, nanotohuman, percentile_label, rate
+from nsqpy.nsqadmin.notify import basic_auth_user
+from nsqpy.nsqadmin.options import (
     Options,
     OptionsError,
     build_flags,
     normalize_base_path,
     options_from_values,
 )
-from nsqadmin.pages import Flash, FlashStore, percentile_average
-from nsqadmin.stats import ChannelStats, E2eLatency, TopicStats
+from nsqpy.nsqadmin.pages import Flash, FlashStore, percentile_average
+from nsqpy.nsqadmin.stats import ChannelStats, E2eLatency, TopicStats
 
 # -- options ----------------------------------------------------------------------------------
 

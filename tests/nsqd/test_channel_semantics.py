@@ -14,8 +14,15 @@ import random
 import pytest
 import trio
 import trio.testing
+from nsqpy.common.command import (
+    encode_dpub,
+    encode_fin,
+    encode_mpub,
+    encode_pub,
+    encode_rdy,
+    encode_req,
+)
 
-from common.command import encode_dpub, encode_fin, encode_mpub, encode_pub, encode_rdy, encode_req
 from tests.conftest import wait_until
 from tests.nsqd.wire import Wire, close_all_wires, consumer, override_options, with_options
 

@@ -1,9 +1,8 @@
 """The heartbeat clock: one task waking each pump when its heartbeat is due."""
 
 import trio
-
-from nsqd.heartbeats import RESOLUTION, HeartbeatClock
-from nsqd.wakeup import Wakeup
+from nsqpy.nsqd.heartbeats import RESOLUTION, HeartbeatClock
+from nsqpy.nsqd.wakeup import Wakeup
 
 
 async def test_each_wakeup_is_set_at_its_time_within_the_resolution(autojump_clock):

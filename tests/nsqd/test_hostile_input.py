@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from common.command import (
+from nsqpy.common.command import (
     CLS,
     MAGIC_V2,
     NOP,
@@ -29,14 +29,15 @@ from common.command import (
     encode_rdy,
     encode_sub,
 )
-from common.errors import ProtocolError
-from common.frame import (
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.frame import (
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,
     FRAME_TYPE_RESPONSE,
     FrameDecoder,
 )
-from common.message import decode_message
+from nsqpy.common.message import decode_message
+
 from tests.harness import V2Connection, start_nsqd
 
 SEED = 0x5EED_4E53

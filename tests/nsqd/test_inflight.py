@@ -4,9 +4,8 @@ really in flight."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from nsqd.inflight import _MIN_REFERENCES_FOR_REBUILD, DeadlineQueue
-from nsqd.message import Message
+from nsqpy.nsqd.inflight import _MIN_REFERENCES_FOR_REBUILD, DeadlineQueue
+from nsqpy.nsqd.message import Message
 
 
 def message(number: int) -> Message:

@@ -7,11 +7,12 @@ is dropped."""
 import dataclasses
 import os
 
-from common.command import encode_mpub, encode_pub
-from diskqueue import DiskQueue
-from nsqd.message import Message
-from nsqd.options import build_flags, options_from_values
-from nsqd.server import NSQD
+from nsqpy.common.command import encode_mpub, encode_pub
+from nsqpy.diskqueue import DiskQueue
+from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.options import build_flags, options_from_values
+from nsqpy.nsqd.server import NSQD
+
 from tests.conftest import running_nsqd, wait_until
 from tests.nsqd.wire import Wire, consumer
 

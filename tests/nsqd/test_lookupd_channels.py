@@ -11,9 +11,9 @@ import threading
 
 import pytest
 import trio
+from nsqpy.common.command import encode_pub
+from nsqpy.nsqd.lookup import LookupChannelsError, topic_channels
 
-from common.command import encode_pub
-from nsqd.lookup import LookupChannelsError, topic_channels
 from tests.harness import DaemonProcess, V2Connection, start_nsqd
 from tests.nsqlookupd.support import poll, sync_get_json, sync_post
 from tests.reference import REFERENCE_DIR

@@ -6,10 +6,9 @@ import os
 import struct
 
 import pytest
-
-from nsqd.cursor_queue import CursorQueue
-from nsqd.message import Message
-from nsqd.partition_log import (
+from nsqpy.nsqd.cursor_queue import CursorQueue
+from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.partition_log import (
     BODY_START,
     ENTRY,
     ID_PARTITION_SHIFT,

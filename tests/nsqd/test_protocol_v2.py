@@ -14,8 +14,7 @@ import time
 
 import pytest
 import trio
-
-from common.command import (
+from nsqpy.common.command import (
     CLS,
     NOP,
     encode_command,
@@ -29,8 +28,9 @@ from common.command import (
     encode_sub,
     encode_touch,
 )
-from common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
-from common.version import VERSION
+from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from nsqpy.common.version import VERSION
+
 from tests.conftest import wait_until
 from tests.nsqd.wire import (
     UNKNOWN_ID,

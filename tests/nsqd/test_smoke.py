@@ -1,10 +1,17 @@
 """An in-process nsqd and a subprocess nsqd each take a message from PUB to SUB to FIN."""
 
 import trio
+from nsqpy.common.command import (
+    MAGIC_V2,
+    encode_fin,
+    encode_identify,
+    encode_pub,
+    encode_rdy,
+    encode_sub,
+)
+from nsqpy.common.frame import FRAME_TYPE_MESSAGE, FrameDecoder
+from nsqpy.common.message import decode_message
 
-from common.command import MAGIC_V2, encode_fin, encode_identify, encode_pub, encode_rdy, encode_sub
-from common.frame import FRAME_TYPE_MESSAGE, FrameDecoder
-from common.message import decode_message
 from tests.conftest import tcp_port
 from tests.harness import V2Connection, start_nsqd
 

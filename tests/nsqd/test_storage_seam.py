@@ -12,17 +12,16 @@ import json
 import os
 
 import pytest
-
-from common.errors import ProtocolError
-from common.frame import encode_message_frames
-from common.message import decode_message
-from nsqd.client import Client
-from nsqd.delivery import FIFO, ORDERED
-from nsqd.dialect import CLASSIC, YouzanDialect, message_key
-from nsqd.identify import decode_identify, negotiate
-from nsqd.message import Message
-from nsqd.message_queue import BufferedDiskQueue
-from nsqd.server import NSQD
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.frame import encode_message_frames
+from nsqpy.common.message import decode_message
+from nsqpy.nsqd.client import Client
+from nsqpy.nsqd.delivery import FIFO, ORDERED
+from nsqpy.nsqd.dialect import CLASSIC, YouzanDialect, message_key
+from nsqpy.nsqd.identify import decode_identify, negotiate
+from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.message_queue import BufferedDiskQueue
+from nsqpy.nsqd.server import NSQD
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ milliseconds and every deadline can be asserted to the queue-scan interval. Two 
 
 import pytest
 import trio
-
-from common.command import (
+from nsqpy.common.command import (
     NOP,
     encode_dpub,
     encode_fin,
@@ -23,9 +22,10 @@ from common.command import (
     encode_req,
     encode_touch,
 )
-from nsqd.client import Client
-from nsqd.options import Options
-from nsqd.server import NSQD
+from nsqpy.nsqd.client import Client
+from nsqpy.nsqd.options import Options
+from nsqpy.nsqd.server import NSQD
+
 from tests.conftest import wait_until
 from tests.nsqd.wire import Wire, close_all_wires, consumer, override_options, with_options
 

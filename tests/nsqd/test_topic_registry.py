@@ -4,8 +4,7 @@ commands use kept right as partitions come and go."""
 from types import SimpleNamespace
 
 import pytest
-
-from nsqd.topic_registry import TopicRegistry
+from nsqpy.nsqd.topic_registry import TopicRegistry
 
 
 def partition(name: str, number: int):

@@ -1,7 +1,8 @@
 """A small async V2 client for wire-level tests against the in-process nsqd.
 
 `Wire` talks to the `nsqd` fixture over a real trio TCP stream, with our codec on both sides
-of the socket: `common.command` builds the bytes, `common.frame.FrameDecoder` reads the frames.
+of the socket: `nsqpy.common.command` builds the bytes, `nsqpy.common.frame.FrameDecoder`
+reads the frames.
 Its assertions are the ones every protocol test needs: the exact text of an error frame, and
 whether nsqd then closed the connection (a fatal error) or kept it usable (docs/protocol.md §1.3).
 
@@ -15,16 +16,16 @@ from collections import deque
 
 import pytest
 import trio
-
-from common.command import MAGIC_V2, encode_fin, encode_identify, encode_rdy, encode_sub
-from common.frame import (
+from nsqpy.common.command import MAGIC_V2, encode_fin, encode_identify, encode_rdy, encode_sub
+from nsqpy.common.frame import (
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,
     FRAME_TYPE_RESPONSE,
     Frame,
     FrameDecoder,
 )
-from common.message import DecodedMessage, decode_message
+from nsqpy.common.message import DecodedMessage, decode_message
+
 from tests.conftest import tcp_port
 
 HEARTBEAT = b"_heartbeat_"

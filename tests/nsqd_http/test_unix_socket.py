@@ -4,10 +4,9 @@ nsqd does (an address that is not host:port is a path)."""
 import dataclasses
 
 import trio
-
-from common.command import MAGIC_V2, encode_pub
-from common.frame import OK_FRAME
-from nsqd.server import NSQD
+from nsqpy.common.command import MAGIC_V2, encode_pub
+from nsqpy.common.frame import OK_FRAME
+from nsqpy.nsqd.server import NSQD
 
 
 async def test_tcp_and_http_on_unix_sockets(nsqd_options, tmp_path, nursery):

@@ -2,9 +2,8 @@
 (broadcasting 127.0.0.1), and `start_lookupd(**options)` for one with other options."""
 
 import pytest
-
-from nsqlookupd.options import Options
-from nsqlookupd.server import NSQLookupd
+from nsqpy.nsqlookupd.options import Options
+from nsqpy.nsqlookupd.server import NSQLookupd
 
 
 def lookupd_options(**changes) -> Options:

@@ -13,8 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
-
-from common.lookup_protocol import (
+from nsqpy.common.lookup_protocol import (
     MAGIC_V1,
     LookupClientConnection,
     encode_identify,

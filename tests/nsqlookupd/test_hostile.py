@@ -16,14 +16,14 @@ import socket
 import struct
 
 import trio
-
-from common.lookup_protocol import (
+from nsqpy.common.lookup_protocol import (
     MAGIC_V1,
     LookupClientConnection,
     encode_identify,
     encode_register,
     encode_unregister,
 )
+
 from tests.harness import DaemonProcess
 from tests.nsqlookupd.support import (
     CLASSIC_IDENTIFY,

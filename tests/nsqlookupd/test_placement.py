@@ -6,10 +6,9 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
-
-from common.cluster_meta import ReplicaInfo
-from nsqlookupd.options import Options, OptionsError, balance_window
-from nsqlookupd.placement import (
+from nsqpy.common.cluster_meta import ReplicaInfo
+from nsqpy.nsqlookupd.options import Options, OptionsError, balance_window
+from nsqpy.nsqlookupd.placement import (
     MB,
     PartitionLoad,
     leader_load_factor,

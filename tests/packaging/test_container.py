@@ -9,10 +9,9 @@ import shlex
 from pathlib import Path
 
 import yaml
-
-from nsqadmin.options import build_flags as nsqadmin_flags
-from nsqd.options import build_flags as nsqd_flags
-from nsqlookupd.options import build_flags as nsqlookupd_flags
+from nsqpy.nsqadmin.options import build_flags as nsqadmin_flags
+from nsqpy.nsqd.options import build_flags as nsqd_flags
+from nsqpy.nsqlookupd.options import build_flags as nsqlookupd_flags
 
 REPO = Path(__file__).resolve().parents[2]
 FLAG_SETS = {"nsqd": nsqd_flags, "nsqlookupd": nsqlookupd_flags, "nsqadmin": nsqadmin_flags}

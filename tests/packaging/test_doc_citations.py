@@ -85,3 +85,21 @@ def test_no_file_cites_a_document_from_outside_the_repository():
                 if re.search(rf"(?<![\w/.-]){re.escape(document)}", line):
                     offenders.append(f"{path.relative_to(REPO)}:{number}: {document}")
     assert offenders == []
+
+
+# A source file of this tree named in a document: `nsqd/cluster.py`, `nsqpy/spark/reader.py`.
+SOURCE_PATH = re.compile(r"`((?:[\w.-]+/)+[\w.-]+\.(?:py|html|js|css))`")
+
+
+def test_every_source_file_a_document_names_exists():
+    """A document that names a moved or deleted file sends its reader nowhere. bench/RESULTS.md
+    records past runs and keeps the names of their day."""
+    missing = []
+    for path in tracked_text_files():
+        if path.suffix != ".md" or path.relative_to(REPO).as_posix() == "bench/RESULTS.md":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for name in SOURCE_PATH.findall(line):
+                if not (REPO / name).exists() and not name.startswith(("http", "/")):
+                    missing.append(f"{path.relative_to(REPO)}:{number}: {name}")
+    assert missing == []

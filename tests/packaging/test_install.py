@@ -169,7 +169,8 @@ def test_dockerfile_build_installs_working_console_scripts(tmp_path):
         [
             str(python),
             "-c",
-            "import nsqd, nsqadmin; print(nsqd.__file__); print(nsqadmin.__file__)",
+            "import nsqpy.nsqd, nsqpy.nsqadmin, nsqpy.testing\n"
+            "print(nsqpy.nsqd.__file__); print(nsqpy.nsqadmin.__file__)",
         ],
         cwd=run_dir,
         env=_clean_env(),
@@ -180,6 +181,24 @@ def test_dockerfile_build_installs_working_console_scripts(tmp_path):
     site_packages = (venv / "lib").resolve()
     for module_file in where.stdout.split():
         assert Path(module_file).resolve().is_relative_to(site_packages), module_file
+
+    # What the distribution itself put in site-packages (its RECORD): one import package,
+    # `nsqpy`, and its metadata; the console scripts go to bin/.
+    record = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "from importlib.metadata import distribution\n"
+            "for f in distribution('nsqpy').files: print(f)",
+        ],
+        cwd=run_dir,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert record.returncode == 0, record.stderr
+    top_level = {line.split("/")[0] for line in record.stdout.split() if not line.startswith("..")}
+    assert top_level == {"nsqpy", "nsqpy-0.1.0.dist-info"}, top_level
 
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     missing = [name for name in scripts if not os.access(bin_dir / name, os.X_OK)]

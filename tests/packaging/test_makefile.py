@@ -38,7 +38,7 @@ def _dry_run(target: str, folder: Path) -> str:
 def test_make_run_installs_the_package_alone_and_starts_the_cluster(tmp_path: Path) -> None:
     commands = _dry_run("run", tmp_path)
     assert "pip install --quiet -e .\n" in commands
-    assert "python -m tools.local_cluster" in commands
+    assert "python -m nsqpy.tools.local_cluster" in commands
     for test_tool in ("npm", "[test", "spark", "apt-get", "chromium", "java", "pytest"):
         assert test_tool not in commands
 

@@ -9,9 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nsqadmin.options import build_flags as nsqadmin_flags
-from nsqd.options import build_flags as nsqd_flags
-from nsqlookupd.options import build_flags as nsqlookupd_flags
+from nsqpy.nsqadmin.options import build_flags as nsqadmin_flags
+from nsqpy.nsqd.options import build_flags as nsqd_flags
+from nsqpy.nsqlookupd.options import build_flags as nsqlookupd_flags
+
 from tests.harness import DaemonProcess
 from tests.nsqlookupd.support import poll, sync_get_json, sync_request
 

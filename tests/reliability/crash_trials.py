@@ -36,7 +36,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.command import (
+from nsqpy.common.command import (
     MAGIC_V2,
     NOP,
     encode_fin,
@@ -45,8 +45,9 @@ from common.command import (
     encode_rdy,
     encode_sub,
 )
-from common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
-from common.message import decode_message
+from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
+from nsqpy.common.message import decode_message
+
 from tests.harness import DaemonProcess, start_nsqd
 
 TOPIC = "crash"

@@ -18,8 +18,8 @@ import socket
 import sys
 import time
 
-from common.command import MAGIC_V2, NOP, encode_identify, encode_sub
-from common.frame import FRAME_TYPE_RESPONSE, FrameDecoder
+from nsqpy.common.command import MAGIC_V2, NOP, encode_identify, encode_sub
+from nsqpy.common.frame import FRAME_TYPE_RESPONSE, FrameDecoder
 
 HEARTBEAT = b"_heartbeat_"
 # Connections being opened at once; keeps the listen backlog of nsqd from overflowing.

@@ -34,10 +34,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from nsqpy.common.command import encode_dpub, encode_mpub, encode_pub, encode_rdy, encode_sub
+from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
+from nsqpy.common.message import decode_message
 
-from common.command import encode_dpub, encode_mpub, encode_pub, encode_rdy, encode_sub
-from common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
-from common.message import decode_message
 from tests.harness import DaemonProcess, V2Connection
 
 # A record: 4-byte size + 26-byte message header + the body.
@@ -53,7 +53,7 @@ def write(fd, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     return real_write(fd, data)
 os.write = write
-from nsqd.__main__ import main
+from nsqpy.nsqd.__main__ import main
 main(sys.argv[1:])
 """
 

@@ -8,8 +8,8 @@ import struct
 from pathlib import Path
 
 import pytest
+from nsqpy.common.frame import FrameDecoder
 
-from common.frame import FrameDecoder
 from fuzz import http_spec
 from fuzz.canary import Canary
 from fuzz.daemon import RSSSampler
@@ -37,7 +37,7 @@ def test_openapi_document_is_the_one_generated_from_the_fuzzers_table() -> None:
 
 
 def test_the_table_covers_every_route_nsqd_serves() -> None:
-    from nsqd.http_api import HTTPAPI
+    from nsqpy.nsqd.http_api import HTTPAPI
 
     class _Options:
         max_msg_size = max_body_size = 1

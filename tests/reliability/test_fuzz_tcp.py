@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from nsqpy.common.command import MAGIC_V2
+from nsqpy.common.frame import FRAME_TYPE_ERROR, FrameDecoder
+from nsqpy.common.goformat import go_quote
 
-from common.command import MAGIC_V2
-from common.frame import FRAME_TYPE_ERROR, FrameDecoder
-from common.goformat import go_quote
 from fuzz import codec_target
 from fuzz.canary import Canary
 from fuzz.daemon import RSSSampler

@@ -29,10 +29,17 @@ from pathlib import Path
 
 import pytest
 import trio
+from nsqpy.common.command import (
+    MAGIC_V2,
+    encode_fin,
+    encode_identify,
+    encode_pub,
+    encode_rdy,
+    encode_sub,
+)
+from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
+from nsqpy.common.message import decode_message
 
-from common.command import MAGIC_V2, encode_fin, encode_identify, encode_pub, encode_rdy, encode_sub
-from common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
-from common.message import decode_message
 from tests.harness import start_nsqd
 
 ROOT = Path(__file__).resolve().parents[2]

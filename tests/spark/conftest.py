@@ -6,8 +6,8 @@ import sys
 import time
 
 import pytest
+from nsqpy.common.client import http_json
 
-from common.client import http_json
 from tests.harness import start_nsqd
 
 # Messages left un-FINished come back after this; short so the restart test is quick.
@@ -24,9 +24,9 @@ def spark():
         )
     from pyspark.sql import SparkSession
 
-    from nsq_spark import register
+    from nsqpy.spark import register
 
-    # Spark's Python workers must import nsq_spark and common from this virtualenv.
+    # Spark's Python workers must import nsqpy.spark and common from this virtualenv.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     session = (

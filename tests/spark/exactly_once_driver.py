@@ -6,7 +6,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from nsq_spark import register
+from nsqpy.spark import register
 
 
 def main() -> None:

@@ -5,11 +5,11 @@ source runner drives it (read batch n, then commit batch n-1), against a real ns
 import time
 
 import pytest
+from nsqpy.common.client import http_publish
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from common.client import http_publish
-from nsq_spark.reader import NSQStreamReader
-from nsq_spark.source import SCHEMA
+from nsqpy.spark.reader import NSQStreamReader
+from nsqpy.spark.source import SCHEMA
 from tests.harness import start_nsqd
 from tests.spark.conftest import channel_stats, wait_channel_drained, wait_until
 

@@ -7,11 +7,11 @@ import json
 import threading
 
 import pytest
+from nsqpy.common.smart_client import SmartProducer
 
-from common.smart_client import SmartProducer
-from nsq_spark.log_reader import NSQLogBatchReader, NSQLogStreamReader
-from nsq_spark.partition_directory import PartitionsUnavailable
-from nsq_spark.source import SCHEMA
+from nsqpy.spark.log_reader import NSQLogBatchReader, NSQLogStreamReader
+from nsqpy.spark.partition_directory import PartitionsUnavailable
+from nsqpy.spark.source import SCHEMA
 from tests.cluster.etcd_server import EtcdServer
 from tests.cluster.local_cluster import LocalCluster, wait_for
 

@@ -3,7 +3,7 @@ needed)."""
 
 import pytest
 
-from nsq_spark.options import position_spec
+from nsqpy.spark.options import position_spec
 
 
 def spec(prefix: str = "starting", default: str = "latest", **options: str):

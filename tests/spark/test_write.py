@@ -5,11 +5,11 @@ import time
 
 import pyarrow as pa
 import pytest
+from nsqpy.common.client import Consumer, http_publish
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, StructField, StructType
 
-from common.client import Consumer, http_publish
-from nsq_spark.writer import NSQWriter
+from nsqpy.spark.writer import NSQWriter
 from tests.harness import start_nsqd
 from tests.spark.conftest import addresses, topic_stats, wait_until
 

@@ -6,7 +6,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from common.client import http_request
+from nsqpy.common.client import http_request
+
 from tests.harness import BIN
 from tests.tools.conftest import lookupd_has_topic, wait_until
 

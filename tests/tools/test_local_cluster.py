@@ -28,7 +28,7 @@ RUNNER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from tools.local_cluster import run
+    from nsqpy.tools.local_cluster import run
     nsqd = ("nsqd", ["-tcp-address=127.0.0.1:0", "-http-address=127.0.0.1:0"], "nsqd")
     sys.exit(run([nsqd], Path(sys.argv[1])))
     """
@@ -57,11 +57,11 @@ def test_ctrl_c_stops_the_cluster_cleanly_and_keeps_nsqd_messages(tmp_path) -> N
 def test_the_replicated_cluster_command_starts_etcd_nsqlookupd_three_nsqds_and_nsqadmin(tmp_path):
     """`make run-cluster`: every daemon's flags are ones it takes, the nsqds have ports and data
     paths of their own and all join the same cluster through the same etcd."""
-    from nsqadmin.options import build_flags as nsqadmin_flags
-    from nsqd.options import build_flags as nsqd_flags
-    from nsqd.options import options_from_values
-    from nsqlookupd.options import build_flags as nsqlookupd_flags
-    from tools.local_cluster import replicated_daemons
+    from nsqpy.nsqadmin.options import build_flags as nsqadmin_flags
+    from nsqpy.nsqd.options import build_flags as nsqd_flags
+    from nsqpy.nsqd.options import options_from_values
+    from nsqpy.nsqlookupd.options import build_flags as nsqlookupd_flags
+    from nsqpy.tools.local_cluster import replicated_daemons
 
     daemons = replicated_daemons(tmp_path, "/usr/bin/etcd")
     names = [os.path.basename(name) for name, _args, _url in daemons]
@@ -82,7 +82,7 @@ def test_the_replicated_cluster_outlives_a_killed_nsqd_and_restarts_it(tmp_path,
     """`make run-cluster`: kill -9 of an nsqd leaves the rest running; the runner says so and
     starts it again, by itself after `--restart-after` or on `restart <n>`."""
     offset = free_cluster_port_offset()
-    args = ["-m", "tools.local_cluster", "--replicated", f"--port-offset={offset}"]
+    args = ["-m", "nsqpy.tools.local_cluster", "--replicated", f"--port-offset={offset}"]
     if restart.startswith("--"):
         args.append(restart)
     runner = subprocess.Popen(

@@ -2,8 +2,9 @@
 (--topic-pattern, --topic-refresh), against a real nsqd and nsqlookupd on ephemeral ports."""
 
 import pytest
+from nsqpy.common.client import Producer, http_json
+from nsqpy.tools._options import NsqOptions, OptionError
 
-from common.client import Producer, http_json
 from tests.tools.conftest import (
     channel_stats,
     lookupd_has_topic,
@@ -13,7 +14,6 @@ from tests.tools.conftest import (
     topic_channels,
     wait_until,
 )
-from tools._options import NsqOptions, OptionError
 
 
 def test_nsq_to_file_archives_the_topics_matching_the_pattern(nsqd, lookupd, topic, tmp_path):

@@ -20,8 +20,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 import trustme
+from nsqpy.common.client import http_json, http_publish, http_request
 
-from common.client import http_json, http_publish, http_request
 from tests.harness import DaemonProcess, start_nsqd
 from tests.tools.conftest import (
     channel_stats,
@@ -640,7 +640,7 @@ def test_version_and_module_entry_point():
     assert result.returncode == 0
     assert result.stdout.decode().startswith("nsq_pubsub v1.3.0 (built w/nsqpy-")
     module = subprocess.run(
-        [sys.executable, "-m", "tools.nsq_pubsub", "--version"],
+        [sys.executable, "-m", "nsqpy.tools.nsq_pubsub", "--version"],
         capture_output=True,
         cwd=Path(__file__).resolve().parents[2],
         timeout=DEADLINE,

@@ -1,6 +1,7 @@
 """nsq_stat against a real nsqd, directly and through nsqlookupd."""
 
-from common.client import Consumer, Producer, http_request
+from nsqpy.common.client import Consumer, Producer, http_request
+
 from tests.tools.conftest import lookupd_has_topic, run_tool, wait_until
 
 HEADER = (

@@ -3,11 +3,11 @@
 import io
 
 import pytest
+from nsqpy.common.client import Consumer, Producer
+from nsqpy.tools._common import Progress
 
-from common.client import Consumer, Producer
 from tests.harness import start_nsqd
 from tests.tools.conftest import channel_stats, start_tool, stop_tool, wait_until
-from tools._common import Progress
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
-from common.client import NSQError, http_json, http_request
-from common.smart_client import (
+from nsqpy.common.client import NSQError, http_json, http_request
+from nsqpy.common.smart_client import (
     LookupdDiscovery,
     LookupUnavailable,
     PublishFailed,
@@ -32,6 +31,7 @@ from common.smart_client import (
     SmartProducer,
     partition_for_key,
 )
+
 from tests.cluster.etcd_server import ETCD, EtcdServer
 from tests.cluster.local_cluster import LocalCluster
 from tests.harness import DaemonProcess, start_nsqd

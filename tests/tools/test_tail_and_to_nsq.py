@@ -3,7 +3,8 @@
 import re
 import subprocess
 
-from common.client import Consumer, Producer, http_json, http_request
+from nsqpy.common.client import Consumer, Producer, http_json, http_request
+
 from tests.tools.conftest import (
     lookupd_has_topic,
     run_tool,

@@ -1,10 +1,10 @@
 """Speaking Youzan's dialect of the V2 protocol to the in-process nsqd, byte by byte.
 
 Youzan's own clients are not available here, so these helpers build the commands with our
-codec (`common.command`) and read the frames with `common.frame.FrameDecoder`, then decode
-what docs/protocol.md §3 says a Youzan client receives: binary 8+8 message IDs, the optional DETAIL
-section `[8 offset][4 raw size]`, the 30-byte traced-publish reply. Nothing here knows how
-nsqd implements any of it; every layout is taken from docs/protocol.md.
+codec (`nsqpy.common.command`) and read the frames with `nsqpy.common.frame.FrameDecoder`, then
+decode what docs/protocol.md §3 says a Youzan client receives: binary 8+8 message IDs, the
+optional DETAIL section `[8 offset][4 raw size]`, the 30-byte traced-publish reply. Nothing
+here knows how nsqd implements any of it; every layout is taken from docs/protocol.md.
 """
 
 import json
@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from http.client import HTTPConnection
 
 import trio
+from nsqpy.common.command import encode_command, encode_fin, encode_identify
+from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, Frame
+from nsqpy.common.message import DecodedMessage
 
-from common.command import encode_command, encode_fin, encode_identify
-from common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, Frame
-from common.message import DecodedMessage
 from tests.nsqd.wire import ConnectionClosed, Wire
 
 # docs/protocol.md §3.5: the DETAIL section, and §3.6: the traced-publish reply after "OK".

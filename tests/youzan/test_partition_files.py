@@ -4,7 +4,8 @@
 
 import os
 
-from common.command import encode_pub, encode_rdy
+from nsqpy.common.command import encode_pub, encode_rdy
+
 from tests.nsqd.wire import with_options
 from tests.youzan.support import connect, create_partitions, sub
 

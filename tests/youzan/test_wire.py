@@ -13,8 +13,7 @@ import struct
 
 import pytest
 import trio
-
-from common.command import (
+from nsqpy.common.command import (
     MAGIC_V2,
     encode_command,
     encode_ext_body,
@@ -29,7 +28,8 @@ from common.command import (
     encode_touch,
     encode_trace_body,
 )
-from common.frame import FRAME_TYPE_RESPONSE
+from nsqpy.common.frame import FRAME_TYPE_RESPONSE
+
 from tests.conftest import tcp_port
 from tests.nsqd.wire import Wire, with_options
 from tests.youzan.support import (

@@ -42,10 +42,10 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from common.client import http_json, http_request
-from common.command import encode_mpub_body
-from common.smart_client import SmartProducer, partition_for_key
-from nsq_spark import options as opts
+from nsqpy.common.client import http_json, http_request
+from nsqpy.common.command import encode_mpub_body
+from nsqpy.common.smart_client import SmartProducer, partition_for_key
+from nsqpy.spark import options as opts
 
 # Bodies per MPUB: large chunks cost nsqd and the network less per message (nsqd's default
 # -max-body-size is 5 MB, so the byte bound below keeps a chunk well under it).

@@ -16,10 +16,10 @@ import time
 import urllib.error
 from dataclasses import dataclass
 
-from common.client import http_json, http_request
-from common.smart_client import LookupdDiscovery, LookupUnavailable
+from nsqpy.common.client import http_json, http_request
+from nsqpy.common.smart_client import LookupdDiscovery, LookupUnavailable
 
-log = logging.getLogger("nsq_spark")
+log = logging.getLogger("nsqpy.spark")
 
 _ASK_AGAIN_PAUSE = 0.25
 

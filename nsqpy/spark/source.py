@@ -44,8 +44,8 @@ class NSQDataSource(DataSource):
         `simpleStreamReader` (at-least-once, through the driver)."""
         from pyspark.errors import PySparkNotImplementedError
 
-        from nsq_spark.log_reader import NSQLogStreamReader
-        from nsq_spark.topic_kind import reads_a_log
+        from nsqpy.spark.log_reader import NSQLogStreamReader
+        from nsqpy.spark.topic_kind import reads_a_log
 
         if not reads_a_log(self.options):
             raise PySparkNotImplementedError(
@@ -55,8 +55,8 @@ class NSQDataSource(DataSource):
 
     def reader(self, schema: StructType):
         """`spark.read.format("nsq")`: a range of a log topic's history."""
-        from nsq_spark.log_reader import NSQLogBatchReader
-        from nsq_spark.topic_kind import reads_a_log
+        from nsqpy.spark.log_reader import NSQLogBatchReader
+        from nsqpy.spark.topic_kind import reads_a_log
 
         if not reads_a_log(self.options):
             raise ValueError(
@@ -66,16 +66,16 @@ class NSQDataSource(DataSource):
         return NSQLogBatchReader(self.options, schema)
 
     def simpleStreamReader(self, schema: StructType):
-        from nsq_spark.reader import NSQStreamReader
+        from nsqpy.spark.reader import NSQStreamReader
 
         return NSQStreamReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool):
-        from nsq_spark.writer import NSQWriter
+        from nsqpy.spark.writer import NSQWriter
 
         return NSQWriter(self.options, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool):
-        from nsq_spark.writer import NSQStreamWriter
+        from nsqpy.spark.writer import NSQStreamWriter
 
         return NSQStreamWriter(self.options, schema)

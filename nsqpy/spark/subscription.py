@@ -22,10 +22,10 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TypeAlias
 
-from common.client import Consumer, NSQError
-from common.command import NOP, encode_rdy
-from common.errors import ProtocolError
-from common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, Frame
+from nsqpy.common.client import Consumer, NSQError
+from nsqpy.common.command import NOP, encode_rdy
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, Frame
 
 # One delivery: (message id, body, attempts, nsqd's timestamp in ns). A plain tuple: tens of
 # thousands are made per second and transposed into Arrow columns by the reader.

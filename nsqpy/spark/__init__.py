@@ -1,6 +1,6 @@
 """A PySpark data source for NSQ: at-least-once streaming reads, batch and streaming writes.
 
-from nsq_spark import register
+from nsqpy.spark import register
 register(spark)
 spark.readStream.format("nsq").option("nsqd", "127.0.0.1:4150")...
 """
@@ -8,7 +8,7 @@ spark.readStream.format("nsq").option("nsqd", "127.0.0.1:4150")...
 import os
 import sys
 
-from nsq_spark.source import SCHEMA, NSQDataSource
+from nsqpy.spark.source import SCHEMA, NSQDataSource
 
 __all__ = ["NSQDataSource", "SCHEMA", "register"]
 
@@ -16,7 +16,7 @@ __all__ = ["NSQDataSource", "SCHEMA", "register"]
 def register(spark) -> None:
     """Make `format("nsq")` available in this SparkSession.
 
-    Spark runs the connector in Python worker processes, which must import nsq_spark and
+    Spark runs the connector in Python worker processes, which must import nsqpy.spark and
     pyarrow. When neither `PYSPARK_PYTHON` nor `spark.pyspark.python` names their interpreter,
     Spark would start the `python3` on the PATH, which has neither; the workers then use the
     interpreter running this driver instead (a virtualenv's `python job.py` just works).

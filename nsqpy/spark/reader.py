@@ -37,12 +37,12 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from common.client import http_json
-from nsq_spark import options as opts
-from nsq_spark.source import SCHEMA
-from nsq_spark.subscription import Delivery, Subscription
+from nsqpy.common.client import http_json
+from nsqpy.spark import options as opts
+from nsqpy.spark.source import SCHEMA
+from nsqpy.spark.subscription import Delivery, Subscription
 
-log = logging.getLogger("nsq_spark")
+log = logging.getLogger("nsqpy.spark")
 
 # Spark's per-batch cost is amortised over this many rows; two batches are in flight, which
 # nsqd's default --max-rdy-count of 2500 spreads over 8 connections per nsqd.

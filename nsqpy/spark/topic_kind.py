@@ -7,8 +7,8 @@ topic nobody has yet is classic (NSQ creates classic topics when a consumer subs
 
 from collections.abc import Mapping
 
-from nsq_spark import options as opts
-from nsq_spark.partition_directory import NotALogTopic, PartitionDirectory
+from nsqpy.spark import options as opts
+from nsqpy.spark.partition_directory import NotALogTopic, PartitionDirectory
 
 KINDS = ("auto", "log", "classic")
 

@@ -38,12 +38,12 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from common.names import is_ephemeral, is_valid_name
-from nsq_spark import options as opts
-from nsq_spark.log_records import records_to_batch
-from nsq_spark.partition_directory import PartitionDirectory, PartitionRange
+from nsqpy.common.names import is_ephemeral, is_valid_name
+from nsqpy.spark import options as opts
+from nsqpy.spark.log_records import records_to_batch
+from nsqpy.spark.partition_directory import PartitionDirectory, PartitionRange
 
-log = logging.getLogger("nsq_spark")
+log = logging.getLogger("nsqpy.spark")
 
 # A range larger than this is split, so that one Spark task does not read it all.
 SPLIT_BYTES = 64 * 1024 * 1024

@@ -7,8 +7,8 @@ here goes through `get`, never through a camel-cased key.
 import json
 from collections.abc import Mapping
 
-from common.client import http_json
-from common.duration import parse_duration
+from nsqpy.common.client import http_json
+from nsqpy.common.duration import parse_duration
 
 DEFAULT_MSG_TIMEOUT = 60.0
 DEFAULT_IDLE_TIMEOUT = 10.0

@@ -50,7 +50,7 @@ class NSQCluster:
 @pytest.fixture
 def nsqd(tmp_path_factory):
     """A running nsqd on 127.0.0.1 ephemeral ports (`.tcp_address`, `.http_address`)."""
-    from nsqd.embed import run_in_thread
+    from nsqpy.nsqd.embed import run_in_thread
 
     handle = run_in_thread(data_path=str(tmp_path_factory.mktemp("nsqd")))
     yield handle
@@ -60,7 +60,7 @@ def nsqd(tmp_path_factory):
 @pytest.fixture
 def nsqlookupd():
     """A running nsqlookupd on 127.0.0.1 ephemeral ports (`.tcp_address`, `.http_address`)."""
-    from nsqlookupd.embed import run_in_thread
+    from nsqpy.nsqlookupd.embed import run_in_thread
 
     handle = run_in_thread()
     yield handle
@@ -71,7 +71,7 @@ def nsqlookupd():
 def nsq_cluster(nsqlookupd, tmp_path_factory):
     """An nsqlookupd and an nsqd registered with it (`.nsqd_tcp_address`,
     `.lookupd_http_address`, ...)."""
-    from nsqd.embed import run_in_thread
+    from nsqpy.nsqd.embed import run_in_thread
 
     handle = run_in_thread(
         data_path=str(tmp_path_factory.mktemp("nsqd")),
