@@ -15,17 +15,20 @@ TEST_INSTALLED := $(VENV)/.installed-test
 NODE_DIR := tests/interop/node
 NODE_INSTALLED := $(NODE_DIR)/node_modules/.installed
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y
+# An editable install of a layout other than src/ makes setuptools print a notice about its
+# import finder (the tree keeps its top-level folders, mapped under `nsqpy`): not for users.
+PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet
 
 .PHONY: install install-test browser etcd netns java node run run-cluster test lint bench clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e .
+	$(PIP_INSTALL) -e .
 	touch $(INSTALLED)
 
 $(TEST_INSTALLED): $(INSTALLED)
-	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
+	$(PIP_INSTALL) -e '.[test,spark]'
 	touch $(TEST_INSTALLED)
 
 ## Node.js and npm for the nsqjs interop tests.

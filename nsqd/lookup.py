@@ -103,7 +103,7 @@ class LookupPeer:
             self.info = json.loads(reply)
             version = str(self.info.get("version", ""))
             self.partitioned = "HA" in version or "nsqpy" in version
-            nsqd.log.info("LOOKUPD(%s): peer info %s", self.address, self.info)
+            nsqd.log.info("LOOKUPD(%s): peer info %s", self.address, go_peer_info(self.info))
             self.connected = True
             for topic, channel, partition in nsqd.registrations():
                 register = self._encode("REGISTER", topic, channel, partition)
@@ -247,3 +247,20 @@ def _get_channels(address: str, topic: str, timeout: float) -> list[str]:
     if "data" in document and "channels" not in document:
         document = document["data"]
     return [str(channel) for channel in document["channels"] or []]
+
+
+def go_peer_info(info: dict) -> str:
+    """nsqlookupd's IDENTIFY answer as Go nsqd logs it: its `peerInfo` struct with `%+v`."""
+
+    def number(key: str) -> int:
+        value = info.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    def text(key: str) -> str:
+        value = info.get(key)
+        return value if isinstance(value, str) else ""
+
+    return (
+        f"{{TCPPort:{number('tcp_port')} HTTPPort:{number('http_port')}"
+        f" Version:{text('version')} BroadcastAddress:{text('broadcast_address')}}}"
+    )

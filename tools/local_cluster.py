@@ -7,6 +7,10 @@ hidden behind a cluster that looks up; except an nsqd of the replicated cluster,
 what the cluster is for: the runner says so and goes on, and starts it again when asked (type
 `restart <n>` and Enter), or by itself `--restart-after` seconds later. Ctrl-C (or SIGTERM)
 stops each daemon once, cleanly: nsqd writes the messages it holds before it exits.
+
+The data stays from one run to the next in `data/run/` (`data/cluster/` for the replicated
+cluster) under the directory it is started from, the checkout for `make run`; `NSQPY_DATA`
+names another directory.
 """
 
 import os
@@ -15,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -264,8 +267,10 @@ def replicated_daemons(data_path: Path, etcd: str) -> list[tuple[str, list[str],
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    data_path = Path(os.environ.get("NSQPY_DATA", tempfile.mkdtemp(prefix="nsqpy-")))
     replicated = "--replicated" in argv
+    default = Path("data", "cluster" if replicated else "run")
+    data_path = Path(os.environ.get("NSQPY_DATA") or default).resolve()
+    data_path.mkdir(parents=True, exist_ok=True)
     restart_after = None
     offset = 0
     for arg in argv:

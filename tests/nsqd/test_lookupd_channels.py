@@ -12,6 +12,7 @@ import threading
 import pytest
 import trio
 from nsqpy.common.command import encode_pub
+from nsqpy.common.version import VERSION
 from nsqpy.nsqd.lookup import LookupChannelsError, topic_channels
 
 from tests.harness import DaemonProcess, V2Connection, start_nsqd
@@ -210,3 +211,18 @@ async def test_one_lookupd_down_still_gives_the_others_channels():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_nsqd_logs_lookupds_peer_info_as_go_does(tmp_path):
+    """Go nsqd logs nsqlookupd's IDENTIFY answer as its peerInfo struct (`%+v`)."""
+    lookupd = start_lookupd(tmp_path)
+    nsqd = start_registered_nsqd(tmp_path / "nsqd", lookupd)
+    try:
+        expected = (
+            f"LOOKUPD({lookupd.addresses['TCP']}): peer info {{TCPPort:{lookupd.port('TCP')}"
+            f" HTTPPort:{lookupd.port('HTTP')} Version:{VERSION} BroadcastAddress:127.0.0.1}}"
+        )
+        poll(lambda: expected in nsqd.log, "the peer info line")
+    finally:
+        nsqd.kill()
+        lookupd.kill()

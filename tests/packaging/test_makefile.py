@@ -57,3 +57,24 @@ def test_make_test_installs_every_test_tool_then_runs_the_suite(tmp_path: Path) 
     ):
         assert step in commands
     assert commands.index("ruff check .") < commands.index("python -m pytest")
+
+
+def test_make_install_prints_no_setuptools_warnings(tmp_path: Path) -> None:
+    """The first thing `make run` does: install the package into a new virtualenv, quietly
+    (setuptools' notices and deprecations are for the project, not for its users)."""
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")
+    }
+    result = subprocess.run(
+        ["make", "--no-print-directory", "install", f"VENV={tmp_path / 'venv'}"],
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    for marker in ("BuildBackendWarning", "SetuptoolsDeprecationWarning", "!!"):
+        assert marker not in output, output
+    assert (tmp_path / "venv" / "bin" / "nsqd").exists()

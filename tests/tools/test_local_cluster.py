@@ -4,6 +4,7 @@ messages it holds and they are all there after a restart."""
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -52,6 +53,57 @@ def test_ctrl_c_stops_the_cluster_cleanly_and_keeps_nsqd_messages(tmp_path) -> N
         assert _consume_all(restarted.port(), "t", "c", 50) == set(range(50))
     finally:
         restarted.kill()
+
+
+def test_make_run_keeps_its_data_in_one_place_across_restarts(tmp_path) -> None:
+    """`make run` twice from the same checkout: the messages nsqd held when Ctrl-C stopped the
+    first run are served by the second, from `data/run/` under the checkout."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    offset = free_cluster_port_offset()
+    environment = {k: v for k, v in os.environ.items() if k != "NSQPY_DATA"}
+
+    def make_run() -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "nsqpy.tools.local_cluster", f"--port-offset={offset}"],
+            cwd=checkout,
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+    def wait_for_line(runner: subprocess.Popen, text: str) -> str:
+        for line in runner.stdout:
+            if text in line:
+                return line
+        raise AssertionError(f"the runner ended before printing {text!r}")
+
+    def nsqd_listening() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", 4150 + offset), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    first = make_run()
+    try:
+        line = wait_for_line(first, "nsqd data in ")
+        assert line.split("nsqd data in ")[1].split(";")[0] == str(checkout / "data" / "run")
+        poll(nsqd_listening, "nsqd listening", 20)
+        publish(4150 + offset, "t", numbered(20))
+    finally:
+        os.killpg(first.pid, signal.SIGINT)
+        assert first.wait(30) == 0
+    second = make_run()
+    try:
+        wait_for_line(second, "Ctrl-C stops everything")
+        poll(nsqd_listening, "nsqd listening again", 20)
+        assert _consume_all(4150 + offset, "t", "c", 20) == set(range(20))
+    finally:
+        os.killpg(second.pid, signal.SIGINT)
+        assert second.wait(30) == 0
 
 
 def test_the_replicated_cluster_command_starts_etcd_nsqlookupd_three_nsqds_and_nsqadmin(tmp_path):
