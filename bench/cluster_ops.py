@@ -39,11 +39,10 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from nsqpy.common.client import NSQError
-from nsqpy.common.smart_client import SmartClientError, SmartConsumer, SmartProducer
-
 from bench._support import Record, Report, add_common_arguments, banner, runs_of, spread
 from bench.replication import Cluster
+from nsqpy.client.blocking import NSQError
+from nsqpy.client.smart import SmartClientError, SmartConsumer, SmartProducer
 
 
 def post(cluster: Cluster, path: str, timeout: float = 120) -> None:

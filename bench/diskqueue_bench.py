@@ -15,8 +15,6 @@ import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from nsqpy.diskqueue import DiskQueue
-
 from bench._support import (
     Record,
     Report,
@@ -26,6 +24,7 @@ from bench._support import (
     runs_of,
     spread,
 )
+from nsqpy.diskqueue import DiskQueue
 
 MIN_MSG_SIZE = 26  # nsqd: MsgIDLength + 8 + 2
 MAX_MSG_SIZE = 1024 * 1024 + MIN_MSG_SIZE

@@ -1,4 +1,4 @@
-"""Latency of one etcd call, put and get: our trio client (common/etcd.py) against etcd3gw.
+"""Latency of one etcd call, put and get: our trio client (nsqpy/etcd.py) against etcd3gw.
 
     .venv/bin/python -m bench.etcd_client [--count 2000] [--runs 3] [--quick] [--endpoint URL]
 
@@ -28,9 +28,9 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 
 import trio
-from nsqpy.common.etcd import EtcdClient
 
 from bench._support import Record, Report, add_common_arguments, banner, load_average, runs_of
+from nsqpy.etcd import EtcdClient
 
 KEYS = 100
 VALUE = b"v" * 100

@@ -26,12 +26,11 @@ import tempfile
 import time
 import urllib.request
 
-from nsqpy.common.command import MAGIC_V2, encode_rdy, encode_sub
-from nsqpy.common.frame import FRAME_TYPE_MESSAGE, FrameDecoder
-
 from bench import _clients
 from bench._support import Nsqd, Record, Report, add_common_arguments, banner, runs_of, spread
 from bench.pub_sub import Params, consume, fill, publish
+from nsqpy.common.command import MAGIC_V2, encode_rdy, encode_sub
+from nsqpy.common.frame import FRAME_TYPE_MESSAGE, FrameDecoder
 
 TOPIC = "bench_topic"
 _SIZE = struct.Struct(">I")

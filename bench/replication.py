@@ -34,11 +34,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from nsqpy.common.command import MAGIC_V2, encode_pub
-from nsqpy.common.frame import FRAME_TYPE_RESPONSE, FrameDecoder
-
 from bench import _clients
 from bench._support import BIN, Record, Report, add_common_arguments, banner, runs_of, spread
+from nsqpy.common.command import MAGIC_V2, encode_pub
+from nsqpy.common.frame import FRAME_TYPE_RESPONSE, FrameDecoder
 
 _LISTENING = re.compile(r"(TCP|HTTP|RPC): listening on \S+:(\d+)")
 

@@ -34,15 +34,6 @@ from dataclasses import dataclass
 
 import snappy
 import trustme
-from nsqpy.common.command import (
-    MAGIC_V2,
-    NOP,
-    encode_identify,
-    encode_mpub,
-    encode_rdy,
-    encode_sub,
-)
-from nsqpy.common.frame import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 
 from bench._clients import RECEIVE_SIZE, connect
 from bench._support import (
@@ -57,6 +48,15 @@ from bench._support import (
     runs_of,
     spread,
 )
+from nsqpy.common.command import (
+    MAGIC_V2,
+    NOP,
+    encode_identify,
+    encode_mpub,
+    encode_rdy,
+    encode_sub,
+)
+from nsqpy.common.frame import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 
 TOPIC = "bench_security"
 CHANNEL = "bench_channel"

@@ -1,4 +1,6 @@
-"""What nsqd, nsqlookupd, nsqadmin and the tools share: sans-IO codecs, names, options, version."""
+"""What nsqd, nsqlookupd, nsqadmin, the clients and the tools share, and that does no I/O of
+its own: the wire codecs (V2, lookup V1, replication), the cluster metadata's layout, names,
+Go-style flags and durations, Go text formatting, errors and the version."""
 
 from nsqpy.common.version import NSQ_PROTOCOL_VERSION, VERSION
 

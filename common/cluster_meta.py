@@ -16,10 +16,8 @@ the node's replication port is.
 """
 
 import json
-import ssl
 from dataclasses import dataclass, field
 
-from nsqpy.common.etcd import EtcdClient
 from nsqpy.common.flags import Flag, Kind
 
 
@@ -114,28 +112,6 @@ def cluster_flags(defaults, *, alone: str, node_ttl: str) -> list[Flag]:
         ),
         Flag("cluster-node-ttl", Kind.DURATION, defaults.cluster_node_ttl, node_ttl),
     ]
-
-
-def etcd_client(options, *, timeout: float = 3.0) -> EtcdClient:
-    """The etcd client of a daemon's cluster options: its endpoints (a bare `host:port` is
-    plain HTTP), TLS files and credentials."""
-    endpoints = [a.strip() for a in options.cluster_leadership_addresses.split(",") if a.strip()]
-    context = None
-    if any(a.startswith("https://") for a in endpoints):
-        context = ssl.create_default_context(
-            cafile=options.cluster_leadership_tls_root_ca_file or None
-        )
-        if options.cluster_leadership_tls_cert:
-            context.load_cert_chain(
-                options.cluster_leadership_tls_cert, options.cluster_leadership_tls_key or None
-            )
-    return EtcdClient(
-        [a if "://" in a else f"http://{a}" for a in endpoints],
-        timeout=timeout,
-        ssl_context=context,
-        username=options.cluster_leadership_username,
-        password=options.cluster_leadership_password,
-    )
 
 
 def node_id(ip: str, rpc_port: int, tcp_port: int, worker: int) -> str:

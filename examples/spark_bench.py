@@ -37,10 +37,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nsqpy.common.client import http_json  # noqa: E402
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
+from nsqpy.client.blocking import http_json  # noqa: E402
 from nsqpy.spark import register  # noqa: E402
 from tests.harness import DaemonProcess, create_partitioned_topic, start_nsqd  # noqa: E402
 

@@ -24,10 +24,10 @@ import random
 import sys
 from collections import defaultdict
 
-from nsqpy.common.client import http_request
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from nsqpy.client.blocking import http_request
 from nsqpy.spark import register
 
 EVENT_SCHEMA = "order string, kind string, amount long, at timestamp"

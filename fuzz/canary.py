@@ -6,11 +6,10 @@ import socket
 import threading
 import time
 
+from fuzz.tcp_grammar import CANARY_TOPIC
 from nsqpy.common.command import MAGIC_V2, encode_mpub, encode_rdy, encode_sub
 from nsqpy.common.frame import FRAME_TYPE_MESSAGE, FrameDecoder
 from nsqpy.common.message import decode_message
-
-from fuzz.tcp_grammar import CANARY_TOPIC
 
 CANARY_CHANNEL = "canary"
 # Pacing of the producer: one batch, then this pause. It keeps the canary a steady trickle

@@ -30,18 +30,18 @@ if atheris is not None and __name__ == "__main__" and "--random" not in sys.argv
     # modules as they are.
     with atheris.instrument_imports(
         include=["nsqpy.common.command_parser", "nsqpy.common.frame", "nsqpy.common.goformat",
-                 "nsqpy.common.names", "nsqpy.common.http_server", "nsqpy.nsqd.protocol_v2"]
+                 "nsqpy.common.names", "nsqpy.daemon.http_server", "nsqpy.nsqd.protocol_v2"]
     ):  # fmt: skip
         from nsqpy.common.command_parser import CommandParser, parse_mpub_body
         from nsqpy.common.errors import ProtocolError
         from nsqpy.common.frame import FrameDecoder, encode_frame
-        from nsqpy.common.http_server import QueryError, parse_query
+        from nsqpy.daemon.http_server import QueryError, parse_query
         from nsqpy.nsqd.identify import decode_identify
 else:
     from nsqpy.common.command_parser import CommandParser, parse_mpub_body
     from nsqpy.common.errors import ProtocolError
     from nsqpy.common.frame import FrameDecoder, encode_frame
-    from nsqpy.common.http_server import QueryError, parse_query
+    from nsqpy.daemon.http_server import QueryError, parse_query
     from nsqpy.nsqd.identify import decode_identify
 
 # Small limits, so that the fuzzer reaches "too big" as easily as "fits".

@@ -16,13 +16,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from nsqpy.common.command import MAGIC_V2
-from nsqpy.common.errors import ProtocolError
-from nsqpy.common.frame import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, FrameDecoder
-
 from fuzz.tcp_grammar import Grammar, Session, chunks
 from fuzz.tcp_oracle import Matcher
 from fuzz.workers import run_workers
+from nsqpy.common.command import MAGIC_V2
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.frame import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, FrameDecoder
 
 # From the last byte sent, how long nsqd has to answer everything and close. Safety net
 # against a hang (reported as a violation), never a measure of speed.

@@ -14,9 +14,8 @@ import random
 import struct
 from dataclasses import dataclass, field
 
-from nsqpy.common.command import MAGIC_V2
-
 from fuzz.tcp_oracle import Expect, expectation
+from nsqpy.common.command import MAGIC_V2
 
 _SIZE = struct.Struct(">i")
 _USIZE = struct.Struct(">I")

@@ -6,8 +6,8 @@ import signal
 import sys
 
 from nsqpy.common.flags import ConfigError, merge, read_config
-from nsqpy.common.log import setup_logger
 from nsqpy.common.version import version_line
+from nsqpy.daemon.log import setup_logger
 from nsqpy.nsqadmin.options import OptionsError, build_flags, options_from_values
 from nsqpy.nsqadmin.server import NSQAdmin
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from aiohttp import web
+
 from nsqpy.common.names import is_valid_channel_name, is_valid_topic_name
 from nsqpy.nsqadmin.cluster import ClusterInfo
 from nsqpy.nsqadmin.notify import Notifier, admin_action

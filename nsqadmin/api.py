@@ -12,9 +12,10 @@ import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+
 from nsqpy.common.flags import Kind
 from nsqpy.common.goformat import go_json
-from nsqpy.common.log import LOG_LEVELS, parse_log_level
+from nsqpy.daemon.log import LOG_LEVELS, parse_log_level
 from nsqpy.nsqadmin.actions import ActionError, is_same_origin
 from nsqpy.nsqadmin.cluster import RequestError, UpstreamError
 from nsqpy.nsqadmin.options import build_flags

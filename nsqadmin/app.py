@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import jinja2
 from aiohttp import web
+
 from nsqpy.nsqadmin.api import API, v1_error
 from nsqpy.nsqadmin.format import FILTERS
 from nsqpy.nsqadmin.pages import Pages

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
 import aiohttp
+
 from nsqpy.common.flags import go_quote
 from nsqpy.nsqadmin.stats import (
     NodeStats,

@@ -11,6 +11,7 @@ import time
 
 import aiohttp
 from aiohttp import web
+
 from nsqpy.common.goformat import go_json
 
 _QUEUE_LIMIT = 1000  # past this many unsent notifications, new ones are dropped (and logged)

@@ -11,9 +11,9 @@ import ipaddress
 import posixpath
 from dataclasses import dataclass, field
 
-from nsqpy.common.daemon import standard_flags
 from nsqpy.common.flags import Flag, FlagSet, Kind
-from nsqpy.common.log import LOG_LEVELS
+from nsqpy.daemon.log import LOG_LEVELS
+from nsqpy.daemon.main import standard_flags
 
 
 @dataclass(frozen=True)

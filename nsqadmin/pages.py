@@ -24,6 +24,7 @@ from urllib.parse import quote
 import jinja2
 from aiohttp import web
 from markupsafe import Markup
+
 from nsqpy.common.version import VERSION
 from nsqpy.nsqadmin.actions import ActionError, is_same_origin, unix_seconds
 from nsqpy.nsqadmin.charts import render_chart, render_sparkline

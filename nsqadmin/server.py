@@ -8,8 +8,9 @@ import time
 
 import aiohttp
 from aiohttp import web
-from nsqpy.common.net import listening_socket
+
 from nsqpy.common.version import version_line
+from nsqpy.daemon.net import listening_socket
 from nsqpy.nsqadmin.actions import Actions
 from nsqpy.nsqadmin.app import build_app
 from nsqpy.nsqadmin.charts import POLL_INTERVAL, History

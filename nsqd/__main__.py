@@ -3,8 +3,8 @@
 import gc
 import logging
 
-from nsqpy.common.daemon import run_daemon
-from nsqpy.common.etcd import EtcdAuthError
+from nsqpy.daemon.main import run_daemon
+from nsqpy.etcd import EtcdAuthError
 from nsqpy.nsqd.data_path import DataPathError
 from nsqpy.nsqd.metadata import MetadataError
 from nsqpy.nsqd.options import Options, OptionsError, build_flags, options_from_values

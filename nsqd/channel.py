@@ -13,6 +13,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 import trio
+
 from nsqpy.common.names import is_ephemeral
 from nsqpy.nsqd.backend import BackendWriteError
 from nsqpy.nsqd.cursor_queue import CursorQueue

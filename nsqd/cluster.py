@@ -30,6 +30,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
+
 from nsqpy.common.cluster_meta import (
     ClusterKeys,
     NodeInfo,
@@ -39,7 +40,6 @@ from nsqpy.common.cluster_meta import (
     rpc_address,
 )
 from nsqpy.common.names import is_valid_name
-from nsqpy.common.net import format_address
 from nsqpy.common.replication import (
     CURSORS,
     ERROR,
@@ -53,6 +53,7 @@ from nsqpy.common.replication import (
     encode_frame,
     error_header,
 )
+from nsqpy.daemon.net import format_address
 from nsqpy.nsqd.log_writer import WriteRefused
 from nsqpy.nsqd.partition_log import Position
 from nsqpy.nsqd.peer_link import PeerLink, PeerUnavailable

@@ -18,8 +18,16 @@ import urllib.request
 from typing import TYPE_CHECKING
 
 import trio
-from nsqpy.common.cluster_meta import ReplicaInfo, TopicsView, etcd_client
-from nsqpy.common.etcd import EtcdAuthError, EtcdError, LeaseLost, keep_lease_alive, release_lease
+
+from nsqpy.common.cluster_meta import ReplicaInfo, TopicsView
+from nsqpy.etcd import (
+    EtcdAuthError,
+    EtcdError,
+    LeaseLost,
+    etcd_client,
+    keep_lease_alive,
+    release_lease,
+)
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.cluster import ClusterNode

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import trio
+
 from nsqpy.nsqd.backend import BackendWriteError
 from nsqpy.nsqd.message import Message
 from nsqpy.nsqd.partition_log import (

@@ -24,7 +24,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import trio
-from nsqpy.common.embed import ServerThread
+
+from nsqpy.daemon.embed import ServerThread
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.server import NSQD
 

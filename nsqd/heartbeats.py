@@ -13,6 +13,7 @@ import itertools
 import math
 
 import trio
+
 from nsqpy.nsqd.wakeup import Wakeup
 
 RESOLUTION = 0.05

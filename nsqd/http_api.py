@@ -10,10 +10,13 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
 
 import trio
+
 from nsqpy.common.command_parser import parse_http_mpub_body
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.goformat import go_atoi
-from nsqpy.common.http_server import (
+from nsqpy.common.names import is_valid_name
+from nsqpy.common.version import VERSION
+from nsqpy.daemon.http_server import (
     JSON_CONTENT_TYPE,
     NSQ_V1_HEADER,
     TEXT_CONTENT_TYPE,
@@ -25,11 +28,9 @@ from nsqpy.common.http_server import (
     text_response,
     v1_response,
 )
-from nsqpy.common.http_server import first_param as _first
-from nsqpy.common.http_server import query_params as _query
-from nsqpy.common.log import parse_log_level, youzan_log_level
-from nsqpy.common.names import is_valid_name
-from nsqpy.common.version import VERSION
+from nsqpy.daemon.http_server import first_param as _first
+from nsqpy.daemon.http_server import query_params as _query
+from nsqpy.daemon.log import parse_log_level, youzan_log_level
 from nsqpy.nsqd.cluster import ClusterWriteError
 from nsqpy.nsqd.ext_header import (
     TRACE_ID_KEY,
@@ -652,7 +653,7 @@ class HTTPAPI:
         return v1_response(200, {"end": list(end)})
 
     def set_log_level(self, request: Request) -> Response:
-        """Youzan's POST /loglevel/set?loglevel=N (glog-style numbers, `common/log.py`)."""
+        """Youzan's POST /loglevel/set?loglevel=N (glog-style numbers, `nsqpy/daemon/log.py`)."""
         text = _first(_query(request), "loglevel")
         if not text:
             raise HTTPError(400, "MISSING_ARG_LEVEL")

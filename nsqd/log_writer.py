@@ -18,6 +18,7 @@ whichever connection's commit wrote it.
 from typing import TYPE_CHECKING
 
 import trio
+
 from nsqpy.nsqd.backend import write_error
 from nsqpy.nsqd.partition_log import PartitionLog, Position
 

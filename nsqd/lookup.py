@@ -18,6 +18,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 import trio
+
 from nsqpy.common.lookup_protocol import (
     MAGIC_V1,
     LookupClientConnection,

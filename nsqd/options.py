@@ -10,10 +10,10 @@ import socket
 from dataclasses import dataclass, field
 
 from nsqpy.common.cluster_meta import cluster_flags
-from nsqpy.common.daemon import standard_flags
 from nsqpy.common.flags import Flag, FlagSet, Kind
 from nsqpy.common.guid import MAX_NODE_ID, default_node_id
-from nsqpy.common.log import LOG_LEVELS
+from nsqpy.daemon.log import LOG_LEVELS
+from nsqpy.daemon.main import standard_flags
 
 
 def _hostname() -> str:

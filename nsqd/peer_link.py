@@ -6,6 +6,7 @@ import ssl
 from collections.abc import Callable
 
 import trio
+
 from nsqpy.common.replication import (
     ERROR,
     REPLY,

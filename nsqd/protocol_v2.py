@@ -19,6 +19,7 @@ import os
 from typing import TYPE_CHECKING
 
 import trio
+
 from nsqpy.common.command_parser import CommandParser
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.frame import (

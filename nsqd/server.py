@@ -18,11 +18,12 @@ from collections.abc import Iterable
 from functools import partial
 
 import trio
-from nsqpy.common.http_server import serve_http
-from nsqpy.common.log import keep_printable
+
 from nsqpy.common.names import is_ephemeral, is_valid_name
-from nsqpy.common.net import accept_forever, format_address, open_listener
 from nsqpy.common.version import VERSION
+from nsqpy.daemon.http_server import serve_http
+from nsqpy.daemon.log import keep_printable
+from nsqpy.daemon.net import accept_forever, format_address, open_listener
 from nsqpy.diskqueue import DiskQueue
 from nsqpy.nsqd.backend import BackendWriteError, open_backend, write_error
 from nsqpy.nsqd.channel import Channel
@@ -328,7 +329,7 @@ class NSQD:
         if "lookupd_tcp_address" in changes:
             self.lookup_peers.set_addresses(self.options.lookupd_tcp_address)
         if "log_level" in changes:
-            from nsqpy.common.log import LOG_LEVELS
+            from nsqpy.daemon.log import LOG_LEVELS
 
             self.log.setLevel(LOG_LEVELS[self.options.log_level])
 

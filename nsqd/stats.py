@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 import trio
+
 from nsqpy.common.duration import format_duration
 from nsqpy.common.version import version_line
 from nsqpy.nsqd.cluster import UNKNOWN_REPLICA

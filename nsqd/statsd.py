@@ -11,6 +11,7 @@ import socket
 from typing import TYPE_CHECKING
 
 import trio
+
 from nsqpy.common.names import is_ephemeral
 from nsqpy.nsqd.stats import gather, memory_stats
 

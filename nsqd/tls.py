@@ -9,6 +9,7 @@ root CA file when one is given, else against the system's).
 import ssl
 
 import trio
+
 from nsqpy.nsqd.options import Options
 
 _MIN_VERSIONS = {

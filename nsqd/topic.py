@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 import trio
+
 from nsqpy.common.guid import GUIDFactory
 from nsqpy.common.names import is_ephemeral
 from nsqpy.nsqd.channel import Channel

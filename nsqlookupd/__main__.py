@@ -1,7 +1,7 @@
 """The `nsqlookupd` console script: Go nsqlookupd's command line, then the daemon."""
 
-from nsqpy.common.daemon import run_daemon
-from nsqpy.common.etcd import EtcdAuthError
+from nsqpy.daemon.main import run_daemon
+from nsqpy.etcd import EtcdAuthError
 from nsqpy.nsqlookupd.options import OptionsError, build_flags, options_from_values
 from nsqpy.nsqlookupd.server import NSQLookupd
 

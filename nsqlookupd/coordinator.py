@@ -39,6 +39,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import trio
+
 from nsqpy.common.cluster_meta import (
     ClusterKeys,
     ClusterState,
@@ -46,9 +47,15 @@ from nsqpy.common.cluster_meta import (
     ReplicaInfo,
     TopicMeta,
     TopicsView,
-    etcd_client,
 )
-from nsqpy.common.etcd import EtcdAuthError, EtcdError, LeaseLost, keep_lease_alive, release_lease
+from nsqpy.etcd import (
+    EtcdAuthError,
+    EtcdError,
+    LeaseLost,
+    etcd_client,
+    keep_lease_alive,
+    release_lease,
+)
 from nsqpy.nsqlookupd.node_reports import NodeCallError, NodeReports, call_node
 from nsqpy.nsqlookupd.options import balance_window
 from nsqpy.nsqlookupd.placement import (

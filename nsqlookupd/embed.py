@@ -22,7 +22,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import trio
-from nsqpy.common.embed import ServerThread
+
+from nsqpy.daemon.embed import ServerThread
 from nsqpy.nsqlookupd.options import Options
 from nsqpy.nsqlookupd.server import NSQLookupd
 

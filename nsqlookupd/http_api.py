@@ -7,9 +7,11 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 import trio
+
 from nsqpy.common.cluster_meta import TopicMeta
-from nsqpy.common.etcd import EtcdError
-from nsqpy.common.http_server import (
+from nsqpy.common.names import is_valid_name
+from nsqpy.common.version import VERSION
+from nsqpy.daemon.http_server import (
     HTTPError,
     Request,
     Response,
@@ -17,11 +19,10 @@ from nsqpy.common.http_server import (
     text_response,
     v1_response,
 )
-from nsqpy.common.http_server import first_param as _first
-from nsqpy.common.http_server import query_params as _query
-from nsqpy.common.log import LOG_LEVELS, youzan_log_level
-from nsqpy.common.names import is_valid_name
-from nsqpy.common.version import VERSION
+from nsqpy.daemon.http_server import first_param as _first
+from nsqpy.daemon.http_server import query_params as _query
+from nsqpy.daemon.log import LOG_LEVELS, youzan_log_level
+from nsqpy.etcd import EtcdError
 from nsqpy.nsqlookupd.coordinator import CoordinatorError
 from nsqpy.nsqlookupd.registry import ANY, active
 
@@ -612,7 +613,7 @@ class HTTPAPI:
         return v1_response(200)
 
     def set_log_level(self, request: Request) -> Response:
-        """Youzan's POST /loglevel/set?loglevel=N (glog-style numbers, `common/log.py`)."""
+        """Youzan's POST /loglevel/set?loglevel=N (glog-style numbers, `nsqpy/daemon/log.py`)."""
         text = _first(_query(request), "loglevel")
         if not text:
             raise HTTPError(400, "MISSING_ARG_LEVEL")

@@ -15,6 +15,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 import trio
+
 from nsqpy.common.cluster_meta import NodeInfo
 from nsqpy.nsqlookupd.placement import PartitionKey, PartitionLoad
 

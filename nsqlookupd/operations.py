@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import trio
+
 from nsqpy.common.cluster_meta import ReplicaInfo, TopicMeta
 from nsqpy.common.names import is_valid_name
 from nsqpy.nsqlookupd.coordinator import CoordinatorError

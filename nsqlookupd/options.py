@@ -6,9 +6,9 @@ import socket
 from dataclasses import dataclass, field
 
 from nsqpy.common.cluster_meta import cluster_flags
-from nsqpy.common.daemon import standard_flags
 from nsqpy.common.flags import Flag, FlagSet, Kind
-from nsqpy.common.log import LOG_LEVELS
+from nsqpy.daemon.log import LOG_LEVELS
+from nsqpy.daemon.main import standard_flags
 
 
 @dataclass(frozen=True)

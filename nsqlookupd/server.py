@@ -11,9 +11,8 @@ import time
 from functools import partial
 
 import trio
+
 from nsqpy.common.errors import ProtocolError
-from nsqpy.common.http_server import serve_http
-from nsqpy.common.log import keep_printable
 from nsqpy.common.lookup_protocol import (
     OK,
     LookupServerConnection,
@@ -22,8 +21,10 @@ from nsqpy.common.lookup_protocol import (
     identify_reply,
 )
 from nsqpy.common.names import is_ephemeral
-from nsqpy.common.net import accept_forever, format_address, open_listener
 from nsqpy.common.version import VERSION
+from nsqpy.daemon.http_server import serve_http
+from nsqpy.daemon.log import keep_printable
+from nsqpy.daemon.net import accept_forever, format_address, open_listener
 from nsqpy.nsqlookupd.options import Options
 from nsqpy.nsqlookupd.registry import ANY, PeerInfo, RegistrationDB
 

@@ -5,6 +5,7 @@ import re
 
 import pytest
 import trio
+
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.server import NSQD
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from nsqpy.common.command import MAGIC_V2
 from nsqpy.common.frame import FRAME_TYPE_MESSAGE, Frame, FrameDecoder
 from nsqpy.common.message import DecodedMessage, decode_message
-
 from tests.nsqlookupd.support import poll
 
 BIN = Path(sys.executable).parent
@@ -148,8 +147,8 @@ def create_partitioned_topic(
     """Create a partitioned topic through a standalone nsqlookupd, which places it on its one
     registered nsqd (`nsqd_http`), with `channel` on every partition; return once nsqlookupd
     lists every partition to writers (it lists one only once it has a channel)."""
-    from nsqpy.common.client import http_json
-    from nsqpy.common.client import http_request as request
+    from nsqpy.client.blocking import http_json
+    from nsqpy.client.blocking import http_request as request
 
     request(
         lookupd_http,

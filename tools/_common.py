@@ -1,7 +1,7 @@
 """What every NSQ utility shares: Go-style flags, a consumer over several nsqds, progress on a
 terminal, and a clean stop on SIGINT/SIGTERM.
 
-The tools are blocking programs over `nsqpy.common.client` (plain sockets, no event loop): a
+The tools are blocking programs over `nsqpy.client.blocking` (plain sockets, no event loop): a
 `ConsumerGroup` multiplexes the connections to every nsqd that has the topic with `selectors`,
 hands out one message at a time, and on stop sends `CLS` and drains what is still in flight,
 as go-nsq's `Consumer.Stop()` does, so no message is left to time out.
@@ -16,13 +16,13 @@ import urllib.error
 from collections.abc import Iterable
 from typing import TextIO
 
-from nsqpy.common.client import Consumer, Message, NSQError, lookup_nsqds
+from nsqpy.client.blocking import Consumer, Message, NSQError, lookup_nsqds
 from nsqpy.common.command import encode_command
 from nsqpy.common.flags import Flag, FlagSet, Kind
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
-from nsqpy.common.log import parse_log_level, setup_logger
 from nsqpy.common.message import decode_message
 from nsqpy.common.version import version_line
+from nsqpy.daemon.log import parse_log_level, setup_logger
 
 __all__ = [
     "ConsumerGroup",

@@ -35,7 +35,7 @@ threads); where topics are and how publishes go, tools/pubsub_cluster.py. With
 `--lookupd-http-address` a topic's nsqds come from every nsqlookupd's `/lookup`: every
 producer of a classic topic, or the leader of each partition of a partitioned one (more than
 one partition, replicated, ordered or ext), read with `SUB <topic> <channel> <partition>`
-and published to with the smart client (common/smart_client.py). A topic no nsqd has yet is
+and published to with the smart client (nsqpy/client/smart.py). A topic no nsqd has yet is
 published to an nsqd from nsqlookupd's `/nodes`, which creates it there.
 """
 
@@ -51,12 +51,16 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from aiohttp import WSMsgType, web
+
+from nsqpy.client.smart import LookupUnavailable
 from nsqpy.common.command_parser import parse_http_mpub_body
 from nsqpy.common.duration import format_duration
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.flags import Flag, Kind, parse_go_bool
 from nsqpy.common.goformat import go_atoi, go_json
-from nsqpy.common.http_server import (
+from nsqpy.common.names import is_valid_name
+from nsqpy.common.version import VERSION, version_line
+from nsqpy.daemon.http_server import (
     JSON_CONTENT_TYPE,
     NSQ_V1_HEADER,
     TEXT_CONTENT_TYPE,
@@ -64,10 +68,7 @@ from nsqpy.common.http_server import (
     QueryError,
     parse_query,
 )
-from nsqpy.common.names import is_valid_name
-from nsqpy.common.net import format_address, listening_socket
-from nsqpy.common.smart_client import LookupUnavailable
-from nsqpy.common.version import VERSION, version_line
+from nsqpy.daemon.net import format_address, listening_socket
 from nsqpy.tools._common import (
     address_flags,
     check_sources,

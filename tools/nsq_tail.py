@@ -16,9 +16,9 @@ docs/client.md).
 import random
 import sys
 
-from nsqpy.common.client import split_ext_section
+from nsqpy.client.blocking import split_ext_section
+from nsqpy.client.smart import SmartConsumer
 from nsqpy.common.flags import Flag, Kind
-from nsqpy.common.smart_client import SmartConsumer
 from nsqpy.tools._common import (
     ConsumerGroup,
     StopFlag,

@@ -21,7 +21,7 @@ import sys
 import time
 import urllib.error
 
-from nsqpy.common.client import http_json
+from nsqpy.client.blocking import http_json
 from nsqpy.common.flags import Flag, Kind
 from nsqpy.tools._common import (
     WAKE_INTERVAL,

@@ -9,7 +9,7 @@ answered `OK`; a failed publish REQueues it.
 import itertools
 import sys
 
-from nsqpy.common.client import NSQError, Producer
+from nsqpy.client.blocking import NSQError, Producer
 from nsqpy.common.flags import Flag, Kind
 from nsqpy.tools._common import (
     ConsumerGroup,

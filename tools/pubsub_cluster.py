@@ -10,10 +10,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from nsqpy.common.client import NSQError
-from nsqpy.common.command import encode_dpub, encode_mpub, encode_pub
-from nsqpy.common.http_server import HTTPError
-from nsqpy.common.smart_client import (
+from nsqpy.client.blocking import NSQError
+from nsqpy.client.smart import (
     RETRYABLE_ERRORS,
     LookupdDiscovery,
     LookupUnavailable,
@@ -23,6 +21,8 @@ from nsqpy.common.smart_client import (
     lookupd_json,
     merge_lookups,
 )
+from nsqpy.common.command import encode_dpub, encode_mpub, encode_pub
+from nsqpy.daemon.http_server import HTTPError
 from nsqpy.tools.pubsub_nsq import Producer, Target, Targets
 
 __all__ = ["Layouts", "Publisher", "TopicView"]

@@ -2,7 +2,7 @@
 on asyncio, over the project's sans-IO codec (`common/command.py` encodes the commands,
 `common/frame.py` cuts the frames, `common/message.py` unpacks the messages).
 
-Why asyncio and not `nsqpy.common.client`'s blocking sockets and threads: every subscriber of
+Why asyncio and not `nsqpy.client.blocking`'s blocking sockets and threads: every subscriber of
 nsq_pubsub is a consumer of its own, with one connection to each nsqd (or partition leader) it
 reads, and the HTTP side is aiohttp on an event loop. With the threaded clients a subscriber
 costs a reading thread per connection (and SmartConsumer adds a supervisor thread), so 1,000
@@ -14,7 +14,7 @@ socket without a thread switch, and the loop waits for the HTTP side before it F
 contract in nsq_pubsub's docstring). tests/tools/test_nsq_pubsub.py holds 1,000 SSE
 subscribers this way, each with its own nsqd connection, in one thread.
 
-The blocking `nsqpy.common.smart_client.SmartProducer` is still what publishes through
+The blocking `nsqpy.client.smart.SmartProducer` is still what publishes through
 nsqlookupd (in a worker thread, see nsq_pubsub.Publisher): a publish is one request and its
 answer, and the smart client already follows partition leaders and retries.
 """
@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from nsqpy.common.client import USER_AGENT, NSQError, split_address, split_ext_section
+from nsqpy.client.blocking import USER_AGENT, NSQError, split_address, split_ext_section
 from nsqpy.common.command import (
     CLS,
     MAGIC_V2,

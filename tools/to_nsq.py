@@ -12,9 +12,9 @@ import signal
 import sys
 import time
 
-from nsqpy.common.client import NSQError, Producer
+from nsqpy.client.blocking import NSQError, Producer
+from nsqpy.client.smart import SmartClientError, SmartProducer
 from nsqpy.common.flags import Flag, Kind
-from nsqpy.common.smart_client import SmartClientError, SmartProducer
 from nsqpy.tools._common import Progress, fatal, log_flags, make_logger, parse_args
 from nsqpy.tools._options import nsq_options
 

@@ -7,7 +7,7 @@ here goes through `get`, never through a camel-cased key.
 import json
 from collections.abc import Mapping
 
-from nsqpy.common.client import http_json
+from nsqpy.client.blocking import http_json
 from nsqpy.common.duration import parse_duration
 
 DEFAULT_MSG_TIMEOUT = 60.0

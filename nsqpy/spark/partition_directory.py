@@ -16,8 +16,8 @@ import time
 import urllib.error
 from dataclasses import dataclass
 
-from nsqpy.common.client import http_json, http_request
-from nsqpy.common.smart_client import LookupdDiscovery, LookupUnavailable
+from nsqpy.client.blocking import http_json, http_request
+from nsqpy.client.smart import LookupdDiscovery, LookupUnavailable
 
 log = logging.getLogger("nsqpy.spark")
 

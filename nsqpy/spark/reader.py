@@ -37,7 +37,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from nsqpy.common.client import http_json
+from nsqpy.client.blocking import http_json
 from nsqpy.spark import options as opts
 from nsqpy.spark.source import SCHEMA
 from nsqpy.spark.subscription import Delivery, Subscription

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TypeAlias
 
-from nsqpy.common.client import Consumer, NSQError
+from nsqpy.client.blocking import Consumer, NSQError
 from nsqpy.common.command import NOP, encode_rdy
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, Frame

@@ -3,7 +3,7 @@
 * Classic topics: `/mpub?binary=true` to an nsqd (`nsqd_http`, or with `lookupd` every nsqd
   registered there, spread over the Spark partitions round-robin).
 * Partitioned topics through `lookupd` (given without `nsqd_http`): `MPUB <topic> <partition>`
-  over TCP to each partition's leader with the smart client (common/smart_client.py
+  over TCP to each partition's leader with the smart client (nsqpy/client/smart.py
   `SmartProducer`), which looks the topic up again and retries when a leader moved
   (`E_FAILED_ON_NOT_LEADER`), writes are refused or a connection breaks.
 * Partitioned topics on the nsqds of `nsqd_http`: `/mpub?binary=true&partition=p` to the nsqd
@@ -42,9 +42,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from nsqpy.common.client import http_json, http_request
+from nsqpy.client.blocking import http_json, http_request
+from nsqpy.client.smart import SmartProducer, partition_for_key
 from nsqpy.common.command import encode_mpub_body
-from nsqpy.common.smart_client import SmartProducer, partition_for_key
 from nsqpy.spark import options as opts
 
 # Bodies per MPUB: large chunks cost nsqd and the network less per message (nsqd's default

@@ -4,8 +4,8 @@ each test on 127.0.0.1 ephemeral ports (~0.2 s), and a client connected to it.""
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from nsqpy.common.etcd import EtcdClient
 
+from nsqpy.etcd import EtcdClient
 from tests.cluster.etcd_server import EtcdServer
 
 

@@ -22,8 +22,8 @@ import urllib.error
 import urllib.request
 from collections import Counter
 
-from nsqpy.common.client import NSQError
-from nsqpy.common.smart_client import SmartClientError, SmartConsumer, SmartProducer
+from nsqpy.client.blocking import NSQError
+from nsqpy.client.smart import SmartClientError, SmartConsumer, SmartProducer
 
 
 class TopicTraffic:

@@ -20,12 +20,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
-from nsqpy.common.client import NSQError
+
+from nsqpy.client.blocking import NSQError
+from nsqpy.client.smart import SmartClientError, SmartProducer
 from nsqpy.common.command import encode_rdy
 from nsqpy.common.frame import FRAME_TYPE_MESSAGE
 from nsqpy.common.message import decode_message
-from nsqpy.common.smart_client import SmartClientError, SmartProducer
-
 from tests.cluster.local_cluster import LocalCluster, wait_for
 from tests.cluster.proxy import BlackholeProxy
 from tests.harness import V2Connection

@@ -1,4 +1,4 @@
-"""common/etcd.py: the codec without a server, then every call against a real etcd 3.4 on
+"""nsqpy/etcd.py: the codec without a server, then every call against a real etcd 3.4 on
 127.0.0.1 (tests/cluster/etcd_server.py), including its restarts, kills and pauses."""
 
 import base64
@@ -9,7 +9,8 @@ import time
 import httptools
 import pytest
 import trio
-from nsqpy.common.etcd import (
+
+from nsqpy.etcd import (
     EtcdClient,
     EtcdCompacted,
     EtcdError,
@@ -33,7 +34,6 @@ from nsqpy.common.etcd import (
     txn_request,
     watch_request,
 )
-
 from tests.cluster.etcd_server import EtcdServer, free_port
 from tests.conftest import wait_until
 

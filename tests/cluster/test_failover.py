@@ -6,9 +6,9 @@ import json
 import time
 
 import pytest
+
 from nsqpy.common.command import encode_command, encode_dpub, encode_rdy
 from nsqpy.common.frame import FRAME_TYPE_ERROR
-
 from tests.cluster.local_cluster import LocalCluster, wait_for
 from tests.harness import V2Connection
 

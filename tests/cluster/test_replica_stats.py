@@ -8,10 +8,10 @@ import json
 import re
 
 import pytest
+
 from nsqpy.nsqd.cluster import UNKNOWN_REPLICA
 from nsqpy.nsqd.metrics import render_metrics
 from nsqpy.nsqd.stats import gather, memory_stats, text_report
-
 from tests.cluster.local_cluster import LocalCluster, wait_for
 
 

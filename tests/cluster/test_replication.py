@@ -6,9 +6,9 @@ for byte; a follower refuses publishes and consumers with `E_FAILED_ON_NOT_LEADE
 import json
 
 import pytest
+
 from nsqpy.common.command import encode_command, encode_fin, encode_rdy
 from nsqpy.common.frame import FRAME_TYPE_ERROR
-
 from tests.cluster.local_cluster import LocalCluster, wait_for
 from tests.harness import V2Connection
 

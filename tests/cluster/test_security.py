@@ -10,6 +10,7 @@ import time
 
 import pytest
 import trustme
+
 from nsqpy.common.replication import (
     PULL,
     PUT,
@@ -18,7 +19,6 @@ from nsqpy.common.replication import (
     ReplicationProtocolError,
     encode_frame,
 )
-
 from tests.cluster.etcd_server import EtcdServer, EtcdTLS
 from tests.cluster.local_cluster import LocalCluster, wait_for
 from tests.cluster.traffic import check_replicas_identical

@@ -8,9 +8,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from nsqpy.common.client import NSQError
-from nsqpy.common.smart_client import SmartClientError, SmartConsumer, SmartProducer
-
+from nsqpy.client.blocking import NSQError
+from nsqpy.client.smart import SmartClientError, SmartConsumer, SmartProducer
 from tests.cluster.local_cluster import LocalCluster, wait_for
 
 

@@ -5,6 +5,7 @@ import json
 import struct
 
 import pytest
+
 from nsqpy.common.command import (
     CLS,
     MAGIC_V2,

@@ -4,6 +4,7 @@ import struct
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from nsqpy.common.command import (
     CLS,
     MAGIC_V2,

@@ -3,6 +3,7 @@
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from nsqpy.common.duration import (
     MAX_DURATION_NS,
     MIN_DURATION_NS,

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from nsqpy.common.flags import (
     ConfigError,
     Flag,
@@ -19,7 +20,6 @@ from nsqpy.common.flags import (
     parse_go_bool,
     read_config,
 )
-
 from tests.reference import REFERENCE_DIR
 
 REFERENCE = REFERENCE_DIR

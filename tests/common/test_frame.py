@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.frame import (
     CLOSE_WAIT_FRAME,

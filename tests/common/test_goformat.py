@@ -3,6 +3,7 @@
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from nsqpy.common.goformat import go_atoi, go_base10, go_byte_slice, go_json, go_quote, go_text
 
 # What Go's strconv.Quote (fmt's %q) prints for each input, byte for byte.

@@ -7,6 +7,7 @@ import re
 import zlib
 
 import pytest
+
 from nsqpy.common.guid import MAX_NODE_ID, TWEPOCH, GUIDFactory, default_node_id, guid_fields
 
 HEX_ID = re.compile(rb"[0-9a-f]{16}")

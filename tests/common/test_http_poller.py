@@ -7,9 +7,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
-from nsqpy.common.http_server import Request, Response, Router, serve_http
-from nsqpy.common.net import open_listener
 
+from nsqpy.daemon.http_server import Request, Response, Router, serve_http
+from nsqpy.daemon.net import open_listener
 from tests.nsqd_http.rawhttp import HTTPConnection, encode_request
 
 

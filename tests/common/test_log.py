@@ -6,11 +6,11 @@ import subprocess
 import urllib.request
 
 import pytest
+
 from nsqpy.common.goformat import go_text
-from nsqpy.common.log import parse_flag_log_level, setup_logger, youzan_log_level
+from nsqpy.daemon.log import parse_flag_log_level, setup_logger, youzan_log_level
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.server import NSQD
-
 from tests.cluster.etcd_server import free_port
 from tests.harness import BIN
 from tests.nsqlookupd.support import poll

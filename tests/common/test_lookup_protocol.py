@@ -7,6 +7,7 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.lookup_protocol import (
     DEFAULT_MAX_IDENTIFY_BODY_SIZE,

@@ -5,6 +5,7 @@ import struct
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.message import (
     MESSAGE_HEADER_SIZE,

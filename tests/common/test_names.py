@@ -6,6 +6,7 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from nsqpy.common.names import (
     EPHEMERAL_SUFFIX,
     MAX_NAME_LENGTH,

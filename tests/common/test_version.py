@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from nsqpy.common.version import NSQ_PROTOCOL_VERSION, PACKAGE_VERSION, VERSION
 
+from nsqpy.common.version import NSQ_PROTOCOL_VERSION, PACKAGE_VERSION, VERSION
 from tests.reference import REFERENCE_DIR
 
 BIN = Path(sys.executable).parent

@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 
 import pytest
+
 from nsqpy.diskqueue import DiskQueue
 
 MIN_MSG_SIZE = 26

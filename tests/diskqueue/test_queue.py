@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from nsqpy.diskqueue import DiskQueue, MessageSizeError, QueueClosedError
 
 

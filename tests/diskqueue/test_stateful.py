@@ -15,6 +15,7 @@ from pathlib import Path
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
 from nsqpy.diskqueue import DiskQueue, SyncJob
 
 MIN_MSG_SIZE = 8  # the 8-digit sequence number

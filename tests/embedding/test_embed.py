@@ -5,7 +5,8 @@ import os
 import time
 
 import pytest
-from nsqpy.common.client import Consumer, Producer, http_json, http_request
+
+from nsqpy.client.blocking import Consumer, Producer, http_json, http_request
 from nsqpy.nsqd import embed as nsqd_embed
 from nsqpy.nsqlookupd import embed as lookupd_embed
 

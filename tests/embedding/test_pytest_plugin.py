@@ -11,7 +11,7 @@ def test_fixtures_give_running_servers(pytester):
         import pytest
         import trio
 
-        from nsqpy.common.client import Consumer, Producer, lookup_nsqds
+        from nsqpy.client.blocking import Consumer, Producer, lookup_nsqds
 
 
         def get(address, path):

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import trio
-from nsqpy.nsqd.server import NSQD
 
+from nsqpy.nsqd.server import NSQD
 from tests.interop.scenarios import (
     CLIENT_DEADLINE,
     COUNTS,

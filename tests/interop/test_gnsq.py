@@ -7,8 +7,8 @@ described in `scenarios.py`.
 """
 
 import pytest
-from nsqpy.nsqd.server import NSQD
 
+from nsqpy.nsqd.server import NSQD
 from tests.conftest import tcp_port
 from tests.harness import start_nsqd
 from tests.interop.support import (

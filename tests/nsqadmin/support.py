@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from nsqpy.common.command import encode_identify, encode_rdy, encode_sub
-
 from tests.harness import DaemonProcess, V2Connection, start_nsqd
 from tests.reference import REFERENCE_DIR
 

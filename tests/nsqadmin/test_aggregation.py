@@ -24,7 +24,6 @@ from nsqpy.nsqadmin.stats import (
     semver_key,
     warning_message,
 )
-
 from tests.nsqadmin.support import reference
 
 LOOKUPD = "127.0.0.1:24161"  # the capture's nsqlookupd, as nsqadmin was given it

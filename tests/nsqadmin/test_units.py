@@ -5,6 +5,7 @@ import base64
 import xml.etree.ElementTree as ElementTree
 
 import pytest
+
 from nsqpy.nsqadmin.charts import (
     History,
     chart_window,

@@ -14,6 +14,7 @@ import random
 import pytest
 import trio
 import trio.testing
+
 from nsqpy.common.command import (
     encode_dpub,
     encode_fin,
@@ -22,7 +23,6 @@ from nsqpy.common.command import (
     encode_rdy,
     encode_req,
 )
-
 from tests.conftest import wait_until
 from tests.nsqd.wire import Wire, close_all_wires, consumer, override_options, with_options
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from nsqpy.common.command import encode_dpub, encode_mpub, encode_pub, encode_rdy, encode_sub
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
 from nsqpy.common.message import DecodedMessage, decode_message
-
 from tests.harness import DaemonProcess, V2Connection, start_nsqd
 
 # A PUB to this topic on a consumer's connection is a barrier: nsqd runs a connection's

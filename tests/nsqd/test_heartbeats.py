@@ -1,6 +1,7 @@
 """The heartbeat clock: one task waking each pump when its heartbeat is due."""
 
 import trio
+
 from nsqpy.nsqd.heartbeats import RESOLUTION, HeartbeatClock
 from nsqpy.nsqd.wakeup import Wakeup
 

@@ -37,7 +37,6 @@ from nsqpy.common.frame import (
     FrameDecoder,
 )
 from nsqpy.common.message import decode_message
-
 from tests.harness import V2Connection, start_nsqd
 
 SEED = 0x5EED_4E53

@@ -4,6 +4,7 @@ really in flight."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from nsqpy.nsqd.inflight import _MIN_REFERENCES_FOR_REBUILD, DeadlineQueue
 from nsqpy.nsqd.message import Message
 

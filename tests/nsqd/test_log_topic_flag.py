@@ -12,7 +12,6 @@ from nsqpy.diskqueue import DiskQueue
 from nsqpy.nsqd.message import Message
 from nsqpy.nsqd.options import build_flags, options_from_values
 from nsqpy.nsqd.server import NSQD
-
 from tests.conftest import running_nsqd, wait_until
 from tests.nsqd.wire import Wire, consumer
 

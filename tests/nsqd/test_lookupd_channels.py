@@ -11,10 +11,10 @@ import threading
 
 import pytest
 import trio
+
 from nsqpy.common.command import encode_pub
 from nsqpy.common.version import VERSION
 from nsqpy.nsqd.lookup import LookupChannelsError, topic_channels
-
 from tests.harness import DaemonProcess, V2Connection, start_nsqd
 from tests.nsqlookupd.support import poll, sync_get_json, sync_post
 from tests.reference import REFERENCE_DIR

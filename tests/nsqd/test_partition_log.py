@@ -6,6 +6,7 @@ import os
 import struct
 
 import pytest
+
 from nsqpy.nsqd.cursor_queue import CursorQueue
 from nsqpy.nsqd.message import Message
 from nsqpy.nsqd.partition_log import (

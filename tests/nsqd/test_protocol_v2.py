@@ -14,6 +14,7 @@ import time
 
 import pytest
 import trio
+
 from nsqpy.common.command import (
     CLS,
     NOP,
@@ -30,7 +31,6 @@ from nsqpy.common.command import (
 )
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
 from nsqpy.common.version import VERSION
-
 from tests.conftest import wait_until
 from tests.nsqd.wire import (
     UNKNOWN_ID,

@@ -9,8 +9,8 @@ import signal
 import urllib.request
 
 import pytest
-from nsqpy.common.command import encode_fin, encode_rdy, encode_sub
 
+from nsqpy.common.command import encode_fin, encode_rdy, encode_sub
 from tests.harness import DaemonProcess, V2Connection, start_nsqd
 from tests.nsqd.test_durability import number_of, numbered, publish
 

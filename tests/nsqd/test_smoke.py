@@ -1,6 +1,7 @@
 """An in-process nsqd and a subprocess nsqd each take a message from PUB to SUB to FIN."""
 
 import trio
+
 from nsqpy.common.command import (
     MAGIC_V2,
     encode_fin,
@@ -11,7 +12,6 @@ from nsqpy.common.command import (
 )
 from nsqpy.common.frame import FRAME_TYPE_MESSAGE, FrameDecoder
 from nsqpy.common.message import decode_message
-
 from tests.conftest import tcp_port
 from tests.harness import V2Connection, start_nsqd
 

@@ -12,6 +12,7 @@ import json
 import os
 
 import pytest
+
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.frame import encode_message_frames
 from nsqpy.common.message import decode_message

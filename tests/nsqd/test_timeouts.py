@@ -13,6 +13,7 @@ milliseconds and every deadline can be asserted to the queue-scan interval. Two 
 
 import pytest
 import trio
+
 from nsqpy.common.command import (
     NOP,
     encode_dpub,
@@ -25,7 +26,6 @@ from nsqpy.common.command import (
 from nsqpy.nsqd.client import Client
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.server import NSQD
-
 from tests.conftest import wait_until
 from tests.nsqd.wire import Wire, close_all_wires, consumer, override_options, with_options
 

@@ -4,6 +4,7 @@ commands use kept right as partitions come and go."""
 from types import SimpleNamespace
 
 import pytest
+
 from nsqpy.nsqd.topic_registry import TopicRegistry
 
 

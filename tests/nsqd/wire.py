@@ -16,6 +16,7 @@ from collections import deque
 
 import pytest
 import trio
+
 from nsqpy.common.command import MAGIC_V2, encode_fin, encode_identify, encode_rdy, encode_sub
 from nsqpy.common.frame import (
     FRAME_TYPE_ERROR,
@@ -25,7 +26,6 @@ from nsqpy.common.frame import (
     FrameDecoder,
 )
 from nsqpy.common.message import DecodedMessage, decode_message
-
 from tests.conftest import tcp_port
 
 HEARTBEAT = b"_heartbeat_"

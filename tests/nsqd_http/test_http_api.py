@@ -15,8 +15,8 @@ import time
 
 import pytest
 import trio
-from nsqpy.common.command import encode_mpub, encode_mpub_body, encode_pub
 
+from nsqpy.common.command import encode_mpub, encode_mpub_body, encode_pub
 from tests.conftest import wait_until
 from tests.harness import start_nsqd
 from tests.nsqd.wire import Wire, consumer, with_options

@@ -13,9 +13,9 @@ import socket
 
 import pytest
 import trio
-from nsqpy.nsqd.server import NSQD
 from prometheus_client.parser import text_string_to_metric_families
 
+from nsqpy.nsqd.server import NSQD
 from tests.nsqd.wire import consumer, with_options
 from tests.nsqd_http.rawhttp import request, stats, target
 

@@ -4,6 +4,7 @@ nsqd does (an address that is not host:port is a path)."""
 import dataclasses
 
 import trio
+
 from nsqpy.common.command import MAGIC_V2, encode_pub
 from nsqpy.common.frame import OK_FRAME
 from nsqpy.nsqd.server import NSQD

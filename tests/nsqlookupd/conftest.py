@@ -2,6 +2,7 @@
 (broadcasting 127.0.0.1), and `start_lookupd(**options)` for one with other options."""
 
 import pytest
+
 from nsqpy.nsqlookupd.options import Options
 from nsqpy.nsqlookupd.server import NSQLookupd
 

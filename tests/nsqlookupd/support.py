@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
+
 from nsqpy.common.lookup_protocol import (
     MAGIC_V1,
     LookupClientConnection,

@@ -16,6 +16,7 @@ import socket
 import struct
 
 import trio
+
 from nsqpy.common.lookup_protocol import (
     MAGIC_V1,
     LookupClientConnection,
@@ -23,7 +24,6 @@ from nsqpy.common.lookup_protocol import (
     encode_register,
     encode_unregister,
 )
-
 from tests.harness import DaemonProcess
 from tests.nsqlookupd.support import (
     CLASSIC_IDENTIFY,

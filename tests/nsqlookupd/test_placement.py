@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
+
 from nsqpy.common.cluster_meta import ReplicaInfo
 from nsqpy.nsqlookupd.options import Options, OptionsError, balance_window
 from nsqpy.nsqlookupd.placement import (

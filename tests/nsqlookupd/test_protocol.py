@@ -13,8 +13,8 @@ import struct
 
 import pytest
 import trio
-from nsqpy.common.version import VERSION
 
+from nsqpy.common.version import VERSION
 from tests.nsqlookupd.support import (
     CLASSIC_IDENTIFY,
     YOUZAN_IDENTIFY,

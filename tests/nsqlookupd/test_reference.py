@@ -34,9 +34,9 @@ import time
 from urllib.parse import urlsplit
 
 import pytest
+
 from nsqpy.nsqd.options import Options as NSQDOptions
 from nsqpy.nsqd.server import NSQD
-
 from tests.nsqlookupd.support import (
     CLASSIC_IDENTIFY,
     HTTPReply,

@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 
 import yaml
+
 from nsqpy.nsqadmin.options import build_flags as nsqadmin_flags
 from nsqpy.nsqd.options import build_flags as nsqd_flags
 from nsqpy.nsqlookupd.options import build_flags as nsqlookupd_flags

@@ -12,7 +12,6 @@ from pathlib import Path
 from nsqpy.nsqadmin.options import build_flags as nsqadmin_flags
 from nsqpy.nsqd.options import build_flags as nsqd_flags
 from nsqpy.nsqlookupd.options import build_flags as nsqlookupd_flags
-
 from tests.harness import DaemonProcess
 from tests.nsqlookupd.support import poll, sync_get_json, sync_request
 

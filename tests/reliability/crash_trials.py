@@ -47,7 +47,6 @@ from nsqpy.common.command import (
 )
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
 from nsqpy.common.message import decode_message
-
 from tests.harness import DaemonProcess, start_nsqd
 
 TOPIC = "crash"

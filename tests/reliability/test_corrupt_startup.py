@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
+
 from nsqpy.common.command import encode_mpub
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.server import NSQD
-
 from tests.harness import V2Connection, start_nsqd
 from tests.reliability.test_disk_faults import http, receive_all
 

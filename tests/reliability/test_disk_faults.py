@@ -34,10 +34,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from nsqpy.common.command import encode_dpub, encode_mpub, encode_pub, encode_rdy, encode_sub
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
 from nsqpy.common.message import decode_message
-
 from tests.harness import DaemonProcess, V2Connection
 
 # A record: 4-byte size + 26-byte message header + the body.

@@ -8,12 +8,12 @@ import struct
 from pathlib import Path
 
 import pytest
-from nsqpy.common.frame import FrameDecoder
 
 from fuzz import http_spec
 from fuzz.canary import Canary
 from fuzz.daemon import RSSSampler
 from fuzz.http_fuzz import HTTPFuzzer, HTTPSlowloris, ResponseReader
+from nsqpy.common.frame import FrameDecoder
 from tests.reliability.fuzz_fixtures import fuzz_nsqd, shared_fuzz_nsqd  # noqa: F401
 
 SEED = 0x10F022

@@ -17,9 +17,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from nsqpy.common.command import MAGIC_V2
-from nsqpy.common.frame import FRAME_TYPE_ERROR, FrameDecoder
-from nsqpy.common.goformat import go_quote
 
 from fuzz import codec_target
 from fuzz.canary import Canary
@@ -28,6 +25,9 @@ from fuzz.run import run_campaign
 from fuzz.tcp_fuzz import TCPFuzzer, TCPStats, slowloris_session
 from fuzz.tcp_grammar import Grammar
 from fuzz.tcp_oracle import Matcher, expectation
+from nsqpy.common.command import MAGIC_V2
+from nsqpy.common.frame import FRAME_TYPE_ERROR, FrameDecoder
+from nsqpy.common.goformat import go_quote
 from tests.reliability.fuzz_fixtures import fuzz_nsqd, shared_fuzz_nsqd  # noqa: F401
 
 SEED = 0x10F022

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import trio
+
 from nsqpy.common.command import (
     MAGIC_V2,
     encode_fin,
@@ -39,7 +40,6 @@ from nsqpy.common.command import (
 )
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
 from nsqpy.common.message import decode_message
-
 from tests.harness import start_nsqd
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ import struct
 import threading
 
 import pytest
+
 from nsqpy.common.command import MAGIC_V2, encode_identify, encode_mpub, encode_rdy, encode_sub
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
-
 from tests.harness import V2Connection, start_nsqd
 
 MAX_RDY = 50

@@ -14,7 +14,6 @@ import threading
 import time
 
 from nsqpy.common.command import MAGIC_V2, NOP, encode_identify, encode_mpub, encode_rdy, encode_sub
-
 from tests.harness import V2Connection, start_nsqd
 
 MESSAGES = 3000

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import snappy
 import trustme
+
 from nsqpy.common.command import MAGIC_V2, NOP, encode_fin, encode_identify, encode_rdy, encode_sub
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, Frame
 from nsqpy.common.message import DecodedMessage, decode_message
-
 from tests.harness import DaemonProcess, start_nsqd
 
 HEARTBEAT = b"_heartbeat_"

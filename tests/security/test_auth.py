@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import nsq
 import pytest
 from aiohttp import web
+
 from nsqpy.common.command import encode_auth, encode_dpub, encode_mpub, encode_pub, encode_sub
 from nsqpy.common.frame import FRAME_TYPE_RESPONSE
-
 from tests.security.support import (
     CLIENT_COMMON_NAME,
     client_stats,

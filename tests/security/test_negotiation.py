@@ -20,9 +20,9 @@ import os
 import ssl
 
 import pytest
+
 from nsqpy.common.command import encode_mpub, encode_pub, encode_sub
 from nsqpy.common.frame import FRAME_TYPE_ERROR
-
 from tests.security.support import (
     ConnectionClosed,
     NegotiatedConnection,

@@ -11,8 +11,8 @@ import json
 import time
 
 import pytest
-from nsqpy.common.command import encode_mpub
 
+from nsqpy.common.command import encode_mpub
 from tests.security.support import (
     NegotiatedConnection,
     client_stats,

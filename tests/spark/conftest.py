@@ -6,8 +6,8 @@ import sys
 import time
 
 import pytest
-from nsqpy.common.client import http_json
 
+from nsqpy.client.blocking import http_json
 from tests.harness import start_nsqd
 
 # Messages left un-FINished come back after this; short so the restart test is quick.

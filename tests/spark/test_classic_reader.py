@@ -5,9 +5,9 @@ source runner drives it (read batch n, then commit batch n-1), against a real ns
 import time
 
 import pytest
-from nsqpy.common.client import http_publish
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from nsqpy.client.blocking import http_publish
 from nsqpy.spark.reader import NSQStreamReader
 from nsqpy.spark.source import SCHEMA
 from tests.harness import start_nsqd

@@ -7,8 +7,8 @@ import json
 import threading
 
 import pytest
-from nsqpy.common.smart_client import SmartProducer
 
+from nsqpy.client.smart import SmartProducer
 from nsqpy.spark.log_reader import NSQLogBatchReader, NSQLogStreamReader
 from nsqpy.spark.partition_directory import PartitionsUnavailable
 from nsqpy.spark.source import SCHEMA

@@ -5,8 +5,8 @@ import json
 import time
 
 import pytest
-from nsqpy.common.client import http_json, http_request
 
+from nsqpy.client.blocking import http_json, http_request
 from tests.harness import start_nsqd
 from tests.spark.conftest import collect_available_now
 

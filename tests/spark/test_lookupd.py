@@ -2,9 +2,9 @@
 spreads partitions over the registered nsqds."""
 
 import pytest
-from nsqpy.common.client import http_publish
 from pyspark.sql import functions as F
 
+from nsqpy.client.blocking import http_publish
 from nsqpy.spark.options import lookupd_producers
 from tests.harness import DaemonProcess, start_nsqd
 from tests.spark.conftest import MSG_TIMEOUT, collect_available_now, topic_stats, wait_until

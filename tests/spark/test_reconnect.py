@@ -4,8 +4,8 @@ drive `prepareForTriggerAvailableNow`/`read`/`commit` the way Spark's source run
 import time
 
 import pytest
-from nsqpy.common.client import http_publish
 
+from nsqpy.client.blocking import http_publish
 from nsqpy.spark.reader import NSQStreamReader
 from tests.harness import start_nsqd
 from tests.spark.conftest import wait_channel_drained

@@ -3,8 +3,8 @@
 from datetime import datetime, timedelta
 
 import pytest
-from nsqpy.common.client import http_publish
 
+from nsqpy.client.blocking import http_publish
 from tests.spark.conftest import (
     addresses,
     channel_stats,

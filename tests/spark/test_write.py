@@ -5,10 +5,10 @@ import time
 
 import pyarrow as pa
 import pytest
-from nsqpy.common.client import Consumer, http_publish
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, StructField, StructType
 
+from nsqpy.client.blocking import Consumer, http_publish
 from nsqpy.spark.writer import NSQWriter
 from tests.harness import start_nsqd
 from tests.spark.conftest import addresses, topic_stats, wait_until

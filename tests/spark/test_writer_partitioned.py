@@ -8,10 +8,10 @@ partition first, since nsqlookupd lists a partition to writers only once it has 
 """
 
 import pytest
-from nsqpy.common.client import http_json
-from nsqpy.common.smart_client import SmartConsumer, partition_for_key
 from pyspark.sql import functions as F
 
+from nsqpy.client.blocking import http_json
+from nsqpy.client.smart import SmartConsumer, partition_for_key
 from tests.harness import DaemonProcess, create_partitioned_topic, start_nsqd
 from tests.spark.conftest import wait_until
 

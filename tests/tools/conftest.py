@@ -9,8 +9,8 @@ import time
 import urllib.error
 
 import pytest
-from nsqpy.common.client import http_json
 
+from nsqpy.client.blocking import http_json
 from tests.harness import BIN, DaemonProcess, start_nsqd
 
 _topic_numbers = itertools.count()

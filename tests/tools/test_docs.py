@@ -6,8 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from nsqpy.common.client import http_request
-
+from nsqpy.client.blocking import http_request
 from tests.harness import BIN
 from tests.tools.conftest import lookupd_has_topic, wait_until
 

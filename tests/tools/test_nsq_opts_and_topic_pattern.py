@@ -2,9 +2,9 @@
 (--topic-pattern, --topic-refresh), against a real nsqd and nsqlookupd on ephemeral ports."""
 
 import pytest
-from nsqpy.common.client import Producer, http_json
-from nsqpy.tools._options import NsqOptions, OptionError
 
+from nsqpy.client.blocking import Producer, http_json
+from nsqpy.tools._options import NsqOptions, OptionError
 from tests.tools.conftest import (
     channel_stats,
     lookupd_has_topic,

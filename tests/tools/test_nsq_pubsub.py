@@ -20,8 +20,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 import trustme
-from nsqpy.common.client import http_json, http_publish, http_request
 
+from nsqpy.client.blocking import http_json, http_publish, http_request
 from tests.harness import DaemonProcess, start_nsqd
 from tests.tools.conftest import (
     channel_stats,

@@ -10,9 +10,9 @@ same port, the browser reconnects by itself (nsq_pubsub's `retry: 1000`), sendin
 """
 
 import pytest
-from nsqpy.common.client import http_publish
 from selenium.common.exceptions import WebDriverException
 
+from nsqpy.client.blocking import http_publish
 from tests.browser import start_chromium
 from tests.harness import DaemonProcess
 from tests.tools.conftest import wait_until

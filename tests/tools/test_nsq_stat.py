@@ -1,7 +1,6 @@
 """nsq_stat against a real nsqd, directly and through nsqlookupd."""
 
-from nsqpy.common.client import Consumer, Producer, http_request
-
+from nsqpy.client.blocking import Consumer, Producer, http_request
 from tests.tools.conftest import lookupd_has_topic, run_tool, wait_until
 
 HEADER = (

@@ -4,8 +4,7 @@ import gzip
 import re
 import socket
 
-from nsqpy.common.client import Producer
-
+from nsqpy.client.blocking import Producer
 from tests.tools.conftest import channel_stats, run_tool, start_tool, stop_tool, wait_until
 
 HOST = socket.gethostname().split(".")[0]

@@ -4,8 +4,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from nsqpy.common.client import Producer
 
+from nsqpy.client.blocking import Producer
 from tests.tools.conftest import channel_stats, start_tool, stop_tool, wait_until
 
 

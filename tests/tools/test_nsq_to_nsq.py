@@ -3,9 +3,9 @@
 import io
 
 import pytest
-from nsqpy.common.client import Consumer, Producer
-from nsqpy.tools._common import Progress
 
+from nsqpy.client.blocking import Consumer, Producer
+from nsqpy.tools._common import Progress
 from tests.harness import start_nsqd
 from tests.tools.conftest import channel_stats, start_tool, stop_tool, wait_until
 

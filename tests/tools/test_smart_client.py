@@ -1,4 +1,4 @@
-"""The smart client (common/smart_client.py, docs/client.md) against real daemons.
+"""The smart client (nsqpy/client/smart.py, docs/client.md) against real daemons.
 
 Two nsqlookupds and two nsqds run as subprocesses on 127.0.0.1 ephemeral ports, each nsqd
 registered with both lookupds. Topics are created with Youzan's
@@ -22,8 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from nsqpy.common.client import NSQError, http_json, http_request
-from nsqpy.common.smart_client import (
+
+from nsqpy.client.blocking import NSQError, http_json, http_request
+from nsqpy.client.smart import (
     LookupdDiscovery,
     LookupUnavailable,
     PublishFailed,
@@ -31,7 +32,6 @@ from nsqpy.common.smart_client import (
     SmartProducer,
     partition_for_key,
 )
-
 from tests.cluster.etcd_server import ETCD, EtcdServer
 from tests.cluster.local_cluster import LocalCluster
 from tests.harness import DaemonProcess, start_nsqd

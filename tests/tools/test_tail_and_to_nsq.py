@@ -3,8 +3,7 @@
 import re
 import subprocess
 
-from nsqpy.common.client import Consumer, Producer, http_json, http_request
-
+from nsqpy.client.blocking import Consumer, Producer, http_json, http_request
 from tests.tools.conftest import (
     lookupd_has_topic,
     run_tool,

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from http.client import HTTPConnection
 
 import trio
+
 from nsqpy.common.command import encode_command, encode_fin, encode_identify
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, Frame
 from nsqpy.common.message import DecodedMessage
-
 from tests.nsqd.wire import ConnectionClosed, Wire
 
 # docs/protocol.md §3.5: the DETAIL section, and §3.6: the traced-publish reply after "OK".

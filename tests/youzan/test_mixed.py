@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import nsq
 import trio
-from nsqpy.common.command import encode_mpub, encode_pub
 
+from nsqpy.common.command import encode_mpub, encode_pub
 from tests.conftest import tcp_port
 from tests.interop.scenarios import Report
 from tests.interop.support import run_asyncio_client, settle

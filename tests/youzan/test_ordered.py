@@ -14,8 +14,8 @@ import zlib
 from dataclasses import dataclass, field
 
 import trio
-from nsqpy.common.command import encode_fin, encode_req
 
+from nsqpy.common.command import encode_fin, encode_req
 from tests.youzan.support import (
     TraceReply,
     YouzanMessage,

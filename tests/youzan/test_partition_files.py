@@ -5,7 +5,6 @@
 import os
 
 from nsqpy.common.command import encode_pub, encode_rdy
-
 from tests.nsqd.wire import with_options
 from tests.youzan.support import connect, create_partitions, sub
 

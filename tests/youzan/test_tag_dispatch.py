@@ -13,10 +13,10 @@ from urllib.parse import quote
 
 import pytest
 import trio
-from nsqpy.common.client import split_ext_section
+
+from nsqpy.client.blocking import split_ext_section
 from nsqpy.common.command import encode_fin, encode_identify, encode_mpub_body, encode_pub
 from nsqpy.common.frame import FRAME_TYPE_RESPONSE
-
 from tests.conftest import running_nsqd
 from tests.youzan.support import (
     HTTPReply,

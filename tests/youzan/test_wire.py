@@ -13,6 +13,7 @@ import struct
 
 import pytest
 import trio
+
 from nsqpy.common.command import (
     MAGIC_V2,
     encode_command,
@@ -29,7 +30,6 @@ from nsqpy.common.command import (
     encode_trace_body,
 )
 from nsqpy.common.frame import FRAME_TYPE_RESPONSE
-
 from tests.conftest import tcp_port
 from tests.nsqd.wire import Wire, with_options
 from tests.youzan.support import (

@@ -14,9 +14,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
+
 from nsqpy.common.flags import ConfigError, Flag, FlagSet, Kind, merge, read_config
-from nsqpy.common.log import parse_flag_log_level, parse_log_level, setup_logger
 from nsqpy.common.version import version_line
+from nsqpy.daemon.log import parse_flag_log_level, parse_log_level, setup_logger
 
 
 def standard_flags(log_level: str, log_prefix: str, *, youzan: bool = False) -> list[Flag]:

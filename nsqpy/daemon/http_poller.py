@@ -26,7 +26,8 @@ import select
 import socket
 
 import trio
-from nsqpy.common.http_server import (
+
+from nsqpy.daemon.http_server import (
     RECEIVE_SIZE,
     ConnectionState,
     Router,

@@ -952,3 +952,25 @@ async def keep_lease_alive(
             next_refresh = sent + ttl / 3
             continue
         raise LeaseLost(f"etcd lease {lease}: no refresh succeeded within its TTL of {ttl:g} s")
+
+
+def etcd_client(options, *, timeout: float = 3.0) -> EtcdClient:
+    """The etcd client of a daemon's cluster options: its endpoints (a bare `host:port` is
+    plain HTTP), TLS files and credentials."""
+    endpoints = [a.strip() for a in options.cluster_leadership_addresses.split(",") if a.strip()]
+    context = None
+    if any(a.startswith("https://") for a in endpoints):
+        context = ssl.create_default_context(
+            cafile=options.cluster_leadership_tls_root_ca_file or None
+        )
+        if options.cluster_leadership_tls_cert:
+            context.load_cert_chain(
+                options.cluster_leadership_tls_cert, options.cluster_leadership_tls_key or None
+            )
+    return EtcdClient(
+        [a if "://" in a else f"http://{a}" for a in endpoints],
+        timeout=timeout,
+        ssl_context=context,
+        username=options.cluster_leadership_username,
+        password=options.cluster_leadership_password,
+    )

@@ -17,8 +17,9 @@ from urllib.parse import unquote_plus
 
 import httptools
 import trio
+
 from nsqpy.common.goformat import go_json
-from nsqpy.common.net import accept_forever, format_address
+from nsqpy.daemon.net import accept_forever, format_address
 
 RECEIVE_SIZE = 64 * 1024
 
@@ -705,7 +706,7 @@ async def serve_http(
     tls_context=None,
 ) -> None:
     """Serve HTTP (or HTTPS, with `tls_context`) on `listener` until cancelled."""
-    from nsqpy.common.http_poller import HTTPPoller, polls_plain_sockets
+    from nsqpy.daemon.http_poller import HTTPPoller, polls_plain_sockets
 
     def log_error(error: BaseException) -> None:
         log.error("HTTP: internal error - %r", error, exc_info=error)

@@ -11,7 +11,7 @@ nsqlookupd and follows it when it moves, as Youzan's smart client does (docs/cli
   `SUB_ORDERED` for ordered topics), spreads its RDY over them, and reconnects with backoff
   and a new lookup when a connection closes.
 
-Blocking sockets and threads like `nsqpy.common.client`, whose connection it reuses, so the tools,
+Blocking sockets and threads like `nsqpy.client.blocking`, whose connection it reuses, so the tools,
 plain threads and Spark executors can use it.
 """
 
@@ -30,7 +30,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from nsqpy.common.client import USER_AGENT, Connection, NSQError, split_ext_section
+from nsqpy.client.blocking import USER_AGENT, Connection, NSQError, split_ext_section
 from nsqpy.common.command import (
     encode_command,
     encode_fin,
@@ -79,7 +79,7 @@ Key = str | bytes | int
 
 
 class SmartClientError(Exception):
-    """An error of the smart client itself; nsqd's refusals are `nsqpy.common.client.NSQError`."""
+    """An error of the smart client itself; nsqd's refusals are `nsqpy.client.blocking.NSQError`."""
 
 
 class LookupUnavailable(SmartClientError):

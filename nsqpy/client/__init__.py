@@ -1,0 +1,1 @@
+"""nsqpy's clients for Python programs (docs/client.md)."""
