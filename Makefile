@@ -16,7 +16,7 @@ NODE_DIR := tests/interop/node
 NODE_INSTALLED := $(NODE_DIR)/node_modules/.installed
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y
 # An editable install of a layout other than src/ makes setuptools print a notice about its
-# import finder (the tree keeps its top-level folders, mapped under `nsqpy`): not for users.
+# import finder (`nsqpy/` sits beside the top-level folders it links to): not for users.
 PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet
 
 .PHONY: install install-test browser etcd netns java node run run-cluster test lint bench clean

@@ -11,5 +11,5 @@ Every import package of the distribution lives under this one name:
 * `nsqpy.testing`: the pytest plugin whose fixtures run a real nsqd and nsqlookupd.
 
 In the source tree the daemons, `common`, `diskqueue` and `tools` keep their top-level
-folders; pyproject.toml's `package-dir` maps them here.
+folders; this folder links to each (`nsqpy/nsqd -> ../nsqd`).
 """
