@@ -7,6 +7,7 @@ COPY pyproject.toml README.md ./
 COPY nsqpy ./nsqpy
 COPY common ./common
 COPY diskqueue ./diskqueue
+COPY partition_log ./partition_log
 COPY nsqd ./nsqd
 COPY nsqlookupd ./nsqlookupd
 COPY nsqadmin ./nsqadmin

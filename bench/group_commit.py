@@ -19,7 +19,7 @@ import time
 
 from bench._support import Nsqd, Record, Report, add_common_arguments, banner, runs_of, spread
 from nsqpy.common.command import MAGIC_V2, encode_pub
-from nsqpy.nsqd.partition_log import ENTRY
+from nsqpy.partition_log import ENTRY
 
 TOPIC = "bench_group"
 BODY = b"x" * 200

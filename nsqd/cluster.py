@@ -55,9 +55,9 @@ from nsqpy.common.replication import (
 )
 from nsqpy.daemon.net import format_address
 from nsqpy.nsqd.log_writer import WriteRefused
-from nsqpy.nsqd.partition_log import Position
 from nsqpy.nsqd.peer_link import PeerLink, PeerUnavailable
 from nsqpy.nsqd.tls import cluster_contexts
+from nsqpy.partition_log import Position
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.server import NSQD

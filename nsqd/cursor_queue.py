@@ -1,7 +1,7 @@
 """A log topic's channel: a cursor into its partition's log (docs/design.md §13).
 
 The channel's `MessageQueue` for log topics. Nothing is copied per channel: the cursor reads the
-partition's log (`nsqd/partition_log.py`) from its read position, and FIN moves its confirmed
+partition's log (`partition_log/`) from its read position, and FIN moves its confirmed
 position. State, as Youzan keeps it:
 
 * `confirmed`: everything before it is acknowledged; a restart delivers again from here;
@@ -29,13 +29,7 @@ import trio
 
 from nsqpy.nsqd.backend import BackendWriteError
 from nsqpy.nsqd.message import Message
-from nsqpy.nsqd.partition_log import (
-    META_MAGIC,
-    LogCorruption,
-    PartitionLog,
-    Position,
-    record_size,
-)
+from nsqpy.partition_log import META_MAGIC, LogCorruption, PartitionLog, Position, record_size
 
 if TYPE_CHECKING:
     from nsqpy.diskqueue import DiskQueue
@@ -48,7 +42,7 @@ class CursorQueue:
     def __init__(
         self,
         topic: "Topic",
-        log: PartitionLog,
+        log: PartitionLog[Message],
         channel: str,
         max_confirm_win: int,
         legacy: "DiskQueue | None" = None,

@@ -16,7 +16,7 @@ from nsqpy.common.errors import ProtocolError
 from nsqpy.common.frame import FRAME_TYPE_MESSAGE, encode_message_frames
 from nsqpy.common.goformat import go_byte_slice, go_text
 from nsqpy.common.message import MESSAGE_ID_LENGTH
-from nsqpy.nsqd.partition_log import record_size
+from nsqpy.partition_log import record_size
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.client import Client

@@ -12,6 +12,7 @@ from urllib.parse import unquote_plus
 import trio
 
 from nsqpy.common.command_parser import parse_http_mpub_body
+from nsqpy.common.consume_offset import parse_consume_offset
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.goformat import go_atoi
 from nsqpy.common.names import is_valid_name
@@ -42,9 +43,9 @@ from nsqpy.nsqd.ext_header import (
 )
 from nsqpy.nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from nsqpy.nsqd.metrics import render_metrics
-from nsqpy.nsqd.partition_log import parse_consume_offset, record_size
 from nsqpy.nsqd.publish import PublishError, publish
 from nsqpy.nsqd.stats import gather, memory_stats, text_report
+from nsqpy.partition_log import record_size
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.server import NSQD

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 import trio
 
 from nsqpy.nsqd.backend import write_error
-from nsqpy.nsqd.partition_log import PartitionLog, Position
+from nsqpy.nsqd.message import Message
+from nsqpy.partition_log import PartitionLog, Position
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.server import NSQD
@@ -55,7 +56,7 @@ class WriteGroup:
 class LogWriter:
     """Appends to one partition log and writes them, a group at a time."""
 
-    def __init__(self, nsqd: "NSQD", topic: "Topic", log: PartitionLog) -> None:
+    def __init__(self, nsqd: "NSQD", topic: "Topic", log: PartitionLog[Message]) -> None:
         self.nsqd = nsqd
         self.topic = topic
         self.log = log

@@ -50,7 +50,7 @@ class Message:
         self.defer = 0.0  # DPUB: seconds to hold the message before the first delivery
         # Youzan: the partition's virtual byte position of the message's record (the DETAIL
         # section and PUB_TRACE's reply), and the publisher's trace id. A log topic's records
-        # keep both (nsqd/partition_log.py); Go's diskqueue record has no room for them.
+        # keep both (partition_log/); Go's diskqueue record has no room for them.
         self.offset = offset
         self.trace_id = trace_id
         self.ext_header = b""  # Youzan ext topics: the PUB_EXT JSON header

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING
 
 from nsqpy.common.command import split_ext_body, split_trace_body
 from nsqpy.common.command_parser import parse_partition
+from nsqpy.common.consume_offset import parse_consume_offset
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.frame import OK_FRAME, encode_response
 from nsqpy.common.goformat import go_quote, go_text
 from nsqpy.common.names import is_valid_name
 from nsqpy.nsqd.ext_header import ExtHeaderError, parse_fields, trace_id_of
-from nsqpy.nsqd.partition_log import parse_consume_offset, record_size
+from nsqpy.partition_log import record_size
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.protocol_v2 import ProtocolV2

@@ -47,7 +47,6 @@ from nsqpy.nsqd.metadata import (
     write_metadata,
 )
 from nsqpy.nsqd.options import Options, build_flags
-from nsqpy.nsqd.partition_log import log_exists
 from nsqpy.nsqd.protocol_v2 import ProtocolV2
 from nsqpy.nsqd.queue_scan import QueueScanner
 from nsqpy.nsqd.stats import gc_pauses
@@ -56,6 +55,7 @@ from nsqpy.nsqd.tls import server_context
 from nsqpy.nsqd.topic import Topic
 from nsqpy.nsqd.topic_registry import TopicRegistry
 from nsqpy.nsqd.wakeup import Wakeup
+from nsqpy.partition_log import log_exists
 
 
 class NSQD:

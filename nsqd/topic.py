@@ -18,8 +18,8 @@ from nsqpy.nsqd.channel import Channel
 from nsqpy.nsqd.log_writer import LogWriter
 from nsqpy.nsqd.message import RECORD_OVERHEAD, Message
 from nsqpy.nsqd.message_queue import BufferedDiskQueue, LogTopicQueue, MessageQueue
-from nsqpy.nsqd.partition_log import PartitionLog
 from nsqpy.nsqd.wakeup import Wakeup
+from nsqpy.partition_log import PartitionLog
 
 if TYPE_CHECKING:
     from nsqpy.common.cluster_meta import ReplicaInfo
@@ -74,7 +74,7 @@ class Topic:
         # Partitioned topics are log topics (docs/design.md §13): every message in the
         # partition's log, channels as cursors into it. Classic topics keep go-diskqueue,
         # unless `--log-topic` names them or their log is on disk already.
-        self.log: PartitionLog | None = None
+        self.log: PartitionLog[Message] | None = None
         self.writer: LogWriter | None = None
         # Whether the log was just made from a diskqueue (see below).
         self.migrated = False
@@ -85,6 +85,7 @@ class Topic:
                 options.effective_data_path(),
                 name,
                 partition,
+                message_type=Message,
                 max_bytes_per_file=options.max_bytes_per_file,
                 sync_every=sync_every or options.sync_every,
                 ext=ext,

@@ -21,8 +21,8 @@ import trio.testing
 
 from nsqpy.common.command import encode_pub
 from nsqpy.nsqd.log_writer import WriteRefused
-from nsqpy.nsqd.partition_log import ENTRY
 from nsqpy.nsqd.publish import publish as nsqd_publish
+from nsqpy.partition_log import ENTRY
 from tests.conftest import running_nsqd, wait_until
 from tests.nsqd.wire import Wire, consumer
 from tests.nsqd_http.rawhttp import request, target

@@ -9,7 +9,7 @@ import pytest
 
 from nsqpy.nsqd.cursor_queue import CursorQueue
 from nsqpy.nsqd.message import Message
-from nsqpy.nsqd.partition_log import (
+from nsqpy.partition_log import (
     BODY_START,
     ENTRY,
     ID_PARTITION_SHIFT,
@@ -33,7 +33,7 @@ def open_log(path, **changes) -> PartitionLog:
     settings = {"max_bytes_per_file": 1 << 20, "sync_every": 1, "partition": 2}
     settings.update(changes)
     partition = settings.pop("partition")
-    return PartitionLog(str(path), "t", partition, **settings)
+    return PartitionLog(str(path), "t", partition, message_type=Message, **settings)
 
 
 def publish(log: PartitionLog, *bodies: bytes, trace: int = 0) -> list[Message]:

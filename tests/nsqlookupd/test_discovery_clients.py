@@ -23,7 +23,7 @@ import nsq
 import pytest
 
 from tests.harness import DaemonProcess, start_nsqd
-from tests.nsqlookupd.support import poll, sync_get_json, sync_post
+from tests.nsqlookupd.support import poll, sync_get_json, sync_lookup_producers, sync_post
 
 TOPIC = "discovery"
 CHANNEL = "lookup"
@@ -68,8 +68,10 @@ class Topology:
         return started
 
     def producers(self) -> set[int]:
-        reply = sync_get_json(self.lookupd.port("HTTP"), f"/lookup?topic={TOPIC}")
-        return {producer["tcp_port"] for producer in reply["producers"]}
+        """The nsqds /lookup lists for the topic; none while no nsqd has registered it yet
+        (an HTTP publish is answered before nsqd's REGISTER reaches the lookupd)."""
+        producers = sync_lookup_producers(self.lookupd.port("HTTP"), TOPIC) or []
+        return {producer["tcp_port"] for producer in producers}
 
     def kill(self) -> None:
         for daemon in [*self.nsqds, self.lookupd]:

@@ -15,7 +15,7 @@ from nsqpy.common.guid import GUIDFactory
 from nsqpy.diskqueue import DiskQueue
 from nsqpy.nsqd.message import Message
 from nsqpy.nsqd.metadata import ChannelMetadata, TopicMetadata, encode_metadata, write_metadata
-from nsqpy.nsqd.partition_log import ID_PARTITION_SHIFT
+from nsqpy.partition_log import ID_PARTITION_SHIFT
 from tests.conftest import running_nsqd
 from tests.nsqd.wire import with_options
 from tests.youzan.support import (

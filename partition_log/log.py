@@ -1,164 +1,64 @@
-"""A partition stored as a replayable log: Youzan's storage model (docs/design.md §13).
-
-Every message of a log topic's partition is appended to segment files and stays there; a
-channel is a cursor into the log (`nsqd/cursor_queue.py`). The files, in
-`<data-path>/<topic>/`, keep Youzan's layout so a Youzan data directory is readable:
-
-* `<topic>-<p>.diskqueue.NNNNNN.dat`: segments of `[4-byte BE size][record]`, rolled at
-  `--max-bytes-per-file`; a record is `[8 ts][2 attempts][8 id][8 trace id][body]` (an ext
-  topic's records add `[1 ext version]`, and `[2 length][header]` for version 4, after the
-  trace id, and mark it in the attempts' high nibble `0xA`);
-* `<seg>.dat.offsetmeta.dat`, written when a segment is rolled: `count\\nstart,end\\n`;
-* `<topic>-<p>.diskqueue.meta.writer.dat`: `count\\nfile,pos,end\\n` and 2 magic bytes;
-* `<topic>_<p>.commit.log`: the commit-log index, one 48-byte big-endian entry per committed
-  batch (first ID, epoch, last ID, virtual offset, batch size, 1-based count of the first
-  message, message count), rolled into `.commit.log.NNNNNNNN` files, with `.current` naming
-  the number of the active one;
-* `<topic>-<p>.diskqueue.meta.extra.dat`: where the retained log begins once retention removed
-  its first segments (`{"SegOffset":{"FileNum":…,"Pos":…},"VirtualOffset":…,"TotalMsgCnt":…}`).
-
-Positions are virtual offsets (bytes since the partition was created, size prefixes included)
-and counts (messages since it was created). IDs are `partition << 50 | sequence` and only
-increase, across restarts too.
+"""The log of one partition: append, commit, read by position, search, sync, cut back.
 
 Writes are group-committed: `append` encodes a publish's records into the open group;
 `commit()` writes the whole group with one `os.write` and one index entry, and only then do
 readers see it (`end`; `appended` is where the next append goes). nsqd commits once per batch
-of waiting publishes (a TCP receive, an HTTP poller pass, everything appended while the
-previous group was being synced: `nsqd/log_writer.py`) before their answers go out. A failed
-write keeps nothing of its group, and raises for its publishers to be refused. fsync
-follows the sync policy like a diskqueue's (`sync_due`, `dirty`, `prepare_sync`), data first,
-then the index. At start the index is the truth: data past its last entry (a torn tail after
-kill -9) is cut off, with one log line.
+of waiting publishes, before their answers go out. A failed write keeps nothing of its group,
+and raises for its publishers to be refused. fsync follows the sync policy like a diskqueue's
+(`sync_due`, `dirty`, `prepare_sync`), data first, then the index.
 """
 
 import bisect
 import errno
-import json
 import logging
 import os
-import re
-import struct
 from binascii import hexlify, unhexlify
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Generic
 
-from nsqpy.common.goformat import go_quote
-from nsqpy.nsqd.message import Message
+from nsqpy.partition_log.files import META_MAGIC, LogFiles, write_atomically
+from nsqpy.partition_log.index import (
+    DEFAULT_INDEX_ENTRIES_PER_FILE,
+    ENTRY,
+    IndexEntry,
+    IndexReader,
+    entry_end,
+    index_files,
+)
+from nsqpy.partition_log.records import (
+    BODY_START,
+    ID_PARTITION_SHIFT,
+    RECORD_HEADER_SIZE,
+    SIZE,
+    SIZED_HEADER,
+    SIZED_RECORD_HEADER,
+    LogCorruption,
+    M,
+    MessageFactory,
+    Position,
+    decode_flagged_record,
+    encode_ext_record,
+    record_size,
+)
+from nsqpy.partition_log.recovery import recover
+from nsqpy.partition_log.retention import removable_segments, remove_segments
+from nsqpy.partition_log.segments import (
+    Segment,
+    truncate_segments,
+    write_segment_meta,
+)
 
-ENTRY = struct.Struct(">qqqqiqi")  # LogID, Epoch, LastMsgLogID, MsgOffset, MsgSize, MsgCnt, MsgNum
-assert ENTRY.size == 48
-# [8 ts][2 attempts][8 id][8 trace id]
-_RECORD_HEADER = struct.Struct(">qHQQ")
-_SIZE = struct.Struct(">I")
-# The size prefix and the header but the ID: [4 size][8 ts][2 attempts](8 id)[8 trace id].
-_SIZED_HEADER = struct.Struct(">IqH8xQ")
-# The same with the ID's 8 bytes, to write one.
-_SIZED_RECORD_HEADER = struct.Struct(">IqH8sQ")
-RECORD_HEADER_SIZE = _RECORD_HEADER.size  # 26, as a classic record's header
-# Where a record's body starts, counted from its size prefix.
-BODY_START = 4 + RECORD_HEADER_SIZE
-META_MAGIC = b"\xae\x83"
-ID_PARTITION_SHIFT = 50
-EXT_ATTEMPTS_FLAG = 0xA000
-# Youzan renames the index file after this many entries.
-DEFAULT_INDEX_ENTRIES_PER_FILE = 500_000
 # Bytes of the latest appends kept in memory as written, for cursors at the tail (most
 # reads): between this and twice this.
 HOT_TAIL_BYTES = 2 * 1024 * 1024
 READ_CHUNK = 256 * 1024
 
-logger = logging.getLogger("nsqd")
+logger = logging.getLogger("nsqpy.partition_log")
 
 
-class LogCorruption(Exception):
-    """A record that cannot be what the index says is there."""
-
-
-class Position(NamedTuple):
-    """A place in the log: its virtual offset and how many messages come before it. A tuple:
-    one is made per FIN, so it must be cheap."""
-
-    offset: int
-    count: int
-
-
-def record_size(message: Message, ext: bool) -> int:
-    """Bytes the message's record takes in the log, its size prefix included."""
-    size = 4 + RECORD_HEADER_SIZE + len(message.body)
-    if ext:
-        size += 1 + (2 + len(message.ext_header) if message.ext_header else 0)
-    return size
-
-
-def encode_ext_record(message: Message) -> bytes:
-    """An ext topic's record with its size prefix (`PartitionLog.append` writes the others
-    itself, in its loop)."""
-    body = message.body
-    internal_id = int(message.id, 16)
-    attempts = (message.attempts & 0x0FFF) | EXT_ATTEMPTS_FLAG
-    header = _RECORD_HEADER.pack(message.timestamp, attempts, internal_id, message.trace_id)
-    ext_header = message.ext_header
-    extension = b"\x04" + len(ext_header).to_bytes(2, "big") + ext_header if ext_header else b"\x00"
-    record = header + extension + body
-    return _SIZE.pack(len(record)) + record
-
-
-def decode_flagged_record(record: bytes, offset: int, count: int) -> Message:
-    """A record whose attempts have high bits set, an ext topic's (`0xA`: the ext section
-    follows the trace id); `PartitionLog._read_records` reads the others itself."""
-    timestamp, attempts, internal_id, trace_id = _RECORD_HEADER.unpack_from(record)
-    rest = RECORD_HEADER_SIZE
-    ext_header = b""
-    if attempts & 0xF000 == EXT_ATTEMPTS_FLAG:
-        attempts &= 0x0FFF
-        version = record[rest]
-        rest += 1
-        if version == 4:
-            length = int.from_bytes(record[rest : rest + 2], "big")
-            ext_header = bytes(record[rest + 2 : rest + 2 + length])
-            rest += 2 + length
-    message = Message(b"%016x" % internal_id, bytes(record[rest:]), timestamp, attempts)
-    message.trace_id = trace_id
-    message.ext_header = ext_header
-    message.offset = offset
-    message.count = count
-    return message
-
-
-CONSUME_OFFSET_TYPES = ("timestamp", "special", "virtual_queue", "msgcount")
-
-
-def parse_consume_offset(text: str) -> tuple[str, int]:
-    """Youzan's `<type>:<int64>` (setoffset's body, SUB_ADVANCED's fourth word); ValueError with
-    Youzan's text."""
-    parts = text.split(":")
-    if len(parts) != 2 or parts[0] not in CONSUME_OFFSET_TYPES:
-        raise ValueError(f"invalid consume offset:{text}")
-    digits = parts[1]
-    unsigned = digits[1:] if digits[:1] in ("+", "-") else digits
-    if not (unsigned.isascii() and unsigned.isdigit()):
-        raise ValueError(f"strconv.ParseInt: parsing {go_quote(digits)}: invalid syntax")
-    value = int(digits)
-    if not -(1 << 63) <= value < 1 << 63:
-        raise ValueError(f"strconv.ParseInt: parsing {go_quote(digits)}: value out of range")
-    return parts[0], value
-
-
-class Segment:
-    """One data file and where it starts in the partition."""
-
-    __slots__ = ("number", "start", "start_count", "size")
-
-    def __init__(self, number: int, start: int, start_count: int, size: int) -> None:
-        self.number = number
-        self.start = start
-        self.start_count = start_count
-        self.size = size
-
-
-class PartitionLog:
-    """The log of one partition: append, read by position, commit, sync, recover."""
+class PartitionLog(Generic[M]):
+    """The log of one partition. `message_type` makes the messages it reads (nsqd's
+    `Message`; `records.Record` elsewhere)."""
 
     def __init__(
         self,
@@ -166,16 +66,19 @@ class PartitionLog:
         topic: str,
         partition: int,
         *,
+        message_type: MessageFactory[M],
         max_bytes_per_file: int,
         sync_every: int,
         ext: bool = False,
         index_entries_per_file: int = DEFAULT_INDEX_ENTRIES_PER_FILE,
         log: logging.Logger = logger,
     ) -> None:
+        self.files = LogFiles(data_path, topic, partition)
         self.topic = topic
         self.partition = partition
-        self.name = f"{topic}-{partition}"
-        self.directory = os.path.join(data_path, topic)
+        self.name = self.files.name
+        self.directory = self.files.directory
+        self.message_type = message_type
         self.max_bytes_per_file = max_bytes_per_file
         self.sync_every = max(1, sync_every)
         self.ext = ext
@@ -223,13 +126,12 @@ class PartitionLog:
     # -- file names ----------------------------------------------------------------------------
 
     def segment_path(self, number: int) -> str:
-        width = 6 if number < 999_990 else 9
-        return os.path.join(self.directory, f"{self.name}.diskqueue.{number:0{width}d}.dat")
+        return self.files.segment(number)
 
     @property
     def magic_code_path(self) -> str:
         """Youzan's `magic<partition>`: the MagicCode of the topic this log was written for."""
-        return os.path.join(self.directory, f"magic{self.partition}")
+        return self.files.magic_code
 
     @property
     def magic_code(self) -> int:
@@ -242,7 +144,7 @@ class PartitionLog:
             return 0
 
     def set_magic_code(self, code: int) -> None:
-        _write_atomically(self.magic_code_path, b"%d\n" % code)
+        write_atomically(self.magic_code_path, b"%d\n" % code)
 
     @property
     def active_segment_path(self) -> str:
@@ -251,157 +153,40 @@ class PartitionLog:
 
     @property
     def writer_meta_path(self) -> str:
-        return os.path.join(self.directory, f"{self.name}.diskqueue.meta.writer.dat")
-
-    def _index_base(self) -> str:
-        return os.path.join(self.directory, index_file_name(self.topic, self.partition))
-
-    def index_path(self, number: int | None = None) -> str:
-        """The active index file, or a rolled one by number."""
-        base = self._index_base()
-        return base if number is None else f"{base}.{number:08d}"
-
-    def delays_path(self, channel: str) -> str:
-        """A channel's deferred messages (nsqpy's own file: Youzan has no DPUB)."""
-        return os.path.join(self.directory, f"{self.name}:{channel}.delayed.json")
-
-    def reader_meta_path(self, channel: str) -> str:
-        return os.path.join(self.directory, f"{self.name}:{channel}.diskqueue.meta.v2.reader.dat")
-
-    # -- opening and recovery ------------------------------------------------------------------
-
-    def _open(self) -> None:
-        numbers = self._segment_numbers()
-        self._index_number = self._read_current_index_number()
-        entries = self._read_index_tail()
-        start_offset, start_count = self._read_start()
-        offset, count = start_offset, start_count
-        for number in numbers:
-            size = os.path.getsize(self.segment_path(number))
-            self.segments.append(Segment(number, offset, count, size))
-            offset += size
-            if number != numbers[-1]:
-                count += self._segment_count(number)
-        data_end = offset
-        committed = Position(start_offset, start_count)
-        last_id = self.partition << ID_PARTITION_SHIFT
-        while entries:
-            first_id, _epoch, entry_last_id, msg_offset, msg_size, msg_count, msg_num = entries[-1]
-            if msg_offset + msg_size <= data_end:
-                committed = Position(msg_offset + msg_size, msg_count - 1 + msg_num)
-                last_id = entry_last_id
-                break
-            entries.pop()  # the index got ahead of the data (power loss): drop that entry
-            self._index_entries -= 1
-            self._truncate_index()
-        if data_end != committed.offset:
-            self.log.warning(
-                "TOPIC(%s) partition %d: log data ends at %d, its index at %d: cut the data back"
-                " to the last complete index entry",
-                self.topic,
-                self.partition,
-                data_end,
-                committed.offset,
-            )
-            self._truncate_data(committed.offset)
-        self.start = Position(start_offset, start_count)
-        self.end = self.written = self.appended = committed
-        self.last_id = last_id
-        if not self.segments:
-            self.segments.append(Segment(0, start_offset, start_count, 0))
-        self._segment_starts = [segment.start for segment in self.segments]
-        last = self.segments[-1]
-        self._write_fd = os.open(
-            self.segment_path(last.number), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
-        )
-        self._index_fd = os.open(self.index_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-
-    def _segment_numbers(self) -> list[int]:
-        pattern = re.compile(re.escape(self.name) + r"\.diskqueue\.(\d{6,9})\.dat$")
-        numbers = []
-        for name in os.listdir(self.directory):
-            match = pattern.match(name)
-            if match:
-                numbers.append(int(match.group(1)))
-        return sorted(numbers)
-
-    def _segment_count(self, number: int) -> int:
-        """How many messages a rolled segment holds: its `.offsetmeta.dat`, else counted."""
-        try:
-            with open(self.segment_path(number) + ".offsetmeta.dat", "rb") as file:
-                return int(file.read().split(b"\n")[0])
-        except (FileNotFoundError, ValueError):
-            pass
-        count = 0
-        with open(self.segment_path(number), "rb") as file:
-            data = file.read()
-        at = 0
-        while at + 4 <= len(data):
-            at += 4 + _SIZE.unpack_from(data, at)[0]
-            count += 1
-        return count
-
-    def _read_current_index_number(self) -> int:
-        try:
-            with open(self._index_base() + ".current", "rb") as file:
-                return int(file.read().split()[0])
-        except (FileNotFoundError, ValueError, IndexError):
-            return 0
+        return self.files.writer_meta
 
     @property
     def start_meta_path(self) -> str:
-        return os.path.join(self.directory, f"{self.name}.diskqueue.meta.extra.dat")
+        return self.files.start_meta
 
-    def _read_start(self) -> tuple[int, int]:
-        """Where the retained log begins (Youzan's `meta.extra.dat`: `VirtualOffset`,
-        `TotalMsgCnt`), else the beginning."""
-        try:
-            with open(self.start_meta_path, "rb") as file:
-                start = json.loads(file.read())
-            return int(start["VirtualOffset"]), int(start["TotalMsgCnt"])
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
-            return 0, 0
+    def index_path(self, number: int | None = None) -> str:
+        """The active index file, or a rolled one by number."""
+        return self.files.index(number)
 
-    def _read_index_tail(self) -> list[tuple]:
-        """The entries of the active index file, a torn last entry dropped."""
-        path = self.index_path()
-        try:
-            with open(path, "rb") as file:
-                data = file.read()
-        except FileNotFoundError:
-            data = b""
-        whole = len(data) - len(data) % ENTRY.size
-        if whole != len(data):
-            os.truncate(path, whole)
-        entries = [ENTRY.unpack_from(data, position) for position in range(0, whole, ENTRY.size)]
-        if not entries and self._index_number > 0:
-            # The active file was just rolled: the last entry is in the previous one.
-            previous = self.index_path(self._index_number - 1)
-            try:
-                with open(previous, "rb") as file:
-                    file.seek(-ENTRY.size, os.SEEK_END)
-                    last = file.read(ENTRY.size)
-                if len(last) == ENTRY.size:
-                    return [ENTRY.unpack(last)]
-            except (FileNotFoundError, OSError):
-                pass
-        self._index_entries = len(entries)
-        return entries
+    def delays_path(self, channel: str) -> str:
+        """A channel's deferred messages (nsqpy's own file: Youzan has no DPUB)."""
+        return self.files.delays(channel)
 
-    def _truncate_index(self) -> None:
-        os.truncate(self.index_path(), self._index_entries * ENTRY.size)
+    def reader_meta_path(self, channel: str) -> str:
+        return self.files.reader_meta(channel)
 
-    def _truncate_data(self, end: int) -> None:
-        kept = []
-        for segment in self.segments:
-            if segment.start >= end and kept:
-                os.unlink(self.segment_path(segment.number))
-                continue
-            if segment.start + segment.size > end:
-                segment.size = max(0, end - segment.start)
-                os.truncate(self.segment_path(segment.number), segment.size)
-            kept.append(segment)
-        self.segments = kept
+    # -- opening ---------------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        recovered = recover(self.files, self.log)
+        self.segments = recovered.segments
+        self._index_number = recovered.index_number
+        self._index_entries = recovered.index_entries
+        self.start = recovered.start
+        self.end = self.written = self.appended = recovered.committed
+        self.last_id = recovered.last_id
+        self._segment_starts = [segment.start for segment in self.segments]
+        self._write_fd = os.open(
+            self.segment_path(self.segments[-1].number),
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+            0o600,
+        )
+        self._index_fd = os.open(self.index_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     # -- appending -----------------------------------------------------------------------------
 
@@ -415,7 +200,7 @@ class PartitionLog:
         self.last_id += 1
         return b"%016x" % self.last_id
 
-    def append(self, messages: list[Message]) -> None:
+    def append(self, messages: list[M]) -> None:
         """Add the messages to the group the next commit writes; their `offset` and `count`
         are set now. Readers see them only once they are written (`end`)."""
         if self._closed:
@@ -436,7 +221,7 @@ class PartitionLog:
                 append(record)
         else:
             # The hot loop of every publish: a header and the body per message, no call.
-            pack = _SIZED_RECORD_HEADER.pack
+            pack = SIZED_RECORD_HEADER.pack
             for message in messages:
                 body = message.body
                 append(
@@ -466,7 +251,7 @@ class PartitionLog:
         """Whether appends wait for the next commit to be written."""
         return self._pending_first is not None
 
-    def commit(self, *, visible: bool = True) -> tuple[tuple, bytes] | None:
+    def commit(self, *, visible: bool = True) -> tuple[IndexEntry, bytes] | None:
         """Write the group appended since the last commit, at once (one write), and its one
         index entry; then readers see it, or, with `visible=False` (a leader whose followers
         must have it first), once `make_visible` says so. The group's index entry and bytes,
@@ -503,7 +288,7 @@ class PartitionLog:
             self._pending_defers = []
         return entry, data
 
-    def append_raw(self, entry: tuple, data: bytes) -> None:
+    def append_raw(self, entry: IndexEntry, data: bytes) -> None:
         """A follower writes a group exactly as its leader did: the records' bytes and the
         index entry. ValueError when it does not start at this log's end (the follower must
         catch up first) or its size is not the entry's; OSError if the write failed (then
@@ -529,7 +314,7 @@ class PartitionLog:
             self.end = min(position, self.written)
 
     def _write_group(
-        self, entry: tuple, data: bytes, following: Position, defers: list[tuple[int, float]]
+        self, entry: IndexEntry, data: bytes, following: Position, defers: list[tuple[int, float]]
     ) -> None:
         segment = self.segments[-1]
         try:
@@ -592,9 +377,7 @@ class PartitionLog:
     def _roll(self) -> None:
         """The segment is full: record its range, start the next."""
         segment = self.segments[-1]
-        with open(self.segment_path(segment.number) + ".offsetmeta.dat", "wb") as file:
-            count = self.written.count - segment.start_count
-            file.write(b"%d\n%d,%d\n" % (count, segment.start, segment.start + segment.size))
+        write_segment_meta(self.files, segment, self.written.count)
         os.fsync(self._write_fd)
         os.close(self._write_fd)
         following = Segment(segment.number + 1, self.written.offset, self.written.count, 0)
@@ -611,7 +394,7 @@ class PartitionLog:
         self._index_number += 1
         self._index_entries = 0
         self._index_fd = os.open(self.index_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        _write_atomically(self._index_base() + ".current", b"%d\n" % self._index_number)
+        write_atomically(self.files.index_current, b"%d\n" % self._index_number)
 
     # -- durability: the diskqueue's sync contract -----------------------------------------------
 
@@ -641,7 +424,7 @@ class PartitionLog:
             try:
                 os.fsync(data_fd)
                 os.fsync(index_fd)
-                _write_atomically(meta_path, meta + META_MAGIC)
+                write_atomically(meta_path, meta + META_MAGIC)
                 return True
             except OSError as error:
                 logger.error("LOG(%s) failed to sync - %s", self.name, error)
@@ -659,7 +442,7 @@ class PartitionLog:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def read(self, position: Position, max_count: int, end: int | None = None) -> list[Message]:
+    def read(self, position: Position, max_count: int, end: int | None = None) -> list[M]:
         """Up to `max_count` messages from `position` (a record boundary) up to the end: from
         the hot tail where it holds them, from the segments otherwise."""
         end = self.end.offset if end is None else min(end, self.end.offset)
@@ -667,11 +450,11 @@ class PartitionLog:
             return []
         return self._read_records(position, max_count, end)
 
-    def _read_records(self, position: Position, max_count: int, end: int) -> list[Message]:
+    def _read_records(self, position: Position, max_count: int, end: int) -> list[M]:
         if position.offset < self.start.offset:
             raise LogCorruption(f"offset {position.offset} is before the log's start")
         index = bisect.bisect_right(self._segment_starts, position.offset) - 1
-        messages: list[Message] = []
+        messages: list[M] = []
         offset, count = position.offset, position.count
         while len(messages) < max_count and offset < end and index < len(self.segments):
             segment = self.segments[index]
@@ -683,11 +466,11 @@ class PartitionLog:
             first = at
             # Records past `end` may be in the chunk: they are not read.
             length = min(len(chunk), at + (end - offset))
-            # The hot loop of every read from disk: no call but Message() per record, the hex
+            # The hot loop of every read from disk: no call but make() per record, the hex
             # ID straight from the record's 8 bytes, every name local.
-            unpack_header = _SIZED_HEADER.unpack_from
+            unpack_header = SIZED_HEADER.unpack_from
             append = messages.append
-            make, hex_id = Message, hexlify
+            make, hex_id = self.message_type, hexlify
             header_size, body_start = RECORD_HEADER_SIZE, BODY_START
             for _ in range(max_count - len(messages)):
                 if at + body_start > length:
@@ -711,7 +494,7 @@ class PartitionLog:
                         )
                     )
                 else:
-                    append(decode_flagged_record(chunk[at + 4 : end_at], offset, count))
+                    append(decode_flagged_record(chunk[at + 4 : end_at], offset, count, make))
                 offset += end_at - at
                 at = end_at
                 count += 1
@@ -753,7 +536,7 @@ class PartitionLog:
             start, data = cached[1], cached[2]
             at = pos - start
             if 0 <= at and at + 4 <= len(data):
-                (size,) = _SIZE.unpack_from(data, at)
+                (size,) = SIZE.unpack_from(data, at)
                 if at + 4 + size <= len(data):
                     return data, at
         available = min(segment.size - pos, wanted)
@@ -761,7 +544,7 @@ class PartitionLog:
         try:
             chunk = os.pread(fd, min(segment.size - pos, READ_CHUNK), pos)
             if len(chunk) >= 4:
-                (first_size,) = _SIZE.unpack_from(chunk)
+                (first_size,) = SIZE.unpack_from(chunk)
                 if 4 + first_size > len(chunk) and 4 + first_size <= available:
                     chunk = os.pread(fd, 4 + first_size, pos)  # one record past a chunk
         finally:
@@ -779,7 +562,7 @@ class PartitionLog:
         end = min(end, (bound or self.end).offset)
         if position.offset >= end:
             return b"", position
-        parts = []
+        parts: list[bytes] = []
         offset, count = position.offset, position.count
         budget = max_bytes
         index = bisect.bisect_right(self._segment_starts, offset) - 1
@@ -798,11 +581,11 @@ class PartitionLog:
                     if at + 4 > len(chunk):
                         if at == 0 and not parts and pos + 4 <= segment.size:
                             # Not even one record in the budget: take the first whole.
-                            (size,) = _SIZE.unpack(os.pread(fd, 4, pos))
+                            (size,) = SIZE.unpack(os.pread(fd, 4, pos))
                             chunk = os.pread(fd, 4 + size, pos)
                             continue
                         break
-                    (size,) = _SIZE.unpack_from(chunk, at)
+                    (size,) = SIZE.unpack_from(chunk, at)
                     if at + 4 + size > len(chunk):
                         if at == 0 and not parts:
                             chunk = os.pread(fd, 4 + size, pos)
@@ -824,47 +607,38 @@ class PartitionLog:
     # -- searching: the commit-log index, then the batch ------------------------------------------
 
     def _index_files(self) -> list[tuple[str, int]]:
-        """Every index file still there, oldest first, with its entry count."""
-        files = []
-        for number in range(self._index_number):
-            path = self.index_path(number)
-            try:
-                files.append((path, os.path.getsize(path) // ENTRY.size))
-            except FileNotFoundError:
-                continue  # removed by retention
-        files.append((self.index_path(), self._index_entries))
-        return files
+        return index_files(self.files, self._index_number, self._index_entries)
 
-    def _last_entry_where(self, holds: Callable[[tuple], bool]) -> tuple | None:
+    def _last_entry_where(self, holds: Callable[[IndexEntry], bool]) -> IndexEntry | None:
         """The last index entry for which `holds` is true, `holds` being true for a prefix of
         the entries (a binary search with one `pread` per probe)."""
-        with _IndexReader(self._index_files()) as index:
+        with IndexReader(self._index_files()) as index:
             found = index.count_where(holds)
             return index.entry(found - 1) if found > 0 else None
 
-    def entries_from(self, offset: int, max_entries: int) -> list[tuple]:
+    def entries_from(self, offset: int, max_entries: int) -> list[IndexEntry]:
         """Up to `max_entries` index entries, from the one that starts at `offset` on (what
         a follower catching up pulls); [] at the written end. ValueError when no entry starts
         at `offset`."""
         if offset == self.written.offset:
             return []
-        with _IndexReader(self._index_files()) as index:
+        with IndexReader(self._index_files()) as index:
             first = index.count_where(lambda e: e[3] < offset)
             entries = index.entries(first, max_entries)
         if not entries or entries[0][3] != offset:
             raise ValueError(f"no index entry starts at offset {offset}")
         return entries
 
-    def entry_ending_at(self, position: Position) -> tuple | None:
+    def entry_ending_at(self, position: Position) -> IndexEntry | None:
         """The index entry that ends exactly at `position`, if there is one."""
-        with _IndexReader(self._index_files()) as index:
+        with IndexReader(self._index_files()) as index:
             found = index.count_where(lambda e: e[3] < position.offset)
             entry = index.entry(found - 1) if found > 0 else None
-        if entry is not None and (entry[3] + entry[4], entry[5] - 1 + entry[6]) == position:
+        if entry is not None and entry_end(entry) == position:
             return entry
         return None
 
-    def read_group_bytes(self, entries: list[tuple]) -> bytes:
+    def read_group_bytes(self, entries: list[IndexEntry]) -> bytes:
         """The stored bytes of consecutive index entries' groups, as written."""
         if not entries:
             return b""
@@ -889,7 +663,7 @@ class PartitionLog:
         keep = bisect.bisect_left([entry[3] for entry in entries], position.offset)
         if keep:
             last = entries[keep - 1]
-            if (last[3] + last[4], last[5] - 1 + last[6]) != position:
+            if entry_end(last) != position:
                 raise ValueError(f"no index entry ends at offset {position.offset}")
             last_id = last[2]
         elif entries and entries[0][3] == position.offset:
@@ -899,7 +673,7 @@ class PartitionLog:
         os.truncate(self.index_path(), keep * ENTRY.size)
         self._index_entries = keep
         active = self.segments[-1].number
-        self._truncate_data(position.offset)
+        self.segments = truncate_segments(self.files, self.segments, position.offset)
         self._segment_starts = [segment.start for segment in self.segments]
         last_segment = self.segments[-1]
         if last_segment.number != active:
@@ -930,7 +704,7 @@ class PartitionLog:
             position.count,
         )
 
-    def _scan_from(self, entry: tuple | None, stop: Callable[[Message], bool]) -> Position:
+    def _scan_from(self, entry: IndexEntry | None, stop: Callable[[M], bool]) -> Position:
         """From the start of `entry`'s batch (the log's start when None), the position of the
         first message for which `stop` is true; the end when none is."""
         position = self.start
@@ -947,9 +721,9 @@ class PartitionLog:
             position = Position(last.offset + record_size(last, self.ext), last.count + 1)
         return self.end
 
-    def _first_timestamp(self, entry: tuple) -> int:
-        (message,) = self.read(Position(entry[3], entry[5] - 1), 1) or [None]
-        return message.timestamp if message is not None else 0
+    def _first_timestamp(self, entry: IndexEntry) -> int:
+        first = self.read(Position(entry[3], entry[5] - 1), 1)
+        return first[0].timestamp if first else 0
 
     def search_timestamp(self, timestamp_ns: int) -> Position:
         """The first message published at or after `timestamp_ns`, or the end."""
@@ -1008,49 +782,30 @@ class PartitionLog:
     def clean(self, floor: int, *, keep_bytes: float, older_than: float) -> int:
         """Remove whole segments that end at or before `floor` (every channel's confirmed
         offset) and are either older than `older_than` (a unix time) or beyond `keep_bytes`
-        of consumed data; the active segment stays. The new start is written before any file
-        goes. How many segments were removed."""
-        removable = []
-        retained_below_floor = min(floor, self.end.offset) - self.start.offset
-        for segment in self.segments[:-1]:
-            end = segment.start + segment.size
-            if end > floor:
-                break
-            path = self.segment_path(segment.number)
-            old = os.path.getmtime(path) < older_than
-            over_budget = retained_below_floor > keep_bytes
-            if not (old or over_budget):
-                break
-            removable.append(segment)
-            retained_below_floor -= segment.size
-        if not removable:
+        of consumed data (`retention.py`). How many segments were removed."""
+        count = removable_segments(
+            self.files,
+            self.segments,
+            self.start,
+            self.end,
+            floor,
+            keep_bytes=keep_bytes,
+            older_than=older_than,
+        )
+        if not count:
             return 0
-        following = self.segments[len(removable)]
-        self.start = Position(following.start, following.start_count)
-        start = {
-            "SegOffset": {"FileNum": following.number, "Pos": 0},
-            "VirtualOffset": following.start,
-            "TotalMsgCnt": following.start_count,
-        }
-        _write_atomically(self.start_meta_path, json.dumps(start).encode())
-        for segment in removable:
-            path = self.segment_path(segment.number)
-            for name in (path, path + ".offsetmeta.dat"):
-                try:
-                    os.unlink(name)
-                except FileNotFoundError:
-                    pass
-        del self.segments[: len(removable)]
+        self.start = remove_segments(self.files, self.segments[:count], self.segments[count])
+        del self.segments[:count]
         self._segment_starts = [segment.start for segment in self.segments]
         self._forget_tail_before(self.start.offset)
         self.log.info(
             "TOPIC(%s) partition %d: retention removed %d segment(s); the log starts at %d",
             self.topic,
             self.partition,
-            len(removable),
+            count,
             self.start.offset,
         )
-        return len(removable)
+        return count
 
     def _forget_tail_before(self, offset: int) -> None:
         """Drop the hot tail's appends that start before `offset`."""
@@ -1085,66 +840,5 @@ class PartitionLog:
             os.close(self._write_fd)
             os.close(self._index_fd)
             self._closed = True
-        prefixes = (f"{self.name}.", f"{self.name}:", f"{self.topic}_{self.partition}.commit.log")
-        magic = os.path.basename(self.magic_code_path)
-        for name in os.listdir(self.directory):
-            if name.startswith(prefixes) or name == magic:
-                os.unlink(os.path.join(self.directory, name))
-
-
-class _IndexReader:
-    """The index entries of a log's index files, read by position with `pread`."""
-
-    def __init__(self, files: list[tuple[str, int]]) -> None:
-        self._files = files
-        self.total = sum(count for _path, count in files)
-        self._descriptors: dict[str, int] = {}
-
-    def __enter__(self) -> "_IndexReader":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        for fd in self._descriptors.values():
-            os.close(fd)
-
-    def entry(self, position: int) -> tuple:
-        for path, count in self._files:
-            if position < count:
-                fd = self._descriptors.get(path)
-                if fd is None:
-                    fd = self._descriptors[path] = os.open(path, os.O_RDONLY)
-                return ENTRY.unpack(os.pread(fd, ENTRY.size, position * ENTRY.size))
-            position -= count
-        raise IndexError(position)
-
-    def entries(self, first: int, count: int) -> list[tuple]:
-        return [self.entry(position) for position in range(first, min(first + count, self.total))]
-
-    def count_where(self, holds: Callable[[tuple], bool]) -> int:
-        """How many entries `holds` is true for, it being true for a prefix of them."""
-        low, high = 0, self.total
-        while low < high:
-            middle = (low + high) // 2
-            if holds(self.entry(middle)):
-                low = middle + 1
-            else:
-                high = middle
-        return low
-
-
-def index_file_name(topic: str, partition: int) -> str:
-    return f"{topic}_{partition}.commit.log"
-
-
-def log_exists(data_path: str, topic: str, partition: int) -> bool:
-    """Whether a partition's log is on disk (its commit-log index)."""
-    return os.path.exists(os.path.join(data_path, topic, index_file_name(topic, partition)))
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    temporary = path + ".tmp"
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+        for path in self.files.all_files():
+            os.unlink(path)
