@@ -16,12 +16,11 @@ import trio
 
 from nsqpy.common.names import is_ephemeral
 from nsqpy.nsqd.backend import BackendWriteError
-from nsqpy.nsqd.cursor_queue import CursorQueue
 from nsqpy.nsqd.delivery import FIFO, ORDERED
 from nsqpy.nsqd.e2e import LatencyStream, merged_result
 from nsqpy.nsqd.inflight import DeadlineQueue
 from nsqpy.nsqd.message import Message
-from nsqpy.nsqd.message_queue import BufferedDiskQueue, MessageQueue
+from nsqpy.nsqd.message_queue import MessageQueue
 from nsqpy.nsqd.tag_dispatch import TagDispatch
 
 if TYPE_CHECKING:
@@ -41,30 +40,16 @@ class Channel:
         self.name = name
         self.nsqd = nsqd
         self.ephemeral = is_ephemeral(name)
-        # Go's `<topic>:<channel>`; a partition p > 0 names its channels `<topic>#<p>:<channel>`
-        # so two partitions' channels never share files.
-        self.queue: MessageQueue
-        if topic.log is not None:
-            # A log topic's channel is a cursor into the partition's log (docs/design.md §13).
-            cursor = CursorQueue(
-                topic,
-                topic.log,
-                name,
-                nsqd.options.max_confirm_win,
-                legacy=nsqd.open_legacy_queue(f"{topic.backend_name}:{name}"),
-            )
-            cursor.deferred_source = lambda: iter(self.deferred)
-            self.queue = cursor
-        else:
-            self.queue = BufferedDiskQueue(
-                nsqd,
-                f"{topic.backend_name}:{name}",
-                ephemeral=self.ephemeral,
-                failure="CHANNEL(%s:%s) ERROR: failed to write messages to backend",
-                failure_args=(topic.name, name),
-            )
         self.in_flight = DeadlineQueue()
         self.deferred = DeadlineQueue()
+        # What waits to be delivered (`nsqd/message_queue.py`), from the topic's engine: Go's
+        # memory and diskqueue, or a cursor into the partition's log.
+        self.queue: MessageQueue = topic.queue.open_channel_queue(
+            name,
+            ephemeral=self.ephemeral,
+            deferred=lambda: iter(self.deferred),
+            defer=self._defer_read,
+        )
         self.clients: dict[int, Client] = {}
         self.paused = False
         self.deleted = False
@@ -127,12 +112,6 @@ class Channel:
         return self.queue.backend_depth
 
     @property
-    def cursor(self) -> CursorQueue | None:
-        """A log topic's channel's position in the log; None for a classic topic's."""
-        queue = self.queue
-        return queue if type(queue) is CursorQueue else None
-
-    @property
     def ordered(self) -> bool:
         return self.delivery.ordered
 
@@ -161,30 +140,11 @@ class Channel:
         return self._take_from_queue(count)
 
     def _take_from_queue(self, count: int) -> list[Message]:
-        taken = self.queue.take(count)
-        if taken and self.topic.log is not None:
-            taken = self._hold_deferred(taken)
-        return taken
+        return self.queue.take(count)
 
-    def _hold_deferred(self, messages: list[Message]) -> list[Message]:
-        """A log topic's DPUB is read like any message; it waits in the deferred queue for
-        its first delivery (Go's channel does this as the message is put). The cursor knows
-        the due times that outlived a restart."""
-        cursor = self.queue
-        log = cursor.log
-        if not cursor.delays and not log.tail_has_deferred:
-            return messages
-        now = trio.current_time()
-        ready = []
-        for message in messages:
-            delay = cursor.take_delay(message)
-            if delay is None:
-                delay = log.tail_defer(message.offset)
-            if delay:
-                self.deferred.push(message, now + delay)
-            else:
-                ready.append(message)
-        return ready
+    def _defer_read(self, message: Message, delay: float) -> None:
+        """A DPUB read from a log: held in the deferred queue for its first delivery."""
+        self.deferred.push(message, trio.current_time() + delay)
 
     def start_in_flight(
         self, messages: list[Message], client_id: int, timeout: float, now: float
@@ -266,11 +226,7 @@ class Channel:
         self.queue.acknowledge(message)
         if self.delivery.finish_releases_next:
             self.notify()  # the next message may go now, to whichever client is waiting
-        if self.topic.replica is not None:
-            # Youzan replicates an ordered channel's cursor on every FIN, and every other's on
-            # a timer; here every cursor goes at once, coalesced (`ClusterNode.cursor_moved`),
-            # so a failover repeats little more than what was in flight.
-            self.topic.nsqd.cluster.cursor_moved(self.topic)
+        self.topic.replication.cursor_moved()
         if self.e2e is not None:
             self.e2e.insert(time.time_ns() - message.timestamp, trio.current_time())
         return message
@@ -290,10 +246,9 @@ class Channel:
         self.requeue_count += 1
         if delay > 0:
             self.deferred.push(message, now + delay)
-            if self.topic.replica is not None:
-                # The delay reaches the followers at once (coalesced), so that a new leader
-                # holds the message until it is due, as a DPUB's.
-                self.topic.nsqd.cluster.cursor_moved(self.topic)
+            # The delay reaches a cluster's followers at once (coalesced), so that a new
+            # leader holds the message until it is due, as a DPUB's.
+            self.topic.replication.cursor_moved()
         else:
             self._redeliver([message])
         return True
@@ -372,7 +327,7 @@ class Channel:
                 del tags[client.desired_tag]
                 # What waits for the tag is now for the consumers without one.
                 self.notify()
-        if (self.topic.log is not None or self.ordered) and not self.deleted:
+        if (self.queue.requeue_on_leave or self.ordered) and not self.deleted:
             # Youzan nsqd requeues a leaving consumer's in-flight messages at once
             # (RequeueClientMessages); Go's wait out --msg-timeout. An ordered channel hands
             # out nothing while a message is in flight, so waiting would stall it that long.

@@ -26,6 +26,7 @@ nsqlookupd writes it to etcd; this node follows it (`ClusterSession` watches the
 
 import logging
 import random
+from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -54,12 +55,18 @@ from nsqpy.common.replication import (
     error_header,
 )
 from nsqpy.daemon.net import format_address
-from nsqpy.nsqd.log_writer import WriteRefused
+from nsqpy.nsqd.cluster_session import ClusterSession
+from nsqpy.nsqd.cursor_queue import CursorQueue
+from nsqpy.nsqd.log_writer import LogWriter, WriteRefused
+from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.message_queue import LogTopicQueue
+from nsqpy.nsqd.partition_replica import UNKNOWN_REPLICA, PartitionReplica
 from nsqpy.nsqd.peer_link import PeerLink, PeerUnavailable
 from nsqpy.nsqd.tls import cluster_contexts
-from nsqpy.partition_log import Position
+from nsqpy.partition_log import PartitionLog, Position
 
 if TYPE_CHECKING:
+    from nsqpy.nsqd.channel import Channel
     from nsqpy.nsqd.server import NSQD
     from nsqpy.nsqd.topic import Topic
 
@@ -88,8 +95,50 @@ CURSOR_PUSH_INTERVAL = 0.005
 CURSOR_PUSH_TIMEOUT = 1.0
 
 
-# What a partition found on disk is until the cluster's metadata says who leads it.
-UNKNOWN_REPLICA = ReplicaInfo(leader="?", isr=(), epoch=-1, epoch_for_write=-1)
+def _replica_of(topic: "Topic") -> PartitionReplica | None:
+    """The partition's cluster replication; None when it is not a cluster's."""
+    replication = topic.replication
+    return replication if isinstance(replication, PartitionReplica) else None
+
+
+def _held(topic: "Topic") -> PartitionReplica:
+    """The replication of a partition the cluster has given this node."""
+    replication = topic.replication
+    assert isinstance(replication, PartitionReplica), topic
+    return replication
+
+
+def _hold(node: "ClusterNode", topic: "Topic", info: ReplicaInfo) -> PartitionReplica:
+    """Make `info` what this node knows of the partition's replicas."""
+    replica = _replica_of(topic)
+    if replica is None:
+        replica = PartitionReplica(node, topic, info)
+        topic.replication = replica
+    else:
+        replica.info = info
+    return replica
+
+
+def _log_queue(topic: "Topic") -> LogTopicQueue:
+    """A cluster partition is a log topic (docs/design.md §14): replication is of its log."""
+    queue = topic.queue
+    assert isinstance(queue, LogTopicQueue), topic
+    return queue
+
+
+def _cursor(channel: "Channel") -> CursorQueue:
+    """A log topic's channel is a cursor into the partition's log."""
+    queue = channel.queue
+    assert isinstance(queue, CursorQueue), channel
+    return queue
+
+
+def _log(topic: "Topic") -> PartitionLog[Message]:
+    return _log_queue(topic).log
+
+
+def _writer(topic: "Topic") -> LogWriter:
+    return _log_queue(topic).writer
 
 
 class ClusterWriteError(WriteRefused):
@@ -109,7 +158,7 @@ class ClusterNode:
         self._catching_up: set[tuple[str, int]] = set()
         # The master nsqlookupd's HTTP address, as its leader session says.
         self.master_http: str | None = None
-        self.session = None
+        self.session: ClusterSession | None = None
         # The replication links' mutual TLS (`--cluster-tls-*`), or None (plain TCP).
         self.server_tls, self.client_tls = cluster_contexts(options)
         # Partitions whose ordered channels' cursors moved: pushed to the followers at once.
@@ -121,6 +170,10 @@ class ClusterNode:
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         nsqd = self.nsqd
         options = nsqd.options
+        # Partitions found on disk wait for the cluster to say who leads them.
+        for topic in nsqd.all_partitions():
+            if topic.partitioned and _replica_of(topic) is None:
+                _hold(self, topic, UNKNOWN_REPLICA)
         host, _, port = options.rpc_port.rpartition(":")
         host = host.strip("[]") or options.broadcast_address
         listeners = await trio.open_tcp_listeners(int(port), host=host)
@@ -143,8 +196,6 @@ class ClusterNode:
             nursery.start_soon(self._cursor_timer)
             nursery.start_soon(self._push_moved_cursors)
             if self.enabled:
-                from nsqpy.nsqd.cluster_session import ClusterSession
-
                 # Not waited for: joining the cluster waits on etcd, and a SIGTERM must stop
                 # the node even while etcd is away (docs/operations.md).
                 self.session = ClusterSession(self)
@@ -169,7 +220,7 @@ class ClusterNode:
 
     def describe(self, topic: "Topic") -> dict:
         """A cluster partition's replica state, for `/partition/offsets` and `/stats`."""
-        info = topic.replica
+        info = _held(topic).info
         me = self.node_id
         if info.leader == me:
             role = "leader"
@@ -187,9 +238,34 @@ class ClusterNode:
             "isr": list(info.isr),
             "catchup": list(info.catchup),
             "write_epoch": info.epoch_for_write,
-            "writable": role == "leader" and topic.cluster_writable,
+            "writable": role == "leader" and _held(topic).writable,
             "catching_up": (topic.name, topic.partition) in self._catching_up,
         }
+
+    def partition_reports(self) -> list[dict]:
+        """Every cluster partition this node holds, as the master nsqlookupd reads them
+        (`/cluster/partitions`) for leader health, hand-overs and load factors: its role and
+        writability, its log's start and end, and how far its slowest channel is behind."""
+        reports = []
+        for topic in self.nsqd.all_partitions():
+            replica = _replica_of(topic)
+            if replica is None:
+                continue
+            queue = _log_queue(topic)
+            log = queue.log
+            confirmed = [cursor.confirmed.offset for cursor in queue.open_cursors()]
+            entry = {
+                "topic": topic.name,
+                "partition": topic.partition,
+                "start": list(log.start),
+                "end": list(log.end),
+                "channels": sorted(topic.channels),
+                "channel_depth_bytes": log.end.offset - min(confirmed, default=log.end.offset),
+                "handing_over": replica.handing_over,
+            }
+            entry.update(self.describe(topic))
+            reports.append(entry)
+        return reports
 
     # -- following the metadata --------------------------------------------------------------
 
@@ -199,16 +275,16 @@ class ClusterNode:
         me = self.node_id
         topic = nsqd.registry.get(topic_name, partition)
         if not info.holds(me):
-            if topic is not None and topic.replica is not None:
-                if info.epoch < topic.replica.epoch:
+            if topic is not None and topic.replication.info is not None:
+                if info.epoch < topic.replication.info.epoch:
                     return  # an older revision than the one applied
                 # Moved off this node (a move, a node removal, a replacement): the replicas
                 # that hold it now are the partition; this copy is of no more use.
                 self._step_down(topic, info)
                 self.forget(topic_name, partition, "no longer holds it")
             return
-        if topic is not None and topic.replica is not None:
-            kept = topic.log.magic_code
+        if topic is not None and topic.replication.info is not None:
+            kept = _log(topic).magic_code
             if meta.magic_code and kept and kept != meta.magic_code:
                 # Deleted and created again while this node was away: what is on disk is the
                 # old topic's, and the new one starts empty (Youzan's CheckMagicCode).
@@ -227,25 +303,27 @@ class ClusterNode:
                 ordered=meta.ordered_multi,
                 ext=meta.ext,
                 sync_every=meta.sync_every,
-                replica=info,
+                replication=partial(PartitionReplica, self, info=info),
             )
-        previous = topic.replica
+        previous = topic.replication.info
         if previous is not None and info.epoch < previous.epoch:
             return  # an older revision than the one applied
-        if meta.magic_code and topic.log.magic_code != meta.magic_code:
-            topic.log.set_magic_code(meta.magic_code)
+        if meta.magic_code and _log(topic).magic_code != meta.magic_code:
+            _log(topic).set_magic_code(meta.magic_code)
         self._take_meta(topic, meta)
-        topic.replica = info
-        topic.log.write_epoch = info.epoch_for_write
+        _hold(self, topic, info)
+        _log_queue(topic).set_write_epoch(info.epoch_for_write)
         if info.leader == me:
             was_leader = previous is not None and previous.leader == me
-            topic.writer.replicate = partial(self.replicate, topic) if info.followers() else None
-            topic.cluster_writable = len(info.isr) > info.replica // 2
-            topic.handing_over = False
+            _log_queue(topic).replicate_with(
+                partial(self.replicate, topic) if info.followers() else None
+            )
+            _held(topic).writable = len(info.isr) > info.replica // 2
+            _held(topic).handing_over = False
             # The channels the cluster gave the partition (an expansion copies the topic's).
-            for channel in info.channels:
-                if channel not in topic.channels and is_valid_name(channel):
-                    topic.get_channel(channel)
+            for name in info.channels:
+                if name not in topic.channels and is_valid_name(name):
+                    topic.get_channel(name)
             if not was_leader:
                 nsqd.log.info(
                     "TOPIC(%s) partition %d: leader, write epoch %d, ISR %s",
@@ -261,11 +339,10 @@ class ClusterNode:
         leader_changed = previous is None or previous.leader != info.leader
         if previous is not None and previous.leader == me:
             self._step_down(topic, info)
-        topic.replica = info
-        topic.writer.abandon(ClusterWriteError("E_FAILED_ON_NOT_LEADER", "not the leader"))
-        topic.writer.replicate = None
-        topic.cluster_writable = False
-        topic.handing_over = False
+        _hold(self, topic, info)
+        _log_queue(topic).stop_writes(ClusterWriteError("E_FAILED_ON_NOT_LEADER", "not the leader"))
+        _held(topic).writable = False
+        _held(topic).handing_over = False
         if leader_changed or me in info.catchup:
             self.start_catch_up(topic)
 
@@ -273,7 +350,7 @@ class ClusterNode:
         """The topic's settings that `/topic/meta/update` changes."""
         if meta.sync_every and meta.sync_every != topic.sync_every:
             topic.sync_every = meta.sync_every
-            topic.log.sync_every = max(1, meta.sync_every)
+            _log(topic).sync_every = max(1, meta.sync_every)
             self.nsqd.topology_changed()
         topic.retention_days = meta.retention_day
         topic.channel_auto_create = not meta.disable_channel_auto_create
@@ -282,9 +359,9 @@ class ClusterNode:
         """Delete the local copy of a partition the cluster no longer keeps here (moved away,
         or the topic deleted)."""
         topic = self.nsqd.registry.get(topic_name, partition)
-        if topic is None or topic.replica is None:
+        if topic is None or topic.replication.info is None:
             return
-        self._step_down(topic, topic.replica)
+        self._step_down(topic, topic.replication.info)
         self.nsqd.log.info(
             "TOPIC(%s) partition %d: deleting the local replica (%s)", topic_name, partition, why
         )
@@ -295,11 +372,13 @@ class ClusterNode:
         """This node no longer leads the partition: it stops taking writes (what it took and
         did not write yet is refused), leaves nsqlookupd's lists, and its consumers go (they
         look the new leader up)."""
-        was_leader = topic.replica is not None and topic.replica.leader == self.node_id
-        topic.replica = info
-        topic.writer.abandon(ClusterWriteError("E_FAILED_ON_NOT_LEADER", "no longer the leader"))
-        topic.writer.replicate = None
-        topic.cluster_writable = False
+        held = _replica_of(topic)
+        was_leader = held is not None and held.is_leader
+        _hold(self, topic, info)
+        _log_queue(topic).stop_writes(
+            ClusterWriteError("E_FAILED_ON_NOT_LEADER", "no longer the leader")
+        )
+        _held(topic).writable = False
         if was_leader:
             self.nsqd.log.info(
                 "TOPIC(%s) partition %d: no longer the leader (now %s)",
@@ -315,7 +394,10 @@ class ClusterNode:
     # -- leader: replicating ----------------------------------------------------------------
 
     async def replicate(
-        self, topic: "Topic", writes: list[tuple[tuple, bytes]], delays: list = ()
+        self,
+        topic: "Topic",
+        writes: list[tuple[tuple, bytes]],
+        delays: Sequence[tuple[int, float]] = (),
     ) -> None:
         """Every ISR follower has `writes` (index entry, bytes) when this returns, and the
         due times of the DPUBs among them (`delays`, offset and unix time); ClusterWriteError
@@ -328,7 +410,7 @@ class ClusterNode:
         elected from it, has every acknowledged message."""
         have: set[str] = set()
         while True:
-            info = topic.replica
+            info = topic.replication.info
             if info is None or info.leader != self.node_id:
                 raise ClusterWriteError("E_FAILED_ON_NOT_LEADER", "no longer the leader")
             missing = [follower for follower in info.followers() if follower not in have]
@@ -392,9 +474,9 @@ class ClusterNode:
         """Replication failed with no majority left (or no master to ask): the partition
         takes no publish until its followers answer again (`_restore_writes`), which may be
         long after the network healed, so this node does not wait to be told."""
-        if not topic.cluster_writable:
+        if not _held(topic).writable:
             return
-        topic.cluster_writable = False
+        _held(topic).writable = False
         self.nsqd.log.error(
             "TOPIC(%s) partition %d: not writable, replication failed - %s",
             topic.name,
@@ -412,13 +494,13 @@ class ClusterNode:
         started = trio.current_time()
         reported = False
         delay = HEAL_PROBE_DELAY
-        while not topic.deleted and topic.replica is info and not topic.cluster_writable:
+        while not topic.deleted and topic.replication.info is info and not _held(topic).writable:
             in_sync = await self._probe_followers(topic, info)
-            if topic.replica is not info or topic.cluster_writable:
+            if topic.replication.info is not info or _held(topic).writable:
                 return  # the info changed meanwhile (`apply` decided), or another probe won
             lagging = [node for node in info.followers() if node not in in_sync]
             if not lagging:
-                topic.cluster_writable = True
+                _held(topic).writable = True
                 self.nsqd.log.info(
                     "TOPIC(%s) partition %d: every ISR follower is at this leader's end again;"
                     " writable",
@@ -440,7 +522,7 @@ class ClusterNode:
         """The ISR followers that answer a push of the channels and this leader's end with
         the same end (one that held a group the leader cut back cuts it; one that is behind
         starts catching up)."""
-        await topic.writer.drain()
+        await _writer(topic).drain()
         in_sync: set[str] = set()
 
         async def probe(follower: str) -> None:
@@ -472,29 +554,31 @@ class ClusterNode:
         followers, and return the log's end, which `to` (an ISR follower) has too. The master
         then names `to` leader; if it does not within `HANDOVER_TIMEOUT`, this node takes
         publishes again."""
-        info = topic.replica
-        if info is None or info.leader != self.node_id:
+        info = topic.replication.info
+        if info is None:
+            raise ClusterWriteError("E_NOT_CLUSTER", "the partition is not a cluster's")
+        if info.leader != self.node_id:
             raise ClusterWriteError("E_FAILED_ON_NOT_LEADER", "not the leader")
         if to not in info.followers():
             raise ClusterWriteError("E_NOT_IN_ISR", f"{to} is not an ISR follower")
-        if not topic.cluster_writable:
+        if not _held(topic).writable:
             raise ClusterWriteError("E_FAILED_ON_NOT_WRITABLE", "not writable")
-        topic.handing_over = True
+        _held(topic).handing_over = True
         try:
             with trio.fail_after(HANDOVER_TIMEOUT):
-                await topic.writer.drain()
+                await _writer(topic).drain()
                 await self.push_channels(topic)
         except BaseException:
-            topic.handing_over = False
+            _held(topic).handing_over = False
             raise
         if self._nursery is not None:
             self._nursery.start_soon(self._end_handover, topic, info)
-        return topic.log.written
+        return _log(topic).written
 
     async def _end_handover(self, topic: "Topic", info: ReplicaInfo) -> None:
         await trio.sleep(HANDOVER_TIMEOUT)
-        if topic.replica is info and topic.handing_over:
-            topic.handing_over = False
+        if topic.replication.info is info and _held(topic).handing_over:
+            _held(topic).handing_over = False
             self.nsqd.log.warning(
                 "TOPIC(%s) partition %d: the master did not move the leader; taking publishes"
                 " again",
@@ -510,7 +594,7 @@ class ClusterNode:
         writes: list[tuple[tuple, bytes]],
         failed: dict[str, Exception],
         channels: dict | None,
-        delays: list,
+        delays: Sequence[tuple[int, float]],
     ) -> None:
         link = self._link(follower)
         header = self._leader_header(topic, info)
@@ -539,7 +623,7 @@ class ClusterNode:
                 if isinstance(error, ReplicaRefusal) and error.code == "E_STALE_EPOCH":
                     if self.session is not None:
                         await self.session.reload(topic.name, topic.partition)
-                    current = topic.replica
+                    current = topic.replication.info
                     if current is None or current.leader != self.node_id:
                         failed[follower] = error
                         return
@@ -552,7 +636,7 @@ class ClusterNode:
     def _answer_match(self, topic: "Topic", header: dict) -> dict:
         entry = tuple(header["entry"])
         end = Position(entry[3] + entry[4], entry[5] - 1 + entry[6])
-        log = topic.log
+        log = _log(topic)
         matched = end.offset <= log.written.offset and log.entry_ending_at(end) == entry
         return {"match": matched, "start": list(log.start), "end": list(log.written)}
 
@@ -567,7 +651,7 @@ class ClusterNode:
 
     def _channel_positions(self, topic: "Topic") -> dict[str, list[int]]:
         return {
-            name: list(channel.queue.confirmed)
+            name: list(_cursor(channel).confirmed)
             for name, channel in topic.channels.items()
             if not channel.ephemeral
         }
@@ -578,7 +662,7 @@ class ClusterNode:
         deferrals = {}
         for name, channel in topic.channels.items():
             if not channel.ephemeral:
-                dues = channel.queue.deferred_dues()
+                dues = _cursor(channel).deferred_dues()
                 if dues:
                     deferrals[name] = {str(offset): due for offset, due in dues.items()}
         return deferrals
@@ -587,7 +671,7 @@ class ClusterNode:
         """The leader's channels and their confirmed positions, to its followers: every
         `--sync-timeout`, and before a channel's creation or move (setoffset) is answered (a
         consumer that moves to a new leader finds its channel where it was)."""
-        info = topic.replica
+        info = topic.replication.info
         if info is None or info.leader != self.node_id or not info.followers():
             return
         version = topic.channels_version
@@ -621,14 +705,14 @@ class ClusterNode:
         deferred = self._channel_deferrals(topic)
         if deferred:
             header["deferred"] = deferred
-        log = topic.log
-        if end or (topic.writer.idle and log.written.offset > log.start.offset):
+        log = _log(topic)
+        if end or (_writer(topic).idle and log.written.offset > log.start.offset):
             header["end"] = list(log.written)
             header["last"] = list(log.entry_ending_at(log.written) or ())
         return header
 
     def _answer_pull(self, topic: "Topic", header: dict) -> tuple[dict, bytes]:
-        log = topic.log
+        log = _log(topic)
         offset = int(header["offset"])
         max_bytes = int(header.get("max_bytes", PULL_MAX_BYTES))
         entries = log.entries_from(offset, int(header.get("max_entries", PULL_MAX_ENTRIES)))
@@ -649,12 +733,12 @@ class ClusterNode:
     # -- follower: taking writes ------------------------------------------------------------
 
     async def _on_put(self, topic: "Topic", header: dict, payload: bytes) -> dict:
-        info = topic.replica
+        info = _held(topic).info
         leader, epoch = header.get("leader"), int(header.get("epoch", -1))
         if epoch > info.epoch_for_write and self.session is not None:
             # The leader knows a newer epoch than this node has seen: read it first.
             await self.session.reload(topic.name, topic.partition)
-            info = topic.replica
+            info = _held(topic).info
         if leader != info.leader or epoch > info.epoch_for_write:
             # Fencing: a deposed leader (or one this node cannot confirm) writes nothing.
             raise ReplicaRefusal(
@@ -672,7 +756,7 @@ class ClusterNode:
         if (topic.name, topic.partition) in self._catching_up:
             raise ReplicaRefusal(error_header("E_CATCHING_UP", "catching up with the leader"))
         entry = tuple(header["entry"])
-        log = topic.log
+        log = _log(topic)
         if "channels" in header:
             self._take_channels(topic, header["channels"], move=False)
         try:
@@ -691,19 +775,19 @@ class ClusterNode:
         if "delays" in header:
             delays = [(int(offset), float(due)) for offset, due in header["delays"]]
             for channel in topic.channels.values():
-                channel.queue.delays.update(delays)
-        await topic.writer.sync_if_due()
+                _cursor(channel).delays.update(delays)
+        await _writer(topic).sync_if_due()
         return {"end": list(log.written)}
 
     def _on_cursors(self, topic: "Topic", header: dict) -> dict:
-        info = topic.replica
+        info = _held(topic).info
         if header.get("leader") != info.leader:
             raise ReplicaRefusal(error_header("E_FAILED_ON_NOT_LEADER", "not my leader"))
         self._take_channels(topic, header.get("channels", {}), move=True)
         for name, dues in (header.get("deferred") or {}).items():
             channel = topic.channels.get(name)
             if channel is not None:
-                queue = channel.queue
+                queue = _cursor(channel)
                 floor = queue.confirmed.offset
                 # What the channel confirmed past no longer waits; the rest is the leader's.
                 kept = {offset: due for offset, due in queue.delays.items() if offset >= floor}
@@ -712,7 +796,7 @@ class ClusterNode:
         if "end" in header:
             self._check_end(topic, Position(*header["end"]), tuple(header.get("last") or ()))
         return {
-            "end": list(topic.log.written),
+            "end": list(_log(topic).written),
             "catching_up": (topic.name, topic.partition) in self._catching_up,
         }
 
@@ -721,7 +805,7 @@ class ClusterNode:
         (a group the leader rolled back), or catch up when behind or apart."""
         if (topic.name, topic.partition) in self._catching_up:
             return
-        log = topic.log
+        log = _log(topic)
         if log.written == end:
             return
         if log.written.offset > end.offset and last and log.entry_ending_at(end) == last:
@@ -737,7 +821,7 @@ class ClusterNode:
     def _take_channels(self, topic: "Topic", channels: dict, *, move: bool) -> None:
         """A follower takes its leader's channels: missing ones are created where the
         leader's are; with `move`, existing ones move to the leader's confirmed position."""
-        log = topic.log
+        log = _log(topic)
         for name in [name for name, channel in topic.channels.items() if not channel.ephemeral]:
             if name not in channels:
                 # Deleted on the leader (`channels` is its whole set).
@@ -752,8 +836,8 @@ class ClusterNode:
                 position = log.written
             if position.offset < log.start.offset:
                 position = log.start
-            if channel.queue.confirmed != position:
-                channel.queue.set_position(position)
+            if _cursor(channel).confirmed != position:
+                _cursor(channel).set_position(position)
 
     # -- follower: catching up ---------------------------------------------------------------
 
@@ -771,7 +855,7 @@ class ClusterNode:
         delay = 0.05
         try:
             while not topic.deleted:
-                info = topic.replica
+                info = topic.replication.info
                 if info is None or info.leader in ("", "?", self.node_id):
                     return
                 try:
@@ -787,7 +871,7 @@ class ClusterNode:
                     await trio.sleep(delay * (1 + random.random()))
                     delay = min(delay * 2, 1.0)
                     continue
-                if topic.replica is not info:
+                if topic.replication.info is not info:
                     continue  # the info changed meanwhile: catch up with what it says now
                 if self.node_id not in info.catchup or self.session is None:
                     return
@@ -802,7 +886,7 @@ class ClusterNode:
 
     async def _catch_up_once(self, topic: "Topic", info: ReplicaInfo) -> None:
         link = self._link(info.leader)
-        log = topic.log
+        log = _log(topic)
         base = {"topic": topic.name, "partition": topic.partition}
         # Where this log and the leader's part: walk back one entry at a time.
         while log.written.offset > log.start.offset:
@@ -827,7 +911,7 @@ class ClusterNode:
                 log.append_raw(entry, data[at : at + entry[4]])
                 at += entry[4]
                 topic.replicated(entry[6], entry[4])
-            await topic.writer.sync_if_due()
+            await _writer(topic).sync_if_due()
 
     # -- cursors ------------------------------------------------------------------------------
 
@@ -878,16 +962,18 @@ class ClusterNode:
                 self.nsqd.log.warning("RPC: refused a peer (%s) - %s", peer, reason)
                 await trio.aclose_forcefully(stream)
                 return
-            stream = tls
+            peer_stream: trio.abc.Stream = tls
+        else:
+            peer_stream = stream
         reader = FrameReader()
-        async with stream:
+        async with peer_stream:
             try:
                 while True:
-                    data = await stream.receive_some(256 * 1024)
+                    data = await peer_stream.receive_some(256 * 1024)
                     if not data:
                         return
-                    for frame in reader.receive_data(data):
-                        await stream.send_all(await self._answer(frame))
+                    for frame in reader.receive_data(bytes(data)):
+                        await peer_stream.send_all(await self._answer(frame))
             except ReplicationProtocolError as error:
                 self.nsqd.log.error("RPC: bad frame from a peer - %s", error)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -897,7 +983,7 @@ class ClusterNode:
         header = frame.header
         try:
             topic = self.nsqd.registry.get(str(header.get("topic")), int(header.get("partition")))
-            if topic is None or topic.replica is None or topic.log is None:
+            if topic is None or _replica_of(topic) is None:
                 raise ReplicaRefusal(error_header("E_TOPIC_NOT_EXIST", "no such partition here"))
             if frame.op == PUT:
                 return encode_frame(REPLY, await self._on_put(topic, header, frame.payload))

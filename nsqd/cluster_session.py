@@ -133,7 +133,7 @@ class ClusterSession:
         if not self.metas:
             return
         for topic in self.nsqd.all_partitions():
-            if topic.replica is not None and topic.name not in self.metas:
+            if topic.replication.info is not None and topic.name not in self.metas:
                 self.node.forget(topic.name, topic.partition, "the topic was deleted")
 
     def _take(self, key: str, value: bytes | None, revision: int) -> tuple[str, int] | None:
@@ -166,7 +166,7 @@ class ClusterSession:
                 if parsed is None:
                     continue
                 topic, partition, what = parsed
-                if what == "ReplicaInfo" and value is None:
+                if what == "ReplicaInfo" and value is None and partition is not None:
                     # The partition is gone from the cluster (`/topic/delete`).
                     self.node.forget(topic, partition, "the topic was deleted")
                 elif what == "TopicMeta" and value is not None:

@@ -33,7 +33,7 @@ from nsqpy.partition_log import META_MAGIC, LogCorruption, PartitionLog, Positio
 
 if TYPE_CHECKING:
     from nsqpy.diskqueue import DiskQueue
-    from nsqpy.nsqd.topic import Topic
+    from nsqpy.nsqd.storage import Storage
 
 
 class CursorQueue:
@@ -41,24 +41,34 @@ class CursorQueue:
 
     def __init__(
         self,
-        topic: "Topic",
+        storage: "Storage",
         log: PartitionLog[Message],
         channel: str,
         max_confirm_win: int,
+        *,
+        paused: Callable[[], bool],
+        start_at_log_start: bool = False,
         legacy: "DiskQueue | None" = None,
+        deferred: Callable[[], Iterable[Message]] | None = None,
+        defer: Callable[[Message, float], None] | None = None,
     ):
-        self.topic = topic
+        self.storage = storage
         self.log = log
         self.channel = channel
         self.name = f"{log.name}:{channel}"
         self.max_confirm_win = max_confirm_win
+        # Whether the topic holds its messages back (paused): nothing is read then.
+        self._topic_paused = paused
         self.meta_path = log.reader_meta_path(channel)
         self.delays_path = log.delays_path(channel)
         # Deferred messages by offset, with their due time (unix seconds): DPUBs not read yet,
         # and, after a restart, those that waited in the channel's deferred queue.
         self.delays: dict[int, float] = self._load_delays()
-        # What waits in the channel's deferred queue now (set by the channel).
-        self.deferred_source: Callable[[], Iterable[Message]] | None = None
+        # What waits in the channel's deferred queue now, and how a message read from the log
+        # is held there for its delay (the channel's).
+        self.deferred_source = deferred
+        self._defer = defer
+        self.closed = False
         self.redeliver: deque[Message] = deque()
         # Messages an earlier nsqpy kept for this channel in a diskqueue, before partitioned
         # topics were logs: delivered first, written back if still unacknowledged at a stop,
@@ -74,7 +84,7 @@ class CursorQueue:
         if saved is None:
             # A new channel starts at the end, as in Youzan; but where the log was just made
             # from an earlier nsqpy's diskqueue, at its start, so the channel gets those too.
-            saved = log.start if topic.migrated else log.end
+            saved = log.start if start_at_log_start else log.end
         self.confirmed = saved
         self.read_position = saved
         if saved is log.end:
@@ -220,7 +230,7 @@ class CursorQueue:
         return self.read_position.offset < self.log.end.offset and not self._reading_paused()
 
     def _reading_paused(self) -> bool:
-        if self.topic.paused:
+        if self._topic_paused():
             return True
         ranges = len(self._ranges)
         if self._window_full:
@@ -266,7 +276,29 @@ class CursorQueue:
                     last.offset + record_size(last, self.log.ext), last.count + 1
                 )
                 taken.extend(messages)
+        if taken and self._defer is not None:
+            taken = self._hold_deferred(taken, self._defer)
         return taken
+
+    def _hold_deferred(
+        self, messages: list[Message], defer: Callable[[Message, float], None]
+    ) -> list[Message]:
+        """A log topic's DPUB is read like any message; it waits in the channel's deferred
+        queue for its first delivery (Go's channel does this as the message is put). The
+        delays file keeps the due times that outlived a restart."""
+        log = self.log
+        if not self.delays and not log.tail_has_deferred:
+            return messages
+        ready = []
+        for message in messages:
+            delay = self.take_delay(message)
+            if delay is None:
+                delay = log.tail_defer(message.offset)
+            if delay:
+                defer(message, delay)
+            else:
+                ready.append(message)
+        return ready
 
     def _skip_corruption(self, error: LogCorruption) -> None:
         """Records that cannot be read: the channel goes on at the next segment (the log's
@@ -367,8 +399,20 @@ class CursorQueue:
                 legacy.put_many([message.to_record() for message in held])
         return self.depth + len(unacknowledged)
 
-    def sync_targets(self) -> list:
-        return [self]
+    async def sync_dirty(self) -> None:
+        if self.dirty:
+            await self.storage.sync_backend(self)
+
+    # Youzan requeues a leaving consumer's in-flight messages at once.
+    requeue_on_leave = True
+
+    def position_stats(self) -> dict[str, int]:
+        return {
+            "confirmed_offset": self.confirmed.offset,
+            "confirmed_count": self.confirmed.count,
+            "read_offset": self.read_position.offset,
+            "lag": self.lag,
+        }
 
     def close(self) -> None:
         """The confirmed position; the delays were written by `flush` while the channel still
@@ -376,6 +420,7 @@ class CursorQueue:
         _write(self.meta_path, self._meta(), sync=False)
         self._persisted = self.confirmed
         self._close_legacy()
+        self.closed = True
 
     def _close_legacy(self) -> None:
         legacy, self.legacy = self.legacy, None
@@ -388,6 +433,7 @@ class CursorQueue:
             legacy.delete()
 
     def delete(self) -> None:
+        self.closed = True
         if self.legacy is not None:
             self.legacy.empty()
         self._close_legacy()

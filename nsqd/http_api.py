@@ -41,6 +41,7 @@ from nsqpy.nsqd.ext_header import (
     trace_id_of,
     with_http_headers,
 )
+from nsqpy.nsqd.message_queue import RetainedLog
 from nsqpy.nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from nsqpy.nsqd.metrics import render_metrics
 from nsqpy.nsqd.publish import PublishError, publish
@@ -49,6 +50,7 @@ from nsqpy.partition_log import record_size
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.server import NSQD
+    from nsqpy.nsqd.topic import Topic
 
 # Every successful publish gets the same bytes (Go's RespondV1 with the string "OK").
 _OK = CachedResponse(200, b"OK", [NSQ_V1_HEADER, ("Content-Type", TEXT_CONTENT_TYPE)])
@@ -109,10 +111,10 @@ class HTTPAPI:
         router.add("POST", "/loglevel/set", self.set_log_level)
 
     async def _commit(self, write_groups: list) -> None:
-        await self.nsqd.commit_backend_writes(write_groups)
+        await self.nsqd.storage.commit(write_groups)
 
     def _commit_due(self) -> bool:
-        return self.nsqd.commit_due()
+        return self.nsqd.storage.commit_due()
 
     # -- health and identity -------------------------------------------------------------
 
@@ -388,8 +390,8 @@ class HTTPAPI:
         for topic in topics:
             version = topic.channels_version
             topic.get_channel(channel_name)
-            if topic.channels_version != version and topic.replica is not None:
-                await self.nsqd.cluster.push_channels(topic)
+            if topic.channels_version != version:
+                await topic.replication.channels_changed()
         return v1_response(200)
 
     async def channel_delete(self, request: Request) -> Response:
@@ -397,9 +399,8 @@ class HTTPAPI:
         self._refuse_on_followers([topic for topic, _channel in found])
         for topic, channel in found:
             topic.delete_channel(channel.name)
-            if topic.replica is not None:
-                # The followers drop it before the answer, as they take a new one.
-                await self.nsqd.cluster.push_channels(topic)
+            # A cluster's followers drop it before the answer, as they take a new one.
+            await topic.replication.channels_changed()
         return v1_response(200)
 
     @staticmethod
@@ -516,9 +517,8 @@ class HTTPAPI:
             self.nsqd.log.info(
                 "set the channel offset of %s:%s: %s:%d", topic.full_name, channel.name, kind, value
             )
-            if topic.replica is not None:
-                # A cluster leader's followers move the cursor too before the answer.
-                await self.nsqd.cluster.push_channels(topic)
+            # A cluster leader's followers move the cursor too before the answer.
+            await topic.replication.channels_changed()
         return v1_response(200)
 
     def topic_greedyclean(self, request: Request) -> Response:
@@ -533,14 +533,19 @@ class HTTPAPI:
 
     # -- range reads of log topics (docs/protocol.md §6.3) ---------------------------------------
 
-    def _log_partitions(self, params: dict[str, list[str]]) -> list:
+    def _log_partitions(self, params: dict[str, list[str]]) -> list[tuple["Topic", RetainedLog]]:
+        """The named partitions with their retained logs; 400 NOT_A_LOG_TOPIC without one."""
         topics = self._existing_topic(params, validate=False)
-        partitions = [topic for topic in topics if topic.log]
+        partitions = []
+        for topic in topics:
+            retained = topic.queue.retained
+            if retained is not None:
+                partitions.append((topic, retained))
         if not partitions:
             raise HTTPError(400, "NOT_A_LOG_TOPIC")
         return partitions
 
-    def _log_partition(self, params: dict[str, list[str]]):
+    def _log_partition(self, params: dict[str, list[str]]) -> tuple["Topic", RetainedLog]:
         if _first(params, "partition") in (None, ""):
             raise HTTPError(400, "MISSING_ARG_PARTITION")
         return self._log_partitions(params)[0]
@@ -551,16 +556,14 @@ class HTTPAPI:
         leader = f"{nsqd.options.broadcast_address}:{nsqd.tcp_port}"
         partitions = []
         params = _query(request)
-        for topic in self._log_partitions(params):
-            log = topic.log
+        for topic, log in self._log_partitions(params):
             entry = {
                 "partition": topic.partition,
                 "start": {"offset": log.start.offset, "count": log.start.count},
                 "end": {"offset": log.end.offset, "count": log.end.count},
                 "leader": leader,
             }
-            if topic.replica is not None:
-                entry.update(nsqd.cluster.describe(topic))
+            entry.update(topic.replication.describe())
             partitions.append(entry)
         return v1_response(200, {"topic": _first(params, "topic"), "partitions": partitions})
 
@@ -570,7 +573,7 @@ class HTTPAPI:
         `offset` (the first record boundary at or after that virtual offset); each clamped to
         the retained start and the committed end."""
         params = _query(request)
-        log = self._log_partition(params).log
+        _topic, log = self._log_partition(params)
         count = _first(params, "count")
         offset = _first(params, "offset")
         if count is not None:
@@ -591,7 +594,7 @@ class HTTPAPI:
         one stands and where the next fetch starts. Stateless and the same bytes on every
         replica, so a reader can repeat it anywhere."""
         params = _query(request)
-        log = self._log_partition(params).log
+        _topic, log = self._log_partition(params)
         offset = _int_arg(_first(params, "offset") or "0", "INVALID_ARG_OFFSET")
         end_text = _first(params, "end")
         end = _int_arg(end_text, "INVALID_ARG_OFFSET") if end_text else log.end.offset
@@ -616,35 +619,18 @@ class HTTPAPI:
         leader health, hand-overs and load factors: its role and writability, its log's
         start and end, and how far its slowest channel is behind."""
         nsqd = self.nsqd
-        partitions = []
-        for topic in nsqd.all_partitions():
-            if topic.replica is None or topic.log is None:
-                continue
-            log = topic.log
-            confirmed = [c.queue.confirmed.offset for c in topic.channels.values()]
-            entry = {
-                "topic": topic.name,
-                "partition": topic.partition,
-                "start": list(log.start),
-                "end": list(log.end),
-                "channels": sorted(topic.channels),
-                "channel_depth_bytes": log.end.offset - min(confirmed, default=log.end.offset),
-                "handing_over": topic.handing_over,
-            }
-            entry.update(nsqd.cluster.describe(topic))
-            partitions.append(entry)
-        return v1_response(200, {"node": nsqd.cluster.node_id, "partitions": partitions})
+        return v1_response(
+            200, {"node": nsqd.cluster.node_id, "partitions": nsqd.cluster.partition_reports()}
+        )
 
     async def leader_handover(self, request: Request) -> Response:
         """POST /cluster/leader/handover?topic=&partition=&to=<node id>: the first half of a
         planned leader transfer (`ClusterNode.hand_over`), asked by the master nsqlookupd."""
         params = _query(request)
-        topic = self._log_partition(params)
+        topic, _log = self._log_partition(params)
         to = _first(params, "to")
         if not to:
             raise HTTPError(400, "MISSING_ARG_NODE")
-        if topic.replica is None:
-            raise HTTPError(400, "E_NOT_CLUSTER the partition is not a cluster's")
         try:
             end = await self.nsqd.cluster.hand_over(topic, to)
         except ClusterWriteError as error:
@@ -769,15 +755,16 @@ def _traced_reply(message, trace_text: str, topic) -> Response:
         },
     )
     response.after_commit = True
-    response.write_group = topic.writer.group if topic.writer is not None else None
+    response.write_group = topic.queue.write_group
     return response
 
 
 def _ok_written(topic) -> Response:
     """OK to a publish, once it is written: a log topic's answer carries its write group."""
-    if topic.writer is None:
+    group = topic.queue.write_group
+    if group is None:
         return _OK_WRITTEN
-    return _OK_WRITTEN.for_write(topic.writer.group)
+    return _OK_WRITTEN.for_write(group)
 
 
 def _is_ascii_digits(text: str) -> bool:

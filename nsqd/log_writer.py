@@ -15,6 +15,7 @@ A failed write keeps nothing of its group; the group's `error` refuses every pub
 whichever connection's commit wrote it.
 """
 
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import trio
@@ -24,8 +25,7 @@ from nsqpy.nsqd.message import Message
 from nsqpy.partition_log import PartitionLog, Position
 
 if TYPE_CHECKING:
-    from nsqpy.nsqd.server import NSQD
-    from nsqpy.nsqd.topic import Topic
+    from nsqpy.nsqd.storage import Storage
 
 
 class WriteRefused(Exception):
@@ -56,10 +56,16 @@ class WriteGroup:
 class LogWriter:
     """Appends to one partition log and writes them, a group at a time."""
 
-    def __init__(self, nsqd: "NSQD", topic: "Topic", log: PartitionLog[Message]) -> None:
-        self.nsqd = nsqd
-        self.topic = topic
+    def __init__(
+        self,
+        storage: "Storage",
+        log: PartitionLog[Message],
+        on_written: Callable[[WriteGroup], None],
+    ) -> None:
+        self.storage = storage
         self.log = log
+        # The topic's: a group is written, its channels may read it.
+        self._on_written = on_written
         self.name = log.name
         # The group appends go into now; None until the first append after a write.
         self.group: WriteGroup | None = None
@@ -71,7 +77,7 @@ class LogWriter:
         # A cluster leader's: sends written groups to the ISR followers (`nsqd/cluster.py`),
         # raising ClusterWriteError when they cannot all have them. Written groups wait for
         # it in `_unreplicated`, unseen by readers.
-        self.replicate = None
+        self.replicate: Callable[[list, Sequence[tuple[int, float]]], Awaitable[None]] | None = None
         self._unreplicated: list[tuple[tuple[tuple, bytes], WriteGroup]] = []
 
     def append(self, messages: list) -> WriteGroup:
@@ -150,7 +156,7 @@ class LogWriter:
             if self._unsynced or (force_sync and self.log.dirty):
                 synced, self._unsynced = self._unsynced, []
                 try:
-                    await self.nsqd.sync_backend(self.log)
+                    await self.storage.sync_backend(self.log)
                 finally:
                     for group in synced:
                         group.done = True
@@ -175,7 +181,7 @@ class LogWriter:
             try:
                 log.truncate_to(Position(first[3], first[5] - 1))
             except (ValueError, OSError) as cut_error:
-                self.nsqd.log.error("LOG(%s) failed to cut back - %s", log.name, cut_error)
+                self.storage.log.error("LOG(%s) failed to cut back - %s", log.name, cut_error)
             # The IDs of the groups cut back are not given again: a follower that got one of
             # them tells it from the leader's next group by its IDs (`ClusterNode` MATCH).
             log.last_id = max(log.last_id, issued)
@@ -193,7 +199,7 @@ class LogWriter:
         log.make_visible(Position(last[3] + last[4], last[5] - 1 + last[6]))
         sync_due = log.sync_due
         for _written, group in batch:
-            self.topic.log_written(group)
+            self._on_written(group)
             if sync_due:
                 self._unsynced.append(group)
             else:
@@ -212,12 +218,12 @@ class LogWriter:
             error = write_error(log, os_error, log.active_segment_path)
             group.error = error
             group.done = True
-            self.nsqd.log.error(
-                "TOPIC(%s) ERROR: failed to write message to log - %s", self.topic.name, error
+            self.storage.log.error(
+                "TOPIC(%s) ERROR: failed to write message to log - %s", log.topic, error
             )
-            self.nsqd.set_health(error)
+            self.storage.health.write_done(error)
             return
-        self.nsqd.set_health(None)
+        self.storage.health.write_done(None)
         if written is None:
             # Nothing of the group is in the log: the log was closed, or cut back under it.
             group.error = WriteRefused("E_FAILED_ON_NOT_WRITABLE", "the group was not written")
@@ -230,7 +236,7 @@ class LogWriter:
             self._unsynced.append(group)
         else:
             group.done = True
-        self.topic.log_written(group)
+        self._on_written(group)
 
     def flush(self) -> None:
         """On a clean stop: write and fsync everything, here and now."""

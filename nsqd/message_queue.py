@@ -1,9 +1,10 @@
 """The storage seam: where a topic's backlog and a channel's messages wait to be delivered.
 
-Topics and channels talk to their queue only through the `MessageQueue` protocol below, so a
-second storage engine plugs in without touching the wire protocols, the HTTP API or the stats
-(docs/design.md §12). The channel keeps what is in flight and deferred (`DeadlineQueue`); the
-queue holds what waits, and is told when a delivered message is acknowledged or handed back.
+Topics and channels talk to their storage only through the protocols below, so a second
+storage engine plugs in without touching the wire protocols, the HTTP API or the stats
+(docs/design.md §12); `nsqd/storage.py` chooses the engine. The channel keeps what is in
+flight and deferred (`DeadlineQueue`); the queue holds what waits, and is told when a
+delivered message is acknowledged or handed back.
 
 `BufferedDiskQueue` is the engine of classic topics: Go's memory channel of `--mem-queue-size`
 messages, then go-diskqueue for the overflow (a `DroppingQueue` for #ephemeral names), a
@@ -12,16 +13,22 @@ partition's log: the topic appends through `LogTopicQueue`, each channel reads t
 cursor (`nsqd/cursor_queue.py`).
 """
 
+import time
 from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from nsqpy.common.guid import GUIDFactory
 from nsqpy.nsqd.backend import BackendWriteError, DroppingQueue
-from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.cursor_queue import CursorQueue
+from nsqpy.nsqd.log_writer import LogWriter
+from nsqpy.nsqd.message import RECORD_OVERHEAD, Message
+from nsqpy.partition_log import PartitionLog, Position
 
 if TYPE_CHECKING:
     from nsqpy.diskqueue import DiskQueue
-    from nsqpy.nsqd.log_writer import LogWriter
-    from nsqpy.nsqd.server import NSQD
+    from nsqpy.nsqd.log_writer import WriteGroup
+    from nsqpy.nsqd.storage import Storage
 
 
 class MessageQueue(Protocol):
@@ -66,35 +73,112 @@ class MessageQueue(Protocol):
         """On a clean stop: keep what waits and `unacknowledged` (in flight and deferred) so a
         restart delivers them again. How many were kept."""
 
-    def sync_targets(self) -> list["DiskQueue"]:
-        """The files the periodic sync looks after."""
+    async def sync_dirty(self) -> None:
+        """The periodic sync (`--sync-timeout`): fsync what was written and is not yet."""
 
     def close(self) -> None: ...
 
     def delete(self) -> None:
         """The queue and its files go."""
 
+    @property
+    def requeue_on_leave(self) -> bool:
+        """Whether a leaving consumer's in-flight messages go back at once (Youzan's
+        RequeueClientMessages on log topics) rather than when they time out (Go)."""
+
+    def position_stats(self) -> dict[str, int]:
+        """Where the queue stands in a retained log, for `/stats` (a cursor's confirmed and
+        read positions and lag); empty when it keeps no history."""
+
+
+class RetainedLog(Protocol):
+    """What range readers (`/partition/*`, `/stats`) may ask of a topic's retained log."""
+
+    @property
+    def start(self) -> Position: ...
+
+    @property
+    def end(self) -> Position: ...
+
+    def position_of_count(self, count: int) -> Position: ...
+
+    def position_at_or_after(self, offset: int) -> Position: ...
+
+    def search_timestamp(self, timestamp_ns: int) -> Position: ...
+
+    def read_raw(self, start: Position, end: int, max_bytes: int) -> tuple[bytes, Position]: ...
+
+
+class TopicQueue(MessageQueue, Protocol):
+    """A topic's side of its storage: a MessageQueue, and what a publish and the channels
+    need of the engine."""
+
+    @property
+    def next_offset(self) -> int:
+        """The partition's virtual byte position: where the next record would begin."""
+
+    def continue_offsets(self, offset: int) -> None:
+        """Offsets go on from `offset`, where nsqd.dat left them (a log knows its own)."""
+
+    def next_id(self) -> bytes: ...
+
+    def next_ids(self, count: int) -> list[bytes]: ...
+
+    def accept(self, messages: list[Message], body_bytes: int) -> bool:
+        """A publish (IDs set, `defer`, trace and ext header too): True when the queue keeps
+        it for the channels itself (a log, read by the channels' cursors once written), False
+        when the topic hands it to its channels or `append`s it. Offsets are set either way.
+        BackendWriteError when it cannot be kept."""
+
+    @property
+    def write_group(self) -> "WriteGroup | None":
+        """The open group the last publish went into, which its answer waits for (a log);
+        None when a publish is durable once the commit syncs (a diskqueue)."""
+
+    @property
+    def seekable(self) -> bool:
+        """Whether a channel may start anywhere in what is kept (SUB_ADVANCED)."""
+
+    @property
+    def retained(self) -> RetainedLog | None:
+        """The log of every message kept, for range reads; None for a diskqueue."""
+
+    def open_channel_queue(
+        self,
+        channel: str,
+        *,
+        ephemeral: bool,
+        deferred: Callable[[], Iterable[Message]],
+        defer: Callable[[Message, float], None],
+    ) -> MessageQueue:
+        """A new channel's queue: `deferred` lists what waits in its deferred queue now,
+        `defer` holds a message read from a log for that many seconds (a DPUB's)."""
+
+    def clean(self, *, keep_bytes: float, older_than: float) -> int:
+        """Retention (docs/design.md §13): remove what every channel has confirmed past that is
+        older than `older_than` (unix seconds) or beyond `keep_bytes`; how many segments went."""
+
 
 class BufferedDiskQueue:
     """Memory while it has room (`--mem-queue-size`), then the diskqueue; Go's channel.put."""
 
-    __slots__ = ("nsqd", "memory", "backend", "mem_queue_size", "_failure", "_failure_args")
+    __slots__ = ("storage", "memory", "backend", "mem_queue_size", "_failure", "_failure_args")
 
     def __init__(
         self,
-        nsqd: "NSQD",
+        storage: "Storage",
         backend_name: str,
         *,
         ephemeral: bool,
         failure: str,
         failure_args: tuple,
     ) -> None:
-        self.nsqd = nsqd
+        self.storage = storage
         self.memory: deque[Message] = deque()
-        self.backend: DiskQueue | DroppingQueue = nsqd.open_backend(
+        self.backend: DiskQueue | DroppingQueue = storage.open_backend(
             backend_name, ephemeral=ephemeral
         )
-        self.mem_queue_size = nsqd.options.mem_queue_size
+        self.mem_queue_size = storage.options.mem_queue_size
         # The error line a failed write logs, with its arguments (Go's texts differ by owner).
         self._failure = failure
         self._failure_args = failure_args
@@ -176,8 +260,11 @@ class BufferedDiskQueue:
             return 0  # logged; nowhere else to keep them on the way out
         return len(messages)
 
-    def sync_targets(self) -> list["DiskQueue"]:
-        return [] if isinstance(self.backend, DroppingQueue) else [self.backend]
+    async def sync_dirty(self) -> None:
+        backend = self.backend
+        if isinstance(backend, DroppingQueue) or not backend.dirty:
+            return
+        await self.storage.sync_backend(backend)
 
     def close(self) -> None:
         self.backend.close()
@@ -188,31 +275,245 @@ class BufferedDiskQueue:
         self.backend.empty()
         self.backend.delete()
 
+    # Go keeps a leaving consumer's messages in flight until they time out.
+    requeue_on_leave = False
+
+    def position_stats(self) -> dict[str, int]:
+        return {}
+
     def _write(self, messages: list[Message]) -> None:
         """BackendWriteError (health NOK, logged) if the diskqueue write fails."""
-        self.nsqd.write_to_backend(self.backend, messages, self._failure, *self._failure_args)
+        self.storage.write_to_backend(self.backend, messages, self._failure, *self._failure_args)
+
+
+class BufferedTopicQueue(BufferedDiskQueue):
+    """A classic topic's queue: its backlog until it has channels, which get their own
+    `BufferedDiskQueue`s; message IDs from nsqd's GUID factory, offsets counted."""
+
+    __slots__ = ("backend_name", "topic_name", "guids", "next_offset")
+
+    def __init__(
+        self,
+        storage: "Storage",
+        backend_name: str,
+        *,
+        ephemeral: bool,
+        failure: str,
+        failure_args: tuple,
+    ) -> None:
+        super().__init__(
+            storage, backend_name, ephemeral=ephemeral, failure=failure, failure_args=failure_args
+        )
+        self.backend_name = backend_name
+        self.topic_name = failure_args[0]
+        self.guids = GUIDFactory(storage.options.node_id)
+        self.next_offset = 0
+
+    def continue_offsets(self, offset: int) -> None:
+        self.next_offset = offset
+
+    def next_id(self) -> bytes:
+        return self.guids.next_id()
+
+    def next_ids(self, count: int) -> list[bytes]:
+        return self.guids.next_ids(count)
+
+    def accept(self, messages: list[Message], body_bytes: int) -> bool:
+        # Nothing is written here: the topic fans the publish out, or stores it (`append`).
+        offset = self.next_offset
+        for message in messages:
+            message.offset = offset
+            offset += RECORD_OVERHEAD + len(message.body)
+        self.next_offset = offset
+        return False
+
+    write_group = None
+    seekable = False
+    retained = None
+
+    def open_channel_queue(
+        self,
+        channel: str,
+        *,
+        ephemeral: bool,
+        deferred: Callable[[], Iterable[Message]],
+        defer: Callable[[Message, float], None],
+    ) -> MessageQueue:
+        # Go's `<topic>:<channel>`; a partition p > 0 names its channels `<topic>#<p>:<channel>`
+        # so two partitions' channels never share files.
+        return BufferedDiskQueue(
+            self.storage,
+            f"{self.backend_name}:{channel}",
+            ephemeral=ephemeral,
+            failure="CHANNEL(%s:%s) ERROR: failed to write messages to backend",
+            failure_args=(self.topic_name, channel),
+        )
+
+    def clean(self, *, keep_bytes: float, older_than: float) -> int:
+        return 0  # a diskqueue keeps nothing that was read
 
 
 class LogTopicQueue:
     """A log topic's side of its partition log: a publish is appended and the channels, as
     cursors, read it; nothing waits in the topic itself (docs/design.md §13)."""
 
-    def __init__(self, nsqd: "NSQD", writer: "LogWriter", topic: str) -> None:
-        self.nsqd = nsqd
-        self.writer = writer
-        self.log = writer.log
-        self.topic = topic
+    def __init__(
+        self,
+        storage: "Storage",
+        log: PartitionLog[Message],
+        *,
+        backend_name: str,
+        legacy: "DiskQueue | None",
+        paused: Callable[[], bool],
+        on_written: Callable[[int, int], None],
+    ) -> None:
+        self.storage = storage
+        self.log = log
+        self.writer = LogWriter(storage, log, self._group_written)
+        self.topic = log.topic
+        # Where the partition's diskqueues were (`Topic.backend_name`): an earlier nsqpy's.
+        self.backend_name = backend_name
+        self._paused = paused
+        self._on_written = on_written
+        # The channels' cursors, for retention's floor.
+        self.cursors: dict[str, CursorQueue] = {}
+        # Whether the log was just made from a diskqueue (see `_migrate`).
+        self.migrated = legacy is not None and self._migrate(legacy)
+
+    def _migrate(self, legacy: "DiskQueue") -> bool:
+        """Messages kept in this partition's diskqueue (by an earlier nsqpy, or by this topic
+        before `--log-topic` named it) go into the log, with new IDs; the diskqueue is then
+        removed. Its channels then start at the log's start, not its end."""
+        log = self.log
+        moved = 0
+        while records := legacy.get_many(1024):
+            messages = []
+            for record in records:
+                old = Message.from_record(record)
+                messages.append(Message(log.next_id(), old.body, old.timestamp))
+            log.append(messages)
+            log.commit()
+            moved += len(messages)
+        log.sync()
+        legacy.empty()
+        legacy.delete()
+        self.storage.log.info(
+            "TOPIC(%s) partition %d: moved %d messages from its diskqueue into its log",
+            self.topic,
+            log.partition,
+            moved,
+        )
+        return True
 
     depth = 0
     backend_depth = 0
+    seekable = True
+    requeue_on_leave = True
+
+    @property
+    def next_offset(self) -> int:
+        return self.log.appended.offset
+
+    def continue_offsets(self, offset: int) -> None:
+        pass
+
+    def next_id(self) -> bytes:
+        return self.log.next_id()
+
+    def next_ids(self, count: int) -> list[bytes]:
+        return self.log.next_ids(count)
+
+    def accept(self, messages: list[Message], body_bytes: int) -> bool:
+        """Into the log's open group, once, written by nsqd's next commit
+        (`nsqd/log_writer.py`); the channels read it as cursors once it is written."""
+        group = self.storage.append_to_log(self.writer, messages, self.topic)
+        group.count += len(messages)
+        group.body_bytes += body_bytes
+        defer = messages[0].defer
+        if defer:
+            due = time.time() + defer
+            group.delays.extend((message.offset, due) for message in messages)
+        return True
+
+    @property
+    def write_group(self) -> "WriteGroup | None":
+        return self.writer.group
+
+    @property
+    def retained(self) -> RetainedLog:
+        return self.log
+
+    def open_channel_queue(
+        self,
+        channel: str,
+        *,
+        ephemeral: bool,
+        deferred: Callable[[], Iterable[Message]],
+        defer: Callable[[Message, float], None],
+    ) -> MessageQueue:
+        """A cursor into the log (docs/design.md §13)."""
+        cursor = CursorQueue(
+            self.storage,
+            self.log,
+            channel,
+            self.storage.options.max_confirm_win,
+            paused=self._paused,
+            start_at_log_start=self.migrated,
+            legacy=self.storage.open_legacy_queue(f"{self.backend_name}:{channel}"),
+            deferred=deferred,
+            defer=defer,
+        )
+        self.cursors[channel] = cursor
+        return cursor
+
+    # -- a cluster partition's writes (docs/design.md §14) --------------------------------------
+
+    def set_write_epoch(self, epoch: int) -> None:
+        """The epoch the cluster's metadata gives the partition's writes (fencing)."""
+        self.log.write_epoch = epoch
+
+    def replicate_with(
+        self, replicate: "Callable[[list, Sequence[tuple[int, float]]], Awaitable[None]] | None"
+    ) -> None:
+        """As the leader: every written group goes to the followers through `replicate`
+        before its publishes are answered (None: no followers)."""
+        self.writer.replicate = replicate
+
+    def stop_writes(self, refusal: Exception) -> None:
+        """No longer the leader: what was appended and not written is refused with
+        `refusal`, and nothing more is replicated from here."""
+        self.writer.abandon(refusal)
+        self.writer.replicate = None
+
+    def _group_written(self, group: "WriteGroup") -> None:
+        """A group was written (and replicated): its DPUBs' due times go with each cursor,
+        so one not read before a restart still waits; then the topic counts it and its
+        channels read it."""
+        if group.delays:
+            for cursor in self.open_cursors():
+                cursor.delays.update(group.delays)
+        self._on_written(group.count, group.body_bytes)
+
+    def open_cursors(self) -> list[CursorQueue]:
+        """The cursors of the channels the topic has now."""
+        cursors = self.cursors
+        for name in [name for name, cursor in cursors.items() if cursor.closed]:
+            del cursors[name]
+        return list(cursors.values())
+
+    def clean(self, *, keep_bytes: float, older_than: float) -> int:
+        """A partition without channels is never cleaned."""
+        cursors = self.open_cursors()
+        if not cursors:
+            return 0
+        floor = min(cursor.confirmed.offset for cursor in cursors)
+        return self.log.clean(floor, keep_bytes=keep_bytes, older_than=older_than)
 
     def has_messages(self) -> bool:
         return False
 
     def append(self, messages: list[Message], *, strict: bool = False) -> BackendWriteError | None:
-        """Into the log's open group, written by nsqd's next commit (`nsqd/log_writer.py`)."""
-        self.nsqd.append_to_log(self.writer, messages, self.topic)
-        return None
+        raise AssertionError("a log topic's publishes are accepted, not appended")
 
     def put_back(self, messages: list[Message], *, first: bool = False) -> None:
         raise AssertionError("a log topic hands nothing out")
@@ -236,8 +537,18 @@ class LogTopicQueue:
         self.writer.flush()
         return 0
 
-    def sync_targets(self) -> list:
-        return [self.writer]
+    async def sync_dirty(self) -> None:
+        if self.writer.dirty:
+            await self.writer.sync()
+
+    def position_stats(self) -> dict[str, int]:
+        log = self.log
+        return {
+            "log_start_offset": log.start.offset,
+            "log_start_count": log.start.count,
+            "log_end_offset": log.end.offset,
+            "log_end_count": log.end.count,
+        }
 
     def close(self) -> None:
         self.writer.close()

@@ -238,14 +238,14 @@ class ProtocolV2:
                 replies.append(reply)
         # Acknowledge publishes only once their writes reached the files.
         if self._write_groups:
-            await self.nsqd.commit_backend_writes([entry[1] for entry in self._write_groups])
+            await self.nsqd.storage.commit([entry[1] for entry in self._write_groups])
             keep_open = self._refuse_unwritten(replies) and keep_open
         else:
-            await self.nsqd.commit_backend_writes()
+            await self.nsqd.storage.commit()
         if self._new_channels:
             topics, self._new_channels = self._new_channels, []
             for topic in topics:
-                await self.nsqd.cluster.push_channels(topic)
+                await topic.replication.channels_changed()
         if replies:
             await self._send(b"".join(replies) if len(replies) > 1 else replies[0])
         if self.client.closed_by_server:
@@ -577,8 +577,8 @@ class ProtocolV2:
             )
         version = topic.channels_version
         channel = topic.get_channel(channel_name)
-        if topic.channels_version != version and topic.replica is not None:
-            # A new channel of a cluster partition: its followers get it before the OK.
+        if topic.channels_version != version:
+            # A new channel: a cluster partition's followers get it before the OK.
             self._new_channels.append(topic)
         try:
             channel.add_client(client)
@@ -697,10 +697,10 @@ class ProtocolV2:
             raise ProtocolError(
                 code, f"{label} failed {error}", fatal=self.dialect.publish_errors_are_fatal
             ) from None
-        writer = topic.writer
-        if writer is not None:
+        group = topic.queue.write_group
+        if group is not None:
             # Its reply goes next in the batch's replies; the commit may still refuse it.
-            self._write_groups.append((len(self._replies), writer.group, label, code))
+            self._write_groups.append((len(self._replies), group, label, code))
         self.client.published(topic.name, len(messages))
         return messages
 

@@ -124,7 +124,7 @@ class YouzanCommands:
                 start = parse_consume_offset(go_text(args[3]))
             except ValueError as error:
                 raise ProtocolError("E_INVALID", str(error)) from None
-            if topic.log is None and start != ("special", -1):
+            if not topic.queue.seekable and start != ("special", -1):
                 raise ProtocolError(
                     "E_INVALID",
                     f"consume start {go_text(args[3])} is not supported yet (only special:-1)",

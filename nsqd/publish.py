@@ -2,7 +2,7 @@
 Youzan's traced and ext forms, HTTP /pub, /mpub, /pubtrace): refuse while nsqd is exiting, hand
 the messages to the topic, and turn a failed diskqueue write into one error type. Each protocol
 only maps `PublishError` to its wire form; the publish is acknowledged once nsqd's
-`commit_backend_writes()` has synced what it wrote."""
+`Storage.commit()` has synced what it wrote."""
 
 from typing import TYPE_CHECKING
 

@@ -7,14 +7,12 @@ shutdown stop accepting, close clients, write every message to disk, sync, write
 metadata last.
 """
 
-import fnmatch
 import logging
 import math
-import os
 import random
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable
 from functools import partial
 
 import trio
@@ -24,15 +22,12 @@ from nsqpy.common.version import VERSION
 from nsqpy.daemon.http_server import serve_http
 from nsqpy.daemon.log import keep_printable
 from nsqpy.daemon.net import accept_forever, format_address, open_listener
-from nsqpy.diskqueue import DiskQueue
-from nsqpy.nsqd.backend import BackendWriteError, open_backend, write_error
 from nsqpy.nsqd.channel import Channel
 from nsqpy.nsqd.client import Client
-from nsqpy.nsqd.cluster import UNKNOWN_REPLICA, ClusterNode
+from nsqpy.nsqd.cluster import ClusterNode
 from nsqpy.nsqd.data_path import prepare_data_path
 from nsqpy.nsqd.heartbeats import HeartbeatClock
 from nsqpy.nsqd.http_api import HTTPAPI, TLSRequiredRouter
-from nsqpy.nsqd.log_writer import LogWriter, WriteGroup
 from nsqpy.nsqd.lookup import LookupChannelsError, LookupPeers, topic_channels
 from nsqpy.nsqd.metadata import (
     ChannelMetadata,
@@ -49,13 +44,14 @@ from nsqpy.nsqd.metadata import (
 from nsqpy.nsqd.options import Options, build_flags
 from nsqpy.nsqd.protocol_v2 import ProtocolV2
 from nsqpy.nsqd.queue_scan import QueueScanner
+from nsqpy.nsqd.replication import Replication
 from nsqpy.nsqd.stats import gc_pauses
 from nsqpy.nsqd.statsd import StatsdPusher
+from nsqpy.nsqd.storage import Storage
 from nsqpy.nsqd.tls import server_context
 from nsqpy.nsqd.topic import Topic
 from nsqpy.nsqd.topic_registry import TopicRegistry
 from nsqpy.nsqd.wakeup import Wakeup
-from nsqpy.partition_log import log_exists
 
 
 class NSQD:
@@ -74,10 +70,8 @@ class NSQD:
         self.tcp_address: str | None = None
         self.http_address: str | None = None
         self.hostname = socket.gethostname()
-        self.health = "OK"
-        # Why health is not OK: the last diskqueue write failed, or the last sync did.
-        self._write_error: str | None = None
-        self._sync_error: str | None = None
+        # The storage engines, and the writes a publish waits for (`nsqd/storage.py`).
+        self.storage = Storage(options, self.log)
         # Youzan's POST /disable/write: None, "all" or "ordered" (docs/protocol.md §5.6).
         self.write_disabled: str | None = None
         self.queue_scanner = QueueScanner(self)
@@ -89,12 +83,6 @@ class NSQD:
         self.https_address: str | None = None
         gc_pauses.install()
         self._connections: set[ProtocolV2] = set()
-        self._written_backends: set[DiskQueue] = set()
-        # Diskqueue fsyncs under way: a commit that finds its queues taken by another task's
-        # commit waits for them (its writes may be in them).
-        self._queue_syncs: set[trio.Event] = set()
-        # Partition logs appended to since the last commit: each writes its group then.
-        self._written_logs: set[LogWriter] = set()
         self._metadata_wakeup = Wakeup()
         self._metadata_lock = trio.Lock()
         self._metadata_loading = False
@@ -126,8 +114,10 @@ class NSQD:
         ordered: bool = False,
         ext: bool = False,
         sync_every: int = 0,
-        replica=None,
+        replication: Callable[[Topic], Replication] | None = None,
     ) -> Topic:
+        """A partition, created unless it exists; `replication` makes the new one's (a
+        cluster's), before nsqlookupd hears of it."""
         existing = self.registry.get(name, partition)
         if existing is not None:
             return existing
@@ -139,8 +129,9 @@ class NSQD:
             ordered=ordered,
             ext=ext,
             sync_every=sync_every,
-            replica=replica,
         )
+        if replication is not None:
+            topic.replication = replication(topic)
         self.registry.add(topic)
         if partitioned:
             self.log.info("TOPIC(%s): created partition %d", name, partition)
@@ -221,13 +212,7 @@ class NSQD:
         """Why a cluster partition takes no publish here: `E_FAILED_ON_NOT_LEADER` on a
         node that does not lead it, `E_FAILED_ON_NOT_WRITABLE` while its leader cannot
         replicate; None when it does (and alone)."""
-        if topic.replica is None:
-            return None
-        if topic.is_cluster_follower or topic.handing_over:
-            return "E_FAILED_ON_NOT_LEADER"
-        if not topic.cluster_writable:
-            return "E_FAILED_ON_NOT_WRITABLE"
-        return None
+        return topic.replication.refusal()
 
     def all_partitions(self) -> list[Topic]:
         """Every partition of every topic, by name then partition."""
@@ -264,23 +249,6 @@ class NSQD:
     def all_channels(self) -> list[Channel]:
         return [c for topic in self.all_partitions() for c in topic.channels.values()]
 
-    def open_backend(self, name: str, *, ephemeral: bool):
-        return open_backend(name, self.options, ephemeral=ephemeral)
-
-    def stores_as_log(self, name: str, partition: int) -> bool:
-        """Whether an unpartitioned topic is a log topic: `--log-topic` matches its name, or
-        its log is on disk already (a log is never hidden by a changed flag)."""
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in self.options.log_topic):
-            return True
-        return log_exists(self.data_path, name, partition)
-
-    def open_legacy_queue(self, name: str):
-        """The diskqueue an earlier nsqpy kept a partitioned topic's or channel's messages in,
-        before partitioned topics were logs; None when there is none."""
-        if not os.path.exists(os.path.join(self.data_path, f"{name}.diskqueue.meta.dat")):
-            return None
-        return open_backend(name, self.options, ephemeral=False)
-
     def topology_changed(self) -> None:
         """A topic or channel came, went, paused or unpaused: persist and rescan."""
         self.queue_scanner.refresh_needed = True
@@ -297,35 +265,15 @@ class NSQD:
     def http_port(self) -> int:
         return self.options.broadcast_http_port or _port_of(self.http_address)
 
-    def set_health(self, error: Exception | str | None) -> None:
-        """Go's SetHealth, called after every diskqueue write: `/ping` answers 500
-        `NOK - <err>` from a failed write until a later write succeeds."""
-        if error is None and self._write_error is None:
-            return
-        self._write_error = None if error is None else str(error)
-        self._update_health()
-
-    def set_sync_health(self, error: str | None) -> None:
-        """A failed fsync or metadata write makes health NOK until the next one succeeds."""
-        if error == self._sync_error:
-            return
-        self._sync_error = error
-        self._update_health()
-
-    def _update_health(self) -> None:
-        error = self._write_error or self._sync_error
-        health = "OK" if error is None else f"NOK - {error}"
-        if health == self.health:
-            return
-        if error is None:
-            self.log.info("NSQ: health OK again, the disk accepts writes")
-        else:
-            self.log.error("NSQ: health %s", health)
-        self.health = health
+    @property
+    def health(self) -> str:
+        """`OK`, or `NOK - <why>` while the disk refuses writes (`nsqd/health.py`)."""
+        return self.storage.health.text
 
     def set_options(self, **changes) -> None:
         """PUT /config: swap in new options (Go's swapOpts)."""
         self.options = self.options.replace(**changes)
+        self.storage.options = self.options
         if "lookupd_tcp_address" in changes:
             self.lookup_peers.set_addresses(self.options.lookupd_tcp_address)
         if "log_level" in changes:
@@ -358,75 +306,6 @@ class NSQD:
 
     # -- durability -------------------------------------------------------------------------
 
-    def write_to_backend(self, backend, messages, failure: str, *failure_args) -> None:
-        """Append `messages` to a diskqueue, to be synced by the next commit (before the
-        publish is acknowledged); health is OK again after it. A failed write (a full disk) is
-        logged as `failure % failure_args` and ` - <error>`, turns health NOK and raises
-        BackendWriteError."""
-        try:
-            backend.put_many([message.to_record() for message in messages])
-        except OSError as os_error:
-            self._write_failed(write_error(backend, os_error), failure, *failure_args)
-        self.set_health(None)
-        self._written_backends.add(backend)
-
-    def append_to_log(self, writer: LogWriter, messages, topic: str) -> WriteGroup:
-        """Append a publish to a partition log's open group, to be written by the next commit
-        (before the publish is acknowledged; `WriteGroup.error` then says whether it was).
-        BackendWriteError if the log is closed."""
-        try:
-            group = writer.append(messages)
-        except OSError as os_error:
-            self._write_failed(
-                write_error(writer.log, os_error, writer.log.active_segment_path),
-                "TOPIC(%s) ERROR: failed to write message to log",
-                topic,
-            )
-        self._written_logs.add(writer)
-        return group
-
-    def _write_failed(self, error: BackendWriteError, failure: str, *failure_args) -> None:
-        """A failed write: logged as `failure % failure_args - <error>`, health NOK, raised."""
-        self.log.error(failure + " - %s", *failure_args, error)
-        self.set_health(error)
-        raise error from None
-
-    def commit_due(self) -> bool:
-        """Whether a publish has anything to wait for: a partition log's group to write, or a
-        diskqueue written since the last commit that reached its `--sync-every` count."""
-        return bool(self._written_logs) or any(
-            backend.sync_due for backend in self._written_backends
-        )
-
-    async def commit_backend_writes(self, groups: Iterable[WriteGroup] = ()) -> None:
-        """Before publishes are acknowledged: write every partition log's open group, wait
-        until `groups` (the log publishes being answered) are done (`nsqd/log_writer.py`),
-        and fsync every diskqueue whose `--sync-every` count is reached. fsyncs run in worker
-        threads so the event loop never waits on the disk."""
-        if self._written_logs:
-            writers, self._written_logs = self._written_logs, set()
-            for writer in writers:
-                writer.write_now()
-        waits: list = [
-            partial(group.writer.wait, group) for group in {g for g in groups if not g.done}
-        ]
-        if self._queue_syncs:
-            # Another task's commit took the written queues and is syncing them: what this
-            # task wrote may be among them, and is answered only once they are synced.
-            waits.extend(event.wait for event in self._queue_syncs)
-        if self._written_backends:
-            backends, self._written_backends = self._written_backends, set()
-            for backend in backends:
-                if backend.sync_due:
-                    waits.append(partial(self._commit_sync, backend))
-        if len(waits) == 1:
-            await waits[0]()
-        elif waits:
-            # Side by side: one slow disk flush does not queue the rest.
-            async with trio.open_nursery() as syncs:
-                for wait in waits:
-                    syncs.start_soon(wait)
-
     def clean_logs(self, partitions: list[Topic] | None = None, *, greedy: bool = False) -> int:
         """Retention of log topics (docs/design.md §13): remove segments every channel has
         confirmed past that are older than `--retention-days` or beyond
@@ -436,10 +315,6 @@ class NSQD:
         options = self.options
         removed = 0
         for topic in partitions if partitions is not None else self.all_partitions():
-            log = topic.log
-            if log is None or not topic.channels:
-                continue
-            floor = min(channel.cursor.confirmed.offset for channel in topic.channels.values())
             if greedy:
                 keep, older_than = -1.0, math.inf
             else:
@@ -447,7 +322,7 @@ class NSQD:
                 days = topic.retention_days or options.retention_days
                 keep = float(options.retention_size_per_day * max(days, 1))
                 older_than = time.time() - days * 86400
-            removed += log.clean(floor, keep_bytes=keep, older_than=older_than)
+            removed += topic.queue.clean(keep_bytes=keep, older_than=older_than)
         return removed
 
     async def _retention_timer(self) -> None:
@@ -460,37 +335,8 @@ class NSQD:
         """Go's diskqueue syncs dirty queues every `--sync-timeout` even when writes stop."""
         while True:
             await trio.sleep(self.options.sync_timeout)
-            for backend in self._all_backends():
-                if not backend.dirty:
-                    continue
-                if isinstance(backend, LogWriter):
-                    await backend.sync()
-                else:
-                    await self.sync_backend(backend)
-
-    async def _commit_sync(self, backend) -> None:
-        """A diskqueue fsync publishes wait for: the commits of other tasks wait for it too."""
-        done = trio.Event()
-        self._queue_syncs.add(done)
-        try:
-            await self.sync_backend(backend)
-        finally:
-            self._queue_syncs.discard(done)
-            done.set()
-
-    async def sync_backend(self, backend) -> None:
-        """Run one sync job off the loop; a failure (the job logs it) makes health NOK."""
-        ok = await trio.to_thread.run_sync(backend.prepare_sync())
-        if not ok:
-            self.set_sync_health(f"DISKQUEUE({backend.name}) failed to sync")
-        elif self._sync_error is not None:
-            self.set_sync_health(None)
-
-    def _all_backends(self) -> list[DiskQueue]:
-        backends = []
-        for topic in self.all_partitions():
-            backends.extend(topic.sync_targets())
-        return backends
+            for topic in self.all_partitions():
+                await topic.sync_dirty()
 
     def metadata(self) -> bytes:
         topics = []
@@ -508,7 +354,7 @@ class NSQD:
                 entry.ordered = topic.ordered
                 entry.sync_every = topic.sync_every
                 entry.ext = topic.ext
-                entry.next_offset = topic.next_offset
+                entry.next_offset = topic.queue.next_offset
             topics.append(entry)
         return encode_metadata(topics, VERSION)
 
@@ -528,12 +374,11 @@ class NSQD:
             except OSError as error:
                 # A full disk: keep the old nsqd.dat, say so, and try again shortly.
                 self.log.error("NSQ: failed to persist metadata - %s", error)
-                self.set_sync_health(f"failed to persist metadata - {error}")
+                self.storage.health.sync_done(f"failed to persist metadata - {error}")
                 await trio.sleep(self.options.sync_timeout)
                 self._metadata_wakeup.set()
             else:
-                if self._sync_error is not None:
-                    self.set_sync_health(None)
+                self.storage.health.sync_done(None)
 
     def load_metadata(self) -> None:
         """Recreate the topics and channels of `nsqd.dat`; their diskqueues reopen with them.
@@ -564,8 +409,7 @@ class NSQD:
                         ext=topic_meta.ext,
                         sync_every=topic_meta.sync_every,
                     )
-                    if topic.log is None:
-                        topic.next_offset = topic_meta.next_offset
+                    topic.queue.continue_offsets(topic_meta.next_offset)
                 if topic_meta.paused:
                     topic.paused = True
                 for channel_meta in topic_meta.channels:
@@ -665,10 +509,6 @@ class NSQD:
                     nursery.start_soon(self._sync_timer)
                     nursery.start_soon(self._retention_timer)
                     if self.cluster.enabled:
-                        # Partitions found on disk wait for the cluster to say who leads them.
-                        for topic in self.all_partitions():
-                            if topic.partitioned and topic.replica is None:
-                                topic.replica = UNKNOWN_REPLICA
                         await nursery.start(self.cluster.serve)
                     nursery.start_soon(self.lookup_peers.run, options.lookupd_tcp_address)
                     if options.statsd_address:

@@ -13,7 +13,6 @@ import trio
 
 from nsqpy.common.duration import format_duration
 from nsqpy.common.version import version_line
-from nsqpy.nsqd.cluster import UNKNOWN_REPLICA
 from nsqpy.nsqd.e2e import merged_result
 
 if TYPE_CHECKING:
@@ -140,13 +139,8 @@ def channel_stats(channel: "Channel", include_clients: bool, now: float) -> dict
         "paused": channel.paused,
         "e2e_processing_latency": channel.e2e_result(now),
     }
-    cursor = channel.cursor
-    if cursor is not None:
-        # A log topic's channel is a cursor (docs/design.md §13): where it stands in the log.
-        stats["confirmed_offset"] = cursor.confirmed.offset
-        stats["confirmed_count"] = cursor.confirmed.count
-        stats["read_offset"] = cursor.read_position.offset
-        stats["lag"] = cursor.lag
+    # A log topic's channel is a cursor (docs/design.md §13): where it stands in the log.
+    stats.update(channel.queue.position_stats())
     return stats
 
 
@@ -168,36 +162,10 @@ def topic_stats(topic: "Topic", channels: list[dict], now: float) -> dict:
         # Youzan's /stats names each partition (docs/protocol.md §6.2).
         stats["topic_partition"] = topic.partition
         stats["topic_full_name"] = topic.full_name
-    log = topic.log
-    if log is not None:
-        stats["log_start_offset"] = log.start.offset
-        stats["log_start_count"] = log.start.count
-        stats["log_end_offset"] = log.end.offset
-        stats["log_end_count"] = log.end.count
-    if topic.replica is not None:
-        stats.update(replica_stats(topic))
+    # A log topic's retained range, and a cluster partition's replicas.
+    stats.update(topic.queue.position_stats())
+    stats.update(topic.replication.stats())
     return stats
-
-
-def replica_stats(topic: "Topic") -> dict:
-    """A cluster partition's replicas as this node knows them (docs/design.md §14), under
-    the `cluster_*` keys of `/stats`; the same state as `/partition/offsets`' entry."""
-    state = topic.nsqd.cluster.describe(topic)
-    # A partition found on disk at startup, before etcd says who holds it, knows no replicas:
-    # it is not reported under-replicated on a guess.
-    known = topic.replica is not UNKNOWN_REPLICA
-    replicas = topic.replica.replica if known else 0
-    return {
-        "cluster_role": state["role"],
-        "cluster_leader": state["leader"],
-        "cluster_isr": state["isr"],
-        "cluster_catchup": state["catchup"],
-        "cluster_write_epoch": state["write_epoch"],
-        "cluster_writable": state["writable"],
-        "cluster_replicas": replicas,
-        # Fewer in-sync replicas than the topic asks for: one more loss may stop writes.
-        "under_replicated": known and len(state["isr"]) < replicas,
-    }
 
 
 def gather(nsqd: "NSQD", topic_name: str, channel_name: str, include_clients: bool):

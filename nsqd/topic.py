@@ -12,18 +12,14 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from nsqpy.common.guid import GUIDFactory
 from nsqpy.common.names import is_ephemeral
 from nsqpy.nsqd.channel import Channel
-from nsqpy.nsqd.log_writer import LogWriter
-from nsqpy.nsqd.message import RECORD_OVERHEAD, Message
-from nsqpy.nsqd.message_queue import BufferedDiskQueue, LogTopicQueue, MessageQueue
+from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.message_queue import TopicQueue
+from nsqpy.nsqd.replication import SINGLE_NODE, Replication
 from nsqpy.nsqd.wakeup import Wakeup
-from nsqpy.partition_log import PartitionLog
 
 if TYPE_CHECKING:
-    from nsqpy.common.cluster_meta import ReplicaInfo
-    from nsqpy.nsqd.log_writer import WriteGroup
     from nsqpy.nsqd.server import NSQD
 
 # How many backlog messages the pump moves before letting other tasks run.
@@ -44,16 +40,10 @@ class Topic:
         ordered: bool = False,
         ext: bool = False,
         sync_every: int = 0,
-        replica: "ReplicaInfo | None" = None,
     ) -> None:
         self.nsqd = nsqd
-        # In a cluster (docs/design.md §14): who holds the partition, and whether this node,
-        # as its leader, takes writes now. None alone.
-        self.replica = replica
-        self.cluster_writable = True
-        # A cluster leader handing the partition to a follower (a planned leader transfer):
-        # it takes no publish until the new leader does.
-        self.handing_over = False
+        # In a cluster (docs/design.md §14), the partition's replication; alone, a no-op.
+        self.replication: Replication = SINGLE_NODE
         # The cluster's topic settings (Youzan's topic meta): retention in days (0: nsqd's
         # --retention-days), and whether SUB may create a channel.
         self.retention_days = 0
@@ -71,79 +61,29 @@ class Topic:
         # the followers with the next group when it changed (`nsqd/cluster.py`).
         self.channels_version = 0
         self.replicated_channels = 0
-        # Partitioned topics are log topics (docs/design.md §13): every message in the
-        # partition's log, channels as cursors into it. Classic topics keep go-diskqueue,
-        # unless `--log-topic` names them or their log is on disk already.
-        self.log: PartitionLog[Message] | None = None
-        self.writer: LogWriter | None = None
-        # Whether the log was just made from a diskqueue (see below).
-        self.migrated = False
-        self.queue: MessageQueue
-        if not self.ephemeral and (partitioned or nsqd.stores_as_log(name, partition)):
-            options = nsqd.options
-            self.log = PartitionLog(
-                options.effective_data_path(),
-                name,
-                partition,
-                message_type=Message,
-                max_bytes_per_file=options.max_bytes_per_file,
-                sync_every=sync_every or options.sync_every,
-                ext=ext,
-                log=nsqd.log,
-            )
-            self.writer = LogWriter(nsqd, self, self.log)
-            self.queue = LogTopicQueue(nsqd, self.writer, name)
-            self.migrated = self._migrate_legacy_backlog()
-        else:
-            self.queue = BufferedDiskQueue(
-                nsqd,
-                self.backend_name,
-                ephemeral=self.ephemeral,
-                failure="TOPIC(%s) ERROR: failed to write message to backend",
-                failure_args=(name,),
-            )
-        # The partition's virtual byte position: where the next record would begin.
-        self.next_offset = 0 if self.log is None else self.log.end.offset
         self.paused = False
         self.deleted = False
         self.message_count = 0
         self.message_bytes = 0
-        # A log topic's IDs are `partition << 50 | sequence`, continued from its log.
-        self.guid_factory = self.log if self.log is not None else GUIDFactory(nsqd.options.node_id)
+        # Partitioned topics are log topics (docs/design.md §13): every message in the
+        # partition's log, channels as cursors into it. Classic topics keep go-diskqueue,
+        # unless `--log-topic` names them or their log is on disk already.
+        self.queue: TopicQueue = nsqd.storage.open_topic_queue(
+            name,
+            partition,
+            backend_name=self.backend_name,
+            partitioned=partitioned,
+            ephemeral=self.ephemeral,
+            ext=ext,
+            sync_every=sync_every,
+            paused=lambda: self.paused,
+            on_written=self.log_written,
+        )
         self._pump_wakeup = Wakeup()
         # False while nsqd asks nsqlookupd which channels the topic has elsewhere in the
         # cluster: its messages wait, as in Go, where the pump starts only after those
         # channels exist, so each of them gets the topic's first message too.
         self.started = True
-
-    def _migrate_legacy_backlog(self) -> bool:
-        """Messages kept in this partition's diskqueue (by an earlier nsqpy, or by this topic
-        before `--log-topic` named it) go into the log, with new IDs; the diskqueue is then
-        removed. True when there was one: its channels start at the log's start, not its
-        end."""
-        legacy = self.nsqd.open_legacy_queue(self.backend_name)
-        if legacy is None:
-            return False
-        moved = 0
-        while records := legacy.get_many(1024):
-            messages = []
-            for record in records:
-                old = Message.from_record(record)
-                message = Message(self.log.next_id(), old.body, old.timestamp)
-                messages.append(message)
-            self.log.append(messages)
-            self.log.commit()
-            moved += len(messages)
-        self.log.sync()
-        legacy.empty()
-        legacy.delete()
-        self.nsqd.log.info(
-            "TOPIC(%s) partition %d: moved %d messages from its diskqueue into its log",
-            self.name,
-            self.partition,
-            moved,
-        )
-        return True
 
     @property
     def backend_name(self) -> str:
@@ -172,21 +112,15 @@ class Topic:
         the topic already took (a retry then repeats it there: at-least-once).
         """
         timestamp = time.time_ns()
+        queue = self.queue
         if len(bodies) == 1:
             # PUB and HTTP /pub: one message, no batch machinery.
-            messages = [Message(self.guid_factory.next_id(), bodies[0], timestamp)]
+            messages = [Message(queue.next_id(), bodies[0], timestamp)]
         else:
-            ids = self.guid_factory.next_ids(len(bodies))
+            ids = queue.next_ids(len(bodies))
             messages = [
                 Message(mid, body, timestamp) for mid, body in zip(ids, bodies, strict=True)
             ]
-        if self.log is None:
-            # A log sets each message's offset as it writes it; here it is counted.
-            offset = self.next_offset
-            for message in messages:
-                message.offset = offset
-                offset += RECORD_OVERHEAD + len(message.body)
-            self.next_offset = offset
         if trace_ids is not None:
             for message, trace_id in zip(messages, trace_ids, strict=True):
                 message.trace_id = trace_id
@@ -196,37 +130,25 @@ class Topic:
         if defer:
             for message in messages:
                 message.defer = defer
-        if self.log is not None:
-            # Into the log's open group, once: the channels read it as cursors once it is
-            # written (`log_written`).
-            self.queue.append(messages, strict=True)
-            self.next_offset = self.log.appended.offset
-            group = self.writer.group
-            group.count += len(messages)
-            group.body_bytes += sum(map(len, bodies))
-            if defer:
-                due = time.time() + defer
-                group.delays.extend((message.offset, due) for message in messages)
+        body_bytes = sum(map(len, bodies))
+        if queue.accept(messages, body_bytes):
+            # Kept for the channels by the queue (a log's open group): counted once written.
             return messages
         if self.channels and not self.paused and self.started and not self.has_backlog():
             self._fan_out(messages, strict=True)
         else:
             self._store(messages)
         self.message_count += len(messages)
-        self.message_bytes += sum(map(len, bodies))
+        self.message_bytes += body_bytes
         return messages
 
-    def log_written(self, group: "WriteGroup") -> None:
+    def log_written(self, count: int, body_bytes: int) -> None:
         """A group of the log was written (and replicated): its messages count, and the
         channels read them."""
-        self.message_count += group.count
-        self.message_bytes += group.body_bytes
-        delays = group.delays
+        self.message_count += count
+        self.message_bytes += body_bytes
         for channel in list(self.channels.values()):
-            channel.message_count += group.count
-            if delays:
-                # Kept with the cursor, so a DPUB not read before a restart still waits.
-                channel.queue.delays.update(delays)
+            channel.message_count += count
             channel.notify()
 
     def replicated(self, count: int, size: int) -> None:
@@ -239,7 +161,7 @@ class Topic:
     @property
     def is_cluster_follower(self) -> bool:
         """In a cluster, and not the partition's leader here."""
-        return self.replica is not None and self.replica.leader != self.nsqd.cluster.node_id
+        return self.replication.is_follower
 
     def _fan_out(self, messages: list[Message], *, strict: bool = False) -> None:
         """Every channel gets the messages. `strict` (a publish): if the first channel cannot
@@ -276,12 +198,11 @@ class Topic:
     def backend_depth(self) -> int:
         return self.queue.backend_depth
 
-    def sync_targets(self) -> list:
-        """The files of the topic and its channels that the periodic sync looks after."""
-        targets = self.queue.sync_targets()
-        for channel in self.channels.values():
-            targets.extend(channel.queue.sync_targets())
-        return targets
+    async def sync_dirty(self) -> None:
+        """The periodic sync of the topic's and its channels' files."""
+        await self.queue.sync_dirty()
+        for channel in list(self.channels.values()):
+            await channel.queue.sync_dirty()
 
     async def pump(self) -> None:
         """Move the topic's backlog into its channels whenever it has channels and runs."""
@@ -337,10 +258,9 @@ class Topic:
         self.paused = False
         self.nsqd.topology_changed()
         self._pump_wakeup.set()
-        if self.log is not None:
-            # The channels read the log themselves and stopped while the topic was paused.
-            for channel in self.channels.values():
-                channel.notify()
+        # Channels reading a log themselves stopped while the topic was paused.
+        for channel in self.channels.values():
+            channel.notify()
 
     def empty(self) -> None:
         self.queue.empty()

@@ -71,7 +71,7 @@ class PartitionLog(Generic[M]):
         sync_every: int,
         ext: bool = False,
         index_entries_per_file: int = DEFAULT_INDEX_ENTRIES_PER_FILE,
-        log: logging.Logger = logger,
+        log: logging.Logger | logging.LoggerAdapter = logger,
     ) -> None:
         self.files = LogFiles(data_path, topic, partition)
         self.topic = topic

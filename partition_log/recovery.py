@@ -33,7 +33,7 @@ def read_start(files: LogFiles) -> Position:
         return Position(0, 0)
 
 
-def recover(files: LogFiles, log: logging.Logger) -> Recovered:
+def recover(files: LogFiles, log: logging.Logger | logging.LoggerAdapter) -> Recovered:
     index_number = read_current_number(files)
     entries, index_entries = read_index_tail(files, index_number)
     start = read_start(files)

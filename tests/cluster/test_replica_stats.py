@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from nsqpy.nsqd.cluster import UNKNOWN_REPLICA
 from nsqpy.nsqd.metrics import render_metrics
+from nsqpy.nsqd.partition_replica import UNKNOWN_REPLICA, PartitionReplica
 from nsqpy.nsqd.stats import gather, memory_stats, text_report
 from tests.cluster.local_cluster import LocalCluster, wait_for
 
@@ -172,7 +172,12 @@ def test_a_dead_follower_leaves_its_partitions_under_replicated(cluster):
 async def test_a_partition_not_yet_placed_is_not_called_under_replicated(nsqd):
     """A partition found on disk waits for etcd to say who holds it (UNKNOWN_REPLICA): it
     reports no replicas and no leader, and is not flagged on a guess."""
-    nsqd.create_partition("t", 0, partitioned=True, replica=UNKNOWN_REPLICA)
+    nsqd.create_partition(
+        "t",
+        0,
+        partitioned=True,
+        replication=lambda topic: PartitionReplica(nsqd.cluster, topic, UNKNOWN_REPLICA),
+    )
     topics, producers = gather(nsqd, "t", "", include_clients=False)
     [entry] = topics
     assert {key: entry[key] for key in entry if key.startswith("cluster_")} == {

@@ -63,7 +63,7 @@ def fill_the_disk(monkeypatch) -> None:
 
 
 def index_entries(nsqd, topic: str) -> list[tuple]:
-    log = nsqd.get_topic(topic).log
+    log = nsqd.get_topic(topic).queue.log
     with open(log.index_path(), "rb") as file:
         data = file.read()
     return [ENTRY.unpack_from(data, at) for at in range(0, len(data), ENTRY.size)]
@@ -88,7 +88,7 @@ PUBLISHERS = {"tcp": tcp_publish, "http": http_publish}
 async def publish_behind_a_slow_commit(nsqd, slow_disk, publisher, nursery, replies) -> None:
     """One publish whose commit waits for the slow disk, then two more (`b`, `c`) that wait
     behind it, appended to the log's next group."""
-    log = nsqd.get_topic("t").log
+    log = nsqd.get_topic("t").queue.log
     nursery.start_soon(tcp_publish, nsqd, "t", b"a", replies)
     await wait_until(slow_disk.entered.is_set)
     for body in (b"b", b"c"):
@@ -137,7 +137,7 @@ async def test_a_failed_group_write_refuses_every_publish_in_the_group(
                 slow_disk.release()
                 await wait_until(lambda: len(replies) == 3)
         assert replies[b"a"] == b"OK"
-        segment = nsqd.get_topic("t").log.segment_path(0)
+        segment = nsqd.get_topic("t").queue.log.segment_path(0)
         for body in (b"b", b"c"):
             if protocol == "tcp":
                 expected = f"E_PUB_FAILED PUB failed write {segment}: {ENOSPC_TEXT}".encode()
@@ -171,7 +171,7 @@ async def test_a_commit_waits_for_an_fsync_another_commit_started_for_its_write(
         done = []
 
         async def commit(name: str) -> None:
-            await nsqd.commit_backend_writes()
+            await nsqd.storage.commit()
             done.append(name)
 
         async with trio.open_nursery() as nursery:
@@ -212,13 +212,13 @@ async def test_publishes_appended_during_a_failed_replication_round_are_refused(
         await tcp_publish(nsqd, "t", b"before", {})
         topic = nsqd.get_topic("t")
         replication = StalledReplication()
-        topic.writer.replicate = replication
+        topic.queue.writer.replicate = replication
         replies: dict = {}
         async with trio.open_nursery() as nursery:
             nursery.start_soon(tcp_publish, nsqd, "t", b"in the round", replies)
             await replication.entered.wait()
             nursery.start_soon(tcp_publish, nsqd, "t", b"behind the round", replies)
-            await wait_until(lambda: topic.writer.group is not None)
+            await wait_until(lambda: topic.queue.writer.group is not None)
             replication.fail()
         assert replies == {
             b"in the round": b"E_FAILED_ON_NOT_WRITABLE ",
@@ -232,9 +232,9 @@ async def test_a_writer_that_stops_leading_refuses_what_it_did_not_write(nsqd_op
     async with running_nsqd(options) as nsqd:
         topic = nsqd.get_topic("t")
         nsqd_publish(nsqd, topic, [b"appended"])
-        group = topic.writer.group
-        topic.writer.abandon(WriteRefused("E_FAILED_ON_NOT_LEADER", "no longer the leader"))
-        await nsqd.commit_backend_writes([group])
+        group = topic.queue.writer.group
+        topic.queue.writer.abandon(WriteRefused("E_FAILED_ON_NOT_LEADER", "no longer the leader"))
+        await nsqd.storage.commit([group])
         assert group.done and group.error.code == "E_FAILED_ON_NOT_LEADER"
-        assert topic.log.written.count == topic.log.appended.count == 0
-        assert not os.path.exists(topic.log.index_path()) or index_entries(nsqd, "t") == []
+        assert topic.queue.log.written.count == topic.queue.log.appended.count == 0
+        assert not os.path.exists(topic.queue.log.index_path()) or index_entries(nsqd, "t") == []

@@ -36,8 +36,8 @@ async def test_a_matching_topic_is_a_log_and_others_stay_classic(nsqd_options):
     async with running_nsqd(options) as nsqd:
         await publish(nsqd, "orders.eu", b"one", b"two")
         await publish(nsqd, "plain", b"x")
-        assert nsqd.get_topic("orders.eu").log is not None
-        assert nsqd.get_topic("plain").log is None
+        assert nsqd.get_topic("orders.eu").queue.retained is not None
+        assert nsqd.get_topic("plain").queue.retained is None
         files = os.listdir(os.path.join(options.data_path, "orders.eu"))
         assert "orders.eu_0.commit.log" in files
         assert "orders.eu-0.diskqueue.000000.dat" in files
@@ -60,7 +60,7 @@ async def test_unacknowledged_messages_come_again_after_a_restart(nsqd_options):
         await reader.finish(second)
         await reader.send(b"NOP\n")  # FINs are processed in order before the connection ends
         await reader.aclose()
-        await wait_until(lambda: nsqd.get_topic("t").channels["c"].cursor.confirmed.count == 2)
+        await wait_until(lambda: nsqd.get_topic("t").channels["c"].queue.confirmed.count == 2)
     async with running_nsqd(options) as nsqd:
         reader = await consumer(nsqd, "t", "c", rdy=10)
         (again,) = await reader.read_messages(1)
@@ -74,7 +74,7 @@ async def test_a_diskqueue_from_before_the_flag_moves_into_the_log(nsqd_options)
     assert os.path.exists(os.path.join(nsqd_options.data_path, "t.diskqueue.meta.dat"))
     options = dataclasses.replace(nsqd_options, log_topic=["t"])
     async with running_nsqd(options) as nsqd:
-        assert nsqd.get_topic("t").log is not None
+        assert nsqd.get_topic("t").queue.retained is not None
         assert not os.path.exists(os.path.join(options.data_path, "t.diskqueue.meta.dat"))
         reader = await consumer(nsqd, "t", "c", rdy=10)
         messages = await reader.read_messages(2)
@@ -100,7 +100,7 @@ async def test_a_log_on_disk_stays_a_log_without_the_flag(nsqd_options):
         await publish(nsqd, "t", b"in-the-log")
     async with running_nsqd(nsqd_options) as nsqd:
         topic = nsqd.get_topic("t")
-        assert topic.log is not None
+        assert topic.queue.retained is not None
         reader = await consumer(nsqd, "t", "c", rdy=10)
         (message,) = await reader.read_messages(1)
         assert message.body == b"in-the-log"
@@ -110,4 +110,4 @@ async def test_ephemeral_topics_are_never_logs(nsqd_options):
     options = dataclasses.replace(nsqd_options, log_topic=["*"])
     async with running_nsqd(options) as nsqd:
         await publish(nsqd, "t#ephemeral", b"x")
-        assert nsqd.get_topic("t#ephemeral").log is None
+        assert nsqd.get_topic("t#ephemeral").queue.retained is None

@@ -21,12 +21,8 @@ from nsqpy.partition_log import (
 )
 
 
-class Paused:
-    """What a cursor asks of its topic: whether reading is paused, and whether the log was
-    just made from a diskqueue."""
-
-    paused = False
-    migrated = False
+def _never_paused() -> bool:
+    return False
 
 
 def open_log(path, **changes) -> PartitionLog:
@@ -202,7 +198,7 @@ def test_index_entries_past_the_data_are_dropped(tmp_path):
 
 
 def cursor(log: PartitionLog, name: str = "c", window: int = 500) -> CursorQueue:
-    return CursorQueue(Paused(), log, name, window)
+    return CursorQueue(None, log, name, window, paused=_never_paused)
 
 
 def test_a_new_channel_starts_at_the_end(tmp_path):

@@ -35,7 +35,7 @@ def server(nsqd_options):
 
 
 def messages(server: NSQD, *bodies: bytes) -> list[Message]:
-    factory = server.get_topic("ids").guid_factory
+    factory = server.get_topic("ids").queue
     return [Message(factory.next_id(), body, 0) for body in bodies]
 
 
@@ -45,7 +45,11 @@ def bodies(taken: list[Message]) -> list[bytes]:
 
 def buffered(server: NSQD, name: str = "q", *, ephemeral: bool = False) -> BufferedDiskQueue:
     return BufferedDiskQueue(
-        server, name, ephemeral=ephemeral, failure="QUEUE(%s) write failed", failure_args=(name,)
+        server.storage,
+        name,
+        ephemeral=ephemeral,
+        failure="QUEUE(%s) write failed",
+        failure_args=(name,),
     )
 
 
@@ -128,11 +132,12 @@ def test_skip_to_end_and_delete_drop_memory_and_disk(server):
     assert not any(name.startswith("q.diskqueue") for name in os.listdir(server.options.data_path))
 
 
-def test_an_ephemeral_queue_drops_past_memory_and_has_nothing_to_sync(server):
+async def test_an_ephemeral_queue_drops_past_memory_and_has_nothing_to_sync(server):
     queue = buffered(server, "q#ephemeral", ephemeral=True)
     queue.append(messages(server, b"1", b"2", b"3"))
     assert queue.depth == 2
-    assert queue.sync_targets() == []
+    await queue.sync_dirty()
+    assert not os.listdir(server.options.data_path)
     assert queue.flush([]) == 2  # accepted and dropped: an ephemeral name keeps nothing
 
 
@@ -142,7 +147,9 @@ async def test_topics_and_channels_hold_their_messages_through_the_interface(ser
     topic.publish([b"1", b"2", b"3"])  # no channel yet: the topic keeps them
     assert (topic.depth, topic.backend_depth) == (3, 1)
     channel = topic.get_channel("c")
-    assert [target.name for target in topic.sync_targets()] == ["t", "t:c"]
+    assert topic.queue.backend.dirty
+    await topic.sync_dirty()
+    assert not topic.queue.backend.dirty
     assert channel.depth == 0  # the topic's pump has not run
 
 

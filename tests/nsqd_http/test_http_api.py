@@ -91,11 +91,11 @@ async def test_ping_answers_plain_ok(nsqd):
 
 
 async def test_ping_answers_500_with_the_health_while_unhealthy(nsqd):
-    nsqd.set_health(OSError("disk full"))
+    nsqd.storage.health.write_done(OSError("disk full"))
     try:
         response = await call(nsqd, "GET", "/ping")
     finally:
-        nsqd.set_health(None)
+        nsqd.storage.health.write_done(None)
     assert (response.status, response.body) == (500, b"NOK - disk full")
     assert response.header("Content-Type") == TEXT_TYPE
     assert (await call(nsqd, "GET", "/ping")).body == b"OK"

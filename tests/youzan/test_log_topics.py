@@ -287,7 +287,7 @@ async def test_greedyclean_removes_only_what_every_channel_consumed(nsqd):
     await publish_traced(nsqd, "lt", 0, [b"x" * 40 for _ in range(10)])
     await read_and_fin(reader, 10)
     channel = nsqd.registry.get("lt", 0).channels["fast"]
-    await _until(lambda: channel.cursor.lag == 0)
+    await _until(lambda: channel.queue.lag == 0)
     clean = "/topic/greedyclean?topic=lt&partition=0"
     assert (await http(nsqd, "POST", clean)).status == 200
     offsets = "/partition/offsets?topic=lt"
@@ -309,11 +309,11 @@ async def test_syncdisk_gives_a_topic_its_own_sync_policy(nsqd_options):
     async with running_nsqd(nsqd_options) as nsqd:
         reply = await http(nsqd, "POST", "/topic/create?topic=lt&partition_num=2&syncdisk=1")
         assert reply.status == 200, reply
-        assert [nsqd.registry.get("lt", p).log.sync_every for p in (0, 1)] == [1, 1]
+        assert [nsqd.registry.get("lt", p).queue.log.sync_every for p in (0, 1)] == [1, 1]
         bad = await http(nsqd, "POST", "/topic/create?topic=lu&partition_num=1&syncdisk=0")
         assert (bad.status, bad.json()) == (400, {"message": "INVALID_ARG_SYNCDISK"})
     async with running_nsqd(nsqd_options) as nsqd:
-        assert nsqd.registry.get("lt", 1).log.sync_every == 1
+        assert nsqd.registry.get("lt", 1).queue.log.sync_every == 1
 
 
 async def test_a_deferred_message_still_waits_after_a_restart(nsqd_options):
@@ -373,5 +373,5 @@ async def test_an_earlier_nsqpys_partition_queues_are_delivered_then_removed(nsq
         got = sorted(m.body for m in await read_and_fin(second, 2))
         assert got == [b"p1-a", b"p1-backlog"]
         channel = nsqd.registry.get("old", 1).channels["c"]
-        await _until(lambda: channel.cursor.lag == 0 and not channel.in_flight)
+        await _until(lambda: channel.queue.lag == 0 and not channel.in_flight)
     assert not [name for name in os.listdir(data) if ".diskqueue." in name]

@@ -1,0 +1,73 @@
+"""A cluster partition's side of the replication seam (`nsqd/replication.py`): who holds it,
+and whether this node, as its leader, takes writes now (docs/design.md §14)."""
+
+from typing import TYPE_CHECKING
+
+from nsqpy.common.cluster_meta import ReplicaInfo
+
+if TYPE_CHECKING:
+    from nsqpy.nsqd.cluster import ClusterNode
+    from nsqpy.nsqd.topic import Topic
+
+# What a partition found on disk is until the cluster's metadata says who leads it.
+UNKNOWN_REPLICA = ReplicaInfo(leader="?", isr=(), epoch=-1, epoch_for_write=-1)
+
+
+class PartitionReplica:
+    """The Replication of a partition held by cluster replicas; `ClusterNode` keeps `info`
+    what the cluster's metadata says."""
+
+    def __init__(self, node: "ClusterNode", topic: "Topic", info: ReplicaInfo) -> None:
+        self.node = node
+        self.topic = topic
+        self.info = info
+        # As the leader: whether its followers can take writes now.
+        self.writable = True
+        # A leader handing the partition to a follower (a planned leader transfer): it takes
+        # no publish until the new leader does.
+        self.handing_over = False
+
+    @property
+    def is_leader(self) -> bool:
+        return self.info.leader == self.node.node_id
+
+    @property
+    def is_follower(self) -> bool:
+        return not self.is_leader
+
+    def refusal(self) -> str | None:
+        if self.is_follower or self.handing_over:
+            return "E_FAILED_ON_NOT_LEADER"
+        if not self.writable:
+            return "E_FAILED_ON_NOT_WRITABLE"
+        return None
+
+    def cursor_moved(self) -> None:
+        # Youzan replicates an ordered channel's cursor on every FIN, and every other's on a
+        # timer; here every cursor goes at once, coalesced (`ClusterNode.cursor_moved`), so a
+        # failover repeats little more than what was in flight.
+        self.node.cursor_moved(self.topic)
+
+    async def channels_changed(self) -> None:
+        await self.node.push_channels(self.topic)
+
+    def describe(self) -> dict:
+        return self.node.describe(self.topic)
+
+    def stats(self) -> dict:
+        state = self.describe()
+        # A partition found on disk at startup, before etcd says who holds it, knows no
+        # replicas: it is not reported under-replicated on a guess.
+        known = self.info is not UNKNOWN_REPLICA
+        replicas = self.info.replica if known else 0
+        return {
+            "cluster_role": state["role"],
+            "cluster_leader": state["leader"],
+            "cluster_isr": state["isr"],
+            "cluster_catchup": state["catchup"],
+            "cluster_write_epoch": state["write_epoch"],
+            "cluster_writable": state["writable"],
+            "cluster_replicas": replicas,
+            # Fewer in-sync replicas than the topic asks for: one more loss may stop writes.
+            "under_replicated": known and len(state["isr"]) < replicas,
+        }

@@ -1,0 +1,205 @@
+"""nsqd's storage: which engine keeps a topic, and the writes a publish waits for.
+
+`open_topic_queue` is the one place an engine is chosen (docs/design.md §12): go-diskqueue
+behind a memory buffer for classic topics (`BufferedTopicQueue`), a partition log for
+partitioned topics and those `--log-topic` names (`LogTopicQueue`). Topics and channels then
+see only their `MessageQueue`; the engines see only this object, never the daemon.
+
+The rest is group commit (docs/design.md §3.4): writes made for publishes are remembered here
+until the publishing connection's next commit, which writes every partition log's open group
+and fsyncs every diskqueue whose `--sync-every` count is reached, before the publishes are
+acknowledged. A failed write or sync turns `health` NOK.
+"""
+
+import fnmatch
+import logging
+import os
+from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
+from typing import TYPE_CHECKING
+
+import trio
+
+from nsqpy.diskqueue import DiskQueue
+from nsqpy.nsqd.backend import BackendWriteError, DroppingQueue, open_backend, write_error
+from nsqpy.nsqd.health import Health
+from nsqpy.nsqd.log_writer import LogWriter, WriteGroup
+from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.message_queue import BufferedTopicQueue, LogTopicQueue, TopicQueue
+from nsqpy.nsqd.options import Options
+from nsqpy.partition_log import PartitionLog, log_exists
+
+if TYPE_CHECKING:
+    from nsqpy.nsqd.cursor_queue import CursorQueue
+
+
+class Storage:
+    """The storage engines of one nsqd, and the writes not yet made durable."""
+
+    def __init__(self, options: Options, log: logging.Logger | logging.LoggerAdapter) -> None:
+        # Swapped by PUT /config with the daemon's (queues opened later see the new values).
+        self.options = options
+        self.log = log
+        self.health = Health(log)
+        self.data_path = options.effective_data_path()
+        # Diskqueues written since the last commit.
+        self._written_backends: set[DiskQueue] = set()
+        # Diskqueue fsyncs under way: a commit that finds its queues taken by another task's
+        # commit waits for them (its writes may be in them).
+        self._queue_syncs: set[trio.Event] = set()
+        # Partition logs appended to since the last commit: each writes its group then.
+        self._written_logs: set[LogWriter] = set()
+
+    # -- choosing the engine --------------------------------------------------------------------
+
+    def open_topic_queue(
+        self,
+        name: str,
+        partition: int,
+        *,
+        backend_name: str,
+        partitioned: bool,
+        ephemeral: bool,
+        ext: bool,
+        sync_every: int,
+        paused: Callable[[], bool],
+        on_written: Callable[[int, int], None],
+    ) -> TopicQueue:
+        """The queue of a new topic partition, on the engine that keeps it. `paused` says
+        whether the topic holds its messages back; `on_written` is told how many messages (and
+        body bytes) of a log topic were written (its channels read them then)."""
+        if not ephemeral and (partitioned or self.stores_as_log(name, partition)):
+            options = self.options
+            log = PartitionLog(
+                self.data_path,
+                name,
+                partition,
+                message_type=Message,
+                max_bytes_per_file=options.max_bytes_per_file,
+                sync_every=sync_every or options.sync_every,
+                ext=ext,
+                log=self.log,
+            )
+            return LogTopicQueue(
+                self,
+                log,
+                backend_name=backend_name,
+                legacy=self.open_legacy_queue(backend_name),
+                paused=paused,
+                on_written=on_written,
+            )
+        return BufferedTopicQueue(
+            self,
+            backend_name,
+            ephemeral=ephemeral,
+            failure="TOPIC(%s) ERROR: failed to write message to backend",
+            failure_args=(name,),
+        )
+
+    def stores_as_log(self, name: str, partition: int) -> bool:
+        """Whether an unpartitioned topic is a log topic: `--log-topic` matches its name, or
+        its log is on disk already (a log is never hidden by a changed flag)."""
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in self.options.log_topic):
+            return True
+        return log_exists(self.data_path, name, partition)
+
+    def open_backend(self, name: str, *, ephemeral: bool) -> DiskQueue | DroppingQueue:
+        return open_backend(name, self.options, ephemeral=ephemeral)
+
+    def open_legacy_queue(self, name: str) -> DiskQueue | None:
+        """The diskqueue an earlier nsqpy kept a partitioned topic's or channel's messages in,
+        before partitioned topics were logs; None when there is none."""
+        if not os.path.exists(os.path.join(self.data_path, f"{name}.diskqueue.meta.dat")):
+            return None
+        backend = open_backend(name, self.options, ephemeral=False)
+        assert isinstance(backend, DiskQueue)
+        return backend
+
+    # -- writes a publish waits for -------------------------------------------------------------
+
+    def write_to_backend(
+        self, backend: DiskQueue | DroppingQueue, messages: list[Message], failure: str, *args
+    ) -> None:
+        """Append `messages` to a diskqueue, to be synced by the next commit (before the
+        publish is acknowledged); health is OK again after it. A failed write (a full disk) is
+        logged as `failure % args` and ` - <error>`, turns health NOK and raises
+        BackendWriteError."""
+        try:
+            backend.put_many([message.to_record() for message in messages])
+        except OSError as os_error:
+            self._write_failed(write_error(backend, os_error), failure, *args)
+        self.health.write_done(None)
+        if isinstance(backend, DiskQueue):
+            self._written_backends.add(backend)
+
+    def append_to_log(self, writer: LogWriter, messages: list[Message], topic: str) -> WriteGroup:
+        """Append a publish to a partition log's open group, to be written by the next commit
+        (before the publish is acknowledged; `WriteGroup.error` then says whether it was).
+        BackendWriteError if the log is closed."""
+        try:
+            group = writer.append(messages)
+        except OSError as os_error:
+            self._write_failed(
+                write_error(writer.log, os_error, writer.log.active_segment_path),
+                "TOPIC(%s) ERROR: failed to write message to log",
+                topic,
+            )
+        self._written_logs.add(writer)
+        return group
+
+    def _write_failed(self, error: BackendWriteError, failure: str, *args) -> None:
+        """A failed write: logged as `failure % args - <error>`, health NOK, raised."""
+        self.log.error(failure + " - %s", *args, error)
+        self.health.write_done(error)
+        raise error from None
+
+    def commit_due(self) -> bool:
+        """Whether a publish has anything to wait for: a partition log's group to write, or a
+        diskqueue written since the last commit that reached its `--sync-every` count."""
+        return bool(self._written_logs) or any(
+            backend.sync_due for backend in self._written_backends
+        )
+
+    async def commit(self, groups: Iterable[WriteGroup] = ()) -> None:
+        """Before publishes are acknowledged: write every partition log's open group, wait
+        until `groups` (the log publishes being answered) are done (`nsqd/log_writer.py`),
+        and fsync every diskqueue whose `--sync-every` count is reached. fsyncs run in worker
+        threads so the event loop never waits on the disk."""
+        if self._written_logs:
+            writers, self._written_logs = self._written_logs, set()
+            for writer in writers:
+                writer.write_now()
+        waits: list[Callable[[], Awaitable[object]]] = [
+            partial(group.writer.wait, group) for group in {g for g in groups if not g.done}
+        ]
+        if self._queue_syncs:
+            # Another task's commit took the written queues and is syncing them: what this
+            # task wrote may be among them, and is answered only once they are synced.
+            waits.extend(event.wait for event in self._queue_syncs)
+        if self._written_backends:
+            backends, self._written_backends = self._written_backends, set()
+            for backend in backends:
+                if backend.sync_due:
+                    waits.append(partial(self._commit_sync, backend))
+        if len(waits) == 1:
+            await waits[0]()
+        elif waits:
+            # Side by side: one slow disk flush does not queue the rest.
+            async with trio.open_nursery() as syncs:
+                for wait in waits:
+                    syncs.start_soon(wait)
+
+    async def _commit_sync(self, backend: DiskQueue) -> None:
+        """A diskqueue fsync publishes wait for: the commits of other tasks wait for it too."""
+        done = trio.Event()
+        self._queue_syncs.add(done)
+        try:
+            await self.sync_backend(backend)
+        finally:
+            self._queue_syncs.discard(done)
+            done.set()
+
+    async def sync_backend(self, backend: "DiskQueue | PartitionLog | CursorQueue") -> None:
+        """Run one sync job off the loop; a failure (the job logs it) makes health NOK."""
+        ok = await trio.to_thread.run_sync(backend.prepare_sync())
+        self.health.sync_done(None if ok else f"DISKQUEUE({backend.name}) failed to sync")
