@@ -118,6 +118,7 @@ test: install-test lint
 lint: $(TEST_INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 bench: install-test
 	$(BIN)/python -m bench

@@ -309,6 +309,8 @@ class TopicsView:
             else:
                 self.metas[topic] = TopicMeta.from_json(value)
                 self.meta_revisions[topic] = revision
+        elif partition is None:
+            return None  # a ReplicaInfo key always names its partition
         elif value is None:
             self.infos.pop((topic, partition), None)
         else:

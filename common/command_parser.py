@@ -308,7 +308,7 @@ def _mpub_truncation_error(
     try:
         parse_mpub_body(partial, parser.max_msg_size, parser.max_body_size, min_message_size)
     except ProtocolError as error:
-        if error.code != "E_BAD_BODY" or "does not match" not in error.description:
+        if error.code != "E_BAD_BODY" or "does not match" not in (error.description or ""):
             return error
     return ProtocolError("E_BAD_MESSAGE", "MPUB failed to read message body")
 
@@ -345,7 +345,7 @@ class CommandParser:
         self._position = 0
         # Bytes received while a command still needs more than that; joined only once enough
         # has arrived, so a large body arriving in many pieces is copied once, not per piece.
-        self._chunks: list[bytes] = []
+        self._chunks: list[bytes | bytearray] = []
         self._chunks_length = 0
         self._wanted = 0
         # A body command whose line was parsed and checked, waiting for its size and body.
@@ -359,7 +359,7 @@ class CommandParser:
     def buffered(self) -> int:
         return len(self._data) - self._position + self._chunks_length
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray) -> None:
         if data:
             self._chunks.append(data)
             self._chunks_length += len(data)
@@ -380,8 +380,9 @@ class CommandParser:
         if not self.magic_received:
             if not self._read_magic():
                 return None
-        if self._pending is not None:
-            return self._read_body()
+        pending = self._pending
+        if pending is not None:
+            return self._read_body(pending)
         data = self._data
         position = self._position
         newline = data.find(b"\n", position)
@@ -411,8 +412,8 @@ class CommandParser:
                 if self.before_body is not None:
                     self.before_body(name)
                 body_command.check_args(name, args, self)
-                self._pending = (body_command, name, args)
-                return self._read_body()
+                pending = self._pending = (body_command, name, args)
+                return self._read_body(pending)
         self._compact()
         return command
 
@@ -453,8 +454,9 @@ class CommandParser:
         self.magic_received = True
         return True
 
-    def _read_body(self) -> Command | None:
-        body_command, name, args = self._pending
+    def _read_body(self, pending: tuple["_BodyCommand", bytes, list[bytes]]) -> Command | None:
+        """The body of the `pending` command, whose header was read."""
+        body_command, name, args = pending
         data = self._data
         start = self._position
         if len(data) - start < 4:

@@ -95,7 +95,7 @@ class FrameDecoder:
         self.max_frame_size = max_frame_size
         self._buffer = bytearray()
 
-    def receive_data(self, data: bytes) -> list[Frame]:
+    def receive_data(self, data: bytes | bytearray) -> list[Frame]:
         buffer = self._buffer
         buffer += data
         frames: list[Frame] = []

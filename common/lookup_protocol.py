@@ -307,7 +307,7 @@ class LookupServerConnection:
         """Bytes held for an incomplete command: never more than the larger of the two limits."""
         return len(self._buffer)
 
-    def receive_data(self, data: bytes) -> list[LookupCommand]:
+    def receive_data(self, data: bytes | bytearray) -> list[LookupCommand]:
         """Buffer `data` and return every command it completes, in order.
 
         Raises ProtocolError (always fatal) when the bytes break the protocol. When complete
@@ -524,7 +524,7 @@ class LookupClientConnection:
     def pending_bytes(self) -> int:
         return len(self._buffer)
 
-    def receive_data(self, data: bytes) -> list[bytes]:
+    def receive_data(self, data: bytes | bytearray) -> list[bytes]:
         """Buffer `data` and return every complete reply body, in order.
 
         Raises LookupResponseError for a size over the limit (Go's readResponseBounded text)

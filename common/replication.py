@@ -63,7 +63,7 @@ class FrameReader:
         self._buffer = bytearray()
         self._max = max_frame_size
 
-    def receive_data(self, data: bytes) -> list[Frame]:
+    def receive_data(self, data: bytes | bytearray) -> list[Frame]:
         buffer = self._buffer
         buffer += data
         frames = []

@@ -311,7 +311,7 @@ class API:
                 address = None
             if address is None:
                 return v1_error(400, "INVALID_REMOTE_ADDR")
-            if getattr(address, "ipv4_mapped", None):
+            if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
                 address = address.ipv4_mapped
             if address.version != network.version or address not in network:
                 return v1_error(403, "FORBIDDEN")
@@ -347,7 +347,7 @@ class API:
         return v1_response(value)
 
 
-_MISSING = object()
+_MISSING: Any = object()
 
 
 def _option_by_config_name(options, name: str) -> Any:

@@ -41,7 +41,7 @@ def admin_action(
     if peer:  # Go's req.RemoteAddr: host:port, an IPv6 host in brackets
         host = f"[{peer[0]}]" if ":" in peer[0] else peer[0]
         remote_ip = f"{host}:{peer[1]}"
-    notification = {"action": action, "topic": topic}
+    notification: dict[str, str | int] = {"action": action, "topic": topic}
     if channel:
         notification["channel"] = channel
     if node:

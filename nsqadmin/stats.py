@@ -142,6 +142,7 @@ def merge_lookupd_producers(responses: Iterable[tuple[str, dict]]) -> list[Produ
                     producer.topics.sort(key=lambda t: t.topic)
                 producer.remote_addresses = []
                 by_address[producer.tcp_address] = known = producer
+            assert known.remote_addresses is not None  # set above for each producer kept
             known.remote_addresses.append(f"{lookupd_address}/{producer.remote_address or 'N/A'}")
     producers = list(by_address.values())
     mark_out_of_date(producers)
@@ -555,7 +556,11 @@ class TopicStats:
 
     @property
     def under_replicated_partitions(self) -> int:
-        return sum(1 for node in self.replicated_nodes if node.replica.under_replicated)
+        return sum(
+            1
+            for node in self.replicated_nodes
+            if node.replica is not None and node.replica.under_replicated
+        )
 
     def add(self, other: "TopicStats") -> None:
         """Go's TopicStats.Add: fold one node's topic into this cluster-wide one."""
@@ -704,6 +709,8 @@ def _view_rank(view: TopicStats) -> tuple[bool, int, bool]:
     """How much a node's view of a cluster partition is to be believed: a leader's over a
     follower's, a newer write epoch over an older one, an ISR member's over a catch-up node's."""
     replica = view.replica
+    if replica is None:
+        return (False, -1, False)
     return (replica.is_leader, replica.write_epoch, replica.role == "follower")
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from nsqpy.nsqd.wakeup import Wakeup
 
 if TYPE_CHECKING:
+    from nsqpy.nsqd.auth import AuthState
     from nsqpy.nsqd.channel import Channel
     from nsqpy.nsqd.options import Options
 
@@ -50,7 +51,7 @@ class Client:
         self.deflate = False
         self.deflate_level = 0
         self.auth_secret = ""
-        self.auth_state = None
+        self.auth_state: AuthState | None = None
         # Youzan's IDENTIFY keys (docs/protocol.md §3.4, §8 #1).
         self.asked_for_youzan = False
         self.extend_support = False

@@ -20,7 +20,7 @@ class PrefixedStream(trio.abc.Stream):
         self.stream = stream
         self._prefix = prefix
 
-    async def receive_some(self, max_bytes=None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if self._prefix:
             data, self._prefix = self._prefix, b""
             return data

@@ -85,6 +85,10 @@ class CursorQueue:
             # A new channel starts at the end, as in Youzan; but where the log was just made
             # from an earlier nsqpy's diskqueue, at its start, so the channel gets those too.
             saved = log.start if start_at_log_start else log.end
+        # `confirmed` (its setter): the count, and the offset or the message it ends with.
+        self._confirmed_offset = 0
+        self._confirmed_count = 0
+        self._confirmed_through: Message | None = None
         self.confirmed = saved
         self.read_position = saved
         if saved is log.end:
@@ -180,7 +184,7 @@ class CursorQueue:
         # order (`_confirmed_through`), whose end is the offset: FIN in order sets only that,
         # touching no more of the message than its count.
         self._confirmed_offset, self._confirmed_count = position
-        self._confirmed_through: Message | None = None
+        self._confirmed_through = None
 
     # The sync contract nsqd's periodic sync drives (like a diskqueue's).
     sync_due = False

@@ -6,6 +6,7 @@ client or nsqadmin sees the same response from either daemon.
 
 import gc
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
 
@@ -22,6 +23,7 @@ from nsqpy.daemon.http_server import (
     NSQ_V1_HEADER,
     TEXT_CONTENT_TYPE,
     CachedResponse,
+    CommitWait,
     HTTPError,
     Request,
     Response,
@@ -291,11 +293,12 @@ class HTTPAPI:
             # isascii: str.isdigit() also takes '²' and '٣', which int() refuses or reads.
             if not _is_ascii_digits(partition_num) or not 1 <= int(partition_num) <= 255:
                 raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
-            numbers = range(int(partition_num))
+            numbers: range | list[int] = range(int(partition_num))
         else:
-            if not _is_ascii_digits(partition) or not 0 <= int(partition) < 255:
+            text = partition or ""
+            if not _is_ascii_digits(text) or not 0 <= int(text) < 255:
                 raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION")
-            numbers = [int(partition)]
+            numbers = [int(text)]
         ordered = _first(params, "orderedmulti") == "true"
         ext = _first(params, "ext") == "true" or _first(params, "extend") == "true"
         # Youzan's `syncdisk=N`: this topic's log is synced every N messages.
@@ -721,7 +724,7 @@ class TLSRequiredRouter:
     async def dispatch(self, request: Request) -> Response:
         return self.respond(request)
 
-    async def commit(self, write_groups: list = ()) -> None:
+    async def commit(self, write_groups: Sequence[CommitWait] = ()) -> None:
         pass  # nothing here writes
 
     def waits_for_commit(self, response: Response) -> bool:

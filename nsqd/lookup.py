@@ -11,11 +11,12 @@ nsqlookupd gets the classic `REGISTER t [c]`, which is the only form it parses c
 """
 
 import json
+import logging
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -32,7 +33,30 @@ from nsqpy.common.version import VERSION
 from nsqpy.nsqd.wakeup import Wakeup
 
 if TYPE_CHECKING:
-    from nsqpy.nsqd.server import NSQD
+    from nsqpy.nsqd.options import Options
+
+
+class LookupHost(Protocol):
+    """What nsqlookupd is told of this nsqd (`NSQD`): who it is, and what it holds."""
+
+    @property
+    def options(self) -> "Options": ...
+
+    @property
+    def log(self) -> logging.Logger: ...
+
+    @property
+    def tcp_port(self) -> int: ...
+
+    @property
+    def http_port(self) -> int: ...
+
+    @property
+    def hostname(self) -> str: ...
+
+    def registrations(self) -> list[tuple[str, str | None, int]]:
+        """Each (topic, channel or None, partition) nsqlookupd must know."""
+
 
 PING_INTERVAL = 15.0
 RESPONSE_TIMEOUT = 5.0
@@ -41,7 +65,7 @@ MAX_RECONNECT_DELAY = 5.0
 
 
 class LookupPeer:
-    def __init__(self, nsqd: "NSQD", address: str) -> None:
+    def __init__(self, nsqd: LookupHost, address: str) -> None:
         self.nsqd = nsqd
         self.address = address
         self.info: dict = {}
@@ -162,7 +186,7 @@ class LookupPeer:
 class LookupPeers:
     """The set of peers, changed at run time by PUT /config/nsqlookupd_tcp_addresses."""
 
-    def __init__(self, nsqd: "NSQD") -> None:
+    def __init__(self, nsqd: LookupHost) -> None:
         self.nsqd = nsqd
         self.peers: dict[str, LookupPeer] = {}
         self._nursery: trio.Nursery | None = None

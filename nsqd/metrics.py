@@ -5,12 +5,17 @@ as `/stats` directly. Counters end in `_total`, label values are escaped as the 
 (backslash, double quote, newline), and every family has its HELP and TYPE lines.
 """
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from nsqpy.nsqd.stats import gather, memory_stats
+from nsqpy.nsqd.stats import StatsSource, gather, memory_stats
 
-if TYPE_CHECKING:
-    from nsqpy.nsqd.server import NSQD
+
+class MetricsSource(StatsSource, Protocol):
+    """What `/metrics` reads of nsqd (`NSQD`): the stats, and its health."""
+
+    @property
+    def health(self) -> str: ...
+
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -41,7 +46,7 @@ class _Family:
         return head + "".join(sample + "\n" for sample in self.samples)
 
 
-def render_metrics(nsqd: "NSQD") -> str:
+def render_metrics(nsqd: MetricsSource) -> str:
     topics, _producers = gather(nsqd, "", "", include_clients=True)
     families: dict[str, _Family] = {}
 

@@ -67,12 +67,13 @@ class PeerLink:
     async def _request(self, op: int, header: dict, payload: bytes, limit: float) -> Frame:
         try:
             with trio.fail_after(limit):
-                if self._stream is None:
-                    self._stream = await self._connect()
+                stream = self._stream
+                if stream is None:
+                    stream = self._stream = await self._connect()
                     self._reader = FrameReader()
                     self._frames = []
-                await self._stream.send_all(encode_frame(op, header, payload))
-                frame = await self._next_frame()
+                await stream.send_all(encode_frame(op, header, payload))
+                frame = await self._next_frame(stream)
         except (OSError, trio.BrokenResourceError, trio.TooSlowError) as error:
             # A request cut short leaves its answer (if any comes) unread: a new connection.
             await self._drop()
@@ -101,9 +102,9 @@ class PeerLink:
             raise
         return tls
 
-    async def _next_frame(self) -> Frame:
+    async def _next_frame(self, stream: trio.abc.Stream) -> Frame:
         while not self._frames:
-            data = await self._stream.receive_some(RECEIVE_SIZE)
+            data = await stream.receive_some(RECEIVE_SIZE)
             if not data:
                 raise trio.BrokenResourceError("the peer closed the connection")
             self._frames.extend(self._reader.receive_data(data))

@@ -16,7 +16,8 @@ into the client by `nsqd/identify.py`; every publish goes through `nsqd/publish.
 import json
 import math
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -108,7 +109,9 @@ class ProtocolV2:
         # Classic until the client shows it speaks Youzan's (`become_youzan`).
         self.dialect: ClassicDialect | YouzanDialect = CLASSIC
         self.youzan = YouzanCommands(self)
-        self._handlers = {
+        # Each returns the reply (None: none), or a Negotiated upgrade; AUTH and the
+        # authorized wrappers are coroutines (`_async_commands`).
+        self._handlers: dict[bytes, Callable[[Any], Any]] = {
             b"FIN": self.fin,
             b"RDY": self.rdy,
             b"REQ": self.req,
@@ -375,11 +378,13 @@ class ProtocolV2:
         if self.client.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
             raise ProtocolError("E_INVALID", f"cannot {label} in current state")
 
-    def become_youzan(self) -> None:
+    def become_youzan(self) -> YouzanDialect:
         """The client showed it is a Youzan client: it speaks Youzan's dialect from now on."""
-        if not self.dialect.youzan:
-            self.dialect = YouzanDialect()
+        dialect = self.dialect
+        if not isinstance(dialect, YouzanDialect):
+            dialect = self.dialect = YouzanDialect()
             self.parser.binary_ids = True
+        return dialect
 
     # -- commands -------------------------------------------------------------------------
 
@@ -421,6 +426,8 @@ class ProtocolV2:
                 stream = PrefixedStream(stream, leftover)
             try:
                 if upgrade.tls:
+                    # Negotiated only when nsqd has a TLS context (`tls_available`).
+                    assert self.nsqd.tls_context is not None
                     ssl_stream = trio.SSLStream(stream, self.nsqd.tls_context, server_side=True)
                     with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
                         await ssl_stream.do_handshake()
@@ -461,7 +468,7 @@ class ProtocolV2:
             self.nsqd.log.warning("PROTOCOL(V2): [%s] AUTH failed %s", client, error)
             raise ProtocolError("E_AUTH_FAILED", "AUTH failed") from None
         state = client.auth_state
-        if not state.authorizations:
+        if state is None or not state.authorizations:
             raise ProtocolError("E_UNAUTHORIZED", "AUTH no authorizations found")
         reply = {
             "identity": state.identity,
@@ -494,7 +501,8 @@ class ProtocolV2:
             except AuthError as error:
                 self.nsqd.log.warning("PROTOCOL(V2): [%s] Auth Failed %s", client, error)
                 raise ProtocolError("E_AUTH_FAILED", "AUTH failed") from None
-        if not client.auth_state.is_allowed(topic, channel):
+        state = client.auth_state
+        if state is None or not state.is_allowed(topic, channel):
             raise ProtocolError(
                 "E_UNAUTHORIZED",
                 f"AUTH failed for {label} on {go_quote(topic)} {go_quote(channel)}",
@@ -615,8 +623,10 @@ class ProtocolV2:
         self._require_message_state("FIN")
         message_id = self.dialect.message_key(command.args, "FIN")
         client = self.client
+        channel = client.channel
+        assert channel is not None  # _require_message_state: subscribed
         try:
-            client.channel.finish(client.id, message_id)
+            channel.finish(client.id, message_id)
         except ChannelError as error:
             raise ProtocolError(
                 "E_FIN_FAILED", f"FIN {self.dialect.printed_id(command.args[0])} failed {error}"
@@ -636,8 +646,10 @@ class ProtocolV2:
         # Go clamps an out-of-range REQ timeout instead of refusing it.
         delay = min(timeout_ms / 1000, self.options.max_req_timeout)
         client = self.client
+        channel = client.channel
+        assert channel is not None  # _require_message_state: subscribed
         try:
-            requeued = client.channel.requeue(client.id, message_id, delay, trio.current_time())
+            requeued = channel.requeue(client.id, message_id, delay, trio.current_time())
         except ChannelError as error:
             raise ProtocolError(
                 "E_REQ_FAILED", f"REQ {self.dialect.printed_id(args[0])} failed {error}"
@@ -650,8 +662,10 @@ class ProtocolV2:
         self._require_message_state("TOUCH")
         message_id = self.dialect.message_key(command.args, "TOUCH")
         client = self.client
+        channel = client.channel
+        assert channel is not None  # _require_message_state: subscribed
         try:
-            client.channel.touch(client.id, message_id, client.msg_timeout, trio.current_time())
+            channel.touch(client.id, message_id, client.msg_timeout, trio.current_time())
         except ChannelError as error:
             raise ProtocolError(
                 "E_TOUCH_FAILED", f"TOUCH {self.dialect.printed_id(command.args[0])} failed {error}"
@@ -711,5 +725,7 @@ class ProtocolV2:
         return self._publish_classic("MPUB", "E_MPUB_FAILED", command.args, command.messages)
 
     def dpub(self, command) -> bytes:
-        defer = go_base10(command.args[1]) / 1000
+        defer_ms = go_base10(command.args[1])
+        assert defer_ms is not None  # the parser refused a DPUB without a valid timeout
+        defer = defer_ms / 1000
         return self._publish_classic("DPUB", "E_DPUB_FAILED", command.args, [command.body], defer)

@@ -115,7 +115,7 @@ class YouzanCommands:
         # The partition is parsed whenever it is there (Youzan ignores it when a SUB_ADVANCED
         # start follows, a bug docs/protocol.md §3.3 says not to copy).
         raw_partition = args[2] if len(args) >= 3 else None
-        connection.become_youzan()
+        dialect = connection.become_youzan()
         topic = self._partition(topic_name, raw_partition)
         connection.check_subscription(topic, ordered=ordered)
         start = None
@@ -129,9 +129,10 @@ class YouzanCommands:
                     "E_INVALID",
                     f"consume start {go_text(args[3])} is not supported yet (only special:-1)",
                 )
-        connection.dialect.detail = ordered or advanced
+        dialect.detail = ordered or advanced
         reply = connection.subscribe(topic, channel_name)
         channel = connection.client.channel
+        assert channel is not None  # subscribed
         if ordered:
             channel.deliver_in_order()
         if start is not None and len(channel.clients) == 1:

@@ -4,14 +4,20 @@ the messages to the topic, and turn a failed diskqueue write into one error type
 only maps `PublishError` to its wire form; the publish is acknowledged once nsqd's
 `Storage.commit()` has synced what it wrote."""
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from nsqpy.nsqd.backend import BackendWriteError
 from nsqpy.nsqd.message import Message
 
 if TYPE_CHECKING:
-    from nsqpy.nsqd.server import NSQD
     from nsqpy.nsqd.topic import Topic
+
+
+class Publishing(Protocol):
+    """What a publish asks of nsqd (`NSQD`): whether it is on its way out."""
+
+    @property
+    def exiting(self) -> bool: ...
 
 
 class PublishError(Exception):
@@ -25,7 +31,7 @@ class PublishError(Exception):
 
 
 def publish(
-    nsqd: "NSQD",
+    nsqd: Publishing,
     topic: "Topic",
     bodies: list[bytes],
     *,

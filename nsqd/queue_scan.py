@@ -14,17 +14,26 @@ connections.
 """
 
 import random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.channel import Channel
-    from nsqpy.nsqd.server import NSQD
+    from nsqpy.nsqd.options import Options
+
+
+class ChannelSource(Protocol):
+    """What the scan asks of nsqd (`NSQD`): its options and its channels."""
+
+    @property
+    def options(self) -> "Options": ...
+
+    def all_channels(self) -> list["Channel"]: ...
 
 
 class QueueScanner:
-    def __init__(self, nsqd: "NSQD") -> None:
+    def __init__(self, nsqd: ChannelSource) -> None:
         self.nsqd = nsqd
         self.options = nsqd.options
         self.refresh_needed = True

@@ -19,7 +19,7 @@ import trio
 
 from nsqpy.common.names import is_ephemeral, is_valid_name
 from nsqpy.common.version import VERSION
-from nsqpy.daemon.http_server import serve_http
+from nsqpy.daemon.http_server import RequestRouter, serve_http
 from nsqpy.daemon.log import keep_printable
 from nsqpy.daemon.net import accept_forever, format_address, open_listener
 from nsqpy.nsqd.channel import Channel
@@ -172,8 +172,10 @@ class NSQD:
                     topic.name,
                 )
             return
+        nursery = self._nursery
+        assert nursery is not None  # create_partition asks only while serving
         topic.started = False
-        self._nursery.start_soon(self._create_lookupd_channels, topic, addresses)
+        nursery.start_soon(self._create_lookupd_channels, topic, addresses)
 
     async def _create_lookupd_channels(self, topic: Topic, addresses: list[str]) -> None:
         timeout = (
@@ -466,7 +468,7 @@ class NSQD:
             self.log.info("HTTPS: listening on %s", self.https_address)
         # --tls-required=true (or a client auth policy): the plain HTTP port only points to
         # the HTTPS one; `tcp-https` means TLS for TCP only (Go's TLSRequiredExceptHTTP).
-        plain_router = (
+        plain_router: RequestRouter | None = (
             TLSRequiredRouter(self)
             if options.tls_required == "true" and self.tls_context is not None
             else None

@@ -7,7 +7,7 @@ import gc
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -18,8 +18,26 @@ from nsqpy.nsqd.e2e import merged_result
 if TYPE_CHECKING:
     from nsqpy.nsqd.channel import Channel
     from nsqpy.nsqd.client import Client
-    from nsqpy.nsqd.server import NSQD
+    from nsqpy.nsqd.options import Options
     from nsqpy.nsqd.topic import Topic
+
+
+class StatsSource(Protocol):
+    """What the stats read of nsqd (`NSQD`): its options, start, clients and partitions."""
+
+    @property
+    def options(self) -> "Options": ...
+
+    @property
+    def start_time(self) -> int: ...
+
+    @property
+    def start_time_precise(self) -> float: ...
+
+    @property
+    def clients(self) -> dict[int, "Client"]: ...
+
+    def all_partitions(self) -> list["Topic"]: ...
 
 
 # -- memory ----------------------------------------------------------------------------------
@@ -168,7 +186,7 @@ def topic_stats(topic: "Topic", channels: list[dict], now: float) -> dict:
     return stats
 
 
-def gather(nsqd: "NSQD", topic_name: str, channel_name: str, include_clients: bool):
+def gather(nsqd: StatsSource, topic_name: str, channel_name: str, include_clients: bool):
     """Go's NSQD.GetStats: (topics, producers); topics None when the named topic is unknown."""
     now = trio.current_time()
     if topic_name:
@@ -257,7 +275,7 @@ def _rfc3339(seconds: int) -> str:
     return text[:-6] + "Z" if moment.utcoffset() == datetime.timedelta(0) else text
 
 
-def text_report(nsqd: "NSQD", topics, producers, memory, health: str) -> str:
+def text_report(nsqd: StatsSource, topics, producers, memory, health: str) -> str:
     """Go's httpServer.printStats, line for line."""
     uptime = time.time() - nsqd.start_time_precise
     lines = [

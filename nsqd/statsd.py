@@ -7,16 +7,24 @@ levels as `|g` lines, `<prefix><name>:<value>|<type>\\n`, packed into UDP packet
 in a dot, as Go makes it.
 """
 
+import logging
 import socket
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
 from nsqpy.common.names import is_ephemeral
-from nsqpy.nsqd.stats import gather, memory_stats
+from nsqpy.nsqd.stats import StatsSource, gather, memory_stats
 
-if TYPE_CHECKING:
-    from nsqpy.nsqd.server import NSQD
+
+class StatsdSource(StatsSource, Protocol):
+    """What the statsd pusher reads of nsqd (`NSQD`): the stats, its HTTP port, its log."""
+
+    @property
+    def http_port(self) -> int: ...
+
+    @property
+    def log(self) -> logging.Logger: ...
 
 
 def statsd_prefix(template: str, broadcast_address: str, http_port: int) -> str:
@@ -35,7 +43,7 @@ def _latency_lines(name: str, result: dict) -> list[tuple[str, int, str]]:
 
 
 class StatsdPusher:
-    def __init__(self, nsqd: "NSQD") -> None:
+    def __init__(self, nsqd: StatsdSource) -> None:
         self.nsqd = nsqd
         self._last_topics: dict[str, dict] = {}
         self._last_gc_runs = 0

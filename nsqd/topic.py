@@ -7,8 +7,10 @@ diskqueue) until the topic's pump moves them on: Go keeps a topic's messages unt
 channel appears, and holds them while it is paused.
 """
 
+import logging
+import random
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -20,10 +22,43 @@ from nsqpy.nsqd.replication import SINGLE_NODE, Replication
 from nsqpy.nsqd.wakeup import Wakeup
 
 if TYPE_CHECKING:
-    from nsqpy.nsqd.server import NSQD
+    from nsqpy.nsqd.options import Options
+    from nsqpy.nsqd.storage import Storage
 
 # How many backlog messages the pump moves before letting other tasks run.
 _PUMP_BATCH = 1024
+
+
+class Registrar(Protocol):
+    """Who tells nsqlookupd of the topics and channels (`LookupPeers`)."""
+
+    def notify(
+        self, action: str, topic: str, channel: str | None = None, partition: int = 0
+    ) -> None: ...
+
+
+class TopicHost(Protocol):
+    """What a topic and its channels use of nsqd (`NSQD`)."""
+
+    @property
+    def options(self) -> "Options": ...
+
+    @property
+    def log(self) -> logging.Logger: ...
+
+    @property
+    def random(self) -> random.Random: ...
+
+    @property
+    def storage(self) -> "Storage": ...
+
+    @property
+    def lookup_peers(self) -> Registrar: ...
+
+    def topology_changed(self) -> None:
+        """A topic or channel came, went, paused or unpaused."""
+
+    def delete_topic(self, name: str, partition: int | None = None) -> None: ...
 
 
 class Topic:
@@ -32,7 +67,7 @@ class Topic:
 
     def __init__(
         self,
-        nsqd: "NSQD",
+        nsqd: TopicHost,
         name: str,
         partition: int = 0,
         *,

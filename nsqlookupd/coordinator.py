@@ -477,7 +477,7 @@ class Coordinator:
         candidates = [node for node in info.isr if node != info.leader and node in self.nodes]
         if not candidates:
             return False  # nothing to fail over to: the partition waits for its leader
-        counts = {}
+        counts: dict[str, int] = {}
         async with trio.open_nursery() as asking:
             for node in candidates:
                 asking.start_soon(self._ask_count, node, topic, partition, counts)
@@ -696,12 +696,12 @@ class Coordinator:
                 )
                 with trio.move_on_after(timeout) as waited:
                     while True:
-                        info = self.infos.get(key)
-                        if info is None:
+                        moving = self.infos.get(key)
+                        if moving is None:
                             raise CoordinatorError(400, "E_TOPIC_NOT_EXIST")
-                        if destination in info.isr:
+                        if destination in moving.isr:
                             break
-                        if destination not in info.catchup:
+                        if destination not in moving.catchup:
                             raise CoordinatorError(400, "catchup changed while wait moving")
                         await self.wait_changed(1.0)
                 if waited.cancelled_caught:

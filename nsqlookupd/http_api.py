@@ -27,6 +27,8 @@ from nsqpy.nsqlookupd.coordinator import CoordinatorError
 from nsqpy.nsqlookupd.registry import ANY, active
 
 if TYPE_CHECKING:
+    from nsqpy.nsqlookupd.coordinator import Coordinator
+    from nsqpy.nsqlookupd.operations import ClusterOperations
     from nsqpy.nsqlookupd.server import NSQLookupd
 
 _NO_CHANNEL = "Topic has no channel, should init at least one for the new topic"
@@ -367,27 +369,34 @@ class HTTPAPI:
             ext=_first(params, "extend") == "true",
             disable_channel_auto_create=_first(params, "disable_channel_auto_create") == "true",
         )
-        await self._operate(self.lookupd.operations.create_topic(topic, meta))
+        await self._operate(self._operations().create_topic(topic, meta))
 
     async def isr_leave(self, request: Request) -> Response:
         """A leader drops followers that cannot take its writes (`nsqd/cluster.py`)."""
         topic, partition, nodes = self._isr_params(request)
-        return await self._isr_change(self.lookupd.coordinator.leave_isr, topic, partition, nodes)
+        coordinator = self._coordinator()
+        return await self._isr_change(coordinator.leave_isr, topic, partition, nodes)
 
     async def isr_join(self, request: Request) -> Response:
         """A node that caught up with a partition's leader joins its ISR."""
         topic, partition, nodes = self._isr_params(request)
-        return await self._isr_change(self.lookupd.coordinator.join_isr, topic, partition, nodes[0])
+        coordinator = self._coordinator()
+        return await self._isr_change(coordinator.join_isr, topic, partition, nodes[0])
 
     async def leader_unwritable(self, request: Request) -> Response:
         """A leader that cannot replicate says so (`nsqd/cluster.py`)."""
         topic, partition, nodes = self._isr_params(request)
-        coordinator = self.lookupd.coordinator
+        coordinator = self._coordinator()
         return await self._isr_change(coordinator.leader_unwritable, topic, partition, nodes[0])
 
-    def _isr_params(self, request: Request) -> tuple[str, int, list[str]]:
-        if self.lookupd.coordinator is None:
+    def _coordinator(self) -> "Coordinator":
+        coordinator = self.lookupd.coordinator
+        if coordinator is None:
             raise HTTPError(400, "E_NOT_CLUSTER this nsqlookupd is not in a cluster")
+        return coordinator
+
+    def _isr_params(self, request: Request) -> tuple[str, int, list[str]]:
+        self._coordinator()
         params = _query(request)
         topic = _first(params, "topic")
         if not topic:
@@ -515,7 +524,7 @@ class HTTPAPI:
 
     # -- Youzan's cluster operations -----------------------------------------------------------
 
-    def _operations(self):
+    def _operations(self) -> "ClusterOperations":
         operations = self.lookupd.operations
         if operations is None:
             raise HTTPError(500, "MISSING_COORDINATOR")
@@ -693,7 +702,7 @@ class HTTPAPI:
                 raise HTTPError(400, "MISSING_ARG_TOPIC_PARTITION")
             if partition != "**":
                 raise HTTPError(400, "REMOVE_SINGLE_PARTITION_NOT_ALLOWED")
-            await self._operate(self.lookupd.operations.delete_topic(topic))
+            await self._operate(self._operations().delete_topic(topic))
         db = self.lookupd.db
         for registration in db.find_registrations("channel", topic, ANY):
             self.lookupd.log.info("DB: removing channel(%s) from topic(%s)", registration[2], topic)
@@ -724,9 +733,7 @@ class HTTPAPI:
         topic, channel = _topic_and_channel(_query(request))
         if self._cluster_topic(topic):
             # Made on every partition's leader, which takes it to its followers.
-            await self._operate(
-                self.lookupd.operations.channel_everywhere(topic, channel, delete=False)
-            )
+            await self._operate(self._operations().channel_everywhere(topic, channel, delete=False))
         self.lookupd.log.info("DB: adding channel(%s) in topic(%s)", channel, topic)
         self.lookupd.db.add_registration(("channel", topic, channel, None))
         self.lookupd.db.add_registration(("topic", topic, "", None))
@@ -739,9 +746,7 @@ class HTTPAPI:
     async def channel_delete(self, request: Request) -> Response:
         topic, channel = _topic_and_channel(_query(request))
         if self._cluster_topic(topic):
-            await self._operate(
-                self.lookupd.operations.channel_everywhere(topic, channel, delete=True)
-            )
+            await self._operate(self._operations().channel_everywhere(topic, channel, delete=True))
         registrations = self.lookupd.db.find_registrations("channel", topic, channel)
         if not registrations:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")

@@ -181,6 +181,9 @@ class NSQLookupd:
                 VERSION,
             )
             return reply, peer
+        if peer is None:
+            # The command parser refuses REGISTER and UNREGISTER before IDENTIFY.
+            raise AssertionError(f"{name} before IDENTIFY")
         registration = command.registration
         topic, channel, partition = registration.topic, registration.channel, registration.partition
         if name == "REGISTER":

@@ -320,7 +320,7 @@ class ResponseParser:
         self.keep_alive = False
         self._body = bytearray()
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as error:
@@ -351,7 +351,7 @@ class LineSplitter:
     def __init__(self) -> None:
         self._buffer = bytearray()
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes | bytearray) -> list[bytes]:
         self._buffer += data
         *lines, rest = self._buffer.split(b"\n")
         self._buffer = rest
@@ -401,6 +401,7 @@ def _parse_endpoint(url: str) -> _Endpoint:
 def _socket_of(stream: trio.abc.Stream) -> trio.socket.SocketType:
     if isinstance(stream, trio.SSLStream):
         stream = stream.transport_stream
+    assert isinstance(stream, trio.SocketStream), stream
     return stream.socket
 
 
@@ -447,7 +448,7 @@ async def _open_connection(
     return tls
 
 
-async def _read_answer(stream: trio.SocketStream, parser: ResponseParser) -> None:
+async def _read_answer(stream: trio.abc.Stream, parser: ResponseParser) -> None:
     """Feed `parser` until its response is complete."""
     while not parser.complete:
         data = await stream.receive_some(RECEIVE_SIZE)
@@ -691,7 +692,7 @@ class EtcdClient:
         )
 
     async def _exchange(
-        self, endpoint: _Endpoint, connection: trio.SocketStream, request: bytes, stream: bool
+        self, endpoint: _Endpoint, connection: trio.abc.Stream, request: bytes, stream: bool
     ) -> dict[str, Any]:
         """One request and its answer on `connection`, which goes back to the pool after a
         clean keep-alive answer and is closed otherwise."""
@@ -735,7 +736,7 @@ class Watch:
         self.prefix = prefix
         self.revision = start_revision
         self._pending: collections.deque[WatchEvent] = collections.deque()
-        self._connection: trio.SocketStream | None = None
+        self._connection: trio.abc.Stream | None = None
         self._parser = ResponseParser()
         self._lines: collections.deque[bytes] = collections.deque()
         self._splitter = LineSplitter()
@@ -801,9 +802,9 @@ class Watch:
         # (or gives one back to) the pool.
         client = self._client
         token = await client.token(renew=self._token_refused)
-        self._connection = await _open_connection(endpoint, client._ssl_context)
+        connection = self._connection = await _open_connection(endpoint, client._ssl_context)
         body = watch_request(self.prefix, self.revision)
-        await self._connection.send_all(
+        await connection.send_all(
             encode_request(endpoint.authority, API_PREFIX + "/watch", body, token)
         )
         while True:

@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.error
 from collections.abc import Iterable
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 from nsqpy.client.blocking import Consumer, Message, NSQError, lookup_nsqds
 from nsqpy.common.command import encode_command
@@ -108,7 +108,7 @@ def make_logger(name: str, values: dict) -> logging.Logger:
     )
 
 
-def fatal(log: logging.Logger, message: str, *args) -> None:
+def fatal(log: logging.Logger, message: str, *args) -> NoReturn:
     log.critical(message, *args)
     sys.exit(1)
 
@@ -325,9 +325,9 @@ class ConsumerGroup:
                 return None
             for selector_key, _events in self.selector.select(wait):
                 key = selector_key.data
-                consumer = self.consumers.get(key)
-                if consumer is not None:
-                    message = self._receive_from(key, consumer)
+                readable = self.consumers.get(key)
+                if readable is not None:
+                    message = self._receive_from(key, readable)
                     if message is not None:
                         return message
             if deadline is not None and time.monotonic() >= deadline:

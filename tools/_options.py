@@ -13,6 +13,7 @@ which this client does not speak, are refused unless given their "off" value.
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from nsqpy.common.duration import DurationError, format_duration_ns, parse_duration_ns
 from nsqpy.common.flags import parse_go_bool, parse_go_float, parse_go_int
@@ -135,7 +136,7 @@ class NsqOptions:
     """The options of one `--consumer-opt`/`--producer-opt` list, checked as go-nsq does."""
 
     def __init__(self, options: Iterable[str] = (), flag: str = "consumer-opt") -> None:
-        self.settings: dict[str, object] = {}
+        self.settings: dict[str, Any] = {}
         for text in options:
             try:
                 self._set(text)

@@ -49,6 +49,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import WSMsgType, web
 
@@ -189,7 +190,7 @@ def split_tls_options(texts: Iterable[str], flag: str) -> tuple[list[str], ssl.S
     `tls_v1`, which go-nsq needs before it uses any of them). Errors are go-nsq's, wrapped as
     Go's flag package wraps them."""
     rest: list[str] = []
-    settings: dict[str, object] = {}
+    settings: dict[str, Any] = {}
     for text in texts:
         option, raw = _split_option(text)
         if option not in _TLS_OPTIONS:

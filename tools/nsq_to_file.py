@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 import urllib.error
+from typing import BinaryIO
 
 from nsqpy.client.blocking import http_json
 from nsqpy.common.flags import Flag, Kind
@@ -146,8 +147,9 @@ class FileLogger:
         self.format = filename_format(values, topic)
         self.work_dir = values["work_dir"]
         self.output_dir = values["output_dir"]
-        self.out = None
-        self.writer = None
+        # The open file, and what writes into it (the file, or a gzip member over it).
+        self.out: BinaryIO | None = None
+        self.writer: BinaryIO | gzip.GzipFile | None = None
         self.filename = ""
         self.path = ""
         self.rev = 0
@@ -170,14 +172,16 @@ class FileLogger:
         return size > 0 and self.filesize > size
 
     def write(self, body: bytes) -> None:
-        self.writer.write(body)
-        self.writer.write(b"\n")
+        writer = self.writer
+        assert writer is not None  # the file is opened before a message is written
+        writer.write(body)
+        writer.write(b"\n")
         self.filesize += len(body) + 1
 
     def sync(self) -> list:
         """Make what was written durable; the messages that may now be FINished."""
         if self.out is not None:
-            if self.values["gzip"]:
+            if isinstance(self.writer, gzip.GzipFile):
                 # End this gzip member (its trailer checksums what was ACKed) and start the
                 # next: the file is a concatenated gzip stream.
                 self.writer.close()
@@ -202,7 +206,7 @@ class FileLogger:
     def close(self) -> None:
         if self.out is None:
             return
-        if self.writer is not self.out:
+        if isinstance(self.writer, gzip.GzipFile):
             self.writer.close()
         self.out.flush()
         os.fsync(self.out.fileno())

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
-    producers = []
+    producers: list[Producer | LeaderProducer] = []
     try:
         for address in values["nsqd_tcp_address"]:
             producers.append(Producer(address, identify=identify))

@@ -1280,7 +1280,7 @@ class SmartConsumer:
         with self._lock:
             state = self._states.get(subscription.slot)
             current = state is not None and state.subscription is subscription
-            if current:
+            if state is not None and current:
                 state.subscription = None
                 if not subscription.retired:
                     state.failures += 1
@@ -1319,6 +1319,8 @@ class SmartConsumer:
                     subscription.rdy = rdy
 
     def _dispatch(self) -> None:
+        handler = self._handler
+        assert handler is not None  # started only with one
         while True:
             try:
                 message = self._take(None)
@@ -1327,7 +1329,7 @@ class SmartConsumer:
             if message is None:
                 return
             try:
-                self._handler(message)
+                handler(message)
             except Exception:
                 log.exception("the handler failed on a message of %s; requeueing it", self.topic)
                 message.requeue(self.requeue_delay_ms)

@@ -30,7 +30,7 @@ import trio
 from nsqpy.daemon.http_server import (
     RECEIVE_SIZE,
     ConnectionState,
-    Router,
+    RequestRouter,
     _send_all_fd,
 )
 
@@ -53,7 +53,9 @@ def polls_plain_sockets() -> bool:
 class HTTPPoller:
     """Serves the connections handed to it by `add` until cancelled, then closes them."""
 
-    def __init__(self, router: Router, nursery: trio.Nursery, max_body_size: int, on_error) -> None:
+    def __init__(
+        self, router: RequestRouter, nursery: trio.Nursery, max_body_size: int, on_error
+    ) -> None:
         self._router = router
         self._nursery = nursery
         self._max_body_size = max_body_size

@@ -12,7 +12,8 @@ import email.utils
 import inspect
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, cast
 from urllib.parse import unquote_plus
 
 import httptools
@@ -204,6 +205,30 @@ WaitingHandler = Callable[[Request], Awaitable[Response]]
 Handler = InlineHandler | WaitingHandler
 
 
+class CommitWait(Protocol):
+    """A write an answer waits for (a partition log's write group): done, or failed."""
+
+    done: bool
+    error: Exception | None
+
+
+class RequestRouter(Protocol):
+    """What a connection asks of whoever answers its requests (`Router`, or a fixed answer
+    such as nsqd's TLS-required 403)."""
+
+    def body_limit(self, method: str, path: str) -> int | None: ...
+
+    def answers_inline(self, request: Request) -> bool: ...
+
+    def respond(self, request: Request) -> Response: ...
+
+    async def dispatch(self, request: Request) -> Response: ...
+
+    async def commit(self, write_groups: Sequence[CommitWait] = ()) -> None: ...
+
+    def waits_for_commit(self, response: Response) -> "bool | CommitWait": ...
+
+
 class Router:
     """Exact-path routes by method, answering unknown paths and methods as httprouter does.
 
@@ -282,7 +307,7 @@ class Router:
         if isinstance(handler, Response):
             return handler
         try:
-            return handler(request)
+            return cast(Response, handler(request))
         except HTTPError as error:
             return _error_response(error)
 
@@ -291,16 +316,18 @@ class Router:
         if self.answers_inline(request):
             return self.respond(request)
         handler = self._handler(request)
+        if isinstance(handler, Response):
+            return handler
         try:
-            return await handler(request)
+            return await cast(Awaitable[Response], handler(request))
         except HTTPError as error:
             return _error_response(error)
 
-    async def commit(self, write_groups: list = ()) -> None:
+    async def commit(self, write_groups: Sequence[CommitWait] = ()) -> None:
         if self._commit is not None:
             await self._commit(list(write_groups))
 
-    def waits_for_commit(self, response: Response) -> object:
+    def waits_for_commit(self, response: Response) -> "bool | CommitWait":
         """Whether an `after_commit` answer must wait for the commit: False, True, or its
         write group (not yet done), whose failure turns it into `refused`."""
         if not response.after_commit:
@@ -426,11 +453,12 @@ class _HeadersTooLarge(Exception):
 class _ParserEvents:
     """httptools callbacks collecting complete requests, with the body capped at `max_body`."""
 
-    def __init__(self, max_body: int, router: "Router") -> None:
+    def __init__(self, max_body: int, router: RequestRouter) -> None:
         self.max_body = max_body
         self.router = router
         self.completed: list[tuple[str, bytes, dict[str, str], bytes, bool, bool]] = []
-        self.parser: httptools.HttpRequestParser | None = None
+        # Set right after: the parser is made with these callbacks.
+        self.parser: httptools.HttpRequestParser = None  # type: ignore[assignment]
         self._url = b""
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
@@ -510,7 +538,7 @@ class ConnectionState:
 
     def __init__(
         self,
-        router: Router,
+        router: RequestRouter,
         max_body_size: int,
         remote: str = "",
         on_error: Callable[[BaseException], None] | None = None,
@@ -522,7 +550,7 @@ class ConnectionState:
         self.parser = httptools.HttpRequestParser(self.events)
         self.events.parser = self.parser
 
-    def feed(self, data: bytes) -> bytes | None:
+    def feed(self, data: bytes | bytearray) -> bytes | None:
         """Parse `data`. Returns the last answer to send (after answering the requests that
         completed before it) when the connection cannot go on: a request that does not
         parse, or headers past the limit; None otherwise."""
@@ -624,7 +652,7 @@ async def _send_all_fd(fd: int, data: bytes) -> bool:
 
 async def serve_http_connection(
     stream: trio.abc.Stream,
-    router: Router,
+    router: RequestRouter,
     *,
     max_body_size: int,
     remote: str = "",
@@ -688,7 +716,7 @@ class _SocketIO:
             raise trio.BrokenResourceError("connection lost")
 
 
-async def _send_quietly(stream: trio.abc.Stream, data: bytes) -> bool:
+async def _send_quietly(stream: "trio.abc.Stream | _SocketIO", data: bytes) -> bool:
     try:
         await stream.send_all(data)
         return True
@@ -698,7 +726,7 @@ async def _send_quietly(stream: trio.abc.Stream, data: bytes) -> bool:
 
 async def serve_http(
     listener,
-    router: Router,
+    router: RequestRouter,
     nursery: trio.Nursery,
     log,
     *,
@@ -724,10 +752,13 @@ async def serve_http(
         if poller is not None and isinstance(stream, trio.SocketStream):
             poller.add(stream, remote)
             return
+        connection: trio.abc.Stream = stream
         if tls_context is not None:
-            stream = trio.SSLStream(stream, tls_context, server_side=True, https_compatible=True)
+            connection = trio.SSLStream(
+                stream, tls_context, server_side=True, https_compatible=True
+            )
         await serve_http_connection(
-            stream, router, max_body_size=max_body_size, remote=remote, on_error=log_error
+            connection, router, max_body_size=max_body_size, remote=remote, on_error=log_error
         )
 
     await accept_forever(listener, serve, nursery, log, "HTTPS" if tls_context else "HTTP")

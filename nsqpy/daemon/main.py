@@ -66,19 +66,21 @@ def run_daemon(
     build_server: Callable[[Any, logging.Logger], Server],
     *,
     argv: list[str] | None = None,
-    startup_errors: tuple[type[BaseException], ...] = (),
-    option_errors: tuple[type[BaseException], ...] = (ValueError,),
+    startup_errors: tuple[type[Exception], ...] = (),
+    option_errors: tuple[type[Exception], ...] = (ValueError,),
 ) -> None:
     values, explicitly_set, _args = flags.parse_or_exit(sys.argv[1:] if argv is None else argv)
     if values["version"]:
         print(version_line(name))
         return
     log = setup_logger(name, values["log_prefix"], values["log_level"])
+    bad_options: tuple[type[Exception], ...] = (ConfigError, *option_errors)
+    unstartable: tuple[type[Exception], ...] = (OSError, *startup_errors)
     try:
         if values["config"]:
             values = merge(values, explicitly_set, read_config(values["config"], flags), flags)
         options = options_from_values(values)
-    except (ConfigError, *option_errors) as error:
+    except bad_options as error:
         log.critical("failed to instantiate %s - %s", name, error)
         sys.exit(1)
     log = setup_logger(name, options.log_prefix, options.log_level)
@@ -91,7 +93,7 @@ def run_daemon(
         sys.exit(1)
     try:
         trio.run(_serve_until_signal, server)
-    except* (OSError, *startup_errors) as group:
+    except* unstartable as group:
         # A listener that cannot bind, a data path that cannot be created, metadata that
         # cannot be read: one line, exit 1.
         log.critical("%s", first_leaf(group))

@@ -24,6 +24,7 @@ import http.client
 import logging
 import time
 from collections.abc import Iterator, Mapping
+from typing import Any
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -105,7 +106,7 @@ class _LogReading:
     # -- positions -------------------------------------------------------------------------
 
     def resolve(
-        self, spec: tuple[str, object], known: dict[int, PartitionRange], unlisted: str
+        self, spec: tuple[str, Any], known: dict[int, PartitionRange], unlisted: str
     ) -> dict[int, int]:
         """The virtual offset each known partition's `spec` points at; `unlisted` ("earliest"
         or "latest") for partitions a per-partition spec does not name."""
@@ -397,7 +398,8 @@ class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAva
             self._refresh()
         return self.plan(begin, finish, self._known)
 
-    def read(self, partition: LogRange) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, LogRange)  # planned by this reader
         return self.read_range(partition)
 
     def commit(self, end: dict) -> None:
@@ -440,7 +442,8 @@ class NSQLogBatchReader(_LogReading, DataSourceReader):
                 )
         return self.plan(start, end, known)
 
-    def read(self, partition: LogRange) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, LogRange)  # planned by this reader
         return self.read_range(partition)
 
 

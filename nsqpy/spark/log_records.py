@@ -33,7 +33,7 @@ def records_to_batch(
     """One record batch of the source's schema from a fetch's body that starts at
     `first_offset`; columns are found by name, so their order is the schema's."""
     ids: list[bytes] = []
-    bodies: list[bytes] = []
+    bodies: list[bytes | memoryview] = []
     attempts_column: list[int] = []
     timestamps: list[int] = []
     offsets: list[int] = []

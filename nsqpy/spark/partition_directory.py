@@ -170,12 +170,20 @@ class PartitionDirectory:
         """Move `channel` of `partition` to `offset` on its leader (which replicates it),
         creating the channel first: retention keeps what it has not passed, and nsqadmin
         shows its lag like any consumer's."""
-        params = {"topic": self.topic, "channel": channel, "partition": str(partition)}
-        http_request(leader, "/channel/create", method="POST", **params)
+        http_request(
+            leader,
+            "/channel/create",
+            method="POST",
+            topic=self.topic,
+            channel=channel,
+            partition=str(partition),
+        )
         http_request(
             leader,
             "/channel/setoffset",
             method="POST",
             body=f"virtual_queue:{offset}".encode(),
-            **params,
+            topic=self.topic,
+            channel=channel,
+            partition=str(partition),
         )
