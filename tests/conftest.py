@@ -1,10 +1,8 @@
 """Fixtures shared by every test directory, and what a missing optional test package means."""
 
-import contextlib
 import re
 
 import pytest
-import trio
 
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.server import NSQD
@@ -21,17 +19,6 @@ def nsqd_options(tmp_path) -> Options:
     )
 
 
-@contextlib.asynccontextmanager
-async def running_nsqd(options: Options):
-    """An in-process nsqd on these options, stopped cleanly (flushing) on exit: for tests
-    that restart one on the same data directory."""
-    server = NSQD(options)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve)
-        yield server
-        server.shutdown()
-
-
 @pytest.fixture
 async def nsqd(nsqd_options, nursery) -> NSQD:
     """A real nsqd served on trio in this test's event loop; shut down cleanly afterwards."""
@@ -39,17 +26,6 @@ async def nsqd(nsqd_options, nursery) -> NSQD:
     await nursery.start(server.serve)
     yield server
     server.shutdown()
-
-
-def tcp_port(server: NSQD) -> int:
-    return int(server.tcp_address.rsplit(":", 1)[1])
-
-
-async def wait_until(predicate, timeout: float = 10.0, interval: float = 0.005) -> None:
-    """Poll `predicate` until true, failing after `timeout`; for conditions with no event."""
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(interval)
 
 
 # Test-only packages (the `test` and `spark` extras that `make test` installs), by the module a

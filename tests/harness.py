@@ -23,7 +23,7 @@ from pathlib import Path
 from nsqpy.common.command import MAGIC_V2
 from nsqpy.common.frame import FRAME_TYPE_MESSAGE, Frame, FrameDecoder
 from nsqpy.common.message import DecodedMessage, decode_message
-from tests.nsqlookupd.support import poll
+from tests.support.polling import poll
 
 BIN = Path(sys.executable).parent
 _LISTENING = re.compile(r"(TCP|HTTP|HTTPS|RPC): listening on (\S+)")
@@ -120,6 +120,17 @@ class DaemonProcess:
         return self.stop(signal.SIGKILL)
 
 
+def start_nsqlookupd(
+    *extra: str,
+    tcp_port: int = 0,
+    http_port: int = 0,
+    cwd: str | os.PathLike | None = None,
+) -> DaemonProcess:
+    """nsqlookupd on 127.0.0.1 (ephemeral ports unless given); returns once it listens."""
+    args = [f"-tcp-address=127.0.0.1:{tcp_port}", f"-http-address=127.0.0.1:{http_port}", *extra]
+    return DaemonProcess("nsqlookupd", args, cwd=cwd).start(wait_for=("TCP", "HTTP"))
+
+
 def start_nsqd(
     data_path: str | os.PathLike, *extra: str, wait_for: tuple[str, ...] = ("TCP", "HTTP")
 ) -> DaemonProcess:
@@ -165,7 +176,7 @@ def create_partitioned_topic(
         found = [t for t in stats.get("topics") or [] if "topic_partition" in t]
         return len(found) == partitions
 
-    poll(placed, f"the nsqd to hold {partitions} partitions of {topic}", timeout)
+    poll(placed, f"the nsqd to hold {partitions} partitions of {topic}", timeout=timeout)
     for partition in range(partitions):
         request(
             nsqd_http,
@@ -183,7 +194,7 @@ def create_partitioned_topic(
             return False
         return len(document.get("partitions") or {}) == partitions
 
-    poll(writable, f"nsqlookupd to list every partition of {topic} to writers", timeout)
+    poll(writable, f"nsqlookupd to list every partition of {topic} to writers", timeout=timeout)
 
 
 def http_request(port: int, method: str, path: str, body: bytes = b"") -> bytes:

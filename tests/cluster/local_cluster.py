@@ -8,22 +8,15 @@ reacting is polled with a deadline (`wait_for`).
 
 import json
 import signal
-from http.client import HTTPConnection
 from pathlib import Path
 
 from tests.cluster.etcd_server import EtcdServer, free_port
 from tests.cluster.proxy import BlackholeProxy
-from tests.harness import DaemonProcess
-from tests.nsqlookupd.support import poll
-from tests.youzan.support import HTTPReply, http_sync
+from tests.harness import DaemonProcess, start_nsqlookupd
+from tests.support.http import HTTPReply, request
+from tests.support.polling import poll
 
 DEADLINE = 20.0
-
-
-def wait_for(check, what: str, timeout: float = DEADLINE):
-    """Call `check` until it returns something truthy; fail naming `what` after `timeout`
-    (a cluster reacts within a node lease or two, hence the longer default)."""
-    return poll(check, what, timeout)
 
 
 class Node:
@@ -89,7 +82,7 @@ class Node:
         return self
 
     def http(self, method: str, target: str, body: bytes = b"") -> HTTPReply:
-        return http_sync(self.http_port, method, target, body)
+        return request(self.http_port, method, target, body if method in ("POST", "PUT") else None)
 
     def kill(self) -> None:
         self.process.kill()
@@ -133,23 +126,21 @@ class LocalCluster:
         self.nsqd_args = nsqd_args
         self.lookupds: list[DaemonProcess] = []
         for index in range(lookupds):
-            args = [
-                "-tcp-address=127.0.0.1:0",
-                "-http-address=127.0.0.1:0",
-                "-broadcast-address=127.0.0.1",
-                f"-cluster-leadership-addresses={etcd.client_url}",
-                f"-cluster-id={self.cluster_id}",
-                f"-cluster-node-ttl={ttl}s",
-                *lookupd_args,
-            ]
             directory = root / f"lookupd{index}"
             directory.mkdir(parents=True, exist_ok=True)
             self.lookupds.append(
-                DaemonProcess("nsqlookupd", args, cwd=directory).start(wait_for=("TCP", "HTTP"))
+                start_nsqlookupd(
+                    "-broadcast-address=127.0.0.1",
+                    f"-cluster-leadership-addresses={etcd.client_url}",
+                    f"-cluster-id={self.cluster_id}",
+                    f"-cluster-node-ttl={ttl}s",
+                    *lookupd_args,
+                    cwd=directory,
+                )
             )
         self.nodes = [Node(self, index).start() for index in range(nsqds)]
-        wait_for(lambda: len(self.stats().get("nsqd_nodes", [])) == nsqds, "nsqds registered")
-        wait_for(lambda: self.master() is not None, "a master nsqlookupd")
+        poll(lambda: len(self.stats().get("nsqd_nodes", [])) == nsqds, "nsqds registered")
+        poll(lambda: self.master() is not None, "a master nsqlookupd")
 
     def etcd_url_of(self, index: int) -> str:
         return self.etcd_urls.get(index, self.etcd.client_url)
@@ -175,7 +166,7 @@ class LocalCluster:
     # -- nsqlookupd -----------------------------------------------------------------------------
 
     def lookupd_http(self, method: str, target: str, index: int = 0) -> HTTPReply:
-        return http_sync(self.lookupds[index].port("HTTP"), method, target)
+        return request(self.lookupds[index].port("HTTP"), method, target)
 
     def stats(self, index: int = 0) -> dict:
         reply = self.lookupd_http("GET", "/cluster/stats", index)
@@ -189,8 +180,8 @@ class LocalCluster:
         return None
 
     def master_http(self, method: str, target: str) -> HTTPReply:
-        master = wait_for(self.master, "a master nsqlookupd")
-        return http_sync(master.port("HTTP"), method, target)
+        master = poll(self.master, "a master nsqlookupd")
+        return request(master.port("HTTP"), method, target)
 
     def create_topic(self, topic: str, partitions: int, replicas: int, **extra: str) -> None:
         query = f"topic={topic}&partition_num={partitions}&replicator={replicas}"
@@ -199,7 +190,7 @@ class LocalCluster:
         reply = self.master_http("POST", f"/topic/create?{query}")
         assert reply.status == 200, reply
         for partition in range(partitions):
-            wait_for(
+            poll(
                 lambda p=partition: self.node_leading(topic, p) is not None,
                 f"a leader of {topic}/{partition}",
             )
@@ -226,11 +217,7 @@ class LocalCluster:
             return None
         try:
             # Short: a frozen node (SIGSTOP) does not answer at all.
-            connection = HTTPConnection("127.0.0.1", node.http_port, timeout=1)
-            connection.request("GET", f"/partition/offsets?topic={topic}")
-            response = connection.getresponse()
-            reply = HTTPReply(response.status, response.read(), dict(response.getheaders()))
-            connection.close()
+            reply = request(node.http_port, "GET", f"/partition/offsets?topic={topic}", timeout=1)
         except OSError:
             return None
         if reply.status != 200:

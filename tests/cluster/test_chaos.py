@@ -26,9 +26,10 @@ from nsqpy.client.smart import SmartClientError, SmartProducer
 from nsqpy.common.command import encode_rdy
 from nsqpy.common.frame import FRAME_TYPE_MESSAGE
 from nsqpy.common.message import decode_message
-from tests.cluster.local_cluster import LocalCluster, wait_for
+from tests.cluster.local_cluster import LocalCluster
 from tests.cluster.proxy import BlackholeProxy
 from tests.harness import V2Connection
+from tests.support.polling import poll
 
 TOPICS = {"r2": 2, "r3": 3}
 
@@ -146,7 +147,7 @@ def settle_and_check(cluster: LocalCluster, workload: Workload) -> dict:
     """Stop the producers, let the consumers drain, then check every promise; the figures."""
     # Every node back in every ISR, so the byte comparison covers all replicas.
     for topic, replicas in TOPICS.items():
-        wait_for(
+        poll(
             lambda t=topic, r=replicas: len(cluster.partition(t, 0)["isr"]) == r,
             f"{topic}'s ISR whole again",
             timeout=60,
@@ -158,7 +159,7 @@ def settle_and_check(cluster: LocalCluster, workload: Workload) -> dict:
     figures = {}
     for topic, traffic in workload.traffic.items():
         workload_acked = set(traffic.acked)
-        leader = wait_for(lambda t=topic: cluster.node_leading(t, 0), f"{topic}'s leader")
+        leader = poll(lambda t=topic: cluster.node_leading(t, 0), f"{topic}'s leader")
         missing = workload_acked - set(traffic.received)
         if missing:
             missing -= drain_missing(leader, topic, missing)
@@ -169,7 +170,7 @@ def settle_and_check(cluster: LocalCluster, workload: Workload) -> dict:
         for node_id in cluster.partition(topic, 0)["isr"]:
             node = cluster.node(node_id)
             try:
-                wait_for(
+                poll(
                     lambda n=node, t=topic, e=expected: log_files(n, t) == e,
                     f"{topic} identical on {node_id}",
                 )
@@ -222,12 +223,12 @@ class Faults:
         self.proxies = proxies
 
     def _leader(self, topic: str = "r3"):
-        return wait_for(lambda: self.cluster.node_leading(topic, 0), f"{topic}'s leader")
+        return poll(lambda: self.cluster.node_leading(topic, 0), f"{topic}'s leader")
 
     def _whole(self) -> None:
         for topic, replicas in TOPICS.items():
             try:
-                wait_for(
+                poll(
                     lambda t=topic, r=replicas: len(self.cluster.partition(t, 0)["isr"]) == r,
                     f"{topic}'s ISR whole",
                     timeout=30,
@@ -243,7 +244,7 @@ class Faults:
     def kill_leader(self) -> None:
         leader = self._leader()
         leader.kill()
-        wait_for(lambda: self.cluster.node_leading("r3", 0) not in (None, leader), "a new leader")
+        poll(lambda: self.cluster.node_leading("r3", 0) not in (None, leader), "a new leader")
         leader.start()
         self._whole()
 
@@ -251,9 +252,8 @@ class Faults:
         leader = self._leader()
         leader.pause()
         try:
-            wait_for(
-                lambda: self.cluster.partition("r3", 0)["leader"] != leader.node_id,
-                "a new leader",
+            poll(
+                lambda: self.cluster.partition("r3", 0)["leader"] != leader.node_id, "a new leader"
             )
         finally:
             leader.resume()
@@ -263,7 +263,7 @@ class Faults:
         info = self.cluster.partition("r3", 0)
         follower = self.cluster.node(info["isr"][-1])
         follower.kill()
-        wait_for(
+        poll(
             lambda: follower.node_id not in self.cluster.partition("r3", 0)["isr"],
             "the follower out of the ISR",
         )
@@ -283,9 +283,8 @@ class Faults:
         proxy = self.proxies[leader.index]
         proxy.blackhole()
         try:
-            wait_for(
-                lambda: self.cluster.partition("r3", 0)["leader"] != leader.node_id,
-                "a new leader",
+            poll(
+                lambda: self.cluster.partition("r3", 0)["leader"] != leader.node_id, "a new leader"
             )
         finally:
             proxy.heal()
@@ -301,7 +300,7 @@ class Faults:
         for link in links:
             link.blackhole()
         try:
-            wait_for(
+            poll(
                 lambda: follower.node_id not in self.cluster.partition("r3", 0)["isr"],
                 "the cut-off follower out of the ISR",
             )
@@ -324,9 +323,8 @@ class Faults:
         for proxy in peers:
             proxy.blackhole_from(pid)
         try:
-            wait_for(
-                lambda: self.cluster.partition("r3", 0)["leader"] != leader.node_id,
-                "a new leader",
+            poll(
+                lambda: self.cluster.partition("r3", 0)["leader"] != leader.node_id, "a new leader"
             )
         finally:
             for link in links + peers:

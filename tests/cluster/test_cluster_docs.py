@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import cluster_stats, free_cluster_port_offset
-from tests.nsqlookupd.support import poll
+from tests.support.polling import poll
 
 REPO = Path(__file__).parents[2]
 
@@ -48,8 +48,8 @@ class Runner:
             start_new_session=True,
         )
         self.lookupd = f"127.0.0.1:{4161 + self.offset}"
-        poll(lambda: len(self.stats().get("nsqd_nodes", [])) == 3, "three nsqds", 30)
-        poll(lambda: self.stats().get("is_master"), "a master nsqlookupd", 30)
+        poll(lambda: len(self.stats().get("nsqd_nodes", [])) == 3, "three nsqds", timeout=30)
+        poll(lambda: self.stats().get("is_master"), "a master nsqlookupd", timeout=30)
 
     def stats(self) -> dict:
         return cluster_stats(self.lookupd)
@@ -101,7 +101,7 @@ def test_the_readmes_failover_demo_runs_as_written(runner):
             entry["leader"].split(":")[2] != killed_port for entry in runner.stats()["partitions"]
         ),
         "nsqd 2 leading nothing",
-        10,
+        timeout=10,
     )
     runner.type("restart 2")
     poll(
@@ -110,7 +110,7 @@ def test_the_readmes_failover_demo_runs_as_written(runner):
             and all(len(entry["isr"]) == 2 for entry in runner.stats()["partitions"])
         ),
         "nsqd 2 back in every ISR",
-        60,
+        timeout=60,
     )
     tail = (
         ".venv/bin/nsq_tail --partitioned --lookupd-http-address=127.0.0.1:4161"

@@ -35,7 +35,7 @@ from nsqpy.etcd import (
     watch_request,
 )
 from tests.cluster.etcd_server import EtcdServer, free_port
-from tests.conftest import wait_until
+from tests.support.polling import wait_until
 
 # Answers as etcd 3.4's gateway wrote them (int64 as strings, zero fields left out).
 HEADER = {"cluster_id": "324952591200643719", "member_id": "3319814642761637952"}

@@ -9,64 +9,16 @@ import pytest
 
 from nsqpy.common.command import encode_command, encode_dpub, encode_rdy
 from nsqpy.common.frame import FRAME_TYPE_ERROR
-from tests.cluster.local_cluster import LocalCluster, wait_for
+from tests.cluster.local_cluster import LocalCluster
+from tests.cluster.traffic import drain, publish, publish_numbered
 from tests.harness import V2Connection
+from tests.support.polling import poll
 
 
 @pytest.fixture
 def cluster(tmp_path, etcd_server):
     with LocalCluster(tmp_path, etcd_server, nsqd_args=("-sync-every=1",)) as running:
         yield running
-
-
-def publish(cluster, topic: str, body: bytes, deadline: float = 20.0) -> float:
-    """Publish to the partition's leader, retrying on whichever node leads it; the seconds it
-    took (the write unavailability a publisher saw)."""
-    started = time.monotonic()
-    while time.monotonic() - started < deadline:
-        leader = cluster.node_leading(topic, 0)
-        if leader is not None:
-            try:
-                connection = V2Connection(leader.tcp_port, timeout=5)
-                try:
-                    connection.send(encode_command(b"PUB", topic.encode(), b"0", body=body))
-                    frame = connection.read_response()
-                finally:
-                    connection.close()
-                if frame.frame_type != FRAME_TYPE_ERROR and frame.data == b"OK":
-                    return time.monotonic() - started
-            except OSError:
-                pass
-        time.sleep(0.05)
-    raise AssertionError(f"could not publish {body!r} within {deadline} s")
-
-
-def publish_numbered(cluster, topic: str, label: str, count: int) -> set[bytes]:
-    """Publish `<label> 0` to `<label> <count - 1>` one after the other, each acknowledged;
-    their bodies."""
-    bodies = [b"%s %d" % (label.encode(), i) for i in range(count)]
-    for body in bodies:
-        publish(cluster, topic, body)
-    return set(bodies)
-
-
-def drain(node, topic: str, wanted: set[bytes]) -> set[bytes]:
-    """Consume channel `c` from `node` until every message in `wanted` came."""
-    received: set[bytes] = set()
-    connection = V2Connection(node.tcp_port)
-    try:
-        connection.send(b"SUB %s c 0\n" % topic.encode())
-        assert connection.read_response().data == b"OK"
-        connection.send(encode_rdy(100))
-        deadline = time.monotonic() + 20
-        while not wanted <= received:
-            assert time.monotonic() < deadline, f"missing {sorted(wanted - received)[:5]}"
-            for message in connection.read_messages(1):
-                received.add(message.body)
-                connection.send(b"FIN " + message.id + b"\n")
-    finally:
-        connection.close()
-    return received
 
 
 def subscribed(node, topic: str) -> V2Connection:
@@ -114,7 +66,7 @@ def test_a_killed_leader_is_replaced_and_comes_back_as_a_follower(cluster):
     assert old.node_id not in info["isr"] and old.node_id in info["catchup"]
     assert info["write_epoch"] >= 2
     old.start()
-    wait_for(lambda: old.node_id in cluster.partition("t", 0)["isr"], "the old leader rejoining")
+    poll(lambda: old.node_id in cluster.partition("t", 0)["isr"], "the old leader rejoining")
     assert cluster.node_leading("t", 0) is new
     publish(cluster, "t", b"last")
     acked.add(b"last")
@@ -122,7 +74,7 @@ def test_a_killed_leader_is_replaced_and_comes_back_as_a_follower(cluster):
     assert acked <= received
     expected = log_files(new, "t")
     for node in cluster.nodes:
-        wait_for(lambda n=node: log_files(n, "t") == expected, f"{node.node_id} identical")
+        poll(lambda n=node: log_files(n, "t") == expected, f"{node.node_id} identical")
     print(f"failover: write unavailability {unavailable:.2f} s after kill -9 at {killed_at:.0f}")
 
 
@@ -142,7 +94,7 @@ def test_a_frozen_leader_is_replaced_and_cannot_write_when_it_thaws(cluster):
     finally:
         old.resume()
     # The thawed node learns it was replaced: it refuses publishes and rejoins as a follower.
-    wait_for(
+    poll(
         lambda: (
             old.node_id in cluster.partition("t", 0)["isr"] and cluster.node_leading("t", 0) is new
         ),
@@ -159,7 +111,7 @@ def test_a_frozen_leader_is_replaced_and_cannot_write_when_it_thaws(cluster):
     assert acked <= drain(new, "t", acked)
     expected = log_files(new, "t")
     for node in cluster.nodes:
-        wait_for(lambda n=node: log_files(n, "t") == expected, f"{node.node_id} identical")
+        poll(lambda n=node: log_files(n, "t") == expected, f"{node.node_id} identical")
 
 
 def test_a_killed_follower_leaves_the_isr_and_rejoins_after_a_restart(cluster):
@@ -176,12 +128,12 @@ def test_a_killed_follower_leaves_the_isr_and_rejoins_after_a_restart(cluster):
     assert follower.node_id not in info["isr"] and follower.node_id in info["catchup"]
     assert cluster.node_leading("t", 0) is leader
     follower.start()
-    wait_for(lambda: follower.node_id in cluster.partition("t", 0)["isr"], "the follower back")
+    poll(lambda: follower.node_id in cluster.partition("t", 0)["isr"], "the follower back")
     acked |= publish_numbered(cluster, "t", "after", 10)
     assert acked <= drain(leader, "t", acked)
     expected = log_files(leader, "t")
     for node in cluster.nodes:
-        wait_for(lambda n=node: log_files(n, "t") == expected, f"{node.node_id} identical")
+        poll(lambda n=node: log_files(n, "t") == expected, f"{node.node_id} identical")
 
 
 def test_leaders_keep_serving_while_etcd_restarts(cluster, etcd_server):
@@ -241,9 +193,9 @@ def test_a_new_leader_resumes_consumption_near_the_old_leaders_cursor(cluster):
         channels = topics[0]["channels"] if topics else []
         return bool(channels) and channels[0].get("confirmed_count") == 60
 
-    wait_for(confirmed_on_follower, "the cursor on the followers")
+    poll(confirmed_on_follower, "the cursor on the followers")
     old.kill()
-    new = wait_for(lambda: cluster.node_leading("t", 0), "a new leader")
+    new = poll(lambda: cluster.node_leading("t", 0), "a new leader")
     received = drain(new, "t", set(bodies) - finished)
     assert received == set(bodies) - finished, sorted(received & finished)[:5]
 
@@ -292,11 +244,11 @@ def test_a_channels_cursor_reaches_the_followers_on_every_fin(tmp_path, etcd_ser
                 channels = json.loads(reply.body)["topics"][0]["channels"]
                 return bool(channels) and channels[0].get("confirmed_count") == 30
 
-            wait_for(follower_confirmed, "the cursor on a follower", timeout=10)
+            poll(follower_confirmed, "the cursor on a follower", timeout=10)
         finally:
             connection.close()
         old.kill()
-        new = wait_for(lambda: cluster.node_leading("t", 0), "a new leader")
+        new = poll(lambda: cluster.node_leading("t", 0), "a new leader")
         consumer = V2Connection(new.tcp_port)
         try:
             consumer.send(b"%s t c 0\n" % subscribe.encode())
@@ -322,7 +274,7 @@ def test_a_deferred_message_still_waits_on_the_new_leader(cluster):
     finally:
         connection.close()
     old.kill()
-    new = wait_for(lambda: cluster.node_leading("t", 0), "a new leader")
+    new = poll(lambda: cluster.node_leading("t", 0), "a new leader")
     message = first_message(new, "t")
     waited = time.monotonic() - published_at
     assert message.body == b"later"
@@ -345,7 +297,7 @@ def test_a_replica_gone_for_good_is_placed_on_another_node_which_catches_up(tmp_
         acked = publish_numbered(cluster, "t", "before", 20)
         gone.kill()
         # Two replicas, one gone: no writes until the spare node has caught up and joined.
-        wait_for(
+        poll(
             lambda: cluster.partition("t", 0)["isr"] == [leader.node_id, spare.node_id],
             "the spare node in the ISR",
             timeout=30,
@@ -382,9 +334,9 @@ def test_a_requeued_messages_delay_still_holds_on_the_new_leader(cluster):
             for node in followers
         )
 
-    wait_for(known_to_the_followers, "the delay on both followers", timeout=5)
+    poll(known_to_the_followers, "the delay on both followers", timeout=5)
     old.kill()
-    new = wait_for(lambda: cluster.node_leading("t", 0), "a new leader")
+    new = poll(lambda: cluster.node_leading("t", 0), "a new leader")
     again = first_message(new, "t")
     waited = time.monotonic() - requeued_at
     assert again.body == b"retry later"

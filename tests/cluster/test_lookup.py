@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from tests.cluster.local_cluster import LocalCluster, wait_for
+from tests.cluster.local_cluster import LocalCluster
+from tests.support.polling import poll
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def lookup(cluster, topic: str, access: str, index: int = 0):
 def test_listlookup_names_every_nsqlookupd_and_one_master(cluster):
     ids = {f"127.0.0.1:{ld.port('HTTP')}:{ld.port('TCP')}" for ld in cluster.lookupds}
     for index in range(2):
-        answer = wait_for(
+        answer = poll(
             lambda i=index: (
                 (a := json.loads(cluster.lookupd_http("GET", "/listlookup", i).body))
                 and {node["ID"] for node in a["lookupdnodes"]} == ids
@@ -49,7 +50,7 @@ def test_a_dead_master_is_replaced(cluster):
     master.kill()
     survivor = next(ld for ld in cluster.lookupds if ld is not master)
     index = cluster.lookupds.index(survivor)
-    wait_for(lambda: cluster.stats(index)["is_master"], "the other nsqlookupd as master")
+    poll(lambda: cluster.stats(index)["is_master"], "the other nsqlookupd as master")
     reply = cluster.lookupd_http(
         "POST", "/topic/create?topic=after&partition_num=1&replicator=3", index
     )
@@ -68,7 +69,7 @@ def test_lookup_lists_writable_leaders_and_meta(cluster):
         return answer if status == 200 and len(answer["partitions"] or {}) == 2 else None
 
     for index in range(2):
-        answer = wait_for(lambda i=index: both(i, "w"), "both partitions writable")
+        answer = poll(lambda i=index: both(i, "w"), "both partitions writable")
         assert answer["meta"]["partition_num"] == 2 and answer["meta"]["replica"] == 2
         for partition in range(2):
             leader = cluster.node_leading("t", partition)
@@ -78,12 +79,12 @@ def test_lookup_lists_writable_leaders_and_meta(cluster):
     info = cluster.partition("t", 0)
     follower = cluster.node(info["isr"][1])
     follower.kill()
-    wait_for(lambda: len(cluster.partition("t", 0)["isr"]) == 1, "the follower out of the ISR")
+    poll(lambda: len(cluster.partition("t", 0)["isr"]) == 1, "the follower out of the ISR")
 
     def writers_without_0() -> bool:
         status, answer = lookup(cluster, "t", "w")
         return status == 200 and "0" not in (answer["partitions"] or {})
 
-    wait_for(writers_without_0, "partition 0 gone from access=w")
+    poll(writers_without_0, "partition 0 gone from access=w")
     status, answer = lookup(cluster, "t", "r")
     assert status == 200 and "0" in answer["partitions"]

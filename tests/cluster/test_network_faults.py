@@ -19,6 +19,7 @@ import pytest
 from tests.cluster.netns import Network, set_delay
 from tests.cluster.traffic import log_files
 from tests.harness import DaemonProcess
+from tests.support.polling import poll
 
 REPO = Path(__file__).parents[2]
 FAULT_SECONDS = 6.0
@@ -51,16 +52,6 @@ class Agent:
     def close(self) -> None:
         self.process.kill()
         self.process.wait()
-
-
-def poll(check, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
-        time.sleep(0.1)
 
 
 class NetCluster:
@@ -107,6 +98,7 @@ class NetCluster:
         poll(
             lambda: self.agent.http("POST", f"http://{etcd}:2379/v3/kv/range").get("status"),
             "etcd answering",
+            timeout=30.0,
         )
         cluster = [f"-cluster-leadership-addresses=http://{etcd}:2379", "-cluster-node-ttl=2s"]
         lookupd = self.address("lookupd")
@@ -154,8 +146,12 @@ class NetCluster:
                 cwd=data,
                 prefix=network.prefix_for(host),
             ).start(wait_for=("TCP", "HTTP", "RPC"))
-        poll(lambda: len(self.stats().get("nsqd_nodes", [])) == 3, "three nsqds in the cluster")
-        poll(lambda: self.stats().get("is_master"), "a master nsqlookupd")
+        poll(
+            lambda: len(self.stats().get("nsqd_nodes", [])) == 3,
+            "three nsqds in the cluster",
+            timeout=30.0,
+        )
+        poll(lambda: self.stats().get("is_master"), "a master nsqlookupd", timeout=30.0)
 
     def lookupd_url(self, path: str) -> str:
         return f"http://{self.address('lookupd')}:4161{path}"
@@ -254,12 +250,13 @@ def test_writes_resume_after_every_network_fault_and_nothing_is_lost(net_cluster
     cluster = net_cluster
     for topic, ordered in TOPICS.items():
         cluster.create_topic(topic, ordered)
-        poll(lambda t=topic: cluster.whole(t), f"{topic} on three nodes")
+        poll(lambda t=topic: cluster.whole(t), f"{topic} on three nodes", timeout=30.0)
     lookupd = f"{cluster.address('lookupd')}:4161"
     assert cluster.agent.ask(op="start", lookupd=lookupd, topics=TOPICS) == {"ok": True}
     poll(
         lambda: all(cluster.agent.ask(op="first_ack_after", at=0).values()),
         "acknowledged publishes to every topic",
+        timeout=30.0,
     )
     resumed = {}
     for name, fault in FAULTS.items():
@@ -283,7 +280,9 @@ def test_writes_resume_after_every_network_fault_and_nothing_is_lost(net_cluster
         resumed[name] = round(max(first.values()) - healed, 2)
         assert resumed[name] <= RESUME_WITHIN, (name, resumed)
         for topic in TOPICS:
-            poll(lambda t=topic: cluster.whole(t), f"{topic}'s ISR whole after '{name}'", 60)
+            poll(
+                lambda t=topic: cluster.whole(t), f"{topic}'s ISR whole after '{name}'", timeout=60
+            )
     results = cluster.agent.ask(op="finish", timeout=60)
     print("network faults: writes resumed after (s):", json.dumps(resumed))
     print("network faults:", json.dumps(results))
@@ -302,6 +301,7 @@ def test_writes_resume_after_every_network_fault_and_nothing_is_lost(net_cluster
             poll(
                 lambda n=node_id, t=topic, e=expected: log_files(_Node(cluster, n), t, 0) == e,
                 f"{topic} identical on {node_id}",
+                timeout=30.0,
             )
 
 

@@ -11,10 +11,16 @@ from collections import Counter
 
 import pytest
 
-from tests.cluster.local_cluster import LocalCluster, wait_for
-from tests.cluster.test_failover import drain, publish_numbered
-from tests.cluster.traffic import Traffic, check_replicas_identical, log_files
+from tests.cluster.local_cluster import LocalCluster
+from tests.cluster.traffic import (
+    Traffic,
+    check_replicas_identical,
+    drain,
+    log_files,
+    publish_numbered,
+)
 from tests.harness import V2Connection
+from tests.support.polling import poll
 
 
 @pytest.fixture
@@ -57,12 +63,10 @@ def test_leaders_move_back_once_a_restarted_node_caught_up(cluster):
         traffic.wait_acked(100)
         victim = cluster.nodes[2]
         victim.kill()
-        wait_for(
-            lambda: victim.node_id not in leaders(cluster, "t", 6), "the victim's leaders moved"
-        )
+        poll(lambda: victim.node_id not in leaders(cluster, "t", 6), "the victim's leaders moved")
         assert not balanced(cluster, "t", 6)
         victim.start()
-        wait_for(lambda: balanced(cluster, "t", 6), "leaders balanced again", timeout=60)
+        poll(lambda: balanced(cluster, "t", 6), "leaders balanced again", timeout=60)
         assert cluster.stats()["balance"]["moves"] >= 1
         traffic.check_all_consumed()
     finally:
@@ -81,7 +85,7 @@ def test_a_rolling_restart_loses_nothing(cluster):
             node.stop()
             node.start()
             for partition in range(3):
-                wait_for(
+                poll(
                     lambda p=partition: len(cluster.partition("t", p)["isr"]) == 3,
                     f"t/{partition}'s ISR whole after {node.node_id} restarted",
                     timeout=60,
@@ -112,7 +116,7 @@ def test_expanding_and_moving_partitions_under_load(tmp_path, etcd_server):
             meta = cluster.lookupd_http("GET", "/lookup?topic=t&metainfo=true")
             assert json.loads(meta.body)["meta"]["partition_num"] == 4
             # The new partitions have the topic's channel, and the smart clients use them.
-            wait_for(
+            poll(
                 lambda: traffic.partitions_used[2] > 10 and traffic.partitions_used[3] > 10,
                 "publishes to the new partitions",
             )
@@ -128,7 +132,7 @@ def test_expanding_and_moving_partitions_under_load(tmp_path, etcd_server):
             moved = cluster.partition("t", 0)
             assert moved["leader"] == destination
             assert source not in moved["isr"] + moved["catchup"]
-            wait_for(lambda: not log_files(cluster.node(source), "t", 0), "the old copy deleted")
+            poll(lambda: not log_files(cluster.node(source), "t", 0), "the old copy deleted")
             traffic.wait_acked(len(traffic.acked) + 200)
             traffic.check_all_consumed()
         finally:
@@ -152,22 +156,19 @@ def test_a_removed_node_ends_holding_nothing(cluster):
                 for entry in stats["partitions"]
             )
 
-        wait_for(removed, "the removed node holding nothing", timeout=60)
+        poll(removed, "the removed node holding nothing", timeout=60)
         stats = cluster.stats()
         assert not stats["removing_nodes"] and stats["stable"]
         node_stats = {node["id"]: node for node in stats["nodes"]}
         assert node_stats[victim.node_id]["replicas"] == 0
         assert node_stats[victim.node_id]["removed"] is True
-        wait_for(
-            lambda: not any(log_files(victim, "t", p) for p in range(3)),
-            "its copies deleted",
-        )
+        poll(lambda: not any(log_files(victim, "t", p) for p in range(3)), "its copies deleted")
         # Until it is stopped, balance gives the emptiest node nothing back.
         rounds = stats["balance"]["rounds"]
-        wait_for(lambda: cluster.stats()["balance"]["rounds"] >= rounds + 2, "two balance rounds")
+        poll(lambda: cluster.stats()["balance"]["rounds"] >= rounds + 2, "two balance rounds")
         assert removed()
         victim.stop()
-        wait_for(lambda: not cluster.stats()["removed_nodes"], "the stopped node off the list")
+        poll(lambda: not cluster.stats()["removed_nodes"], "the stopped node off the list")
         traffic.wait_acked(len(traffic.acked) + 100)
         traffic.check_all_consumed()
     finally:
@@ -179,7 +180,7 @@ def test_meta_update_changes_replicas_and_settings(cluster):
     create_topic(cluster, "t", 2, 2)
     operate(cluster, "/topic/meta/update?topic=t&replicator=3&syncdisk=10&retention=5")
     for partition in range(2):
-        wait_for(
+        poll(
             lambda p=partition: len(cluster.partition("t", p)["isr"]) == 3,
             f"t/{partition} on three nodes",
             timeout=30,
@@ -198,7 +199,7 @@ def test_meta_update_changes_replicas_and_settings(cluster):
         connection.close()
     operate(cluster, "/topic/meta/update?topic=t&replicator=2")
     for partition in range(2):
-        wait_for(
+        poll(
             lambda p=partition: len(cluster.partition("t", p)["isr"]) == 2,
             f"t/{partition} back on two nodes",
         )
@@ -216,14 +217,14 @@ def test_upgrade_mode_holds_re_replication_back(tmp_path, etcd_server):
         follower = cluster.node(entry["isr"][1])
         spare = next(n for n in cluster.nodes if n.node_id not in entry["isr"])
         follower.kill()
-        wait_for(lambda: follower.node_id in cluster.partition("t", 0)["catchup"], "left ISR")
+        poll(lambda: follower.node_id in cluster.partition("t", 0)["catchup"], "left ISR")
         # Past --cluster-replace-dead-after, and the spare is still not given the replica.
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline:
             assert spare.node_id not in cluster.partition("t", 0)["catchup"]
             time.sleep(0.2)
         operate(cluster, "/cluster/upgrade/done")
-        wait_for(
+        poll(
             lambda: spare.node_id in cluster.partition("t", 0)["isr"],
             "the replica placed on the spare once the upgrade is done",
         )
@@ -257,7 +258,7 @@ def test_channels_and_topics_everywhere(cluster):
     operate(cluster, "/topic/delete?topic=t&partition=0", 400)
     holders = {n for p in range(2) for n in cluster.partition("t", p)["isr"]}
     operate(cluster, "/topic/delete?topic=t&partition=**")
-    wait_for(
+    poll(
         lambda: not any(log_files(cluster.node(n), "t", p) for n in holders for p in range(2)),
         "every replica deleted",
     )
@@ -274,7 +275,7 @@ def test_a_node_away_while_its_topic_was_deleted_drops_its_copy_on_return(cluste
     operate(cluster, "/topic/delete?topic=t&partition=**")
     assert log_files(away, "t", 0), "the stopped node keeps its copy meanwhile"
     away.start()
-    wait_for(lambda: not log_files(away, "t", 0), "the copy of the deleted topic dropped")
+    poll(lambda: not log_files(away, "t", 0), "the copy of the deleted topic dropped")
     assert log_files(away, "kept", 0), "a topic the cluster still has stays"
 
 
@@ -290,7 +291,7 @@ def test_a_topic_created_again_never_takes_the_old_topics_copy(cluster):
     for node in others:
         node.stop()
     away.start()
-    wait_for(lambda: cluster.stats()["nsqd_nodes"] == [away.node_id], "only the node back")
+    poll(lambda: cluster.stats()["nsqd_nodes"] == [away.node_id], "only the node back")
     assert log_files(away, "t", 0), "with no topic in etcd at all, nothing local is deleted"
     create_topic(cluster, "t", 1, 1)
     new = publish_numbered(cluster, "t", "new", 5)
@@ -360,7 +361,7 @@ def test_a_tombstoned_nsqlookupd_leaves_listlookup(tmp_path, etcd_server):
         victim = listed[1]["ID"]
         operate(cluster, f"/cluster/lookupd/tombstone?node={victim}")
         for index in range(2):
-            wait_for(
+            poll(
                 lambda i=index: (
                     victim
                     not in [
@@ -395,7 +396,7 @@ def test_cluster_stats_carry_youzans_fields(cluster):
             "node_load_factor",
         }
         assert entry["node_load_factor"] >= entry["leader_load_factor"] > 0
-    wait_for(
+    poll(
         lambda: (
             len(json.loads(cluster.master_http("GET", "/cluster/stats?topn=2").body)["topn_topics"])
             == 2

@@ -12,7 +12,8 @@ import pytest
 from nsqpy.nsqd.metrics import render_metrics
 from nsqpy.nsqd.partition_replica import UNKNOWN_REPLICA, PartitionReplica
 from nsqpy.nsqd.stats import gather, memory_stats, text_report
-from tests.cluster.local_cluster import LocalCluster, wait_for
+from tests.cluster.local_cluster import LocalCluster
+from tests.support.polling import poll
 
 
 @pytest.fixture
@@ -139,11 +140,11 @@ def test_a_dead_follower_leaves_its_partitions_under_replicated(cluster):
     victim.kill()
 
     # The node's lease runs out (--cluster-node-ttl), then the master drops it from the ISRs.
-    wait_for(
+    poll(
         lambda: all(stats(leaders[topic], topic)["under_replicated"] for topic in leaders),
         "the leaders reporting their partitions under-replicated",
     )
-    wait_for(
+    poll(
         lambda: stats(survivor, "three")["under_replicated"],
         "the other follower of three reporting it under-replicated",
     )

@@ -9,8 +9,9 @@ import pytest
 
 from nsqpy.common.command import encode_command, encode_fin, encode_rdy
 from nsqpy.common.frame import FRAME_TYPE_ERROR
-from tests.cluster.local_cluster import LocalCluster, wait_for
+from tests.cluster.local_cluster import LocalCluster
 from tests.harness import V2Connection
+from tests.support.polling import poll
 
 
 @pytest.fixture
@@ -88,7 +89,7 @@ def test_a_follower_refuses_publishes_and_consumers(cluster):
         reply = cluster.lookupd_http("GET", "/lookup?topic=t&access=w")
         return reply.status == 200 and json.loads(reply.body)["partitions"]
 
-    partitions = wait_for(writers, "t writable in nsqlookupd")
+    partitions = poll(writers, "t writable in nsqlookupd")
     assert partitions["0"]["tcp_port"] == leader.tcp_port
 
 

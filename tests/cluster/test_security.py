@@ -20,9 +20,10 @@ from nsqpy.common.replication import (
     encode_frame,
 )
 from tests.cluster.etcd_server import EtcdServer, EtcdTLS
-from tests.cluster.local_cluster import LocalCluster, wait_for
+from tests.cluster.local_cluster import LocalCluster
 from tests.cluster.traffic import check_replicas_identical
 from tests.harness import DaemonProcess, V2Connection
+from tests.support.polling import poll
 
 
 def write_identity(authority: trustme.CA, directory, name: str) -> tuple[str, str]:
@@ -135,7 +136,7 @@ def test_an_unauthenticated_peer_gets_no_data_and_changes_nothing(tls_cluster):
     )
     raw_exchange(follower.ports["RPC"], put)
     assert log_end(follower) == before
-    wait_for(
+    poll(
         lambda: any("RPC: refused a peer" in line for line in follower.process.lines),
         "the refusal logged",
     )
@@ -205,7 +206,7 @@ def test_a_cluster_on_an_etcd_with_tls_and_auth(tmp_path, secure_etcd):
         publish_some(cluster, 10)
         old = cluster.node_leading("t", 0)
         old.kill()
-        wait_for(lambda: cluster.node_leading("t", 0) not in (None, old), "a failover through etcd")
+        poll(lambda: cluster.node_leading("t", 0) not in (None, old), "a failover through etcd")
         assert cluster.stats()["etcd"]["reachable"] is True
 
 

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from tests.cluster.etcd_server import free_port
-from tests.harness import DaemonProcess
-from tests.youzan.support import http_sync
+from tests.harness import DaemonProcess, start_nsqlookupd
+from tests.support.http import request
 
 # A clean stop waits at most this long for etcd (the lease release), plus the daemon's own work.
 STOP_BOUND = 5.0
@@ -85,21 +85,16 @@ def test_nsqd_stops_on_sigterm_while_etcd_is_unreachable(tmp_path, unreachable_e
         cwd=tmp_path,
     ).start(wait_for=("TCP", "HTTP", "RPC"))
     # It serves what does not need the cluster meanwhile.
-    assert http_sync(nsqd.port("HTTP"), "GET", "/ping").body == b"OK"
+    assert request(nsqd.port("HTTP"), "GET", "/ping").body == b"OK"
     _stops_in_time(nsqd, case[1])
 
 
 @pytest.mark.parametrize("case", CASES, ids=["refused", "silent"])
 def test_nsqlookupd_stops_on_sigterm_while_etcd_is_unreachable(tmp_path, unreachable_etcd, case):
-    lookupd = DaemonProcess(
-        "nsqlookupd",
-        [
-            "-tcp-address=127.0.0.1:0",
-            "-http-address=127.0.0.1:0",
-            "-broadcast-address=127.0.0.1",
-            f"-cluster-leadership-addresses={unreachable_etcd}",
-        ],
+    lookupd = start_nsqlookupd(
+        "-broadcast-address=127.0.0.1",
+        f"-cluster-leadership-addresses={unreachable_etcd}",
         cwd=tmp_path,
-    ).start(wait_for=("TCP", "HTTP"))
-    assert http_sync(lookupd.port("HTTP"), "GET", "/ping").body == b"OK"
+    )
+    assert request(lookupd.port("HTTP"), "GET", "/ping").body == b"OK"
     _stops_in_time(lookupd, case[1])

@@ -7,8 +7,9 @@ import subprocess
 
 import pytest
 
-from tests.cluster.local_cluster import LocalCluster, wait_for
+from tests.cluster.local_cluster import LocalCluster
 from tests.harness import BIN
+from tests.support.polling import poll
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ def test_to_nsq_and_nsq_tail_use_every_partitions_leader(cluster):
         reply = cluster.lookupd_http("GET", "/lookup?topic=t&access=w")
         return reply.status == 200 and len(json.loads(reply.body)["partitions"] or {}) == 2
 
-    wait_for(writable, "both partitions writable in nsqlookupd")
+    poll(writable, "both partitions writable in nsqlookupd")
     lines = [b"line %d" % i for i in range(20)]
     published = subprocess.run(
         [str(BIN / "to_nsq"), "-topic=t", f"-lookupd-http-address={lookupd}"],

@@ -10,7 +10,11 @@ from dataclasses import dataclass, field
 
 from nsqpy.client.blocking import NSQError
 from nsqpy.client.smart import SmartClientError, SmartConsumer, SmartProducer
-from tests.cluster.local_cluster import LocalCluster, wait_for
+from nsqpy.common.command import encode_command, encode_rdy
+from nsqpy.common.frame import FRAME_TYPE_ERROR
+from tests.cluster.local_cluster import LocalCluster
+from tests.harness import V2Connection
+from tests.support.polling import poll
 
 
 @dataclass
@@ -98,7 +102,7 @@ class Traffic:
                 time.sleep(self._interval)
 
     def wait_acked(self, count: int, timeout: float = 30.0) -> None:
-        wait_for(lambda: len(self.acked) >= count, f"{count} acknowledged", timeout)
+        poll(lambda: len(self.acked) >= count, f"{count} acknowledged", timeout=timeout)
 
     def stop_producing(self) -> set[bytes]:
         self._stop.set()
@@ -115,7 +119,7 @@ class Traffic:
                 return acked - set(self.received.counts)
 
         try:
-            wait_for(lambda: not missing(), "every acknowledged message consumed", timeout)
+            poll(lambda: not missing(), "every acknowledged message consumed", timeout=timeout)
         finally:
             self.consumer.close()
         assert acked, "nothing was acknowledged"
@@ -148,7 +152,7 @@ def check_replicas_identical(cluster: LocalCluster, topic: str, partitions: int)
     """Every ISR member of every partition holds its leader's log byte for byte (each
     partition's ISR whole first)."""
     for partition in range(partitions):
-        wait_for(
+        poll(
             lambda p=partition: (
                 (entry := cluster.partition(topic, p)) is not None
                 and len(entry["isr"]) == entry["replica"]
@@ -161,7 +165,57 @@ def check_replicas_identical(cluster: LocalCluster, topic: str, partitions: int)
         assert expected, f"{topic}/{partition}: no log on its leader"
         for node_id in entry["isr"]:
             node = cluster.node(node_id)
-            wait_for(
+            poll(
                 lambda n=node, p=partition, e=expected: log_files(n, topic, p) == e,
                 f"{topic}/{partition} identical on {node_id}",
             )
+
+
+def publish_numbered(cluster, topic: str, label: str, count: int) -> set[bytes]:
+    """Publish `<label> 0` to `<label> <count - 1>` one after the other, each acknowledged;
+    their bodies."""
+    bodies = [b"%s %d" % (label.encode(), i) for i in range(count)]
+    for body in bodies:
+        publish(cluster, topic, body)
+    return set(bodies)
+
+
+def drain(node, topic: str, wanted: set[bytes]) -> set[bytes]:
+    """Consume channel `c` from `node` until every message in `wanted` came."""
+    received: set[bytes] = set()
+    connection = V2Connection(node.tcp_port)
+    try:
+        connection.send(b"SUB %s c 0\n" % topic.encode())
+        assert connection.read_response().data == b"OK"
+        connection.send(encode_rdy(100))
+        deadline = time.monotonic() + 20
+        while not wanted <= received:
+            assert time.monotonic() < deadline, f"missing {sorted(wanted - received)[:5]}"
+            for message in connection.read_messages(1):
+                received.add(message.body)
+                connection.send(b"FIN " + message.id + b"\n")
+    finally:
+        connection.close()
+    return received
+
+
+def publish(cluster, topic: str, body: bytes, deadline: float = 20.0) -> float:
+    """Publish to the partition's leader, retrying on whichever node leads it; the seconds it
+    took (the write unavailability a publisher saw)."""
+    started = time.monotonic()
+    while time.monotonic() - started < deadline:
+        leader = cluster.node_leading(topic, 0)
+        if leader is not None:
+            try:
+                connection = V2Connection(leader.tcp_port, timeout=5)
+                try:
+                    connection.send(encode_command(b"PUB", topic.encode(), b"0", body=body))
+                    frame = connection.read_response()
+                finally:
+                    connection.close()
+                if frame.frame_type != FRAME_TYPE_ERROR and frame.data == b"OK":
+                    return time.monotonic() - started
+            except OSError:
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"could not publish {body!r} within {deadline} s")

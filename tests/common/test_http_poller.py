@@ -10,10 +10,10 @@ import trio
 
 from nsqpy.daemon.http_server import Request, Response, Router, serve_http
 from nsqpy.daemon.net import open_listener
-from tests.nsqd_http.rawhttp import HTTPConnection, encode_request
+from tests.support.http import RawConnection, encode_request
 
 
-async def answer(connection: HTTPConnection) -> tuple[int, bytes]:
+async def answer(connection: RawConnection) -> tuple[int, bytes]:
     response = await connection.read_response()
     return response.status, response.body
 
@@ -26,8 +26,8 @@ async def serve(router: Router, nursery, errors: list) -> Callable[[], Awaitable
     nursery.start_soon(lambda: serve_http(listener, router, nursery, log, max_body_size=1 << 20))
     address = f"127.0.0.1:{listener.socket.getsockname()[1]}"
 
-    async def connect() -> HTTPConnection:
-        return await HTTPConnection.open(address)
+    async def connect() -> RawConnection:
+        return await RawConnection.open(address)
 
     return connect
 

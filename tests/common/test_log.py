@@ -13,7 +13,7 @@ from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.server import NSQD
 from tests.cluster.etcd_server import free_port
 from tests.harness import BIN
-from tests.nsqlookupd.support import poll
+from tests.support.polling import poll
 
 
 def test_a_byte_that_is_not_utf8_is_logged_as_an_escape():
@@ -87,7 +87,7 @@ def test_daemons_take_youzans_glog_flags(tmp_path, daemon):
         [str(BIN / daemon), *args], cwd=tmp_path, stderr=subprocess.PIPE, text=True
     )
     try:
-        reply = poll(lambda: _ping(ports[1]), f"{daemon} answering /ping", 10)
+        reply = poll(lambda: _ping(ports[1]), f"{daemon} answering /ping", timeout=10)
         assert reply == b"OK"
     finally:
         process.send_signal(signal.SIGTERM)

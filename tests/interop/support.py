@@ -142,16 +142,6 @@ async def run_asyncio_client(session, report: Report, *args, deadline: float = C
         ) from None
 
 
-async def until(predicate: Callable[[], bool], what: str, timeout: float = CLIENT_DEADLINE):
-    """For asyncio clients: poll `predicate` until true; fail after `timeout`."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + timeout
-    while not predicate():
-        if loop.time() > give_up:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
 async def settle(settled: Callable[[], bool]) -> None:
     """For asyncio clients: give the server up to SETTLE_DEADLINE to reach its final state
     before the client disconnects; the test asserts that state afterwards."""

@@ -15,9 +15,9 @@ import asyncio
 import ansq
 from ansq import ConnectionFeatures, ConnectionOptions
 
-from tests.conftest import tcp_port
 from tests.harness import start_nsqd
 from tests.interop.scenarios import (
+    CLIENT_DEADLINE,
     COUNTS,
     HEARTBEAT_INTERVAL_MS,
     HEARTBEATS_BEFORE_PUBLISH,
@@ -38,8 +38,9 @@ from tests.interop.support import (
     from_trio,
     run_asyncio_client,
     settle,
-    until,
 )
+from tests.support.nsqd import tcp_port
+from tests.support.polling import wait_until
 
 TOPIC = "ansq"
 CHANNEL = "interop"
@@ -101,7 +102,11 @@ async def ansq_session(report: Report, port: int, scenario: str, settled) -> Non
     for connection in reader.connections:
         await connection.rdy(MAX_IN_FLIGHT)
     if scenario == "heartbeat":
-        await until(lambda: report.heartbeats >= HEARTBEATS_BEFORE_PUBLISH, "3 heartbeats")
+        await wait_until(
+            lambda: report.heartbeats >= HEARTBEATS_BEFORE_PUBLISH,
+            "3 heartbeats",
+            timeout=CLIENT_DEADLINE,
+        )
         report.heartbeats_before_publish = report.heartbeats
         await publish_all()
 

@@ -9,7 +9,6 @@ described in `scenarios.py`.
 import pytest
 
 from nsqpy.nsqd.server import NSQD
-from tests.conftest import tcp_port
 from tests.harness import start_nsqd
 from tests.interop.support import (
     always,
@@ -20,6 +19,7 @@ from tests.interop.support import (
     python_module,
     run_client_script,
 )
+from tests.support.nsqd import tcp_port
 
 TOPIC = "gnsq"
 CHANNEL = "interop"

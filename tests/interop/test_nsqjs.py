@@ -8,7 +8,6 @@ default flags. The scenarios are described in `scenarios.py`. nsqjs comes from
 
 import shutil
 
-from tests.conftest import tcp_port
 from tests.harness import start_nsqd
 from tests.interop.support import (
     INTEROP_DIR,
@@ -19,6 +18,7 @@ from tests.interop.support import (
     expected_channel_state,
     run_client_script,
 )
+from tests.support.nsqd import tcp_port
 
 TOPIC = "nsqjs"
 CHANNEL = "interop"

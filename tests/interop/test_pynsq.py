@@ -10,9 +10,9 @@ import asyncio
 
 import nsq
 
-from tests.conftest import tcp_port
 from tests.harness import start_nsqd
 from tests.interop.scenarios import (
+    CLIENT_DEADLINE,
     COUNTS,
     HEARTBEATS_BEFORE_PUBLISH,
     MAX_IN_FLIGHT,
@@ -31,8 +31,9 @@ from tests.interop.support import (
     from_trio,
     run_asyncio_client,
     settle,
-    until,
 )
+from tests.support.nsqd import tcp_port
+from tests.support.polling import wait_until
 
 TOPIC = "pynsq"
 CHANNEL = "interop"
@@ -99,10 +100,14 @@ async def pynsq_session(report: Report, port: int, scenario: str, settled) -> No
         return action == "finish"  # False: pynsq sends REQ (with backoff)
 
     writer = nsq.Writer([address])
-    await until(lambda: any(c.connected() for c in writer.conns.values()), "the Writer")
+    await wait_until(
+        lambda: any(c.connected() for c in writer.conns.values()),
+        "the Writer",
+        timeout=CLIENT_DEADLINE,
+    )
     if scenario != "heartbeat":
         publish_all()
-        await until(published, "answers to every PUB and MPUB")
+        await wait_until(published, "answers to every PUB and MPUB", timeout=CLIENT_DEADLINE)
 
     conn_options = {"requeue_delay": 0}  # REQ <id> 0, not pynsq's default 90 s * attempts
     if scenario == "timeout":
@@ -121,10 +126,14 @@ async def pynsq_session(report: Report, port: int, scenario: str, settled) -> No
         **conn_options,
     )
     if scenario == "heartbeat":
-        await until(lambda: report.heartbeats >= HEARTBEATS_BEFORE_PUBLISH, "3 heartbeats")
+        await wait_until(
+            lambda: report.heartbeats >= HEARTBEATS_BEFORE_PUBLISH,
+            "3 heartbeats",
+            timeout=CLIENT_DEADLINE,
+        )
         report.heartbeats_before_publish = report.heartbeats
         publish_all()
-        await until(published, "the answer to the PUB")
+        await wait_until(published, "the answer to the PUB", timeout=CLIENT_DEADLINE)
 
     await all_delivered.wait()
     await settle(settled)

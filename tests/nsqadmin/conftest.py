@@ -8,12 +8,12 @@ import pytest
 
 from tests.cluster.etcd_server import EtcdServer
 from tests.cluster.local_cluster import LocalCluster
+from tests.harness import start_nsqlookupd
 from tests.nsqadmin.support import (
     Cluster,
     ReplicatedCluster,
     start_cluster_nsqd,
     start_nsqadmin,
-    start_nsqlookupd,
 )
 
 _names = itertools.count(1)

@@ -3,10 +3,6 @@ with a deadline, real nsqlookupd/nsqd/nsqadmin processes and a real V2 consumer.
 
 import json
 import threading
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -16,6 +12,8 @@ from urllib.parse import quote
 from nsqpy.common.command import encode_identify, encode_rdy, encode_sub
 from tests.harness import DaemonProcess, V2Connection, start_nsqd
 from tests.reference import REFERENCE_DIR
+from tests.support.http import HTTPReply, fetch, parse_response
+from tests.support.polling import poll
 
 if TYPE_CHECKING:
     from tests.cluster.local_cluster import LocalCluster
@@ -26,43 +24,12 @@ ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 # -- the Go captures ------------------------------------------------------------------------
 
 
-@dataclass
-class Captured:
-    status: int
-    headers: dict[str, str]  # names lower-cased
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-def reference(name: str) -> Captured:
+def reference(name: str) -> HTTPReply:
     """One `curl -i` capture of tests/reference/go-1.3.0."""
-    raw = (REFERENCE_DIR / name).read_bytes()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {}
-    for line in lines[1:]:
-        key, _, value = line.partition(":")
-        headers[key.strip().lower()] = value.strip()
-    return Captured(int(lines[0].split(" ", 2)[1]), headers, body)
+    return parse_response((REFERENCE_DIR / name).read_bytes())
 
 
 # -- HTTP -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]  # names lower-cased
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def text(self) -> str:
-        return self.body.decode()
 
 
 def http(
@@ -71,21 +38,13 @@ def http(
     body: bytes | str | dict | None = None,
     headers: dict[str, str] | None = None,
     timeout: float = 10.0,
-) -> Reply:
+) -> HTTPReply:
+    """A request to a full URL, whatever its status; a dict body is sent as JSON."""
     if isinstance(body, dict):
         body = json.dumps(body)
     if isinstance(body, str):
         body = body.encode()
-    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return Reply(
-                response.status,
-                {k.lower(): v for k, v in response.headers.items()},
-                response.read(),
-            )
-    except urllib.error.HTTPError as error:
-        return Reply(error.code, {k.lower(): v for k, v in error.headers.items()}, error.read())
+    return fetch(url, method, body, headers, timeout=timeout)
 
 
 def get_json(url: str) -> Any:
@@ -94,28 +53,7 @@ def get_json(url: str) -> Any:
     return reply.json()
 
 
-def wait_until(
-    predicate: Callable[[], Any], timeout: float = 10.0, message: str = "", interval: float = 0.02
-) -> Any:
-    """Poll `predicate` every `interval` until it returns something true; fail after
-    `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met in {timeout}s: {message or predicate}")
-        time.sleep(interval)
-
-
 # -- processes ------------------------------------------------------------------------------
-
-
-def start_nsqlookupd() -> DaemonProcess:
-    return DaemonProcess(
-        "nsqlookupd", ["-tcp-address=127.0.0.1:0", "-http-address=127.0.0.1:0"]
-    ).start(wait_for=("TCP", "HTTP"))
 
 
 def start_nsqadmin(*flags: str) -> DaemonProcess:
@@ -204,7 +142,7 @@ class Cluster:
             reply = http("GET", f"{self.lookupd_url}/lookup?topic={quote(topic)}")
             return reply.status == 200 and len(reply.json()["producers"]) == wanted
 
-        wait_until(registered, message=f"{wanted} producers of {topic} in nsqlookupd")
+        poll(registered, f"{wanted} producers of {topic} in nsqlookupd")
 
     def stop(self) -> None:
         for process in [*self.extra, self.admin, *(n.process for n in self.nsqds), self.lookupd]:

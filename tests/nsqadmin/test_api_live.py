@@ -18,8 +18,8 @@ from tests.nsqadmin.support import (
     reference,
     start_nsqadmin,
     subscribe,
-    wait_until,
 )
+from tests.support.polling import poll
 
 # -- the command line ------------------------------------------------------------------------
 
@@ -146,9 +146,9 @@ def test_channel_lists_every_client(cluster, topic_name):
     _publish_on_both(cluster, topic_name, counts=(4, 0))
     consumer = subscribe(cluster.nsqds[0], topic_name, "ch", ready=2)
     try:
-        wait_until(
+        poll(
             lambda: cluster.nsqds[0].channel(topic_name, "ch")["in_flight_count"] == 2,
-            message="two messages in flight",
+            "two messages in flight",
         )
         body = get_json(f"{cluster.url}/api/topics/{topic_name}/ch")
         assert (body["node"], body["in_flight_count"], body["depth"]) == ("*", 2, 2)
@@ -285,7 +285,7 @@ def test_tombstone_a_topic_on_one_nsqd(cluster, topic_name):
         return [p["http_port"] for p in producers] == [cluster.nsqds[1].process.port("HTTP")]
 
     # Tombstoned (and then unregistered by the nsqd): consumers no longer find it there.
-    wait_until(lookup_lists_only_the_other_nsqd, message="nsqlookupd forgot the tombstoned nsqd")
+    poll(lookup_lists_only_the_other_nsqd, "nsqlookupd forgot the tombstoned nsqd")
     bad = http("DELETE", f"{cluster.url}/api/nodes/{node}", b"{}")
     assert (bad.status, bad.json()) == (400, {"message": "INVALID_TOPIC"})
 
@@ -354,7 +354,7 @@ def test_actions_are_notified_in_gos_shape(cluster, guarded, topic_name):
     def mine() -> list[dict]:
         return [n for n in recorder.received() if n["topic"] == topic_name]
 
-    notifications = wait_until(lambda: len(mine()) == 2 and mine(), message="2 notifications")
+    notifications = poll(lambda: len(mine()) == 2 and mine(), "2 notifications")
     empty, tombstone = sorted(notifications, key=lambda n: n["action"])
     assert list(empty) == [
         "action",
@@ -506,7 +506,7 @@ def test_charts_fill_from_polled_stats(cluster, topic_name):
         return http("GET", page_url).body.count(b'class="chart-line"') == 2
 
     # Two polls of every nsqd (2 s apart) make the first line.
-    wait_until(both_charts_drawn, timeout=15, message="rate and depth lines")
+    poll(both_charts_drawn, "rate and depth lines", timeout=15)
     channel_page = http("GET", f"{page_url}/ch").body
     assert channel_page.count(b'<svg class="chart') == 2
     streams = http("GET", cluster.url + "/").body
@@ -540,7 +540,7 @@ def test_forms_confirm_redirect_and_refuse_other_sites(cluster, topic_name):
     # Confirmed, from our own page: done, then back to the node page with a one-time note.
     own_origin = cluster.url
     done = http("POST", node_page, form + "&confirm=yes", headers={**FORM, "Origin": own_origin})
-    assert done.status == 200  # after the 303, followed by urllib
+    assert done.status == 200  # after the 303, followed
     assert f"Tombstoned topic {topic_name} on {node}.".encode() in done.body
     assert cluster.nsqds[0].topic(topic_name) is None
 
@@ -687,10 +687,10 @@ def test_a_dead_follower_is_flagged_under_replicated(replicated):
     url = f"{replicated.url}/api/topics/two"
     assert get_json(url)["under_replicated_partitions"] == 0
     victim.kill()
-    body = wait_until(
+    body = poll(
         lambda: (body := get_json(url))["under_replicated_partitions"] == 1 and body,
+        "nsqadmin reporting two/0 under-replicated",
         timeout=20,
-        message="nsqadmin reporting two/0 under-replicated",
     )
     [node] = body["nodes"]
     assert node["under_replicated"] is True

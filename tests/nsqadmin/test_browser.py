@@ -12,15 +12,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.browser import start_chromium
-from tests.nsqadmin.support import (
-    ARTIFACTS,
-    USER_AGENT,
-    get_json,
-    http,
-    start_nsqadmin,
-    subscribe,
-    wait_until,
-)
+from tests.nsqadmin.support import ARTIFACTS, USER_AGENT, get_json, http, start_nsqadmin, subscribe
+from tests.support.polling import poll
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +78,7 @@ def busy_topic(cluster, topic_name):
         nsqd.publish(topic_name, count)
     cluster.wait_registered(topic_name)
     consumer = subscribe(cluster.nsqds[0], topic_name, "ch", ready=2)
-    wait_until(lambda: cluster.nsqds[0].channel(topic_name, "ch")["in_flight_count"] == 2)
+    poll(lambda: cluster.nsqds[0].channel(topic_name, "ch")["in_flight_count"] == 2)
     yield topic_name
     consumer.close()
 
@@ -117,7 +110,7 @@ def test_every_page_shows_what_the_nsqds_report(cluster, browser, busy_topic):
         page = http("GET", f"{cluster.url}/topics/{topic}").body
         return page.count(b'class="chart-line"') == 2
 
-    wait_until(charts_drawn, timeout=15, message="the topic's charts", interval=0.2)
+    poll(charts_drawn, "the topic's charts", timeout=15, interval=0.2)
     topics = {n.http_address: n.topic(topic) for n in cluster.nsqds}
     channels = {n.http_address: n.channel(topic, "ch") for n in cluster.nsqds}
 
@@ -325,7 +318,7 @@ def test_tombstone_then_delete_topic(cluster, browser, busy_topic):
         body = get_json(f"{cluster.lookupd_url}/lookup?topic={topic}")
         return [p["http_port"] for p in body["producers"]]
 
-    wait_until(lambda: lookupd_producers() == [second.process.port("HTTP")])
+    poll(lambda: lookupd_producers() == [second.process.port("HTTP")])
     browser.get(f"{cluster.url}/topics/{topic}")
     rows = browser.find_elements(By.CSS_SELECTOR, "#topic-nodes tbody tr")
     assert [r.get_attribute("data-node") for r in rows] == [second.http_address]
@@ -497,7 +490,7 @@ def test_the_topic_page_shows_each_partitions_replicas(replicated, browser):
         browser.get(f"{replicated.url}/topics/two")
         return "under-replicated" in flags()
 
-    wait_until(flagged, timeout=20, message="the topic page flagging two/0 under-replicated")
+    poll(flagged, "the topic page flagging two/0 under-replicated", timeout=20)
     assert "under-replicated" in browser.find_element(By.CSS_SELECTOR, row).get_attribute("class")
     badge = browser.find_element(By.CSS_SELECTOR, f'{row} [data-flag="under-replicated"]')
     assert badge.is_displayed() and badge.text == "under-replicated"
@@ -541,7 +534,7 @@ def test_a_replicated_clusters_operations_in_the_browser(replicated, browser):
     click_through(browser, browser.find_element(By.ID, "create-submit"))
     assert flash(browser) == "Created topic ops (2 partitions × 2 replicas) and its channel c."
     for partition in (0, 1):
-        wait_until(lambda p=partition: local.node_leading("ops", p), message=f"ops/{partition}")
+        poll(lambda p=partition: local.node_leading("ops", p), f"ops/{partition}")
     meta = get_json(f"http://{replicated.lookupd_http_address}/lookup?topic=ops&metainfo=true")
     assert (meta["meta"]["partition_num"], meta["meta"]["replica"]) == (2, 2)
 
@@ -552,7 +545,7 @@ def test_a_replicated_clusters_operations_in_the_browser(replicated, browser):
         )
         return found[0].text if found else ""
 
-    wait_until(lambda: streams_badge() == "2 × 2", message="the Streams page's 2 × 2")
+    poll(lambda: streams_badge() == "2 × 2", "the Streams page's 2 × 2")
 
     # Expand to three partitions.
     browser.get(f"{url}/topics/ops")
@@ -562,7 +555,7 @@ def test_a_replicated_clusters_operations_in_the_browser(replicated, browser):
     click_through(browser, browser.find_element(By.ID, "expand-submit"))
     confirm(browser)
     assert flash(browser) == "Expanded topic ops to 3 partitions."
-    wait_until(lambda: local.node_leading("ops", 2), message="ops/2 led")
+    poll(lambda: local.node_leading("ops", 2), "ops/2 led")
 
     # Move partition 0, with its leadership, to the node that does not hold it.
     entry = local.partition("ops", 0)
@@ -613,7 +606,7 @@ def test_a_replicated_clusters_operations_in_the_browser(replicated, browser):
             spare not in [e["leader"], *e["isr"], *e["catchup"]] for e in stats["partitions"]
         )
 
-    wait_until(holds_nothing, timeout=60, message="the removed node holding nothing")
+    poll(holds_nothing, "the removed node holding nothing", timeout=60)
     browser.get(f"{url}/nodes")
     row = f'#cluster-nodes tr[data-node-id="{spare}"]'
     assert numbers(browser, row, "replicas") == {"replicas": 0}

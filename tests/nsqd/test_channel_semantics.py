@@ -23,8 +23,8 @@ from nsqpy.common.command import (
     encode_rdy,
     encode_req,
 )
-from tests.conftest import wait_until
 from tests.nsqd.wire import Wire, close_all_wires, consumer, override_options, with_options
+from tests.support.polling import wait_until
 
 
 @pytest.fixture

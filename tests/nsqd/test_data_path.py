@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import start_nsqd
-from tests.nsqd.test_durability import nsqd_process, publish
+from tests.nsqd.support import nsqd_process, publish
 
 
 @contextlib.contextmanager

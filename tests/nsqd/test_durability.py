@@ -26,6 +26,7 @@ from nsqpy.common.command import encode_dpub, encode_mpub, encode_pub, encode_rd
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
 from nsqpy.common.message import DecodedMessage, decode_message
 from tests.harness import DaemonProcess, V2Connection, start_nsqd
+from tests.nsqd.support import number_of, number_of_body, numbered, publish
 
 # A PUB to this topic on a consumer's connection is a barrier: nsqd runs a connection's
 # commands in order, so its OK means every FIN sent before it has been processed.
@@ -207,36 +208,6 @@ class Consumer:
 
     def close(self) -> None:
         self.connection.close()
-
-
-def publish(port: int, topic: str, bodies: list[bytes], batch: int = 500) -> None:
-    """MPUB `bodies` in batches, each acknowledged with OK before the next."""
-    connection = V2Connection(port)
-    try:
-        for start in range(0, len(bodies), batch):
-            connection.send(encode_mpub(topic, bodies[start : start + batch]))
-            assert connection.read_response().data == b"OK"
-    finally:
-        connection.close()
-
-
-def numbered(count: int) -> list[bytes]:
-    return [b"message %05d" % n for n in range(count)]
-
-
-def number_of_body(body: bytes) -> int:
-    assert body.startswith(b"message "), body
-    return int(body[8:])
-
-
-def number_of(message: DecodedMessage) -> int:
-    return number_of_body(message.body)
-
-
-def nsqd_process(data_path: Path) -> DaemonProcess:
-    """An nsqd on ephemeral ports, not yet started (for tests that expect it to fail)."""
-    args = ["-tcp-address=127.0.0.1:0", "-http-address=127.0.0.1:0", f"-data-path={data_path}"]
-    return DaemonProcess("nsqd", args, cwd=data_path)
 
 
 def drain_and_stop(daemon: DaemonProcess, consumer: Consumer) -> None:

@@ -23,9 +23,10 @@ from nsqpy.common.command import encode_pub
 from nsqpy.nsqd.log_writer import WriteRefused
 from nsqpy.nsqd.publish import publish as nsqd_publish
 from nsqpy.partition_log import ENTRY
-from tests.conftest import running_nsqd, wait_until
 from tests.nsqd.wire import Wire, consumer
-from tests.nsqd_http.rawhttp import request, target
+from tests.support.http import raw_request, target
+from tests.support.nsqd import running_nsqd
+from tests.support.polling import wait_until
 
 ENOSPC_TEXT = os.strerror(errno.ENOSPC).lower()
 
@@ -78,7 +79,7 @@ async def tcp_publish(nsqd, topic: str, body: bytes, replies: dict) -> None:
 
 
 async def http_publish(nsqd, topic: str, body: bytes, replies: dict) -> None:
-    response = await request(nsqd.http_address, "POST", target("/pub", topic=topic), body)
+    response = await raw_request(nsqd.http_address, "POST", target("/pub", topic=topic), body)
     replies[body] = (response.status, response.body)
 
 

@@ -12,8 +12,9 @@ from nsqpy.diskqueue import DiskQueue
 from nsqpy.nsqd.message import Message
 from nsqpy.nsqd.options import build_flags, options_from_values
 from nsqpy.nsqd.server import NSQD
-from tests.conftest import running_nsqd, wait_until
 from tests.nsqd.wire import Wire, consumer
+from tests.support.nsqd import running_nsqd
+from tests.support.polling import wait_until
 
 
 async def publish(nsqd: NSQD, topic: str, *bodies: bytes) -> None:

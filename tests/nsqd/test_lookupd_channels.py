@@ -15,14 +15,10 @@ import trio
 from nsqpy.common.command import encode_pub
 from nsqpy.common.version import VERSION
 from nsqpy.nsqd.lookup import LookupChannelsError, topic_channels
-from tests.harness import DaemonProcess, V2Connection, start_nsqd
-from tests.nsqlookupd.support import poll, sync_get_json, sync_post
+from tests.harness import DaemonProcess, V2Connection, start_nsqd, start_nsqlookupd
 from tests.reference import REFERENCE_DIR
-
-
-def start_lookupd(tmp_path) -> DaemonProcess:
-    args = ["-tcp-address=127.0.0.1:0", "-http-address=127.0.0.1:0", "-broadcast-address=127.0.0.1"]
-    return DaemonProcess("nsqlookupd", args, cwd=tmp_path).start(wait_for=("TCP", "HTTP"))
+from tests.support.http import get_json, post
+from tests.support.polling import poll
 
 
 def start_registered_nsqd(data_path, lookupd: DaemonProcess) -> DaemonProcess:
@@ -36,12 +32,12 @@ def start_registered_nsqd(data_path, lookupd: DaemonProcess) -> DaemonProcess:
 
 def wait_until_registered(lookupd: DaemonProcess, count: int) -> None:
     port = lookupd.port("HTTP")
-    poll(lambda: len(sync_get_json(port, "/nodes")["producers"]) == count, "nsqd registrations")
+    poll(lambda: len(get_json(port, "/nodes")["producers"]) == count, "nsqd registrations")
 
 
 def channels_of(nsqd: DaemonProcess, topic: str) -> dict[str, int]:
     """Channel name -> depth, from nsqd's /stats."""
-    stats = sync_get_json(nsqd.port("HTTP"), f"/stats?format=json&topic={topic}")
+    stats = get_json(nsqd.port("HTTP"), f"/stats?format=json&topic={topic}")
     for entry in stats["topics"]:
         if entry["topic_name"] == topic:
             return {channel["channel_name"]: channel["depth"] for channel in entry["channels"]}
@@ -49,7 +45,7 @@ def channels_of(nsqd: DaemonProcess, topic: str) -> dict[str, int]:
 
 
 def topic_depth(nsqd: DaemonProcess, topic: str) -> int:
-    stats = sync_get_json(nsqd.port("HTTP"), f"/stats?format=json&topic={topic}")
+    stats = get_json(nsqd.port("HTTP"), f"/stats?format=json&topic={topic}")
     return sum(entry["depth"] for entry in stats["topics"] if entry["topic_name"] == topic)
 
 
@@ -57,16 +53,16 @@ def topic_depth(nsqd: DaemonProcess, topic: str) -> int:
 def cluster(tmp_path):
     """nsqlookupd; nsqd A with `orders` (channels archive, proc, and an ephemeral one) known to
     nsqlookupd; nsqd B registered too, without the topic."""
-    lookupd = start_lookupd(tmp_path)
+    lookupd = start_nsqlookupd("-broadcast-address=127.0.0.1", cwd=tmp_path)
     a = start_registered_nsqd(tmp_path / "a", lookupd)
     b = start_registered_nsqd(tmp_path / "b", lookupd)
     try:
-        sync_post(a.port("HTTP"), "/topic/create?topic=orders")
+        post(a.port("HTTP"), "/topic/create?topic=orders")
         for channel in ("archive", "proc", "live#ephemeral"):
-            sync_post(a.port("HTTP"), f"/channel/create?topic=orders&channel={channel}")
+            post(a.port("HTTP"), f"/channel/create?topic=orders&channel={channel}")
         poll(
             lambda: (
-                sorted(sync_get_json(lookupd.port("HTTP"), "/channels?topic=orders")["channels"])
+                sorted(get_json(lookupd.port("HTTP"), "/channels?topic=orders")["channels"])
                 == ["archive", "live#ephemeral", "proc"]
             ),
             "the channels in nsqlookupd",
@@ -88,7 +84,7 @@ def publish_tcp(nsqd: DaemonProcess, topic: str, body: bytes) -> None:
 
 
 def publish_http(nsqd: DaemonProcess, topic: str, body: bytes) -> None:
-    assert sync_post(nsqd.port("HTTP"), f"/pub?topic={topic}", body).body == b"OK"
+    assert post(nsqd.port("HTTP"), f"/pub?topic={topic}", body).body == b"OK"
 
 
 @pytest.mark.parametrize("publish", [publish_tcp, publish_http], ids=["tcp", "http"])
@@ -105,7 +101,7 @@ def test_first_publish_on_a_new_node_reaches_the_channels_lookupd_knows(cluster,
 
 def test_topic_create_over_http_creates_the_lookupd_channels(cluster):
     _lookupd, _a, b = cluster
-    sync_post(b.port("HTTP"), "/topic/create?topic=orders")
+    post(b.port("HTTP"), "/topic/create?topic=orders")
     poll(lambda: set(channels_of(b, "orders")) == {"archive", "proc"}, "the channels on B")
 
 
@@ -117,7 +113,7 @@ def test_unreachable_lookupd_http_leaves_the_topic_without_channels_and_keeps_me
     assert channels_of(b, "orders") == {}
     assert topic_depth(b, "orders") == 1
     # Once a consumer makes a channel, the waiting message flows to it.
-    sync_post(b.port("HTTP"), "/channel/create?topic=orders&channel=late")
+    post(b.port("HTTP"), "/channel/create?topic=orders&channel=late")
     poll(lambda: channels_of(b, "orders") == {"late": 1}, "the message in the new channel")
 
 
@@ -126,11 +122,10 @@ def test_a_topic_loaded_from_nsqd_dat_does_not_ask_lookupd(cluster, tmp_path):
     publish_tcp(b, "orders", b"before restart")
     poll(lambda: set(channels_of(b, "orders")) == {"archive", "proc"}, "the channels on B")
     assert b.stop() == 0, b.log
-    sync_post(a.port("HTTP"), "/channel/create?topic=orders&channel=added-later")
+    post(a.port("HTTP"), "/channel/create?topic=orders&channel=added-later")
     poll(
         lambda: (
-            "added-later"
-            in sync_get_json(lookupd.port("HTTP"), "/channels?topic=orders")["channels"]
+            "added-later" in get_json(lookupd.port("HTTP"), "/channels?topic=orders")["channels"]
         ),
         "the new channel in nsqlookupd",
     )
@@ -215,7 +210,7 @@ async def test_one_lookupd_down_still_gives_the_others_channels():
 
 def test_nsqd_logs_lookupds_peer_info_as_go_does(tmp_path):
     """Go nsqd logs nsqlookupd's IDENTIFY answer as its peerInfo struct (`%+v`)."""
-    lookupd = start_lookupd(tmp_path)
+    lookupd = start_nsqlookupd("-broadcast-address=127.0.0.1", cwd=tmp_path)
     nsqd = start_registered_nsqd(tmp_path / "nsqd", lookupd)
     try:
         expected = (

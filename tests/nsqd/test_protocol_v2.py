@@ -31,7 +31,6 @@ from nsqpy.common.command import (
 )
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
 from nsqpy.common.version import VERSION
-from tests.conftest import wait_until
 from tests.nsqd.wire import (
     UNKNOWN_ID,
     Wire,
@@ -40,6 +39,7 @@ from tests.nsqd.wire import (
     override_options,
     with_options,
 )
+from tests.support.polling import wait_until
 
 
 @pytest.fixture

@@ -10,9 +10,8 @@ import urllib.request
 
 import pytest
 
-from nsqpy.common.command import encode_fin, encode_rdy, encode_sub
-from tests.harness import DaemonProcess, V2Connection, start_nsqd
-from tests.nsqd.test_durability import number_of, numbered, publish
+from tests.harness import DaemonProcess, start_nsqd
+from tests.nsqd.support import consume_all, numbered, publish
 
 SEQUENCES = [
     (signal.SIGINT, signal.SIGTERM),
@@ -25,18 +24,6 @@ SEQUENCES = [
 
 def _names(sequence: tuple[signal.Signals, ...]) -> str:
     return "-".join(signum.name for signum in sequence)
-
-
-def _consume_all(port: int, topic: str, channel: str, count: int) -> set[int]:
-    connection = V2Connection(port)
-    try:
-        connection.send(encode_sub(topic, channel) + encode_rdy(count))
-        assert connection.read_response().data == b"OK"
-        messages = connection.read_messages(count)
-        connection.send(b"".join(encode_fin(message.id) for message in messages))
-        return {number_of(message) for message in messages}
-    finally:
-        connection.close()
 
 
 @pytest.mark.parametrize("sequence", SEQUENCES, ids=_names)
@@ -57,7 +44,7 @@ def test_signals_back_to_back_keep_every_acknowledged_message(tmp_path, sequence
 
     restarted = start_nsqd(tmp_path)
     try:
-        assert _consume_all(restarted.port(), "t", "c", 50) == set(range(50))
+        assert consume_all(restarted.port(), "t", "c", 50) == set(range(50))
     finally:
         restarted.kill()
 

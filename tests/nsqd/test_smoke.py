@@ -12,8 +12,8 @@ from nsqpy.common.command import (
 )
 from nsqpy.common.frame import FRAME_TYPE_MESSAGE, FrameDecoder
 from nsqpy.common.message import decode_message
-from tests.conftest import tcp_port
 from tests.harness import V2Connection, start_nsqd
+from tests.support.nsqd import tcp_port
 
 
 async def test_in_process_publish_and_consume(nsqd):

@@ -26,8 +26,8 @@ from nsqpy.common.command import (
 from nsqpy.nsqd.client import Client
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.server import NSQD
-from tests.conftest import wait_until
 from tests.nsqd.wire import Wire, close_all_wires, consumer, override_options, with_options
+from tests.support.polling import wait_until
 
 SCAN = Options.queue_scan_interval  # how late the queue-scan may notice a deadline
 

@@ -26,7 +26,7 @@ from nsqpy.common.frame import (
     FrameDecoder,
 )
 from nsqpy.common.message import DecodedMessage, decode_message
-from tests.conftest import tcp_port
+from tests.support.nsqd import tcp_port
 
 HEARTBEAT = b"_heartbeat_"
 # A well-formed message ID no nsqd ever issues: FIN of it is refused, but not fatally.

@@ -17,10 +17,11 @@ import pytest
 import trio
 
 from nsqpy.common.command import encode_mpub, encode_mpub_body, encode_pub
-from tests.conftest import wait_until
 from tests.harness import start_nsqd
 from tests.nsqd.wire import Wire, consumer, with_options
-from tests.nsqd_http.rawhttp import HTTPConnection, encode_request, request, stats, target
+from tests.support.http import RawConnection, encode_request, raw_request, target
+from tests.support.polling import wait_until
+from tests.support.stats import raw_stats
 
 JSON_TYPE = "application/json; charset=utf-8"
 TEXT_TYPE = "text/plain; charset=utf-8"
@@ -28,7 +29,7 @@ NSQ_V1 = "nsq; version=1.0"
 
 
 async def call(nsqd, method: str, path: str, body=None, **params):
-    return await request(nsqd.http_address, method, target(path, **params), body)
+    return await raw_request(nsqd.http_address, method, target(path, **params), body)
 
 
 def assert_error(response, status: int, message: str) -> None:
@@ -54,14 +55,14 @@ def assert_ok_text(response, body: bytes = b"OK") -> None:
 
 
 async def topic_stats(nsqd, topic: str) -> dict:
-    document = await stats(nsqd.http_address, topic=topic)
+    document = await raw_stats(nsqd.http_address, topic=topic)
     assert document["topics"] is not None, f"topic {topic} does not exist"
     (found,) = document["topics"]
     return found
 
 
 async def channel_stats(nsqd, topic: str, channel: str) -> dict:
-    document = await stats(nsqd.http_address, topic=topic, channel=channel)
+    document = await raw_stats(nsqd.http_address, topic=topic, channel=channel)
     (found,) = document["topics"][0]["channels"]
     return found
 
@@ -156,7 +157,7 @@ async def test_pub_publishes_the_body_as_one_message(nsqd):
 )
 async def test_pub_400_errors(nsqd, params, body, message):
     assert_error(await call(nsqd, "POST", "/pub", body, **params), 400, message)
-    assert (await stats(nsqd.http_address))["topics"] == []  # and no topic was created
+    assert (await raw_stats(nsqd.http_address))["topics"] == []  # and no topic was created
 
 
 @with_options(max_msg_size=100)
@@ -164,7 +165,7 @@ async def test_pub_msg_too_big_is_413_and_the_limit_itself_is_allowed(nsqd):
     assert_error(await call(nsqd, "POST", "/pub", b"x" * 101, topic="t"), 413, "MSG_TOO_BIG")
     # The size is checked before the topic argument.
     assert_error(await call(nsqd, "POST", "/pub", b"x" * 101), 413, "MSG_TOO_BIG")
-    assert (await stats(nsqd.http_address))["topics"] == []
+    assert (await raw_stats(nsqd.http_address))["topics"] == []
     assert_ok_text(await call(nsqd, "POST", "/pub", b"x" * 100, topic="t"))
 
 
@@ -313,14 +314,14 @@ def _names(document) -> dict:
 async def test_stats_topic_and_channel_filters(nsqd):
     await _two_topics(nsqd)
     address = nsqd.http_address
-    assert _names(await stats(address)) == {"a": ["c1", "c2"], "b": ["c1"]}
-    assert _names(await stats(address, topic="a")) == {"a": ["c1", "c2"]}
-    assert _names(await stats(address, topic="a", channel="c2")) == {"a": ["c2"]}
-    assert _names(await stats(address, channel="c1")) == {"a": ["c1"], "b": ["c1"]}
+    assert _names(await raw_stats(address)) == {"a": ["c1", "c2"], "b": ["c1"]}
+    assert _names(await raw_stats(address, topic="a")) == {"a": ["c1", "c2"]}
+    assert _names(await raw_stats(address, topic="a", channel="c2")) == {"a": ["c2"]}
+    assert _names(await raw_stats(address, channel="c1")) == {"a": ["c1"], "b": ["c1"]}
     # A topic without the channel is left out altogether.
-    assert _names(await stats(address, channel="c2")) == {"a": ["c2"]}
-    assert (await stats(address, topic="missing"))["topics"] is None
-    assert (await stats(address, topic="a", channel="missing"))["topics"] == []
+    assert _names(await raw_stats(address, channel="c2")) == {"a": ["c2"]}
+    assert (await raw_stats(address, topic="missing"))["topics"] is None
+    assert (await raw_stats(address, topic="a", channel="missing"))["topics"] == []
 
 
 async def test_stats_include_clients_false_gives_null_clients_and_producers(nsqd):
@@ -329,26 +330,26 @@ async def test_stats_include_clients_false_gives_null_clients_and_producers(nsqd
     await producer.send(encode_pub("t", b"x"))
     await producer.expect_ok()
     await receive_bodies(wire, 1)
-    with_clients = await stats(nsqd.http_address)
+    with_clients = await raw_stats(nsqd.http_address)
     channel = with_clients["topics"][0]["channels"][0]
     assert len(channel["clients"]) == 1 and len(with_clients["producers"]) == 1
     for value in ("false", "0"):
-        document = await stats(nsqd.http_address, include_clients=value)
+        document = await raw_stats(nsqd.http_address, include_clients=value)
         channel = document["topics"][0]["channels"][0]
         assert (channel["client_count"], channel["clients"]) == (1, None)
         assert document["producers"] is None
     # An unrecognised value keeps the default, true.
-    document = await stats(nsqd.http_address, include_clients="no")
+    document = await raw_stats(nsqd.http_address, include_clients="no")
     assert len(document["producers"]) == 1
 
 
 async def test_stats_include_mem_false_leaves_the_memory_key_out(nsqd):
     keys = ["version", "health", "start_time", "topics", "memory", "producers"]
-    assert list(await stats(nsqd.http_address)) == keys
+    assert list(await raw_stats(nsqd.http_address)) == keys
     for value in ("false", "0"):
-        document = await stats(nsqd.http_address, include_mem=value)
+        document = await raw_stats(nsqd.http_address, include_mem=value)
         assert list(document) == ["version", "health", "start_time", "topics", "producers"]
-    assert list(await stats(nsqd.http_address, include_mem="nope")) == keys
+    assert list(await raw_stats(nsqd.http_address, include_mem="nope")) == keys
     text = (await call(nsqd, "GET", "/stats", include_mem="false")).text
     assert "Memory:" not in text and "\nHealth: OK\n\nTopics: None\n" in text
 
@@ -367,7 +368,7 @@ async def test_stats_text_is_the_default_format(nsqd):
 
 
 async def test_stats_bad_query_is_400_invalid_request(nsqd):
-    response = await request(nsqd.http_address, "GET", "/stats?format=json&topic=%zz")
+    response = await raw_request(nsqd.http_address, "GET", "/stats?format=json&topic=%zz")
     assert_error(response, 400, "INVALID_REQUEST")
 
 
@@ -379,7 +380,7 @@ async def test_stats_producers_have_pub_counts_per_topic(nsqd):
     await producer.send(encode_mpub("t2", [b"1", b"2", b"3"]))
     for _ in range(3):
         await producer.expect_ok()
-    (stats_of_producer,) = (await stats(nsqd.http_address))["producers"]
+    (stats_of_producer,) = (await raw_stats(nsqd.http_address))["producers"]
     keys = list(stats_of_producer)
     assert keys[keys.index("user_agent") + 1] == "pub_counts"
     assert keys[keys.index("pub_counts") + 1] == "tls"
@@ -389,9 +390,9 @@ async def test_stats_producers_have_pub_counts_per_topic(nsqd):
     counts = sorted(stats_of_producer["pub_counts"], key=lambda count: count["topic"])
     assert counts == [{"topic": "t1", "count": 2}, {"topic": "t2", "count": 3}]
     # With a topic filter, only that topic's count; none at all leaves the key out.
-    (filtered,) = (await stats(nsqd.http_address, topic="t1"))["producers"]
+    (filtered,) = (await raw_stats(nsqd.http_address, topic="t1"))["producers"]
     assert filtered["pub_counts"] == [{"topic": "t1", "count": 2}]
-    (unrelated,) = (await stats(nsqd.http_address, topic="t3"))["producers"]
+    (unrelated,) = (await raw_stats(nsqd.http_address, topic="t3"))["producers"]
     assert "pub_counts" not in unrelated
 
 
@@ -404,7 +405,7 @@ async def test_topic_create(nsqd):
     assert_empty_ok(await call(nsqd, "POST", "/topic/create", topic="made#ephemeral"))
     assert_error(await call(nsqd, "POST", "/topic/create"), 400, "MISSING_ARG_TOPIC")
     assert_error(await call(nsqd, "POST", "/topic/create", topic="b@d"), 400, "INVALID_TOPIC")
-    assert _names(await stats(nsqd.http_address)) == {"made": [], "made#ephemeral": []}
+    assert _names(await raw_stats(nsqd.http_address)) == {"made": [], "made#ephemeral": []}
 
 
 @pytest.mark.parametrize("action", ["delete", "pause", "unpause"])
@@ -455,7 +456,7 @@ async def test_channel_create_needs_an_existing_topic_and_is_idempotent(nsqd):
     for _ in range(2):
         assert_empty_ok(await call(nsqd, "POST", "/channel/create", topic="t", channel="c"))
     await call(nsqd, "POST", "/channel/create", topic="t", channel="c#ephemeral")
-    assert _names(await stats(nsqd.http_address)) == {"t": ["c", "c#ephemeral"]}
+    assert _names(await raw_stats(nsqd.http_address)) == {"t": ["c", "c#ephemeral"]}
 
 
 # -- empty, delete, pause: what they do ------------------------------------------------------
@@ -551,8 +552,8 @@ async def test_topic_delete_removes_channels_diskqueue_files_and_metadata(nsqd, 
     await wait_until(lambda: set(_metadata_topics(data_path)) == {"kept", "doomed"})
 
     assert_empty_ok(await call(nsqd, "POST", "/topic/delete", topic="doomed"))
-    assert _names(await stats(nsqd.http_address)) == {"kept": []}
-    assert (await stats(nsqd.http_address, topic="doomed"))["topics"] is None
+    assert _names(await raw_stats(nsqd.http_address)) == {"kept": []}
+    assert (await raw_stats(nsqd.http_address, topic="doomed"))["topics"] is None
     assert _queue_files(data_path, "doomed") == []
     await wait_until(lambda: set(_metadata_topics(data_path)) == {"kept"})
     # Go closes the connections of the deleted channels' consumers.
@@ -571,7 +572,7 @@ async def test_channel_delete_removes_its_diskqueue_files(nsqd):
     assert_empty_ok(await call(nsqd, "POST", "/channel/delete", topic="t", channel="gone"))
     assert _queue_files(data_path, "t:gone") == []
     assert _queue_files(data_path, "t:stays")
-    assert _names(await stats(nsqd.http_address)) == {"t": ["stays"]}
+    assert _names(await raw_stats(nsqd.http_address)) == {"t": ["stays"]}
     await wait_until(
         lambda: _metadata_topics(data_path).get("t", {}).get("channels") == {"stays": False}
     )
@@ -774,7 +775,7 @@ async def test_options_lists_the_allowed_methods(nsqd):
 
 
 async def test_keep_alive_serves_several_requests_on_one_connection(nsqd):
-    connection = await HTTPConnection.open(nsqd.http_address)
+    connection = await RawConnection.open(nsqd.http_address)
     try:
         assert (await connection.request("GET", "/ping")).body == b"OK"
         assert (await connection.request("GET", "/info")).status == 200
@@ -790,7 +791,7 @@ async def test_keep_alive_serves_several_requests_on_one_connection(nsqd):
 
 
 async def test_pipelined_requests_are_answered_in_order(nsqd):
-    connection = await HTTPConnection.open(nsqd.http_address)
+    connection = await RawConnection.open(nsqd.http_address)
     try:
         requests = [
             encode_request("POST", "/pub?topic=pipe", b"first"),
@@ -825,9 +826,9 @@ async def test_pipelined_requests_are_answered_in_order(nsqd):
     ],
 )
 async def test_malformed_request_is_400_and_the_server_serves_others(nsqd, garbage):
-    bystander = await HTTPConnection.open(nsqd.http_address)
+    bystander = await RawConnection.open(nsqd.http_address)
     assert (await bystander.request("GET", "/ping")).body == b"OK"
-    connection = await HTTPConnection.open(nsqd.http_address)
+    connection = await RawConnection.open(nsqd.http_address)
     try:
         await connection.send(garbage)
         response = await connection.read_response()
@@ -843,7 +844,7 @@ async def test_malformed_request_is_400_and_the_server_serves_others(nsqd, garba
 
 async def test_oversized_content_length_is_refused_before_the_body_arrives(nsqd):
     """Go's doPUB answers 413 from the Content-Length header, without reading the body."""
-    connection = await HTTPConnection.open(nsqd.http_address)
+    connection = await RawConnection.open(nsqd.http_address)
     try:
         head = encode_request("POST", "/pub?topic=t", b"")
         head = head.replace(b"Content-Length: 0", b"Content-Length: 10000000000")

@@ -17,7 +17,7 @@ from pathlib import Path
 import trio
 
 from tests.nsqd.wire import consumer
-from tests.nsqd_http.rawhttp import HTTPConnection, encode_request
+from tests.support.http import RawConnection, encode_request
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT_DEADLINE = 60.0
@@ -34,7 +34,7 @@ async def receive_bodies(wire, count: int) -> list[bytes]:
 
 async def test_curl_style_requests_publish(nsqd):
     wire = await consumer(nsqd, "curl", "ch", rdy=10)
-    connection = await HTTPConnection.open(nsqd.http_address)
+    connection = await RawConnection.open(nsqd.http_address)
     host = nsqd.http_address
     raw = (
         f"POST /pub?topic=curl HTTP/1.1\r\nHost: {host}\r\nUser-Agent: curl/8.5.0\r\n"
@@ -55,7 +55,7 @@ async def test_curl_style_requests_publish(nsqd):
 
 async def test_connection_close_is_answered_then_closed(nsqd):
     wire = await consumer(nsqd, "closing", "ch", rdy=10)
-    connection = await HTTPConnection.open(nsqd.http_address)
+    connection = await RawConnection.open(nsqd.http_address)
     await connection.send(
         encode_request("POST", "/pub?topic=closing", b"last", headers=[("Connection", "close")])
     )
@@ -71,7 +71,7 @@ async def test_http_1_0_request_is_answered_in_http_1_0_then_closed(nsqd):
     """Go's net/http answers an HTTP/1.0 request with an HTTP/1.0 status line and closes the
     connection afterwards without a `Connection: close` header (closing is 1.0's default)."""
     wire = await consumer(nsqd, "old", "ch", rdy=10)
-    connection = await HTTPConnection.open(nsqd.http_address)
+    connection = await RawConnection.open(nsqd.http_address)
     await connection.send(b"POST /pub?topic=old HTTP/1.0\r\nContent-Length: 9\r\n\r\nfrom 1.0!")
     response = await connection.read_response()
     assert await connection.closed_by_peer()
@@ -84,7 +84,7 @@ async def test_http_1_0_request_is_answered_in_http_1_0_then_closed(nsqd):
 async def test_http_1_0_keep_alive_keeps_the_connection(nsqd):
     """An HTTP/1.0 client asking for keep-alive gets it, and Go confirms it in the reply."""
     wire = await consumer(nsqd, "old", "ch", rdy=10)
-    connection = await HTTPConnection.open(nsqd.http_address)
+    connection = await RawConnection.open(nsqd.http_address)
     responses = []
     for body in (b"one", b"two"):
         await connection.send(

@@ -28,10 +28,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.conftest import wait_until
 from tests.nsqd.wire import Wire
-from tests.nsqd_http.rawhttp import HTTPResponse, parse_response, request
 from tests.reference import REFERENCE_DIR
+from tests.support.http import HTTPReply, parse_response, raw_request
+from tests.support.polling import wait_until
 
 REFERENCE_FILES = sorted(path.name for path in REFERENCE_DIR.glob("nsqd_*.http"))
 
@@ -99,7 +99,7 @@ def test_every_reference_file_has_a_request_in_the_index():
     assert sorted(step.file for step in STEPS) == REFERENCE_FILES
 
 
-def reference(file: str) -> HTTPResponse:
+def reference(file: str) -> HTTPReply:
     response = parse_response((REFERENCE_DIR / file).read_bytes())
     # The parser reads the capture right: its Content-Length is the body we took.
     assert int(response.header("Content-Length")) == len(response.body), file
@@ -149,10 +149,12 @@ class Scenario:
             await self.producer.send(b"PUB test\n" + len(body).to_bytes(4, "big") + body)
             await self.producer.expect_ok()
 
-    async def replay_until(self, file: str) -> HTTPResponse:
+    async def replay_until(self, file: str) -> HTTPReply:
         for step in STEPS:
             await self.before(step.file)
-            response = await request(self.nsqd.http_address, step.method, step.target, step.body)
+            response = await raw_request(
+                self.nsqd.http_address, step.method, step.target, step.body
+            )
             if step.file == file:
                 return response
         raise AssertionError(f"{file} is not in INDEX.txt")
@@ -225,10 +227,10 @@ def text_differences(ours: str, go: str) -> list[str]:
     ]
 
 
-def header_differences(ours: HTTPResponse, go: HTTPResponse) -> list[str]:
-    def normalised(response: HTTPResponse) -> dict[str, str]:
+def header_differences(ours: HTTPReply, go: HTTPReply) -> list[str]:
+    def normalised(response: HTTPReply) -> dict[str, str]:
         headers = {}
-        for name, value in response.headers:
+        for name, value in response.headers.items():
             if name.lower() == "x-nsq-content-type":
                 name = "X-Nsq-Content-Type"
             assert name not in headers, f"header {name} sent twice"
@@ -254,7 +256,7 @@ def header_differences(ours: HTTPResponse, go: HTTPResponse) -> list[str]:
     return differences
 
 
-def response_differences(ours: HTTPResponse, go: HTTPResponse) -> list[str]:
+def response_differences(ours: HTTPReply, go: HTTPReply) -> list[str]:
     differences = []
     if ours.status_line != go.status_line:
         differences.append(f"status line {ours.status_line!r}, Go has {go.status_line!r}")

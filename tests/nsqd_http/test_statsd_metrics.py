@@ -17,14 +17,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nsqpy.nsqd.server import NSQD
 from tests.nsqd.wire import consumer, with_options
-from tests.nsqd_http.rawhttp import request, stats, target
+from tests.support.http import raw_request, target
+from tests.support.stats import raw_stats
 
 PUSH_TIMEOUT = 10.0
 INTERVAL = 0.2
 
 
 async def call(nsqd, method: str, path: str, body=None, **params):
-    response = await request(nsqd.http_address, method, target(path, **params), body)
+    response = await raw_request(nsqd.http_address, method, target(path, **params), body)
     assert response.status == 200, response
     return response
 
@@ -215,7 +216,7 @@ async def test_metrics_parse_and_carry_the_stats(nsqd):
     (message,) = await wire.read_messages(1)
     await call(nsqd, "POST", "/topic/create", topic="p")
     await call(nsqd, "POST", "/topic/pause", topic="p")
-    topic = (await stats(nsqd.http_address, topic="t"))["topics"][0]
+    topic = (await raw_stats(nsqd.http_address, topic="t"))["topics"][0]
     channel = topic["channels"][0]
     assert (channel["depth"], channel["in_flight_count"]) == (2, 1)
 

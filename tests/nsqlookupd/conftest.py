@@ -1,5 +1,5 @@
 """Fixtures of the nsqlookupd tests: an in-process nsqlookupd on ephemeral ports of 127.0.0.1
-(broadcasting 127.0.0.1), and `start_lookupd(**options)` for one with other options."""
+(broadcasting 127.0.0.1), and `make_lookupd(**options)` for one with other options."""
 
 import pytest
 
@@ -14,8 +14,8 @@ def lookupd_options(**changes) -> Options:
 
 
 @pytest.fixture
-def start_lookupd(nursery):
-    """`await start_lookupd(tombstone_lifetime=1.0)`: a running in-process nsqlookupd."""
+def make_lookupd(nursery):
+    """`await make_lookupd(tombstone_lifetime=1.0)`: a running in-process nsqlookupd."""
     servers: list[NSQLookupd] = []
 
     async def start(**changes) -> NSQLookupd:
@@ -30,5 +30,5 @@ def start_lookupd(nursery):
 
 
 @pytest.fixture
-async def nsqlookupd(start_lookupd) -> NSQLookupd:
-    return await start_lookupd()
+async def nsqlookupd(make_lookupd) -> NSQLookupd:
+    return await make_lookupd()

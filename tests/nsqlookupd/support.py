@@ -5,12 +5,8 @@ the `Sync*` ones are for the tests that drive daemon processes from plain thread
 talks to 127.0.0.1 over real sockets.
 """
 
-import http.client
 import json
 import socket
-import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import trio
 
@@ -21,6 +17,7 @@ from nsqpy.common.lookup_protocol import (
     encode_register,
     encode_unregister,
 )
+from tests.support.http import HTTPReply, raw_get_json, raw_request, request
 
 HOST = "127.0.0.1"
 REPLY_TIMEOUT = 5.0
@@ -152,90 +149,9 @@ async def identified_peer(port: int, info: dict) -> Peer:
 # -- HTTP, async -------------------------------------------------------------------------------
 
 
-@dataclass
-class HTTPReply:
-    status: int
-    reason: str
-    headers: list[tuple[str, str]]
-    body: bytes
-
-    def header(self, name: str) -> str | None:
-        for key, value in self.headers:
-            if key.lower() == name.lower():
-                return value
-        return None
-
-    def json(self):
-        return json.loads(self.body)
-
-    @property
-    def message(self) -> str:
-        """The text of a V1 error body `{"message": ...}`."""
-        document = self.json()
-        assert list(document) == ["message"], document
-        return document["message"]
-
-
-def parse_http_head(head: bytes) -> tuple[int, str, list[tuple[str, str]]]:
-    status_line, *lines = head.decode("latin-1").split("\r\n")
-    _version, status, reason = status_line.split(" ", 2)
-    headers = []
-    for line in lines:
-        name, _, value = line.partition(":")
-        headers.append((name, value.strip()))
-    return int(status), reason, headers
-
-
-async def http_request(
-    port: int,
-    method: str,
-    target: str,
-    body: bytes = b"",
-    headers: tuple[tuple[str, str], ...] = (),
-    timeout: float = REPLY_TIMEOUT,
-) -> HTTPReply:
-    """One request on its own keep-alive connection, as curl sends it; the reply as sent."""
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {HOST}:{port}", "User-Agent: curl/8.5.0"]
-    lines.append("Accept: */*")
-    lines.extend(f"{name}: {value}" for name, value in headers)
-    if body or method in ("POST", "PUT"):
-        lines.append(f"Content-Length: {len(body)}")
-    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-    with trio.fail_after(timeout):
-        stream = await trio.open_tcp_stream(HOST, port)
-        async with stream:
-            await stream.send_all(request)
-            buffer = bytearray()
-            while b"\r\n\r\n" not in buffer:
-                data = await stream.receive_some(65536)
-                assert data, f"connection closed before a response to {method} {target}"
-                buffer += data
-            head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
-            status, reason, reply_headers = parse_http_head(head)
-            reply = HTTPReply(status, reason, reply_headers, b"")
-            length = int(reply.header("Content-Length") or 0)
-            body_bytes = bytearray(rest)
-            while len(body_bytes) < length:
-                data = await stream.receive_some(65536)
-                assert data, "connection closed inside the body"
-                body_bytes += data
-            reply.body = bytes(body_bytes[:length])
-            return reply
-
-
-async def get_json(port: int, target: str):
-    reply = await http_request(port, "GET", target)
-    assert reply.status == 200, (target, reply)
-    return reply.json()
-
-
-async def post(port: int, target: str) -> HTTPReply:
-    return await http_request(port, "POST", target)
-
-
 async def lookup(port: int, topic: str, **params: str) -> HTTPReply:
     query = "&".join([f"topic={topic}", *(f"{key}={value}" for key, value in params.items())])
-    return await http_request(port, "GET", f"/lookup?{query}")
+    return await raw_request(port, "GET", f"/lookup?{query}")
 
 
 async def lookup_producers(port: int, topic: str) -> list[dict] | None:
@@ -249,66 +165,18 @@ async def lookup_producers(port: int, topic: str) -> list[dict] | None:
 
 async def node_addresses(port: int) -> list[str]:
     """remote_address of every producer /nodes lists."""
-    return [node["remote_address"] for node in (await get_json(port, "/nodes"))["producers"]]
-
-
-async def eventually(
-    check: Callable[[], Awaitable[object]], what: str, timeout: float = 5.0
-) -> object:
-    """Poll `check` until it returns something truthy; fail with `what` after `timeout`."""
-    deadline = trio.current_time() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if trio.current_time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await trio.sleep(0.01)
+    return [node["remote_address"] for node in (await raw_get_json(port, "/nodes"))["producers"]]
 
 
 # -- synchronous versions, for the tests that drive daemon processes ------------------------------
 
 
-def sync_request(port: int, method: str, target: str, body: bytes | None = None) -> HTTPReply:
-    connection = http.client.HTTPConnection(HOST, port, timeout=REPLY_TIMEOUT)
-    try:
-        connection.request(method, target, body=body)
-        response = connection.getresponse()
-        return HTTPReply(response.status, response.reason, response.getheaders(), response.read())
-    finally:
-        connection.close()
-
-
-def sync_get_json(port: int, target: str):
-    reply = sync_request(port, "GET", target)
-    assert reply.status == 200, (target, reply)
-    return reply.json()
-
-
-def sync_post(port: int, target: str, body: bytes | None = None) -> HTTPReply:
-    reply = sync_request(port, "POST", target, body)
-    assert reply.status == 200, (target, reply)
-    return reply
-
-
 def sync_lookup_producers(port: int, topic: str) -> list[dict] | None:
-    reply = sync_request(port, "GET", f"/lookup?topic={topic}")
+    reply = request(port, "GET", f"/lookup?topic={topic}")
     if reply.status == 404:
         return None
     assert reply.status == 200, reply
     return reply.json()["producers"]
-
-
-def poll(check: Callable[[], object], what: str, timeout: float = 5.0) -> object:
-    """Call `check` until it returns something truthy; fail with `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 class SyncPeer:

@@ -13,16 +13,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.harness import DaemonProcess, V2Connection, start_nsqd
-from tests.nsqlookupd.support import poll, sync_get_json, sync_post, sync_request
+from tests.harness import DaemonProcess, V2Connection, start_nsqd, start_nsqlookupd
+from tests.support.http import get_json, post, request
+from tests.support.polling import poll
 
 REGISTER_DEADLINE = 1.0  # nsqd sends REGISTER as soon as a topic or channel is made
 RECONNECT_DEADLINE = 10.0
-
-
-def start_lookupd(tcp_port: int = 0, http_port: int = 0) -> DaemonProcess:
-    args = [f"-tcp-address=127.0.0.1:{tcp_port}", f"-http-address=127.0.0.1:{http_port}"]
-    return DaemonProcess("nsqlookupd", args).start(wait_for=("TCP", "HTTP"))
 
 
 def in_parallel(function, items) -> list:
@@ -44,7 +40,7 @@ class Cluster:
 
 def lookup(http_port: int, topic: str) -> tuple[set[int], list[str]] | None:
     """(tcp ports of the producers, channels) of /lookup, None when the topic is unknown."""
-    reply = sync_request(http_port, "GET", f"/lookup?topic={topic}")
+    reply = request(http_port, "GET", f"/lookup?topic={topic}")
     if reply.status == 404:
         return None
     assert reply.status == 200, reply
@@ -61,13 +57,13 @@ def wait_for_lookup(cluster, topic, ports, channels, timeout=REGISTER_DEADLINE, 
         poll(
             lambda port=http_port: lookup(port, topic) == expected,
             f"lookupd :{http_port} to list {topic}: {expected}, has {lookup(http_port, topic)}",
-            timeout,
+            timeout=timeout,
         )
 
 
 @pytest.fixture
 def cluster(tmp_path):
-    lookupds = in_parallel(lambda _: start_lookupd(), range(2))
+    lookupds = in_parallel(lambda _: start_nsqlookupd(), range(2))
     flags = [f"-lookupd-tcp-address=127.0.0.1:{lookupd.port('TCP')}" for lookupd in lookupds]
     directories = [tmp_path / f"nsqd{index}" for index in range(3)]
     for directory in directories:
@@ -81,7 +77,7 @@ def cluster(tmp_path):
         # Every nsqd has identified itself to both lookupds.
         for http_port in cluster.lookupd_http_ports():
             poll(
-                lambda port=http_port: len(sync_get_json(port, "/nodes")["producers"]) == 3,
+                lambda port=http_port: len(get_json(port, "/nodes")["producers"]) == 3,
                 "three nsqds in /nodes",
             )
         yield cluster
@@ -102,9 +98,9 @@ def test_topics_and_channels_show_in_both_lookupds(cluster):
     first, second, third = cluster.nsqds
     ports = [nsqd.port("TCP") for nsqd in cluster.nsqds]
     # Over HTTP on the first.
-    sync_post(first.port("HTTP"), "/topic/create?topic=made")
+    post(first.port("HTTP"), "/topic/create?topic=made")
     wait_for_lookup(cluster, "made", ports[:1], [])
-    sync_post(first.port("HTTP"), "/channel/create?topic=made&channel=c1")
+    post(first.port("HTTP"), "/channel/create?topic=made&channel=c1")
     wait_for_lookup(cluster, "made", ports[:1], ["c1"])
     # PUB on the second creates the topic there.
     pub(second, "made")
@@ -117,21 +113,21 @@ def test_topics_and_channels_show_in_both_lookupds(cluster):
         wait_for_lookup(cluster, "made", ports, ["c1", "c2"])
         # Every lookupd's /nodes shows every nsqd's topic.
         for http_port in cluster.lookupd_http_ports():
-            nodes = sync_get_json(http_port, "/nodes")["producers"]
+            nodes = get_json(http_port, "/nodes")["producers"]
             assert {node["tcp_port"] for node in nodes if "made" in node["topics"]} == set(ports)
     finally:
         subscriber.close()
 
     # A channel and a topic deleted on an nsqd are unregistered.
-    sync_post(first.port("HTTP"), "/channel/delete?topic=made&channel=c1")
-    sync_post(second.port("HTTP"), "/topic/delete?topic=made")
+    post(first.port("HTTP"), "/channel/delete?topic=made&channel=c1")
+    post(second.port("HTTP"), "/topic/delete?topic=made")
 
     def unregistered(port: int) -> bool:
-        document = sync_get_json(port, "/lookup?topic=made")
+        document = get_json(port, "/lookup?topic=made")
         if {p["tcp_port"] for p in document["producers"]} != {ports[0], ports[2]}:
             return False
         # No registration of c1 is left with the first nsqd as its producer.
-        debug = sync_get_json(port, "/debug")
+        debug = get_json(port, "/debug")
         return not [
             entry
             for key, entries in debug.items()
@@ -141,7 +137,11 @@ def test_topics_and_channels_show_in_both_lookupds(cluster):
         ]
 
     for http_port in cluster.lookupd_http_ports():
-        poll(lambda port=http_port: unregistered(port), "the deletes to show", REGISTER_DEADLINE)
+        poll(
+            lambda port=http_port: unregistered(port),
+            "the deletes to show",
+            timeout=REGISTER_DEADLINE,
+        )
 
 
 def test_killed_nsqd_leaves_lookup(cluster):
@@ -153,29 +153,29 @@ def test_killed_nsqd_leaves_lookup(cluster):
     # The connection closes with the process: its registrations go at once.
     wait_for_lookup(cluster, "t", ports[:2], [], timeout=5.0)
     for http_port in cluster.lookupd_http_ports():
-        nodes = sync_get_json(http_port, "/nodes")["producers"]
+        nodes = get_json(http_port, "/nodes")["producers"]
         assert sorted(node["tcp_port"] for node in nodes) == sorted(ports[:2])
 
 
 def test_restarted_lookupd_learns_everything_again(cluster):
     ports = [nsqd.port("TCP") for nsqd in cluster.nsqds]
     for index, nsqd in enumerate(cluster.nsqds):
-        sync_post(nsqd.port("HTTP"), "/topic/create?topic=t")
-        sync_post(nsqd.port("HTTP"), f"/channel/create?topic=t&channel=c{index}")
-    sync_post(cluster.nsqds[0].port("HTTP"), "/topic/create?topic=lonely")
+        post(nsqd.port("HTTP"), "/topic/create?topic=t")
+        post(nsqd.port("HTTP"), f"/channel/create?topic=t&channel=c{index}")
+    post(cluster.nsqds[0].port("HTTP"), "/topic/create?topic=lonely")
     wait_for_lookup(cluster, "t", ports, ["c0", "c1", "c2"])
 
     old = cluster.lookupds[1]
     tcp_port, http_port = old.port("TCP"), old.port("HTTP")
     old.kill()
     # Started at once on the same ports, as harnesses do (SO_REUSEADDR).
-    cluster.lookupds[1] = start_lookupd(tcp_port, http_port)
-    assert sync_get_json(http_port, "/topics") == {"topics": []}
+    cluster.lookupds[1] = start_nsqlookupd(tcp_port=tcp_port, http_port=http_port)
+    assert get_json(http_port, "/topics") == {"topics": []}
     wait_for_lookup(
         cluster, "t", ports, ["c0", "c1", "c2"], RECONNECT_DEADLINE, lookupds=[http_port]
     )
     wait_for_lookup(cluster, "lonely", ports[:1], [], RECONNECT_DEADLINE, lookupds=[http_port])
-    assert sync_get_json(http_port, "/topics") == {"topics": ["lonely", "t"]}
+    assert get_json(http_port, "/topics") == {"topics": ["lonely", "t"]}
 
 
 def test_lookupd_list_changes_at_run_time(cluster):
@@ -189,10 +189,10 @@ def test_lookupd_list_changes_at_run_time(cluster):
 
     def set_lookupds(addresses: list[str]) -> None:
         body = json.dumps(addresses).encode()
-        reply = sync_request(nsqd.port("HTTP"), "PUT", "/config/nsqlookupd_tcp_addresses", body)
+        reply = request(nsqd.port("HTTP"), "PUT", "/config/nsqlookupd_tcp_addresses", body)
         assert reply.status == 200, reply
         assert reply.json() == addresses
-        assert sync_get_json(nsqd.port("HTTP"), "/config/nsqlookupd_tcp_addresses") == addresses
+        assert get_json(nsqd.port("HTTP"), "/config/nsqlookupd_tcp_addresses") == addresses
 
     # Removing the second lookupd closes that connection: it forgets this nsqd.
     set_lookupds([first])

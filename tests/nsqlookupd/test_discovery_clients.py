@@ -22,8 +22,10 @@ from pathlib import Path
 import nsq
 import pytest
 
-from tests.harness import DaemonProcess, start_nsqd
-from tests.nsqlookupd.support import poll, sync_get_json, sync_lookup_producers, sync_post
+from tests.harness import DaemonProcess, start_nsqd, start_nsqlookupd
+from tests.nsqlookupd.support import sync_lookup_producers
+from tests.support.http import get_json, post
+from tests.support.polling import poll
 
 TOPIC = "discovery"
 CHANNEL = "lookup"
@@ -37,9 +39,7 @@ class Topology:
 
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
-        self.lookupd = DaemonProcess(
-            "nsqlookupd", ["-tcp-address=127.0.0.1:0", "-http-address=127.0.0.1:0"]
-        ).start(wait_for=("TCP", "HTTP"))
+        self.lookupd = start_nsqlookupd()
         self.nsqds: list[DaemonProcess] = []
 
     @property
@@ -62,7 +62,7 @@ class Topology:
         self.nsqds.extend(started)
         nodes = len(self.nsqds)
         poll(
-            lambda: len(sync_get_json(self.lookupd.port("HTTP"), "/nodes")["producers"]) == nodes,
+            lambda: len(get_json(self.lookupd.port("HTTP"), "/nodes")["producers"]) == nodes,
             f"{nodes} nsqds registered with the lookupd",
         )
         return started
@@ -91,7 +91,7 @@ def topology(tmp_path):
 def publish(nsqd: DaemonProcess, prefix: str) -> list[str]:
     """MPUB PER_NSQD bodies over HTTP (creating the topic there, so the nsqd registers it)."""
     bodies = [f"{prefix}-{index}" for index in range(PER_NSQD)]
-    sync_post(nsqd.port("HTTP"), f"/mpub?topic={TOPIC}", "\n".join(bodies).encode())
+    post(nsqd.port("HTTP"), f"/mpub?topic={TOPIC}", "\n".join(bodies).encode())
     return bodies
 
 
@@ -214,13 +214,15 @@ def discover_and_consume(topology: Topology, consumer) -> None:
     consumer.start()
     try:
         for index, bodies in enumerate(published):
-            poll(received(consumer, bodies), f"the messages of nsqd{index}", CONSUME_DEADLINE)
+            poll(
+                received(consumer, bodies), f"the messages of nsqd{index}", timeout=CONSUME_DEADLINE
+            )
 
         # A fourth nsqd comes up later: once it has registered, it gets messages.
         (fourth,) = topology.start_nsqds(1)
         late = publish(fourth, "nsqd3")
         poll(lambda: fourth.port("TCP") in topology.producers(), "the fourth nsqd in /lookup")
-        poll(received(consumer, late), "the fourth nsqd's messages", CONSUME_DEADLINE)
+        poll(received(consumer, late), "the fourth nsqd's messages", timeout=CONSUME_DEADLINE)
     finally:
         consumer.stop()
     assert consumer.errors == []

@@ -24,15 +24,9 @@ from nsqpy.common.lookup_protocol import (
     encode_register,
     encode_unregister,
 )
-from tests.harness import DaemonProcess
-from tests.nsqlookupd.support import (
-    CLASSIC_IDENTIFY,
-    HOST,
-    YOUZAN_IDENTIFY,
-    get_json,
-    http_request,
-    identified_peer,
-)
+from tests.harness import start_nsqlookupd
+from tests.nsqlookupd.support import CLASSIC_IDENTIFY, HOST, YOUZAN_IDENTIFY, identified_peer
+from tests.support.http import raw_get_json, raw_request
 
 SEED = 20261122
 CONNECTIONS = 240
@@ -172,19 +166,18 @@ async def play_hostile(port: int, payload: bytes, rng: random.Random, problems: 
 
 
 async def good_peers_registered(http_port: int, peers) -> None:
-    document = await get_json(http_port, "/lookup?topic=good")
+    document = await raw_get_json(http_port, "/lookup?topic=good")
     producers = {producer["remote_address"] for producer in document["producers"]}
     assert {peer.local_address for peer in peers} <= producers, document
     assert "c" in document["channels"]
     assert "0" in document["partitions"]
-    nodes = await get_json(http_port, "/nodes")
+    nodes = await raw_get_json(http_port, "/nodes")
     listed = {node["remote_address"] for node in nodes["producers"]}
     assert {peer.local_address for peer in peers} <= listed
 
 
 async def test_hostile_peers_never_kill_nsqlookupd_nor_touch_good_peers():
-    daemon = DaemonProcess("nsqlookupd", ["-tcp-address=127.0.0.1:0", "-http-address=127.0.0.1:0"])
-    await trio.to_thread.run_sync(lambda: daemon.start(wait_for=("TCP", "HTTP")))
+    daemon = await trio.to_thread.run_sync(start_nsqlookupd)
     tcp_port, http_port = daemon.port("TCP"), daemon.port("HTTP")
     try:
         classic = await identified_peer(tcp_port, CLASSIC_IDENTIFY)
@@ -228,7 +221,7 @@ async def test_hostile_peers_never_kill_nsqlookupd_nor_touch_good_peers():
         for peer in good:
             await peer.ping()
         await good_peers_registered(http_port, good)
-        reply = await http_request(http_port, "GET", "/ping")
+        reply = await raw_request(http_port, "GET", "/ping")
         assert (reply.status, reply.body) == (200, b"OK")
         for peer in good:
             await peer.aclose()

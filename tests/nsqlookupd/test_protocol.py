@@ -19,16 +19,14 @@ from tests.nsqlookupd.support import (
     CLASSIC_IDENTIFY,
     YOUZAN_IDENTIFY,
     Peer,
-    eventually,
-    get_json,
-    http_request,
     identified_peer,
     identify_body,
     lookup,
     lookup_producers,
     node_addresses,
-    post,
 )
+from tests.support.http import raw_get_json, raw_request
+from tests.support.polling import wait_until
 
 
 def _identify_frame(body: dict) -> bytes:
@@ -41,20 +39,22 @@ def addresses(producers: list[dict] | None) -> list[str]:
 
 
 async def channels(port: int, topic: str) -> list[str]:
-    return (await get_json(port, f"/channels?topic={topic}"))["channels"]
+    return (await raw_get_json(port, f"/channels?topic={topic}"))["channels"]
 
 
 async def topics(port: int) -> list[str]:
-    return (await get_json(port, "/topics"))["topics"]
+    return (await raw_get_json(port, "/topics"))["topics"]
 
 
 async def nodes_by_address(port: int) -> dict[str, dict]:
-    return {node["remote_address"]: node for node in (await get_json(port, "/nodes"))["producers"]}
+    return {
+        node["remote_address"]: node for node in (await raw_get_json(port, "/nodes"))["producers"]
+    }
 
 
 async def debug_ids(port: int) -> set[str]:
     """Every peer id /debug lists, under any registration."""
-    document = await get_json(port, "/debug")
+    document = await raw_get_json(port, "/debug")
     return {entry["id"] for entries in document.values() for entry in entries}
 
 
@@ -118,13 +118,13 @@ async def test_classic_register_and_unregister(nsqlookupd):
     port = nsqlookupd.http_port
     peer = await identified_peer(nsqlookupd.tcp_port, CLASSIC_IDENTIFY)
     await peer.register("t")
-    document = await get_json(port, "/lookup?topic=t")
+    document = await raw_get_json(port, "/lookup?topic=t")
     assert document["channels"] == []
     assert addresses(document["producers"]) == [peer.local_address]
     await peer.register("t", "c1")
     await peer.register("t", "c2")
     await peer.register("t", "c1")  # twice is harmless
-    document = await get_json(port, "/lookup?topic=t")
+    document = await raw_get_json(port, "/lookup?topic=t")
     assert document["channels"] == ["c1", "c2"]
     assert addresses(document["producers"]) == [peer.local_address]
     assert document["partitions"] == {}  # a classic peer never appears under partitions
@@ -133,7 +133,7 @@ async def test_classic_register_and_unregister(nsqlookupd):
     # UNREGISTER of a channel drops this peer from it; a non-ephemeral channel stays known.
     await peer.unregister("t", "c1")
     assert await channels(port, "t") == ["c1", "c2"]
-    document = await get_json(port, "/debug")
+    document = await raw_get_json(port, "/debug")
     assert "channel:t:c1" not in document
     assert [entry["id"] for entry in document["channel:t:c2"]] == [peer.local_address]
 
@@ -141,7 +141,7 @@ async def test_classic_register_and_unregister(nsqlookupd):
     await peer.unregister("t")
     assert await lookup_producers(port, "t") == []
     assert await topics(port) == ["t"]
-    assert set(await get_json(port, "/debug")) == {"client::"}
+    assert set(await raw_get_json(port, "/debug")) == {"client::"}
     # The peer itself is still known.
     assert await node_addresses(port) == [peer.local_address]
     await peer.aclose()
@@ -152,7 +152,7 @@ async def test_classic_peer_channel_named_like_a_partition_is_a_channel(nsqlooku
     channel "5" (Youzan's own lookupd would misread it as partition 5)."""
     peer = await identified_peer(nsqlookupd.tcp_port, CLASSIC_IDENTIFY)
     await peer.register("t", "5")
-    document = await get_json(nsqlookupd.http_port, "/lookup?topic=t")
+    document = await raw_get_json(nsqlookupd.http_port, "/lookup?topic=t")
     assert document["channels"] == ["5"]
     assert document["partitions"] == {}
     assert addresses(document["producers"]) == [peer.local_address]
@@ -170,21 +170,21 @@ async def test_partitioned_register_and_unregister(nsqlookupd, info):
     peer = await identified_peer(nsqlookupd.tcp_port, info)
     await peer.register("t", partition=0)
     await peer.register("t", "ch", partition=1)
-    document = await get_json(port, "/lookup?topic=t")
+    document = await raw_get_json(port, "/lookup?topic=t")
     assert document["channels"] == ["ch"]
     assert sorted(document["partitions"]) == ["0", "1"]
     assert addresses(document["producers"]) == [peer.local_address]
-    assert await get_json(port, "/channels?topic=t&partition=1") == {"channels": ["ch"]}
-    assert await get_json(port, "/channels?topic=t&partition=0") == {"channels": []}
-    (node,) = (await get_json(port, "/nodes"))["producers"]
+    assert await raw_get_json(port, "/channels?topic=t&partition=1") == {"channels": ["ch"]}
+    assert await raw_get_json(port, "/channels?topic=t&partition=0") == {"channels": []}
+    (node,) = (await raw_get_json(port, "/nodes"))["producers"]
     assert node["topics"] == ["t"]
     assert node["partitions"] == {"t": ["0", "1"]}
 
     # `UNREGISTER t 1` also drops this peer's channels of t/1.
     await peer.unregister("t", partition=1)
-    document = await get_json(port, "/lookup?topic=t")
+    document = await raw_get_json(port, "/lookup?topic=t")
     assert list(document["partitions"]) == ["0"]
-    assert "channel:t:ch:1" not in await get_json(port, "/debug")
+    assert "channel:t:ch:1" not in await raw_get_json(port, "/debug")
     await peer.unregister("t", partition=0)
     assert await lookup_producers(port, "t") == []
     await peer.aclose()
@@ -194,7 +194,7 @@ async def test_partitioned_peer_accepts_old_version_partition(nsqlookupd):
     """-11 is Youzan's OLD_VERSION_PID: valid, but never listed under partitions."""
     peer = await identified_peer(nsqlookupd.tcp_port, YOUZAN_IDENTIFY)
     await peer.register("t", "ch", partition=-11)
-    document = await get_json(nsqlookupd.http_port, "/lookup?topic=t")
+    document = await raw_get_json(nsqlookupd.http_port, "/lookup?topic=t")
     assert document["partitions"] == {}
     assert addresses(document["producers"]) == [peer.local_address]
     await peer.aclose()
@@ -303,7 +303,7 @@ async def test_fatal_error_drops_the_peers_registrations(nsqlookupd):
     async def gone() -> bool:
         return await lookup_producers(port, "t") == []
 
-    await eventually(gone, "the producer to go")
+    await wait_until(gone, "the producer to go")
     assert await node_addresses(port) == []
 
 
@@ -333,11 +333,11 @@ async def test_disconnect_removes_every_registration_of_that_peer(nsqlookupd, in
     async def forgotten() -> bool:
         return gone not in await debug_ids(port)
 
-    await eventually(forgotten, "the closed peer to leave /debug")
+    await wait_until(forgotten, "the closed peer to leave /debug")
     assert addresses(await lookup_producers(port, "t1")) == [staying.local_address]
     assert await lookup_producers(port, "t2") == []
     assert await node_addresses(port) == [staying.local_address]
-    (node,) = (await get_json(port, "/nodes"))["producers"]
+    (node,) = (await raw_get_json(port, "/nodes"))["producers"]
     assert node["topics"] == ["t1"]
     await staying.aclose()
 
@@ -395,7 +395,7 @@ async def test_disconnect_leaves_ephemeral_registrations_in_place(nsqlookupd):
     async def gone() -> bool:
         return await node_addresses(port) == []
 
-    await eventually(gone, "the peer to leave /nodes")
+    await wait_until(gone, "the peer to leave /nodes")
     assert await channels(port, "t") == ["e#ephemeral"]
     assert await lookup_producers(port, "t") == []
 
@@ -403,8 +403,8 @@ async def test_disconnect_leaves_ephemeral_registrations_in_place(nsqlookupd):
 # -- tombstones ---------------------------------------------------------------------------------
 
 
-async def test_tombstone_hides_the_node_from_lookup_for_the_lifetime(start_lookupd):
-    lookupd = await start_lookupd(tombstone_lifetime=1.0)
+async def test_tombstone_hides_the_node_from_lookup_for_the_lifetime(make_lookupd):
+    lookupd = await make_lookupd(tombstone_lifetime=1.0)
     port = lookupd.http_port
     peer = await identified_peer(lookupd.tcp_port, CLASSIC_IDENTIFY)
     other = await identified_peer(lookupd.tcp_port, identify_body(CLASSIC_IDENTIFY, http_port=9))
@@ -413,7 +413,7 @@ async def test_tombstone_hides_the_node_from_lookup_for_the_lifetime(start_looku
     await peer.register("u")
 
     started = trio.current_time()
-    reply = await post(port, "/topic/tombstone?topic=t&node=127.0.0.1:24151")
+    reply = await raw_request(port, "POST", "/topic/tombstone?topic=t&node=127.0.0.1:24151")
     assert (reply.status, reply.body) == (200, b"")
     # Hidden from /lookup of that topic only; the node itself stays listed, flagged.
     assert addresses(await lookup_producers(port, "t")) == [other.local_address]
@@ -422,14 +422,14 @@ async def test_tombstone_hides_the_node_from_lookup_for_the_lifetime(start_looku
     mine = nodes[peer.local_address]
     assert dict(zip(mine["topics"], mine["tombstones"], strict=True)) == {"t": True, "u": False}
     assert nodes[other.local_address]["tombstones"] == [False]
-    debug = await get_json(port, "/debug")
+    debug = await raw_get_json(port, "/debug")
     (entry,) = [e for e in debug["topic:t:"] if e["id"] == peer.local_address]
     assert entry["tombstoned"] is True and entry["tombstoned_at"] > 0
 
     async def back() -> bool:
         return peer.local_address in addresses(await lookup_producers(port, "t"))
 
-    await eventually(back, "the tombstone to expire", timeout=5.0)
+    await wait_until(back, "the tombstone to expire", timeout=5.0)
     assert trio.current_time() - started >= 1.0
     assert (await nodes_by_address(port))[peer.local_address]["tombstones"] == [False, False]
     for each in (peer, other):
@@ -440,8 +440,12 @@ async def test_tombstone_of_an_unknown_node_changes_nothing(nsqlookupd):
     port = nsqlookupd.http_port
     peer = await identified_peer(nsqlookupd.tcp_port, CLASSIC_IDENTIFY)
     await peer.register("t")
-    assert (await post(port, "/topic/tombstone?topic=t&node=127.0.0.1:1")).status == 200
-    assert (await post(port, "/topic/tombstone?topic=other&node=127.0.0.1:24151")).status == 200
+    assert (
+        await raw_request(port, "POST", "/topic/tombstone?topic=t&node=127.0.0.1:1")
+    ).status == 200
+    assert (
+        await raw_request(port, "POST", "/topic/tombstone?topic=other&node=127.0.0.1:24151")
+    ).status == 200
     assert addresses(await lookup_producers(port, "t")) == [peer.local_address]
     await peer.aclose()
 
@@ -449,8 +453,8 @@ async def test_tombstone_of_an_unknown_node_changes_nothing(nsqlookupd):
 # -- inactive producers -----------------------------------------------------------------------
 
 
-async def test_inactive_producer_ages_out_and_a_ping_brings_it_back(start_lookupd):
-    lookupd = await start_lookupd(inactive_producer_timeout=1.0)
+async def test_inactive_producer_ages_out_and_a_ping_brings_it_back(make_lookupd):
+    lookupd = await make_lookupd(inactive_producer_timeout=1.0)
     port = lookupd.http_port
     started = trio.current_time()  # last_update is set at IDENTIFY, after this
     peer = await identified_peer(lookupd.tcp_port, CLASSIC_IDENTIFY)
@@ -460,7 +464,7 @@ async def test_inactive_producer_ages_out_and_a_ping_brings_it_back(start_lookup
     async def aged_out() -> bool:
         return await lookup_producers(port, "t") == [] and await node_addresses(port) == []
 
-    await eventually(aged_out, "the silent producer to age out", timeout=5.0)
+    await wait_until(aged_out, "the silent producer to age out", timeout=5.0)
     assert trio.current_time() - started >= 1.0
     # Official nsqlookupd: only PING refreshes last_update, not REGISTER.
     await peer.register("t2")
@@ -471,9 +475,9 @@ async def test_inactive_producer_ages_out_and_a_ping_brings_it_back(start_lookup
     await peer.aclose()
 
 
-async def test_partitioned_register_counts_as_a_sign_of_life(start_lookupd):
+async def test_partitioned_register_counts_as_a_sign_of_life(make_lookupd):
     """Youzan's REGISTER and UNREGISTER refresh last_update too (docs/protocol.md §4.3)."""
-    lookupd = await start_lookupd(inactive_producer_timeout=1.0)
+    lookupd = await make_lookupd(inactive_producer_timeout=1.0)
     port = lookupd.http_port
     peer = await identified_peer(lookupd.tcp_port, YOUZAN_IDENTIFY)
     await peer.register("t", "c", partition=0)
@@ -481,7 +485,7 @@ async def test_partitioned_register_counts_as_a_sign_of_life(start_lookupd):
     async def aged_out() -> bool:
         return await node_addresses(port) == []
 
-    await eventually(aged_out, "the silent producer to age out", timeout=5.0)
+    await wait_until(aged_out, "the silent producer to age out", timeout=5.0)
     await peer.register("t", "c", partition=1)
     assert await node_addresses(port) == [peer.local_address]
     assert addresses(await lookup_producers(port, "t")) == [peer.local_address]
@@ -492,7 +496,7 @@ async def test_partitioned_register_counts_as_a_sign_of_life(start_lookupd):
 
 
 async def expect_error(port: int, method: str, target: str, status: int, message: str) -> None:
-    reply = await http_request(port, method, target)
+    reply = await raw_request(port, method, target)
     assert (reply.status, reply.message) == (status, message), (target, reply)
     assert reply.header("Content-Type") == "application/json; charset=utf-8"
     assert reply.header("X-NSQ-Content-Type") == "nsq; version=1.0"
@@ -500,12 +504,12 @@ async def expect_error(port: int, method: str, target: str, status: int, message
 
 async def test_topic_create_and_delete(nsqlookupd):
     port = nsqlookupd.http_port
-    reply = await post(port, "/topic/create?topic=t")
+    reply = await raw_request(port, "POST", "/topic/create?topic=t")
     assert (reply.status, reply.body) == (200, b"")
     assert reply.header("X-NSQ-Content-Type") == "nsq; version=1.0"
     assert await topics(port) == ["t"]
     # Known, with no producers: 200, not TOPIC_NOT_FOUND.
-    assert await get_json(port, "/lookup?topic=t") == {
+    assert await raw_get_json(port, "/lookup?topic=t") == {
         "channels": [],
         "partitions": {},
         "producers": [],
@@ -513,26 +517,26 @@ async def test_topic_create_and_delete(nsqlookupd):
 
     peer = await identified_peer(nsqlookupd.tcp_port, CLASSIC_IDENTIFY)
     await peer.register("t", "c")
-    reply = await post(port, "/topic/delete?topic=t")
+    reply = await raw_request(port, "POST", "/topic/delete?topic=t")
     assert (reply.status, reply.body) == (200, b"")
     assert await topics(port) == []
     assert await channels(port, "t") == []
     await expect_error(port, "GET", "/lookup?topic=t", 404, "TOPIC_NOT_FOUND")
-    (node,) = (await get_json(port, "/nodes"))["producers"]
+    (node,) = (await raw_get_json(port, "/nodes"))["producers"]
     assert node["topics"] == []
     # Deleting what does not exist is fine.
-    assert (await post(port, "/topic/delete?topic=never")).status == 200
+    assert (await raw_request(port, "POST", "/topic/delete?topic=never")).status == 200
     await peer.aclose()
 
 
 async def test_channel_create_and_delete(nsqlookupd):
     port = nsqlookupd.http_port
-    reply = await post(port, "/channel/create?topic=t&channel=c")
+    reply = await raw_request(port, "POST", "/channel/create?topic=t&channel=c")
     assert (reply.status, reply.body) == (200, b"")
     assert await topics(port) == ["t"]  # the topic comes with it
     assert await channels(port, "t") == ["c"]
-    assert (await get_json(port, "/lookup?topic=t"))["channels"] == ["c"]
-    reply = await post(port, "/channel/delete?topic=t&channel=c")
+    assert (await raw_get_json(port, "/lookup?topic=t"))["channels"] == ["c"]
+    reply = await raw_request(port, "POST", "/channel/delete?topic=t&channel=c")
     assert (reply.status, reply.body) == (200, b"")
     assert await channels(port, "t") == []
     await expect_error(port, "POST", "/channel/delete?topic=t&channel=c", 404, "CHANNEL_NOT_FOUND")
@@ -573,9 +577,9 @@ async def test_http_error_texts(nsqlookupd, method, target, status, message):
 
 
 async def test_ping_and_info(nsqlookupd):
-    reply = await http_request(nsqlookupd.http_port, "GET", "/ping")
+    reply = await raw_request(nsqlookupd.http_port, "GET", "/ping")
     assert (reply.status, reply.body) == (200, b"OK")
     assert reply.header("Content-Type") == "text/plain; charset=utf-8"
-    assert await get_json(nsqlookupd.http_port, "/info") == {"version": VERSION}
+    assert await raw_get_json(nsqlookupd.http_port, "/info") == {"version": VERSION}
     reply = await lookup(nsqlookupd.http_port, "t")
     assert reply.status == 404

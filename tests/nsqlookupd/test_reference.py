@@ -37,18 +37,10 @@ import pytest
 
 from nsqpy.nsqd.options import Options as NSQDOptions
 from nsqpy.nsqd.server import NSQD
-from tests.nsqlookupd.support import (
-    CLASSIC_IDENTIFY,
-    HTTPReply,
-    Peer,
-    eventually,
-    get_json,
-    http_request,
-    identify_body,
-    parse_http_head,
-    post,
-)
+from tests.nsqlookupd.support import CLASSIC_IDENTIFY, Peer, identify_body
 from tests.reference import REFERENCE_DIR
+from tests.support.http import HTTPReply, parse_response, raw_get_json, raw_request
+from tests.support.polling import wait_until
 
 REFERENCE_FILES = sorted(path.name for path in REFERENCE_DIR.glob("nsqlookupd_*.http"))
 # Captured while the registered nsqd hosted nothing yet; every other one after "test"/"ch".
@@ -73,10 +65,8 @@ REQUESTS = read_index()
 
 
 def reference(file: str) -> HTTPReply:
-    head, _, body = (REFERENCE_DIR / file).read_bytes().partition(b"\r\n\r\n")
-    status, reason, headers = parse_http_head(head)
-    reply = HTTPReply(status, reason, headers, body)
-    assert int(reply.header("Content-Length")) == len(body), file
+    reply = parse_response((REFERENCE_DIR / file).read_bytes())
+    assert int(reply.header("Content-Length")) == len(reply.body), file
     return reply
 
 
@@ -115,19 +105,21 @@ async def nsqd_state(nsqlookupd, nursery, tmp_path, with_topics: bool) -> NSQD:
     port = nsqlookupd.http_port
 
     async def registered() -> bool:
-        return len((await get_json(port, "/nodes"))["producers"]) == 1
+        return len((await raw_get_json(port, "/nodes"))["producers"]) == 1
 
-    await eventually(registered, "our nsqd in /nodes")
+    await wait_until(registered, "our nsqd in /nodes")
     if with_topics:
         nsqd_http = int(nsqd.http_address.rsplit(":", 1)[1])
-        assert (await post(nsqd_http, "/topic/create?topic=test")).status == 200
-        assert (await post(nsqd_http, "/channel/create?topic=test&channel=ch")).status == 200
+        assert (await raw_request(nsqd_http, "POST", "/topic/create?topic=test")).status == 200
+        assert (
+            await raw_request(nsqd_http, "POST", "/channel/create?topic=test&channel=ch")
+        ).status == 200
 
         async def channel_registered() -> bool:
-            lookup = await http_request(port, "GET", "/lookup?topic=test")
+            lookup = await raw_request(port, "GET", "/lookup?topic=test")
             return lookup.status == 200 and lookup.json()["channels"] == ["ch"]
 
-        await eventually(channel_registered, "test/ch registered by our nsqd")
+        await wait_until(channel_registered, "test/ch registered by our nsqd")
     return nsqd
 
 
@@ -218,7 +210,7 @@ def json_differences(ours, expected, path: str = "$", key: str = "") -> list[str
 def header_differences(ours: HTTPReply, go: HTTPReply) -> list[str]:
     def by_name(reply: HTTPReply) -> dict[str, str]:
         headers = {}
-        for name, value in reply.headers:
+        for name, value in reply.headers.items():
             assert name.lower() not in headers, f"header {name} sent twice"
             headers[name.lower()] = value
         return headers
@@ -267,7 +259,7 @@ async def test_response_matches_go_nsqlookupd(nsqlookupd, nursery, tmp_path, fil
         else:
             nsqd = await nsqd_state(nsqlookupd, nursery, tmp_path, with_topics)
         method, target = REQUESTS[file]
-        ours = await http_request(nsqlookupd.http_port, method, target)
+        ours = await raw_request(nsqlookupd.http_port, method, target)
     finally:
         if nsqd is not None:
             nsqd.shutdown()
@@ -296,7 +288,7 @@ async def test_classic_peer_object_has_exactly_gos_keys_in_gos_order(nsqlookupd)
     """The official PEER shape, exactly (docs/protocol.md §5.2), next to a Youzan-style peer."""
     classic = await classic_state(nsqlookupd, with_topics=True)
     go_peer = reference("nsqlookupd_lookup.http").json()["producers"][0]
-    document = await get_json(nsqlookupd.http_port, "/lookup?topic=test")
+    document = await raw_get_json(nsqlookupd.http_port, "/lookup?topic=test")
     assert list(document) == ["channels", "partitions", "producers"]
     (peer,) = document["producers"]
     assert (
@@ -321,7 +313,7 @@ async def test_classic_peer_object_has_exactly_gos_keys_in_gos_order(nsqlookupd)
     }
     assert document["partitions"] == {}
     go_node = reference("nsqlookupd_nodes.http").json()["producers"][0]
-    (node,) = (await get_json(nsqlookupd.http_port, "/nodes"))["producers"]
+    (node,) = (await raw_get_json(nsqlookupd.http_port, "/nodes"))["producers"]
     assert list(node) == list(go_node)
 
 

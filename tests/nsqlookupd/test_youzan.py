@@ -15,13 +15,11 @@ import pytest
 from tests.nsqlookupd.support import (
     CLASSIC_IDENTIFY,
     YOUZAN_IDENTIFY,
-    get_json,
-    http_request,
     identified_peer,
     identify_body,
     lookup,
-    post,
 )
+from tests.support.http import raw_get_json, raw_request
 
 PEER_KEYS = [
     "id",
@@ -158,7 +156,7 @@ async def test_partitioned_peer_shows_its_partitions(nsqlookupd, info):
     document = await lookup_json(port, "t", access="w")
     assert document["partitions"] == {"1": peer_object(peer)}
     assert document["producers"] == [peer_object(peer)]
-    (node,) = (await get_json(port, "/nodes"))["producers"]
+    (node,) = (await raw_get_json(port, "/nodes"))["producers"]
     assert node["partitions"] == {"t": ["0", "1"]}
     await peer.aclose()
 
@@ -180,8 +178,8 @@ async def test_writers_get_404_when_no_partition_has_a_channel(nsqlookupd):
     await peer.aclose()
 
 
-async def test_allow_write_with_nochannels_lists_every_partition(start_lookupd):
-    lookupd = await start_lookupd(allow_write_with_nochannels=True)
+async def test_allow_write_with_nochannels_lists_every_partition(make_lookupd):
+    lookupd = await make_lookupd(allow_write_with_nochannels=True)
     peer = await identified_peer(lookupd.tcp_port, YOUZAN_IDENTIFY)
     await peer.register("t", partition=0)
     document = await lookup_json(lookupd.http_port, "t", access="w")
@@ -239,7 +237,7 @@ async def test_tombstoned_node_is_for_readers_only(nsqlookupd, two_nodes):
     first, second = two_nodes
     port = nsqlookupd.http_port
     node = f"127.0.0.1:{YOUZAN_IDENTIFY['http_port']}"
-    assert (await post(port, f"/topic/tombstone?topic=t&node={node}")).status == 200
+    assert (await raw_request(port, "POST", f"/topic/tombstone?topic=t&node={node}")).status == 200
     # Writers: the tombstoned node and its partitions are gone.
     document = await lookup_json(port, "t", access="w")
     assert document["partitions"] == {"1": peer_object(second)}
@@ -264,8 +262,8 @@ async def test_partition_filter(nsqlookupd):
     document = await lookup_json(port, "t", access="w", partition="0")
     assert document["partitions"] == {"0": peer_object(first)}
     assert document["channels"] == ["ch0"]
-    assert await get_json(port, "/channels?topic=t&partition=0") == {"channels": ["ch0"]}
-    assert await get_json(port, "/channels?topic=t&partition=*") == {"channels": ["ch0", "ch1"]}
+    assert await raw_get_json(port, "/channels?topic=t&partition=0") == {"channels": ["ch0"]}
+    assert await raw_get_json(port, "/channels?topic=t&partition=*") == {"channels": ["ch0", "ch1"]}
     document = await lookup_json(port, "t", partition="*")
     assert sorted(document["partitions"]) == ["0", "1"]
     for peer in (first, second):
@@ -275,8 +273,8 @@ async def test_partition_filter(nsqlookupd):
 async def test_lookup_is_v1_whatever_the_accept_header(nsqlookupd, two_nodes):
     """docs/protocol.md §8 row 8: always the v1 body, never the legacy envelope."""
     port = nsqlookupd.http_port
-    plain = await http_request(port, "GET", "/lookup?topic=t&access=r")
-    negotiated = await http_request(
+    plain = await raw_request(port, "GET", "/lookup?topic=t&access=r")
+    negotiated = await raw_request(
         port,
         "GET",
         "/lookup?topic=t&access=r",
@@ -289,7 +287,7 @@ async def test_lookup_is_v1_whatever_the_accept_header(nsqlookupd, two_nodes):
 
 
 async def test_listlookup(nsqlookupd):
-    reply = await http_request(nsqlookupd.http_port, "GET", "/listlookup")
+    reply = await raw_request(nsqlookupd.http_port, "GET", "/listlookup")
     assert reply.status == 200
     document = reply.json()
     assert list(document) == ["lookupdleader", "lookupdnodes"]

@@ -13,7 +13,8 @@ from nsqpy.nsqadmin.options import build_flags as nsqadmin_flags
 from nsqpy.nsqd.options import build_flags as nsqd_flags
 from nsqpy.nsqlookupd.options import build_flags as nsqlookupd_flags
 from tests.harness import DaemonProcess
-from tests.nsqlookupd.support import poll, sync_get_json, sync_request
+from tests.support.http import get_json, request
+from tests.support.polling import poll
 
 REPO = Path(__file__).resolve().parents[2]
 FLAG_SETS = {"nsqd": nsqd_flags, "nsqlookupd": nsqlookupd_flags, "nsqadmin": nsqadmin_flags}
@@ -89,8 +90,8 @@ def test_readme_daemon_commands_start_and_find_each_other(tmp_path) -> None:
             )
         assert set(started) == set(FLAG_SETS)
         lookupd_http = started["nsqlookupd"].port("HTTP")
-        poll(lambda: sync_get_json(lookupd_http, "/nodes")["producers"], "nsqd registered")
-        page = sync_request(started["nsqadmin"].port("HTTP"), "GET", "/nodes")
+        poll(lambda: get_json(lookupd_http, "/nodes")["producers"], "nsqd registered")
+        page = request(started["nsqadmin"].port("HTTP"), "GET", "/nodes")
         assert page.status == 200
         assert f":{started['nsqd'].port('HTTP')}" in page.body.decode()
     finally:

@@ -48,6 +48,7 @@ from nsqpy.common.command import (
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
 from nsqpy.common.message import decode_message
 from tests.harness import DaemonProcess, start_nsqd
+from tests.support.polling import poll
 
 TOPIC = "crash"
 CHANNEL = "c"
@@ -472,15 +473,6 @@ class ChurnThread(threading.Thread):
 # -- the runner ----------------------------------------------------------------------------------
 
 
-def poll_until(predicate, timeout: float, what: str) -> None:
-    """Poll `predicate` until it is true; AssertionError naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} within {timeout}s")
-        time.sleep(0.01)
-
-
 def drained(port: int) -> bool:
     """Nothing left to deliver nor to be FINished: the killed trial is settled."""
     for topic in stats(port)["topics"]:
@@ -521,7 +513,7 @@ def run_trials(
                     ledger.wait_for_all(set(acked), drain_timeout)
                 is_drained = functools.partial(drained, daemon.port("HTTP"))
                 try:
-                    poll_until(is_drained, drain_timeout, "drained")
+                    poll(is_drained, "drained", timeout=drain_timeout)
                 except AssertionError as error:
                     state = [
                         t for t in stats(daemon.port("HTTP"))["topics"] if t["topic_name"] == TOPIC

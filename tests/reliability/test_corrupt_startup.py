@@ -25,7 +25,7 @@ from nsqpy.common.command import encode_mpub
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.server import NSQD
 from tests.harness import V2Connection, start_nsqd
-from tests.reliability.test_disk_faults import http, receive_all
+from tests.reliability.support import http, receive_all
 
 T_COUNT = 120
 U_COUNT = 20

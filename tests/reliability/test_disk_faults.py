@@ -29,16 +29,14 @@ import os
 import re
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from nsqpy.common.command import encode_dpub, encode_mpub, encode_pub, encode_rdy, encode_sub
-from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
-from nsqpy.common.message import decode_message
+from nsqpy.common.frame import FRAME_TYPE_ERROR
 from tests.harness import DaemonProcess, V2Connection
+from tests.reliability.support import http, receive_all
 
 # A record: 4-byte size + 26-byte message header + the body.
 BODY_SIZE = 200
@@ -147,15 +145,6 @@ def full_disk(root: Path, kind: str):
 # -- clients ----------------------------------------------------------------------------------
 
 
-def http(port: int, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
-
-
 def command_reply(port: int, data: bytes) -> tuple[bool, bytes]:
     """(ok, the response or error text) for one command on a fresh connection."""
     connection = V2Connection(port)
@@ -173,31 +162,6 @@ def command_reply(port: int, data: bytes) -> tuple[bool, bytes]:
 
 def body(topic: str, n: int) -> bytes:
     return (b"%s %06d " % (topic.encode(), n)).ljust(BODY_SIZE, b".")
-
-
-def receive_all(port: int, topic: str, channel: str, wanted: set[bytes], limit: set[bytes]):
-    """Subscribe and FIN until every body of `wanted` came; everything received must be in
-    `limit` (what was ever published)."""
-    connection = V2Connection(port)
-    received: set[bytes] = set()
-    try:
-        connection.send(encode_sub(topic, channel))
-        assert connection.read_response().data == b"OK"
-        connection.send(encode_rdy(100))
-        deadline = time.monotonic() + 10
-        while not wanted <= received:
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"{topic}: {len(wanted - received)} acknowledged not delivered"
-            connection.sock.settimeout(remaining)
-            frame = connection.read_frame()
-            if frame.frame_type == FRAME_TYPE_MESSAGE:
-                message = decode_message(frame.data)
-                assert message.body in limit, f"never published: {message.body[:20]!r}"
-                received.add(message.body)
-                connection.send(b"FIN " + message.id + b"\n")
-    finally:
-        connection.close()
-    return received
 
 
 def start(disk, args: list[str]) -> DaemonProcess:

@@ -22,14 +22,14 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import nsq
 import pytest
 
-from tests.harness import DaemonProcess, V2Connection, start_nsqd
-from tests.nsqlookupd.support import sync_get_json, sync_post, sync_request
+from tests.harness import DaemonProcess, V2Connection, start_nsqd, start_nsqlookupd
+from tests.support.http import get_json, post, request
+from tests.support.polling import poll
 
 TOPIC = "faults"
 RATE = 300  # messages published a second, in all, alternating between the two nsqds
@@ -42,19 +42,6 @@ CONSUMER_DEADLINE = 30.0
 SEED = 10
 
 
-def wait_for(check: Callable[[], object], what: Callable[[], str] | str, timeout: float):
-    """Poll `check` until it returns something truthy; fail, saying `what`, after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            text = what() if callable(what) else what
-            raise AssertionError(f"timed out after {timeout}s waiting for {text}")
-        time.sleep(0.02)
-
-
 def free_port() -> int:
     """A port nothing listens on, for a lookupd that starts later."""
     with socket.socket() as sock:
@@ -62,19 +49,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_lookupd(tcp_port: int = 0, http_port: int = 0) -> DaemonProcess:
-    args = [f"-tcp-address=127.0.0.1:{tcp_port}", f"-http-address=127.0.0.1:{http_port}"]
-    return DaemonProcess("nsqlookupd", args).start(wait_for=("TCP", "HTTP"))
-
-
 def lookup_state(http_port: int) -> tuple[set[int], set[str], set[int]] | None:
     """(producers' tcp ports and channels of /lookup?topic=TOPIC, tcp ports of the /nodes
     hosting TOPIC); None while nsqlookupd does not answer or does not know the topic."""
     try:
-        reply = sync_request(http_port, "GET", f"/lookup?topic={TOPIC}")
+        reply = request(http_port, "GET", f"/lookup?topic={TOPIC}")
         if reply.status != 200:
             return None
-        nodes = sync_get_json(http_port, "/nodes")["producers"]
+        nodes = get_json(http_port, "/nodes")["producers"]
     except OSError:
         return None
     document = reply.json()
@@ -84,7 +66,7 @@ def lookup_state(http_port: int) -> tuple[set[int], set[str], set[int]] | None:
 
 
 def producer_ports(http_port: int, topic: str) -> set[int] | None:
-    reply = sync_request(http_port, "GET", f"/lookup?topic={topic}")
+    reply = request(http_port, "GET", f"/lookup?topic={topic}")
     if reply.status != 200:
         return None
     return {producer["tcp_port"] for producer in reply.json()["producers"]}
@@ -291,7 +273,9 @@ class Cluster:
 
     def restart_lookupd(self) -> None:
         """Start nsqlookupd again on the ports it had (SO_REUSEADDR), knowing nothing."""
-        self.lookupd = start_lookupd(self.lookupd_tcp_port, self.lookupd_http_port)
+        self.lookupd = start_nsqlookupd(
+            tcp_port=self.lookupd_tcp_port, http_port=self.lookupd_http_port
+        )
         assert self.lookupd.port("TCP") == self.lookupd_tcp_port
         assert self.lookupd.port("HTTP") == self.lookupd_http_port
         self.restarts += 1
@@ -308,14 +292,14 @@ class Cluster:
                 and (channels <= state[1])
             )
 
-        wait_for(
+        poll(
             registered_fully,
             lambda: (
                 f"both nsqds {sorted(ports)} with channels {sorted(channels)} in /lookup "
                 f"and /nodes after {self.restarts} restart(s); lookupd has "
                 f"{lookup_state(self.lookupd_http_port)}\n" + self.nsqd_lookup_logs()
             ),
-            REGISTER_DEADLINE,
+            timeout=REGISTER_DEADLINE,
         )
 
     def nsqd_lookup_logs(self) -> str:
@@ -325,7 +309,7 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path):
-    lookupd = start_lookupd()
+    lookupd = start_nsqlookupd()
     tcp_port, http_port = lookupd.port("TCP"), lookupd.port("HTTP")
     nsqds: list[DaemonProcess] = []
     cluster = Cluster(lookupd, nsqds, tcp_port, http_port)
@@ -343,8 +327,8 @@ def cluster(tmp_path):
         # The topic and the first consumer's channel exist on both nsqds before anything is
         # published, so the channel gets every message.
         for nsqd in nsqds:
-            sync_post(nsqd.port("HTTP"), f"/topic/create?topic={TOPIC}")
-            sync_post(nsqd.port("HTTP"), f"/channel/create?topic={TOPIC}&channel=steady")
+            post(nsqd.port("HTTP"), f"/topic/create?topic={TOPIC}")
+            post(nsqd.port("HTTP"), f"/channel/create?topic={TOPIC}&channel=steady")
         cluster.wait_for_registration({"steady"})
         yield cluster
     finally:
@@ -356,14 +340,14 @@ def assert_received_everything(consumer: Consumer, publisher: Publisher, context
     """Every published message reached the consumer, exactly once (nothing failed between
     them: no connection was lost and no message timed out), and nothing else did."""
     published = set(publisher.published)
-    wait_for(
+    poll(
         lambda: published <= set(consumer.bodies),
         lambda: (
             f"{len(published - set(consumer.bodies))} of {len(published)} published "
             f"messages to reach the consumer ({context}), e.g. "
             f"{sorted(published - set(consumer.bodies))[:10]}"
         ),
-        DELIVERY_DEADLINE,
+        timeout=DELIVERY_DEADLINE,
     )
     received = Counter(consumer.bodies)
     assert set(received) == published, f"never published: {sorted(set(received) - published)}"
@@ -375,18 +359,18 @@ def assert_new_consumer_discovers_both(cluster: Cluster, publisher: Publisher) -
     """A Reader started now finds both nsqds through the restarted lookupd and gets messages
     from each (its channel is new: it sees only what is published after it subscribed)."""
     with Consumer("late", cluster.lookupd_http_port) as late:
-        wait_for(
+        poll(
             lambda: late.subscribed == cluster.nsqd_ports,
             lambda: f"the new consumer to subscribe to both nsqds, has {late.subscribed}",
-            CONSUMER_DEADLINE,
+            timeout=CONSUMER_DEADLINE,
         )
-        wait_for(
+        poll(
             lambda: late.received_from(0) >= 10 and late.received_from(1) >= 10,
             lambda: (
                 f"the new consumer to receive from both nsqds: "
                 f"{late.received_from(0)} and {late.received_from(1)}"
             ),
-            CONSUMER_DEADLINE,
+            timeout=CONSUMER_DEADLINE,
         )
         assert publisher.errors == []
     assert late.closes == []
@@ -399,15 +383,15 @@ def test_lookupd_killed_and_restarted_under_load(cluster):
     new consumer finds both."""
     with Publisher(sorted(cluster.nsqd_ports)) as publisher:
         with Consumer("steady", cluster.lookupd_http_port) as consumer:
-            wait_for(
+            poll(
                 lambda: consumer.subscribed == cluster.nsqd_ports,
                 lambda: f"the consumer to find both nsqds, has {consumer.subscribed}",
-                CONSUMER_DEADLINE,
+                timeout=CONSUMER_DEADLINE,
             )
-            wait_for(
+            poll(
                 lambda: consumer.received_from(0) and consumer.received_from(1),
                 "the consumer to receive from both nsqds",
-                CONSUMER_DEADLINE,
+                timeout=CONSUMER_DEADLINE,
             )
 
             cluster.kill_lookupd()
@@ -415,11 +399,11 @@ def test_lookupd_killed_and_restarted_under_load(cluster):
             failures_before = consumer.lookupd_failures
             # Made while nsqlookupd is dead: nsqd can tell nobody now, it must tell the new one.
             first, second = cluster.nsqds
-            sync_post(second.port("HTTP"), f"/channel/create?topic={TOPIC}&channel=outage")
-            sync_post(first.port("HTTP"), "/topic/create?topic=outage_topic")
+            post(second.port("HTTP"), f"/channel/create?topic={TOPIC}&channel=outage")
+            post(first.port("HTTP"), "/topic/create?topic=outage_topic")
             # Dead while OUTAGE_MESSAGES are published and until the consumer's own lookupd
             # polls have failed; messages published during the outage are consumed in it.
-            wait_for(
+            poll(
                 lambda: (
                     publisher.count >= killed_at + OUTAGE_MESSAGES
                     and consumer.lookupd_failures >= failures_before + LOOKUPD_POLL_FAILURES
@@ -429,24 +413,24 @@ def test_lookupd_killed_and_restarted_under_load(cluster):
                     f"failed lookupd polls: {publisher.count - killed_at} and "
                     f"{consumer.lookupd_failures - failures_before}; {publisher.errors}"
                 ),
-                DELIVERY_DEADLINE,
+                timeout=DELIVERY_DEADLINE,
             )
             during_outage = set(range(killed_at, killed_at + OUTAGE_MESSAGES))
-            wait_for(
+            poll(
                 lambda: during_outage <= set(consumer.bodies),
                 "the messages published during the outage to be consumed during it",
-                DELIVERY_DEADLINE,
+                timeout=DELIVERY_DEADLINE,
             )
             assert refuses_connections(cluster.lookupd_http_port)
 
             cluster.restart_lookupd()
             cluster.wait_for_registration({"steady", "outage"})
-            wait_for(
+            poll(
                 lambda: (
                     producer_ports(cluster.lookupd_http_port, "outage_topic") == {first.port("TCP")}
                 ),
                 "the topic made during the outage in /lookup",
-                REGISTER_DEADLINE,
+                timeout=REGISTER_DEADLINE,
             )
             assert_new_consumer_discovers_both(cluster, publisher)
             cluster.wait_for_registration({"steady", "late"})
@@ -470,10 +454,10 @@ def test_lookupd_restarted_again_and_again(cluster, cycles):
     rng = random.Random(SEED + cycles)
     with Publisher(sorted(cluster.nsqd_ports)) as publisher:
         with Consumer("steady", cluster.lookupd_http_port) as consumer:
-            wait_for(
+            poll(
                 lambda: consumer.subscribed == cluster.nsqd_ports,
                 lambda: f"the consumer to find both nsqds, has {consumer.subscribed}",
-                CONSUMER_DEADLINE,
+                timeout=CONSUMER_DEADLINE,
             )
             plan = []
             for cycle in range(cycles):
@@ -483,19 +467,19 @@ def test_lookupd_restarted_again_and_again(cluster, cycles):
                 plan.append((dead, hurry, alive))
                 cluster.kill_lookupd()
                 mark = publisher.count
-                wait_for(
+                poll(
                     lambda mark=mark, dead=dead: publisher.count >= mark + dead,
                     lambda: f"publishing while lookupd is dead: {publisher.errors}",
-                    DELIVERY_DEADLINE,
+                    timeout=DELIVERY_DEADLINE,
                 )
                 cluster.restart_lookupd()
                 if not hurry:
                     cluster.wait_for_registration({"steady"})
                 mark = publisher.count
-                wait_for(
+                poll(
                     lambda mark=mark, alive=alive: publisher.count >= mark + alive,
                     lambda: f"publishing while lookupd is up: {publisher.errors}",
-                    DELIVERY_DEADLINE,
+                    timeout=DELIVERY_DEADLINE,
                 )
 
             cluster.wait_for_registration({"steady"})
@@ -558,7 +542,7 @@ def test_unreachable_lookupd_at_startup_does_not_block_nsqd(tmp_path):
             "-broadcast-address=127.0.0.1",
         )
         # Serving at once: HTTP, PUB and SUB.
-        assert sync_request(nsqd.port("HTTP"), "GET", "/ping").body == b"OK"
+        assert request(nsqd.port("HTTP"), "GET", "/ping").body == b"OK"
         subscriber = V2Connection(nsqd.port("TCP"))
         publisher = V2Connection(nsqd.port("TCP"))
         try:
@@ -578,15 +562,15 @@ def test_unreachable_lookupd_at_startup_does_not_block_nsqd(tmp_path):
         # Meanwhile nsqd was refused by one lookupd and connected to the silent one.
         nsqd.wait_for_log(rf"LOOKUPD\(127\.0\.0\.1:{tcp_port}\): error")
         assert silent.accepted.wait(20.0), "nsqd never connected to the silent lookupd"
-        assert sync_request(nsqd.port("HTTP"), "GET", "/ping").body == b"OK"
+        assert request(nsqd.port("HTTP"), "GET", "/ping").body == b"OK"
 
         # The lookupd appears: nsqd registers its topic and channel there by itself.
-        lookupd = start_lookupd(tcp_port, http_port)
+        lookupd = start_nsqlookupd(tcp_port=tcp_port, http_port=http_port)
         cluster = Cluster(lookupd, [nsqd], tcp_port, http_port)
         cluster.wait_for_registration({"steady"})
-        nodes = sync_get_json(http_port, "/nodes")["producers"]
+        nodes = get_json(http_port, "/nodes")["producers"]
         assert [node["tcp_port"] for node in nodes] == [nsqd.port("TCP")]
-        assert sync_request(nsqd.port("HTTP"), "GET", "/ping").body == b"OK"
+        assert request(nsqd.port("HTTP"), "GET", "/ping").body == b"OK"
     finally:
         for daemon in (nsqd, lookupd):
             if daemon is not None:

@@ -19,9 +19,6 @@ import json
 import socket
 import ssl
 import struct
-import time
-import urllib.error
-import urllib.request
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,6 +31,7 @@ from nsqpy.common.command import MAGIC_V2, NOP, encode_fin, encode_identify, enc
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, Frame
 from nsqpy.common.message import DecodedMessage, decode_message
 from tests.harness import DaemonProcess, start_nsqd
+from tests.support.http import HTTPReply, fetch
 
 HEARTBEAT = b"_heartbeat_"
 READ_TIMEOUT = 10.0
@@ -122,20 +120,8 @@ def https_url(daemon: DaemonProcess, path: str) -> str:
     return f"https://{daemon.addresses['HTTPS']}{path}"
 
 
-@dataclass
-class HTTPReply:
-    status: int
-    headers: dict
-    body: bytes
-
-
 def http_get(url: str, context: ssl.SSLContext | None = None) -> HTTPReply:
-    request = urllib.request.Request(url)
-    try:
-        with urllib.request.urlopen(request, timeout=READ_TIMEOUT, context=context) as response:
-            return HTTPReply(response.status, dict(response.headers), response.read())
-    except urllib.error.HTTPError as error:
-        return HTTPReply(error.code, dict(error.headers), error.read())
+    return fetch(url, context=context, timeout=READ_TIMEOUT)
 
 
 def find_client_stats(stats: dict, client_id: str) -> dict | None:
@@ -158,15 +144,6 @@ def client_stats(url: str, client_id: str, context: ssl.SSLContext | None = None
     found = find_client_stats(json.loads(reply.body), client_id)
     assert found is not None, f"client {client_id!r} not in /stats: {reply.body[:2000]!r}"
     return found
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    """Poll `predicate` until true; fail after `timeout` (for conditions with no event)."""
-    give_up = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > give_up:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 # -- the negotiating client -------------------------------------------------------------------

@@ -21,13 +21,8 @@ from aiohttp import web
 
 from nsqpy.common.command import encode_auth, encode_dpub, encode_mpub, encode_pub, encode_sub
 from nsqpy.common.frame import FRAME_TYPE_RESPONSE
-from tests.security.support import (
-    CLIENT_COMMON_NAME,
-    client_stats,
-    connection,
-    running_nsqd,
-    wait_until,
-)
+from tests.security.support import CLIENT_COMMON_NAME, client_stats, connection, running_nsqd
+from tests.support.polling import poll, wait_until
 
 ALLOW_ALL = {"topic": "allowed.*", "channels": [".*"], "permissions": ["subscribe", "publish"]}
 GOOD = {
@@ -499,14 +494,6 @@ def recording(cls):
     return Recording
 
 
-async def until(predicate, what: str, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < give_up, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
 def run_pynsq(session, *args) -> None:
     asyncio.run(asyncio.wait_for(session(*args), 30))
 
@@ -514,11 +501,11 @@ def run_pynsq(session, *args) -> None:
 async def pynsq_authorized(address: str, writer_log: Recorder, reader_log: Recorder, got: list):
     topic = "allowed.pynsq"
     writer = recording(nsq.Writer)(writer_log, nsqd_tcp_addresses=[address], auth_secret="good")
-    await until(lambda: any(c.connected() for c in writer.conns.values()), "the Writer")
+    await wait_until(lambda: any(c.connected() for c in writer.conns.values()), "the Writer")
     answers: list = []
     for index in range(5):
         writer.pub(topic, b"auth-%d" % index, callback=lambda conn, data: answers.append(data))
-    await until(lambda: len(answers) == 5, "the answers to 5 PUBs")
+    await wait_until(lambda: len(answers) == 5, "the answers to 5 PUBs")
     assert answers == [b"OK"] * 5
 
     def handle(message: nsq.Message) -> bool:
@@ -534,7 +521,7 @@ async def pynsq_authorized(address: str, writer_log: Recorder, reader_log: Recor
         auth_secret="good",
         max_in_flight=10,
     )
-    await until(lambda: len(got) == 5, "5 messages")
+    await wait_until(lambda: len(got) == 5, "5 messages")
     writer_log.closing = reader_log.closing = True
     reader.close()
     for conn in list(writer.conns.values()):
@@ -561,7 +548,7 @@ async def pynsq_refused(address: str, writer_log: Recorder, reader_log: Recorder
         nsqd_tcp_addresses=[address],
         auth_secret="bad",
     )
-    await until(lambda: writer_log.errors and reader_log.errors, "both AUTH refusals")
+    await wait_until(lambda: writer_log.errors and reader_log.errors, "both AUTH refusals")
     assert not writer.conns and not reader.conns  # neither ever became ready
     writer_log.closing = reader_log.closing = True
     reader.close()
@@ -573,4 +560,4 @@ def test_pynsq_with_a_bad_secret_is_refused(auth_nsqd, auth_server):
     assert writer_log.auth_replies == [] and reader_log.auth_replies == []
     assert AUTH_FAILED in writer_log.errors[0]
     assert AUTH_FAILED in reader_log.errors[0]
-    wait_until(lambda: len(auth_server.requests_for("bad")) >= 2, "both AUTH queries")
+    poll(lambda: len(auth_server.requests_for("bad")) >= 2, "both AUTH queries")

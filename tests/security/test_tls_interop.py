@@ -38,6 +38,7 @@ from nsq.snappy_socket import SnappySocket
 
 from tests.interop.support import INTEROP_DIR
 from tests.security.support import http_get, running_nsqd
+from tests.support.polling import wait_until
 
 NODE_DIR = INTEROP_DIR / "node"
 MESSAGES = 200
@@ -109,19 +110,22 @@ def recording(cls, role: str):
     return Recording
 
 
-async def until(predicate, what: str, report: Report) -> None:
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + DEADLINE
-    while not predicate():
+async def until_clean(predicate, what: str, report: Report) -> None:
+    """Until `predicate` holds; a client error fails at once, not at the deadline."""
+
+    def holds() -> bool:
         assert not report.errors, f"while waiting for {what}: {report.errors}"
-        assert loop.time() < give_up, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
+        return predicate()
+
+    await wait_until(holds, what, timeout=DEADLINE)
 
 
 async def pynsq_session(report: Report, address: str, topic: str, stats, options: dict) -> None:
     expected = bodies(topic)
     writer = recording(nsq.Writer, "writer")(report, nsqd_tcp_addresses=[address], **options)
-    await until(lambda: any(c.connected() for c in writer.conns.values()), "the Writer", report)
+    await until_clean(
+        lambda: any(c.connected() for c in writer.conns.values()), "the Writer", report
+    )
 
     def on_published(conn, data) -> None:
         if data == b"OK":
@@ -131,7 +135,7 @@ async def pynsq_session(report: Report, address: str, topic: str, stats, options
 
     writer.pub(topic, expected[0], callback=on_published)
     writer.mpub(topic, expected[1:], callback=on_published)
-    await until(lambda: report.published_ok == 2, "the PUB and MPUB answers", report)
+    await until_clean(lambda: report.published_ok == 2, "the PUB and MPUB answers", report)
 
     def handle(message: nsq.Message) -> bool:
         report.received.append(message.body)
@@ -146,7 +150,7 @@ async def pynsq_session(report: Report, address: str, topic: str, stats, options
         max_in_flight=50,
         **options,
     )
-    await until(lambda: len(report.received) >= MESSAGES, f"{MESSAGES} messages", report)
+    await until_clean(lambda: len(report.received) >= MESSAGES, f"{MESSAGES} messages", report)
     # Both connections are still open: nsqd's view of them.
     report.consumers, report.producers = stats(topic, "tls")
     report.closing = True

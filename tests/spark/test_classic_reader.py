@@ -11,7 +11,9 @@ from nsqpy.client.blocking import http_publish
 from nsqpy.spark.reader import NSQStreamReader
 from nsqpy.spark.source import SCHEMA
 from tests.harness import start_nsqd
-from tests.spark.conftest import channel_stats, wait_channel_drained, wait_until
+from tests.spark.support import wait_channel_drained
+from tests.support.polling import poll
+from tests.support.stats import channel_stats
 
 pytestmark = pytest.mark.spark
 
@@ -44,7 +46,7 @@ def test_batches_come_from_several_connections_and_are_finished_on_commit(nsqd):
     try:
         reader.prepareForTriggerAvailableNow()
         offset = reader.initialOffset()
-        assert wait_until(lambda: ready_counts(http, "classic", "c") == [100, 100, 100])
+        assert poll(lambda: ready_counts(http, "classic", "c") == [100, 100, 100])
         previous = 0
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -88,6 +90,6 @@ def test_connections_per_nsqd_sets_the_connection_count(nsqd):
     try:
         reader.initialOffset()
         # Two batches of 50 over 2 connections.
-        assert wait_until(lambda: ready_counts(http, "classic", "c") == [50, 50])
+        assert poll(lambda: ready_counts(http, "classic", "c") == [50, 50])
     finally:
         reader.stop()

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.harness import start_nsqd
-from tests.spark.conftest import wait_until
-from tests.spark.test_log_source import create_topic, publish
+from tests.spark.support import create_topic, publish
+from tests.support.polling import poll
 
 pytestmark = pytest.mark.spark
 
@@ -65,7 +65,7 @@ def test_the_parquet_output_holds_every_message_once_after_the_driver_is_killed(
                 planned, done = batch_logs(checkpoint)
                 return len(done) >= 2 and len(planned - done) == 1
 
-            wait_until(mid_batch, timeout=120, interval=0.005, what="a batch in progress")
+            poll(mid_batch, "a batch in progress", timeout=120, interval=0.005)
             driver.send_signal(signal.SIGKILL)
         finally:
             driver.kill()

@@ -13,7 +13,8 @@ from nsqpy.spark.log_reader import NSQLogBatchReader, NSQLogStreamReader
 from nsqpy.spark.partition_directory import PartitionsUnavailable
 from nsqpy.spark.source import SCHEMA
 from tests.cluster.etcd_server import EtcdServer
-from tests.cluster.local_cluster import LocalCluster, wait_for
+from tests.cluster.local_cluster import LocalCluster
+from tests.support.polling import poll
 
 pytestmark = pytest.mark.spark
 
@@ -37,7 +38,7 @@ def test_a_stream_reads_on_through_a_leader_failover(spark, cluster, tmp_path):
         reply = cluster.lookupd_http("GET", "/lookup?topic=flow&access=w")
         return reply.status == 200 and len(json.loads(reply.body).get("partitions") or {}) == 2
 
-    wait_for(writable, "both partitions writable")
+    poll(writable, "both partitions writable")
     acknowledged: list[bytes] = []
     with SmartProducer(lookupd, publish_timeout=30) as producer:
         for i in range(400):
@@ -67,7 +68,7 @@ def test_a_stream_reads_on_through_a_leader_failover(spark, cluster, tmp_path):
             .start()
         )
         try:
-            wait_for(lambda: len(received) >= 100, "the first rows", timeout=60)
+            poll(lambda: len(received) >= 100, "the first rows", timeout=60)
             old_leader = cluster.node_leading("flow", 0)
             old_http = f"127.0.0.1:{old_leader.http_port}"
             old_leader.kill()
@@ -82,7 +83,7 @@ def test_a_stream_reads_on_through_a_leader_failover(spark, cluster, tmp_path):
                     bodies = {bytes(row.body) for row in received}
                 return bodies >= set(acknowledged)
 
-            wait_for(read_everything, "every acknowledged message read", timeout=120)
+            poll(read_everything, "every acknowledged message read", timeout=120)
         finally:
             query.stop()
     positions = [(row.partition, row.offset) for row in received]
@@ -119,7 +120,7 @@ def test_the_first_offsets_wait_for_a_partition_without_a_leader(cluster):
         reply = cluster.lookupd_http("GET", "/lookup?topic=gap&access=r")
         return {int(p) for p in json.loads(reply.body).get("partitions") or {}}
 
-    wait_for(lambda: not listed() & led_by_down, "the down node's partitions unlisted")
+    poll(lambda: not listed() & led_by_down, "the down node's partitions unlisted")
     options = {"lookupd": lookupd, "topic": "gap", "channel": "q", "startingoffsets": "latest"}
     missing = ", ".join(map(str, sorted(led_by_down)))
     brief = {**options, "fetchtimeout": "1s"}

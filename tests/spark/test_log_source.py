@@ -8,7 +8,7 @@ import pytest
 
 from nsqpy.client.blocking import http_json, http_request
 from tests.harness import start_nsqd
-from tests.spark.conftest import collect_available_now
+from tests.spark.support import collect_available_now, create_topic, publish
 
 pytestmark = pytest.mark.spark
 
@@ -21,23 +21,6 @@ def nsqd(tmp_path):
     daemon = start_nsqd(data, "-max-bytes-per-file=4096")
     yield daemon
     daemon.stop()
-
-
-def create_topic(http: str, topic: str, partitions: int) -> None:
-    http_request(http, "/topic/create", method="POST", topic=topic, partition_num=str(partitions))
-
-
-def publish(http: str, topic: str, partition: int, bodies: list[bytes]) -> None:
-    payload = b"".join(len(body).to_bytes(4, "big") + body for body in bodies)
-    http_request(
-        http,
-        "/mpub",
-        method="POST",
-        body=len(bodies).to_bytes(4, "big") + payload,
-        topic=topic,
-        partition=str(partition),
-        binary="true",
-    )
 
 
 def partition_ends(http: str, topic: str) -> dict[int, dict]:

@@ -6,17 +6,17 @@ from pyspark.sql import functions as F
 
 from nsqpy.client.blocking import http_publish
 from nsqpy.spark.options import lookupd_producers
-from tests.harness import DaemonProcess, start_nsqd
-from tests.spark.conftest import MSG_TIMEOUT, collect_available_now, topic_stats, wait_until
+from tests.harness import start_nsqd, start_nsqlookupd
+from tests.spark.support import MSG_TIMEOUT, collect_available_now
+from tests.support.polling import poll
+from tests.support.stats import topic_stats
 
 pytestmark = pytest.mark.spark
 
 
 @pytest.fixture
 def cluster(tmp_path):
-    lookupd = DaemonProcess(
-        "nsqlookupd", ["-tcp-address=127.0.0.1:0", "-http-address=127.0.0.1:0"]
-    ).start(wait_for=("TCP", "HTTP"))
+    lookupd = start_nsqlookupd()
     nsqds = []
     try:
         for index in range(2):
@@ -44,9 +44,9 @@ def test_lookupd_reader_and_writer_use_every_nsqd(spark, cluster, tmp_path):
         bodies = [f"nsqd{index}-{i}".encode() for i in range(30)]
         http_publish(nsqd.addresses["HTTP"], "spread", bodies)
         expected.update(bodies)
-    wait_until(
+    poll(
         lambda: len(lookupd_producers([lookupd_http], "spread")) == 2,
-        what="both nsqds registered with lookupd",
+        "both nsqds registered with lookupd",
     )
     stream = (
         spark.readStream.format("nsq")

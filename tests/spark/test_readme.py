@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import DaemonProcess, start_nsqd
-from tests.spark.conftest import channel_stats
+from tests.harness import start_nsqd, start_nsqlookupd
+from tests.support.stats import channel_stats
 
 pytestmark = pytest.mark.spark
 
@@ -24,9 +24,7 @@ def python_snippets() -> list[str]:
 
 @pytest.fixture
 def cluster(tmp_path):
-    lookupd = DaemonProcess(
-        "nsqlookupd", ["-tcp-address=127.0.0.1:0", "-http-address=127.0.0.1:0"]
-    ).start(wait_for=("TCP", "HTTP"))
+    lookupd = start_nsqlookupd()
     data = tmp_path / "nsqd"
     data.mkdir()
     nsqd = start_nsqd(

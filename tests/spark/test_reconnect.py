@@ -8,7 +8,7 @@ import pytest
 from nsqpy.client.blocking import http_publish
 from nsqpy.spark.reader import NSQStreamReader
 from tests.harness import start_nsqd
-from tests.spark.conftest import wait_channel_drained
+from tests.spark.support import wait_channel_drained
 
 pytestmark = pytest.mark.spark
 

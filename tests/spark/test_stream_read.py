@@ -5,13 +5,9 @@ from datetime import datetime, timedelta
 import pytest
 
 from nsqpy.client.blocking import http_publish
-from tests.spark.conftest import (
-    addresses,
-    channel_stats,
-    collect_available_now,
-    wait_channel_drained,
-    wait_until,
-)
+from tests.spark.support import addresses, collect_available_now, wait_channel_drained
+from tests.support.polling import poll
+from tests.support.stats import channel_stats
 
 pytestmark = pytest.mark.spark
 
@@ -145,7 +141,7 @@ def test_running_query_finishes_messages_while_it_waits_for_more(spark, nsqd, tm
                 and channel["in_flight_count"] == 0
             )
 
-        wait_until(drained, timeout=60, what="every message FINished by the running query")
+        poll(drained, "every message FINished by the running query", timeout=60)
         assert {bytes(row.body) for row in received} == bodies
         assert query.isActive and query.exception() is None
     finally:

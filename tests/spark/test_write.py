@@ -11,7 +11,9 @@ from pyspark.sql.types import BinaryType, StructField, StructType
 from nsqpy.client.blocking import Consumer, http_publish
 from nsqpy.spark.writer import NSQWriter
 from tests.harness import start_nsqd
-from tests.spark.conftest import addresses, topic_stats, wait_until
+from tests.spark.support import addresses
+from tests.support.polling import poll
+from tests.support.stats import topic_stats
 
 pytestmark = pytest.mark.spark
 
@@ -82,7 +84,7 @@ def test_stream_transform_stream_round_trip(spark, nsqd, tmp_path):
         channel = topic_stats(http, "words")["channels"][0]
         return channel["depth"] == 0 and channel["in_flight_count"] == 0
 
-    wait_until(drained, what="the source channel to drain")
+    poll(drained, "the source channel to drain")
 
 
 def test_large_bodies_are_cut_into_mpubs_nsqd_accepts(tmp_path):

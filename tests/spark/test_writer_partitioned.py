@@ -12,8 +12,8 @@ from pyspark.sql import functions as F
 
 from nsqpy.client.blocking import http_json
 from nsqpy.client.smart import SmartConsumer, partition_for_key
-from tests.harness import DaemonProcess, create_partitioned_topic, start_nsqd
-from tests.spark.conftest import wait_until
+from tests.harness import create_partitioned_topic, start_nsqd, start_nsqlookupd
+from tests.support.polling import poll
 
 pytestmark = pytest.mark.spark
 
@@ -25,14 +25,7 @@ def cluster(tmp_path):
     """(nsqlookupd HTTP, nsqd HTTP), the nsqd registered with the nsqlookupd."""
     daemons = []
     try:
-        lookupd = DaemonProcess(
-            "nsqlookupd",
-            [
-                "-tcp-address=127.0.0.1:0",
-                "-http-address=127.0.0.1:0",
-                "-broadcast-address=127.0.0.1",
-            ],
-        ).start(wait_for=("TCP", "HTTP"))
+        lookupd = start_nsqlookupd("-broadcast-address=127.0.0.1")
         daemons.append(lookupd)
         data = tmp_path / "nsqd"
         data.mkdir()
@@ -42,9 +35,7 @@ def cluster(tmp_path):
         daemons.append(nsqd)
         lookupd_http = lookupd.addresses["HTTP"]
         # nsqlookupd places a new topic's partitions on the nsqds registered with it.
-        wait_until(
-            lambda: http_json(lookupd_http, "/nodes")["producers"], what="the nsqd to register"
-        )
+        poll(lambda: http_json(lookupd_http, "/nodes")["producers"], "the nsqd to register")
         yield lookupd_http, nsqd.addresses["HTTP"]
     finally:
         for daemon in reversed(daemons):

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from nsqpy.client.blocking import http_request
 from tests.harness import BIN
-from tests.tools.conftest import lookupd_has_topic, wait_until
+from tests.support.polling import poll
+from tests.tools.support import lookupd_has_topic
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "tools.md"
 
@@ -17,7 +18,7 @@ def test_tools_doc_shell_examples_run(nsqd, lookupd):
     blocks = re.findall(r"```sh\n(.*?)```", DOC.read_text(), flags=re.S)
     assert len(blocks) >= 3
     http_request(nsqd.addresses["HTTP"], "/topic/create", method="POST", topic="events")
-    wait_until(lambda: lookupd_has_topic(lookupd, "events"))
+    poll(lambda: lookupd_has_topic(lookupd, "events"))
     replacements = {
         "127.0.0.1:4150": nsqd.addresses["TCP"],
         "127.0.0.1:4151": nsqd.addresses["HTTP"],

@@ -21,9 +21,8 @@ from tests.harness import (
     pid_listening,
     start_nsqd,
 )
-from tests.nsqd.test_durability import numbered, publish
-from tests.nsqd.test_signals import _consume_all
-from tests.nsqlookupd.support import poll
+from tests.nsqd.support import consume_all, numbered, publish
+from tests.support.polling import poll
 
 RUNNER = textwrap.dedent(
     """
@@ -50,7 +49,7 @@ def test_ctrl_c_stops_the_cluster_cleanly_and_keeps_nsqd_messages(tmp_path) -> N
 
     restarted = start_nsqd(tmp_path)
     try:
-        assert _consume_all(restarted.port(), "t", "c", 50) == set(range(50))
+        assert consume_all(restarted.port(), "t", "c", 50) == set(range(50))
     finally:
         restarted.kill()
 
@@ -91,7 +90,7 @@ def test_make_run_keeps_its_data_in_one_place_across_restarts(tmp_path) -> None:
     try:
         line = wait_for_line(first, "nsqd data in ")
         assert line.split("nsqd data in ")[1].split(";")[0] == str(checkout / "data" / "run")
-        poll(nsqd_listening, "nsqd listening", 20)
+        poll(nsqd_listening, "nsqd listening", timeout=20)
         publish(4150 + offset, "t", numbered(20))
     finally:
         os.killpg(first.pid, signal.SIGINT)
@@ -99,8 +98,8 @@ def test_make_run_keeps_its_data_in_one_place_across_restarts(tmp_path) -> None:
     second = make_run()
     try:
         wait_for_line(second, "Ctrl-C stops everything")
-        poll(nsqd_listening, "nsqd listening again", 20)
-        assert _consume_all(4150 + offset, "t", "c", 20) == set(range(20))
+        poll(nsqd_listening, "nsqd listening again", timeout=20)
+        assert consume_all(4150 + offset, "t", "c", 20) == set(range(20))
     finally:
         os.killpg(second.pid, signal.SIGINT)
         assert second.wait(30) == 0
@@ -174,7 +173,7 @@ def test_the_replicated_cluster_outlives_a_killed_nsqd_and_restarts_it(tmp_path,
         poll(
             lambda: len(cluster_stats(lookupd).get("nsqd_nodes", [])) == 3,
             "three nsqds in the cluster",
-            30,
+            timeout=30,
         )
         os.kill(pid_listening(4152 + offset), signal.SIGKILL)
         line = expect("nsqd 2 (tcp://127.0.0.1:")
@@ -186,7 +185,7 @@ def test_the_replicated_cluster_outlives_a_killed_nsqd_and_restarts_it(tmp_path,
         poll(
             lambda: len(cluster_stats(lookupd).get("nsqd_nodes", [])) == 3,
             "the restarted nsqd back in the cluster",
-            30,
+            timeout=30,
         )
         assert runner.poll() is None
     finally:

@@ -5,15 +5,9 @@ import pytest
 
 from nsqpy.client.blocking import Producer, http_json
 from nsqpy.tools._options import NsqOptions, OptionError
-from tests.tools.conftest import (
-    channel_stats,
-    lookupd_has_topic,
-    run_tool,
-    start_tool,
-    stop_tool,
-    topic_channels,
-    wait_until,
-)
+from tests.support.polling import poll
+from tests.support.stats import channel_stats, topic_channels
+from tests.tools.support import lookupd_has_topic, run_tool, start_tool, stop_tool
 
 
 def test_nsq_to_file_archives_the_topics_matching_the_pattern(nsqd, lookupd, topic, tmp_path):
@@ -31,7 +25,7 @@ def test_nsq_to_file_archives_the_topics_matching_the_pattern(nsqd, lookupd, top
         # The topic that does not match exists before the ones that do: every refresh that
         # finds those has seen (and skipped) it.
         producer.publish(skipped, b"not archived")
-        wait_until(lambda: lookupd_has_topic(lookupd, skipped))
+        poll(lambda: lookupd_has_topic(lookupd, skipped))
         for name in kept:
             producer.multi_publish(name, [b"%s %d" % (name.encode(), i) for i in range(3)])
 
@@ -44,7 +38,7 @@ def test_nsq_to_file_archives_the_topics_matching_the_pattern(nsqd, lookupd, top
             and (stats["in_flight_count"] == 0)
         )
 
-    wait_until(lambda: all(archived(name) for name in kept))
+    poll(lambda: all(archived(name) for name in kept))
     stop_tool(tool)
     for name in kept:
         paths = sorted(tmp_path.glob(f"{name}.*.log"))
@@ -94,7 +88,7 @@ def test_consumer_opt_sets_identify_fields_and_rdy(nsqd, topic):
         clients = (stats or {}).get("clients") or []
         return clients[0] if clients and clients[0]["ready_count"] == 7 else None
 
-    found = wait_until(client)
+    found = poll(client)
     stop_tool(tool)
     assert found["user_agent"] == "custom-agent/1.0"
     assert found["sample_rate"] == 42
@@ -119,7 +113,7 @@ def test_producer_opt_sets_identify_fields(nsqd, topic):
         stats = http_json(nsqd.addresses["HTTP"], "/stats", format="json")
         return [p["user_agent"] for p in stats.get("producers") or []]
 
-    wait_until(lambda: "producer-agent/2.0" in producer_agents())
+    poll(lambda: "producer-agent/2.0" in producer_agents())
     stop_tool(tool)
 
 

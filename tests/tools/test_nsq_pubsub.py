@@ -14,7 +14,6 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -23,21 +22,13 @@ import trustme
 
 from nsqpy.client.blocking import http_json, http_publish, http_request
 from tests.harness import DaemonProcess, start_nsqd
-from tests.tools.conftest import (
-    channel_stats,
-    lookupd_has_topic,
-    run_tool,
-    topic_channels,
-    wait_until,
-)
+from tests.support.http import Headers, HTTPReply, request
+from tests.support.polling import poll
+from tests.support.stats import channel_stats, topic_channels
+from tests.tools.pubsub import publish, start_pubsub, stats, subscribers_of
+from tests.tools.support import lookupd_has_topic, run_tool
 
 DEADLINE = 10.0
-
-
-def start_pubsub(*args: str, port: int = 0) -> DaemonProcess:
-    return DaemonProcess("nsq_pubsub", [f"-http-address=127.0.0.1:{port}", *args]).start(
-        wait_for=("HTTP",)
-    )
 
 
 @pytest.fixture
@@ -62,34 +53,7 @@ def pubsub(nsqd):
     assert daemon.stop() == 0, daemon.log
 
 
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-
-def request(
-    address: str,
-    method: str,
-    path: str,
-    body: bytes | None = None,
-    headers: dict | None = None,
-    context: ssl.SSLContext | None = None,
-) -> Reply:
-    """One request, whatever its status (the body of an error too)."""
-    scheme = "https" if context else "http"
-    prepared = urllib.request.Request(
-        f"{scheme}://{address}{path}", data=body, method=method, headers=headers or {}
-    )
-    try:
-        with urllib.request.urlopen(prepared, timeout=DEADLINE, context=context) as response:
-            return Reply(response.status, dict(response.headers), response.read())
-    except urllib.error.HTTPError as error:
-        return Reply(error.code, dict(error.headers), error.read())
-
-
-def announce_body(address: str, method: str, path: str, length: int) -> Reply:
+def announce_body(address: str, method: str, path: str, length: int) -> HTTPReply:
     """A request that declares a `length` byte body and sends none of it: the answer a server
     gives from the headers alone (nsqd's too-big refusals), which a client sending the whole
     body could lose to the server closing on it."""
@@ -99,20 +63,7 @@ def announce_body(address: str, method: str, path: str, length: int) -> Reply:
         sock.sendall(head.encode())
         response = http.client.HTTPResponse(sock)
         response.begin()
-        return Reply(response.status, dict(response.headers), response.read())
-
-
-def publish(pubsub: DaemonProcess, topic: str, body: bytes) -> None:
-    reply = request(pubsub.addresses["HTTP"], "POST", f"/pub?topic={topic}", body)
-    assert (reply.status, reply.body) == (200, b"OK"), reply
-
-
-def stats(pubsub: DaemonProcess) -> dict:
-    return http_json(pubsub.addresses["HTTP"], "/stats", format="json")
-
-
-def subscribers_of(pubsub: DaemonProcess, topic: str) -> list[dict]:
-    return [entry for entry in stats(pubsub)["subscribers"] if entry["topic"] == topic]
+        return HTTPReply(response.status, response.read(), Headers(response.getheaders()))
 
 
 class Stream:
@@ -243,11 +194,11 @@ def test_stream_is_chunked_one_message_a_line_and_each_is_finished(pubsub, nsqd,
             b"straight to nsqd",
         ]
         # FINished once written: nothing in flight, nothing waiting.
-        wait_until(
+        poll(
             lambda: (
                 lambda s: s["in_flight_count"] == 0 and s["depth"] == 0 and s["message_count"] == 7
             )(channel_stats(nsqd, topic, "lines")),
-            DEADLINE,
+            timeout=DEADLINE,
         )
         (entry,) = subscribers_of(pubsub, topic)
         assert (entry["channel"], entry["kind"], entry["messages"]) == ("lines", "stream", 7)
@@ -257,7 +208,7 @@ def test_stream_is_chunked_one_message_a_line_and_each_is_finished(pubsub, nsqd,
         assert f"[{topic} : lines] stream msgs: 7 in-flight: 0 connected: " in text
     finally:
         stream.close()
-    wait_until(lambda: not subscribers_of(pubsub, topic), DEADLINE)
+    poll(lambda: not subscribers_of(pubsub, topic), timeout=DEADLINE)
 
 
 def test_idle_subscribers_get_heartbeats(nsqd, topic, launch):
@@ -328,7 +279,7 @@ def test_websocket_subscriber(pubsub, topic):
         (aiohttp.WSMsgType.BINARY, b"\xff\xfe binary"),
         (aiohttp.WSMsgType.TEXT, "after"),
     ]
-    wait_until(lambda: not subscribers_of(pubsub, topic), DEADLINE)
+    poll(lambda: not subscribers_of(pubsub, topic), timeout=DEADLINE)
     # A plain GET is not a WebSocket handshake.
     reply = request(address, "GET", f"/ws?topic={topic}")
     assert (reply.status, reply.body) == (400, b'{"message":"INVALID_REQUEST"}')
@@ -382,7 +333,7 @@ def test_a_shared_channel_splits_and_no_channel_means_an_ephemeral_one(nsqd, top
         assert sorted(first + second) == expected
         assert first and second
         assert lone == expected
-        wait_until(lambda: [c["channel_name"] for c in topic_channels(nsqd, topic)] == ["shared"])
+        poll(lambda: [c["channel_name"] for c in topic_channels(nsqd, topic)] == ["shared"])
     finally:
         assert pubsub.stop() == 0, pubsub.log
 
@@ -412,7 +363,7 @@ def test_a_slow_subscriber_holds_only_its_window_and_leaving_requeues_it(nsqd, t
             (entry,) = subscribers_of(pubsub, topic)
             return entry["blocked"] and entry["in_flight"] == window
 
-        wait_until(stuck, DEADLINE)
+        poll(stuck, timeout=DEADLINE)
         channel = channel_stats(nsqd, topic, "work")
         # The rest waits in nsqd, not in nsq_pubsub.
         assert channel["in_flight_count"] == window
@@ -422,7 +373,7 @@ def test_a_slow_subscriber_holds_only_its_window_and_leaving_requeues_it(nsqd, t
     line = pubsub.wait_for_log(r"subscriber of .* left after", DEADLINE)
     requeued = int(line.rsplit("(", 1)[1].split()[0])
     assert requeued == window
-    wait_until(lambda: channel_stats(nsqd, topic, "work")["in_flight_count"] == 0, DEADLINE)
+    poll(lambda: channel_stats(nsqd, topic, "work")["in_flight_count"] == 0, timeout=DEADLINE)
     channel = channel_stats(nsqd, topic, "work")
     assert (channel["requeue_count"], channel["timeout_count"]) == (window, 0)
     taken = stats(pubsub)["total_messages"]
@@ -431,11 +382,11 @@ def test_a_slow_subscriber_holds_only_its_window_and_leaving_requeues_it(nsqd, t
     try:
         rest = reader.lines(count - taken)
         assert sorted(line[:3] for line in rest) == [b"%03d" % n for n in range(taken, count)]
-        wait_until(
+        poll(
             lambda: (lambda s: s["depth"] == 0 and s["in_flight_count"] == 0)(
                 channel_stats(nsqd, topic, "work")
             ),
-            DEADLINE,
+            timeout=DEADLINE,
         )
     finally:
         reader.close()
@@ -452,14 +403,14 @@ def test_sigterm_requeues_ends_the_streams_and_exits_0(nsqd, topic, launch):
     body = b"." * 65536
     for _batch in range(2):  # nsqd's --max-body-size is 5 MiB
         http_publish(nsqd.addresses["HTTP"], topic, [body] * 50)
-    wait_until(
+    poll(
         lambda: any(e["blocked"] and e["in_flight"] == 3 for e in subscribers_of(pubsub, topic)),
-        DEADLINE,
+        timeout=DEADLINE,
     )
     pubsub.process.send_signal(signal.SIGTERM)
     assert pubsub.process.wait(DEADLINE) == 0, pubsub.log
     assert idle.read_to_end() == b""
-    wait_until(lambda: channel_stats(nsqd, topic, "stop")["in_flight_count"] == 0, DEADLINE)
+    poll(lambda: channel_stats(nsqd, topic, "stop")["in_flight_count"] == 0, timeout=DEADLINE)
     channel = channel_stats(nsqd, topic, "stop")
     assert (channel["requeue_count"], channel["timeout_count"]) == (3, 0)
     slow.close()
@@ -521,8 +472,8 @@ def test_a_thousand_sse_subscribers_are_held_and_each_receives(pubsub, nsqd, top
     assert {event["data"] for event in events} == {b"to every one"}
     # One message, one ID, a copy on every channel.
     assert len({event["id"] for event in events}) == 1
-    wait_until(lambda: not subscribers_of(pubsub, topic), 30)
-    wait_until(lambda: not topic_channels(nsqd, topic), 30)
+    poll(lambda: not subscribers_of(pubsub, topic), timeout=30)
+    poll(lambda: not topic_channels(nsqd, topic), timeout=30)
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -658,7 +609,7 @@ def test_through_lookupd_a_new_classic_topic(nsqd, lookupd, topic, launch):
     try:
         # No nsqd has the topic: it goes to one nsqlookupd lists in /nodes.
         publish(pubsub, topic, b"first")
-        wait_until(lambda: lookupd_has_topic(lookupd, topic), DEADLINE)
+        poll(lambda: lookupd_has_topic(lookupd, topic), timeout=DEADLINE)
         stream = Stream(address, f"/sub?topic={topic}&channel=c")
         try:
             assert subscribers_of(pubsub, topic)[0]["nsqd_connections"] == 1
@@ -689,7 +640,7 @@ def test_through_lookupd_a_partitioned_topic(nsqd, lookupd, topic, launch):
             return {}
         return document.get("partitions") or {}
 
-    wait_until(lambda: len(partitions("r")) == 2, DEADLINE)
+    poll(lambda: len(partitions("r")) == 2, timeout=DEADLINE)
     pubsub = launch(f"-lookupd-http-address={lookupd_http}")
     try:
         stream = Stream(pubsub.addresses["HTTP"], f"/sub?topic={topic}&channel=c")
@@ -697,7 +648,7 @@ def test_through_lookupd_a_partitioned_topic(nsqd, lookupd, topic, launch):
             # One connection per partition, at its leader.
             assert subscribers_of(pubsub, topic)[0]["nsqd_connections"] == 2
             # The SUBs created the channel on both partitions: both become writable.
-            wait_until(lambda: len(partitions("w")) == 2, DEADLINE)
+            poll(lambda: len(partitions("w")) == 2, timeout=DEADLINE)
             bodies = [b"p%02d" % number for number in range(10)]
             for body in bodies:
                 publish(pubsub, topic, body)

@@ -15,8 +15,8 @@ from selenium.common.exceptions import WebDriverException
 from nsqpy.client.blocking import http_publish
 from tests.browser import start_chromium
 from tests.harness import DaemonProcess
-from tests.tools.conftest import wait_until
-from tests.tools.test_nsq_pubsub import publish, start_pubsub, subscribers_of
+from tests.support.polling import poll
+from tests.tools.pubsub import publish, start_pubsub, subscribers_of
 
 DEADLINE = 15.0
 
@@ -68,11 +68,11 @@ def test_event_source_receives_and_resumes_after_a_restart(browser, nsqd, topic,
     # A page of nsq_pubsub's own origin, so the EventSource is same-origin.
     browser.get(f"http://127.0.0.1:{port}/ping")
     browser.execute_script(SUBSCRIBE, f"/sub?topic={topic}&channel=browser")
-    wait_until(lambda: subscribers_of(pubsub, topic), DEADLINE)
+    poll(lambda: subscribers_of(pubsub, topic), timeout=DEADLINE)
     publish(pubsub, topic, b"one")
     publish(pubsub, topic, b"two")
     publish(pubsub, topic, b"three\nlines")
-    wait_until(lambda: len(received(browser)) == 3, DEADLINE)
+    poll(lambda: len(received(browser)) == 3, timeout=DEADLINE)
     first = received(browser)
     assert [event["data"] for event in first] == ["one", "two", "three\nlines"]
     ids = [event["id"] for event in first]
@@ -82,11 +82,11 @@ def test_event_source_receives_and_resumes_after_a_restart(browser, nsqd, topic,
     # While nsq_pubsub is away the channel keeps what is published.
     http_publish(nsqd.addresses["HTTP"], topic, [b"four", b"five"])
     pubsub = launch(*args, port=port)
-    wait_until(lambda: len(received(browser)) == 5, DEADLINE)
+    poll(lambda: len(received(browser)) == 5, timeout=DEADLINE)
     assert [event["data"] for event in received(browser)[3:]] == ["four", "five"]
     assert browser.execute_script("return window.opened;") == 2
     (entry,) = subscribers_of(pubsub, topic)
     # The browser told the new stream where it had got to.
     assert (entry["kind"], entry["last_event_id"]) == ("sse", ids[-1])
     browser.execute_script("window.source.close();")
-    wait_until(lambda: not subscribers_of(pubsub, topic), DEADLINE)
+    poll(lambda: not subscribers_of(pubsub, topic), timeout=DEADLINE)

@@ -1,7 +1,8 @@
 """nsq_stat against a real nsqd, directly and through nsqlookupd."""
 
 from nsqpy.client.blocking import Consumer, Producer, http_request
-from tests.tools.conftest import lookupd_has_topic, run_tool, wait_until
+from tests.support.polling import poll
+from tests.tools.support import lookupd_has_topic, run_tool
 
 HEADER = (
     "------rate------+----------------depth----------------+--------------metadata---------------\n"
@@ -37,7 +38,7 @@ def test_nsq_stat_prints_go_table(nsqd, topic):
 def test_nsq_stat_via_lookupd(nsqd, lookupd, topic):
     http_request(nsqd.addresses["HTTP"], "/topic/create", method="POST", topic=topic)
     http_request(nsqd.addresses["HTTP"], "/channel/create", method="POST", topic=topic, channel="c")
-    wait_until(lambda: lookupd_has_topic(lookupd, topic))
+    poll(lambda: lookupd_has_topic(lookupd, topic))
     result = run_tool(
         "nsq_stat",
         f"--topic={topic}",

@@ -5,7 +5,9 @@ import re
 import socket
 
 from nsqpy.client.blocking import Producer
-from tests.tools.conftest import channel_stats, run_tool, start_tool, stop_tool, wait_until
+from tests.support.polling import poll
+from tests.support.stats import channel_stats
+from tests.tools.support import run_tool, start_tool, stop_tool
 
 HOST = socket.gethostname().split(".")[0]
 
@@ -30,7 +32,7 @@ def test_nsq_to_file_plain_file_named_like_go(nsqd, topic, tmp_path):
         f"--nsqd-tcp-address={tcp}",
         f"--output-dir={tmp_path}",
     )
-    wait_until(lambda: all_finished(nsqd, topic, 10))
+    poll(lambda: all_finished(nsqd, topic, 10))
     stop_tool(tool)
     # Normally one file; two if the test straddles an hour (the default <DATETIME> changes).
     paths = sorted(tmp_path.iterdir())
@@ -57,7 +59,7 @@ def test_nsq_to_file_gzip_rotates_by_size_through_a_work_dir(nsqd, topic, tmp_pa
     bodies = [b"message number %03d" % i for i in range(30)]
     with Producer(tcp) as producer:
         producer.multi_publish(topic, bodies)
-    wait_until(lambda: all_finished(nsqd, topic, 30))
+    poll(lambda: all_finished(nsqd, topic, 30))
     stop_tool(tool)
     names = sorted(p.name for p in output.iterdir())
     assert len(names) > 1
@@ -94,11 +96,11 @@ def test_nsq_to_file_rotates_by_interval(nsqd, topic, tmp_path):
     )
     with Producer(tcp) as producer:
         producer.publish(topic, b"before")
-        wait_until(lambda: all_finished(nsqd, topic, 1))
+        poll(lambda: all_finished(nsqd, topic, 1))
         # The interval passes and the sync tick opens the next revision.
-        wait_until(lambda: len(list(tmp_path.iterdir())) >= 2)
+        poll(lambda: len(list(tmp_path.iterdir())) >= 2)
         producer.publish(topic, b"after")
-        wait_until(lambda: all_finished(nsqd, topic, 2))
+        poll(lambda: all_finished(nsqd, topic, 2))
     stop_tool(tool)
     files = sorted(tmp_path.iterdir())
     assert files[0].name.startswith(f"{topic}.{HOST}-000000.")

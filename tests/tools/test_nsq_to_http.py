@@ -6,7 +6,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from nsqpy.client.blocking import Producer
-from tests.tools.conftest import channel_stats, start_tool, stop_tool, wait_until
+from tests.support.polling import poll
+from tests.support.stats import channel_stats
+from tests.tools.support import start_tool, stop_tool
 
 
 class Upstream:
@@ -71,7 +73,7 @@ def run_to_http(nsqd, topic, *args, count):
     with Producer(tcp) as producer:
         producer.multi_publish(topic, [b"body %d" % i for i in range(count)])
     tool = start_tool("nsq_to_http", f"--topic={topic}", f"--nsqd-tcp-address={tcp}", *args)
-    wait_until(lambda: delivered(nsqd, topic, count))
+    poll(lambda: delivered(nsqd, topic, count))
     stop_tool(tool)
 
 
@@ -123,8 +125,8 @@ def test_failed_request_is_requeued_and_retried(nsqd, topic):
             f"--post={upstream.url}/",
             "--mode=round-robin",
         )
-        wait_until(lambda: upstream.requests)
-        wait_until(lambda: delivered(nsqd, topic, 1))
+        poll(lambda: upstream.requests)
+        poll(lambda: delivered(nsqd, topic, 1))
         stats = channel_stats(nsqd, topic, "nsq_to_http")
         _out, err = stop_tool(tool)
         assert stats["requeue_count"] == 1

@@ -7,7 +7,9 @@ import pytest
 from nsqpy.client.blocking import Consumer, Producer
 from nsqpy.tools._common import Progress
 from tests.harness import start_nsqd
-from tests.tools.conftest import channel_stats, start_tool, stop_tool, wait_until
+from tests.support.polling import poll
+from tests.support.stats import channel_stats
+from tests.tools.support import start_tool, stop_tool
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,7 @@ def test_nsq_to_nsq_copies_to_another_nsqd_and_topic(nsqd, destination, topic):
             and (stats["in_flight_count"] == 0)
         )
 
-    wait_until(copied)
+    poll(copied)
     stop_tool(tool)
     with Consumer(destination.addresses["TCP"], "copied", "check") as consumer:
         bodies = [consumer.receive(timeout=5).body for _ in range(20)]

@@ -35,7 +35,7 @@ from nsqpy.client.smart import (
 from tests.cluster.etcd_server import ETCD, EtcdServer
 from tests.cluster.local_cluster import LocalCluster
 from tests.harness import DaemonProcess, start_nsqd
-from tests.tools.conftest import wait_until
+from tests.support.polling import poll
 
 DEADLINE = 10.0
 LOOKUPD_ARGS = [
@@ -64,7 +64,7 @@ class Cluster:
         with ThreadPoolExecutor(max_workers=nsqds) as pool:
             self.nsqds = list(pool.map(self._start_nsqd, self.data_paths))
         for lookupd in self.lookupds:
-            wait_until(lambda lookupd=lookupd: len(self.nodes(lookupd)) == nsqds, DEADLINE)
+            poll(lambda lookupd=lookupd: len(self.nodes(lookupd)) == nsqds, timeout=DEADLINE)
 
     def _start_nsqd(self, data_path: Path) -> DaemonProcess:
         lookupds = [f"-lookupd-tcp-address={lookupd.addresses['TCP']}" for lookupd in self.lookupds]
@@ -126,9 +126,9 @@ class Cluster:
         assert sorted(owners) == list(range(partitions))
         access = "w" if channels else "r"
         for lookupd in self.running_lookupds():
-            wait_until(
+            poll(
                 lambda lookupd=lookupd: len(listed(lookupd, topic, access)) == partitions,
-                DEADLINE,
+                timeout=DEADLINE,
             )
         return owners
 
@@ -294,9 +294,9 @@ def test_round_robin_spreads_over_partitions_and_the_consumer_reads_them_all(clu
         assert (stats.messages, stats.finished, stats.requeued) == (24, 24, 0)
         assert (stats.connections, stats.disconnections) == (4, 0)
         # max_in_flight spread over the four connections: 6 = 2 + 2 + 1 + 1.
-        wait_until(
+        poll(
             lambda: sorted(sum(cluster.ready_counts(topic, "c").values(), [])) == [1, 1, 2, 2],
-            DEADLINE,
+            timeout=DEADLINE,
         )
 
 
@@ -308,7 +308,7 @@ def test_a_classic_topic_is_read_from_every_nsqd_that_has_it(cluster, topic):
             nsqd.addresses["HTTP"], "/pub", method="POST", body=b"on %d" % index, topic=topic
         )
     for lookupd in cluster.lookupds:
-        wait_until(lambda lookupd=lookupd: len(producers_of(lookupd, topic)) == 2, DEADLINE)
+        poll(lambda lookupd=lookupd: len(producers_of(lookupd, topic)) == 2, timeout=DEADLINE)
     layout = LookupdDiscovery(cluster.lookupd_addresses).lookup(topic, "r")
     assert layout.partitions == {}
     assert sorted(layout.classic_nodes) == sorted(cluster.tcp_address(i) for i in range(2))
@@ -334,10 +334,10 @@ def test_a_handler_gets_every_message_and_each_is_finished(cluster, topic):
     with SmartConsumer(
         cluster.lookupd_addresses, topic, "c", handle, max_in_flight=4, requeue_delay_ms=0
     ) as consumer:
-        wait_until(lambda: len(received) == 8, DEADLINE)
+        poll(lambda: len(received) == 8, timeout=DEADLINE)
         with pytest.raises(RuntimeError):
             consumer.receive()
-        wait_until(lambda: consumer.stats().finished == 8, DEADLINE)
+        poll(lambda: consumer.stats().finished == 8, timeout=DEADLINE)
         assert consumer.stats().requeued == 1
     assert sorted(received) == sorted([b"handled %d" % n for n in range(7)] + [b"fails once"])
     assert consumer.wait(0) is True
@@ -478,16 +478,16 @@ def test_a_stopped_nsqd_is_avoided_and_picked_up_again_when_it_is_back(own_clust
         assert producer.stats().retries >= 1
         second = consumer.receive_many(8, timeout=DEADLINE, finish=True)
         assert bodies_of(second) == sorted(b"second %d" % n for n in range(8))
-        wait_until(lambda: set(consumer.connected_partitions()) == kept, DEADLINE)
+        poll(lambda: set(consumer.connected_partitions()) == kept, timeout=DEADLINE)
         late = SmartConsumer(
             cluster.lookupd_addresses, topic, "late", max_in_flight=8, lookup_interval=0.2
         )
-        wait_until(lambda: set(late.connected_partitions()) == kept, DEADLINE)
+        poll(lambda: set(late.connected_partitions()) == kept, timeout=DEADLINE)
 
         cluster.restart_nsqd(1)
         leaders = {p: cluster.tcp_address(owners[p]) for p in range(4)}
-        wait_until(lambda: consumer.connected_partitions() == leaders, DEADLINE)
-        wait_until(lambda: late.connected_partitions() == leaders, DEADLINE)
+        poll(lambda: consumer.connected_partitions() == leaders, timeout=DEADLINE)
+        poll(lambda: late.connected_partitions() == leaders, timeout=DEADLINE)
         assert consumer.stats().disconnections == 2
         assert late.stats().disconnections == 0
         # The producer's lookup lacked partitions, so it looks up again soon and spreads over
@@ -498,7 +498,7 @@ def test_a_stopped_nsqd_is_avoided_and_picked_up_again_when_it_is_back(own_clust
             results.append(producer.publish(topic, b"third %d" % len(results)))
             return {result.partition for result in results[-4:]} == {0, 1, 2, 3}
 
-        wait_until(spread_over_all_partitions_again, DEADLINE)
+        poll(spread_over_all_partitions_again, timeout=DEADLINE)
         third = {b"third %d" % n for n in range(len(results))}
         messages = consumer.receive_many(len(third), timeout=DEADLINE, finish=True)
         assert set(bodies_of(messages)) == third
@@ -528,7 +528,7 @@ def test_one_lookupd_down_the_other_still_serves(own_cluster, topic):
         assert layout.answered == (f"http://{addresses[1]}",)
         assert layout.complete
         lookups = consumer.stats().lookups
-        wait_until(lambda: consumer.stats().lookups >= lookups + 2, DEADLINE)
+        poll(lambda: consumer.stats().lookups >= lookups + 2, timeout=DEADLINE)
         for number in range(8):
             producer.publish(topic, b"after %d" % number)
         after = consumer.receive_many(8, timeout=DEADLINE, finish=True)
@@ -574,7 +574,7 @@ def test_lookupds_are_learnt_from_listlookup(tmp_path, topic):
 
         discovery = LookupdDiscovery([first])
         assert discovery.discover_lookupds() == [f"http://{first}", f"http://{second}"]
-        wait_until(lambda: discovery.lookup(topic, "w").complete, DEADLINE)
+        poll(lambda: discovery.lookup(topic, "w").complete, timeout=DEADLINE)
         assert discovery.lookup(topic, "w").answered == (f"http://{first}", f"http://{second}")
 
         producer = SmartProducer([first])
@@ -622,7 +622,7 @@ def test_a_partition_is_followed_to_its_new_leader(tmp_path, topic):
             old = cluster.node_leading(topic, 0)
             old.kill()
             during = producer.publish(topic, b"during", key=key)
-            new = wait_until(lambda: cluster.node_leading(topic, 0), DEADLINE)
+            new = poll(lambda: cluster.node_leading(topic, 0), timeout=DEADLINE)
             assert new is not old
             new_address = f"127.0.0.1:{new.tcp_port}"
             assert (during.partition, during.address) == (0, new_address)

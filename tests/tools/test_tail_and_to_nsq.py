@@ -4,14 +4,9 @@ import re
 import subprocess
 
 from nsqpy.client.blocking import Consumer, Producer, http_json, http_request
-from tests.tools.conftest import (
-    lookupd_has_topic,
-    run_tool,
-    start_tool,
-    stop_tool,
-    topic_channels,
-    wait_until,
-)
+from tests.support.polling import poll
+from tests.support.stats import topic_channels
+from tests.tools.support import lookupd_has_topic, run_tool, start_tool, stop_tool
 
 
 def test_to_nsq_publishes_each_line(nsqd, topic):
@@ -58,13 +53,13 @@ def test_nsq_tail_prints_n_messages_through_an_ephemeral_channel(nsqd, topic):
     assert result.returncode == 0, result.stderr.decode()
     assert result.stdout == b"m0\nm1\nm2\n"
     # The ephemeral channel disappears with its last client.
-    wait_until(lambda: not topic_channels(nsqd, topic))
+    poll(lambda: not topic_channels(nsqd, topic))
 
 
 def test_nsq_tail_via_lookupd_with_print_topic_stops_on_sigterm(nsqd, lookupd, topic):
     tcp = nsqd.addresses["TCP"]
     http_request(nsqd.addresses["HTTP"], "/topic/create", method="POST", topic=topic)
-    wait_until(lambda: lookupd_has_topic(lookupd, topic))
+    poll(lambda: lookupd_has_topic(lookupd, topic))
     tail = start_tool(
         "nsq_tail",
         f"--topic={topic}",
@@ -72,14 +67,14 @@ def test_nsq_tail_via_lookupd_with_print_topic_stops_on_sigterm(nsqd, lookupd, t
         "--print-topic",
         "--channel=tailer",
     )
-    wait_until(
+    poll(
         lambda: any(
             c["channel_name"] == "tailer" and c["clients"] for c in topic_channels(nsqd, topic)
         )
     )
     with Producer(tcp) as producer:
         producer.publish(topic, b"hello")
-    wait_until(
+    poll(
         lambda: any(
             c["message_count"] == 1 and c["depth"] == 0 and c["in_flight_count"] == 0
             for c in topic_channels(nsqd, topic)
@@ -107,7 +102,7 @@ def test_to_nsq_stops_cleanly_on_sigterm_while_reading(nsqd, topic):
         stats = http_json(nsqd.addresses["HTTP"], "/stats", format="json", topic=topic)
         return any(t["message_count"] == 1 for t in stats.get("topics") or [])
 
-    wait_until(published)
+    poll(published)
     stop_tool(tool)
 
 

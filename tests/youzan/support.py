@@ -7,17 +7,21 @@ optional DETAIL section `[8 offset][4 raw size]`, the 30-byte traced-publish rep
 here knows how nsqd implements any of it; every layout is taken from docs/protocol.md.
 """
 
-import json
 import struct
-from dataclasses import dataclass, field
-from http.client import HTTPConnection
+from dataclasses import dataclass
 
 import trio
 
-from nsqpy.common.command import encode_command, encode_fin, encode_identify
+from nsqpy.common.command import (
+    encode_command,
+    encode_ext_body,
+    encode_fin,
+    encode_identify,
+)
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, Frame
 from nsqpy.common.message import DecodedMessage
 from tests.nsqd.wire import ConnectionClosed, Wire
+from tests.support.http import HTTPReply, request
 
 # docs/protocol.md §3.5: the DETAIL section, and §3.6: the traced-publish reply after "OK".
 _DETAIL = struct.Struct(">QI")
@@ -185,30 +189,20 @@ async def create_partitions(nsqd, topic: str, *partitions: int, ext: str | None 
 # -- HTTP -----------------------------------------------------------------------------------
 
 
-@dataclass
-class HTTPReply:
-    status: int
-    body: bytes
-    headers: dict[str, str] = field(default_factory=dict)
-
-    def json(self):
-        return json.loads(self.body)
-
-
-def http_sync(port: int, method: str, target: str, body: bytes = b"") -> HTTPReply:
-    connection = HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        connection.request(method, target, body=body if method in ("POST", "PUT") else None)
-        response = connection.getresponse()
-        return HTTPReply(response.status, response.read(), dict(response.getheaders()))
-    finally:
-        connection.close()
-
-
 def http_port(nsqd) -> int:
     return int(nsqd.http_address.rsplit(":", 1)[1])
 
 
 async def http(nsqd, method: str, target: str, body: bytes = b"") -> HTTPReply:
     """A request to the in-process nsqd's HTTP API, from a worker thread."""
-    return await trio.to_thread.run_sync(http_sync, http_port(nsqd), method, target, body)
+    return await trio.to_thread.run_sync(
+        request, http_port(nsqd), method, target, body if method in ("POST", "PUT") else None
+    )
+
+
+def command(name: str, *args, body: bytes | None = None) -> bytes:
+    return encode_command(name, *args, body=body)
+
+
+def pub_ext(topic: str, header: dict | bytes, data: bytes, *partition) -> bytes:
+    return command("PUB_EXT", topic, *partition, body=encode_ext_body(header, data))

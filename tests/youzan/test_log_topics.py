@@ -16,8 +16,9 @@ from nsqpy.diskqueue import DiskQueue
 from nsqpy.nsqd.message import Message
 from nsqpy.nsqd.metadata import ChannelMetadata, TopicMetadata, encode_metadata, write_metadata
 from nsqpy.partition_log import ID_PARTITION_SHIFT
-from tests.conftest import running_nsqd
 from tests.nsqd.wire import with_options
+from tests.support.nsqd import running_nsqd
+from tests.support.polling import wait_until
 from tests.youzan.support import (
     YouzanWire,
     connect,
@@ -94,7 +95,7 @@ async def test_consumption_resumes_at_the_confirmed_position_after_a_clean_resta
         await read_and_fin(reader, 3)
         await reader.read_youzans(3)  # in flight, never FINished
         channel = nsqd.registry.get("lt", 0).channels["c"]
-        await _until(lambda: channel.queue.confirmed.count == 3)
+        await wait_until(lambda: channel.queue.confirmed.count == 3)
     async with running_nsqd(nsqd_options) as nsqd:
         reader = await subscriber(nsqd, "SUB", "lt", "c", 0)
         assert [m.body for m in await read_and_fin(reader, 3)] == [b"3", b"4", b"5"]
@@ -163,7 +164,7 @@ async def test_ordered_consumption_continues_in_order_across_a_restart(nsqd_opti
         for _ in range(3):
             first += await read_and_fin(reader, 1)
         channel = nsqd.registry.get("ord", 0).channels["c"]
-        await _until(lambda: channel.queue.confirmed.count == 4)
+        await wait_until(lambda: channel.queue.confirmed.count == 4)
     async with running_nsqd(nsqd_options) as nsqd:
         reader = await subscriber(nsqd, "SUB_ORDERED", "ord", "c", 0)
         rest = []
@@ -196,12 +197,6 @@ async def test_a_leaving_consumers_in_flight_messages_go_to_the_next_at_once(nsq
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-
-async def _until(predicate, timeout: float = 10.0) -> None:
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.005)
 
 
 async def test_range_reads_return_the_stored_records(nsqd):
@@ -287,7 +282,7 @@ async def test_greedyclean_removes_only_what_every_channel_consumed(nsqd):
     await publish_traced(nsqd, "lt", 0, [b"x" * 40 for _ in range(10)])
     await read_and_fin(reader, 10)
     channel = nsqd.registry.get("lt", 0).channels["fast"]
-    await _until(lambda: channel.queue.lag == 0)
+    await wait_until(lambda: channel.queue.lag == 0)
     clean = "/topic/greedyclean?topic=lt&partition=0"
     assert (await http(nsqd, "POST", clean)).status == 200
     offsets = "/partition/offsets?topic=lt"
@@ -332,15 +327,15 @@ async def test_a_deferred_message_still_waits_after_a_restart(nsqd_options):
         await writer.command_ok(b"DPUB lt 2500\n" + (4).to_bytes(4, "big") + b"late")
         late_due = time.time() + 2.5
         channel = nsqd.registry.get("lt", 0).channels["c"]
-        await _until(lambda: len(channel.deferred) == 2)
+        await wait_until(lambda: len(channel.deferred) == 2)
     async with running_nsqd(nsqd_options) as nsqd:
         reader = await subscriber(nsqd, "SUB", "lt", "c", 0)
         idle = await subscriber(nsqd, "SUB", "lt", "idle", 0)
         channels = nsqd.registry.get("lt", 0).channels
-        await _until(lambda: len(channels["c"].deferred) == 2)
+        await wait_until(lambda: len(channels["c"].deferred) == 2)
         # "idle" gets the plain message at once; the DPUB waits in its deferred queue.
         assert [m.body for m in await read_and_fin(idle, 1)] == [b"requeued"]
-        await _until(lambda: len(channels["idle"].deferred) == 1)
+        await wait_until(lambda: len(channels["idle"].deferred) == 1)
         arrivals = {}
         for message in await read_and_fin(reader, 2):
             arrivals[message.body] = time.time()
@@ -373,5 +368,5 @@ async def test_an_earlier_nsqpys_partition_queues_are_delivered_then_removed(nsq
         got = sorted(m.body for m in await read_and_fin(second, 2))
         assert got == [b"p1-a", b"p1-backlog"]
         channel = nsqd.registry.get("old", 1).channels["c"]
-        await _until(lambda: channel.queue.lag == 0 and not channel.in_flight)
+        await wait_until(lambda: channel.queue.lag == 0 and not channel.in_flight)
     assert not [name for name in os.listdir(data) if ".diskqueue." in name]

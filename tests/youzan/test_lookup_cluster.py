@@ -10,29 +10,17 @@ on a registration arriving is polled with a deadline.
 """
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
 
-from tests.harness import DaemonProcess, start_nsqd
-from tests.youzan.support import HTTPReply, http_sync
+from tests.harness import DaemonProcess, start_nsqd, start_nsqlookupd
+from tests.support.http import HTTPReply, request
+from tests.support.polling import poll
 
 DEADLINE = 10.0
 NO_CHANNEL = "Topic has no channel, should init at least one for the new topic"
-
-
-def poll(check, what: str, timeout: float = DEADLINE):
-    """Call `check` until it returns something truthy; fail with `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +35,7 @@ class Cluster:
     nsqds: list[DaemonProcess]
 
     def lookupd_http(self, method: str, target: str) -> HTTPReply:
-        return http_sync(self.lookupd.port("HTTP"), method, target)
+        return request(self.lookupd.port("HTTP"), method, target)
 
     def lookup(self, topic: str, **params: str) -> HTTPReply:
         query = "&".join([f"topic={topic}", *(f"{k}={v}" for k, v in params.items())])
@@ -55,17 +43,14 @@ class Cluster:
 
     def partitions_on(self, nsqd: DaemonProcess, topic: str) -> dict[int, dict]:
         """topic_partition -> the /stats topic, for each partition of `topic` on `nsqd`."""
-        reply = http_sync(nsqd.port("HTTP"), "GET", f"/stats?format=json&topic={topic}")
+        reply = request(nsqd.port("HTTP"), "GET", f"/stats?format=json&topic={topic}")
         assert reply.status == 200, reply
         return {t["topic_partition"]: t for t in reply.json()["topics"] or []}
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    lookupd = DaemonProcess(
-        "nsqlookupd",
-        ["-tcp-address=127.0.0.1:0", "-http-address=127.0.0.1:0", "-broadcast-address=127.0.0.1"],
-    ).start(wait_for=("TCP", "HTTP"))
+    lookupd = start_nsqlookupd("-broadcast-address=127.0.0.1")
     directories = [tmp_path_factory.mktemp(f"nsqd{index}") for index in range(2)]
     flags = [
         f"-lookupd-tcp-address=127.0.0.1:{lookupd.port('TCP')}",
@@ -106,7 +91,7 @@ def test_topic_create_places_partitions_round_robin_and_lookup_maps_them(cluster
     for nsqd in cluster.nsqds:
         for partition in cluster.partitions_on(nsqd, "t"):
             target = f"/channel/create?topic=t&channel=c&partition={partition}"
-            assert http_sync(nsqd.port("HTTP"), "POST", target).status == 200
+            assert request(nsqd.port("HTTP"), "POST", target).status == 200
 
     def all_partitions_writable():
         reply = cluster.lookup("t", access="w", metainfo="true")
@@ -176,7 +161,7 @@ def test_disable_write_hides_writers(cluster):
     for nsqd in cluster.nsqds:
         for partition in cluster.partitions_on(nsqd, "w"):
             target = f"/channel/create?topic=w&channel=c&partition={partition}"
-            assert http_sync(nsqd.port("HTTP"), "POST", target).status == 200
+            assert request(nsqd.port("HTTP"), "POST", target).status == 200
 
     def writable():
         reply = cluster.lookup("w", access="w")

@@ -17,9 +17,9 @@ import nsq
 import trio
 
 from nsqpy.common.command import encode_mpub, encode_pub
-from tests.conftest import tcp_port
 from tests.interop.scenarios import Report
 from tests.interop.support import run_asyncio_client, settle
+from tests.support.nsqd import tcp_port
 from tests.youzan.support import binary_id, connect, http
 
 TOPIC = "mixed"

@@ -8,37 +8,37 @@ log, so a restart keeps them."""
 import json
 import struct
 import zlib
-from http.client import HTTPConnection
 from urllib.parse import quote
 
 import pytest
 import trio
 
 from nsqpy.client.blocking import split_ext_section
-from nsqpy.common.command import encode_fin, encode_identify, encode_mpub_body, encode_pub
+from nsqpy.common.command import (
+    encode_ext_body,
+    encode_fin,
+    encode_identify,
+    encode_mpub_body,
+    encode_pub,
+)
 from nsqpy.common.frame import FRAME_TYPE_RESPONSE
-from tests.conftest import running_nsqd
+from tests.support.http import HTTPReply, request
+from tests.support.nsqd import running_nsqd
 from tests.youzan.support import (
-    HTTPReply,
     YouzanWire,
+    command,
     connect,
     create_partitions,
     http,
     http_port,
+    pub_ext,
 )
-from tests.youzan.test_wire import command, encode_ext_body, pub_ext
 
 TAG = "##client_dispatch_tag"
 
 
 def http_with_headers(nsqd, target: str, body: bytes, headers: dict[str, str]) -> HTTPReply:
-    connection = HTTPConnection("127.0.0.1", http_port(nsqd), timeout=10)
-    try:
-        connection.request("POST", target, body=body, headers=headers)
-        response = connection.getresponse()
-        return HTTPReply(response.status, response.read(), dict(response.getheaders()))
-    finally:
-        connection.close()
+    return request(http_port(nsqd), "POST", target, body, headers)
 
 
 async def pub_ext_http(nsqd, topic: str, header, body: bytes, headers=None, partition=0):

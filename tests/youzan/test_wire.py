@@ -30,15 +30,17 @@ from nsqpy.common.command import (
     encode_trace_body,
 )
 from nsqpy.common.frame import FRAME_TYPE_RESPONSE
-from tests.conftest import tcp_port
 from tests.nsqd.wire import Wire, with_options
+from tests.support.nsqd import tcp_port
 from tests.youzan.support import (
     binary_id,
+    command,
     connect,
     create_partitions,
     go_bytes,
     http,
     internal_create_topic,
+    pub_ext,
     pub_trace,
     record_size,
     sub,
@@ -74,17 +76,9 @@ def sized(body: bytes) -> bytes:
     return size(len(body)) + body
 
 
-def command(name: str, *args, body: bytes | None = None) -> bytes:
-    return encode_command(name, *args, body=body)
-
-
 def mpub_trace(topic: str, messages: list[tuple[int, bytes]], *partition) -> bytes:
     bodies = [encode_trace_body(trace_id, data) for trace_id, data in messages]
     return command("MPUB_TRACE", topic, *partition, body=encode_mpub_body(bodies))
-
-
-def pub_ext(topic: str, header: dict | bytes, data: bytes, *partition) -> bytes:
-    return command("PUB_EXT", topic, *partition, body=encode_ext_body(header, data))
 
 
 async def consumer(nsqd, name: str, topic: str, channel: str, *extra, rdy=10, **identify):
