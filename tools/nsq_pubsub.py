@@ -30,7 +30,7 @@ in-flight messages until `--msg-timeout` (60 s by default), and on a shared chan
 subscribers should get them now. Bytes already in the kernel's buffer of a subscriber that
 vanished are lost to it, as with any consumer that FINishes what it has handed on.
 
-The NSQ side is asyncio over the project's codec (tools/pubsub_nsq.py, which says why not
+The NSQ side is asyncio over the project's codec (nsqpy/client/asyncio.py, which says why not
 threads); where topics are and how publishes go, tools/pubsub_cluster.py. With
 `--lookupd-http-address` a topic's nsqds come from every nsqlookupd's `/lookup`: every
 producer of a classic topic, or the leader of each partition of a partitioned one (more than
@@ -53,6 +53,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from nsqpy.client.asyncio import Delivery, SubscribeError, Subscription, Target, Targets
 from nsqpy.client.smart import LookupUnavailable
 from nsqpy.common.command_parser import parse_http_mpub_body
 from nsqpy.common.duration import format_duration
@@ -81,7 +82,6 @@ from nsqpy.tools._common import (
 )
 from nsqpy.tools._options import OptionError, consumer_settings, nsq_options
 from nsqpy.tools.pubsub_cluster import Layouts, Publisher
-from nsqpy.tools.pubsub_nsq import Delivery, SubscribeError, Subscription, Target, Targets
 
 NAME = "nsq_pubsub"
 # Sent first on every event stream: a browser whose stream ended reconnects after 1 s (with

@@ -16,7 +16,7 @@ docs/client.md).
 import random
 import sys
 
-from nsqpy.client.blocking import split_ext_section
+from nsqpy.client.core import split_ext_section
 from nsqpy.client.smart import SmartConsumer
 from nsqpy.common.flags import Flag, Kind
 from nsqpy.tools._common import (

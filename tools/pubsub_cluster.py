@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from nsqpy.client.asyncio import Producer, Target, Targets
 from nsqpy.client.blocking import NSQError
 from nsqpy.client.smart import (
     RETRYABLE_ERRORS,
@@ -23,7 +24,6 @@ from nsqpy.client.smart import (
 )
 from nsqpy.common.command import encode_dpub, encode_mpub, encode_pub
 from nsqpy.daemon.http_server import HTTPError
-from nsqpy.tools.pubsub_nsq import Producer, Target, Targets
 
 __all__ = ["Layouts", "Publisher", "TopicView"]
 

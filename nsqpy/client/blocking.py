@@ -48,15 +48,6 @@ class NSQError(Exception):
         self.code = text.split(" ", 1)[0]
 
 
-def split_ext_section(body: bytes) -> tuple[bytes | None, bytes]:
-    """A message body from an ext topic, to a consumer that IDENTIFYd `extend_support`:
-    (its JSON header, None without one; the data) (docs/protocol.md §3.5)."""
-    if not body or body[0] == 0:
-        return None, body[1:]
-    length = int.from_bytes(body[1:3], "big")
-    return body[3 : 3 + length], body[3 + length :]
-
-
 @dataclass
 class Message:
     """A delivered message; `finish`, `requeue` and `touch` answer for it."""

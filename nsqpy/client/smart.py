@@ -19,7 +19,6 @@ import dataclasses
 import json
 import logging
 import socket
-import struct
 import threading
 import time
 import urllib.error
@@ -30,7 +29,15 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from nsqpy.client.blocking import USER_AGENT, Connection, NSQError, split_ext_section
+from nsqpy.client.blocking import USER_AGENT, Connection, NSQError
+from nsqpy.client.core import (
+    RETRYABLE_ERRORS,
+    SubscriptionPlan,
+    Target,
+    decode_delivery,
+    ready_counts,
+    targets_of,
+)
 from nsqpy.common.command import (
     encode_command,
     encode_fin,
@@ -42,7 +49,6 @@ from nsqpy.common.command import (
 )
 from nsqpy.common.errors import NON_FATAL_CODES
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
-from nsqpy.common.message import decode_message
 
 __all__ = [
     "ConsumerStats",
@@ -63,14 +69,6 @@ __all__ = [
 
 log = logging.getLogger("nsqpy.smart_client")
 
-# Youzan's answers that mean "ask nsqlookupd again": the partition's leader moved, it refuses
-# writes for now, or this node does not have the partition (docs/protocol.md §3.9). Youzan's
-# clients drop the connection and look up again; publishes and subscriptions are retried.
-RETRYABLE_ERRORS = frozenset(
-    {"E_FAILED_ON_NOT_LEADER", "E_FAILED_ON_NOT_WRITABLE", "E_TOPIC_NOT_EXIST"}
-)
-# Messages of a SUB_ORDERED subscription carry `[8 queue offset][4 record size]` (§3.5).
-_DETAIL = struct.Struct(">QI")
 # A lookupd that failed is skipped for 1 s, 2 s, 4 s ... up to this, as Youzan's client lowers
 # the priority of a lookupd that keeps failing.
 _LOOKUPD_REST_MAX = 30.0
@@ -809,16 +807,10 @@ class _Subscription:
     """One connection subscribed to one partition, and the thread that reads it."""
 
     def __init__(
-        self,
-        slot: int | str,
-        partition: int | None,
-        connection: Connection,
-        *,
-        detail: bool,
-        extend: bool,
+        self, target: Target, connection: Connection, *, detail: bool, extend: bool
     ) -> None:
-        self.slot = slot
-        self.partition = partition
+        self.target = target
+        self.partition = target.partition
         self.address = connection.address
         self.connection = connection
         self.detail = detail
@@ -848,16 +840,6 @@ class _Subscription:
         except OSError:
             pass
         self.connection.close()
-
-
-@dataclass
-class _PartitionState:
-    slot: int | str
-    partition: int | None
-    address: str | None
-    subscription: _Subscription | None = None
-    failures: int = 0
-    retry_at: float = 0.0
 
 
 class SmartConsumer:
@@ -903,27 +885,27 @@ class SmartConsumer:
         self.topic = topic
         self.channel = channel
         self.max_in_flight = max_in_flight
-        self.lookup_interval = lookup_interval
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
         self.requeue_delay_ms = requeue_delay_ms
         self.timeout = timeout
         self.discovery = LookupdDiscovery(
             lookupd_http_addresses, http_timeout=http_timeout, rediscover_interval=lookup_interval
         )
         self._handler = handler
-        self._ordered = ordered
-        self._sub_ordered = bool(ordered)
-        self._extend = False
         self._identify = dict(identify or {})
         self._lock = threading.Lock()
         self._rdy_lock = threading.Lock()
-        self._states: dict[int | str, _PartitionState] = {}
+        # What to be subscribed to and when (`nsqpy.client.core`), under `_lock`.
+        self._plan = SubscriptionPlan(
+            lookup_interval=lookup_interval,
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+            ordered=ordered,
+        )
+        self._subscriptions: dict[int | str, _Subscription] = {}
         self._messages: deque[SmartMessage] = deque()
         self._ready = threading.Condition()
         self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._lookup_requested = False
         self._error: BaseException | None = None
         self._counts = dict.fromkeys(
             ("messages", "finished", "requeued", "connections", "disconnections"), 0
@@ -980,16 +962,14 @@ class SmartConsumer:
     def refresh(self) -> None:
         """Look the topic up again now (in the background), and connect what is new."""
         with self._lock:
-            self._lookup_requested = True
+            self._plan.request_lookup()
         self._wake.set()
 
     def connected_partitions(self) -> dict[int | str, str]:
         """Partition (or, on a classic nsqd, its address) -> the nsqd subscribed to now."""
         with self._lock:
             return {
-                slot: state.subscription.address
-                for slot, state in self._states.items()
-                if state.subscription is not None
+                slot: subscription.address for slot, subscription in self._subscriptions.items()
             }
 
     @property
@@ -1032,7 +1012,7 @@ class SmartConsumer:
         with self._lock:
             if error is not None and self._error is None:
                 self._error = error
-            subscriptions = [s.subscription for s in self._states.values() if s.subscription]
+            subscriptions = list(self._subscriptions.values())
         self._stopping.set()
         self._wake.set()
         for subscription in subscriptions:
@@ -1050,86 +1030,35 @@ class SmartConsumer:
             self._stop(error)
 
     def _supervise_until_stopped(self) -> None:
-        """Look up when asked to, when the interval is over or before a reconnect, connect
-        what is due, sleep until the next thing is due."""
-        next_lookup = time.monotonic() + self.lookup_interval
+        """Look up when the plan says so, subscribe to what is due, sleep until the next
+        thing is due (or something woke the supervisor)."""
         while not self._stopping.is_set():
-            now = time.monotonic()
             with self._lock:
-                requested = self._lookup_requested
-                # A partition that was lost is looked up again at the reconnect's pace, also
-                # while no lookupd lists it (during a failover, or while its nsqd is down).
-                reconnect_due = any(
-                    s.subscription is None and s.failures and s.retry_at <= now
-                    for s in self._states.values()
-                )
-            if requested or reconnect_due or now >= next_lookup:
-                with self._lock:
-                    self._lookup_requested = False
+                lookup = self._plan.lookup_due(time.monotonic())
+            if lookup:
                 try:
-                    self._apply(self.discovery.lookup(self.topic, "r"))
-                    next_lookup = time.monotonic() + self.lookup_interval
+                    layout = self.discovery.lookup(self.topic, "r")
                 except LookupUnavailable as error:
                     log.warning("%s", error)
-                    next_lookup = time.monotonic() + min(self.lookup_interval, self.backoff_max)
-                self._postpone_missing(now)
+                    with self._lock:
+                        self._plan.lookup_failed(time.monotonic())
+                else:
+                    self._apply(layout)
             self._connect_due()
             with self._lock:
-                waits = [
-                    s.retry_at
-                    for s in self._states.values()
-                    if s.subscription is None and (s.address or s.failures)
-                ]
-                requested = self._lookup_requested
-            if not requested:
-                self._wake.wait(max(0.0, min([next_lookup, *waits]) - time.monotonic()))
+                wake_at = self._plan.next_wakeup(time.monotonic())
+            self._wake.wait(max(0.0, wake_at - time.monotonic()))
             self._wake.clear()
-
-    def _postpone_missing(self, now: float) -> None:
-        """Lost partitions the lookup did not list: look for them again after a backoff."""
-        with self._lock:
-            for state in self._states.values():
-                if (
-                    state.subscription is None
-                    and state.address is None
-                    and state.failures
-                    and state.retry_at <= now
-                ):
-                    state.failures += 1
-                    state.retry_at = now + self._backoff(state.failures)
-
-    def _backoff(self, failures: int) -> float:
-        return min(self.backoff_initial * 2 ** (failures - 1), self.backoff_max)
 
     def _apply(self, layout: TopicLayout) -> None:
         """Follow a new lookup: new partitions, and partitions whose leader moved (their old
         connection is closed; its unfinished messages come again from the new leader)."""
-        if layout.partitions:
-            entries: dict[int | str, tuple[int | None, str]] = {
-                partition: (partition, address) for partition, address in layout.partitions.items()
-            }
-        else:
-            entries = {address: (None, address) for address in layout.classic_nodes}
-        moved: list[_Subscription] = []
         with self._lock:
-            if self._ordered is None and layout.ordered:
-                self._sub_ordered = True
-            # Sticky, like SUB_ORDERED: a lookupd that did not create the topic may not know.
-            self._extend = self._extend or layout.extend_support
-            for slot, (partition, address) in entries.items():
-                state = self._states.setdefault(slot, _PartitionState(slot, partition, None))
-                if state.address != address:
-                    state.address = address
-                    state.failures = 0
-                    state.retry_at = 0.0
-                    if state.subscription is not None and state.subscription.address != address:
-                        moved.append(state.subscription)
-            for slot, state in self._states.items():
-                if slot not in entries:
-                    # Gone from the lookup (its nsqd left): not reconnected until it is back.
-                    # A connection still open to it is kept while it works.
-                    state.address = None
-        for subscription in moved:
+            moved = self._plan.looked_up(targets_of(layout), time.monotonic())
+            leaving = [self._subscriptions.get(target.slot) for target in moved]
+        for subscription in leaving:
+            if subscription is None:
+                continue
             log.info(
                 "%s partition %s moved: leaving %s",
                 self.topic,
@@ -1141,90 +1070,73 @@ class SmartConsumer:
 
     def _connect_due(self) -> None:
         while not self._stopping.is_set():
-            now = time.monotonic()
             with self._lock:
-                due = [
-                    state
-                    for state in self._states.values()
-                    if state.subscription is None and state.address and state.retry_at <= now
-                ]
+                due = self._plan.due(time.monotonic())
             if not due:
                 return
-            for state in due:
+            for target in due:
                 if self._stopping.is_set():
                     return
-                self._connect(state)
+                self._connect(target)
 
-    def _connect(self, state: _PartitionState) -> None:
-        address = state.address
-        assert address is not None
+    def _connect(self, target: Target) -> None:
         try:
-            subscription = self._subscribe(state.slot, state.partition, address)
+            subscription = self._subscribe(target)
         except NSQError as error:
-            if self._learn_from_refusal(error.code):
+            with self._lock:
+                learned = self._plan.refused(error.code)
+                if learned:
+                    self._plan.not_connected(target)
+            if learned:
                 return
             if error.code not in RETRYABLE_ERRORS:
                 log.error("subscribing to %s/%s failed: %s", self.topic, self.channel, error)
                 self._stop(error)
                 return
-            self._failed(state, address, error)
+            self._failed(target, error)
             return
         except (OSError, ValueError) as error:
-            self._failed(state, address, error)
+            self._failed(target, error)
             return
         with self._lock:
-            if self._stopping.is_set() or state.address != address:
-                subscription.retired = True
-                subscription.close()
-                return
-            state.subscription = subscription
-            state.failures = 0
-            self._counts["connections"] += 1
-        log.info("subscribed to %s partition %s at %s", self.topic, state.partition, address)
+            wanted = not self._stopping.is_set() and self._plan.subscribed(target)
+            if wanted:
+                self._subscriptions[target.slot] = subscription
+                self._counts["connections"] += 1
+        if not wanted:
+            subscription.retired = True
+            subscription.close()
+            return
+        log.info(
+            "subscribed to %s partition %s at %s", self.topic, target.partition, target.address
+        )
         subscription.thread = self._start(
-            self._read, f"smart-consumer {self.topic}/{self.channel} {address}", subscription
+            self._read, f"smart-consumer {self.topic}/{self.channel} {target.address}", subscription
         )
         self._rebalance()
 
-    def _learn_from_refusal(self, code: str) -> bool:
-        """The lookupds did not say the topic is ordered (or ext) and nsqd refused a plain SUB
-        for it: true when that is now known, to subscribe again at once."""
+    def _subscribe(self, target: Target) -> _Subscription:
         with self._lock:
-            if code == "E_SUB_ORDER_IS_MUST" and self._ordered is None and not self._sub_ordered:
-                self._sub_ordered = True
-                return True
-            if code == "E_SUB_EXTEND_NEED" and not self._extend:
-                self._extend = True
-                return True
-        return False
-
-    def _subscribe(self, slot: int | str, partition: int | None, address: str) -> _Subscription:
-        with self._lock:
-            ordered = self._sub_ordered
-            extend = self._extend
-        # An ext topic needs extend_support, a plain one must not have it (§3.3).
-        identify = {**({"extend_support": True} if extend else {}), **self._identify}
-        connection = Connection(address, timeout=self.timeout, identify=identify)
+            command, args = self._plan.sub_command(target, self.topic, self.channel)
+            identify = self._plan.identify(self._identify)
+            detail, extend = self._plan.sub_ordered, self._plan.extend
+        connection = Connection(target.address, timeout=self.timeout, identify=identify)
         try:
-            extra = () if partition is None else (partition,)
-            command = "SUB_ORDERED" if ordered else "SUB"
-            connection.send(encode_command(command, self.topic, self.channel, *extra))
+            connection.send(encode_command(command, *args))
             _read_reply(connection, self.timeout)
         except BaseException:
             connection.close()
             raise
-        return _Subscription(slot, partition, connection, detail=ordered, extend=extend)
+        return _Subscription(target, connection, detail=detail, extend=extend)
 
-    def _failed(self, state: _PartitionState, address: str, error: BaseException) -> None:
+    def _failed(self, target: Target, error: BaseException) -> None:
         with self._lock:
-            state.failures += 1
-            delay = self._backoff(state.failures)
-            state.retry_at = time.monotonic() + delay
+            delay = self._plan.subscribe_failed(target, time.monotonic())
         log.warning(
             "subscribing to %s partition %s at %s failed (%s); again in %.2fs",
             self.topic,
-            state.partition,
-            address,
+            target.partition,
+            target.address,
             error,
             delay,
         )
@@ -1249,25 +1161,17 @@ class SmartConsumer:
             self._lost(subscription, error)
 
     def _deliver(self, subscription: _Subscription, data: bytes) -> None:
-        decoded = decode_message(data)
-        body = decoded.body
-        header = offset = record_size = None
-        # EXT comes before DETAIL (docs/protocol.md §3.5).
-        if subscription.extend:
-            header, body = split_ext_section(body)
-        if subscription.detail:
-            offset, record_size = _DETAIL.unpack_from(body)
-            body = body[_DETAIL.size :]
+        delivery = decode_delivery(data, detail=subscription.detail, extend=subscription.extend)
         message = SmartMessage(
-            decoded.id,
-            body,
-            decoded.attempts,
-            decoded.timestamp,
+            delivery.id,
+            delivery.body,
+            delivery.attempts,
+            delivery.timestamp,
             subscription.partition,
             subscription.address,
-            offset,
-            record_size,
-            header,
+            delivery.offset,
+            delivery.record_size,
+            delivery.ext_header,
             _subscription=subscription,
             _consumer=self,
         )
@@ -1277,18 +1181,14 @@ class SmartConsumer:
             self._ready.notify()
 
     def _lost(self, subscription: _Subscription, error: BaseException | None) -> None:
+        target = subscription.target
         with self._lock:
-            state = self._states.get(subscription.slot)
-            current = state is not None and state.subscription is subscription
-            if state is not None and current:
-                state.subscription = None
-                if not subscription.retired:
-                    state.failures += 1
-                    state.retry_at = time.monotonic() + self._backoff(state.failures)
+            current = self._subscriptions.get(target.slot) is subscription
+            if current:
+                del self._subscriptions[target.slot]
+                self._plan.lost(target, time.monotonic(), retired=subscription.retired)
                 if not self._stopping.is_set():
                     self._counts["disconnections"] += 1
-                # The leader may have moved: know where before the reconnect is due.
-                self._lookup_requested = True
         subscription.close()
         with self._ready:
             self._messages = deque(m for m in self._messages if m._subscription is not subscription)
@@ -1306,15 +1206,12 @@ class SmartConsumer:
         self._wake.set()
 
     def _rebalance(self) -> None:
-        """max_in_flight over the subscriptions, at least 1 each (Go's maxInFlight/conns)."""
+        """max_in_flight over the subscriptions (`ready_counts`)."""
         with self._rdy_lock:
             with self._lock:
-                subscriptions = [s.subscription for s in self._states.values() if s.subscription]
-            if not subscriptions:
-                return
-            share, extra = divmod(self.max_in_flight, len(subscriptions))
-            for index, subscription in enumerate(subscriptions):
-                rdy = min(max(1, share + (1 if index < extra else 0)), subscription.max_rdy)
+                subscriptions = list(self._subscriptions.values())
+            counts = ready_counts(self.max_in_flight, [s.max_rdy for s in subscriptions])
+            for subscription, rdy in zip(subscriptions, counts, strict=True):
                 if rdy != subscription.rdy and subscription.send(encode_rdy(rdy)):
                     subscription.rdy = rdy
 

@@ -455,7 +455,7 @@ def test_a_thousand_sse_subscribers_are_held_and_each_receives(pubsub, nsqd, top
                 assert [r.status for r in responses] == [200] * count
                 held = await asyncio.to_thread(subscribers_of, pubsub, topic)
                 assert len(held) == count
-                # One thread holds them all (tools/pubsub_nsq.py): no thread per subscriber.
+                # One thread holds them all (nsqpy/client/asyncio.py): no thread per subscriber.
                 assert process_threads(pubsub.process.pid) < 16
                 assert {entry["nsqd_connections"] for entry in held} == {1}
                 assert len({entry["channel"] for entry in held}) == count

@@ -13,7 +13,7 @@ from urllib.parse import quote
 import pytest
 import trio
 
-from nsqpy.client.blocking import split_ext_section
+from nsqpy.client.core import split_ext_section
 from nsqpy.common.command import (
     encode_ext_body,
     encode_fin,

@@ -1,22 +1,19 @@
-"""nsq_pubsub's NSQ side: a consumer per HTTP subscriber and a publishing connection per nsqd,
-on asyncio, over the project's sans-IO codec (`common/command.py` encodes the commands,
-`common/frame.py` cuts the frames, `common/message.py` unpacks the messages).
+"""The asyncio adapter of `nsqpy.client`: connections, a smart consumer (`Subscription`) and a
+pipelining producer on asyncio streams, over the client's sans-IO core (`nsqpy.client.core`:
+what to subscribe to and when, RDY, backoff, what a refusal teaches, message decoding) and
+the project's codec (`nsqpy.common`). nsq_pubsub's NSQ side, and the client of asyncio users.
 
-Why asyncio and not `nsqpy.client.blocking`'s blocking sockets and threads: every subscriber of
-nsq_pubsub is a consumer of its own, with one connection to each nsqd (or partition leader) it
-reads, and the HTTP side is aiohttp on an event loop. With the threaded clients a subscriber
-costs a reading thread per connection (and SmartConsumer adds a supervisor thread), so 1,000
-subscribers on one nsqd are 2,000 threads taking turns on the GIL, and every message crosses
-from a reading thread into the loop before it can be written to the subscriber's socket. Here a
-subscriber is a task per connection plus one that keeps its subscriptions up, read by the same
-loop that writes to its HTTP client: a message goes from nsqd's frame to the subscriber's
-socket without a thread switch, and the loop waits for the HTTP side before it FINishes (the
-contract in nsq_pubsub's docstring). tests/tools/test_nsq_pubsub.py holds 1,000 SSE
-subscribers this way, each with its own nsqd connection, in one thread.
-
-The blocking `nsqpy.client.smart.SmartProducer` is still what publishes through
-nsqlookupd (in a worker thread, see nsq_pubsub.Publisher): a publish is one request and its
-answer, and the smart client already follows partition leaders and retries.
+Why asyncio and not the blocking adapter's sockets and threads, for nsq_pubsub: every
+subscriber of nsq_pubsub is a consumer of its own, with one connection to each nsqd (or
+partition leader) it reads, and the HTTP side is aiohttp on an event loop. With threads a
+subscriber costs a reading thread per connection and a supervisor, so 1,000 subscribers on one
+nsqd are 2,000 threads taking turns on the GIL, and every message crosses from a reading thread
+into the loop before it can be written to the subscriber's socket. Here a subscriber is a task
+per connection plus one that keeps its subscriptions up, read by the same loop that writes to
+its HTTP client: a message goes from nsqd's frame to the subscriber's socket without a thread
+switch, and the loop waits for the HTTP side before it FINishes (the contract in nsq_pubsub's
+docstring). tests/tools/test_nsq_pubsub.py holds 1,000 SSE subscribers this way, each with its
+own nsqd connection, in one thread.
 """
 
 import asyncio
@@ -24,12 +21,19 @@ import json
 import logging
 import socket
 import ssl
-import struct
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
-from nsqpy.client.blocking import USER_AGENT, NSQError, split_address, split_ext_section
+from nsqpy.client.blocking import USER_AGENT, NSQError, split_address
+from nsqpy.client.core import (
+    CLOSE_WAIT,
+    HEARTBEAT,
+    SubscriptionPlan,
+    Target,
+    Targets,
+    decode_delivery,
+    ready_counts,
+)
 from nsqpy.common.command import (
     CLS,
     MAGIC_V2,
@@ -49,7 +53,6 @@ from nsqpy.common.frame import (
     Frame,
     FrameDecoder,
 )
-from nsqpy.common.message import decode_message
 
 __all__ = [
     "Connection",
@@ -61,12 +64,7 @@ __all__ = [
     "Targets",
 ]
 
-HEARTBEAT = b"_heartbeat_"
-CLOSE_WAIT = b"CLOSE_WAIT"
 RECEIVE_SIZE = 256 * 1024
-# Messages of a SUB_ORDERED subscription start with `[8 queue offset][4 record size]`
-# (docs/protocol.md §3.5).
-_DETAIL = struct.Struct(">QI")
 # How long a closing subscriber waits for nsqd's CLOSE_WAIT after its REQs and CLS, and how
 # long a connection attempt may take.
 CLOSE_TIMEOUT = 2.0
@@ -191,24 +189,6 @@ class Connection:
 # -- subscribing ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Target:
-    """An nsqd a subscriber reads from, and the partition there (None: a classic topic)."""
-
-    address: str
-    partition: int | None = None
-
-
-@dataclass(frozen=True)
-class Targets:
-    """Where a topic is read: its nsqds or partition leaders, and how (SUB_ORDERED for an
-    ordered topic, `extend_support` for an ext topic)."""
-
-    targets: tuple[Target, ...]
-    ordered: bool = False
-    extend: bool = False
-
-
 class Delivery:
     """A message handed to a subscriber, answered on the connection it came from."""
 
@@ -251,13 +231,15 @@ Discover = Callable[[str], Awaitable[Targets]]
 
 class Subscription:
     """One subscriber's consumer: `topic`/`channel` on every target `discover` names, with
-    `max_in_flight` spread as RDY over the connections (at least 1 each, as go-nsq does).
+    `max_in_flight` spread as RDY over the connections (`ready_counts`).
 
     Messages are taken in batches (`next_batch`) and answered with `finish`; `close` REQueues
     what is still unfinished, so nsqd gives it to the channel's other subscribers at once
-    instead of after `--msg-timeout`. Targets are looked up again every `poll_interval`
-    seconds (every IDLE_RETRY_INTERVAL while nothing is connected), connecting what is new or
-    was lost; a partition whose leader moved is left for its new leader.
+    instead of after `--msg-timeout`. What to be subscribed to and when is the core's
+    `SubscriptionPlan`: targets are looked up again every `poll_interval` seconds (every
+    IDLE_RETRY_INTERVAL while nothing is connected, and before a lost connection is made
+    again, RECONNECT_DELAY after it was lost); a partition whose leader moved is left for its
+    new leader.
     """
 
     def __init__(
@@ -279,14 +261,17 @@ class Subscription:
         self._discover = discover
         self._identify = identify
         self._tls = tls
-        self._poll_interval = poll_interval
         self._log = log
-        self._links: dict[Target, _Link] = {}
+        self._plan = SubscriptionPlan(
+            lookup_interval=poll_interval,
+            backoff_initial=RECONNECT_DELAY,
+            backoff_max=RECONNECT_DELAY,
+            idle_lookup_interval=IDLE_RETRY_INTERVAL,
+        )
+        self._links: dict[int | str, _Link] = {}
         self._pending: deque[Delivery] = deque()
         self._ready = asyncio.Event()
         self._wake = asyncio.Event()
-        self._ordered = False
-        self._extend = False
         self._closing = False
         self._stopped = False
         self._supervisor: asyncio.Task | None = None
@@ -297,8 +282,10 @@ class Subscription:
         """Look the topic up and subscribe everywhere it is. SubscribeError when it is
         somewhere and no nsqd could be subscribed to; a topic no nsqd has yet is waited for.
         Lookup errors (no nsqlookupd answered) are raised as they are."""
+        loop = asyncio.get_running_loop()
         targets = await self._discover(self.topic)
-        failures = await self._connect_missing(targets)
+        self._leave(self._plan.looked_up(targets, loop.time()))
+        failures = await self._subscribe_due()
         if targets.targets and not self._links:
             raise SubscribeError("; ".join(failures))
         self._supervisor = asyncio.create_task(self._supervise())
@@ -321,7 +308,7 @@ class Subscription:
         for delivery in batch:
             by_link.setdefault(delivery.link, []).append(delivery.id)
         for link, ids in by_link.items():
-            if self._links.get(link.target) is not link:
+            if self._links.get(link.target.slot) is not link:
                 continue  # its connection is gone: nsqd delivers these again
             unfinished = link.unfinished
             for message_id in ids:
@@ -387,32 +374,31 @@ class Subscription:
     # -- connections --
 
     async def _supervise(self) -> None:
-        """Look up and connect again every poll interval, sooner when a connection was lost
-        or none is up."""
+        """Look up and subscribe when the plan says so; sleep until then, or until a lost
+        connection wakes it."""
+        loop = asyncio.get_running_loop()
+        plan = self._plan
         while True:
-            interval = self._poll_interval if self._links else IDLE_RETRY_INTERVAL
             try:
-                async with asyncio.timeout(interval):
+                async with asyncio.timeout_at(plan.next_wakeup(loop.time())):
                     await self._wake.wait()
-                await asyncio.sleep(RECONNECT_DELAY)
             except TimeoutError:
                 pass
             self._wake.clear()
-            try:
-                targets = await self._discover(self.topic)
-            except Exception as error:  # lookupd down: keep what we have, try again later
-                self._log.warning("looking up %s failed - %s", self.topic, error)
-                continue
-            await self._connect_missing(targets)
+            if plan.lookup_due(loop.time()):
+                try:
+                    targets = await self._discover(self.topic)
+                except Exception as error:  # lookupd down: keep what we have, try again later
+                    self._log.warning("looking up %s failed - %s", self.topic, error)
+                    plan.lookup_failed(loop.time())
+                    continue
+                self._leave(plan.looked_up(targets, loop.time()))
+            await self._subscribe_due()
 
-    async def _connect_missing(self, targets: Targets) -> list[str]:
-        """Subscribe to the targets not connected yet (all at once); leave partitions whose
-        leader moved. Returns why each failed one failed."""
-        self._ordered = self._ordered or targets.ordered
-        self._extend = self._extend or targets.extend
-        wanted = set(targets.targets)
-        for target, link in list(self._links.items()):
-            if target.partition is not None and target not in wanted:
+    def _leave(self, moved: list[Target]) -> None:
+        for target in moved:
+            link = self._links.get(target.slot)
+            if link is not None:
                 self._log.info(
                     "%s partition %s moved: leaving %s",
                     self.topic,
@@ -420,15 +406,21 @@ class Subscription:
                     target.address,
                 )
                 self._drop(link)
-        missing = [target for target in targets.targets if target not in self._links]
+
+    async def _subscribe_due(self) -> list[str]:
+        """Subscribe to every target the plan says is due (all at once). Returns why each
+        failed one failed."""
+        loop = asyncio.get_running_loop()
+        due = self._plan.due(loop.time())
         results = await asyncio.gather(
-            *(self._subscribe(target) for target in missing), return_exceptions=True
+            *(self._subscribe(target) for target in due), return_exceptions=True
         )
         failures = []
-        for target, result in zip(missing, results, strict=True):
+        for target, result in zip(due, results, strict=True):
             if isinstance(result, BaseException):
                 if isinstance(result, asyncio.CancelledError):
                     raise result
+                self._plan.subscribe_failed(target, loop.time())
                 failures.append(f"{target.address}: {result}")
                 self._log.warning(
                     "subscribing to %s/%s at %s failed - %s",
@@ -437,52 +429,49 @@ class Subscription:
                     target.address,
                     result,
                 )
-        if missing:
+        if due:
             self._rebalance()
         return failures
 
     async def _subscribe(self, target: Target) -> None:
         """SUB (or SUB_ORDERED) at one target. An nsqd that answers that the topic must be
-        read ordered, or with extend_support, is subscribed to again that way (as
-        SmartConsumer learns it when nsqlookupd did not say)."""
+        read ordered, or with extend_support, is subscribed to again that way (the plan
+        learns it when nsqlookupd did not say)."""
+        plan = self._plan
         for _attempt in range(3):
-            ordered, extend = self._ordered, self._extend
-            # An ext topic needs extend_support; a plain one must not have it (§3.3).
-            identify = {**self._identify, **({"extend_support": True} if extend else {})}
-            connection = await Connection.open(target.address, identify, self._tls)
+            detail, extend = plan.sub_ordered, plan.extend
+            connection = await Connection.open(
+                target.address, plan.identify(self._identify), self._tls
+            )
             try:
-                command = "SUB_ORDERED" if ordered else "SUB"
-                extra = () if target.partition is None else (target.partition,)
-                connection.send(encode_command(command, self.topic, self.channel, *extra))
+                command, args = plan.sub_command(target, self.topic, self.channel)
+                connection.send(encode_command(command, *args))
                 await connection.response()
             except NSQError as error:
                 connection.abort()
-                if error.code == "E_SUB_ORDER_IS_MUST" and not self._ordered:
-                    self._ordered = True
-                    continue
-                if error.code == "E_SUB_EXTEND_NEED" and not self._extend:
-                    self._extend = True
+                if plan.refused(error.code):
                     continue
                 raise
             except BaseException:
                 connection.abort()
                 raise
-            if self._closing or target in self._links:
+            if self._closing or not plan.subscribed(target):
                 connection.abort()
                 return
-            link = _Link(target, connection, detail=ordered, extend=extend)
-            self._links[target] = link
+            link = _Link(target, connection, detail=detail, extend=extend)
+            self._links[target.slot] = link
             link.task = asyncio.create_task(self._read(link))
             return
         raise SubscribeError(f"nsqd {target.address} refused every way of subscribing")
 
     def _rebalance(self) -> None:
-        """max_in_flight over the connections, at least 1 each (go-nsq's maxInFlight/conns)."""
+        """max_in_flight over the connections (`ready_counts`)."""
         if self._closing or not self._links:
             return
-        share, extra = divmod(self.max_in_flight, len(self._links))
-        for index, link in enumerate(self._links.values()):
-            rdy = min(max(1, share + (1 if index < extra else 0)), link.max_rdy)
+        links = list(self._links.values())
+        for link, rdy in zip(
+            links, ready_counts(self.max_in_flight, [link.max_rdy for link in links]), strict=True
+        ):
             if rdy != link.rdy:
                 link.rdy = rdy
                 link.connection.send(encode_rdy(rdy))
@@ -510,34 +499,32 @@ class Subscription:
             self._lost(link, error)
 
     def _deliver(self, link: _Link, data: bytes) -> None:
-        decoded = decode_message(data)
+        message = decode_delivery(data, detail=link.detail, extend=link.extend)
         if self._closing:
             # Sent before nsqd saw our CLS: back to the channel at once.
-            link.connection.send(encode_req(decoded.id, 0))
+            link.connection.send(encode_req(message.id, 0))
             return
-        body = decoded.body
-        # The ext section comes before the ordered detail (docs/protocol.md §3.5).
-        if link.extend:
-            body = split_ext_section(body)[1]
-        if link.detail:
-            body = body[_DETAIL.size :]
-        link.unfinished[decoded.id] = None
-        self._pending.append(Delivery(link, decoded.id, body, decoded.attempts, decoded.timestamp))
+        link.unfinished[message.id] = None
+        self._pending.append(
+            Delivery(link, message.id, message.body, message.attempts, message.timestamp)
+        )
         self._ready.set()
 
     def _lost(self, link: _Link, error: BaseException | None) -> None:
-        if self._links.get(link.target) is not link:
+        target = link.target
+        if self._links.get(target.slot) is not link:
             link.connection.close()
             return
-        del self._links[link.target]
+        del self._links[target.slot]
         link.connection.close()
         if self._closing:
             return
+        self._plan.lost(target, asyncio.get_running_loop().time())
         # Its messages will come again from nsqd (after their timeout): not ours to deliver.
         self._pending = deque(d for d in self._pending if d.link is not link)
         self._log.warning(
             "(%s) %s/%s connection lost - %s",
-            link.target.address,
+            target.address,
             self.topic,
             self.channel,
             error or "closed",
@@ -547,7 +534,8 @@ class Subscription:
 
     def _drop(self, link: _Link) -> None:
         """Leave a connection on purpose (a moved partition): what it had is REQueued."""
-        del self._links[link.target]
+        del self._links[link.target.slot]
+        self._plan.lost(link.target, asyncio.get_running_loop().time(), retired=True)
         self._pending = deque(d for d in self._pending if d.link is not link)
         requeues = b"".join(encode_req(mid, 0) for mid in link.unfinished)
         link.unfinished.clear()

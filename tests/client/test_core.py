@@ -1,0 +1,136 @@
+"""The client's sans-IO core (`nsqpy.client.core`): what a consumer decides, given what
+happened and when, with no I/O: each adapter (blocking, asyncio, trio) only carries it out."""
+
+import pytest
+
+from nsqpy.client.core import (
+    SubscriptionError,
+    SubscriptionPlan,
+    SubscriptionReader,
+    Target,
+    Targets,
+    backoff_delay,
+    decode_delivery,
+    ready_counts,
+)
+from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
+from nsqpy.common.message import encode_message
+
+A, B = "10.0.0.1:4150", "10.0.0.2:4150"
+
+
+def frame(frame_type: int, data: bytes) -> bytes:
+    return (len(data) + 4).to_bytes(4, "big") + frame_type.to_bytes(4, "big") + data
+
+
+def message_frame(body: bytes, message_id: bytes = b"0123456789abcdef") -> bytes:
+    return frame(FRAME_TYPE_MESSAGE, encode_message(1_700_000_000_000_000_000, 1, message_id, body))
+
+
+def test_rdy_spreads_max_in_flight_with_at_least_one_each_and_the_server_cap():
+    assert ready_counts(6, [2500] * 4) == [2, 2, 1, 1]
+    assert ready_counts(2, [2500] * 3) == [1, 1, 1]
+    assert ready_counts(5000, [2500, 100]) == [2500, 100]
+    assert ready_counts(10, []) == []
+
+
+def test_backoff_doubles_up_to_its_maximum():
+    assert [backoff_delay(n, 0.1, 1.0) for n in range(1, 6)] == [0.1, 0.2, 0.4, 0.8, 1.0]
+
+
+def test_a_lookup_makes_every_partition_due_once():
+    plan = SubscriptionPlan(lookup_interval=60)
+    plan.looked_up(Targets((Target(A, 0), Target(B, 1))), now=0)
+    assert plan.due(0) == [Target(A, 0), Target(B, 1)]
+    assert plan.due(0) == []  # they are being connected
+    assert plan.subscribed(Target(A, 0)) and plan.subscribed(Target(B, 1))
+    assert not plan.lookup_due(30) and plan.lookup_due(60)
+    assert plan.next_wakeup(1) == 60
+
+
+def test_a_moved_leader_is_left_and_the_new_one_subscribed():
+    plan = SubscriptionPlan()
+    plan.looked_up(Targets((Target(A, 0),)), now=0)
+    plan.due(0)
+    plan.subscribed(Target(A, 0))
+    assert plan.looked_up(Targets((Target(B, 0),)), now=5) == [Target(A, 0)]
+    assert plan.lost(Target(A, 0), now=5, retired=True)
+    assert plan.due(5) == [Target(B, 0)]  # at once: a planned move is no failure
+
+
+def test_a_lost_subscription_is_looked_up_then_retried_after_a_backoff():
+    plan = SubscriptionPlan(backoff_initial=0.5, backoff_max=4)
+    plan.looked_up(Targets((Target(A, 0),)), now=0)
+    plan.due(0)
+    plan.subscribed(Target(A, 0))
+    assert plan.lost(Target(A, 0), now=10)
+    assert plan.lookup_due(10)  # the leader may have moved
+    plan.looked_up(Targets((Target(A, 0),)), now=10)
+    assert plan.due(10) == [] and plan.due(10.5) == [Target(A, 0)]
+    assert plan.subscribe_failed(Target(A, 0), now=10.5) == 1.0
+    assert plan.due(11) == [] and plan.due(11.5) == [Target(A, 0)]
+
+
+def test_a_subscription_that_arrives_after_its_partition_moved_is_not_kept():
+    plan = SubscriptionPlan()
+    plan.looked_up(Targets((Target(A, 0),)), now=0)
+    plan.due(0)
+    plan.looked_up(Targets((Target(B, 0),)), now=1)
+    assert not plan.subscribed(Target(A, 0))
+
+
+def test_a_lost_partition_no_lookup_lists_is_looked_for_again_after_a_backoff():
+    plan = SubscriptionPlan(backoff_initial=1, backoff_max=8)
+    plan.looked_up(Targets((Target(A, 0),)), now=0)
+    plan.due(0)
+    plan.subscribed(Target(A, 0))
+    plan.lost(Target(A, 0), now=0)
+    plan.looked_up(Targets(()), now=2)  # a failover under way
+    assert not plan.lookup_due(3) and plan.lookup_due(4)
+    plan.lookup_failed(4)  # and no lookupd answers: not a busy loop
+    assert not plan.lookup_due(5)
+
+
+def test_refusals_teach_ordered_and_ext_topics_once():
+    plan = SubscriptionPlan()
+    assert plan.sub_command(Target(A, 3), "t", "c") == ("SUB", ["t", "c", 3])
+    assert plan.refused("E_SUB_ORDER_IS_MUST") and not plan.refused("E_SUB_ORDER_IS_MUST")
+    assert plan.sub_command(Target(A, 3), "t", "c") == ("SUB_ORDERED", ["t", "c", 3])
+    assert plan.refused("E_SUB_EXTEND_NEED")
+    assert plan.identify({"client_id": "x"}) == {"extend_support": True, "client_id": "x"}
+    assert not plan.refused("E_BAD_TOPIC")
+    assert not SubscriptionPlan(ordered=False).refused("E_SUB_ORDER_IS_MUST")
+
+
+def test_while_nothing_is_subscribed_the_idle_interval_paces_lookups():
+    plan = SubscriptionPlan(lookup_interval=60, idle_lookup_interval=1)
+    plan.looked_up(Targets(()), now=0)
+    assert plan.lookup_due(1) and plan.next_wakeup(0.5) == 1
+
+
+def test_a_delivery_splits_the_ext_header_then_the_ordered_detail():
+    body = b"\x01\x00\x0b" + b'{"k":"v"}xx' + (7).to_bytes(8, "big") + (42).to_bytes(4, "big")
+    delivery = decode_delivery(
+        encode_message(5, 2, b"0123456789abcdef", body + b"data"), detail=True, extend=True
+    )
+    assert (delivery.ext_header, delivery.offset, delivery.record_size, delivery.body) == (
+        b'{"k":"v"}xx',
+        7,
+        42,
+        b"data",
+    )
+    assert (delivery.attempts, delivery.timestamp) == (2, 5)
+
+
+def test_the_reader_answers_heartbeats_keeps_warnings_and_ends_on_fatal_errors():
+    reader = SubscriptionReader(detail=False, extend=False)
+    data = frame(FRAME_TYPE_RESPONSE, b"_heartbeat_") + message_frame(b"one")
+    events = reader.receive_data(data[:7])
+    assert events.deliveries == [] and events.reply == b""
+    events = reader.receive_data(data[7:] + frame(FRAME_TYPE_ERROR, b"E_FIN_FAILED late"))
+    assert events.reply == b"NOP\n"
+    assert [d.body for d in events.deliveries] == [b"one"]
+    assert events.warnings == ["E_FIN_FAILED late"]
+    assert reader.receive_data(frame(FRAME_TYPE_RESPONSE, b"CLOSE_WAIT")).closed
+    with pytest.raises(SubscriptionError, match="E_BAD_TOPIC"):
+        reader.receive_data(frame(FRAME_TYPE_ERROR, b"E_BAD_TOPIC nope"))
