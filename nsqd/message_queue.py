@@ -292,20 +292,16 @@ class BufferedTopicQueue(BufferedDiskQueue):
 
     __slots__ = ("backend_name", "topic_name", "guids", "next_offset")
 
-    def __init__(
-        self,
-        storage: "Storage",
-        backend_name: str,
-        *,
-        ephemeral: bool,
-        failure: str,
-        failure_args: tuple,
-    ) -> None:
+    def __init__(self, storage: "Storage", topic: str, backend_name: str, *, ephemeral: bool):
         super().__init__(
-            storage, backend_name, ephemeral=ephemeral, failure=failure, failure_args=failure_args
+            storage,
+            backend_name,
+            ephemeral=ephemeral,
+            failure="TOPIC(%s) ERROR: failed to write message to backend",
+            failure_args=(topic,),
         )
         self.backend_name = backend_name
-        self.topic_name = failure_args[0]
+        self.topic_name = topic
         self.guids = GUIDFactory(storage.options.node_id)
         self.next_offset = 0
 

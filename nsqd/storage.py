@@ -88,13 +88,7 @@ class Storage:
                 paused=paused,
                 on_written=on_written,
             )
-        return BufferedTopicQueue(
-            self,
-            backend_name,
-            ephemeral=ephemeral,
-            failure="TOPIC(%s) ERROR: failed to write message to backend",
-            failure_args=(name,),
-        )
+        return BufferedTopicQueue(self, name, backend_name, ephemeral=ephemeral)
 
     def stores_as_log(self, name: str, partition: int) -> bool:
         """Whether an unpartitioned topic is a log topic: `--log-topic` matches its name, or
