@@ -12,11 +12,17 @@ what the core asks for and reports back what happened.
   ext topic the lookupds did not say) is remembered.
 * `ready_counts` spreads `max_in_flight` as RDY over the connections (go-nsq's
   maxInFlight/conns, at least 1 each).
+* `PublishRouter` decides where a producer publishes: the partition of a key
+  (`partition_for_key`) or the next one round-robin, avoiding for a while one that refused a
+  publish, from lookups kept `lookup_interval` (less while incomplete) that never go back on a
+  topic's partition count or ordering.
 * `SubscriptionReader` turns a subscribed connection's bytes into events: messages (with the
   ext header and ordered detail split off), heartbeats to answer, errors that end it or not.
 """
 
+import dataclasses
 import struct
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -395,6 +401,194 @@ class TopicLayoutLike(Protocol):
 
     @property
     def extend_support(self) -> bool: ...
+
+
+Key = str | bytes | int
+
+
+def partition_for_key(key: Key, partition_num: int) -> int:
+    """The partition of a key's messages: CRC-32 of the key (a str's UTF-8 bytes, an int's
+    decimal digits) modulo the partition count, the same in every process and run."""
+    if partition_num <= 0:
+        raise ValueError("the topic has no partitions")
+    if isinstance(key, int):
+        data = str(key).encode()
+    elif isinstance(key, str):
+        data = key.encode()
+    else:
+        data = bytes(key)
+    return zlib.crc32(data) % partition_num
+
+
+class WritableLayout(TopicLayoutLike, Protocol):
+    """What the router reads of a lookup of writable partitions (`access=w`)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partition_num(self) -> int: ...
+
+    @property
+    def complete(self) -> bool: ...
+
+
+@dataclass
+class PublishRouter:
+    """Where a producer publishes; see the module docstring. The adapter looks a topic up when
+    `cached` says the lookup it has is too old (or after a refusal), gives each answer to
+    `looked_up`, asks `choose` for a target, and reports a failed attempt with `refused`."""
+
+    lookup_interval: float = 60.0
+    backoff_max: float = 1.0
+    partition_cooldown: float = 5.0
+    layouts: dict[str, tuple[WritableLayout, float]] = field(default_factory=dict)
+    _next: dict[str, int] = field(default_factory=dict)
+    _cooling: dict[tuple[str, int | str], float] = field(default_factory=dict)
+
+    def cached(self, topic: str, now: float) -> WritableLayout | None:
+        """The topic's last lookup while it is fresh: `lookup_interval`, or `backoff_max`
+        while it lacks some of the topic's partitions."""
+        cached = self.layouts.get(topic)
+        if cached is None:
+            return None
+        layout, fetched_at = cached
+        keep = self.lookup_interval if layout.complete else self.backoff_max
+        return layout if now - fetched_at < keep else None
+
+    def last(self, topic: str) -> WritableLayout | None:
+        """The topic's last lookup however old (when no lookupd answers)."""
+        cached = self.layouts.get(topic)
+        return None if cached is None else cached[0]
+
+    def looked_up(self, topic: str, layout: WritableLayout, now: float) -> WritableLayout:
+        """A lookup's answer, as the router keeps it: a topic's partitions are never removed,
+        and a standalone lookupd that did not create the topic knows neither its partition
+        count nor that it is ordered (it counts the partitions registered with it), so neither
+        goes back, or a key would map to another partition."""
+        known = self.layouts.get(topic)
+        if known is not None:
+            previous = known[0]
+            layout = dataclasses.replace(
+                layout,  # type: ignore[type-var]
+                partition_num=max(layout.partition_num, previous.partition_num),
+                ordered=layout.ordered or previous.ordered,
+            )
+            # A partition with a new leader, or back after it was gone, is worth trying
+            # again at once.
+            for partition, address in layout.partitions.items():
+                if previous.partitions.get(partition) != address:
+                    self._cooling.pop((topic, partition), None)
+        self.layouts[topic] = (layout, now)
+        return layout
+
+    def choose(
+        self,
+        layout: WritableLayout,
+        key: Key | None,
+        partition: int | None,
+        tried: set[Target],
+        now: float,
+    ) -> Target | None:
+        """The target to publish to. Keyed: the key's partition, or None while it has no
+        writable leader. Otherwise the next one round-robin that was not tried (at that
+        leader) in this publish, preferring those not cooling down; a tried one when every
+        one was. ValueError for a partition the topic does not have, or an unkeyed publish to
+        an ordered topic."""
+        if key is not None:
+            if not layout.partition_num:
+                return None
+            partition = partition_for_key(key, layout.partition_num)
+        if partition is not None:
+            if layout.partition_num and not 0 <= partition < layout.partition_num:
+                raise ValueError(
+                    f"topic {layout.topic!r} has partitions 0..{layout.partition_num - 1},"
+                    f" not {partition}"
+                )
+            address = layout.partitions.get(partition)
+            return None if address is None else Target(address, partition)
+        if layout.ordered:
+            raise ValueError(
+                f"topic {layout.topic!r} is ordered: publish with key= (messages of one key"
+                " stay in order on one partition) or partition="
+            )
+        candidates = targets_of(layout).targets
+        if not candidates:
+            return None
+        topic = layout.topic
+        start = self._next.get(topic, 0)
+        rotation = [candidates[(start + i) % len(candidates)] for i in range(len(candidates))]
+        untried = [target for target in rotation if target not in tried]
+        ready = [t for t in untried if self._cooling.get((topic, t.slot), 0.0) <= now]
+        chosen = (ready or untried or rotation)[0]
+        self._next[topic] = (candidates.index(chosen) + 1) % len(candidates)
+        return chosen
+
+    def refused(self, topic: str, target: Target, now: float) -> None:
+        """A publish to `target` failed: round-robin avoids it for `partition_cooldown`, or
+        until a lookup shows the partition at another leader (nsqlookupd may still list it at
+        the same one: nsqd's `/disable/write` is not reported to it)."""
+        self._cooling[(topic, target.slot)] = now + self.partition_cooldown
+
+
+class NoWritablePartition(LookupError):
+    """The lookups list no partition a publish can go to (for its key or partition)."""
+
+
+@dataclass
+class PublishAttempts:
+    """One publish's attempts: the adapter asks `next` (with the topic's layout, None when no
+    lookupd answered) what to do, sends to the target it gets and reports a retryable
+    failure with `failed`. A target tried in this publish is not tried again before a pause
+    (`backoff_initial` doubling to `backoff_max`) and a new lookup (`refresh`); when the
+    deadline passes, `next` answers None and `last_error` says why."""
+
+    router: PublishRouter
+    topic: str
+    key: Key | None
+    partition: int | None
+    deadline: float
+    backoff: float
+    backoff_max: float
+    tried: set[Target] = field(default_factory=set)
+    attempts: int = 0
+    refresh: bool = False
+    last_error: BaseException = field(default_factory=lambda: NoWritablePartition("no attempt"))
+
+    def next(self, layout: WritableLayout | None, now: float) -> Target | float | None:
+        """The target to send to now; or seconds to pause, after which the adapter looks the
+        topic up again (`refresh`) and asks again; or None: give up (the deadline passed)."""
+        target = None
+        if layout is not None:
+            target = self.router.choose(layout, self.key, self.partition, self.tried, now)
+            if target is None:
+                keyed = self.partition is not None or self.key is not None
+                self.last_error = NoWritablePartition(
+                    f"nsqlookupd lists no writable partition of topic {self.topic!r}"
+                    + (" for this key/partition" if keyed else "")
+                )
+        if target is None or target in self.tried:
+            remaining = self.deadline - now
+            if remaining <= 0:
+                return None
+            pause = min(self.backoff, remaining)
+            self.backoff = min(self.backoff * 2, self.backoff_max)
+            self.tried.clear()
+            self.refresh = True
+            return pause
+        self.attempts += 1
+        return target
+
+    def lookup_failed(self, error: BaseException) -> None:
+        self.last_error = error
+
+    def failed(self, target: Target, error: BaseException, now: float) -> bool:
+        """A retryable failure at `target`; False when the deadline passed (give up)."""
+        self.last_error = error
+        self.tried.add(target)
+        self.router.refused(self.topic, target, now)
+        self.refresh = True
+        return now < self.deadline
 
 
 def targets_of(layout: TopicLayoutLike) -> Targets:

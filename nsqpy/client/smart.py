@@ -15,7 +15,6 @@ Blocking sockets and threads like `nsqpy.client.blocking`, whose connection it r
 plain threads and Spark executors can use it.
 """
 
-import dataclasses
 import json
 import logging
 import socket
@@ -24,17 +23,21 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 from nsqpy.client.blocking import USER_AGENT, Connection, NSQError
 from nsqpy.client.core import (
     RETRYABLE_ERRORS,
+    Key,
+    PublishAttempts,
+    PublishRouter,
     SubscriptionPlan,
     Target,
     decode_delivery,
+    partition_for_key,
     ready_counts,
     targets_of,
 )
@@ -72,8 +75,6 @@ log = logging.getLogger("nsqpy.smart_client")
 # A lookupd that failed is skipped for 1 s, 2 s, 4 s ... up to this, as Youzan's client lowers
 # the priority of a lookupd that keeps failing.
 _LOOKUPD_REST_MAX = 30.0
-
-Key = str | bytes | int
 
 
 class SmartClientError(Exception):
@@ -371,20 +372,6 @@ def lookupd_json(url: str, path: str, params: dict[str, str], timeout: float) ->
     return json.loads(body) if body.strip() else None
 
 
-def partition_for_key(key: Key, partition_num: int) -> int:
-    """The partition of a key's messages: CRC-32 of the key (a str's UTF-8 bytes, an int's
-    decimal digits) modulo the partition count, the same in every process and run."""
-    if partition_num <= 0:
-        raise ValueError("the topic has no partitions")
-    if isinstance(key, int):
-        data = str(key).encode()
-    elif isinstance(key, str):
-        data = key.encode()
-    else:
-        data = bytes(key)
-    return zlib.crc32(data) % partition_num
-
-
 def _read_reply(connection: Connection, timeout: float) -> bytes:
     """The next response frame's data within `timeout` (heartbeats answered on the way);
     NSQError for an error frame, TimeoutError when nsqd does not answer."""
@@ -430,16 +417,6 @@ class ProducerStats:
     retries: int
     lookups: int
     connections: int
-
-
-@dataclass(frozen=True)
-class _Target:
-    partition: int | None
-    address: str
-
-    @property
-    def slot(self) -> int | str:
-        return self.address if self.partition is None else self.partition
 
 
 class _NodeLink:
@@ -496,10 +473,13 @@ class SmartProducer:
         # connection left idle for two heartbeat intervals.
         self._identify = {"heartbeat_interval": -1, **(identify or {})}
         self._lock = threading.Lock()
-        self._layouts: dict[str, tuple[TopicLayout, float]] = {}
+        # Where to publish (`nsqpy.client.core`), under `_lock`.
+        self._router = PublishRouter(
+            lookup_interval=lookup_interval,
+            backoff_max=backoff_max,
+            partition_cooldown=partition_cooldown,
+        )
         self._links: dict[str, _NodeLink] = {}
-        self._next: dict[str, int] = {}
-        self._cooling: dict[tuple[str, int | str], float] = {}
         self._publishes = self._messages = self._retries = self._connections = 0
         self._closed = False
 
@@ -562,65 +542,62 @@ class SmartProducer:
         if key is not None and partition is not None:
             raise ValueError("give key or partition, not both")
         started = time.monotonic()
-        deadline = started + self.publish_timeout
-        backoff = self.backoff_initial
-        tried: set[_Target] = set()
-        attempts = 0
-        last_error: BaseException = SmartClientError("no attempt made")
-        refresh = False
+        attempts = PublishAttempts(
+            self._router,
+            topic,
+            key,
+            partition,
+            started + self.publish_timeout,
+            self.backoff_initial,
+            self.backoff_max,
+        )
         while True:
-            target = None
             try:
-                layout = self._layout(topic, refresh)
-                target = self._choose(layout, key, partition, tried)
-                if target is None:
-                    last_error = SmartClientError(
-                        f"nsqlookupd lists no writable partition of topic {topic!r}"
-                        + ("" if partition is None and key is None else " for this key/partition")
-                    )
+                layout: TopicLayout | None = self._layout(topic, attempts.refresh)
             except LookupUnavailable as error:
-                last_error = error
-            if target is None or target in tried:
-                # Nothing left to try at once: pause, then start over from a new lookup.
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    self._count_retries(attempts)
-                    raise PublishFailed(topic, last_error, attempts, time.monotonic() - started)
-                time.sleep(min(backoff, remaining))
-                backoff = min(backoff * 2, self.backoff_max)
-                tried.clear()
-                refresh = True
+                attempts.lookup_failed(error)
+                layout = None
+            attempts.refresh = False
+            with self._lock:
+                step = attempts.next(layout, time.monotonic())
+            if step is None:
+                self._count_retries(attempts.attempts)
+                raise PublishFailed(
+                    topic, attempts.last_error, attempts.attempts, time.monotonic() - started
+                )
+            if not isinstance(step, Target):
+                time.sleep(step)
                 continue
-            attempts += 1
+            target = step
             try:
                 self._send(target.address, self._command(topic, bodies, target.partition))
             except NSQError as error:
                 if error.code not in RETRYABLE_ERRORS:
-                    self._count_retries(attempts)
+                    self._count_retries(attempts.attempts)
                     raise
-                last_error = error
+                failure: BaseException = error
             except OSError as error:
-                last_error = error
+                failure = error
             else:
                 with self._lock:
                     self._publishes += 1
                     self._messages += len(bodies)
-                    self._retries += attempts - 1
-                return Published(topic, target.partition, target.address, attempts)
+                    self._retries += attempts.attempts - 1
+                return Published(topic, target.partition, target.address, attempts.attempts)
             log.info(
                 "publish to %s partition %s at %s failed (%s); looking up again",
                 topic,
                 target.partition,
                 target.address,
-                last_error,
+                failure,
             )
-            tried.add(target)
             with self._lock:
-                self._cooling[(topic, target.slot)] = time.monotonic() + self.partition_cooldown
-            refresh = True
-            if time.monotonic() >= deadline:
-                self._count_retries(attempts)
-                raise PublishFailed(topic, last_error, attempts, time.monotonic() - started)
+                going_on = attempts.failed(target, failure, time.monotonic())
+            if not going_on:
+                self._count_retries(attempts.attempts)
+                raise PublishFailed(
+                    topic, attempts.last_error, attempts.attempts, time.monotonic() - started
+                )
 
     def _count_retries(self, attempts: int) -> None:
         with self._lock:
@@ -634,85 +611,22 @@ class SmartProducer:
         return encode_mpub(topic, bodies, *extra)
 
     def _layout(self, topic: str, refresh: bool) -> TopicLayout:
-        """The topic's writable partitions: cached, or looked up when asked to, when old, or
-        while incomplete; the cached one when no lookupd answers."""
+        """The topic's writable partitions: the router's while fresh, looked up when asked
+        to or when old; the last one when no lookupd answers."""
         with self._lock:
-            cached = self._layouts.get(topic)
-        if cached is not None and not refresh:
-            layout, fetched_at = cached
-            keep = self.lookup_interval if layout.complete else self.backoff_max
-            if time.monotonic() - fetched_at < keep:
-                return layout
+            fresh = None if refresh else self._router.cached(topic, time.monotonic())
+            last = self._router.last(topic)
+        if fresh is not None:
+            return cast(TopicLayout, fresh)
         try:
             layout = self.discovery.lookup(topic, "w")
         except LookupUnavailable:
-            if cached is None:
+            if last is None:
                 raise
             log.warning("no nsqlookupd answered for %s; using its last lookup", topic)
-            return cached[0]
+            return cast(TopicLayout, last)
         with self._lock:
-            known = self._layouts.get(topic)
-            if known is not None:
-                # A topic's partitions are never removed, and a standalone lookupd that did not
-                # create the topic knows neither its partition count nor that it is ordered
-                # (it counts the partitions registered with it): never go back on either, or
-                # a key would map to another partition.
-                previous = known[0]
-                layout = dataclasses.replace(
-                    layout,
-                    partition_num=max(layout.partition_num, previous.partition_num),
-                    ordered=layout.ordered or previous.ordered,
-                )
-                # A partition with a new leader, or back after it was gone, is worth trying
-                # again at once.
-                for partition, address in layout.partitions.items():
-                    if previous.partitions.get(partition) != address:
-                        self._cooling.pop((topic, partition), None)
-            self._layouts[topic] = (layout, time.monotonic())
-        return layout
-
-    def _choose(
-        self,
-        layout: TopicLayout,
-        key: Key | None,
-        partition: int | None,
-        tried: set[_Target],
-    ) -> _Target | None:
-        """The partition to publish to. Keyed: the key's partition, or None while it has no
-        writable leader. Otherwise the next one round-robin that was not tried (at that
-        leader) in this publish, preferring those not cooling down; a tried one when every
-        one was."""
-        if key is not None:
-            if not layout.partition_num:
-                return None
-            partition = partition_for_key(key, layout.partition_num)
-        if partition is not None:
-            if layout.partition_num and not 0 <= partition < layout.partition_num:
-                raise ValueError(
-                    f"topic {layout.topic!r} has partitions 0..{layout.partition_num - 1},"
-                    f" not {partition}"
-                )
-            address = layout.partitions.get(partition)
-            return None if address is None else _Target(partition, address)
-        if layout.ordered:
-            raise ValueError(
-                f"topic {layout.topic!r} is ordered: publish with key= (messages of one key"
-                " stay in order on one partition) or partition="
-            )
-        candidates = [_Target(p, address) for p, address in layout.partitions.items()] or [
-            _Target(None, address) for address in layout.classic_nodes
-        ]
-        if not candidates:
-            return None
-        now = time.monotonic()
-        with self._lock:
-            start = self._next.get(layout.topic, 0)
-            rotation = [candidates[(start + i) % len(candidates)] for i in range(len(candidates))]
-            untried = [t for t in rotation if t not in tried]
-            ready = [t for t in untried if self._cooling.get((layout.topic, t.slot), 0.0) <= now]
-            chosen = (ready or untried or rotation)[0]
-            self._next[layout.topic] = (candidates.index(chosen) + 1) % len(candidates)
-        return chosen
+            return cast(TopicLayout, self._router.looked_up(topic, layout, time.monotonic()))
 
     def _send(self, address: str, data: bytes) -> None:
         with self._lock:

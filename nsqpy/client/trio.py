@@ -28,6 +28,9 @@ from nsqpy.client.blocking import USER_AGENT, NSQError, split_address
 from nsqpy.client.core import (
     HEARTBEAT,
     RETRYABLE_ERRORS,
+    Key,
+    PublishAttempts,
+    PublishRouter,
     SubscriptionError,
     SubscriptionPlan,
     SubscriptionReader,
@@ -36,7 +39,7 @@ from nsqpy.client.core import (
     ready_counts,
     targets_of,
 )
-from nsqpy.client.smart import LookupdDiscovery, LookupUnavailable
+from nsqpy.client.smart import LookupdDiscovery, LookupUnavailable, PublishFailed
 from nsqpy.common.command import (
     CLS,
     MAGIC_V2,
@@ -53,7 +56,7 @@ from nsqpy.common.command import (
 from nsqpy.common.errors import NON_FATAL_CODES
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, Frame, FrameDecoder
 
-__all__ = ["Consumer", "Message", "Producer", "open_consumer"]
+__all__ = ["Consumer", "Message", "Producer", "SmartProducer", "open_consumer"]
 
 RECEIVE_SIZE = 256 * 1024
 CONNECT_TIMEOUT = 5.0
@@ -434,6 +437,119 @@ class Producer:
         connection, self._connection = self._connection, None
         if connection is not None:
             await connection.aclose()
+
+
+class SmartProducer:
+    """Publishes to topics found through nsqlookupd, following their partitions' leaders, on
+    the core's `PublishRouter` (the blocking `nsqpy.client.smart.SmartProducer`'s): a key's
+    partition or the next one round-robin; a publish refused with E_FAILED_ON_NOT_LEADER,
+    E_FAILED_ON_NOT_WRITABLE or E_TOPIC_NOT_EXIST, or whose connection broke, is retried after
+    a new lookup (at once elsewhere, then after a doubling pause) until `publish_timeout`."""
+
+    def __init__(
+        self,
+        lookupd_http_addresses: Iterable[str],
+        *,
+        lookup_interval: float = 60.0,
+        publish_timeout: float = 10.0,
+        backoff_initial: float = 0.05,
+        backoff_max: float = 1.0,
+        identify: dict | None = None,
+    ) -> None:
+        self.discovery = LookupdDiscovery(list(lookupd_http_addresses))
+        self.publish_timeout = publish_timeout
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self._router = PublishRouter(lookup_interval=lookup_interval, backoff_max=backoff_max)
+        self._identify = dict(identify or {})
+        self._producers: dict[str, Producer] = {}
+
+    async def __aenter__(self) -> "SmartProducer":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def publish(
+        self, topic: str, body: bytes, *, key: Key | None = None, partition: int | None = None
+    ) -> Target:
+        """Publish one message; where it went. PublishFailed when no attempt succeeded
+        within `publish_timeout`, NSQError for any other refusal."""
+        return await self._publish(topic, [body], key, partition)
+
+    async def multi_publish(
+        self,
+        topic: str,
+        bodies: list[bytes],
+        *,
+        key: Key | None = None,
+        partition: int | None = None,
+    ) -> Target:
+        return await self._publish(topic, bodies, key, partition)
+
+    async def _publish(
+        self, topic: str, bodies: list[bytes], key: Key | None, partition: int | None
+    ) -> Target:
+        started = trio.current_time()
+        attempts = PublishAttempts(
+            self._router,
+            topic,
+            key,
+            partition,
+            started + self.publish_timeout,
+            self.backoff_initial,
+            self.backoff_max,
+        )
+        while True:
+            try:
+                layout = await self._layout(topic, attempts.refresh)
+            except LookupUnavailable as error:
+                attempts.lookup_failed(error)
+                layout = None
+            attempts.refresh = False
+            step = attempts.next(layout, trio.current_time())
+            if step is None:
+                elapsed = trio.current_time() - started
+                raise PublishFailed(topic, attempts.last_error, attempts.attempts, elapsed)
+            if not isinstance(step, Target):
+                await trio.sleep(step)
+                continue
+            producer = self._producers.get(step.address)
+            if producer is None:
+                producer = self._producers[step.address] = Producer(step.address, self._identify)
+            try:
+                if len(bodies) == 1:
+                    await producer.publish(topic, bodies[0], step.partition)
+                else:
+                    await producer.multi_publish(topic, bodies, step.partition)
+                return step
+            except NSQError as error:
+                if error.code not in RETRYABLE_ERRORS:
+                    raise
+                failure: BaseException = error
+            except (OSError, trio.BrokenResourceError, trio.TooSlowError) as error:
+                failure = error
+            if not attempts.failed(step, failure, trio.current_time()):
+                elapsed = trio.current_time() - started
+                raise PublishFailed(topic, attempts.last_error, attempts.attempts, elapsed)
+
+    async def _layout(self, topic: str, refresh: bool):
+        fresh = None if refresh else self._router.cached(topic, trio.current_time())
+        if fresh is not None:
+            return fresh
+        try:
+            layout = await trio.to_thread.run_sync(self.discovery.lookup, topic, "w")
+        except LookupUnavailable:
+            last = self._router.last(topic)
+            if last is None:
+                raise
+            return last
+        return self._router.looked_up(topic, layout, trio.current_time())
+
+    async def aclose(self) -> None:
+        producers, self._producers = self._producers, {}
+        for producer in producers.values():
+            await producer.aclose()
 
 
 def _partition(partition: int | None) -> tuple[int, ...]:

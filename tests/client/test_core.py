@@ -4,6 +4,8 @@ happened and when, with no I/O: each adapter (blocking, asyncio, trio) only carr
 import pytest
 
 from nsqpy.client.core import (
+    PublishAttempts,
+    PublishRouter,
     SubscriptionError,
     SubscriptionPlan,
     SubscriptionReader,
@@ -11,8 +13,10 @@ from nsqpy.client.core import (
     Targets,
     backoff_delay,
     decode_delivery,
+    partition_for_key,
     ready_counts,
 )
+from nsqpy.client.smart import TopicLayout
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 from nsqpy.common.message import encode_message
 
@@ -134,3 +138,63 @@ def test_the_reader_answers_heartbeats_keeps_warnings_and_ends_on_fatal_errors()
     assert reader.receive_data(frame(FRAME_TYPE_RESPONSE, b"CLOSE_WAIT")).closed
     with pytest.raises(SubscriptionError, match="E_BAD_TOPIC"):
         reader.receive_data(frame(FRAME_TYPE_ERROR, b"E_BAD_TOPIC nope"))
+
+
+class Layout:
+    """A lookup of writable partitions, as `nsqpy.client.smart.TopicLayout` has it."""
+
+    def __init__(self, partitions: dict[int, str], partition_num: int = 0, ordered=False):
+        self.topic = "t"
+        self.partitions = partitions
+        self.partition_num = partition_num or len(partitions)
+        self.ordered = ordered
+        self.extend_support = False
+        self.classic_nodes = ()
+
+    @property
+    def complete(self) -> bool:
+        return len(self.partitions) >= self.partition_num
+
+
+def test_publishes_go_round_robin_and_around_a_partition_that_refused():
+    router = PublishRouter(partition_cooldown=5)
+    layout = Layout({0: A, 1: B})
+    chosen = [router.choose(layout, None, None, set(), now=0) for _ in range(3)]
+    assert chosen == [Target(A, 0), Target(B, 1), Target(A, 0)]
+    router.refused("t", Target(B, 1), now=0)
+    assert [router.choose(layout, None, None, set(), now=1).partition for _ in range(2)] == [0, 0]
+    assert router.choose(layout, None, None, set(), now=6) == Target(B, 1)  # cooled down
+
+
+def test_a_key_keeps_its_partition_and_an_ordered_topic_needs_one():
+    router = PublishRouter()
+    layout = Layout({0: A, 1: B, 2: A, 3: B})
+    assert {router.choose(layout, "k7", None, set(), 0).partition for _ in range(4)} == {
+        partition_for_key("k7", 4)
+    }
+    with pytest.raises(ValueError, match="ordered"):
+        router.choose(Layout({0: A}, ordered=True), None, None, set(), 0)
+    with pytest.raises(ValueError, match="partitions 0..3, not 9"):
+        router.choose(layout, None, 9, set(), 0)
+
+
+def test_lookups_never_lower_the_partition_count_nor_forget_ordering():
+    router = PublishRouter(lookup_interval=60, backoff_max=1)
+    router.looked_up("t", TopicLayout("t", "w", {0: A, 1: B}, 2, ordered=True), now=0)
+    kept = router.looked_up("t", TopicLayout("t", "w", {0: A}, 1), now=10)
+    assert (kept.partition_num, kept.ordered) == (2, True)
+    assert router.cached("t", 10.5) is kept and router.cached("t", 11) is None  # incomplete
+
+
+def test_a_publish_retries_elsewhere_then_pauses_then_gives_up():
+    router = PublishRouter()
+    layout = Layout({0: A, 1: B})
+    attempts = PublishAttempts(router, "t", None, None, 10, backoff=0.5, backoff_max=2)
+    first = attempts.next(layout, now=0)
+    assert attempts.failed(first, OSError("reset"), now=0)
+    second = attempts.next(layout, now=0)
+    assert second != first and attempts.failed(second, OSError("reset"), now=0)
+    assert attempts.next(layout, now=0) == 0.5 and attempts.refresh  # both tried: look up
+    assert isinstance(attempts.next(layout, now=1), Target)
+    assert attempts.next(None, now=10) is None  # no lookupd, deadline passed
+    assert attempts.attempts == 3 and str(attempts.last_error) == "reset"

@@ -7,7 +7,8 @@ import pytest
 import trio
 
 from nsqpy.client.blocking import NSQError
-from nsqpy.client.trio import Producer, open_consumer
+from nsqpy.client.core import partition_for_key
+from nsqpy.client.trio import Producer, SmartProducer, open_consumer
 from tests.harness import start_nsqd
 from tests.support.partitioned import Cluster
 from tests.support.polling import wait_until
@@ -123,3 +124,17 @@ async def test_a_consumer_comes_back_when_its_nsqd_restarts(tmp_path, topic):
             assert [m.body for m in await receive(consumer, 1)] == [b"after"]
     finally:
         nsqd.kill()
+
+
+async def test_the_smart_producer_spreads_publishes_and_keeps_a_key_on_its_partition(
+    cluster, topic
+):
+    cluster.create_topic(topic, partitions=4)
+    async with SmartProducer(cluster.lookupd_addresses) as producer:
+        spread = [await producer.publish(topic, b"m%d" % n) for n in range(8)]
+        keyed = {(await producer.publish(topic, b"k", key="order-7")).partition for _ in range(3)}
+        await producer.multi_publish(topic, [b"a", b"b"], partition=2)
+    assert sorted(target.partition for target in spread) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert keyed == {partition_for_key("order-7", 4)}
+    counts = cluster.message_counts(topic)
+    assert sum(counts.values()) == 8 + 3 + 2 and counts[2] >= 4
