@@ -565,6 +565,9 @@ class PartitionLog(Generic[M]):
         parts: list[bytes] = []
         offset, count = position.offset, position.count
         budget = max_bytes
+        # A local: a method of an imported name is looked up as an attribute at every call
+        # (CPython 3.11 does not use its method-call fast path for those), once per record.
+        unpack_size = SIZE.unpack_from
         index = bisect.bisect_right(self._segment_starts, offset) - 1
         while offset < end and index < len(self.segments):
             segment = self.segments[index]
@@ -585,7 +588,7 @@ class PartitionLog(Generic[M]):
                             chunk = os.pread(fd, 4 + size, pos)
                             continue
                         break
-                    (size,) = SIZE.unpack_from(chunk, at)
+                    (size,) = unpack_size(chunk, at)
                     if at + 4 + size > len(chunk):
                         if at == 0 and not parts:
                             chunk = os.pread(fd, 4 + size, pos)

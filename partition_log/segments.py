@@ -43,8 +43,9 @@ def segment_count(files: LogFiles, number: int) -> int:
     with open(files.segment(number), "rb") as file:
         data = file.read()
     at = 0
+    unpack_size = SIZE.unpack_from  # a local: once per record
     while at + 4 <= len(data):
-        at += 4 + SIZE.unpack_from(data, at)[0]
+        at += 4 + unpack_size(data, at)[0]
         count += 1
     return count
 
