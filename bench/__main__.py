@@ -5,6 +5,7 @@
     .venv/bin/python -m bench --quick                # one run per figure instead of 3
     .venv/bin/python -m bench --list                 # the benchmarks and what they run
     .venv/bin/python -m bench --profile-missed       # then py-spy nsqd for each missed target
+    .venv/bin/python -m bench --reference ../go/nsqd # each workload on Go's nsqd too: ratios
 
 Each benchmark runs in its own interpreter as `python -m bench.<module> [preset options]`
 (run one by hand the same way, with its own options: `--help`), starts its own nsqd for every
@@ -21,6 +22,7 @@ import time
 from dataclasses import dataclass
 
 from bench._support import (
+    REFERENCE_NSQD,
     ROOT,
     TARGETS,
     Record,
@@ -41,6 +43,8 @@ class Benchmark:
     args: tuple[str, ...]
     description: str
     aliases: tuple[str, ...] = ()
+    # Its workloads run on Go's nsqd too (only flags Go has): `--reference`.
+    reference: bool = False
 
 
 SUITE = [
@@ -50,19 +54,28 @@ SUITE = [
         (),
         "TCP publish x1, x4 (MPUB, no channel) and consume x1, x4 (one channel), 1M msgs in memory",
         ("pub_sub",),
+        reference=True,
     ),
-    Benchmark("fanout", "fanout", (), "1 TCP publisher, 4 channels x 1 consumer"),
+    Benchmark("fanout", "fanout", (), "1 TCP publisher, 4 channels x 1 consumer", reference=True),
     Benchmark(
-        "http", "http_pub", (), "HTTP /pub and /mpub, 32 keep-alive connections", ("http_pub",)
+        "http",
+        "http_pub",
+        (),
+        "HTTP /pub and /mpub, 32 keep-alive connections",
+        ("http_pub",),
+        reference=True,
     ),
-    Benchmark("latency", "latency", (), "publish→delivery at 100 msgs/s: p50/p99/max"),
-    Benchmark("memory", "memory", (), "nsqd RSS with 1,000,000 messages queued"),
+    Benchmark(
+        "latency", "latency", (), "publish→delivery at 100 msgs/s: p50/p99/max", reference=True
+    ),
+    Benchmark("memory", "memory", (), "nsqd RSS with 1,000,000 messages queued", reference=True),
     Benchmark(
         "diskqueue_bound",
         "disk_bound",
         (),
         "TCP publish and consume with --mem-queue-size=0",
         ("disk_bound",),
+        reference=True,
     ),
     Benchmark(
         "diskqueue",
@@ -122,11 +135,59 @@ def summary(records: list[Record]) -> str:
     return "\n".join(rows)
 
 
+# Figures where less is better: the ratio to Go is then Go's figure over ours, so that above
+# 1 always means ahead of Go.
+_LOWER_IS_BETTER = {"ms", "MiB", "s"}
+
+
+def reference_summary(ours: list[Record], go: list[Record]) -> str:
+    """Each figure on both daemons, and ours as a multiple of Go's (above 1: ahead)."""
+    theirs = {(record.bench, record.workload): record for record in go}
+    rows = [
+        "| benchmark | figure | nsqpy median | Go median | unit | nsqpy ÷ Go (≥ 1: ahead) |"
+        " per nsqd CPU-second, nsqpy ÷ Go |",
+        "| --- | --- | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for record in ours:
+        other = theirs.get((record.bench, record.workload))
+        if other is None or not other.median or not record.median:
+            continue
+        fmt = ",.0f" if record.median >= 100 else ".2f"
+        if record.unit in _LOWER_IS_BETTER:
+            ratio = other.median / record.median
+        else:
+            ratio = record.median / other.median
+        per_cpu = "–"
+        key = next((k for k in record.notes if k.endswith("per nsqd CPU-s")), None)
+        if key is not None and key in other.notes:
+            mine, go_value = _number(record.notes[key]), _number(other.notes[key])
+            if mine and go_value:
+                per_cpu = f"{mine / go_value:.2f}"
+        rows.append(
+            f"| {record.bench} | {record.workload} | {format(record.median, fmt)} |"
+            f" {format(other.median, fmt)} | {record.unit} | {ratio:.2f} | {per_cpu} |"
+        )
+    return "\n".join(rows)
+
+
+def _number(value: object) -> float | None:
+    try:
+        return float(str(value).replace(",", ""))
+    except ValueError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help="benchmarks (default: all)")
     parser.add_argument("--quick", action="store_true", help="one run per figure")
     parser.add_argument("--list", action="store_true", help="list the benchmarks")
+    parser.add_argument(
+        "--reference",
+        metavar="PATH",
+        help="Go's nsqd (the binary, or a directory holding it): run each workload that Go's"
+        " nsqd can run on it too, in the same run, and print the ratios",
+    )
     parser.add_argument(
         "--profile-missed",
         action="store_true",
@@ -144,31 +205,49 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown benchmark(s) {', '.join(unknown)}; see --list")
         return 2
     chosen = [BY_NAME[name] for name in args.names] or SUITE
+    reference = None
+    if args.reference:
+        reference = os.path.abspath(args.reference)
+        if os.path.isdir(reference):
+            reference = os.path.join(reference, "nsqd")
+        if not os.access(reference, os.X_OK):
+            print(f"--reference: {reference} is not an executable nsqd")
+            return 2
     banner("bench", f"{', '.join(b.name for b in chosen)}" + (" (quick)" if args.quick else ""))
     started = time.monotonic()
     revision = git_revision()
     failed: list[str] = []
     records: list[Record] = []
+    go_records: list[Record] = []
     with tempfile.TemporaryDirectory(prefix="nsqpy-bench-run-") as scratch:
         for bench in chosen:
-            output = os.path.join(scratch, f"{bench.name}.json")
-            command = [sys.executable, "-m", f"bench.{bench.module}", *bench.args]
-            command += ["--quick"] if args.quick else []
-            command += ["--json", output]
-            print(f"\n== {bench.name}: {' '.join(command[1:-2])}", flush=True)
-            began = time.monotonic()
-            result = subprocess.run(command, cwd=ROOT)
-            print(
-                f"== {bench.name}: exit {result.returncode}, {time.monotonic() - began:.0f} s,"
-                f" load average {load_average():.2f}",
-                flush=True,
-            )
-            if result.returncode or not os.path.exists(output):
-                failed.append(bench.name)
-                continue
-            records += read_records(output)
+            runs = [("", None)]
+            if reference is not None and bench.reference:
+                # Alternated, ours first: the same clients against each daemon in one run.
+                runs.append((" (Go)", reference))
+            for label, nsqd in runs:
+                output = os.path.join(scratch, f"{bench.name}{'-go' if nsqd else ''}.json")
+                command = [sys.executable, "-m", f"bench.{bench.module}", *bench.args]
+                command += ["--quick"] if args.quick else []
+                command += ["--json", output]
+                print(f"\n== {bench.name}{label}: {' '.join(command[1:-2])}", flush=True)
+                environment = {**os.environ, REFERENCE_NSQD: nsqd} if nsqd else None
+                began = time.monotonic()
+                result = subprocess.run(command, cwd=ROOT, env=environment)
+                print(
+                    f"== {bench.name}{label}: exit {result.returncode},"
+                    f" {time.monotonic() - began:.0f} s, load average {load_average():.2f}",
+                    flush=True,
+                )
+                if result.returncode or not os.path.exists(output):
+                    failed.append(bench.name + label)
+                    continue
+                (go_records if nsqd else records).extend(read_records(output))
     print(f"\n== summary ({time.monotonic() - started:.0f} s, commit {revision})\n")
     print(summary(records))
+    if reference is not None:
+        print(f"\n== against Go's nsqd ({reference})\n")
+        print(reference_summary(records, go_records))
     if git_revision() != revision:
         print(f"\nnote: the tree changed during the run: now {git_revision()}")
     missed = sorted(

@@ -127,7 +127,15 @@ sys.exit(entry.main())
 """
 
 
+# `python -m bench --reference PATH` runs a benchmark again with this nsqd binary (Go's), so
+# that both daemons meet the same clients in one run.
+REFERENCE_NSQD = "NSQPY_BENCH_REFERENCE_NSQD"
+
+
 def nsqd_command(gc_mode: str = "default") -> list[str]:
+    reference = os.environ.get(REFERENCE_NSQD)
+    if reference:
+        return [reference]
     if gc_mode == "default":
         return [str(BIN / "nsqd")]
     return [sys.executable, "-c", _GC_PRELUDE.format(mode=gc_mode)]
