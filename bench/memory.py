@@ -68,6 +68,11 @@ class Sample:
     load: float
 
 
+def queued(nsqd, variant: Variant) -> int:
+    stats = nsqd.stats(TOPIC)["topics"][0]
+    return stats["channels"][0]["depth"] if variant.channel else stats["depth"]
+
+
 def measure(context, variant: Variant, count: int, size: int, settle: float) -> Sample:
     flags = [] if variant.mem_queue_size is None else [f"-mem-queue-size={variant.mem_queue_size}"]
     with Nsqd(flags) as nsqd:
@@ -76,13 +81,17 @@ def measure(context, variant: Variant, count: int, size: int, settle: float) -> 
         if variant.channel:
             _clients.create_channel(nsqd.port, TOPIC, CHANNEL)
         published = publish(nsqd, context, params, 4)
+        # The topic hands its messages to the channel in the background (Go's messagePump, to
+        # the channel's diskqueue past --mem-queue-size): wait until all of them are there.
+        deadline = time.monotonic() + 120
+        while (depth := queued(nsqd, variant)) != published.messages:
+            nsqd.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{published.messages:,} published but {depth:,} queued")
+            time.sleep(0.1)
         time.sleep(settle)
         nsqd.check_alive()
         memory = nsqd.memory()
-        stats = nsqd.stats(TOPIC)["topics"][0]
-        depth = stats["channels"][0]["depth"] if variant.channel else stats["depth"]
-        if depth != published.messages:
-            raise RuntimeError(f"{published.messages:,} published but {depth:,} queued")
     return Sample(idle, memory["VmRSS"], memory["VmHWM"], depth, published.rate, load_average())
 
 
