@@ -167,12 +167,17 @@ class Nsqd:
         ]
         self.lines: list[str] = []
         # nsqd's code from the same tree as the bench (the venv's editable install points at
-        # the main checkout; this also serves a `git archive` snapshot).
-        pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        # the main checkout; this also serves a `git archive` snapshot); a reference nsqd (Go's,
+        # or another tree's console script) runs as it is.
+        environment = dict(os.environ)
+        if not environment.get(REFERENCE_NSQD):
+            environment["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
+            )
         self.process = subprocess.Popen(
             self.command,
             cwd=self.data_path,
-            env={**os.environ, "PYTHONPATH": pythonpath},
+            env=environment,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
