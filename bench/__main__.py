@@ -99,6 +99,13 @@ SUITE = [
         " range fetch",
     ),
     Benchmark(
+        "many_clients",
+        "many_clients",
+        (),
+        "10,000 consumers with 1 s heartbeats, 100 publishes/s: /ping p50/p99/max",
+        reference=True,
+    ),
+    Benchmark(
         "group_commit",
         "group_commit",
         (),

@@ -376,6 +376,7 @@ TARGETS = {
     "http_pub": Target("≥ 23,000 req/s", 23_000),
     "rss": Target("≤ 64 MiB", 64, higher_is_better=False),
     "latency_p50": Target("≤ 5 ms", 5, higher_is_better=False),
+    "ping_p99": Target("≤ 50 ms", 50, higher_is_better=False),
 }
 
 
