@@ -110,7 +110,8 @@ class Window:
 # -- nsqd ------------------------------------------------------------------------------------
 
 
-# `gc_mode`: run nsqd's console entry point with the cyclic GC changed, nsqd itself unchanged.
+# `gc_mode`: run nsqd's console entry point with the cyclic GC changed, nsqd itself unchanged:
+# "off", "gen0,gen1,gen2" thresholds, or "freeze:SECONDS" (gc.freeze() that long after start).
 _GC_PRELUDE = """import gc, sys
 import nsqpy.nsqd.__main__ as entry
 mode = {mode!r}
@@ -119,6 +120,11 @@ def build(options, log):
     daemon = original(options, log)
     if mode == "off":
         gc.disable()
+    elif mode.startswith("freeze:"):
+        # gc.freeze() that many seconds after the start: what exists then (the clients of a
+        # benchmark that connected meanwhile) is never scanned again.
+        import threading
+        threading.Timer(float(mode.split(":", 1)[1]), gc.freeze).start()
     else:
         gc.set_threshold(*map(int, mode.split(",")))
     return daemon
