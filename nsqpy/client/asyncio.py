@@ -24,14 +24,14 @@ import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 
+from nsqpy.client import core
 from nsqpy.client.blocking import USER_AGENT, NSQError, split_address
 from nsqpy.client.core import (
-    CLOSE_WAIT,
     HEARTBEAT,
     SubscriptionPlan,
+    SubscriptionReader,
     Target,
     Targets,
-    decode_delivery,
     ready_counts,
 )
 from nsqpy.common.command import (
@@ -45,7 +45,6 @@ from nsqpy.common.command import (
     encode_req,
     encode_touch,
 )
-from nsqpy.common.errors import NON_FATAL_CODES
 from nsqpy.common.frame import (
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,
@@ -207,13 +206,13 @@ class Delivery:
 class _Link:
     """One subscribed connection of a subscription, and the task that reads it."""
 
-    __slots__ = ("target", "connection", "detail", "extend", "max_rdy", "rdy", "unfinished", "task")
+    __slots__ = ("target", "connection", "reader", "max_rdy", "rdy", "unfinished", "task")
 
     def __init__(self, target: Target, connection: Connection, detail: bool, extend: bool) -> None:
         self.target = target
         self.connection = connection
-        self.detail = detail
-        self.extend = extend
+        # Its frames to messages (the ordered detail, the ext header split off) and errors.
+        self.reader = SubscriptionReader(detail=detail, extend=extend)
         # An RDY above nsqd's max_rdy_count is a fatal error.
         self.max_rdy = int(connection.identify_reply.get("max_rdy_count", 2500))
         self.rdy = 0
@@ -480,17 +479,14 @@ class Subscription:
         error: BaseException | None = None
         try:
             while True:
-                for frame in await link.connection.frames():
-                    if frame.frame_type == FRAME_TYPE_MESSAGE:
-                        self._deliver(link, frame.data)
-                    elif frame.frame_type == FRAME_TYPE_ERROR:
-                        text = frame.data.decode("utf-8", "replace")
-                        # A late FIN/REQ/TOUCH of a message nsqd already timed out: not fatal.
-                        if text.split(" ", 1)[0] not in NON_FATAL_CODES:
-                            raise NSQError(text)
-                        self._log.debug("(%s) %s", link.target.address, text)
-                    elif frame.data == CLOSE_WAIT:
-                        return
+                events = link.reader.receive_frames(await link.connection.frames())
+                for delivery in events.deliveries:
+                    self._deliver(link, delivery)
+                for text in events.warnings:
+                    # A late FIN/REQ/TOUCH of a message nsqd already timed out: not fatal.
+                    self._log.debug("(%s) %s", link.target.address, text)
+                if events.closed:
+                    return
         except asyncio.CancelledError:
             raise
         except Exception as caught:  # any end of the connection is handled the same way
@@ -498,8 +494,7 @@ class Subscription:
         finally:
             self._lost(link, error)
 
-    def _deliver(self, link: _Link, data: bytes) -> None:
-        message = decode_delivery(data, detail=link.detail, extend=link.extend)
+    def _deliver(self, link: _Link, message: core.Delivery) -> None:
         if self._closing:
             # Sent before nsqd saw our CLS: back to the channel at once.
             link.connection.send(encode_req(message.id, 0))

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from nsqpy.common.errors import NON_FATAL_CODES
-from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
+from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, Frame, FrameDecoder
 from nsqpy.common.message import decode_message
 
 HEARTBEAT = b"_heartbeat_"
@@ -217,10 +217,6 @@ class SubscriptionPlan:
         if state is not None:
             state.connecting = False
 
-    def connecting(self, target: Target) -> None:
-        """The adapter is subscribing to `target` by itself (a first lookup's targets)."""
-        self.slots.setdefault(target.slot, _Slot(target)).connecting = True
-
     def subscribed(self, target: Target) -> bool:
         """A subscription is up. False when the plan no longer wants it (the partition moved
         meanwhile): the adapter closes it."""
@@ -357,20 +353,22 @@ class SubscriptionEvents:
 
 
 class SubscriptionReader:
-    """A subscribed connection's bytes in, events out. SubscriptionError for an error frame
-    that ends the connection."""
+    """A subscribed connection's bytes (or frames, where the adapter's connection cuts them)
+    in, events out. SubscriptionError for an error frame that ends the connection.
+    `decoder` is the connection's, when it read frames before the subscription (a partial
+    frame may wait in it)."""
 
-    def __init__(self, *, detail: bool, extend: bool, buffered: bytes = b"") -> None:
+    def __init__(self, *, detail: bool, extend: bool, decoder: FrameDecoder | None = None):
         self.detail = detail
         self.extend = extend
-        self._frames = FrameDecoder()
-        self._buffered = buffered
+        self._frames = decoder or FrameDecoder()
 
     def receive_data(self, data: bytes | bytearray) -> SubscriptionEvents:
+        return self.receive_frames(self._frames.receive_data(data))
+
+    def receive_frames(self, frames: Iterable[Frame]) -> SubscriptionEvents:
         events = SubscriptionEvents()
-        if self._buffered:
-            data, self._buffered = self._buffered + data, b""
-        for frame in self._frames.receive_data(data):
+        for frame in frames:
             if frame.frame_type == FRAME_TYPE_MESSAGE:
                 events.deliveries.append(
                     decode_delivery(frame.data, detail=self.detail, extend=self.extend)

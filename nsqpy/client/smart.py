@@ -31,12 +31,13 @@ from typing import cast
 from nsqpy.client.blocking import USER_AGENT, Connection, NSQError
 from nsqpy.client.core import (
     RETRYABLE_ERRORS,
+    Delivery,
     Key,
     PublishAttempts,
     PublishRouter,
     SubscriptionPlan,
+    SubscriptionReader,
     Target,
-    decode_delivery,
     partition_for_key,
     ready_counts,
     targets_of,
@@ -50,7 +51,6 @@ from nsqpy.common.command import (
     encode_req,
     encode_touch,
 )
-from nsqpy.common.errors import NON_FATAL_CODES
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
 
 __all__ = [
@@ -727,8 +727,8 @@ class _Subscription:
         self.partition = target.partition
         self.address = connection.address
         self.connection = connection
-        self.detail = detail
-        self.extend = extend
+        # Its frames to messages (the ordered detail, the ext header split off) and errors.
+        self.reader = SubscriptionReader(detail=detail, extend=extend)
         # An RDY above the server's max_rdy_count is a fatal error.
         self.max_rdy = int(connection.identify_reply.get("max_rdy_count", 2500))
         self.rdy = 0
@@ -1062,20 +1062,16 @@ class SmartConsumer:
                 frame = subscription.connection.read_frame(timeout=self.timeout)
                 if frame is None:
                     continue
-                if frame.frame_type == FRAME_TYPE_MESSAGE:
-                    self._deliver(subscription, frame.data)
-                elif frame.frame_type == FRAME_TYPE_ERROR:
-                    text = frame.data.decode("utf-8", "replace")
-                    # Not fatal anywhere: typically a late FIN of a message already timed out.
-                    if text.split(" ", 1)[0] not in NON_FATAL_CODES:
-                        raise NSQError(text)
+                # An error frame that is not fatal (typically a late FIN of a message that had
+                # timed out) is left be; a fatal one raises SubscriptionError.
+                for delivery in subscription.reader.receive_frames([frame]).deliveries:
+                    self._deliver(subscription, delivery)
         except Exception as caught:  # any end of the connection is handled the same way
             error = caught
         finally:
             self._lost(subscription, error)
 
-    def _deliver(self, subscription: _Subscription, data: bytes) -> None:
-        delivery = decode_delivery(data, detail=subscription.detail, extend=subscription.extend)
+    def _deliver(self, subscription: _Subscription, delivery: Delivery) -> None:
         message = SmartMessage(
             delivery.id,
             delivery.body,

@@ -70,8 +70,9 @@ class _Connection:
         self.address = address
         self.stream = stream
         self.identify_reply: dict = {}
-        self._decoder = FrameDecoder()
-        self._frames: list[Frame] = []
+        self.decoder = FrameDecoder()
+        # Frames read past the last answer (a subscription's reader takes them).
+        self.frames: list[Frame] = []
         self._send_lock = trio.Lock()
 
     @classmethod
@@ -97,12 +98,12 @@ class _Connection:
     async def answer(self) -> bytes:
         """The next response frame's data; NSQError for an error frame (heartbeats answered)."""
         while True:
-            while not self._frames:
+            while not self.frames:
                 data = await self.stream.receive_some(RECEIVE_SIZE)
                 if not data:
                     raise trio.BrokenResourceError(f"nsqd {self.address} closed the connection")
-                self._frames.extend(self._decoder.receive_data(data))
-            frame = self._frames.pop(0)
+                self.frames.extend(self.decoder.receive_data(data))
+            frame = self.frames.pop(0)
             if frame.frame_type == FRAME_TYPE_ERROR:
                 raise NSQError(frame.data.decode("utf-8", "replace"))
             if frame.frame_type == FRAME_TYPE_MESSAGE:
@@ -111,12 +112,6 @@ class _Connection:
                 await self.send(NOP)
                 continue
             return frame.data
-
-    def take_unread(self) -> bytes:
-        """What was read past the last answer, as the frames' bytes (for a SubscriptionReader):
-        nothing, since nsqd sends no message before the SUB's OK was read."""
-        assert not self._frames, "frames arrived before the subscription was answered"
-        return b""
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
@@ -301,7 +296,7 @@ class Consumer:
         if not plan.subscribed(target):
             await connection.aclose()
             return
-        reader = SubscriptionReader(detail=detail, extend=extend, buffered=connection.take_unread())
+        reader = SubscriptionReader(detail=detail, extend=extend, decoder=connection.decoder)
         link = _Link(target, connection, reader)
         self._links[target.slot] = link
         assert self._nursery is not None
@@ -317,14 +312,13 @@ class Consumer:
                 self._nursery.start_soon(link.send, encode_rdy(rdy))
 
     async def _read(self, link: _Link) -> None:
-        stream = link.connection.stream
+        connection = link.connection
         with link.cancel_scope:
             try:
+                # First the frames that came with the SUB's answer.
+                events = link.reader.receive_frames(connection.frames)
+                connection.frames = []
                 while True:
-                    data = await stream.receive_some(RECEIVE_SIZE)
-                    if not data:
-                        break
-                    events = link.reader.receive_data(data)
                     if events.reply:
                         await link.send(events.reply)
                     for delivery in events.deliveries:
@@ -343,6 +337,10 @@ class Consumer:
                         )
                     if events.closed:
                         break
+                    data = await connection.stream.receive_some(RECEIVE_SIZE)
+                    if not data:
+                        break
+                    events = link.reader.receive_data(data)
             except (SubscriptionError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass
         await self._lost(link)
