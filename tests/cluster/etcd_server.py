@@ -6,9 +6,10 @@ Ports: etcd 3.4 does accept port 0 in `--listen-client-urls` and logs the port i
 ("serving client traffic insecurely ... address 127.0.0.1:NNNNN"), but its gRPC-JSON
 gateway then dials the configured address, 127.0.0.1:0, so every `/v3/` request fails with
 "connection refused" (code 14) while /health still says true. So `EtcdServer` binds port 0
-itself, reads the port and closes the socket, and passes the number to etcd; a `restart`
-reuses the same ports, as a restarted member must. Another process could take such a port in
-between: a first start that fails with "address already in use" is tried again on new ports.
+instead picks free ports below the kernel's ephemeral range (tests/support/ports.py), where no
+connection's local port can take them, and passes the numbers to etcd; a `restart` reuses the
+same ports, as a restarted member must. Another test could still bind such a port in between:
+a first start that fails with "address already in use" is tried again on new ports.
 
 The methods block (at most a few seconds, while etcd starts or stops). A trio test whose
 other tasks must keep running meanwhile (a watch across a restart) calls them through
@@ -22,13 +23,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.ports import restartable_port
 
 ETCD = "/usr/bin/etcd"
 START_ATTEMPTS = 3
@@ -42,10 +44,9 @@ ELECTION_TIMEOUT_MS = 250
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (see the module docstring)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago, outside the ephemeral range so that
+    no connection takes it while etcd restarts (see the module docstring)."""
+    return restartable_port()
 
 
 class EtcdServer:

@@ -2,19 +2,21 @@
 in cluster mode (docs/design.md §14), every port ephemeral.
 
 A node's cluster ID is `<ip>:<rpc port>:<tcp port>:<node id>`, so a node that restarts keeps its
-ports: `restart` starts it again on the ports it had. Everything that depends on the cluster
-reacting is polled with a deadline (`wait_for`).
+ports: `restart` starts it again on the ports it had. They are chosen below the kernel's
+ephemeral range (tests/support/ports.py), so no connection takes one while the node is down.
+Everything that depends on the cluster reacting is polled with a deadline (`wait_for`).
 """
 
 import json
 import signal
 from pathlib import Path
 
-from tests.cluster.etcd_server import EtcdServer, free_port
+from tests.cluster.etcd_server import EtcdServer
 from tests.cluster.proxy import BlackholeProxy
 from tests.harness import DaemonProcess, start_nsqlookupd
 from tests.support.http import HTTPReply, request
 from tests.support.polling import poll
+from tests.support.ports import restartable_port
 
 DEADLINE = 20.0
 
@@ -46,12 +48,14 @@ class Node:
     def start(self) -> "Node":
         cluster = self.cluster
         ports = self.ports
-        rpc = [f"-rpc-port=127.0.0.1:{ports.get('RPC', 0)}"]
+        for kind in ("TCP", "HTTP", "RPC"):
+            ports.setdefault(kind, restartable_port())
+        rpc = [f"-rpc-port=127.0.0.1:{ports['RPC']}"]
         if cluster.rpc_proxies:
             # Peers reach the node through a proxy the test can black-hole: the node binds a
             # port of its own and advertises the proxy's (its ID carries the proxy's).
             if self.rpc_proxy is None:
-                bound = free_port()
+                bound = restartable_port()
                 self.rpc_proxy = BlackholeProxy(("127.0.0.1", bound))
                 self.ports["RPC bound"] = bound
             rpc = [
@@ -59,8 +63,8 @@ class Node:
                 f"-broadcast-rpc-port={self.rpc_proxy.port}",
             ]
         args = [
-            f"-tcp-address=127.0.0.1:{ports.get('TCP', 0)}",
-            f"-http-address=127.0.0.1:{ports.get('HTTP', 0)}",
+            f"-tcp-address=127.0.0.1:{ports['TCP']}",
+            f"-http-address=127.0.0.1:{ports['HTTP']}",
             *rpc,
             "-broadcast-address=127.0.0.1",
             f"-data-path={self.data_path}",

@@ -168,6 +168,21 @@ class ReplicatedCluster:
     def nsqd_http_address(self, node) -> str:
         return f"127.0.0.1:{node.http_port}"
 
+    def create_topic(self, topic: str, partitions: int, replicas: int) -> None:
+        """Creates the topic and waits until nsqlookupd lists a producer of every partition:
+        the leaders register with it only after they took the lead."""
+        self.local.create_topic(topic, partitions, replicas)
+        lookup = f"http://{self.lookupd_http_address}/lookup?topic={quote(topic)}"
+
+        def registered() -> bool:
+            reply = http("GET", lookup)
+            if reply.status != 200:
+                return False
+            listed = {int(p) for p in reply.json().get("partitions", {})}
+            return listed >= set(range(partitions))
+
+        poll(registered, f"nsqlookupd listing every partition of {topic}")
+
 
 # -- a consumer -----------------------------------------------------------------------------
 

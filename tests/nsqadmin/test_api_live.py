@@ -635,7 +635,7 @@ def test_a_replicated_topic_is_one_row_per_partition_the_leaders(replicated):
     leader reports it, both through nsqlookupd and with every nsqd named
     (--nsqd-http-address), and its totals count each message once."""
     local = replicated.local
-    local.create_topic("three", 2, 3)
+    replicated.create_topic("three", 2, 3)
     counts = {0: 3, 1: 2}
     for partition, count in counts.items():
         leader = local.node_leading("three", partition)
@@ -681,7 +681,7 @@ def test_a_replicated_topic_is_one_row_per_partition_the_leaders(replicated):
 
 def test_a_dead_follower_is_flagged_under_replicated(replicated):
     local = replicated.local
-    local.create_topic("two", 1, 2)
+    replicated.create_topic("two", 1, 2)
     info = local.partition("two", 0)
     victim = local.node(info["isr"][1])
     url = f"{replicated.url}/api/topics/two"
