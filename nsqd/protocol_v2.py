@@ -100,6 +100,14 @@ class ProtocolV2:
         self._fd = stream.socket.fileno() if type(stream) is trio.SocketStream else -1
         self._cancel_scope = trio.CancelScope()
         self._commands_run = 0
+        # The connection's timers (`nsqd/heartbeats.py`): when the clock calls it next, when
+        # the command being read must have arrived (Go's read deadline: two heartbeat
+        # intervals), when the last heartbeat went out, and what of a heartbeat the clock
+        # wrote did not fit the socket (sent first by the next `_send`).
+        self.timers_at = math.inf
+        self._read_deadline = math.inf
+        self._last_heartbeat = 0.0
+        self._owed = b""
         # The replies of the batch being run, and where the log publishes among them wait for
         # their group's write: (reply index, group, label, error code).
         self._replies: list[bytes] = []
@@ -154,6 +162,8 @@ class ProtocolV2:
         """Serve the connection until it ends, from the protocol magic on."""
         client = self.client
         self.nsqd.add_client(client)
+        self._last_heartbeat = trio.current_time()
+        self._arm_read_deadline()
         try:
             with self._cancel_scope:
                 async with trio.open_nursery() as nursery:
@@ -161,6 +171,7 @@ class ProtocolV2:
                     await self._read_loop()
                     nursery.cancel_scope.cancel()
         finally:
+            self.nsqd.heartbeats.forget(self)
             self.nsqd.remove_client(client)
             if client.channel is not None:
                 client.channel.remove_client(client)
@@ -172,24 +183,61 @@ class ProtocolV2:
         """Server-side close (shutdown, channel deleted)."""
         self._cancel_scope.cancel()
 
+    def _arm_read_deadline(self) -> None:
+        """Go sets a read deadline of twice the heartbeat interval before it reads each
+        command, and reads the whole command (line and body) under it: a client dribbling one
+        command a byte at a time (slowloris) is cut off, however often a byte arrives. The
+        clock enforces it (`timers_due`)."""
+        heartbeat = self.client.heartbeat_interval
+        if heartbeat > 0:
+            now = trio.current_time()
+            self._read_deadline = now + heartbeat * 2
+            self.nsqd.heartbeats.book(
+                self, min(self._read_deadline, self._last_heartbeat + heartbeat)
+            )
+        else:
+            self._read_deadline = math.inf
+
+    def timers_due(self, now: float) -> float:
+        """The clock's call (`nsqd/heartbeats.py`): end the connection if its read deadline
+        passed; send the heartbeat if it is due, from here when the socket is plain and no
+        send is under way, else by waking the pump. Returns when to be called next."""
+        if now >= self._read_deadline:
+            self.nsqd.log.error("[%s] IOLoop error - read deadline exceeded", self.client)
+            self._cancel_scope.cancel()
+            return math.inf
+        interval = self.client.heartbeat_interval
+        if interval <= 0:
+            return self._read_deadline
+        due = self._last_heartbeat + interval
+        if now >= due:
+            if self._fd >= 0 and not self._send_lock.locked() and not self._owed:
+                self._last_heartbeat = now
+                self._write_heartbeat()
+            else:
+                self.client.wakeup.set()
+            due = now + interval
+        return min(self._read_deadline, due)
+
+    def _write_heartbeat(self) -> None:
+        """Write a heartbeat at once; what the socket does not take is owed to the next send,
+        which the pump is woken to make."""
+        try:
+            sent = os.write(self._fd, HEARTBEAT_FRAME)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._cancel_scope.cancel()
+            return
+        if sent < len(HEARTBEAT_FRAME):
+            self._owed = HEARTBEAT_FRAME[sent:]
+            self.client.wakeup.set()
+
     async def _read_loop(self) -> None:
-        client = self.client
-        read_deadline = None
         while True:
-            if read_deadline is None:
-                heartbeat = client.heartbeat_interval
-                # Go sets a read deadline of twice the heartbeat interval before it reads each
-                # command, and reads the whole command (line and body) under it: a client
-                # dribbling one command a byte at a time (slowloris) is cut off, however
-                # often a byte arrives.
-                read_deadline = trio.current_time() + heartbeat * 2 if heartbeat > 0 else math.inf
-            with trio.move_on_at(read_deadline) as deadline:
-                try:
-                    data = await self.stream.receive_some(RECEIVE_SIZE)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return
-            if deadline.cancelled_caught:
-                self.nsqd.log.error("[%s] IOLoop error - read deadline exceeded", client)
+            try:
+                data = await self.stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
             if not data:
                 try:
@@ -202,7 +250,7 @@ class ProtocolV2:
             if not await self._process_commands():
                 return
             if self._commands_run != commands_run:
-                read_deadline = None  # a command completed: the next one gets a fresh deadline
+                self._arm_read_deadline()  # a command completed: the next one gets a fresh deadline
 
     async def _process_commands(self) -> bool:
         """Run every complete command, then send all replies at once. False: close."""
@@ -273,6 +321,8 @@ class ProtocolV2:
         return True
 
     async def _send(self, data: bytes) -> None:
+        if self._owed:
+            data, self._owed = self._owed + data, b""
         fd = self._fd
         if fd >= 0 and not self._send_lock.locked():
             # A plain socket and no send under way: write at once, without trio's socket
@@ -305,8 +355,6 @@ class ProtocolV2:
 
     async def _message_pump(self) -> None:
         client = self.client
-        last_heartbeat = trio.current_time()
-        heartbeat_booked = -math.inf
         while True:
             channel = client.channel
             if channel is not None and client.is_ready():
@@ -334,19 +382,17 @@ class ProtocolV2:
             if client.closed_by_server:
                 self._cancel_scope.cancel()
                 return
+            # The clock (`timers_due`) wakes the pump for a heartbeat it could not write.
             interval = client.heartbeat_interval
-            if interval > 0:
-                now = trio.current_time()
-                due = last_heartbeat + interval
-                if now >= due:
-                    last_heartbeat = now
+            if self._owed or (
+                interval > 0 and trio.current_time() >= self._last_heartbeat + interval
+            ):
+                if not self._owed:
+                    self._last_heartbeat = trio.current_time()
                     await self._send(HEARTBEAT_FRAME)
-                    continue
-                # One wake-up booked at a time: a new one only once the last has fired, or
-                # when the heartbeat became due earlier (IDENTIFY shortened the interval).
-                if not now < heartbeat_booked <= due:
-                    self.nsqd.heartbeats.wake_at(due, client.wakeup)
-                    heartbeat_booked = due
+                else:
+                    await self._send(b"")
+                continue
             await client.wakeup.wait()
 
     def _sample(self, messages: list) -> list:
@@ -403,8 +449,8 @@ class ProtocolV2:
         )
         if client.asked_for_youzan:
             self.become_youzan()
-        # The pump's heartbeat timer follows the new interval at once.
-        client.wakeup.set()
+        # The timers follow the new interval at once.
+        self._arm_read_deadline()
         self.nsqd.log.info("[%s] IDENTIFY: %s", client, data)
         if negotiated is None:
             return OK_FRAME
