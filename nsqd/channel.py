@@ -19,7 +19,7 @@ from nsqpy.nsqd.backend import BackendWriteError
 from nsqpy.nsqd.delivery import FIFO, ORDERED
 from nsqpy.nsqd.e2e import LatencyStream, merged_result
 from nsqpy.nsqd.inflight import DeadlineQueue
-from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.message import Message, MessageBatch
 from nsqpy.nsqd.message_queue import MessageQueue
 from nsqpy.nsqd.tag_dispatch import TagDispatch
 
@@ -77,12 +77,12 @@ class Channel:
     # -- putting messages in ------------------------------------------------------------
 
     def put_messages(
-        self, messages: list[Message], now: float, *, strict: bool = False
+        self, messages: "list[Message] | MessageBatch", now: float, *, strict: bool = False
     ) -> BackendWriteError | None:
-        """Messages fanned out from the topic; DPUB ones go to the deferred queue. See
-        `_put` for what a failed diskqueue write does."""
+        """Messages fanned out from the topic; DPUB ones go to the deferred queue (a
+        MessageBatch never has one). See `_put` for what a failed diskqueue write does."""
         self.message_count += len(messages)
-        if messages[0].defer or messages[-1].defer:
+        if type(messages) is list and (messages[0].defer or messages[-1].defer):
             ready = []
             for message in messages:
                 if message.defer:
@@ -94,7 +94,9 @@ class Channel:
             messages = ready
         return self._put(messages, strict=strict)
 
-    def _put(self, messages: list[Message], *, strict: bool = False) -> BackendWriteError | None:
+    def _put(
+        self, messages: "list[Message] | MessageBatch", *, strict: bool = False
+    ) -> BackendWriteError | None:
         """Into the queue, and a waiting pump woken (MessageQueue.append says what a failed
         write does with and without `strict`)."""
         error = self.queue.append(messages, strict=strict)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from nsqpy.nsqd.backend import BackendWriteError
-from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.message import Message, MessageBatch
 from nsqpy.partition_log import META_MAGIC, LogCorruption, PartitionLog, Position, record_size
 
 if TYPE_CHECKING:
@@ -243,9 +243,12 @@ class CursorQueue:
             self._window_full = True
         return self._window_full
 
-    def append(self, messages: list[Message], *, strict: bool = False) -> BackendWriteError | None:
+    def append(
+        self, messages: "list[Message] | MessageBatch", *, strict: bool = False
+    ) -> BackendWriteError | None:
         """Messages the channel holds again (a deferral that came due): they are in the log
         already, so they only wait to go out again."""
+        assert not isinstance(messages, MessageBatch)  # a log topic keeps no batches
         self.redeliver.extend(messages)
         return None
 

@@ -46,7 +46,7 @@ from nsqpy.nsqd.ext_header import (
 from nsqpy.nsqd.message_queue import RetainedLog
 from nsqpy.nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from nsqpy.nsqd.metrics import render_metrics
-from nsqpy.nsqd.publish import PublishError, publish
+from nsqpy.nsqd.publish import PublishError, publish, publish_traced
 from nsqpy.nsqd.stats import gather, memory_stats, text_report
 from nsqpy.partition_log import record_size
 
@@ -443,7 +443,7 @@ class HTTPAPI:
         topic = self._youzan_target(params)
         trace_id = int(trace_text)
         try:
-            (message,) = publish(self.nsqd, topic, [body], trace_ids=[trace_id])
+            (message,) = publish_traced(self.nsqd, topic, [body], trace_ids=[trace_id])
         except PublishError as error:
             raise _publish_refused(error) from None
         return _traced_reply(message, trace_text, topic)
@@ -467,7 +467,7 @@ class HTTPAPI:
         if not topic.ext:
             raise HTTPError(400, "E_EXT_NOT_SUPPORT")
         try:
-            (message,) = publish(
+            (message,) = publish_traced(
                 self.nsqd,
                 topic,
                 [body],

@@ -22,7 +22,7 @@ from nsqpy.common.guid import GUIDFactory
 from nsqpy.nsqd.backend import BackendWriteError, DroppingQueue
 from nsqpy.nsqd.cursor_queue import CursorQueue
 from nsqpy.nsqd.log_writer import LogWriter
-from nsqpy.nsqd.message import RECORD_OVERHEAD, Message
+from nsqpy.nsqd.message import RECORD_OVERHEAD, Message, MessageBatch
 from nsqpy.partition_log import PartitionLog, Position
 
 if TYPE_CHECKING:
@@ -44,10 +44,13 @@ class MessageQueue(Protocol):
 
     def has_messages(self) -> bool: ...
 
-    def append(self, messages: list[Message], *, strict: bool = False) -> BackendWriteError | None:
+    def append(
+        self, messages: "list[Message] | MessageBatch", *, strict: bool = False
+    ) -> BackendWriteError | None:
         """New messages, all or nothing when `strict` (a publish not yet acknowledged: a failed
         write raises and keeps none). Otherwise (messages nsqd already holds) a failed write
-        keeps them in memory, so none is lost, and returns the error."""
+        keeps them in memory, so none is lost, and returns the error. A MessageBatch comes
+        only to the queues of a topic whose queue `keeps_batches`."""
 
     def put_back(self, messages: list[Message], *, first: bool = False) -> None:
         """Delivered messages handed back (REQ, a timeout, a deferral that came due): after
@@ -124,7 +127,11 @@ class TopicQueue(MessageQueue, Protocol):
 
     def next_ids(self, count: int) -> list[bytes]: ...
 
-    def accept(self, messages: list[Message], body_bytes: int) -> bool:
+    @property
+    def keeps_batches(self) -> bool:
+        """Whether a plain MPUB may reach this queue and its channels' as one MessageBatch."""
+
+    def accept(self, messages: "list[Message] | MessageBatch", body_bytes: int) -> bool:
         """A publish (IDs set, `defer`, trace and ext header too): True when the queue keeps
         it for the channels itself (a log, read by the channels' cursors once written), False
         when the topic hands it to its channels or `append`s it. Offsets are set either way.
@@ -162,7 +169,15 @@ class TopicQueue(MessageQueue, Protocol):
 class BufferedDiskQueue:
     """Memory while it has room (`--mem-queue-size`), then the diskqueue; Go's channel.put."""
 
-    __slots__ = ("storage", "memory", "backend", "mem_queue_size", "_failure", "_failure_args")
+    __slots__ = (
+        "storage",
+        "memory",
+        "memory_count",
+        "backend",
+        "mem_queue_size",
+        "_failure",
+        "_failure_args",
+    )
 
     def __init__(
         self,
@@ -174,7 +189,9 @@ class BufferedDiskQueue:
         failure_args: tuple,
     ) -> None:
         self.storage = storage
-        self.memory: deque[Message] = deque()
+        # Messages, and MessageBatches of many: `memory_count` counts the messages.
+        self.memory: deque[Message | MessageBatch] = deque()
+        self.memory_count = 0
         self.backend: DiskQueue | DroppingQueue = storage.open_backend(
             backend_name, ephemeral=ephemeral
         )
@@ -185,21 +202,31 @@ class BufferedDiskQueue:
 
     @property
     def depth(self) -> int:
-        return len(self.memory) + self.backend.depth
+        return self.memory_count + self.backend.depth
 
     @property
     def backend_depth(self) -> int:
         return self.backend.depth
 
     def has_messages(self) -> bool:
-        return bool(self.memory) or self.backend.depth > 0
+        return self.memory_count > 0 or self.backend.depth > 0
 
-    def append(self, messages: list[Message], *, strict: bool = False) -> BackendWriteError | None:
+    def append(
+        self, messages: "list[Message] | MessageBatch", *, strict: bool = False
+    ) -> BackendWriteError | None:
         memory = self.memory
-        room = self.mem_queue_size - len(memory)
-        if room >= len(messages):
-            memory.extend(messages)
+        count = len(messages)
+        room = self.mem_queue_size - self.memory_count
+        if room >= count:
+            if isinstance(messages, MessageBatch):
+                memory.append(messages)
+            else:
+                memory.extend(messages)
+            self.memory_count += count
             return None
+        if isinstance(messages, MessageBatch):
+            # As Messages, the batch itself left as it was (the publisher counts it).
+            messages = messages.view().take(count)
         # The overflow first, so a failed write leaves nothing half-kept in memory.
         overflow = messages[room:] if room > 0 else messages
         try:
@@ -208,34 +235,64 @@ class BufferedDiskQueue:
             if strict:
                 raise
             memory.extend(messages)
+            self.memory_count += count
             return error
         if room > 0:
             memory.extend(messages[:room])
+            self.memory_count += room
         return None
 
     def put_back(self, messages: list[Message], *, first: bool = False) -> None:
         if first:
             self.memory.extendleft(reversed(messages))
+            self.memory_count += len(messages)
         else:
             self.append(messages)
 
     def take(self, max_count: int) -> list[Message]:
         memory = self.memory
-        if len(memory) >= max_count:
+        taken: list[Message] = []
+        if self.memory_count:
+            append = taken.append
             popleft = memory.popleft
-            return [popleft() for _ in range(max_count)]
-        taken = list(memory)
-        memory.clear()
+            wanted = max_count
+            while wanted and memory:
+                item = popleft()
+                if not isinstance(item, MessageBatch):
+                    append(item)
+                    wanted -= 1
+                    continue
+                part = item.take(wanted)
+                taken += part
+                wanted -= len(part)
+                if len(item):
+                    memory.appendleft(item)
+            self.memory_count -= len(taken)
         if len(taken) < max_count and self.backend.depth:
             from_record = Message.from_record
             taken.extend(from_record(r) for r in self.backend.get_many(max_count - len(taken)))
         return taken
 
+    def _take_memory(self) -> list[Message]:
+        """Everything in memory, as Messages, and memory emptied."""
+        messages: list[Message] = []
+        for item in self.memory:
+            if isinstance(item, MessageBatch):
+                messages += item.take(len(item))
+            else:
+                messages.append(item)
+        self._clear_memory()
+        return messages
+
+    def _clear_memory(self) -> None:
+        self.memory.clear()
+        self.memory_count = 0
+
     def acknowledge(self, message: Message) -> None:
         """Nothing to do: a diskqueue forgets a message once it is read."""
 
     def skip_to_end(self) -> None:
-        self.memory.clear()
+        self._clear_memory()
         self.backend.empty()
 
     def seek(self, kind: str, value: int) -> None:
@@ -245,13 +302,12 @@ class BufferedDiskQueue:
         self.skip_to_end()
 
     def empty(self) -> None:
-        self.memory.clear()
+        self._clear_memory()
         self.backend.empty()
 
     def flush(self, unacknowledged: list[Message]) -> int:
-        messages = list(self.memory)
+        messages = self._take_memory()
         messages.extend(unacknowledged)
-        self.memory.clear()
         if not messages:
             return 0
         try:
@@ -270,7 +326,7 @@ class BufferedDiskQueue:
         self.backend.close()
 
     def delete(self) -> None:
-        self.memory.clear()
+        self._clear_memory()
         # Go's exit(deleted): Empty() removes the files, Delete() closes the queue.
         self.backend.empty()
         self.backend.delete()
@@ -314,15 +370,20 @@ class BufferedTopicQueue(BufferedDiskQueue):
     def next_ids(self, count: int) -> list[bytes]:
         return self.guids.next_ids(count)
 
-    def accept(self, messages: list[Message], body_bytes: int) -> bool:
+    def accept(self, messages: "list[Message] | MessageBatch", body_bytes: int) -> bool:
         # Nothing is written here: the topic fans the publish out, or stores it (`append`).
         offset = self.next_offset
+        if isinstance(messages, MessageBatch):
+            messages.offset = offset
+            self.next_offset = offset + RECORD_OVERHEAD * len(messages) + body_bytes
+            return False
         for message in messages:
             message.offset = offset
             offset += RECORD_OVERHEAD + len(message.body)
         self.next_offset = offset
         return False
 
+    keeps_batches = True
     write_group = None
     seekable = False
     retained = None
@@ -419,9 +480,12 @@ class LogTopicQueue:
     def next_ids(self, count: int) -> list[bytes]:
         return self.log.next_ids(count)
 
-    def accept(self, messages: list[Message], body_bytes: int) -> bool:
+    keeps_batches = False
+
+    def accept(self, messages: "list[Message] | MessageBatch", body_bytes: int) -> bool:
         """Into the log's open group, once, written by nsqd's next commit
         (`nsqd/log_writer.py`); the channels read it as cursors once it is written."""
+        assert not isinstance(messages, MessageBatch)  # keeps_batches is False
         group = self.storage.append_to_log(self.writer, messages, self.topic)
         group.count += len(messages)
         group.body_bytes += body_bytes
@@ -508,7 +572,9 @@ class LogTopicQueue:
     def has_messages(self) -> bool:
         return False
 
-    def append(self, messages: list[Message], *, strict: bool = False) -> BackendWriteError | None:
+    def append(
+        self, messages: "list[Message] | MessageBatch", *, strict: bool = False
+    ) -> BackendWriteError | None:
         raise AssertionError("a log topic's publishes are accepted, not appended")
 
     def put_back(self, messages: list[Message], *, first: bool = False) -> None:

@@ -38,7 +38,7 @@ from nsqpy.nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Clien
 from nsqpy.nsqd.compression import CompressedStream, PrefixedStream
 from nsqpy.nsqd.dialect import CLASSIC, ClassicDialect, YouzanDialect
 from nsqpy.nsqd.identify import Negotiated, decode_identify, negotiate
-from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.message import Message, MessageBatch
 from nsqpy.nsqd.protocol_youzan import YouzanCommands, is_partition
 from nsqpy.nsqd.publish import PublishError, publish
 from nsqpy.nsqd.tls import connection_details, peer_common_name
@@ -748,7 +748,9 @@ class ProtocolV2:
             # Not fatal for Youzan clients (they re-query lookupd), fatal for classic ones.
             raise ProtocolError(refusal, "", fatal=self.dialect.publish_errors_are_fatal)
 
-    def publish(self, topic, label: str, code: str, bodies: list[bytes], **kwargs) -> list[Message]:
+    def publish(
+        self, topic, label: str, code: str, bodies: list[bytes], **kwargs
+    ) -> "list[Message] | MessageBatch":
         """Publish through nsqd's one publish path; a refusal is Go's `<label> failed <err>`
         with `code`, fatal as the dialect says. Counted in the client's stats."""
         try:
@@ -761,7 +763,16 @@ class ProtocolV2:
         if group is not None:
             # Its reply goes next in the batch's replies; the commit may still refuse it.
             self._write_groups.append((len(self._replies), group, label, code))
-        self.client.published(topic.name, len(messages))
+        self.client.published(topic.name, len(bodies))
+        return messages
+
+    def publish_traced(
+        self, topic, label: str, code: str, bodies: list[bytes], **kwargs
+    ) -> list[Message]:
+        """A publish with trace ids (and ext headers): its Messages, for the traced reply
+        (such a publish is never kept as a MessageBatch)."""
+        messages = self.publish(topic, label, code, bodies, **kwargs)
+        assert not isinstance(messages, MessageBatch)
         return messages
 
     def pub(self, command) -> bytes:

@@ -161,7 +161,7 @@ class YouzanCommands:
     def pub_trace(self, command) -> bytes:
         topic = self.publish_target(command.args)
         trace_id, data = split_trace_body(command.body)
-        (message,) = self.connection.publish(
+        (message,) = self.connection.publish_traced(
             topic, "PUB", "E_PUB_FAILED", [data], trace_ids=[trace_id]
         )
         return trace_reply(
@@ -171,7 +171,7 @@ class YouzanCommands:
     def mpub_trace(self, command) -> bytes:
         topic = self.publish_target(command.args)
         traced = [split_trace_body(body) for body in command.messages]
-        messages = self.connection.publish(
+        messages = self.connection.publish_traced(
             topic,
             "MPUB",
             "E_MPUB_FAILED",
@@ -199,7 +199,7 @@ class YouzanCommands:
         topic = self.publish_target(command.args)
         header, data = split_ext_body(command.body)
         trace_id = self._ext_header(header, topic)
-        (message,) = self.connection.publish(
+        (message,) = self.connection.publish_traced(
             topic, "PUB", "E_PUB_FAILED", [data], trace_ids=[trace_id or 0], ext_headers=[header]
         )
         if trace_id is None:

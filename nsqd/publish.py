@@ -7,7 +7,7 @@ only maps `PublishError` to its wire form; the publish is acknowledged once nsqd
 from typing import TYPE_CHECKING, Protocol
 
 from nsqpy.nsqd.backend import BackendWriteError
-from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.message import Message, MessageBatch
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.topic import Topic
@@ -38,7 +38,7 @@ def publish(
     defer: float = 0.0,
     trace_ids: list[int] | None = None,
     ext_headers: list[bytes] | None = None,
-) -> list[Message]:
+) -> "list[Message] | MessageBatch":
     """New messages in `topic`, all or nothing (Topic.publish); PublishError if refused."""
     if nsqd.exiting:
         raise PublishError("exiting", exiting=True)
@@ -46,3 +46,18 @@ def publish(
         return topic.publish(bodies, defer, trace_ids, ext_headers)
     except BackendWriteError as error:
         raise PublishError(str(error), exiting=False) from None
+
+
+def publish_traced(
+    nsqd: Publishing,
+    topic: "Topic",
+    bodies: list[bytes],
+    *,
+    trace_ids: list[int],
+    ext_headers: list[bytes] | None = None,
+) -> list[Message]:
+    """A publish with trace ids (and ext headers): its Messages, for the traced reply. Such a
+    publish is never kept as a MessageBatch."""
+    messages = publish(nsqd, topic, bodies, trace_ids=trace_ids, ext_headers=ext_headers)
+    assert not isinstance(messages, MessageBatch)
+    return messages

@@ -16,7 +16,7 @@ import trio
 
 from nsqpy.common.names import is_ephemeral
 from nsqpy.nsqd.channel import Channel
-from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.message import Message, MessageBatch
 from nsqpy.nsqd.message_queue import TopicQueue
 from nsqpy.nsqd.replication import SINGLE_NODE, Replication
 from nsqpy.nsqd.wakeup import Wakeup
@@ -139,8 +139,10 @@ class Topic:
         defer: float = 0.0,
         trace_ids: list[int] | None = None,
         ext_headers: list[bytes] | None = None,
-    ) -> list[Message]:
-        """PUB, MPUB, DPUB and HTTP /pub: new messages with fresh IDs, all or nothing.
+    ) -> "list[Message] | MessageBatch":
+        """PUB, MPUB, DPUB and HTTP /pub: new messages with fresh IDs, all or nothing. A plain
+        MPUB into a queue that `keeps_batches` stays one MessageBatch until the channels hand
+        its messages out.
 
         BackendWriteError if a diskqueue write failed (health is NOK then): the publish is
         not acknowledged, and nothing of it is kept, except copies that other channels of
@@ -148,21 +150,27 @@ class Topic:
         """
         timestamp = time.time_ns()
         queue = self.queue
+        messages: list[Message] | MessageBatch
         if len(bodies) == 1:
             # PUB and HTTP /pub: one message, no batch machinery.
             messages = [Message(queue.next_id(), bodies[0], timestamp)]
+        elif queue.keeps_batches and not (defer or trace_ids or ext_headers):
+            messages = MessageBatch(queue.next_ids(len(bodies)), bodies, timestamp)
         else:
             ids = queue.next_ids(len(bodies))
             messages = [
                 Message(mid, body, timestamp) for mid, body in zip(ids, bodies, strict=True)
             ]
         if trace_ids is not None:
+            assert type(messages) is list
             for message, trace_id in zip(messages, trace_ids, strict=True):
                 message.trace_id = trace_id
         if ext_headers is not None and self.ext:
+            assert type(messages) is list
             for message, header in zip(messages, ext_headers, strict=True):
                 message.ext_header = header
         if defer:
+            assert type(messages) is list
             for message in messages:
                 message.defer = defer
         body_bytes = sum(map(len, bodies))
@@ -173,7 +181,7 @@ class Topic:
             self._fan_out(messages, strict=True)
         else:
             self._store(messages)
-        self.message_count += len(messages)
+        self.message_count += len(bodies)
         self.message_bytes += body_bytes
         return messages
 
@@ -198,7 +206,7 @@ class Topic:
         """In a cluster, and not the partition's leader here."""
         return self.replication.is_follower
 
-    def _fan_out(self, messages: list[Message], *, strict: bool = False) -> None:
+    def _fan_out(self, messages: "list[Message] | MessageBatch", *, strict: bool = False) -> None:
         """Every channel gets the messages. `strict` (a publish): if the first channel cannot
         store them nothing is stored and the error is raised; if a later one cannot, it keeps
         them in memory and the error is raised too, so the publisher is not told OK about
@@ -212,12 +220,17 @@ class Topic:
                 channel.put_messages(messages, now, strict=strict)
                 first = False
             else:
-                error = channel.put_messages([message.copy() for message in messages], now)
+                copies = (
+                    messages.view()
+                    if isinstance(messages, MessageBatch)
+                    else [message.copy() for message in messages]
+                )
+                error = channel.put_messages(copies, now)
                 failure = failure or error
         if failure is not None and strict:
             raise failure
 
-    def _store(self, messages: list[Message]) -> None:
+    def _store(self, messages: "list[Message] | MessageBatch") -> None:
         """Keep a publish until the topic has channels; a failed write keeps nothing of it."""
         self.queue.append(messages, strict=True)
         self._pump_wakeup.set()

@@ -20,7 +20,7 @@ from nsqpy.nsqd.client import Client
 from nsqpy.nsqd.delivery import FIFO, ORDERED
 from nsqpy.nsqd.dialect import CLASSIC, YouzanDialect, message_key
 from nsqpy.nsqd.identify import decode_identify, negotiate
-from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.message import RECORD_OVERHEAD, Message, MessageBatch
 from nsqpy.nsqd.message_queue import BufferedDiskQueue
 from nsqpy.nsqd.server import NSQD
 
@@ -151,6 +151,94 @@ async def test_topics_and_channels_hold_their_messages_through_the_interface(ser
     await topic.sync_dirty()
     assert not topic.queue.backend.dirty
     assert channel.depth == 0  # the topic's pump has not run
+
+
+def batch(server: NSQD, *bodies: bytes, offset: int = 0) -> MessageBatch:
+    factory = server.get_topic("ids").queue
+    return MessageBatch(factory.next_ids(len(bodies)), list(bodies), 7, offset)
+
+
+def test_a_batch_is_made_into_messages_as_it_is_taken(server):
+    one_batch = batch(server, b"a", b"bb", b"ccc", offset=100)
+    ids = list(one_batch.ids)
+    first = one_batch.take(2)
+    assert [(m.id, m.body, m.timestamp, m.attempts) for m in first] == [
+        (ids[0], b"a", 7, 0),
+        (ids[1], b"bb", 7, 0),
+    ]
+    assert [m.offset for m in first] == [100, 100 + RECORD_OVERHEAD + 1]
+    assert len(one_batch) == 1
+    [last] = one_batch.take(5)
+    assert (last.body, last.offset) == (b"ccc", 100 + 2 * RECORD_OVERHEAD + 3)
+    assert len(one_batch) == 0 and one_batch.take(1) == []
+
+
+def test_each_view_of_a_batch_is_taken_on_its_own(server):
+    one_batch = batch(server, b"1", b"2", b"3")
+    one_batch.take(1)
+    other = one_batch.view()
+    assert bodies(other.take(5)) == [b"2", b"3"]
+    assert bodies(one_batch.take(5)) == [b"2", b"3"]
+
+
+def test_a_queue_counts_the_messages_of_its_batches_and_takes_across_them(server):
+    queue = buffered(server)
+    queue.mem_queue_size = 10
+    queue.append(batch(server, b"1", b"2", b"3"))
+    queue.append(messages(server, b"4"))
+    queue.append(batch(server, b"5", b"6"))
+    assert (queue.depth, queue.backend_depth) == (6, 0)
+    assert bodies(queue.take(2)) == [b"1", b"2"]
+    assert queue.depth == 4
+    # The rest of the first batch, the lone message, part of the second.
+    assert bodies(queue.take(3)) == [b"3", b"4", b"5"]
+    queue.put_back(messages(server, b"again"), first=True)
+    assert bodies(queue.take(10)) == [b"again", b"6"]
+    assert queue.depth == 0 and not queue.has_messages()
+
+
+def test_a_batch_past_the_memory_bound_goes_to_disk_in_order(server):
+    queue = buffered(server)  # room for two
+    one_batch = batch(server, b"1", b"2", b"3", b"4", b"5")
+    assert queue.append(one_batch) is None
+    assert (queue.depth, queue.backend_depth) == (5, 3)
+    assert len(one_batch) == 5  # the publisher's batch is left as it was
+    assert bodies(queue.take(5)) == [b"1", b"2", b"3", b"4", b"5"]
+
+
+def test_flush_writes_the_batches_in_memory_to_disk(server):
+    queue = buffered(server)
+    queue.mem_queue_size = 10
+    queue.append(batch(server, b"1", b"2"))
+    queue.take(1)
+    queue.append(messages(server, b"3"))
+    assert queue.flush(messages(server, b"in flight")) == 3
+    queue.close()
+    reopened = buffered(server)
+    assert bodies(reopened.take(5)) == [b"2", b"3", b"in flight"]
+    reopened.close()
+
+
+async def test_an_mpub_stays_one_batch_per_channel_until_delivered(server):
+    topic = server.get_topic("b")
+    first, second = topic.get_channel("one"), topic.get_channel("two")
+    published = topic.publish([b"x", b"y"])
+    assert isinstance(published, MessageBatch)
+    for channel in (first, second):
+        [queued] = channel.queue.memory
+        assert isinstance(queued, MessageBatch) and channel.depth == 2
+    # Each channel's messages are its own (attempts and in-flight state are per channel).
+    taken_one, taken_two = first.take(2), second.take(2)
+    assert bodies(taken_one) == bodies(taken_two) == [b"x", b"y"]
+    assert all(a is not b for a, b in zip(taken_one, taken_two, strict=True))
+    assert [m.id for m in taken_one] == [m.id for m in taken_two]
+    assert topic.message_count == 2
+
+
+def test_traced_and_deferred_publishes_are_messages(server):
+    topic = server.get_topic("t")
+    assert isinstance(topic.publish([b"1", b"2"], trace_ids=[1, 2]), list)
+    assert isinstance(topic.publish([b"1", b"2"], defer=1.0), list)
 
 
 # -- delivery policies ------------------------------------------------------------------------
