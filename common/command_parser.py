@@ -23,6 +23,9 @@ from nsqpy.common.goformat import go_atoi, go_base10, go_quote, go_text
 from nsqpy.common.names import is_valid_name
 
 _SIZE = struct.Struct(">i")
+# `FIN ` + a 16-byte message ID + `\n`.
+_FIN_LINE_SIZE = 21
+_NEWLINE = ord("\n")
 _JSON_LENGTH = struct.Struct(">H")
 
 # Go nsqd reads commands with a 16 KiB bufio.Reader, so the longest line it takes is 16383
@@ -373,10 +376,7 @@ class CommandParser:
         if self._chunks:
             if self.buffered < self._wanted:
                 return None
-            self._data = b"".join([self._data[self._position :], *self._chunks])
-            self._position = 0
-            self._chunks.clear()
-            self._chunks_length = 0
+            self._join_chunks()
         if not self.magic_received:
             if not self._read_magic():
                 return None
@@ -416,6 +416,43 @@ class CommandParser:
                 return self._read_body(pending)
         self._compact()
         return command
+
+    def take_fin_run(self) -> list[bytes]:
+        """The IDs of the `FIN <16 letters or digits>\n` lines at the front of what was
+        received, consumed as `next_command` would have read them one by one; [] when the next
+        command is any other (or needs more bytes). A consumer FINs in batches: read as a run,
+        each costs a slice instead of a parsed command. Hex IDs only (not `binary_ids`)."""
+        if self._chunks:
+            if self.buffered < self._wanted:
+                return []
+            self._join_chunks()
+        if self._pending is not None or self.binary_ids or not self.magic_received:
+            return []
+        data = self._data
+        position = self._position
+        end = len(data) - _FIN_LINE_SIZE
+        ids: list[bytes] = []
+        append = ids.append
+        startswith = data.startswith
+        while position <= end and startswith(b"FIN ", position):
+            if data[position + _FIN_LINE_SIZE - 1] != _NEWLINE:
+                break
+            message_id = data[position + 4 : position + _FIN_LINE_SIZE - 1]
+            # Anything else (a space, a '\r') is left to next_command and its error texts.
+            if not message_id.isalnum():
+                break
+            append(message_id)
+            position += _FIN_LINE_SIZE
+        if ids:
+            self._position = position
+            self._compact()
+        return ids
+
+    def _join_chunks(self) -> None:
+        self._data = b"".join([self._data[self._position :], *self._chunks])
+        self._position = 0
+        self._chunks.clear()
+        self._chunks_length = 0
 
     def _line_too_long(self) -> ProtocolError:
         # Go closes without a word; a one-line reason is kinder and costs nothing.

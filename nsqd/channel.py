@@ -212,10 +212,8 @@ class Channel:
     def _owned_in_flight(self, client_id: int, message_id: bytes) -> Message:
         """The in-flight message, if this client owns it; Go's error texts otherwise."""
         message = self.in_flight.get(message_id)
-        if message is None:
-            raise ChannelError("ID not in flight")
-        if message.client_id != client_id:
-            raise ChannelError("client does not own message")
+        if message is None or message.client_id != client_id:
+            raise _not_owned(message)
         return message
 
     def _pop_in_flight(self, client_id: int, message_id: bytes) -> Message:
@@ -223,15 +221,36 @@ class Channel:
         self.in_flight.pop(message_id)
         return message
 
-    def finish(self, client_id: int, message_id: bytes) -> Message:
-        message = self._pop_in_flight(client_id, message_id)
-        self.queue.acknowledge(message)
-        if self.delivery.finish_releases_next:
-            self.notify()  # the next message may go now, to whichever client is waiting
-        self.topic.replication.cursor_moved()
-        if self.e2e is not None:
-            self.e2e.insert(time.time_ns() - message.timestamp, trio.current_time())
-        return message
+    def finish(self, client_id: int, message_id: bytes) -> None:
+        """FIN; ChannelError with Go's reason when it cannot be."""
+        failures = self.finish_many(client_id, [message_id])
+        if failures:
+            raise failures[0][1]
+
+    def finish_many(
+        self, client_id: int, message_ids: list[bytes]
+    ) -> list[tuple[bytes, ChannelError]]:
+        """FIN of each of `message_ids` in turn (a consumer's batched FINs); returns those that
+        failed, in order, with Go's reason."""
+        in_flight = self.in_flight
+        by_id = in_flight.get
+        acknowledge = self.queue.acknowledge
+        e2e = self.e2e
+        failures: list[tuple[bytes, ChannelError]] = []
+        for message_id in message_ids:
+            message = by_id(message_id)
+            if message is None or message.client_id != client_id:
+                failures.append((message_id, _not_owned(message)))
+                continue
+            in_flight.pop(message_id)
+            acknowledge(message)
+            if e2e is not None:
+                e2e.insert(time.time_ns() - message.timestamp, trio.current_time())
+        if len(failures) < len(message_ids):
+            if self.delivery.finish_releases_next:
+                self.notify()  # the next message may go now, to whichever client is waiting
+            self.topic.replication.cursor_moved()
+        return failures
 
     def e2e_result(self, now: float) -> dict:
         percentiles = self.nsqd.options.e2e_processing_latency_percentile
@@ -396,3 +415,10 @@ class Channel:
 
     def __repr__(self) -> str:
         return f"Channel({self.topic_name}:{self.name})"
+
+
+def _not_owned(message: Message | None) -> ChannelError:
+    """Go's reason a FIN, REQ or TOUCH of a message that is not the client's fails."""
+    if message is None:
+        return ChannelError("ID not in flight")
+    return ChannelError("client does not own message")

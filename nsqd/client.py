@@ -90,9 +90,9 @@ class Client:
         self.message_count += count
         self.in_flight_count += count
 
-    def finished_message(self) -> None:
-        self.finish_count += 1
-        self.in_flight_count -= 1
+    def finished_message(self, count: int = 1) -> None:
+        self.finish_count += count
+        self.in_flight_count -= count
         self.wakeup.set()
 
     def requeued_message(self) -> None:

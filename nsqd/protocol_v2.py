@@ -259,8 +259,14 @@ class ProtocolV2:
         keep_open = True
         handlers = self._handlers
         parser = self.parser
+        client = self.client
         while True:
             try:
+                if client.state == STATE_SUBSCRIBED and not self._tls_gate:
+                    fin_ids = parser.take_fin_run()
+                    if fin_ids:
+                        self._finish_run(fin_ids, replies)
+                        continue
                 command = parser.next_command()
                 if command is None:
                     break
@@ -679,6 +685,22 @@ class ProtocolV2:
             ) from None
         client.finished_message()
         return None
+
+    def _finish_run(self, message_ids: list[bytes], replies: list[bytes]) -> None:
+        """A run of FINs read at once (`CommandParser.take_fin_run`): each as `fin` would,
+        the failures answered in place, the client counted and woken once."""
+        self._commands_run += len(message_ids)
+        client = self.client
+        channel = client.channel
+        assert channel is not None  # subscribed
+        failures = channel.finish_many(client.id, message_ids)
+        for message_id, error in failures:
+            text = f"E_FIN_FAILED FIN {self.dialect.printed_id(message_id)} failed {error}"
+            self.nsqd.log.error("[%s] - %s", client, text)
+            replies.append(encode_error(text))
+        finished = len(message_ids) - len(failures)
+        if finished:
+            client.finished_message(finished)
 
     def req(self, command) -> None:
         self._require_message_state("REQ")

@@ -807,6 +807,43 @@ def test_binary_fin_waits_past_early_newlines() -> None:
     assert parser.next_command() == Command(b"FIN", [b"\n\n\n" + b"x" * 13])
 
 
+def test_a_run_of_fins_is_taken_as_their_ids() -> None:
+    ids = [b"%016x" % n for n in range(3)]
+    parser = make_parser()
+    parser.receive_data(b"".join(encode_fin(i) for i in ids) + NOP)
+    assert parser.take_fin_run() == ids
+    assert parser.take_fin_run() == []
+    assert parser.next_command() == Command(b"NOP", [])
+    assert parser.next_command() is None
+
+
+def test_a_fin_run_stops_where_a_line_is_not_a_plain_fin() -> None:
+    good = b"0123456789abcdef"
+    parser = make_parser()
+    for tail in (b"FIN 0123456789abcde\r\n", b"FIN 0123456789 abcde\n", b"RDY 1\n"):
+        parser.receive_data(encode_fin(good) + tail)
+        assert parser.take_fin_run() == [good]
+        assert parser.take_fin_run() == []
+        assert parser.next_command() is not None
+
+
+def test_a_fin_split_across_receives_waits_for_the_rest() -> None:
+    parser = make_parser()
+    parser.receive_data(b"FIN 0123456789")
+    assert parser.take_fin_run() == []
+    assert parser.next_command() is None
+    parser.receive_data(b"abcdef\n")
+    assert parser.take_fin_run() == [b"0123456789abcdef"]
+
+
+def test_binary_ids_are_not_taken_as_a_fin_run() -> None:
+    parser = make_parser()
+    parser.binary_ids = True
+    parser.receive_data(encode_fin(BINARY_ID))
+    assert parser.take_fin_run() == []
+    assert parser.next_command() == Command(b"FIN", [BINARY_ID])
+
+
 # -- helpers exported for nsqd ----------------------------------------------------------------
 
 

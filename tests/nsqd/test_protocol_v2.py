@@ -683,6 +683,37 @@ async def test_fin_twice_fails_the_second_time(nsqd):
     )
 
 
+async def test_a_batch_of_fins_is_answered_like_fins_one_by_one(nsqd):
+    """A consumer's FINs sent together: each is done, and the ones that fail (unknown, twice,
+    malformed) are answered with Go's texts in the order they were sent."""
+    wire = await consumer(nsqd, "t", "c", rdy=3)
+    await wire.send(encode_mpub("t", [b"a", b"b", b"c"]))
+    await wire.expect_ok()
+    first, second, third = await wire.read_messages(3)
+    channel = nsqd.topics["t"].channels["c"]
+    [client] = channel.clients.values()
+    await wire.send(
+        encode_fin(first.id)
+        + encode_fin(UNKNOWN_ID)
+        + encode_fin(second.id)
+        + encode_fin(second.id)
+        + encode_fin(third.id)
+    )
+    answers = [(await wire.read_response()).data for _ in range(2)]
+    assert answers == [
+        b"E_FIN_FAILED FIN " + UNKNOWN_ID + b" failed ID not in flight",
+        b"E_FIN_FAILED FIN " + second.id + b" failed ID not in flight",
+    ]
+    await wire.expect_open()
+    assert len(channel.in_flight) == 0
+    assert (client.finish_count, client.in_flight_count) == (3, 0)
+    # A FIN line that is not `FIN <16 bytes>` after a run: still Go's error, fatal.
+    await wire.send(encode_fin(UNKNOWN_ID) + b"FIN " + first.id[:15] + b"\r\n")
+    answer = await wire.read_response()
+    assert answer.data == b"E_FIN_FAILED FIN " + UNKNOWN_ID + b" failed ID not in flight"
+    await wire.expect_error("E_INVALID invalid message ID")
+
+
 async def test_fin_req_touch_reply_nothing(nsqd):
     wire = await consumer(nsqd, "t", "c", rdy=2)
     await wire.send(encode_mpub("t", [b"a", b"b"]))
