@@ -6,14 +6,10 @@ the version and our own release rides along as semver build metadata (docs/desig
 """
 
 import platform
-from importlib.metadata import PackageNotFoundError, version
+
+from nsqpy import __version__ as PACKAGE_VERSION
 
 NSQ_PROTOCOL_VERSION = "1.3.0"
-
-try:
-    PACKAGE_VERSION = version("nsqpy")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    PACKAGE_VERSION = "0.0.0"
 
 VERSION = f"{NSQ_PROTOCOL_VERSION}+nsqpy.{PACKAGE_VERSION}"
 

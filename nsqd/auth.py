@@ -6,16 +6,15 @@ and channels against their regular expressions (unanchored, as Go's MatchString)
 that goes wrong while asking denies: an unreachable auth server never lets a client in.
 """
 
-import json
 import random
 import re
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 
 import trio
+
+from nsqpy.daemon.http_get import get_json
 
 
 class AuthError(Exception):
@@ -70,14 +69,12 @@ def _auth_url(address: str, remote_ip: str, tls: bool, secret: str, common_name:
 
 
 def _query_one(url: str, timeout: float) -> AuthState:
-    request = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            if response.status != 200:
-                raise AuthError(f"got response {response.status} from {url}")
-            document = json.loads(response.read())
-    except (OSError, urllib.error.URLError, ValueError) as error:
+        status, document = get_json(url, timeout)
+    except (OSError, ValueError) as error:
         raise AuthError(f"{url}: {error}") from error
+    if status != 200:
+        raise AuthError(f"got response {status} from {url}")
     try:
         authorizations = [
             Authorization(

@@ -55,7 +55,6 @@ from nsqpy.common.replication import (
     error_header,
 )
 from nsqpy.daemon.net import format_address
-from nsqpy.nsqd.cluster_session import ClusterSession
 from nsqpy.nsqd.cursor_queue import CursorQueue
 from nsqpy.nsqd.log_writer import LogWriter, WriteRefused
 from nsqpy.nsqd.message import Message
@@ -67,6 +66,7 @@ from nsqpy.partition_log import PartitionLog, Position
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.channel import Channel
+    from nsqpy.nsqd.cluster_session import ClusterSession
     from nsqpy.nsqd.server import NSQD
     from nsqpy.nsqd.topic import Topic
 
@@ -197,7 +197,10 @@ class ClusterNode:
             nursery.start_soon(self._push_moved_cursors)
             if self.enabled:
                 # Not waited for: joining the cluster waits on etcd, and a SIGTERM must stop
-                # the node even while etcd is away (docs/operations.md).
+                # the node even while etcd is away (docs/operations.md). Imported here: an
+                # nsqd outside a cluster never loads the etcd session (a few MiB resident).
+                from nsqpy.nsqd.cluster_session import ClusterSession
+
                 self.session = ClusterSession(self)
                 nursery.start_soon(self.session.run)
             task_status.started()

@@ -8,7 +8,6 @@ header) sync-flushed after every send so the peer can decode each batch at once.
 
 import zlib
 
-import snappy
 import trio
 
 
@@ -44,6 +43,10 @@ class CompressedStream(trio.abc.Stream):
 
     @classmethod
     def snappy(cls, stream: trio.abc.Stream) -> "CompressedStream":
+        # Imported on the first snappy connection: python-snappy's codec (cramjam) is 1.7 MiB
+        # resident that an nsqd whose clients never ask for it does not carry.
+        import snappy
+
         compressor = snappy.StreamCompressor()
         decompressor = snappy.StreamDecompressor()
         return cls(stream, compressor.add_chunk, decompressor.decompress)

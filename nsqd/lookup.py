@@ -12,9 +12,7 @@ nsqlookupd gets the classic `REGISTER t [c]`, which is the only form it parses c
 
 import json
 import logging
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
@@ -30,6 +28,7 @@ from nsqpy.common.lookup_protocol import (
     encode_unregister,
 )
 from nsqpy.common.version import VERSION
+from nsqpy.daemon.http_get import get_json
 from nsqpy.nsqd.wakeup import Wakeup
 
 if TYPE_CHECKING:
@@ -244,7 +243,7 @@ async def topic_channels(addresses: list[str], topic: str, timeout: float) -> li
                     _get_channels, address, topic, timeout, abandon_on_cancel=True
                 )
             )
-        except (OSError, urllib.error.URLError, ValueError, TypeError, KeyError) as error:
+        except (OSError, ValueError, TypeError, KeyError) as error:
             errors.append(f"{address}: {error}")
 
     async with trio.open_nursery() as nursery:
@@ -264,10 +263,7 @@ class LookupChannelsError(Exception):
 
 def _get_channels(address: str, topic: str, timeout: float) -> list[str]:
     url = f"http://{address}/channels?{urllib.parse.urlencode({'topic': topic})}"
-    # The Accept header Go's http_api.Client sends: a v1 lookupd answers the bare JSON.
-    request = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        document = json.loads(response.read())
+    _status, document = get_json(url, timeout)
     # An nsqlookupd older than 1.0 wraps its answer in {"status_code", "data"}.
     if "data" in document and "channels" not in document:
         document = document["data"]

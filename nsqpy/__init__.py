@@ -13,3 +13,5 @@ Every import package of the distribution lives under this one name:
 In the source tree the daemons, `common`, `diskqueue` and `tools` keep their top-level
 folders; this folder links to each (`nsqpy/nsqd -> ../nsqd`).
 """
+
+__version__ = "0.1.0"
