@@ -34,6 +34,7 @@ from bench._support import (
     spread,
     verdict,
 )
+from bench.four_topics import GO_CLIENTS
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,13 @@ SUITE = [
         "many_clients",
         (),
         "10,000 consumers with 1 s heartbeats, 100 publishes/s: /ping p50/p99/max",
+        reference=True,
+    ),
+    Benchmark(
+        "four_topics",
+        "four_topics",
+        (),
+        "4 topics, Go's bench_writer + bench_reader on each (needs --reference DIR)",
         reference=True,
     ),
     Benchmark(
@@ -238,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
                 command += ["--quick"] if args.quick else []
                 command += ["--json", output]
                 print(f"\n== {bench.name}{label}: {' '.join(command[1:-2])}", flush=True)
-                environment = {**os.environ, REFERENCE_NSQD: nsqd} if nsqd else None
+                environment = {**os.environ, REFERENCE_NSQD: nsqd} if nsqd else dict(os.environ)
+                if reference is not None:
+                    # Go's bench_writer and bench_reader beside it, for bench.four_topics.
+                    environment[GO_CLIENTS] = os.path.dirname(reference)
                 began = time.monotonic()
                 result = subprocess.run(command, cwd=ROOT, env=environment)
                 print(

@@ -144,6 +144,15 @@ class Cluster:
 
         poll(registered, f"{wanted} producers of {topic} in nsqlookupd")
 
+    def wait_in_channels(self, topic: str) -> None:
+        """Until every nsqd's `topic` has handed its messages to its channels: a new topic
+        holds them until nsqlookupd said which channels it has elsewhere (Go does too)."""
+
+        def handed() -> bool:
+            return all((n.topic(topic) or {"depth": 0})["depth"] == 0 for n in self.nsqds)
+
+        poll(handed, f"every nsqd's {topic} handing its messages to its channels")
+
     def stop(self) -> None:
         for process in [*self.extra, self.admin, *(n.process for n in self.nsqds), self.lookupd]:
             process.stop()

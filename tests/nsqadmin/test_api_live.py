@@ -117,6 +117,7 @@ def _publish_on_both(cluster, topic, counts=(3, 5), channel="ch"):
         nsqd.create_channel(topic, channel)
         nsqd.publish(topic, count)
     cluster.wait_registered(topic)
+    cluster.wait_in_channels(topic)
 
 
 def test_topic_adds_up_every_nsqd(cluster, topic_name):

@@ -77,6 +77,7 @@ def busy_topic(cluster, topic_name):
         nsqd.create_channel(topic_name, "ch")
         nsqd.publish(topic_name, count)
     cluster.wait_registered(topic_name)
+    cluster.wait_in_channels(topic_name)
     consumer = subscribe(cluster.nsqds[0], topic_name, "ch", ready=2)
     poll(lambda: cluster.nsqds[0].channel(topic_name, "ch")["in_flight_count"] == 2)
     yield topic_name

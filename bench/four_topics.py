@@ -1,0 +1,191 @@
+"""Four topics at once, each with its own producer and consumer: Go's `bench_writer` and
+`bench_reader` (one connection each, `GOMAXPROCS=1`), so the load is Go's and the client is
+not the limit.
+
+    .venv/bin/python -m bench.four_topics --go-clients ../shared/go-nsq-1.3.0 [--topics 4]
+        [--runfor 10] [--nsqd-args=--workers=2] [--runs 3] [--quick]
+
+Every run starts a fresh nsqd (``--mem-queue-size`` 1,000,000, as bench.pub_sub), starts one
+`bench_reader` per topic (channel `ch`, RDY 2500) and one `bench_writer` per topic (MPUB of
+200 × 200 B), all released by the same `--deadline`, and reads the rate each prints when its
+``--runfor`` seconds are over. Figures: messages published per second (the writers' sum) and
+consumed per second (the readers' sum), with nsqd's CPU over the window.
+
+The Go clients are benchmark tools, not part of the project: ``--go-clients DIR`` names the
+folder holding them (`python -m bench --reference DIR` passes its folder on). Without them
+the benchmark says so and records nothing.
+"""
+
+import argparse
+import datetime
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from bench._support import (
+    REFERENCE_NSQD,
+    Nsqd,
+    Record,
+    Report,
+    Window,
+    add_common_arguments,
+    banner,
+    load_range,
+    runs_of,
+    spread,
+)
+
+# Where `python -m bench --reference DIR` says Go's bench_writer and bench_reader are.
+GO_CLIENTS = "NSQPY_BENCH_GO_CLIENTS"
+# "duration: 10.001s - 19.073mb/s - 99999.000ops/s - 10.000us/op"
+_RATE = re.compile(r"([0-9.]+)ops/s")
+# The clients sleep until this many seconds from now, so all start together.
+START_DELAY = 2.0
+
+
+@dataclass
+class Sample:
+    published: float  # msgs/s, all writers
+    consumed: float  # msgs/s, all readers
+    nsqd_cpu: float
+    wall: float
+    load: float
+
+
+def go_clients_folder(given: str | None) -> str | None:
+    """The folder holding bench_writer and bench_reader: given, or from the runner."""
+    candidates = [given, os.environ.get(GO_CLIENTS)]
+    reference = os.environ.get(REFERENCE_NSQD)
+    if reference:
+        candidates.append(os.path.dirname(reference))
+    for folder in filter(None, candidates):
+        if all(os.access(os.path.join(folder, tool), os.X_OK) for tool in _TOOLS):
+            return os.path.abspath(folder)
+    return None
+
+
+_TOOLS = ("bench_writer", "bench_reader")
+
+
+def run_once(nsqd: Nsqd, folder: str, args: argparse.Namespace) -> Sample:
+    # Go parses the deadline as UTC, in whole seconds.
+    start_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0) + datetime.timedelta(
+        seconds=START_DELAY + 1
+    )
+    common = [
+        f"--nsqd-tcp-address=127.0.0.1:{nsqd.tcp_port}",
+        f"--size={args.size}",
+        f"--runfor={args.runfor}s",
+        f"--deadline={start_at.strftime('%Y-%m-%d %H:%M:%S')}",
+    ]
+    environment = {**os.environ, "GOMAXPROCS": "1"}
+    clients: list[tuple[str, subprocess.Popen]] = []
+    for index in range(args.topics):
+        topic = f"four_{index}"
+        reader = [
+            os.path.join(folder, "bench_reader"),
+            *common,
+            f"--topic={topic}",
+            "--channel=ch",
+            f"--rdy={args.rdy}",
+        ]
+        writer = [
+            os.path.join(folder, "bench_writer"),
+            *common,
+            f"--topic={topic}",
+            f"--batch-size={args.batch}",
+        ]
+        for kind, command in (("reader", reader), ("writer", writer)):
+            process = subprocess.Popen(
+                command,
+                env=environment,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            clients.append((kind, process))
+    # The window opens when the clients' deadline comes.
+    time.sleep(max(0.0, (start_at - datetime.datetime.now(datetime.UTC)).total_seconds()))
+    window = Window(nsqd)
+    started = time.monotonic()
+    rates: dict[str, list[float]] = {"reader": [], "writer": []}
+    for kind, process in clients:
+        output, _ = process.communicate(timeout=args.runfor + 120)
+        match = _RATE.search(output or "")
+        if process.returncode or match is None:
+            raise RuntimeError(f"bench_{kind} failed ({process.returncode}): {output.strip()}")
+        rates[kind].append(float(match.group(1)))
+    window.close()
+    nsqd.check_alive()
+    return Sample(
+        published=sum(rates["writer"]),
+        consumed=sum(rates["reader"]),
+        nsqd_cpu=window.nsqd_cpu,
+        wall=time.monotonic() - started,
+        load=window.load,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--go-clients", default=None, help="folder of bench_writer/bench_reader")
+    parser.add_argument("--topics", type=int, default=4)
+    parser.add_argument("--runfor", type=int, default=10, help="seconds each client runs")
+    parser.add_argument("--size", type=int, default=200, help="message body bytes")
+    parser.add_argument("--batch", type=int, default=200, help="messages per MPUB")
+    parser.add_argument("--rdy", type=int, default=2500)
+    parser.add_argument("--nsqd-args", default="", help="more nsqd flags, e.g. --workers=2")
+    parser.add_argument("--name", default="", help="a suffix for the figures' names")
+    add_common_arguments(parser)
+    args = parser.parse_args()
+    report = Report(args.json)
+    folder = go_clients_folder(args.go_clients)
+    banner("four_topics", f"{args.topics} topics, bench_writer + bench_reader each, GOMAXPROCS=1")
+    if folder is None:
+        print(
+            "  skipped: needs Go's bench_writer and bench_reader (--go-clients DIR, or"
+            " python -m bench --reference DIR)"
+        )
+        report.write()
+        return 0
+    flags = ["-mem-queue-size=1000000", *args.nsqd_args.split()]
+    samples: list[Sample] = []
+    for _ in range(runs_of(args)):
+        with Nsqd(flags) as nsqd:
+            sample = run_once(nsqd, folder, args)
+        samples.append(sample)
+        print(
+            f"  published {sample.published:,.0f} msgs/s, consumed {sample.consumed:,.0f} msgs/s;"
+            f" nsqd CPU/wall {sample.nsqd_cpu / sample.wall:.2f}",
+            flush=True,
+        )
+    name = f"{args.topics} topics, Go bench_writer + bench_reader each (GOMAXPROCS=1)"
+    if args.name:
+        name += f", {args.name}"
+    loads = [sample.load for sample in samples]
+    for figure, values in (
+        ("published", [sample.published for sample in samples]),
+        ("consumed", [sample.consumed for sample in samples]),
+    ):
+        cpu = statistics.median(sample.nsqd_cpu / sample.wall for sample in samples)
+        report.add(
+            Record(
+                "four_topics",
+                f"{name}: {figure}",
+                "msgs/s",
+                values,
+                loads,
+                notes={"nsqd CPU/wall": f"{cpu:.2f}"},
+            )
+        )
+        print(f"  {figure}: {spread(values, ',.0f')} msgs/s, load {load_range(loads)}")
+    report.write()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
