@@ -3,13 +3,17 @@
 not the limit.
 
     .venv/bin/python -m bench.four_topics --go-clients ../shared/go-nsq-1.3.0 [--topics 4]
-        [--runfor 10] [--nsqd-args=--workers=2] [--runs 3] [--quick]
+        [--runfor 10] [--nsqd-args=--workers=2] [--split 2] [--runs 3] [--quick]
 
 Every run starts a fresh nsqd (``--mem-queue-size`` 1,000,000, as bench.pub_sub), starts one
 `bench_reader` per topic (channel `ch`, RDY 2500) and one `bench_writer` per topic (MPUB of
 200 × 200 B), all released by the same `--deadline`, and reads the rate each prints when its
 ``--runfor`` seconds are over. Figures: messages published per second (the writers' sum) and
 consumed per second (the readers' sum), with nsqd's CPU over the window.
+
+``--split N`` runs N independent nsqds instead of one, topic i on nsqd i mod N: what N
+processes that each own a share of the topics can do at best, with nothing between them (the
+ceiling of a shard-per-core nsqd on this machine).
 
 The Go clients are benchmark tools, not part of the project: ``--go-clients DIR`` names the
 folder holding them (`python -m bench --reference DIR` passes its folder on). Without them
@@ -71,13 +75,12 @@ def go_clients_folder(given: str | None) -> str | None:
 _TOOLS = ("bench_writer", "bench_reader")
 
 
-def run_once(nsqd: Nsqd, folder: str, args: argparse.Namespace) -> Sample:
+def run_once(nsqds: list[Nsqd], folder: str, args: argparse.Namespace) -> Sample:
     # Go parses the deadline as UTC, in whole seconds.
     start_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0) + datetime.timedelta(
         seconds=START_DELAY + 1
     )
     common = [
-        f"--nsqd-tcp-address=127.0.0.1:{nsqd.tcp_port}",
         f"--size={args.size}",
         f"--runfor={args.runfor}s",
         f"--deadline={start_at.strftime('%Y-%m-%d %H:%M:%S')}",
@@ -86,8 +89,10 @@ def run_once(nsqd: Nsqd, folder: str, args: argparse.Namespace) -> Sample:
     clients: list[tuple[str, subprocess.Popen]] = []
     for index in range(args.topics):
         topic = f"four_{index}"
+        address = f"--nsqd-tcp-address=127.0.0.1:{nsqds[index % len(nsqds)].tcp_port}"
         reader = [
             os.path.join(folder, "bench_reader"),
+            address,
             *common,
             f"--topic={topic}",
             "--channel=ch",
@@ -95,6 +100,7 @@ def run_once(nsqd: Nsqd, folder: str, args: argparse.Namespace) -> Sample:
         ]
         writer = [
             os.path.join(folder, "bench_writer"),
+            address,
             *common,
             f"--topic={topic}",
             f"--batch-size={args.batch}",
@@ -110,7 +116,7 @@ def run_once(nsqd: Nsqd, folder: str, args: argparse.Namespace) -> Sample:
             clients.append((kind, process))
     # The window opens when the clients' deadline comes.
     time.sleep(max(0.0, (start_at - datetime.datetime.now(datetime.UTC)).total_seconds()))
-    window = Window(nsqd)
+    windows = [Window(nsqd) for nsqd in nsqds]
     started = time.monotonic()
     rates: dict[str, list[float]] = {"reader": [], "writer": []}
     for kind, process in clients:
@@ -119,14 +125,15 @@ def run_once(nsqd: Nsqd, folder: str, args: argparse.Namespace) -> Sample:
         if process.returncode or match is None:
             raise RuntimeError(f"bench_{kind} failed ({process.returncode}): {output.strip()}")
         rates[kind].append(float(match.group(1)))
-    window.close()
-    nsqd.check_alive()
+    for window, nsqd in zip(windows, nsqds, strict=True):
+        window.close()
+        nsqd.check_alive()
     return Sample(
         published=sum(rates["writer"]),
         consumed=sum(rates["reader"]),
-        nsqd_cpu=window.nsqd_cpu,
+        nsqd_cpu=sum(window.nsqd_cpu for window in windows),
         wall=time.monotonic() - started,
-        load=window.load,
+        load=windows[0].load,
     )
 
 
@@ -139,6 +146,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=200, help="messages per MPUB")
     parser.add_argument("--rdy", type=int, default=2500)
     parser.add_argument("--nsqd-args", default="", help="more nsqd flags, e.g. --workers=2")
+    parser.add_argument("--split", type=int, default=1, help="independent nsqds sharing the topics")
     parser.add_argument("--name", default="", help="a suffix for the figures' names")
     add_common_arguments(parser)
     args = parser.parse_args()
@@ -155,8 +163,12 @@ def main() -> int:
     flags = ["-mem-queue-size=1000000", *args.nsqd_args.split()]
     samples: list[Sample] = []
     for _ in range(runs_of(args)):
-        with Nsqd(flags) as nsqd:
-            sample = run_once(nsqd, folder, args)
+        nsqds = [Nsqd(flags) for _ in range(args.split)]
+        try:
+            sample = run_once(nsqds, folder, args)
+        finally:
+            for nsqd in nsqds:
+                nsqd.stop()
         samples.append(sample)
         print(
             f"  published {sample.published:,.0f} msgs/s, consumed {sample.consumed:,.0f} msgs/s;"
@@ -164,6 +176,8 @@ def main() -> int:
             flush=True,
         )
     name = f"{args.topics} topics, Go bench_writer + bench_reader each (GOMAXPROCS=1)"
+    if args.split > 1:
+        name += f", {args.split} independent nsqds"
     if args.name:
         name += f", {args.name}"
     loads = [sample.load for sample in samples]
