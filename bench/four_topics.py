@@ -2,7 +2,7 @@
 `bench_reader` (one connection each, `GOMAXPROCS=1`), so the load is Go's and the client is
 not the limit.
 
-    .venv/bin/python -m bench.four_topics --go-clients ../shared/go-nsq-1.3.0 [--topics 4]
+    .venv/bin/python -m bench.four_topics --go-clients DIR [--topics 4]
         [--runfor 10] [--nsqd-args=--workers=2] [--split 2] [--runs 3] [--quick]
 
 Every run starts a fresh nsqd (``--mem-queue-size`` 1,000,000, as bench.pub_sub), starts one
