@@ -3,7 +3,7 @@
 not the limit.
 
     .venv/bin/python -m bench.four_topics --go-clients DIR [--topics 4]
-        [--runfor 10] [--nsqd-args=--workers=2] [--split 2] [--runs 3] [--quick]
+        [--runfor 10] [--nsqd-args="-FLAG=VALUE ..."] [--split 2] [--runs 3] [--quick]
 
 Every run starts a fresh nsqd (``--mem-queue-size`` 1,000,000, as bench.pub_sub), starts one
 `bench_reader` per topic (channel `ch`, RDY 2500) and one `bench_writer` per topic (MPUB of
@@ -145,7 +145,7 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=200, help="message body bytes")
     parser.add_argument("--batch", type=int, default=200, help="messages per MPUB")
     parser.add_argument("--rdy", type=int, default=2500)
-    parser.add_argument("--nsqd-args", default="", help="more nsqd flags, e.g. --workers=2")
+    parser.add_argument("--nsqd-args", default="", help="more nsqd flags")
     parser.add_argument("--split", type=int, default=1, help="independent nsqds sharing the topics")
     parser.add_argument("--name", default="", help="a suffix for the figures' names")
     add_common_arguments(parser)
