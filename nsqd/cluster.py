@@ -314,6 +314,10 @@ class ClusterNode:
         if meta.magic_code and _log(topic).magic_code != meta.magic_code:
             _log(topic).set_magic_code(meta.magic_code)
         self._take_meta(topic, meta)
+        if info.leader != me and previous is not None and previous.leader == me:
+            # Before `_hold`: stepping down tells a leader's consumers and nsqlookupd by what
+            # the node held until now.
+            self._step_down(topic, info)
         _hold(self, topic, info)
         _log_queue(topic).set_write_epoch(info.epoch_for_write)
         if info.leader == me:
@@ -340,9 +344,6 @@ class ClusterNode:
                     channel.notify()
             return
         leader_changed = previous is None or previous.leader != info.leader
-        if previous is not None and previous.leader == me:
-            self._step_down(topic, info)
-        _hold(self, topic, info)
         _log_queue(topic).stop_writes(ClusterWriteError("E_FAILED_ON_NOT_LEADER", "not the leader"))
         _held(topic).writable = False
         _held(topic).handing_over = False

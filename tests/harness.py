@@ -9,7 +9,6 @@ socket and our codec, for wire-level tests.
 import json
 import os
 import queue
-import random
 import re
 import signal
 import socket
@@ -24,6 +23,7 @@ from nsqpy.common.command import MAGIC_V2
 from nsqpy.common.frame import FRAME_TYPE_MESSAGE, Frame, FrameDecoder
 from nsqpy.common.message import DecodedMessage, decode_message
 from tests.support.polling import poll
+from tests.support.ports import port_offset
 
 BIN = Path(sys.executable).parent
 _LISTENING = re.compile(r"(TCP|HTTP|HTTPS|RPC): listening on (\S+)")
@@ -268,17 +268,8 @@ def free_cluster_port_offset() -> int:
         for part in text.replace("http://", "").split()
         if part.count(":") == 1 and "127.0.0.1:" in part
     }
-    rng = random.Random()
-    for _ in range(50):
-        offset = rng.randrange(20000, 50000, 100)
-        try:
-            for port in ports:
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port + offset))
-        except OSError:
-            continue
-        return offset
-    raise AssertionError("no free port range for the cluster")
+    # Below the ephemeral range: nsqd 2 of the README's demo restarts on its ports.
+    return port_offset(ports)
 
 
 def cluster_stats(lookupd: str) -> dict:

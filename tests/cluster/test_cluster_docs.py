@@ -36,14 +36,18 @@ class Runner:
 
     def __init__(self, data: Path) -> None:
         self.offset = free_cluster_port_offset()
+        # What the runner and its daemons say, printed at teardown: pytest shows it when the
+        # test failed.
+        self.log_path = data / "runner.log"
+        self._log = open(self.log_path, "w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "nsqpy.tools.local_cluster", "--replicated"]
             + [f"--port-offset={self.offset}"],
             cwd=REPO,
             env={**os.environ, "NSQPY_DATA": str(data)},
             stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
         )
@@ -72,6 +76,9 @@ class Runner:
     def stop(self) -> None:
         os.killpg(self.process.pid, signal.SIGINT)
         self.process.wait(60)
+        self._log.close()
+        print(f"-- the runner's output (offset {self.offset}):")
+        print(self.log_path.read_text()[-20000:])
 
 
 @pytest.fixture

@@ -406,3 +406,37 @@ def test_cluster_stats_carry_youzans_fields(cluster):
     nodes = {node["id"]: node for node in stats["nodes"]}
     assert sum(node["leaders"] for node in nodes.values()) == 3
     assert sum(node["replicas"] for node in nodes.values()) == 6
+
+
+def test_a_leader_moved_by_balance_sends_its_consumers_to_the_new_one(cluster):
+    """A planned transfer makes the old leader a follower: it closes the connections of the
+    partition's consumers (they look the new leader up) and leaves nsqlookupd's list for it,
+    as a leader that loses its lease does."""
+    create_topic(cluster, "t", 3, 2)
+    victim = cluster.nodes[2]
+    victim.kill()
+    poll(lambda: victim.node_id not in leaders(cluster, "t", 3), "the victim's leaders moved")
+    consumers = {}
+    for partition in range(3):
+        leader = cluster.node_leading("t", partition)
+        connection = V2Connection(leader.tcp_port)
+        connection.send(b"SUB t c %d\n" % partition)
+        assert connection.read_response().data == b"OK"
+        consumers[partition] = (leader.node_id, connection)
+    try:
+        victim.start()
+        poll(lambda: balanced(cluster, "t", 3), "leaders balanced again", timeout=60)
+        moved = [
+            partition
+            for partition, (node_id, _connection) in consumers.items()
+            if cluster.partition("t", partition)["leader"] != node_id
+        ]
+        assert moved
+        for partition in moved:
+            _node_id, connection = consumers[partition]
+            with pytest.raises(ConnectionError):
+                while True:  # heartbeats until nsqd closes it
+                    connection.read_frame()
+    finally:
+        for _node_id, connection in consumers.values():
+            connection.close()

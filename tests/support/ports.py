@@ -5,6 +5,10 @@ outgoing connection's local port comes from: while a daemon is down for a restar
 test's connection can take its port, and the restart fails with "address already in use".
 `restartable_port` picks a free port below that range instead, where only an explicit bind
 can land; a random choice among thousands keeps two tests from choosing the same one.
+
+Daemons on documented fixed ports (`make run-cluster`'s, moved by `--port-offset`) restart on
+them too: `port_offset` puts them below the ephemeral range as well, in a band of their own
+above `restartable_port`'s, so neither kind can take the other's port while it is down.
 """
 
 import random
@@ -12,6 +16,9 @@ import socket
 from pathlib import Path
 
 LOWEST = 10000
+# restartable_port draws from [LOWEST, SPLIT); port_offset moves fixed ports into [SPLIT, the
+# ephemeral range).
+SPLIT = 21000
 
 
 def _ephemeral_start() -> int:
@@ -23,7 +30,7 @@ def _ephemeral_start() -> int:
 
 def restartable_port() -> int:
     """A TCP port on 127.0.0.1, free a moment ago, that the kernel never hands out by itself."""
-    highest = _ephemeral_start() - 1
+    highest = SPLIT - 1
     for _ in range(200):
         port = random.randint(LOWEST, highest)
         with socket.socket() as probe:
@@ -33,3 +40,21 @@ def restartable_port() -> int:
                 continue
         return port
     raise RuntimeError(f"no free port between {LOWEST} and {highest}")
+
+
+def port_offset(ports: set[int], step: int = 100) -> int:
+    """An offset (a multiple of `step`) that moves every one of `ports` onto a port of
+    127.0.0.1 that is free now, between SPLIT and the ephemeral range."""
+    lowest = -(-(SPLIT - min(ports)) // step) * step
+    highest = _ephemeral_start() - 1 - max(ports)
+    offsets = list(range(lowest, highest + 1, step))
+    random.shuffle(offsets)
+    for offset in offsets:
+        try:
+            for port in ports:
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port + offset))
+        except OSError:
+            continue
+        return offset
+    raise RuntimeError(f"no offset puts ports {sorted(ports)} on free ports")
