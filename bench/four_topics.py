@@ -47,6 +47,7 @@ from bench._support import (
 GO_CLIENTS = "NSQPY_BENCH_GO_CLIENTS"
 # "duration: 10.001s - 19.073mb/s - 99999.000ops/s - 10.000us/op"
 _RATE = re.compile(r"([0-9.]+)ops/s")
+_TOOLS = ("bench_writer", "bench_reader")
 # The clients sleep until this many seconds from now, so all start together.
 START_DELAY = 2.0
 
@@ -70,9 +71,6 @@ def go_clients_folder(given: str | None) -> str | None:
         if all(os.access(os.path.join(folder, tool), os.X_OK) for tool in _TOOLS):
             return os.path.abspath(folder)
     return None
-
-
-_TOOLS = ("bench_writer", "bench_reader")
 
 
 def run_once(nsqds: list[Nsqd], folder: str, args: argparse.Namespace) -> Sample:

@@ -373,10 +373,8 @@ class CommandParser:
 
     def next_command(self) -> Command | None:
         """The next complete command, None when more bytes are needed, or ProtocolError."""
-        if self._chunks:
-            if self.buffered < self._wanted:
-                return None
-            self._join_chunks()
+        if not self._gathered():
+            return None
         if not self.magic_received:
             if not self._read_magic():
                 return None
@@ -422,10 +420,8 @@ class CommandParser:
         received, consumed as `next_command` would have read them one by one; [] when the next
         command is any other (or needs more bytes). A consumer FINs in batches: read as a run,
         each costs a slice instead of a parsed command. Hex IDs only (not `binary_ids`)."""
-        if self._chunks:
-            if self.buffered < self._wanted:
-                return []
-            self._join_chunks()
+        if not self._gathered():
+            return []
         if self._pending is not None or self.binary_ids or not self.magic_received:
             return []
         data = self._data
@@ -448,11 +444,17 @@ class CommandParser:
             self._compact()
         return ids
 
-    def _join_chunks(self) -> None:
-        self._data = b"".join([self._data[self._position :], *self._chunks])
-        self._position = 0
-        self._chunks.clear()
-        self._chunks_length = 0
+    def _gathered(self) -> bool:
+        """Join the chunks received since the last command into one buffer, once what the
+        command being read needs has arrived; False while it has not."""
+        if self._chunks:
+            if self.buffered < self._wanted:
+                return False
+            self._data = b"".join([self._data[self._position :], *self._chunks])
+            self._position = 0
+            self._chunks.clear()
+            self._chunks_length = 0
+        return True
 
     def _line_too_long(self) -> ProtocolError:
         # Go closes without a word; a one-line reason is kinder and costs nothing.

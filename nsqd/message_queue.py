@@ -273,17 +273,6 @@ class BufferedDiskQueue:
             taken.extend(from_record(r) for r in self.backend.get_many(max_count - len(taken)))
         return taken
 
-    def _take_memory(self) -> list[Message]:
-        """Everything in memory, as Messages, and memory emptied."""
-        messages: list[Message] = []
-        for item in self.memory:
-            if isinstance(item, MessageBatch):
-                messages += item.take(len(item))
-            else:
-                messages.append(item)
-        self._clear_memory()
-        return messages
-
     def _clear_memory(self) -> None:
         self.memory.clear()
         self.memory_count = 0
@@ -306,7 +295,7 @@ class BufferedDiskQueue:
         self.backend.empty()
 
     def flush(self, unacknowledged: list[Message]) -> int:
-        messages = self._take_memory()
+        messages = self.take(self.memory_count)  # all of memory: the diskqueue is not read
         messages.extend(unacknowledged)
         if not messages:
             return 0

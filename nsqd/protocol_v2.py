@@ -388,16 +388,16 @@ class ProtocolV2:
             if client.closed_by_server:
                 self._cancel_scope.cancel()
                 return
-            # The clock (`timers_due`) wakes the pump for a heartbeat it could not write.
+            # The clock (`timers_due`) wakes the pump for a heartbeat it could not write, or
+            # could write only part of (`_send` sends the rest first).
+            if self._owed:
+                await self._send(b"")
+                continue
             interval = client.heartbeat_interval
-            if self._owed or (
-                interval > 0 and trio.current_time() >= self._last_heartbeat + interval
-            ):
-                if not self._owed:
-                    self._last_heartbeat = trio.current_time()
-                    await self._send(HEARTBEAT_FRAME)
-                else:
-                    await self._send(b"")
+            now = trio.current_time()
+            if interval > 0 and now >= self._last_heartbeat + interval:
+                self._last_heartbeat = now
+                await self._send(HEARTBEAT_FRAME)
                 continue
             await client.wakeup.wait()
 

@@ -151,28 +151,10 @@ class Topic:
         timestamp = time.time_ns()
         queue = self.queue
         messages: list[Message] | MessageBatch
-        if len(bodies) == 1:
-            # PUB and HTTP /pub: one message, no batch machinery.
-            messages = [Message(queue.next_id(), bodies[0], timestamp)]
-        elif queue.keeps_batches and not (defer or trace_ids or ext_headers):
+        if len(bodies) > 1 and queue.keeps_batches and not (defer or trace_ids or ext_headers):
             messages = MessageBatch(queue.next_ids(len(bodies)), bodies, timestamp)
         else:
-            ids = queue.next_ids(len(bodies))
-            messages = [
-                Message(mid, body, timestamp) for mid, body in zip(ids, bodies, strict=True)
-            ]
-        if trace_ids is not None:
-            assert type(messages) is list
-            for message, trace_id in zip(messages, trace_ids, strict=True):
-                message.trace_id = trace_id
-        if ext_headers is not None and self.ext:
-            assert type(messages) is list
-            for message, header in zip(messages, ext_headers, strict=True):
-                message.ext_header = header
-        if defer:
-            assert type(messages) is list
-            for message in messages:
-                message.defer = defer
+            messages = self._new_messages(bodies, timestamp, defer, trace_ids, ext_headers)
         body_bytes = sum(map(len, bodies))
         if queue.accept(messages, body_bytes):
             # Kept for the channels by the queue (a log's open group): counted once written.
@@ -183,6 +165,35 @@ class Topic:
             self._store(messages)
         self.message_count += len(bodies)
         self.message_bytes += body_bytes
+        return messages
+
+    def _new_messages(
+        self,
+        bodies: list[bytes],
+        timestamp: int,
+        defer: float,
+        trace_ids: list[int] | None,
+        ext_headers: list[bytes] | None,
+    ) -> list[Message]:
+        """A publish as one `Message` per body, with its delay, trace ids and ext headers."""
+        queue = self.queue
+        if len(bodies) == 1:
+            # PUB and HTTP /pub: one message, no batch machinery.
+            messages = [Message(queue.next_id(), bodies[0], timestamp)]
+        else:
+            ids = queue.next_ids(len(bodies))
+            messages = [
+                Message(mid, body, timestamp) for mid, body in zip(ids, bodies, strict=True)
+            ]
+        if trace_ids is not None:
+            for message, trace_id in zip(messages, trace_ids, strict=True):
+                message.trace_id = trace_id
+        if ext_headers is not None and self.ext:
+            for message, header in zip(messages, ext_headers, strict=True):
+                message.ext_header = header
+        if defer:
+            for message in messages:
+                message.defer = defer
         return messages
 
     def log_written(self, count: int, body_bytes: int) -> None:

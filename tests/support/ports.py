@@ -28,17 +28,23 @@ def _ephemeral_start() -> int:
         return 32768
 
 
+def _free(port: int) -> bool:
+    """Whether a TCP port of 127.0.0.1 can be bound now."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def restartable_port() -> int:
     """A TCP port on 127.0.0.1, free a moment ago, that the kernel never hands out by itself."""
     highest = SPLIT - 1
     for _ in range(200):
         port = random.randint(LOWEST, highest)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
+        if _free(port):
+            return port
     raise RuntimeError(f"no free port between {LOWEST} and {highest}")
 
 
@@ -50,11 +56,6 @@ def port_offset(ports: set[int], step: int = 100) -> int:
     offsets = list(range(lowest, highest + 1, step))
     random.shuffle(offsets)
     for offset in offsets:
-        try:
-            for port in ports:
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port + offset))
-        except OSError:
-            continue
-        return offset
+        if all(_free(port + offset) for port in ports):
+            return offset
     raise RuntimeError(f"no offset puts ports {sorted(ports)} on free ports")
