@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import start_nsqd, start_nsqlookupd
+from tests.support.ports import with_addresses
 from tests.support.stats import channel_stats
 
 pytestmark = pytest.mark.spark
@@ -49,8 +50,7 @@ def test_readme_python_snippet_runs_as_written(cluster, tmp_path, number):
         "127.0.0.1:4160": lookupd.addresses["TCP"],
         "127.0.0.1:4161": lookupd.addresses["HTTP"],
     }
-    for old, new in replacements.items():
-        snippet = snippet.replace(old, new)
+    snippet = with_addresses(snippet, replacements)
     job = tmp_path / "job.py"
     job.write_text(snippet)
     # What a user's shell has: none of the variables the other Spark tests set.

@@ -9,9 +9,12 @@ can land; a random choice among thousands keeps two tests from choosing the same
 Daemons on documented fixed ports (`make run-cluster`'s, moved by `--port-offset`) restart on
 them too: `port_offset` puts them below the ephemeral range as well, in a band of their own
 above `restartable_port`'s, so neither kind can take the other's port while it is down.
+`with_addresses` puts a test's own addresses into a documented snippet in place of the fixed
+ones.
 """
 
 import random
+import re
 import socket
 from pathlib import Path
 
@@ -59,3 +62,10 @@ def port_offset(ports: set[int], step: int = 100) -> int:
         if all(_free(port + offset) for port in ports):
             return offset
     raise RuntimeError(f"no offset puts ports {sorted(ports)} on free ports")
+
+
+def with_addresses(text: str, addresses: dict[str, str]) -> str:
+    """`text` (a documented snippet) with each `127.0.0.1:<port>` that `addresses` names
+    replaced, in one pass over whole addresses: replacing them one after another would
+    rewrite a port an earlier replacement put in (an ephemeral 41512 starts with 4151)."""
+    return re.sub(r"127\.0\.0\.1:\d+", lambda found: addresses.get(found[0], found[0]), text)

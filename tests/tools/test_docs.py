@@ -9,6 +9,7 @@ from pathlib import Path
 from nsqpy.client.blocking import http_request
 from tests.harness import BIN
 from tests.support.polling import poll
+from tests.support.ports import with_addresses
 from tests.tools.support import lookupd_has_topic
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "tools.md"
@@ -28,8 +29,7 @@ def test_tools_doc_shell_examples_run(nsqd, lookupd):
     environment = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     outputs = []
     for block in blocks:
-        for old, new in replacements.items():
-            block = block.replace(old, new)
+        block = with_addresses(block, replacements)
         result = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", block],
             capture_output=True,
