@@ -432,7 +432,13 @@ class PubSub:
             await asyncio.gather(*(s.subscription.close() for s in subscribers))
             for subscriber in subscribers:
                 transport = subscriber.transport
-                if transport is not None and transport.get_write_buffer_size():
+                # A transport already closing may have dropped its connection (an SSL one
+                # then has no buffer left to ask about); its own close finishes it.
+                if (
+                    transport is not None
+                    and not transport.is_closing()
+                    and transport.get_write_buffer_size()
+                ):
                     transport.abort()
             await runner.cleanup()
             await self.publisher.close()

@@ -4,7 +4,9 @@ A port bound with port 0 comes from the kernel's ephemeral range, which is also 
 outgoing connection's local port comes from: while a daemon is down for a restart, some other
 test's connection can take its port, and the restart fails with "address already in use".
 `restartable_port` picks a free port below that range instead, where only an explicit bind
-can land; a random choice among thousands keeps two tests from choosing the same one.
+can land. A port is chosen once per test process (a daemon's TCP, HTTP and RPC ports are
+drawn before any is bound, so the probe alone cannot tell them apart), and each pytest-xdist
+worker draws from a share of the band of its own, so two workers never choose the same one.
 
 Daemons on documented fixed ports (`make run-cluster`'s, moved by `--port-offset`) restart on
 them too: `port_offset` puts them below the ephemeral range as well, in a band of their own
@@ -13,6 +15,7 @@ above `restartable_port`'s, so neither kind can take the other's port while it i
 ones.
 """
 
+import os
 import random
 import re
 import socket
@@ -41,21 +44,36 @@ def _free(port: int) -> bool:
     return True
 
 
+_handed_out: set[int] = set()
+
+
+def _worker_share(lowest: int, stop: int) -> range:
+    """This process's share of [lowest, stop): all of it, or one xdist worker's slice."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1), 1)
+    index = int(worker[2:]) % count if worker.startswith("gw") and worker[2:].isdigit() else 0
+    width = (stop - lowest) // count
+    return range(lowest + index * width, lowest + (index + 1) * width)
+
+
 def restartable_port() -> int:
-    """A TCP port on 127.0.0.1, free a moment ago, that the kernel never hands out by itself."""
-    highest = SPLIT - 1
+    """A TCP port on 127.0.0.1, free a moment ago and not handed out before by this process,
+    that the kernel never hands out by itself."""
+    share = _worker_share(LOWEST, SPLIT)
     for _ in range(200):
-        port = random.randint(LOWEST, highest)
-        if _free(port):
+        port = random.choice(share)
+        if port not in _handed_out and _free(port):
+            _handed_out.add(port)
             return port
-    raise RuntimeError(f"no free port between {LOWEST} and {highest}")
+    raise RuntimeError(f"no free port between {share.start} and {share.stop - 1}")
 
 
 def port_offset(ports: set[int], step: int = 100) -> int:
     """An offset (a multiple of `step`) that moves every one of `ports` onto a port of
-    127.0.0.1 that is free now, between SPLIT and the ephemeral range."""
-    lowest = -(-(SPLIT - min(ports)) // step) * step
-    highest = _ephemeral_start() - 1 - max(ports)
+    127.0.0.1 that is free now, in this process's share of [SPLIT, the ephemeral range)."""
+    share = _worker_share(SPLIT, _ephemeral_start())
+    lowest = -(-(share.start - min(ports)) // step) * step
+    highest = share.stop - 1 - max(ports)
     offsets = list(range(lowest, highest + 1, step))
     random.shuffle(offsets)
     for offset in offsets:
