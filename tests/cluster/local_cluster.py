@@ -177,6 +177,16 @@ class LocalCluster:
         assert reply.status == 200, reply
         return json.loads(reply.body)
 
+    def describe(self) -> str:
+        """The cluster as the master sees it and what each nsqlookupd last did to it, for a
+        failure message."""
+        lines = [f"cluster stats: {self.stats()}"]
+        for index, lookupd in enumerate(self.lookupds):
+            done = [line for line in lookupd.log.splitlines() if "CLUSTER" in line]
+            lines.append(f"nsqlookupd {index}, its last cluster lines:")
+            lines.extend(done[-40:])
+        return "\n".join(lines)
+
     def master(self) -> DaemonProcess | None:
         for index, lookupd in enumerate(self.lookupds):
             if lookupd.process.poll() is None and self.stats(index).get("is_master"):

@@ -156,7 +156,11 @@ def test_a_removed_node_ends_holding_nothing(cluster):
                 for entry in stats["partitions"]
             )
 
-        poll(removed, "the removed node holding nothing", timeout=60)
+        poll(
+            removed,
+            lambda: f"the removed node holding nothing\n{cluster.describe()}",
+            timeout=60,
+        )
         stats = cluster.stats()
         assert not stats["removing_nodes"] and stats["stable"]
         node_stats = {node["id"]: node for node in stats["nodes"]}

@@ -102,7 +102,18 @@ class Traffic:
                 time.sleep(self._interval)
 
     def wait_acked(self, count: int, timeout: float = 30.0) -> None:
-        poll(lambda: len(self.acked) >= count, f"{count} acknowledged", timeout=timeout)
+        poll(
+            lambda: len(self.acked) >= count,
+            lambda: f"{count} acknowledged (have {len(self.acked)})\n{self._describe()}",
+            timeout=timeout,
+        )
+
+    def _describe(self) -> str:
+        """The cluster's state, for a failure message (a stopped cluster says so instead)."""
+        try:
+            return self.cluster.describe()
+        except (OSError, AssertionError) as error:
+            return f"(the cluster could not be asked: {error})"
 
     def stop_producing(self) -> set[bytes]:
         self._stop.set()
@@ -119,7 +130,14 @@ class Traffic:
                 return acked - set(self.received.counts)
 
         try:
-            poll(lambda: not missing(), "every acknowledged message consumed", timeout=timeout)
+            poll(
+                lambda: not missing(),
+                lambda: (
+                    f"every acknowledged message consumed ({len(missing())} missing)\n"
+                    + self._describe()
+                ),
+                timeout=timeout,
+            )
         finally:
             self.consumer.close()
         assert acked, "nothing was acknowledged"
