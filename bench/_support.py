@@ -39,23 +39,47 @@ _LISTENING = re.compile(r"(TCP|HTTP|HTTPS): listening on (\S+)")
 
 
 def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (fields 14 and 15 of /proc/<pid>/stat), all its threads."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    """utime + stime (fields 14 and 15 of /proc/<pid>/stat) of a process, all its threads,
+    and its workers."""
+    counters = process_counters(pid)
+    return counters["user"] + counters["system"]
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (an nsqd with `--workers` and its worker processes)."""
+    pids = [pid]
+    for parent in pids:
+        try:
+            threads = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for thread in threads:
+            try:
+                with open(f"/proc/{parent}/task/{thread}/children") as children:
+                    pids.extend(int(child) for child in children.read().split())
+            except OSError:
+                continue
+    return pids
 
 
 def process_counters(pid: int) -> dict[str, float]:
     """User and system CPU seconds and context switches (voluntary: it waited; nonvoluntary:
-    the scheduler took the CPU away while it could run) of a process."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    counters = {"user": int(fields[11]) / CLOCK_TICKS, "system": int(fields[12]) / CLOCK_TICKS}
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
+    the scheduler took the CPU away while it could run) of a process and its workers."""
+    counters = {"user": 0.0, "system": 0.0, "voluntary": 0, "nonvoluntary": 0}
+    for member in process_tree(pid):
+        try:
+            with open(f"/proc/{member}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{member}/status") as status:
+                lines = status.read().splitlines()
+        except OSError:
+            continue  # it exited meanwhile
+        counters["user"] += int(fields[11]) / CLOCK_TICKS
+        counters["system"] += int(fields[12]) / CLOCK_TICKS
+        for line in lines:
             key, _, value = line.partition(":")
             if key.endswith("voluntary_ctxt_switches"):
-                counters[key.removesuffix("_ctxt_switches")] = int(value)
+                counters[key.removesuffix("_ctxt_switches")] += int(value)
     return counters
 
 
@@ -68,13 +92,19 @@ def machine_busy_seconds() -> float:
 
 
 def process_memory(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM (peak RSS) of a process in bytes, from /proc/<pid>/status."""
-    found = {}
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
+    """VmRSS and VmHWM (peak RSS) in bytes, from /proc/<pid>/status, of a process and its
+    workers together."""
+    found = {"VmRSS": 0, "VmHWM": 0}
+    for member in process_tree(pid):
+        try:
+            with open(f"/proc/{member}/status") as status:
+                lines = status.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
             key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                found[key] = int(value.split()[0]) * 1024  # reported in kB
+            if key in found:
+                found[key] += int(value.split()[0]) * 1024  # reported in kB
     return found
 
 
@@ -136,6 +166,7 @@ sys.exit(entry.main())
 # `python -m bench --reference PATH` runs a benchmark again with this nsqd binary (Go's), so
 # that both daemons meet the same clients in one run.
 REFERENCE_NSQD = "NSQPY_BENCH_REFERENCE_NSQD"
+NSQD_ARGS = "NSQPY_BENCH_NSQD_ARGS"
 
 
 def nsqd_command(gc_mode: str = "default") -> list[str]:
@@ -171,6 +202,9 @@ class Nsqd:
             f"-data-path={self.data_path}",
             *extra_args,
         ]
+        if not os.environ.get(REFERENCE_NSQD):
+            # Flags for our nsqd in every benchmark, e.g. NSQPY_BENCH_NSQD_ARGS=-workers=2.
+            self.command += os.environ.get(NSQD_ARGS, "").split()
         self.lines: list[str] = []
         # nsqd's code from the same tree as the bench (the venv's editable install points at
         # the main checkout; this also serves a `git archive` snapshot); a reference nsqd (Go's,

@@ -2,20 +2,38 @@
 
 import gc
 import logging
+import os
+import sys
 
 from nsqpy.daemon.main import run_daemon
 from nsqpy.etcd import EtcdAuthError
 from nsqpy.nsqd.data_path import DataPathError
 from nsqpy.nsqd.metadata import MetadataError
-from nsqpy.nsqd.options import Options, OptionsError, build_flags, options_from_values
+from nsqpy.nsqd.options import (
+    Options,
+    OptionsError,
+    build_flags,
+    options_from_values,
+    worker_count,
+)
 from nsqpy.nsqd.server import NSQD
+from nsqpy.nsqd.supervisor import Supervisor
+from nsqpy.nsqd.worker import WORKER_ENVIRONMENT, Worker, WorkerSetup, die_with_parent
 
 
-def _build(options: Options, log: logging.Logger) -> NSQD:
+def _build(options: Options, log: logging.Logger) -> "NSQD | Supervisor":
+    setup = os.environ.get(WORKER_ENVIRONMENT)
+    if setup is None and worker_count(options.workers) > 1:
+        return Supervisor(options, log, sys.argv[1:])
     # Queued messages are long-lived objects; the default gen-0 threshold of 700 makes the
     # collector rescan them constantly (about half of publish CPU, bench/RESULTS.md).
     gc.set_threshold(100_000, 50, 100)
-    return NSQD(options, log)
+    if setup is None:
+        return NSQD(options, log)
+    # One of a supervisor's workers (`nsqd/worker.py`); its children must not be workers.
+    del os.environ[WORKER_ENVIRONMENT]
+    die_with_parent()
+    return NSQD(options, log, Worker(WorkerSetup(setup)))
 
 
 def main(argv: list[str] | None = None) -> None:

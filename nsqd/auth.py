@@ -52,6 +52,17 @@ class AuthState:
     def is_allowed(self, topic: str, channel: str) -> bool:
         return any(a.is_allowed(topic, channel) for a in self.authorizations)
 
+    @classmethod
+    def from_dict(cls, fields: dict) -> "AuthState":
+        """The state `dataclasses.asdict` gave (handed to another `--workers` process;
+        `expires` is on the machine's monotonic clock, which every process shares)."""
+        return cls(
+            identity=fields["identity"],
+            identity_url=fields["identity_url"],
+            expires=fields["expires"],
+            authorizations=[Authorization(**entry) for entry in fields["authorizations"]],
+        )
+
 
 def _auth_url(address: str, remote_ip: str, tls: bool, secret: str, common_name: str) -> str:
     # Go's url.Values.Encode sorts the keys; a full URL gets `?query` appended as it is.

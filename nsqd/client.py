@@ -26,6 +26,13 @@ DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
 _client_ids = itertools.count(1)
 
 
+def number_client_ids(first: int, step: int) -> None:
+    """Number the clients from here on `first`, `first + step`, ...: the workers of one nsqd
+    (`--workers`) interleave, so an ID names one client across all of them."""
+    global _client_ids
+    _client_ids = itertools.count(first, step)
+
+
 class Client:
     def __init__(self, options: "Options", remote_address: str) -> None:
         self.id = next(_client_ids)

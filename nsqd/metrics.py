@@ -46,8 +46,10 @@ class _Family:
         return head + "".join(sample + "\n" for sample in self.samples)
 
 
-def render_metrics(nsqd: MetricsSource) -> str:
-    topics, _producers = gather(nsqd, "", "", include_clients=True)
+def render_metrics(nsqd: MetricsSource, topics: list[dict] | None = None) -> str:
+    """The Prometheus text of nsqd's topics, or of `topics` (every worker's, `--workers`)."""
+    if topics is None:
+        topics, _producers = gather(nsqd, "", "", include_clients=True)
     families: dict[str, _Family] = {}
 
     def family(name: str, kind: str, help_text: str) -> _Family:

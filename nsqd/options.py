@@ -14,6 +14,7 @@ from nsqpy.common.flags import Flag, FlagSet, Kind
 from nsqpy.common.guid import MAX_NODE_ID, default_node_id
 from nsqpy.daemon.log import LOG_LEVELS
 from nsqpy.daemon.main import standard_flags
+from nsqpy.daemon.net import split_address
 
 
 def _hostname() -> str:
@@ -42,6 +43,8 @@ class Options:
     # diskqueue
     data_path: str = ""
     mem_queue_size: int = 10000
+    # `--workers`: processes sharing the topics (docs/design.md §15); "auto" is one per core.
+    workers: str = "1"
     max_bytes_per_file: int = 100 * 1024 * 1024
     sync_every: int = 2500
     sync_timeout: float = 2.0
@@ -229,6 +232,13 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 "timeout for HTTP request",
             ),
             Flag("data-path", Kind.STRING, "", "path to store disk-backed messages"),
+            Flag(
+                "workers",
+                Kind.STRING,
+                d.workers,
+                "processes that share the topics, each on a core: a number or 'auto' (one per"
+                " core)",
+            ),
             Flag(
                 "mem-queue-size",
                 Kind.INT64,
@@ -526,6 +536,14 @@ def options_from_values(values: dict) -> Options:
         raise OptionsError("--max-confirm-win must be >= 1")
     if options.sync_every < 1:
         raise OptionsError("--sync-every must be >= 1")
+    workers = worker_count(options.workers)
+    if workers > 1 and options.cluster_leadership_addresses:
+        raise OptionsError(
+            "--workers above 1 does not combine with --cluster-leadership-addresses:"
+            " a cluster node runs in one process"
+        )
+    if workers > 1 and split_address(options.tcp_address) is None:
+        raise OptionsError("--workers above 1 needs a TCP host:port, not a unix socket")
     cluster_tls = (
         options.cluster_tls_cert,
         options.cluster_tls_key,
@@ -537,3 +555,12 @@ def options_from_values(values: dict) -> Options:
             " together (mutual TLS needs this node's certificate and the cluster's CA)"
         )
     return options
+
+
+def worker_count(text: str) -> int:
+    """`--workers`: a number from 1 up, or "auto" (this machine's cores)."""
+    if text == "auto":
+        return max(os.cpu_count() or 1, 1)
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise OptionsError(f"--workers must be a number >= 1 or 'auto', not {text!r}")
+    return int(text)

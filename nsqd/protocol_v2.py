@@ -13,30 +13,36 @@ ordered delivery (`nsqd/delivery.py`, the channel's policy). IDENTIFY's settings
 into the client by `nsqd/identify.py`; every publish goes through `nsqd/publish.py`.
 """
 
+import dataclasses
 import json
 import math
 import os
+import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from nsqpy.common.command import MAGIC_V2, encode_command
 from nsqpy.common.command_parser import CommandParser
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.frame import (
     CLOSE_WAIT_FRAME,
+    FRAME_TYPE_ERROR,
     HEARTBEAT_FRAME,
     OK_FRAME,
     encode_error,
+    encode_frame,
     encode_response,
 )
 from nsqpy.common.goformat import go_base10, go_quote, go_text
 from nsqpy.common.names import is_valid_name
-from nsqpy.nsqd.auth import AuthError, query_any
+from nsqpy.nsqd.auth import AuthError, AuthState, query_any
 from nsqpy.nsqd.channel import ChannelError
 from nsqpy.nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Client
 from nsqpy.nsqd.compression import CompressedStream, PrefixedStream
 from nsqpy.nsqd.dialect import CLASSIC, ClassicDialect, YouzanDialect
+from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.identify import Negotiated, decode_identify, negotiate
 from nsqpy.nsqd.message import Message, MessageBatch
 from nsqpy.nsqd.protocol_youzan import YouzanCommands, is_partition
@@ -57,6 +63,14 @@ MAX_SEND_BYTES = 256 * 1024
 TLS_HANDSHAKE_TIMEOUT = 5.0
 # A TLS close_notify to a peer that stopped reading must not hold the connection's task.
 CLOSE_TIMEOUT = 1.0
+# The commands that name a topic (its name first), which `--workers` route to its owner.
+SUBSCRIBE_COMMANDS = frozenset((b"SUB", b"SUB_ORDERED", b"SUB_ORDER", b"SUB_ADVANCED"))
+PUBLISH_COMMANDS = frozenset(
+    (b"PUB", b"MPUB", b"DPUB", b"PUB_TRACE", b"MPUB_TRACE", b"PUB_EXT", b"MPUB_EXT")
+)
+TOPIC_COMMANDS = SUBSCRIBE_COMMANDS | PUBLISH_COMMANDS
+# Identify settings a relayed connection's owner must not act on: its sender did.
+_SENDER_FEATURES = ("tls_v1", "snappy", "deflate", "deflate_level")
 
 
 def _split_by_size(messages: list, limit: int) -> list[list]:
@@ -82,12 +96,26 @@ def _split_by_size(messages: list, limit: int) -> list[list]:
 
 
 class ProtocolV2:
-    def __init__(self, nsqd: "NSQD", stream: trio.abc.Stream, remote_address: str) -> None:
+    def __init__(
+        self,
+        nsqd: "NSQD",
+        stream: trio.abc.Stream,
+        remote_address: str,
+        handoff: Handoff | None = None,
+    ) -> None:
         options = nsqd.options
         self.nsqd = nsqd
         self.options = options
         self.stream = stream
         self.client = Client(options, remote_address)
+        # `--workers` (`nsqd/worker.py`): a connection handed over by another worker, what
+        # this one moves to another (owner, handoff, relayed) once its batch is answered, and
+        # whether it ran a topic command here (a later one for another worker is forwarded).
+        self.handoff = handoff
+        self._moving: tuple[int, Handoff, bool] | None = None
+        self._topic_bound = False
+        self._identify_body: bytes | None = None
+        self._muted = False
         self.parser = CommandParser(
             max_msg_size=options.max_msg_size,
             max_body_size=options.max_body_size,
@@ -137,7 +165,8 @@ class ProtocolV2:
         }
         self._async_commands = {b"AUTH"}
         self._handlers_unchecked = dict(self._handlers)
-        if nsqd.auth_enabled:
+        internal = handoff is not None and handoff.internal
+        if nsqd.auth_enabled and not internal:
             subscribe = (b"SUB", b"SUB_ORDERED", b"SUB_ORDER", b"SUB_ADVANCED")
             publish = (
                 b"PUB",
@@ -154,23 +183,36 @@ class ProtocolV2:
                 self._handlers[name] = self.pub_authorized
             self._async_commands |= {*subscribe, *publish}
         # Until the connection is on TLS, a TLS-requiring nsqd takes nothing but IDENTIFY.
-        self._tls_gate = options.tls_required != "false" and nsqd.tls_context is not None
+        self._tls_gate = (
+            options.tls_required != "false" and nsqd.tls_context is not None and not internal
+        )
 
     # -- connection life ----------------------------------------------------------------------
 
     async def run(self) -> None:
         """Serve the connection until it ends, from the protocol magic on."""
         client = self.client
-        self.nsqd.add_client(client)
+        internal = self.handoff is not None and self.handoff.internal
+        if not internal:
+            self.nsqd.add_client(client)
         self._last_heartbeat = trio.current_time()
         self._arm_read_deadline()
+        relay: trio.SocketStream | None = None
         try:
             with self._cancel_scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._message_pump)
-                    await self._read_loop()
+                    if self.handoff is None or await self._replay(self.handoff):
+                        await self._read_loop()
                     nursery.cancel_scope.cancel()
+                if self._moving is not None:
+                    self.nsqd.heartbeats.forget(self)
+                    relay = await self._move()
+                    if relay is not None:
+                        await self._relay(relay)
         finally:
+            if relay is not None:
+                relay.socket.close()
             self.nsqd.heartbeats.forget(self)
             self.nsqd.remove_client(client)
             if client.channel is not None:
@@ -178,6 +220,128 @@ class ProtocolV2:
             with trio.CancelScope(shield=True) as closing:
                 closing.deadline = trio.current_time() + CLOSE_TIMEOUT
                 await self.stream.aclose()
+
+    async def _replay(self, handoff: Handoff) -> bool:
+        """Stand where the worker that handed the connection over stood: run the preamble
+        (its replies were sent already), then what the client sent from its topic command
+        on. False: the connection is to close."""
+        client = self.client
+        client.tls = handoff.tls
+        client.tls_common_name = handoff.tls_common_name
+        for key, value in handoff.tls_details.items():
+            setattr(client, key, value)
+        client.snappy = handoff.snappy
+        client.deflate = handoff.deflate
+        client.deflate_level = handoff.deflate_level
+        client.auth_secret = handoff.auth_secret
+        if handoff.auth_state is not None:
+            client.auth_state = AuthState.from_dict(handoff.auth_state)
+        self._topic_bound = True
+        self._muted = True
+        try:
+            self.parser.receive_data(handoff.preamble)
+            if not await self._process_commands():
+                return False
+        finally:
+            self._muted = False
+        self.parser.receive_data(handoff.pending)
+        return await self._process_commands()
+
+    def _move_to(self, owner: int, command) -> None:
+        """Hand the connection to `owner` once this batch is answered: the descriptor itself
+        when the socket is plain, else a relay over a socket pair (`_move`)."""
+        client = self.client
+        identify = self._identify_body
+        relayed = self._fd < 0
+        if relayed and identify is not None:
+            settings = json.loads(identify)
+            for key in _SENDER_FEATURES:
+                settings.pop(key, None)
+            identify = json.dumps(settings).encode()
+        preamble = [MAGIC_V2]
+        if identify is not None:
+            preamble.append(encode_command(b"IDENTIFY", body=identify))
+        handoff = Handoff(
+            remote_address=client.remote_address,
+            preamble=b"".join(preamble),
+            preamble_commands=len(preamble) - 1,
+            pending=encode_command(command.name, *command.args, body=command.body)
+            + self.parser.take_buffered(),
+            tls=client.tls,
+            tls_common_name=client.tls_common_name,
+            tls_details={
+                key: getattr(client, key)
+                for key in (
+                    "tls_version",
+                    "tls_cipher_suite",
+                    "tls_negotiated_protocol",
+                    "tls_negotiated_protocol_is_mutual",
+                )
+            },
+            snappy=client.snappy,
+            deflate=client.deflate,
+            deflate_level=client.deflate_level,
+            relayed=relayed,
+            auth_secret=client.auth_secret,
+            auth_state=dataclasses.asdict(client.auth_state) if client.auth_state else None,
+        )
+        self._moving = (owner, handoff, relayed)
+
+    async def _move(self) -> trio.SocketStream | None:
+        """Hand the connection over; the relay's end of the socket pair when it is relayed."""
+        assert self._moving is not None and self.nsqd.worker is not None
+        owner, handoff, relayed = self._moving
+        worker = self.nsqd.worker
+        self.nsqd.log.info(
+            "[%s] %s to worker %d, which owns its topic",
+            self.client,
+            "relayed" if relayed else "moved",
+            owner,
+        )
+        if not relayed:
+            await worker.hand_off(owner, self._fd, handoff)
+            return None
+        ours, theirs = socket.socketpair()
+        with theirs:
+            await worker.hand_off(owner, theirs.fileno(), handoff)
+        return trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+
+    async def _relay(self, pair: trio.SocketStream) -> None:
+        """Carry the plain bytes both ways between the client (through its TLS or
+        compression) and the owner's end of the pair, until either side ends."""
+
+        async def carry(source, destination, done: trio.CancelScope) -> None:
+            try:
+                while data := await source.receive_some(RECEIVE_SIZE):
+                    await destination.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+            done.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(carry, self.stream, pair, nursery.cancel_scope)
+            nursery.start_soon(carry, pair, self.stream, nursery.cancel_scope)
+
+    async def _forward(self, owner: int, command) -> bytes:
+        """A publish to another worker's topic, run there: its answer, as the owner gave it.
+        The client's own authorizations are checked here first."""
+        assert self.nsqd.worker is not None
+        if self.nsqd.auth_enabled:
+            await self._check_auth(command.name.decode(), go_text(command.args[0]), "")
+        try:
+            frame_type, data = await self.nsqd.worker.forward(
+                owner, encode_command(command.name, *command.args, body=command.body)
+            )
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+            raise ProtocolError(
+                "E_PUB_FAILED", f"{command.name.decode()} failed: the topic's worker is gone"
+            ) from None
+        if frame_type == FRAME_TYPE_ERROR:
+            code, separator, description = data.decode("utf-8", "surrogateescape").partition(" ")
+            fatal = None if self.dialect.publish_errors_are_fatal else False
+            raise ProtocolError(code, description if separator else None, fatal=fatal)
+        self.client.published(go_text(command.args[0]), _message_count(command))
+        return encode_frame(frame_type, data)
 
     def close(self) -> None:
         """Server-side close (shutdown, channel deleted)."""
@@ -274,6 +438,19 @@ class ProtocolV2:
                 name = command.name
                 if self._tls_gate:
                     self._enforce_tls_policy(name)
+                if name in TOPIC_COMMANDS and command.args and self.nsqd.worker is not None:
+                    owner = self.nsqd.worker.owner_elsewhere(command.args[0])
+                    if owner is not None:
+                        if client.state == STATE_INIT and (
+                            name in SUBSCRIBE_COMMANDS or not self._topic_bound
+                        ):
+                            self._move_to(owner, command)
+                            keep_open = False
+                            break
+                        if name in PUBLISH_COMMANDS:
+                            replies.append(await self._forward(owner, command))
+                            continue
+                    self._topic_bound = True
                 handler = handlers.get(name)
                 if handler is None:
                     raise ProtocolError("E_INVALID", f"invalid command {go_text(name)}")
@@ -303,7 +480,7 @@ class ProtocolV2:
             topics, self._new_channels = self._new_channels, []
             for topic in topics:
                 await topic.replication.channels_changed()
-        if replies:
+        if replies and not self._muted:
             await self._send(b"".join(replies) if len(replies) > 1 else replies[0])
         if self.client.closed_by_server:
             return False
@@ -446,6 +623,7 @@ class ProtocolV2:
     def identify(self, command) -> "bytes | Negotiated":
         client = self.client
         data = decode_identify(command.body)
+        self._identify_body = command.body
         negotiated = negotiate(
             client,
             data,
@@ -808,3 +986,7 @@ class ProtocolV2:
         assert defer_ms is not None  # the parser refused a DPUB without a valid timeout
         defer = defer_ms / 1000
         return self._publish_classic("DPUB", "E_DPUB_FAILED", command.args, [command.body], defer)
+
+
+def _message_count(command) -> int:
+    return len(command.messages) if command.messages is not None else 1

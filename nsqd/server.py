@@ -23,7 +23,7 @@ from nsqpy.daemon.http_server import RequestRouter, serve_http
 from nsqpy.daemon.log import keep_printable
 from nsqpy.daemon.net import accept_forever, format_address, open_listener
 from nsqpy.nsqd.channel import Channel
-from nsqpy.nsqd.client import Client
+from nsqpy.nsqd.client import Client, number_client_ids
 from nsqpy.nsqd.cluster import ClusterNode
 from nsqpy.nsqd.data_path import prepare_data_path
 from nsqpy.nsqd.heartbeats import HeartbeatClock
@@ -42,6 +42,7 @@ from nsqpy.nsqd.metadata import (
     write_metadata,
 )
 from nsqpy.nsqd.options import Options, build_flags
+from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.protocol_v2 import ProtocolV2
 from nsqpy.nsqd.queue_scan import QueueScanner
 from nsqpy.nsqd.replication import Replication
@@ -52,11 +53,17 @@ from nsqpy.nsqd.tls import server_context
 from nsqpy.nsqd.topic import Topic
 from nsqpy.nsqd.topic_registry import TopicRegistry
 from nsqpy.nsqd.wakeup import Wakeup
+from nsqpy.nsqd.worker import Worker, WorkerLookup
+from nsqpy.nsqd.worker_http import WorkerRouter
 
 
 class NSQD:
-    def __init__(self, options: Options, log: logging.Logger | None = None) -> None:
+    def __init__(
+        self, options: Options, log: logging.Logger | None = None, worker: Worker | None = None
+    ) -> None:
         self.options = options
+        # One of `--workers` (`nsqd/worker.py`), or None: the whole nsqd in this process.
+        self.worker = worker
         self.log = keep_printable(log or logging.getLogger("nsqd"))
         self.data_path = options.effective_data_path()
         self.registry = TopicRegistry()
@@ -76,7 +83,9 @@ class NSQD:
         self.write_disabled: str | None = None
         self.queue_scanner = QueueScanner(self)
         self.heartbeats = HeartbeatClock()
-        self.lookup_peers = LookupPeers(self)
+        self.lookup_peers = LookupPeers(self) if worker is None else WorkerLookup(self, worker)
+        if worker is not None:
+            number_client_ids(first=worker.index + 1, step=worker.count)
         self.cluster = ClusterNode(self)
         self.tls_context = server_context(options)
         self.auth_enabled = bool(options.auth_http_address)
@@ -341,6 +350,9 @@ class NSQD:
                 await topic.sync_dirty()
 
     def metadata(self) -> bytes:
+        return encode_metadata(self.metadata_topics(), VERSION)
+
+    def metadata_topics(self) -> list[TopicMetadata]:
         topics = []
         for topic in self.all_partitions():
             if topic.ephemeral:
@@ -358,13 +370,17 @@ class NSQD:
                 entry.ext = topic.ext
                 entry.next_offset = topic.queue.next_offset
             topics.append(entry)
-        return encode_metadata(topics, VERSION)
+        return topics
 
     async def persist_metadata(self) -> None:
         """Write `nsqd.dat` now (HTTP pause/unpause do, as Go's handlers do). One writer at a
         time, snapshot taken inside the lock, so an older snapshot never lands last (Go holds
         the nsqd lock around PersistMetadata)."""
         async with self._metadata_lock:
+            if self.worker is not None:
+                own = self.metadata_topics()
+                await trio.to_thread.run_sync(self.worker.write_metadata_share, self.data_path, own)
+                return
             encoded = self.metadata()
             await trio.to_thread.run_sync(write_metadata, self.data_path, encoded)
 
@@ -397,6 +413,8 @@ class NSQD:
         self._metadata_loading = True
         try:
             for topic_meta in topics:
+                if self.worker is not None and not self.worker.owns(topic_meta.name):
+                    continue
                 if not is_valid_name(topic_meta.name):
                     self.log.warning("skipping creation of invalid topic %s", topic_meta.name)
                     continue
@@ -454,24 +472,33 @@ class NSQD:
         log = self.log
         prepare_data_path(self.data_path)
         self.load_metadata()
-        tcp_listener = await open_listener(options.tcp_address)
+        worker = self.worker
+        # A worker serves the listeners its supervisor bound (and logged).
+        listening = log.info if worker is None else log.debug
+        tcp_listener = await self._listener("TCP", options.tcp_address)
         self.tcp_address = format_address(tcp_listener.socket.getsockname())
-        self.log.info("TCP: listening on %s", self.tcp_address)
-        http_listener = await open_listener(options.http_address)
+        listening("TCP: listening on %s", self.tcp_address)
+        http_listener = await self._listener("HTTP", options.http_address)
         self.http_address = format_address(http_listener.socket.getsockname())
-        self.log.info("HTTP: listening on %s", self.http_address)
+        listening("HTTP: listening on %s", self.http_address)
         http_api = HTTPAPI(self)
         https_listener = None
         if self.tls_context is not None:
-            https_listener = await open_listener(options.https_address)
+            https_listener = await self._listener("HTTPS", options.https_address)
             self.https_address = format_address(https_listener.socket.getsockname())
-            self.log.info("HTTPS: listening on %s", self.https_address)
+            listening("HTTPS: listening on %s", self.https_address)
+        private_listener = None
+        api_router: RequestRouter = http_api.router
+        if worker is not None:
+            # The other workers send this one the requests for its topics here.
+            private_listener = await open_listener("127.0.0.1:0")
+            api_router = WorkerRouter(self, http_api)
         # --tls-required=true (or a client auth policy): the plain HTTP port only points to
         # the HTTPS one; `tcp-https` means TLS for TCP only (Go's TLSRequiredExceptHTTP).
-        plain_router: RequestRouter | None = (
+        plain_router: RequestRouter = (
             TLSRequiredRouter(self)
             if options.tls_required == "true" and self.tls_context is not None
-            else None
+            else api_router
         )
         try:
             async with trio.open_nursery() as nursery:
@@ -479,15 +506,30 @@ class NSQD:
                 for topic in self.all_partitions():
                     nursery.start_soon(topic.pump)
                 async with trio.open_nursery() as listener_nursery:
+                    max_body = max(options.max_body_size, options.max_msg_size)
+                    if worker is not None and private_listener is not None:
+                        # The other workers' requests and connections first: this worker
+                        # takes none from the shared listeners before it knows its peers.
+                        listener_nursery.start_soon(
+                            partial(
+                                serve_http,
+                                private_listener,
+                                http_api.router,
+                                listener_nursery,
+                                log,
+                                max_body_size=max_body,
+                            )
+                        )
+                        private = format_address(private_listener.socket.getsockname())
+                        await nursery.start(worker.run, self, self._handle_handed, private)
                     listener_nursery.start_soon(
                         accept_forever, tcp_listener, self._handle_connection, nursery, log, "TCP"
                     )
-                    max_body = max(options.max_body_size, options.max_msg_size)
                     listener_nursery.start_soon(
                         partial(
                             serve_http,
                             http_listener,
-                            plain_router or http_api.router,
+                            plain_router,
                             listener_nursery,
                             log,
                             max_body_size=max_body,
@@ -498,7 +540,7 @@ class NSQD:
                             partial(
                                 serve_http,
                                 https_listener,
-                                http_api.router,
+                                api_router,
                                 listener_nursery,
                                 log,
                                 max_body_size=max_body,
@@ -526,6 +568,8 @@ class NSQD:
                 await http_listener.aclose()
                 if https_listener is not None:
                     await https_listener.aclose()
+                if private_listener is not None:
+                    await private_listener.aclose()
                 await self._persist_on_exit()
 
     def shutdown(self) -> None:
@@ -549,6 +593,25 @@ class NSQD:
         finally:
             self._connections.discard(connection)
             self.log.info("PROTOCOL(V2): [%s] exiting ioloop", peer)
+
+    async def _listener(self, kind: str, address: str) -> trio.SocketListener:
+        inherited = self.worker.listener_socket(kind) if self.worker is not None else None
+        if inherited is None:
+            return await open_listener(address)
+        return trio.SocketListener(trio.socket.from_stdlib_socket(inherited))
+
+    async def _handle_handed(self, sock: socket.socket, handoff: Handoff) -> None:
+        """A connection another worker handed over (`nsqd/handoff.py`)."""
+        peer = handoff.remote_address
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        connection = ProtocolV2(self, stream, peer, handoff)
+        self._connections.add(connection)
+        try:
+            await connection.run()
+        except Exception:
+            self.log.exception("PROTOCOL(V2): [%s] internal error, closing the connection", peer)
+        finally:
+            self._connections.discard(connection)
 
     async def _close_connections(self) -> None:
         for connection in list(self._connections):

@@ -13,6 +13,7 @@ connection's own `rdy()`. Auto-reconnect is off so that a dropped connection sho
 import asyncio
 
 import ansq
+import pytest
 from ansq import ConnectionFeatures, ConnectionOptions
 
 from tests.harness import start_nsqd
@@ -154,8 +155,10 @@ async def test_ansq_unanswered_message_is_redelivered_after_msg_timeout(nsqd):
     assert channel_state(nsqd, TOPIC, CHANNEL) == expected_channel_state("timeout")
 
 
-async def test_ansq_answers_heartbeats_while_idle_then_consumes(tmp_path):
-    daemon = start_nsqd(tmp_path)
+# Also with `--workers=2` (the client's connections moved to the topic's owner).
+@pytest.mark.parametrize("workers", ["1", "2"], ids=["one process", "two workers"])
+async def test_ansq_answers_heartbeats_while_idle_then_consumes(tmp_path, workers):
+    daemon = start_nsqd(tmp_path, f"-workers={workers}")
     try:
         report = Report(client="ansq")
         await run_asyncio_client(ansq_session, report, daemon.port(), "heartbeat", always)

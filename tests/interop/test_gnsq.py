@@ -72,8 +72,10 @@ async def test_gnsq_unanswered_message_is_redelivered_after_msg_timeout(nsqd_1s_
     assert channel_state(nsqd, TOPIC, CHANNEL) == expected_channel_state("timeout")
 
 
-async def test_gnsq_answers_heartbeats_while_idle_then_consumes(tmp_path):
-    daemon = start_nsqd(tmp_path)
+# Also with `--workers=2` (the client's connections moved to the topic's owner).
+@pytest.mark.parametrize("workers", ["1", "2"], ids=["one process", "two workers"])
+async def test_gnsq_answers_heartbeats_while_idle_then_consumes(tmp_path, workers):
+    daemon = start_nsqd(tmp_path, f"-workers={workers}")
     try:
         report = await play(daemon.port(), "heartbeat", always)
     finally:

@@ -8,6 +8,8 @@ default flags. The scenarios are described in `scenarios.py`. nsqjs comes from
 
 import shutil
 
+import pytest
+
 from tests.harness import start_nsqd
 from tests.interop.support import (
     INTEROP_DIR,
@@ -68,8 +70,10 @@ async def test_nsqjs_unanswered_message_is_redelivered_after_msg_timeout(nsqd):
     assert channel_state(nsqd, TOPIC, CHANNEL) == expected_channel_state("timeout")
 
 
-async def test_nsqjs_answers_heartbeats_while_idle_then_consumes(tmp_path):
-    daemon = start_nsqd(tmp_path)
+# Also with `--workers=2` (the client's connections moved to the topic's owner).
+@pytest.mark.parametrize("workers", ["1", "2"], ids=["one process", "two workers"])
+async def test_nsqjs_answers_heartbeats_while_idle_then_consumes(tmp_path, workers):
+    daemon = start_nsqd(tmp_path, f"-workers={workers}")
     try:
         report = await play(daemon.port(), "heartbeat", always)
     finally:

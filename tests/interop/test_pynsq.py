@@ -9,6 +9,7 @@ The scenarios are described in `support.py`.
 import asyncio
 
 import nsq
+import pytest
 
 from tests.harness import start_nsqd
 from tests.interop.scenarios import (
@@ -173,8 +174,10 @@ async def test_pynsq_unanswered_message_is_redelivered_after_msg_timeout(nsqd):
     assert channel_state(nsqd, TOPIC, CHANNEL) == expected_channel_state("timeout")
 
 
-async def test_pynsq_answers_heartbeats_while_idle_then_consumes(tmp_path):
-    daemon = start_nsqd(tmp_path)
+# Also with `--workers=2` (the client's connections moved to the topic's owner).
+@pytest.mark.parametrize("workers", ["1", "2"], ids=["one process", "two workers"])
+async def test_pynsq_answers_heartbeats_while_idle_then_consumes(tmp_path, workers):
+    daemon = start_nsqd(tmp_path, f"-workers={workers}")
     try:
         report = Report(client="pynsq")
         await run_asyncio_client(pynsq_session, report, daemon.port(), "heartbeat", always)

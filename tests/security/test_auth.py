@@ -106,6 +106,10 @@ class AuthServer:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
+    def forget_requests(self) -> None:
+        with self._lock:
+            self.requests.clear()
+
     def requests_for(self, secret: str) -> list[AuthRequest]:
         with self._lock:
             return [r for r in self.requests if r.query.get("secret") == secret]
@@ -157,14 +161,19 @@ def auth_server():
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def auth_nsqd(auth_server, certs, tmp_path_factory):
-    """Auth enabled; TLS available (with our CA, so a client certificate is checked if sent)."""
+@pytest.fixture(scope="module", params=["1", "2"], ids=["one process", "two workers"])
+def auth_nsqd(request, auth_server, certs, tmp_path_factory):
+    """Auth enabled; TLS available (with our CA, so a client certificate is checked if sent).
+    Also with `--workers=2`: a connection moved or relayed to its topic's owner keeps what
+    AUTH granted, and the auth server is not asked again."""
     flags = [
         f"-auth-http-address=127.0.0.1:{auth_server.port}",
         *certs.tls_flags(),
         f"-tls-root-ca-file={certs.ca}",
+        f"-workers={request.param}",
     ]
+    # The tests count the requests of their secrets: each nsqd starts the count afresh.
+    auth_server.forget_requests()
     with running_nsqd(tmp_path_factory.mktemp("auth"), *flags) as daemon:
         yield daemon
 

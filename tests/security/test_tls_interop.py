@@ -45,9 +45,12 @@ MESSAGES = 200
 DEADLINE = 30.0
 
 
-@pytest.fixture(scope="module")
-def tls_nsqd(certs, tmp_path_factory):
-    with running_nsqd(tmp_path_factory.mktemp("tls-interop"), *certs.tls_flags()) as daemon:
+@pytest.fixture(scope="module", params=["1", "2"], ids=["one process", "two workers"])
+def tls_nsqd(request, certs, tmp_path_factory):
+    """Also with `--workers=2`, where a connection accepted by the worker that does not own
+    its topic is relayed to the owner through the first one's TLS and compression."""
+    flags = (*certs.tls_flags(), f"-workers={request.param}")
+    with running_nsqd(tmp_path_factory.mktemp("tls-interop"), *flags) as daemon:
         yield daemon
 
 

@@ -1,0 +1,297 @@
+"""This nsqd process as one of `--workers=N` (docs/design.md §15).
+
+The supervisor (`nsqd/supervisor.py`) binds the listeners and starts N worker processes; each
+is a whole nsqd (`NSQD` with a `Worker`) serving the shared listeners, owning the topics whose
+name hashes to it. What a worker does for the others:
+
+- a connection whose first topic command names a topic another worker owns moves there
+  (`nsqd/handoff.py`); a later publish to another worker's topic is forwarded over a link to
+  its owner and answered with the owner's reply;
+- nsqlookupd hears of this worker's topics and channels through the supervisor, which holds
+  the one registration of the node (`WorkerLookup`);
+- `nsqd.dat` holds every worker's topics: each rewrites its own share under a file lock;
+- the HTTP API routes a topic's request to its owner and merges `/stats` and `/metrics`
+  (`nsqd/worker_http.py`).
+"""
+
+import ctypes
+import fcntl
+import hashlib
+import json
+import math
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from nsqpy.common.command import MAGIC_V2, encode_identify
+from nsqpy.common.frame import FRAME_TYPE_ERROR, FrameDecoder
+from nsqpy.common.names import is_valid_name
+from nsqpy.common.version import VERSION
+from nsqpy.nsqd.handoff import Handoff, receive, send, worker_socket_address
+from nsqpy.nsqd.lookup import LookupPeers
+from nsqpy.nsqd.metadata import (
+    MetadataError,
+    TopicMetadata,
+    encode_metadata,
+    read_metadata,
+    write_metadata,
+)
+
+if TYPE_CHECKING:
+    from nsqpy.nsqd.server import NSQD
+
+# The environment variable that makes an nsqd process a worker: "index,count,token,control fd,
+# tcp fd,http fd,https fd" (-1: none).
+WORKER_ENVIRONMENT = "NSQPY_WORKER"
+# A forwarded publish gets its owner's answer within this, or fails.
+FORWARD_TIMEOUT = 30.0
+
+
+def owner_of(topic: str, count: int) -> int:
+    """The worker that owns `topic`: the same on every worker and across restarts. BLAKE2b
+    rather than CRC-32, whose low bits barely change between `t_0`, `t_1`, ... (all four of
+    the benchmark's topics went to one of two workers)."""
+    digest = hashlib.blake2b(topic.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % count
+
+
+def die_with_parent() -> None:
+    """A worker is part of one nsqd: when its supervisor is killed (`kill -9`), the kernel
+    kills the worker too, as it would have killed one process (Linux's PR_SET_PDEATHSIG).
+    A supervisor that exits otherwise is noticed on the control socket (`_read_control`)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the supervisor died before the request took effect
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+class WorkerSetup:
+    """What the supervisor passes a worker in `WORKER_ENVIRONMENT`."""
+
+    def __init__(self, text: str) -> None:
+        fields = text.split(",")
+        self.index, self.count = int(fields[0]), int(fields[1])
+        self.token = fields[2]
+        self.control_fd, self.tcp_fd, self.http_fd, self.https_fd = map(int, fields[3:7])
+
+    @staticmethod
+    def encode(index: int, count: int, token: str, fds: tuple[int, int, int, int]) -> str:
+        return ",".join(map(str, (index, count, token, *fds)))
+
+
+class Worker:
+    def __init__(self, setup: WorkerSetup) -> None:
+        self.index = setup.index
+        self.count = setup.count
+        self.token = setup.token
+        self.setup = setup
+        # Each worker's private HTTP address, for requests routed to a topic's owner.
+        self.peers_http: dict[int, str] = {}
+        self.lookupd_http: list[str] = []
+        self._peers_known = trio.Event()
+        self._links: dict[int, ForwardLink] = {}
+        self._outbox_send, self._outbox = trio.open_memory_channel[dict](math.inf)
+
+    # -- topics --------------------------------------------------------------------------------
+
+    def owns(self, topic: str) -> bool:
+        return owner_of(topic, self.count) == self.index
+
+    def owner_elsewhere(self, raw_topic: bytes) -> int | None:
+        """The worker owning the topic a command names, when that is another one; None when
+        it is this one or the name is not valid (this worker answers it with the error)."""
+        try:
+            topic = raw_topic.decode()
+        except UnicodeDecodeError:
+            return None
+        if not is_valid_name(topic):
+            return None
+        owner = owner_of(topic, self.count)
+        return None if owner == self.index else owner
+
+    def listener_socket(self, kind: str) -> socket.socket | None:
+        fd = {"TCP": self.setup.tcp_fd, "HTTP": self.setup.http_fd, "HTTPS": self.setup.https_fd}[
+            kind
+        ]
+        return None if fd < 0 else socket.socket(fileno=fd)
+
+    # -- the supervisor ------------------------------------------------------------------------
+
+    def tell(self, message: dict) -> None:
+        self._outbox_send.send_nowait(message)
+
+    async def run(
+        self,
+        nsqd: "NSQD",
+        handle_handed: Callable[[socket.socket, Handoff], Awaitable[None]],
+        private_http: str,
+        *,
+        task_status=trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Talk to the supervisor and take handed connections until cancelled; started once
+        the peers' addresses are known."""
+        control = trio.SocketStream(
+            trio.socket.from_stdlib_socket(socket.socket(fileno=self.setup.control_fd))
+        )
+        listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await listener.bind(worker_socket_address(self.token, self.index))
+        listener.listen(socket.SOMAXCONN)
+        self.tell({"http": private_http, "registrations": nsqd.registrations()})
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write_control, control)
+            nursery.start_soon(self._read_control, nsqd, control)
+            nursery.start_soon(self._accept_handoffs, listener, handle_handed, nursery)
+            await self._peers_known.wait()
+            task_status.started()
+
+    async def _write_control(self, control: trio.SocketStream) -> None:
+        async for message in self._outbox:
+            await control.send_all(json.dumps(message).encode() + b"\n")
+
+    async def _read_control(self, nsqd: "NSQD", control: trio.SocketStream) -> None:
+        buffered = b""
+        while True:
+            data = await control.receive_some(64 * 1024)
+            if not data:
+                # The supervisor is gone: a worker never outlives it.
+                nsqd.log.error("WORKER(%d): the supervisor is gone; exiting", self.index)
+                nsqd.shutdown()
+                return
+            buffered += data
+            *lines, buffered = buffered.split(b"\n")
+            for line in lines:
+                self._apply(nsqd, json.loads(line))
+
+    def _apply(self, nsqd: "NSQD", message: dict) -> None:
+        if "peers" in message:
+            self.peers_http = {int(index): address for index, address in message["peers"].items()}
+            if len(self.peers_http) == self.count:
+                self._peers_known.set()
+        if "lookupd_http" in message:
+            self.lookupd_http = list(message["lookupd_http"])
+
+    async def _accept_handoffs(self, listener, handle_handed, nursery: trio.Nursery) -> None:
+        with listener:
+            while True:
+                connection, _ = await listener.accept()
+                nursery.start_soon(self._take_handoff, connection, handle_handed)
+
+    async def _take_handoff(self, connection, handle_handed) -> None:
+        try:
+            handed, handoff = await receive(connection)
+        except OSError:
+            return
+        await handle_handed(handed, handoff)
+
+    # -- moving and forwarding -------------------------------------------------------------------
+
+    async def hand_off(self, owner: int, descriptor: int, handoff: Handoff) -> None:
+        await send(worker_socket_address(self.token, owner), descriptor, handoff)
+
+    async def forward(self, owner: int, command: bytes) -> tuple[int, bytes]:
+        """Run a publish on the worker owning its topic: (frame type, data) of its answer."""
+        link = self._links.get(owner)
+        if link is None or link.broken:
+            link = self._links[owner] = ForwardLink(self, owner)
+        return await link.call(command)
+
+    # -- nsqd.dat ------------------------------------------------------------------------------
+
+    def write_metadata_share(self, data_path: str, own: list[TopicMetadata]) -> None:
+        """Rewrite nsqd.dat with this worker's topics in place of what it held of them, the
+        other workers' entries as they are (blocking: run it in a thread)."""
+        # The lock is on the data directory itself: no file beside Go's.
+        directory = os.open(data_path, os.O_RDONLY)
+        try:
+            fcntl.flock(directory, fcntl.LOCK_EX)
+            try:
+                existing = read_metadata(data_path)
+            except MetadataError:
+                existing = []
+            others = [topic for topic in existing if not self.owns(topic.name)]
+            write_metadata(data_path, encode_metadata([*others, *own], VERSION))
+        finally:
+            os.close(directory)
+
+
+class ForwardLink:
+    """One worker's connection to another for the publishes it forwards: a V2 client over a
+    socket pair whose other end was handed to the owner as an internal connection."""
+
+    def __init__(self, worker: Worker, owner: int) -> None:
+        self.worker = worker
+        self.owner = owner
+        self.broken = False
+        self._stream: trio.SocketStream | None = None
+        self._lock = trio.Lock()
+        self._decoder = FrameDecoder()
+
+    async def _connect(self) -> trio.SocketStream:
+        ours, theirs = socket.socketpair()
+        with theirs:
+            identify = encode_identify(
+                {"client_id": f"nsqd-worker-{self.worker.index}", "heartbeat_interval": -1}
+            )
+            handoff = Handoff(
+                remote_address=f"worker {self.worker.index}",
+                preamble=MAGIC_V2 + identify,
+                preamble_commands=1,
+                internal=True,
+            )
+            await self.worker.hand_off(self.owner, theirs.fileno(), handoff)
+        return trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+
+    async def call(self, command: bytes) -> tuple[int, bytes]:
+        async with self._lock:
+            try:
+                with trio.fail_after(FORWARD_TIMEOUT):
+                    if self._stream is None:
+                        self._stream = await self._connect()
+                    await self._stream.send_all(command)
+                    while True:
+                        data = await self._stream.receive_some(64 * 1024)
+                        if not data:
+                            raise trio.BrokenResourceError("the owning worker closed the link")
+                        frames = self._decoder.receive_data(data)
+                        if frames:
+                            frame = frames[0]
+                            if frame.frame_type == FRAME_TYPE_ERROR:
+                                # The owner closes a connection after a publish error.
+                                self.broken = True
+                            return frame.frame_type, frame.data
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+                self.broken = True
+                raise
+
+
+class WorkerLookup(LookupPeers):
+    """nsqlookupd as a worker reaches it: through the supervisor, which keeps the one
+    connection to each nsqlookupd and registers the union of its workers' topics."""
+
+    def __init__(self, nsqd: "NSQD", worker: Worker) -> None:
+        super().__init__(nsqd)
+        self.worker = worker
+
+    async def run(self, addresses: list[str]) -> None:
+        await trio.sleep_forever()
+
+    def set_addresses(self, addresses: list[str]) -> None:
+        self.worker.tell({"lookupd": list(addresses)})
+
+    def notify(
+        self, action: str, topic: str, channel: str | None = None, partition: int = 0
+    ) -> None:
+        self.worker.tell({"notify": [action, topic, channel, partition]})
+
+    def http_addresses(self) -> list[str]:
+        return list(self.worker.lookupd_http)

@@ -1,0 +1,183 @@
+"""The HTTP API of one of `--workers` (docs/design.md §15): a request about a topic is
+answered by the worker owning it, `/stats` and `/metrics` by all of them together, and a
+setting (`/config`, `/disable/write`, `/loglevel/set`) changes on every worker.
+
+Every worker serves the shared HTTP listeners through this router, and its own topics'
+requests on a private port with the plain router (`nsqd/http_api.py`).
+"""
+
+import json
+import urllib.parse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import trio
+
+from nsqpy.common.names import is_valid_name
+from nsqpy.common.version import VERSION
+from nsqpy.daemon.http_forward import HTTPForwarder
+from nsqpy.daemon.http_server import (
+    CommitWait,
+    Request,
+    Response,
+    first_param,
+    query_params,
+    v1_response,
+)
+from nsqpy.nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from nsqpy.nsqd.metrics import render_metrics
+from nsqpy.nsqd.stats import memory_stats, text_report
+
+if TYPE_CHECKING:
+    from nsqpy.nsqd.http_api import HTTPAPI
+    from nsqpy.nsqd.server import NSQD
+
+# Settings every worker applies: (method, path or prefix ending in "/").
+_EVERY_WORKER = (
+    ("PUT", "/config/"),
+    ("POST", "/disable/write"),
+    ("POST", "/loglevel/set"),
+    ("POST", "/debug/freememory"),
+)
+_BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
+
+
+class WorkerRouter:
+    def __init__(self, nsqd: "NSQD", http_api: "HTTPAPI") -> None:
+        assert nsqd.worker is not None
+        self.nsqd = nsqd
+        self.worker = nsqd.worker
+        self.local = http_api.router
+        self.forwarder = HTTPForwarder()
+
+    def body_limit(self, method: str, path: str) -> int | None:
+        return self.local.body_limit(method, path)
+
+    def _owner_elsewhere(self, request: Request) -> int | None:
+        if "topic=" not in request.query_string:
+            return None
+        try:
+            topic = first_param(query_params(request), "topic")
+        except ValueError:
+            return None
+        if topic is None or not is_valid_name(topic):
+            return None
+        return self.worker.owner_elsewhere(topic.encode())
+
+    def _gathers(self, request: Request) -> bool:
+        return request.method == "GET" and request.path in ("/stats", "/metrics")
+
+    def _on_every_worker(self, request: Request) -> bool:
+        path = request.path
+        return any(
+            request.method == method
+            and (path.startswith(route) if route.endswith("/") else path == route)
+            for method, route in _EVERY_WORKER
+        )
+
+    def answers_inline(self, request: Request) -> bool:
+        if (
+            self._gathers(request)
+            or self._on_every_worker(request)
+            or self._owner_elsewhere(request) is not None
+        ):
+            return False
+        return self.local.answers_inline(request)
+
+    def respond(self, request: Request) -> Response:
+        return self.local.respond(request)
+
+    async def dispatch(self, request: Request) -> Response:
+        if self._gathers(request):
+            return await self._gathered(request)
+        if self._on_every_worker(request):
+            return await self._everywhere(request)
+        owner = self._owner_elsewhere(request)
+        if owner is not None:
+            return await self._at(owner, request)
+        return await self.local.dispatch(request)
+
+    async def commit(self, write_groups: Sequence[CommitWait] = ()) -> None:
+        await self.local.commit(write_groups)
+
+    def waits_for_commit(self, response: Response) -> "bool | CommitWait":
+        return self.local.waits_for_commit(response)
+
+    # -- answers from other workers -----------------------------------------------------------
+
+    async def _at(self, owner: int, request: Request) -> Response:
+        address = self.worker.peers_http.get(owner)
+        if address is None:
+            return v1_response(500, "INTERNAL_ERROR")
+        try:
+            return await self.forwarder.forward(address, request)
+        except (OSError, trio.BrokenResourceError, trio.TooSlowError) as error:
+            self.nsqd.log.error(
+                "WORKER(%d): worker %d did not answer - %s", self.worker.index, owner, error
+            )
+            return v1_response(500, "INTERNAL_ERROR")
+
+    async def _everywhere(self, request: Request) -> Response:
+        answer = await self.local.dispatch(request)
+        if answer.status == 200:
+            for index in sorted(self.worker.peers_http):
+                if index != self.worker.index:
+                    await self._at(index, request)
+        return answer
+
+    async def _gathered(self, request: Request) -> Response:
+        """`/stats` or `/metrics` of the whole node: every worker's topics and producers."""
+        params = query_params(request)
+        wanted = {"format": "json", "include_mem": "false"}
+        for key in ("topic", "channel", "include_clients"):
+            value = first_param(params, key)
+            if value is not None:
+                wanted[key] = value
+        query = urllib.parse.urlencode(wanted)
+        documents: list[dict] = []
+
+        async def ask(index: int) -> None:
+            asked = Request("GET", f"/stats?{query}".encode(), {}, b"")
+            if index == self.worker.index:
+                answer = await self.local.dispatch(asked)
+            else:
+                answer = await self._at(index, asked)
+            if answer.status == 200:
+                documents.append(json.loads(answer.body))
+
+        async with trio.open_nursery() as nursery:
+            for index in range(self.worker.count):
+                nursery.start_soon(ask, index)
+        topics = _merged(documents, "topics")
+        if topics is not None:
+            topics.sort(key=lambda topic: (topic["topic_name"], topic.get("topic_partition", 0)))
+        producers = _merged(documents, "producers")
+        health = next(
+            (document["health"] for document in documents if document.get("health") != "OK"),
+            self.nsqd.health,
+        )
+        if request.path == "/metrics":
+            body = render_metrics(self.nsqd, topics or []).encode()
+            return Response(200, body, [("Content-Type", METRICS_CONTENT_TYPE)])
+        include_mem = _BOOLEANS.get(first_param(params, "include_mem") or "", True)
+        memory = memory_stats() if include_mem else None
+        if first_param(params, "format") != "json":
+            return v1_response(200, text_report(self.nsqd, topics, producers, memory, health))
+        document: dict = {
+            "version": VERSION,
+            "health": health,
+            "start_time": self.nsqd.start_time,
+            "topics": topics,
+        }
+        if memory is not None:
+            document["memory"] = memory
+        document["producers"] = producers
+        return v1_response(200, document)
+
+
+def _merged(documents: list[dict], key: str) -> list | None:
+    """The lists under `key` joined; None when no worker had one (Go's null)."""
+    parts = [document[key] for document in documents if document.get(key) is not None]
+    if not parts:
+        return None
+    return [entry for part in parts for entry in part]

@@ -1,0 +1,391 @@
+"""`nsqd --workers=2`: two processes share the topics, and from outside it is one nsqd.
+
+Which worker accepts a connection is the kernel's choice, so every test uses topics owned by
+both workers (`owner_of`) and enough connections that some land on the worker that does not
+own their topic and are moved or relayed to the one that does (`nsqd/handoff.py`).
+"""
+
+import asyncio
+import os
+import signal
+import subprocess
+
+import nsq
+import pytest
+
+from nsqpy.client.blocking import Consumer, Producer
+from nsqpy.nsqd.metadata import read_metadata
+from nsqpy.nsqd.worker import owner_of
+from tests.harness import BIN, start_nsqd, start_nsqlookupd
+from tests.security.support import Certificates, make_certificates
+from tests.support.http import get_json, post, request
+from tests.support.polling import poll
+
+WORKERS = 2
+
+
+def topics_on_both(count: int, prefix: str = "w") -> list[str]:
+    """`count` topic names, half owned by each worker."""
+    owned: dict[int, list[str]] = {0: [], 1: []}
+    index = 0
+    while min(len(names) for names in owned.values()) < count // 2:
+        name = f"{prefix}{index}"
+        owned[owner_of(name, WORKERS)].append(name)
+        index += 1
+    return [name for pair in zip(owned[0], owned[1], strict=False) for name in pair][:count]
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Certificates:
+    return make_certificates(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture
+def nsqd(tmp_path):
+    daemon = start_nsqd(tmp_path, f"-workers={WORKERS}")
+    yield daemon
+    assert daemon.stop() == 0, daemon.log
+
+
+def tcp(daemon) -> str:
+    return daemon.addresses["TCP"]
+
+
+def stats(daemon, **params: str) -> dict:
+    query = "&".join(f"{key}={value}" for key, value in {"format": "json", **params}.items())
+    return get_json(daemon.addresses["HTTP"], f"/stats?{query}")
+
+
+def consume(daemon, topic: str, count: int, channel: str = "ch") -> list[bytes]:
+    with Consumer(tcp(daemon), topic, channel) as consumer:
+        bodies = []
+        for _ in range(count):
+            message = consumer.receive(timeout=10)
+            assert message is not None, f"{topic}: {len(bodies)} of {count} messages"
+            bodies.append(message.body)
+            consumer.finish(message.id)
+        return bodies
+
+
+def worker_pids(daemon) -> list[int]:
+    pid = daemon.process.pid
+    children = []
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{thread}/children") as listed:
+            children += [int(child) for child in listed.read().split()]
+    return children
+
+
+def test_every_topic_is_served_whichever_worker_accepts(nsqd):
+    topics = topics_on_both(8)
+    # One connection publishes to every topic: it moves to its first topic's owner, which
+    # forwards the publishes for the other worker's topics.
+    with Producer(tcp(nsqd)) as producer:
+        for topic in topics:
+            producer.publish(topic, f"{topic} one".encode())
+            producer.multi_publish(topic, [f"{topic} two".encode(), f"{topic} three".encode()])
+            producer.deferred_publish(topic, 1, f"{topic} four".encode())
+        document = stats(nsqd)
+    for topic in topics:
+        assert sorted(consume(nsqd, topic, 4)) == sorted(
+            f"{topic} {n}".encode() for n in ("one", "two", "three", "four")
+        )
+    assert [t["topic_name"] for t in document["topics"]] == sorted(topics)
+    (producer_stats,) = document["producers"]
+    assert {t["topic"]: t["count"] for t in producer_stats["pub_counts"]} == {
+        topic: 4 for topic in topics
+    }
+    assert {t["topic_name"]: t["message_count"] for t in stats(nsqd)["topics"]} == {
+        topic: 4 for topic in topics
+    }
+
+
+def test_consumers_of_a_topic_share_its_channel_on_its_owner(nsqd):
+    topics = topics_on_both(2)
+    consumers = [Consumer(tcp(nsqd), topic, "ch") for topic in topics for _ in range(6)]
+    try:
+        document = stats(nsqd)
+        for topic in document["topics"]:
+            (channel,) = topic["channels"]
+            assert len(channel["clients"]) == 6
+        ids = [c["client_id"] for t in document["topics"] for c in t["channels"][0]["clients"]]
+        assert len(ids) == 12
+        with Producer(tcp(nsqd)) as producer:
+            for topic in topics:
+                producer.multi_publish(topic, [b"%d" % n for n in range(60)])
+        received: dict[str, int] = {topic: 0 for topic in topics}
+        for consumer in consumers:
+            while (message := consumer.receive(timeout=0.5)) is not None:
+                consumer.finish(message.id)
+                received[consumer.topic] += 1
+        assert received == {topic: 60 for topic in topics}
+    finally:
+        for consumer in consumers:
+            consumer.close()
+    moved = [line for line in nsqd.lines if "to worker" in line]
+    assert moved, "no connection was handed to another worker"
+
+
+def test_http_requests_reach_the_topics_owner(nsqd):
+    http = nsqd.addresses["HTTP"]
+    topics = topics_on_both(6)
+    for topic in topics:
+        post(http, f"/topic/create?topic={topic}")
+        post(http, f"/channel/create?topic={topic}&channel=c")
+        post(http, f"/pub?topic={topic}", b"one")
+        post(http, f"/mpub?topic={topic}", b"two\nthree")
+    document = stats(nsqd)
+    assert {t["topic_name"]: t["depth"] for t in document["topics"]} == {t: 0 for t in topics}
+    assert {t["topic_name"]: t["channels"][0]["depth"] for t in document["topics"]} == {
+        t: 3 for t in topics
+    }
+    first, second = topics[:2]
+    post(http, f"/channel/empty?topic={first}&channel=c")
+    post(http, f"/topic/pause?topic={second}")
+    post(http, f"/topic/delete?topic={topics[-1]}")
+    document = stats(nsqd)
+    by_name = {t["topic_name"]: t for t in document["topics"]}
+    assert topics[-1] not in by_name
+    assert by_name[first]["channels"][0]["depth"] == 0
+    assert by_name[second]["paused"] is True
+    # A topic's own stats come from its owner, whichever worker is asked.
+    for _ in range(6):
+        (only,) = stats(nsqd, topic=second)["topics"]
+        assert only["topic_name"] == second
+    metrics = request(http, "GET", "/metrics").body.decode()
+    for topic in topics[:-1]:
+        assert f'nsq_topic_messages_total{{topic="{topic}"}} 3' in metrics
+    text = request(http, "GET", "/stats").body.decode()
+    for topic in topics[:-1]:
+        assert f"[{topic:<15}] depth:" in text or f"[{topic}" in text
+
+
+def test_settings_change_on_every_worker(nsqd):
+    http = nsqd.addresses["HTTP"]
+    reply = request(http, "PUT", "/config/log_level", b"debug")
+    assert reply.status == 200, reply
+    # Each GET lands on either worker.
+    for _ in range(8):
+        assert get_json(http, "/config/log_level") == 1
+
+
+def test_one_nsqd_dat_holds_every_workers_topics_and_a_restart_keeps_the_messages(tmp_path):
+    topics = topics_on_both(6)
+    daemon = start_nsqd(tmp_path, f"-workers={WORKERS}")
+    with Producer(tcp(daemon)) as producer:
+        for topic in topics:
+            producer.multi_publish(topic, [f"{topic}-{n}".encode() for n in range(5)])
+    for topic in topics[:2]:
+        post(daemon.addresses["HTTP"], f"/channel/create?topic={topic}&channel=kept")
+    assert daemon.stop() == 0, daemon.log
+    # Go's format, one file: the topics of both workers, the channels with them.
+    saved = {topic.name: topic for topic in read_metadata(str(tmp_path))}
+    assert sorted(saved) == sorted(topics)
+    assert [c.name for c in saved[topics[0]].channels] == ["kept"]
+    restarted = start_nsqd(tmp_path, f"-workers={WORKERS}")
+    try:
+        for topic in topics[2:]:
+            assert sorted(consume(restarted, topic, 5)) == sorted(
+                f"{topic}-{n}".encode() for n in range(5)
+            )
+        assert sorted(consume(restarted, topics[0], 5, channel="kept")) == sorted(
+            f"{topics[0]}-{n}".encode() for n in range(5)
+        )
+    finally:
+        assert restarted.stop() == 0, restarted.log
+
+
+def test_nsqlookupd_sees_one_node_with_every_topic(tmp_path):
+    lookupd = start_nsqlookupd()
+    daemon = start_nsqd(
+        tmp_path, f"-workers={WORKERS}", f"-lookupd-tcp-address={lookupd.addresses['TCP']}"
+    )
+    try:
+        topics = topics_on_both(4)
+        with Producer(tcp(daemon)) as producer:
+            for topic in topics:
+                producer.publish(topic, b"x")
+        lookupd_http = lookupd.addresses["HTTP"]
+
+        def registered() -> list:
+            nodes = get_json(lookupd_http, "/nodes")["producers"]
+            return nodes if nodes and sorted(nodes[0]["topics"]) == sorted(topics) else []
+
+        (node,) = poll(registered, "every topic registered")
+        assert node["tcp_port"] == daemon.port("TCP")
+        assert node["http_port"] == daemon.port("HTTP")
+        for topic in topics:
+            (producer,) = get_json(lookupd_http, f"/lookup?topic={topic}")["producers"]
+            assert producer["tcp_port"] == daemon.port("TCP")
+        # A channel created on either worker is registered too, and its deletion is heard.
+        post(daemon.addresses["HTTP"], f"/channel/create?topic={topics[1]}&channel=c")
+        poll(
+            lambda: get_json(lookupd_http, f"/channels?topic={topics[1]}")["channels"] == ["c"],
+            "the channel registered",
+        )
+        post(daemon.addresses["HTTP"], f"/topic/delete?topic={topics[0]}")
+        poll(
+            lambda: not get_json(lookupd_http, f"/lookup?topic={topics[0]}").get("producers"),
+            "the deleted topic unregistered",
+        )
+    finally:
+        assert daemon.stop() == 0, daemon.log
+        lookupd.stop()
+
+
+def test_a_killed_worker_is_started_again_and_keeps_what_it_acknowledged(tmp_path):
+    daemon = start_nsqd(tmp_path, f"-workers={WORKERS}", "--mem-queue-size=0", "--sync-every=1")
+    try:
+        topics = topics_on_both(4)
+        with Producer(tcp(daemon)) as producer:
+            for topic in topics:
+                producer.multi_publish(topic, [f"{topic}-{n}".encode() for n in range(20)])
+        first, second = worker_pids(daemon)
+        os.kill(first, signal.SIGKILL)
+        daemon.wait_for_log(r"WORKER\(\d\): exited with status -9; starting it again")
+        poll(
+            lambda: len(worker_pids(daemon)) == 2 and first not in worker_pids(daemon),
+            "the worker started again",
+        )
+        for topic in topics:
+            assert sorted(poll(lambda t=topic: _consume_when_served(daemon, t))) == sorted(
+                f"{topic}-{n}".encode() for n in range(20)
+            )
+        assert second in worker_pids(daemon)
+    finally:
+        assert daemon.stop() == 0, daemon.log
+
+
+def _consume_when_served(daemon, topic: str) -> list[bytes] | None:
+    """The topic's 20 messages, or None while its worker is not serving yet."""
+    try:
+        return consume(daemon, topic, 20)
+    except (OSError, AssertionError):
+        return None
+
+
+def test_kill_9_of_nsqd_takes_its_workers_with_it(tmp_path):
+    daemon = start_nsqd(tmp_path, f"-workers={WORKERS}", "--mem-queue-size=0")
+    with Producer(tcp(daemon)) as producer:
+        for topic in topics_on_both(2):
+            producer.publish(topic, b"kept")
+    workers = worker_pids(daemon)
+    daemon.kill()
+
+    def gone() -> bool:
+        return not any(os.path.exists(f"/proc/{pid}") for pid in workers)
+
+    poll(gone, "the workers gone with their supervisor")
+    # The ports are free again at once: nsqd restarts on them.
+    port, http_port = daemon.port("TCP"), daemon.port("HTTP")
+    restarted = start_nsqd(
+        tmp_path,
+        f"-workers={WORKERS}",
+        f"-tcp-address=127.0.0.1:{port}",
+        f"-http-address=127.0.0.1:{http_port}",
+    )
+    try:
+        for topic in topics_on_both(2):
+            assert consume(restarted, topic, 1) == [b"kept"]
+    finally:
+        assert restarted.stop() == 0, restarted.log
+
+
+def test_ephemeral_channels_go_with_their_last_consumer(nsqd):
+    for topic in topics_on_both(4):
+        consumer = Consumer(tcp(nsqd), topic, "gone#ephemeral")
+        (found,) = stats(nsqd, topic=topic)["topics"]
+        assert [c["channel_name"] for c in found["channels"]] == ["gone#ephemeral"]
+        consumer.close()
+        poll(
+            lambda t=topic: not stats(nsqd, topic=t)["topics"][0]["channels"],
+            "the ephemeral channel deleted",
+        )
+
+
+def test_tls_and_compressed_connections_are_relayed_to_the_owner(tmp_path, certs):
+    daemon = start_nsqd(
+        tmp_path,
+        f"-workers={WORKERS}",
+        *certs.tls_flags(),
+        wait_for=("TCP", "HTTP", "HTTPS"),
+    )
+    try:
+        topics = topics_on_both(6, prefix="tls")
+        received = asyncio.run(_pynsq_round_trip(daemon, topics, certs.ca))
+        assert received == {topic: [b"over tls", b"and deflate"] for topic in topics}
+    finally:
+        assert daemon.stop() == 0, daemon.log
+    assert any("relayed to worker" in line for line in daemon.lines), daemon.log
+
+
+async def _pynsq_round_trip(daemon, topics: list[str], ca: str) -> dict[str, list[bytes]]:
+    """pynsq Writers and Readers over TLS (every other one with deflate) on each topic."""
+    address = tcp(daemon)
+    received: dict[str, list[bytes]] = {topic: [] for topic in topics}
+    readers = []
+    for index, topic in enumerate(topics):
+        options = {"tls_v1": True, "tls_options": {"ca_certs": ca}, "deflate": index % 2 == 1}
+
+        def handle(message, topic=topic) -> bool:
+            received[topic].append(message.body)
+            return True
+
+        readers.append(
+            nsq.Reader(
+                topic=topic,
+                channel="ch",
+                message_handler=handle,
+                nsqd_tcp_addresses=[address],
+                max_in_flight=10,
+                **options,
+            )
+        )
+        writer = nsq.Writer([address], **options)
+        loop = asyncio.get_running_loop()
+        for body in (b"over tls", b"and deflate"):
+            answered: asyncio.Future = loop.create_future()
+            while not writer.conns:
+                await asyncio.sleep(0.01)
+            writer.pub(topic, body, callback=lambda conn, data, f=answered: f.set_result(data))
+            assert await asyncio.wait_for(answered, 10) == b"OK"
+        for conn in list(writer.conns.values()):
+            conn.close()
+    deadline = asyncio.get_running_loop().time() + 20
+    while any(len(bodies) < 2 for bodies in received.values()):
+        assert asyncio.get_running_loop().time() < deadline, received
+        await asyncio.sleep(0.02)
+    for reader in readers:
+        reader.close()
+    return {topic: sorted(bodies, reverse=True) for topic, bodies in received.items()}
+
+
+def test_bad_workers_values_are_refused_in_one_line(tmp_path):
+    for flags, text in (
+        (["-workers=0"], "--workers must be a number >= 1 or 'auto', not '0'"),
+        (["-workers=many"], "--workers must be a number >= 1 or 'auto', not 'many'"),
+        (
+            ["-workers=2", "-cluster-leadership-addresses=http://127.0.0.1:1"],
+            "--workers above 1 does not combine with --cluster-leadership-addresses",
+        ),
+    ):
+        finished = subprocess.run(
+            [str(BIN / "nsqd"), f"-data-path={tmp_path}", *flags],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert finished.returncode == 1
+        (line,) = [line for line in finished.stderr.splitlines() if "FATAL" in line]
+        assert text in line
+
+
+def test_auto_means_one_worker_per_core(tmp_path):
+    daemon = start_nsqd(tmp_path, "-workers=auto")
+    try:
+        cores = os.cpu_count() or 1
+        if cores > 1:
+            daemon.wait_for_log(rf"WORKERS: {cores} processes share the topics")
+        assert len(worker_pids(daemon)) == (cores if cores > 1 else 0)
+    finally:
+        assert daemon.stop() == 0, daemon.log
