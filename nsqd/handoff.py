@@ -44,6 +44,8 @@ class Handoff:
     deflate_level: int = 0
     relayed: bool = False
     internal: bool = False
+    # An HTTP connection (`pending`: the requests it sent and was not answered).
+    http: bool = False
     # The client's AUTH: its secret and what the auth server granted (`AuthState` as a
     # dict), carried over rather than asked again.
     auth_secret: str = ""

@@ -489,10 +489,12 @@ class NSQD:
             listening("HTTPS: listening on %s", self.https_address)
         private_listener = None
         api_router: RequestRouter = http_api.router
+        worker_http: dict = {}
         if worker is not None:
             # The other workers send this one the requests for its topics here.
             private_listener = await open_listener("127.0.0.1:0")
-            api_router = WorkerRouter(self, http_api)
+            api_router = worker_router = WorkerRouter(self, http_api)
+            worker_http = {"mover": worker_router.mover, "on_poller": worker.take_http_poller}
         # --tls-required=true (or a client auth policy): the plain HTTP port only points to
         # the HTTPS one; `tcp-https` means TLS for TCP only (Go's TLSRequiredExceptHTTP).
         plain_router: RequestRouter = (
@@ -533,6 +535,7 @@ class NSQD:
                             listener_nursery,
                             log,
                             max_body_size=max_body,
+                            **(worker_http if plain_router is api_router else {}),
                         )
                     )
                     if https_listener is not None:

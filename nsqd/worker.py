@@ -42,6 +42,7 @@ from nsqpy.nsqd.metadata import (
 )
 
 if TYPE_CHECKING:
+    from nsqpy.daemon.http_poller import HTTPPoller
     from nsqpy.nsqd.server import NSQD
 
 # The environment variable that makes an nsqd process a worker: "index,count,token,control fd,
@@ -100,6 +101,7 @@ class Worker:
         self.lookupd_http: list[str] = []
         self._peers_known = trio.Event()
         self._links: dict[int, ForwardLink] = {}
+        self.http_poller: HTTPPoller | None = None
         self._outbox_send, self._outbox = trio.open_memory_channel[dict](math.inf)
 
     # -- topics --------------------------------------------------------------------------------
@@ -191,7 +193,17 @@ class Worker:
             handed, handoff = await receive(connection)
         except OSError:
             return
-        await handle_handed(handed, handoff)
+        if not handoff.http:
+            await handle_handed(handed, handoff)
+        elif self.http_poller is not None:
+            self.http_poller.adopt(handed, handoff.remote_address, handoff.pending)
+        else:
+            handed.close()
+
+    def take_http_poller(self, poller: "HTTPPoller") -> None:
+        """The poller of the shared HTTP listener, which takes the HTTP connections other
+        workers hand over."""
+        self.http_poller = poller
 
     # -- moving and forwarding -------------------------------------------------------------------
 

@@ -7,8 +7,10 @@ requests on a private port with the plain router (`nsqd/http_api.py`).
 """
 
 import json
+import socket
 import urllib.parse
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -24,6 +26,7 @@ from nsqpy.daemon.http_server import (
     query_params,
     v1_response,
 )
+from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from nsqpy.nsqd.metrics import render_metrics
 from nsqpy.nsqd.stats import memory_stats, text_report
@@ -96,6 +99,36 @@ class WorkerRouter:
         if owner is not None:
             return await self._at(owner, request)
         return await self.local.dispatch(request)
+
+    def mover(self, request: Request):
+        """Where a plain connection goes instead of being answered here (`Mover`): to the
+        owner of the topic its request names, where its later requests, most often for the
+        same topic, are answered without a hop."""
+        if self._gathers(request) or self._on_every_worker(request):
+            return None
+        owner = self._owner_elsewhere(request)
+        if owner is None:
+            return None
+        return partial(self._move_connection, owner, request.remote)
+
+    async def _move_connection(
+        self, owner: int, remote: str, sock: socket.socket, pending: bytes
+    ) -> None:
+        handoff = Handoff(remote_address=remote, pending=pending, http=True)
+        self.nsqd.log.debug(
+            "HTTP: [%s] moved to worker %d, which owns its topic", remote, owner
+        )
+        try:
+            await self.worker.hand_off(owner, sock.fileno(), handoff)
+        except OSError as error:
+            # The owner is down (being started again): the client sees its connection
+            # close unanswered, as with a restarting nsqd, and sends again.
+            self.nsqd.log.error(
+                "WORKER(%d): cannot hand an HTTP connection to worker %d - %s",
+                self.worker.index,
+                owner,
+                error,
+            )
 
     async def commit(self, write_groups: Sequence[CommitWait] = ()) -> None:
         await self.local.commit(write_groups)

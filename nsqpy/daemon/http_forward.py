@@ -19,7 +19,9 @@ class _Answer:
         self.headers: list[tuple[str, str]] = []
         self.body: list[bytes] = []
         self.complete = False
-        self._name = ""
+        self.keep_alive = False
+        self.status = 0
+        self.parser: httptools.HttpResponseParser | None = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
@@ -28,6 +30,10 @@ class _Answer:
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        # llhttp answers these only until the message is done.
+        assert self.parser is not None
+        self.keep_alive = self.parser.should_keep_alive()
+        self.status = self.parser.get_status_code()
         self.complete = True
 
 
@@ -64,7 +70,7 @@ class HTTPForwarder:
         lines.append(f"Content-Length: {len(request.body)}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         answer = _Answer()
-        parser = httptools.HttpResponseParser(answer)
+        parser = answer.parser = httptools.HttpResponseParser(answer)
         try:
             with trio.fail_after(timeout):
                 await stream.send_all(head + request.body)
@@ -76,7 +82,7 @@ class HTTPForwarder:
         except BaseException:
             await stream.aclose()
             raise
-        if parser.should_keep_alive():
+        if answer.keep_alive:
             self._idle.setdefault(address, []).append(stream)
         else:
             await stream.aclose()
@@ -85,7 +91,7 @@ class HTTPForwarder:
             for name, value in answer.headers
             if name.lower() not in _HOP_HEADERS and name.lower() not in ("date", "server")
         ]
-        return Response(parser.get_status_code(), b"".join(answer.body), headers)
+        return Response(answer.status, b"".join(answer.body), headers)
 
     async def aclose(self) -> None:
         for streams in self._idle.values():

@@ -30,6 +30,7 @@ import trio
 from nsqpy.daemon.http_server import (
     RECEIVE_SIZE,
     ConnectionState,
+    Mover,
     RequestRouter,
     _send_all_fd,
 )
@@ -54,12 +55,18 @@ class HTTPPoller:
     """Serves the connections handed to it by `add` until cancelled, then closes them."""
 
     def __init__(
-        self, router: RequestRouter, nursery: trio.Nursery, max_body_size: int, on_error
+        self,
+        router: RequestRouter,
+        nursery: trio.Nursery,
+        max_body_size: int,
+        on_error,
+        mover: Mover | None = None,
     ) -> None:
         self._router = router
         self._nursery = nursery
         self._max_body_size = max_body_size
         self._on_error = on_error
+        self._mover = mover
         self._epoll = select.epoll()
         self._connections: dict[int, tuple[trio.socket.SocketType, ConnectionState]] = {}
 
@@ -67,6 +74,17 @@ class HTTPPoller:
         sock = stream.socket
         state = ConnectionState(self._router, self._max_body_size, remote, self._on_error)
         self._watch(sock, state)
+
+    def adopt(self, sock: socket.socket, remote: str, pending: bytes) -> None:
+        """A connection another server handed over with what it had received and not
+        answered (`pending`): answered by a task, then served as any other."""
+        adopted = trio.socket.from_stdlib_socket(sock)
+        state = ConnectionState(self._router, self._max_body_size, remote, self._on_error)
+        final = state.feed(pending)
+        requests = state.take_requests()
+        self._nursery.start_soon(
+            self._answer_off_poller, adopted, state, [], requests, final, False
+        )
 
     def _watch(self, sock, state: ConnectionState) -> None:
         fd = sock.fileno()
@@ -143,6 +161,13 @@ class HTTPPoller:
             committing.append((sock, state, out, requests, final, close, groups))
             return
         if requests:
+            if self._mover is not None and not out and final is None:
+                move = self._mover(requests[0])
+                if move is not None and not state.events.in_message:
+                    sock, _state = self._unwatch(fd)
+                    pending = b"".join(request.encode() for request in requests)
+                    self._nursery.start_soon(_move, sock, move, pending)
+                    return
             # A route that may wait: answered by a task of its own.
             self._hand_over(fd, out, requests, final)
             return
@@ -229,6 +254,14 @@ class HTTPPoller:
             await _close_after_answer(sock)
         else:
             self._watch(sock, state)
+
+
+async def _move(sock, move, pending: bytes) -> None:
+    """Hand the connection over (`Mover`); this server's copy of it closes either way."""
+    try:
+        await move(sock, pending)
+    finally:
+        sock.close()
 
 
 async def _close_after_answer(sock) -> None:

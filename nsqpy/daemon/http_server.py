@@ -11,9 +11,10 @@ behaviour as Go NSQ uses it. Responses carry Go's headers (`Date`, `Content-Leng
 import email.utils
 import inspect
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 from urllib.parse import unquote_plus
 
 import httptools
@@ -21,6 +22,9 @@ import trio
 
 from nsqpy.common.goformat import go_json
 from nsqpy.daemon.net import accept_forever, format_address
+
+if TYPE_CHECKING:
+    from nsqpy.daemon.http_poller import HTTPPoller
 
 RECEIVE_SIZE = 64 * 1024
 
@@ -89,6 +93,7 @@ def first_param(params: dict[str, list[str]], key: str) -> str | None:
 class Request:
     __slots__ = (
         "method",
+        "url",
         "path",
         "query_string",
         "headers",
@@ -101,6 +106,7 @@ class Request:
 
     def __init__(self, method: str, url: bytes, headers: dict[str, str], body: bytes) -> None:
         self.method = method
+        self.url = url
         path, _, query = url.partition(b"?")
         text = path.decode("latin-1")
         # Most paths need no unescaping; unquote_plus costs more than the check.
@@ -120,6 +126,18 @@ class Request:
 
     def query(self) -> dict[str, list[str]]:
         return parse_query(self.query_string)
+
+    def encode(self) -> bytes:
+        """The request as a client sends it (to hand its connection to another server)."""
+        version = "HTTP/1.0" if self.http10 else "HTTP/1.1"
+        lines = [f"{self.method} {self.url.decode('latin-1')} {version}"]
+        lines += [
+            f"{name}: {value}"
+            for name, value in self.headers.items()
+            if name not in ("content-length", "transfer-encoding")
+        ]
+        lines.append(f"Content-Length: {len(self.body)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + self.body
 
 
 class Response:
@@ -203,6 +221,12 @@ InlineHandler = Callable[[Request], Response]
 # its own off the poller.
 WaitingHandler = Callable[[Request], Awaitable[Response]]
 Handler = InlineHandler | WaitingHandler
+
+
+# Where a request's connection should go instead of being answered here: None, or a
+# coroutine function taking the socket and the bytes to replay there (the request and any
+# after it), which hands both over.
+Mover = Callable[[Request], "Callable[[socket.socket, bytes], Awaitable[None]] | None"]
 
 
 class CommitWait(Protocol):
@@ -463,12 +487,15 @@ class _ParserEvents:
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._body_size = 0
+        # Whether a request has begun and not completed (its bytes are in the parser only).
+        self.in_message = False
         # Bytes fed while a request's line and headers are still incomplete.
         self.in_headers = False
         self.header_bytes = 0
         self.header_size = 0  # request line and headers, as the callbacks saw them
 
     def on_message_begin(self) -> None:
+        self.in_message = True
         self._url = b""
         self._headers = {}
         self._body = []
@@ -517,6 +544,7 @@ class _ParserEvents:
         self._complete(b"".join(self._body), self.parser.should_keep_alive())
 
     def _complete(self, body: bytes, keep_alive: bool) -> None:
+        self.in_message = False
         parser = self.parser
         self.completed.append(
             (
@@ -732,8 +760,12 @@ async def serve_http(
     *,
     max_body_size: int,
     tls_context=None,
+    mover: "Mover | None" = None,
+    on_poller: "Callable[[HTTPPoller], None] | None" = None,
 ) -> None:
-    """Serve HTTP (or HTTPS, with `tls_context`) on `listener` until cancelled."""
+    """Serve HTTP (or HTTPS, with `tls_context`) on `listener` until cancelled. `mover` may
+    send a plain connection elsewhere instead of answering its request here (nsqd's
+    `--workers`); `on_poller` is given the poller, which takes connections handed back."""
     from nsqpy.daemon.http_poller import HTTPPoller, polls_plain_sockets
 
     def log_error(error: BaseException) -> None:
@@ -741,8 +773,10 @@ async def serve_http(
 
     poller = None
     if tls_context is None and polls_plain_sockets():
-        poller = HTTPPoller(router, nursery, max_body_size, log_error)
+        poller = HTTPPoller(router, nursery, max_body_size, log_error, mover)
         nursery.start_soon(poller.run)
+        if on_poller is not None:
+            on_poller(poller)
 
     async def serve(stream: trio.SocketStream) -> None:
         try:

@@ -6,8 +6,10 @@ own their topic and are moved or relayed to the one that does (`nsqd/handoff.py`
 """
 
 import asyncio
+import http.client
 import os
 import signal
+import socket
 import subprocess
 
 import nsq
@@ -389,3 +391,41 @@ def test_auto_means_one_worker_per_core(tmp_path):
         assert len(worker_pids(daemon)) == (cores if cores > 1 else 0)
     finally:
         assert daemon.stop() == 0, daemon.log
+
+
+def test_a_keep_alive_http_connection_follows_its_topics_owner(tmp_path):
+    """A plain HTTP connection moves to the owner of the topic it posts to, and on to the
+    other worker when it posts to one of that worker's topics; pipelined requests too."""
+    nsqd = start_nsqd(tmp_path, f"-workers={WORKERS}", "-log-level=debug")
+    try:
+        _post_alternately(nsqd)
+    finally:
+        assert nsqd.stop() == 0, nsqd.log
+    assert any("HTTP: " in line and "moved to worker" in line for line in nsqd.lines)
+
+
+def _post_alternately(nsqd) -> None:
+    host, port = nsqd.addresses["HTTP"].rsplit(":", 1)
+    topics = topics_on_both(2, prefix="keep")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        for round_number in range(5):
+            for topic in topics:
+                connection.request("POST", f"/pub?topic={topic}", body=b"%d" % round_number)
+                reply = connection.getresponse()
+                assert (reply.status, reply.read()) == (200, b"OK")
+    finally:
+        connection.close()
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        requests = b"".join(
+            f"POST /pub?topic={topic} HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nP".encode()
+            for topic in (*topics, *topics)
+        )
+        raw.sendall(requests)
+        answers = b""
+        while answers.count(b"\r\n\r\nOK") < 4:
+            chunk = raw.recv(65536)
+            assert chunk, answers
+            answers += chunk
+    depths = {t["topic_name"]: t["message_count"] for t in stats(nsqd)["topics"]}
+    assert depths == {topic: 7 for topic in topics}
