@@ -7,6 +7,7 @@ file, so a data directory moves between Go nsqd and ours.
 """
 
 import json
+import logging
 import os
 import random
 import re
@@ -218,3 +219,25 @@ def scan_log_names(data_path: str) -> list[str]:
 
 # go-diskqueue's `<name>.diskqueue.meta.dat` and `<name>.diskqueue.%06d.dat`.
 _QUEUE_FILE = re.compile(r"(.+)\.diskqueue\.(?:meta|\d{6,})\.dat")
+
+
+def recover_metadata(
+    data_path: str, error: MetadataError, log: logging.Logger
+) -> list[TopicMetadata]:
+    """The topic list rebuilt from the queue and log files when `nsqd.dat` cannot be read:
+    the file is set aside as `nsqd.dat.corrupt` and one ERROR line says what was found."""
+    try:
+        moved_to = set_aside(data_path)
+    except OSError as rename_error:
+        moved_to = f"nowhere ({rename_error})"
+    names = scan_queue_names(data_path) + scan_log_names(data_path)
+    topics = topics_from_queue_names(names)
+    log.error(
+        "%s; moved it to %s and recovered %d topics and %d channels from the diskqueue files in %s",
+        error,
+        moved_to,
+        len(topics),
+        sum(len(topic.channels) for topic in topics),
+        data_path,
+    )
+    return topics

@@ -26,6 +26,7 @@ from nsqpy.nsqd.channel import Channel
 from nsqpy.nsqd.client import Client, number_client_ids
 from nsqpy.nsqd.cluster import ClusterNode
 from nsqpy.nsqd.data_path import prepare_data_path
+from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.heartbeats import HeartbeatClock
 from nsqpy.nsqd.http_api import HTTPAPI, TLSRequiredRouter
 from nsqpy.nsqd.lookup import LookupChannelsError, LookupPeers, topic_channels
@@ -35,14 +36,10 @@ from nsqpy.nsqd.metadata import (
     TopicMetadata,
     encode_metadata,
     read_metadata,
-    scan_log_names,
-    scan_queue_names,
-    set_aside,
-    topics_from_queue_names,
+    recover_metadata,
     write_metadata,
 )
 from nsqpy.nsqd.options import Options, build_flags
-from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.protocol_v2 import ProtocolV2
 from nsqpy.nsqd.queue_scan import QueueScanner
 from nsqpy.nsqd.replication import Replication
@@ -446,21 +443,7 @@ class NSQD:
 
     def _recover_metadata(self, error: MetadataError) -> list[TopicMetadata]:
         """The topic list rebuilt from the diskqueue files, after one ERROR line."""
-        try:
-            moved_to = set_aside(self.data_path)
-        except OSError as rename_error:
-            moved_to = f"nowhere ({rename_error})"
-        names = scan_queue_names(self.data_path) + scan_log_names(self.data_path)
-        topics = topics_from_queue_names(names)
-        self.log.error(
-            "%s; moved it to %s and recovered %d topics and %d channels from the diskqueue"
-            " files in %s",
-            error,
-            moved_to,
-            len(topics),
-            sum(len(topic.channels) for topic in topics),
-            self.data_path,
-        )
+        topics = recover_metadata(self.data_path, error, self.log)
         # The metadata writer puts a fresh nsqd.dat in its place as soon as nsqd runs.
         self._metadata_wakeup.set()
         return topics
@@ -586,35 +569,32 @@ class NSQD:
         except OSError:
             peer = "unknown"
         self.log.info("TCP: new client(%s)", peer)
-        connection = ProtocolV2(self, stream, peer)
+        await self._serve_connection(ProtocolV2(self, stream, peer))
+        self.log.info("PROTOCOL(V2): [%s] exiting ioloop", peer)
+
+    async def _handle_handed(self, sock: socket.socket, handoff: Handoff) -> None:
+        """A connection another worker handed over (`nsqd/handoff.py`)."""
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        await self._serve_connection(ProtocolV2(self, stream, handoff.remote_address, handoff))
+
+    async def _serve_connection(self, connection: ProtocolV2) -> None:
         self._connections.add(connection)
         try:
             await connection.run()
         except Exception:
             # A bug must cost one connection, never the daemon and everyone else on it.
-            self.log.exception("PROTOCOL(V2): [%s] internal error, closing the connection", peer)
+            self.log.exception(
+                "PROTOCOL(V2): [%s] internal error, closing the connection",
+                connection.client.remote_address,
+            )
         finally:
             self._connections.discard(connection)
-            self.log.info("PROTOCOL(V2): [%s] exiting ioloop", peer)
 
     async def _listener(self, kind: str, address: str) -> trio.SocketListener:
         inherited = self.worker.listener_socket(kind) if self.worker is not None else None
         if inherited is None:
             return await open_listener(address)
         return trio.SocketListener(trio.socket.from_stdlib_socket(inherited))
-
-    async def _handle_handed(self, sock: socket.socket, handoff: Handoff) -> None:
-        """A connection another worker handed over (`nsqd/handoff.py`)."""
-        peer = handoff.remote_address
-        stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-        connection = ProtocolV2(self, stream, peer, handoff)
-        self._connections.add(connection)
-        try:
-            await connection.run()
-        except Exception:
-            self.log.exception("PROTOCOL(V2): [%s] internal error, closing the connection", peer)
-        finally:
-            self._connections.discard(connection)
 
     async def _close_connections(self) -> None:
         for connection in list(self._connections):

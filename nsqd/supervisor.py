@@ -20,9 +20,17 @@ import sys
 
 import trio
 
+from nsqpy.common.version import VERSION
 from nsqpy.daemon.net import format_address, open_listener
 from nsqpy.nsqd.data_path import prepare_data_path
 from nsqpy.nsqd.lookup import LookupPeers
+from nsqpy.nsqd.metadata import (
+    MetadataError,
+    encode_metadata,
+    read_metadata,
+    recover_metadata,
+    write_metadata,
+)
 from nsqpy.nsqd.options import Options, worker_count
 from nsqpy.nsqd.worker import WORKER_ENVIRONMENT, WorkerSetup
 
@@ -76,6 +84,12 @@ class Supervisor:
     async def serve(self) -> None:
         options = self.options
         prepare_data_path(self.data_path)
+        try:
+            read_metadata(self.data_path)
+        except MetadataError as error:
+            # Recovered once, here, before any worker reads it.
+            topics = recover_metadata(self.data_path, error, self.log)
+            write_metadata(self.data_path, encode_metadata(topics, VERSION))
         tcp = await open_listener(options.tcp_address)
         http = await open_listener(options.http_address)
         https = None

@@ -115,9 +115,7 @@ class WorkerRouter:
         self, owner: int, remote: str, sock: socket.socket, pending: bytes
     ) -> None:
         handoff = Handoff(remote_address=remote, pending=pending, http=True)
-        self.nsqd.log.debug(
-            "HTTP: [%s] moved to worker %d, which owns its topic", remote, owner
-        )
+        self.nsqd.log.debug("HTTP: [%s] moved to worker %d, which owns its topic", remote, owner)
         try:
             await self.worker.hand_off(owner, sock.fileno(), handoff)
         except OSError as error:

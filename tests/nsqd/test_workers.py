@@ -429,3 +429,22 @@ def _post_alternately(nsqd) -> None:
             answers += chunk
     depths = {t["topic_name"]: t["message_count"] for t in stats(nsqd)["topics"]}
     assert depths == {topic: 7 for topic in topics}
+
+
+def test_a_corrupt_nsqd_dat_is_recovered_once_for_every_worker(tmp_path):
+    topics = topics_on_both(4)
+    daemon = start_nsqd(tmp_path, f"-workers={WORKERS}")
+    with Producer(tcp(daemon)) as producer:
+        for topic in topics:
+            producer.publish(topic, f"{topic} kept".encode())
+    assert daemon.stop() == 0, daemon.log
+    (tmp_path / "nsqd.dat").write_bytes(b"{not json")
+    restarted = start_nsqd(tmp_path, f"-workers={WORKERS}")
+    try:
+        (recovered,) = [line for line in restarted.lines if "moved it to" in line]
+        assert "recovered 4 topics" in recovered
+        for topic in topics:
+            assert consume(restarted, topic, 1) == [f"{topic} kept".encode()]
+    finally:
+        assert restarted.stop() == 0, restarted.log
+    assert sorted(topic.name for topic in read_metadata(str(tmp_path))) == sorted(topics)
