@@ -4,6 +4,7 @@ import gc
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from nsqpy.daemon.main import run_daemon
 from nsqpy.etcd import EtcdAuthError
@@ -16,15 +17,21 @@ from nsqpy.nsqd.options import (
     options_from_values,
     worker_count,
 )
-from nsqpy.nsqd.server import NSQD
-from nsqpy.nsqd.supervisor import Supervisor
 from nsqpy.nsqd.worker import WORKER_ENVIRONMENT, Worker, WorkerSetup, die_with_parent
+
+if TYPE_CHECKING:
+    from nsqpy.nsqd.server import NSQD
+    from nsqpy.nsqd.supervisor import Supervisor
 
 
 def _build(options: Options, log: logging.Logger) -> "NSQD | Supervisor":
     setup = os.environ.get(WORKER_ENVIRONMENT)
     if setup is None and worker_count(options.workers) > 1:
+        # The supervisor never loads the broker: it stays a small process.
+        from nsqpy.nsqd.supervisor import Supervisor
+
         return Supervisor(options, log, sys.argv[1:])
+    from nsqpy.nsqd.server import NSQD
     # Queued messages are long-lived objects; the default gen-0 threshold of 700 makes the
     # collector rescan them constantly (about half of publish CPU, bench/RESULTS.md).
     gc.set_threshold(100_000, 50, 100)
