@@ -32,6 +32,7 @@ def _build(options: Options, log: logging.Logger) -> "NSQD | Supervisor":
 
         return Supervisor(options, log, sys.argv[1:])
     from nsqpy.nsqd.server import NSQD
+
     # Queued messages are long-lived objects; the default gen-0 threshold of 700 makes the
     # collector rescan them constantly (about half of publish CPU, bench/RESULTS.md).
     gc.set_threshold(100_000, 50, 100)
