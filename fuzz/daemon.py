@@ -72,6 +72,7 @@ class NSQDProcess:
         ]
         self.addresses: dict[str, str] = {}
         self.internal_errors: list[str] = []
+        self.health_lines: list[str] = []
         self.internal_error_count = 0
         self.line_count = 0
         self.tail: list[str] = []
@@ -106,6 +107,9 @@ class NSQDProcess:
                 detail_lines -= 1
                 self.internal_errors.append("    " + line.rstrip("\n"))
             self.tail = [*self.tail[-20:], line.rstrip("\n")]
+            if "NSQ: health" in line and len(self.health_lines) < MAX_KEPT_LINES:
+                # Why /ping said NOK, for a failure message.
+                self.health_lines.append(line.rstrip("\n"))
             match = _LISTENING.search(line)
             if match:
                 with self._ready:

@@ -102,6 +102,7 @@ class Worker:
         self._peers_known = trio.Event()
         self._links: dict[int, ForwardLink] = {}
         self.http_poller: HTTPPoller | None = None
+        self._http_poller_ready = trio.Event()
         self._outbox_send, self._outbox = trio.open_memory_channel[dict](math.inf)
 
     # -- topics --------------------------------------------------------------------------------
@@ -195,15 +196,18 @@ class Worker:
             return
         if not handoff.http:
             await handle_handed(handed, handoff)
-        elif self.http_poller is not None:
-            self.http_poller.adopt(handed, handoff.remote_address, handoff.pending)
-        else:
-            handed.close()
+            return
+        # A worker still starting serves HTTP only once it knows its peers, while the others
+        # may already hand it connections.
+        await self._http_poller_ready.wait()
+        assert self.http_poller is not None
+        self.http_poller.adopt(handed, handoff.remote_address, handoff.pending)
 
     def take_http_poller(self, poller: "HTTPPoller") -> None:
         """The poller of the shared HTTP listener, which takes the HTTP connections other
         workers hand over."""
         self.http_poller = poller
+        self._http_poller_ready.set()
 
     # -- moving and forwarding -------------------------------------------------------------------
 

@@ -399,6 +399,8 @@ def test_a_keep_alive_http_connection_follows_its_topics_owner(tmp_path):
     nsqd = start_nsqd(tmp_path, f"-workers={WORKERS}", "-log-level=debug")
     try:
         _post_alternately(nsqd)
+    except (OSError, AssertionError) as error:
+        raise AssertionError(f"{error!r}\n{nsqd.log}") from error
     finally:
         assert nsqd.stop() == 0, nsqd.log
     assert any("HTTP: " in line and "moved to worker" in line for line in nsqd.lines)
