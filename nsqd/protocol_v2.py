@@ -116,6 +116,7 @@ class ProtocolV2:
         self._topic_bound = False
         self._identify_body: bytes | None = None
         self._muted = False
+        self._internal = handoff is not None and handoff.internal
         self.parser = CommandParser(
             max_msg_size=options.max_msg_size,
             max_body_size=options.max_body_size,
@@ -165,8 +166,7 @@ class ProtocolV2:
         }
         self._async_commands = {b"AUTH"}
         self._handlers_unchecked = dict(self._handlers)
-        internal = handoff is not None and handoff.internal
-        if nsqd.auth_enabled and not internal:
+        if nsqd.auth_enabled and not self._internal:
             subscribe = (b"SUB", b"SUB_ORDERED", b"SUB_ORDER", b"SUB_ADVANCED")
             publish = (
                 b"PUB",
@@ -184,7 +184,7 @@ class ProtocolV2:
             self._async_commands |= {*subscribe, *publish}
         # Until the connection is on TLS, a TLS-requiring nsqd takes nothing but IDENTIFY.
         self._tls_gate = (
-            options.tls_required != "false" and nsqd.tls_context is not None and not internal
+            options.tls_required != "false" and nsqd.tls_context is not None and not self._internal
         )
 
     # -- connection life ----------------------------------------------------------------------
@@ -192,8 +192,7 @@ class ProtocolV2:
     async def run(self) -> None:
         """Serve the connection until it ends, from the protocol magic on."""
         client = self.client
-        internal = self.handoff is not None and self.handoff.internal
-        if not internal:
+        if not self._internal:
             self.nsqd.add_client(client)
         self._last_heartbeat = trio.current_time()
         self._arm_read_deadline()
@@ -464,7 +463,9 @@ class ProtocolV2:
             except ProtocolError as error:
                 self.nsqd.log.error("[%s] - %s", self.client, error.text)
                 replies.append(encode_error(error.text))
-                if error.fatal:
+                # Another worker's link carries many clients' publishes: one refused closes
+                # only its own client, on the worker that forwarded it.
+                if error.fatal and not self._internal:
                     keep_open = False
                     break
                 continue
@@ -498,7 +499,7 @@ class ProtocolV2:
             text = f"{cluster_code} " if cluster_code else f"{code} {label} failed {error}"
             self.nsqd.log.error("[%s] - %s", self.client, text)
             replies[index] = encode_error(text)
-            if self.dialect.publish_errors_are_fatal:
+            if self.dialect.publish_errors_are_fatal and not self._internal:
                 del replies[index + 1 :]
                 return False
         return True

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from nsqpy.common.command import MAGIC_V2, encode_identify
-from nsqpy.common.frame import FRAME_TYPE_ERROR, FrameDecoder
+from nsqpy.common.frame import FrameDecoder
 from nsqpy.common.names import is_valid_name
 from nsqpy.common.version import VERSION
 from nsqpy.nsqd.handoff import Handoff, receive, send, worker_socket_address
@@ -280,11 +280,8 @@ class ForwardLink:
                             raise trio.BrokenResourceError("the owning worker closed the link")
                         frames = self._decoder.receive_data(data)
                         if frames:
-                            frame = frames[0]
-                            if frame.frame_type == FRAME_TYPE_ERROR:
-                                # The owner closes a connection after a publish error.
-                                self.broken = True
-                            return frame.frame_type, frame.data
+                            # The owner keeps the link open after a refused publish.
+                            return frames[0].frame_type, frames[0].data
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
                 self.broken = True
                 raise

@@ -23,7 +23,11 @@ _names = itertools.count(1)
 def cluster(tmp_path_factory) -> Cluster:
     data = tmp_path_factory.mktemp("nsqadmin-cluster")
     lookupd = start_nsqlookupd()
-    nsqds = [start_cluster_nsqd(data / f"nsqd{i}", lookupd) for i in (1, 2)]
+    # The second nsqd runs as two worker processes (`--workers=2`): nsqadmin sees one nsqd.
+    nsqds = [
+        start_cluster_nsqd(data / "nsqd1", lookupd),
+        start_cluster_nsqd(data / "nsqd2", lookupd, "-workers=2"),
+    ]
     admin = start_nsqadmin(f"-lookupd-http-address=127.0.0.1:{lookupd.port('HTTP')}")
     running = Cluster(lookupd, nsqds, admin)
     yield running

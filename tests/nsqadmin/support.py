@@ -105,9 +105,13 @@ class Nsqd:
             assert reply.status == 200, reply.body
 
 
-def start_cluster_nsqd(data_path: Path, lookupd: DaemonProcess | None) -> Nsqd:
+def start_cluster_nsqd(data_path: Path, lookupd: DaemonProcess | None, *extra: str) -> Nsqd:
     data_path.mkdir(parents=True, exist_ok=True)
-    flags = ["-broadcast-address=127.0.0.1", "-e2e-processing-latency-percentile=0.99,0.5"]
+    flags = [
+        "-broadcast-address=127.0.0.1",
+        "-e2e-processing-latency-percentile=0.99,0.5",
+        *extra,
+    ]
     if lookupd is not None:
         flags.append(f"-lookupd-tcp-address=127.0.0.1:{lookupd.port('TCP')}")
     return Nsqd(start_nsqd(data_path, *flags))

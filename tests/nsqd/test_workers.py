@@ -15,7 +15,7 @@ import subprocess
 import nsq
 import pytest
 
-from nsqpy.client.blocking import Consumer, Producer
+from nsqpy.client.blocking import Consumer, NSQError, Producer
 from nsqpy.nsqd.metadata import read_metadata
 from nsqpy.nsqd.worker import owner_of
 from tests.harness import BIN, start_nsqd, start_nsqlookupd
@@ -450,3 +450,25 @@ def test_a_corrupt_nsqd_dat_is_recovered_once_for_every_worker(tmp_path):
     finally:
         assert restarted.stop() == 0, restarted.log
     assert sorted(topic.name for topic in read_metadata(str(tmp_path))) == sorted(topics)
+
+
+def test_a_refused_forwarded_publish_closes_only_its_own_client(nsqd):
+    """The link between two workers carries every client's forwarded publishes: a publish the
+    owner refuses is answered with the owner's error (and closes that client, as Go closes
+    after a PUB error), and the link goes on serving the next client."""
+    http = nsqd.addresses["HTTP"]
+    first, second = topics_on_both(2)
+    refused = Producer(tcp(nsqd))
+    refused.publish(first, b"moves the connection to the first topic's owner")
+    post(http, "/disable/write?type=all")
+    with pytest.raises(NSQError, match="E_FAILED_ON_NOT_LEADER"):
+        refused.publish(second, b"forwarded, refused")
+    refused.close()
+    post(http, "/disable/write")
+    for _ in range(3):
+        with Producer(tcp(nsqd)) as producer:
+            producer.publish(first, b"here")
+            producer.publish(second, b"forwarded")
+    links = [line for line in nsqd.lines if "'client_id': 'nsqd-worker-" in line]
+    assert len(links) == 1, links  # one link, kept after the refusal
+    assert sorted(consume(nsqd, second, 3)) == [b"forwarded"] * 3
