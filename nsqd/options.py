@@ -131,6 +131,12 @@ class Options:
         return dataclasses.replace(self, **changes)
 
 
+def _parse_workers(text: str) -> str:
+    """`--workers`: "auto", or a number from 1 up (a config file may give it as a number)."""
+    worker_count(text)
+    return text
+
+
 def _parse_tls_required(text: str) -> str:
     # Go's tlsRequiredOption: lower-cased, "tcp-https", else ParseBool.
     if text.lower() == "tcp-https":
@@ -234,10 +240,12 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
             Flag("data-path", Kind.STRING, "", "path to store disk-backed messages"),
             Flag(
                 "workers",
-                Kind.STRING,
+                Kind.VALUE,
                 d.workers,
                 "processes that share the topics, each on a core: a number or 'auto' (one per"
                 " core)",
+                parse=_parse_workers,
+                default_text=d.workers,
             ),
             Flag(
                 "mem-queue-size",
@@ -562,5 +570,5 @@ def worker_count(text: str) -> int:
     if text == "auto":
         return max(os.cpu_count() or 1, 1)
     if not text.isascii() or not text.isdigit() or int(text) < 1:
-        raise OptionsError(f"--workers must be a number >= 1 or 'auto', not {text!r}")
+        raise OptionsError(f"must be a number >= 1 or 'auto', not {text!r}")
     return int(text)

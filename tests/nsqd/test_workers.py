@@ -363,23 +363,40 @@ async def _pynsq_round_trip(daemon, topics: list[str], ca: str) -> dict[str, lis
 
 
 def test_bad_workers_values_are_refused_in_one_line(tmp_path):
-    for flags, text in (
-        (["-workers=0"], "--workers must be a number >= 1 or 'auto', not '0'"),
-        (["-workers=many"], "--workers must be a number >= 1 or 'auto', not 'many'"),
-        (
-            ["-workers=2", "-cluster-leadership-addresses=http://127.0.0.1:1"],
-            "--workers above 1 does not combine with --cluster-leadership-addresses",
-        ),
-    ):
-        finished = subprocess.run(
-            [str(BIN / "nsqd"), f"-data-path={tmp_path}", *flags],
-            capture_output=True,
-            text=True,
-            timeout=30,
+    for value in ("0", "many"):
+        finished = _run_nsqd(tmp_path, f"-workers={value}")
+        # Go's flag package: the value's error, then the usage, exit status 2.
+        assert finished.returncode == 2
+        assert finished.stderr.splitlines()[0] == (
+            f"invalid value \"{value}\" for flag -workers: must be a number >= 1 or 'auto',"
+            f" not '{value}'"
         )
-        assert finished.returncode == 1
-        (line,) = [line for line in finished.stderr.splitlines() if "FATAL" in line]
-        assert text in line
+    finished = _run_nsqd(tmp_path, "-workers=2", "-cluster-leadership-addresses=http://127.0.0.1:1")
+    assert finished.returncode == 1
+    (line,) = [line for line in finished.stderr.splitlines() if "FATAL" in line]
+    assert "--workers above 1 does not combine with --cluster-leadership-addresses" in line
+
+
+def test_a_config_file_may_give_the_workers_as_a_number(tmp_path):
+    config = tmp_path / "nsqd.toml"
+    config.write_text("workers = 2\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    daemon = start_nsqd(data, f"-config={config}")
+    try:
+        daemon.wait_for_log(r"WORKERS: 2 processes share the topics")
+        assert len(worker_pids(daemon)) == 2
+    finally:
+        assert daemon.stop() == 0, daemon.log
+
+
+def _run_nsqd(data_path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "nsqd"), f"-data-path={data_path}", *flags],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_auto_means_one_worker_per_core(tmp_path):
