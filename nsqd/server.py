@@ -542,7 +542,8 @@ class NSQD:
                         await nursery.start(self.cluster.serve)
                     nursery.start_soon(self.lookup_peers.run, options.lookupd_tcp_address)
                     if options.statsd_address:
-                        nursery.start_soon(StatsdPusher(self).run)
+                        memory_name = "mem" if worker is None else f"worker_{worker.index}.mem"
+                        nursery.start_soon(StatsdPusher(self, memory_name).run)
                     task_status.started(self)
                     await self._shutdown.wait()
                     listener_nursery.cancel_scope.cancel()

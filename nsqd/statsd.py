@@ -43,8 +43,11 @@ def _latency_lines(name: str, result: dict) -> list[tuple[str, int, str]]:
 
 
 class StatsdPusher:
-    def __init__(self, nsqd: StatsdSource) -> None:
+    def __init__(self, nsqd: StatsdSource, memory_name: str = "mem") -> None:
         self.nsqd = nsqd
+        # Go's `mem.*`; each of `--workers` reports its own process as `worker_<i>.mem.*`
+        # (the topics' and channels' names are one worker's each already).
+        self.memory_name = memory_name
         self._last_topics: dict[str, dict] = {}
         self._last_gc_runs = 0
 
@@ -120,9 +123,9 @@ class StatsdPusher:
                 "gc_pause_usec_95",
                 "next_gc_bytes",
             ):
-                metrics.append((f"mem.{key}", memory[key], "g"))
+                metrics.append((f"{self.memory_name}.{key}", memory[key], "g"))
             runs = memory["gc_total_runs"]
-            metrics.append(("mem.gc_runs", runs - self._last_gc_runs, "c"))
+            metrics.append((f"{self.memory_name}.gc_runs", runs - self._last_gc_runs, "c"))
             self._last_gc_runs = runs
         return metrics
 

@@ -489,3 +489,33 @@ def test_a_refused_forwarded_publish_closes_only_its_own_client(nsqd):
     links = [line for line in nsqd.lines if "'client_id': 'nsqd-worker-" in line]
     assert len(links) == 1, links  # one link, kept after the refusal
     assert sorted(consume(nsqd, second, 3)) == [b"forwarded"] * 3
+
+
+def test_statsd_gets_every_workers_topics_and_each_workers_memory(tmp_path):
+    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    receiver.bind(("127.0.0.1", 0))
+    receiver.settimeout(10)
+    daemon = start_nsqd(
+        tmp_path,
+        f"-workers={WORKERS}",
+        f"-statsd-address=127.0.0.1:{receiver.getsockname()[1]}",
+        "-statsd-interval=200ms",
+        "-statsd-prefix=",
+    )
+    try:
+        topics = topics_on_both(2)
+        with Producer(tcp(daemon)) as producer:
+            for topic in topics:
+                producer.publish(topic, b"x")
+        wanted = {
+            *(f"topic.{topic}.message_count" for topic in topics),
+            *(f"worker_{index}.mem.gc_runs" for index in range(WORKERS)),
+        }
+        seen: set[str] = set()
+        while not wanted <= seen:
+            packet = receiver.recv(65536).decode()
+            seen.update(line.split(":", 1)[0] for line in packet.splitlines())
+        assert not any(name.startswith("mem.") for name in seen)
+    finally:
+        receiver.close()
+        assert daemon.stop() == 0, daemon.log
