@@ -51,6 +51,7 @@ from nsqpy.nsqd.tls import connection_details, peer_common_name
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.server import NSQD
+    from nsqpy.nsqd.worker import Forwarded
 
 RECEIVE_SIZE = 64 * 1024
 # The most messages one pump pass sends; bounds one buffer and lets FINs interleave.
@@ -117,6 +118,8 @@ class ProtocolV2:
         self._identify_body: bytes | None = None
         self._muted = False
         self._internal = handoff is not None and handoff.internal
+        # The batch's publishes sent to other workers: (reply index, command, answer).
+        self._forwarded: list[tuple[int, Any, Forwarded]] = []
         self.parser = CommandParser(
             max_msg_size=options.max_msg_size,
             max_body_size=options.max_body_size,
@@ -321,26 +324,46 @@ class ProtocolV2:
             nursery.start_soon(carry, self.stream, pair, nursery.cancel_scope)
             nursery.start_soon(carry, pair, self.stream, nursery.cancel_scope)
 
-    async def _forward(self, owner: int, command) -> bytes:
-        """A publish to another worker's topic, run there: its answer, as the owner gave it.
-        The client's own authorizations are checked here first."""
+    async def _forward(self, owner: int, command) -> "Forwarded":
+        """Send a publish to another worker's topic to be run there; its answer, the owner's,
+        takes its place among the batch's replies (`_answer_forwarded`). The client's own
+        authorizations are checked here first."""
         assert self.nsqd.worker is not None
         if self.nsqd.auth_enabled:
             await self._check_auth(command.name.decode(), go_text(command.args[0]), "")
         try:
-            frame_type, data = await self.nsqd.worker.forward(
+            return await self.nsqd.worker.forward(
                 owner, encode_command(command.name, *command.args, body=command.body)
             )
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
-            raise ProtocolError(
-                "E_PUB_FAILED", f"{command.name.decode()} failed: the topic's worker is gone"
-            ) from None
-        if frame_type == FRAME_TYPE_ERROR:
-            code, separator, description = data.decode("utf-8", "surrogateescape").partition(" ")
-            fatal = None if self.dialect.publish_errors_are_fatal else False
-            raise ProtocolError(code, description if separator else None, fatal=fatal)
-        self.client.published(go_text(command.args[0]), _message_count(command))
-        return encode_frame(frame_type, data)
+            raise _worker_gone(command) from None
+
+    async def _answer_forwarded(self, replies: list[bytes]) -> bool:
+        """Put the owners' answers to the batch's forwarded publishes in their places; a
+        refused one is answered as a refusal here would be (closing, when that is fatal, with
+        nothing after it answered). False: close."""
+        forwarded, self._forwarded = self._forwarded, []
+        for index, command, pending in forwarded:
+            try:
+                try:
+                    frame_type, data = await pending.answer()
+                except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+                    raise _worker_gone(command) from None
+                if frame_type == FRAME_TYPE_ERROR:
+                    text = data.decode("utf-8", "surrogateescape")
+                    code, separator, description = text.partition(" ")
+                    fatal = None if self.dialect.publish_errors_are_fatal else False
+                    raise ProtocolError(code, description if separator else None, fatal=fatal)
+            except ProtocolError as error:
+                self.nsqd.log.error("[%s] - %s", self.client, error.text)
+                replies[index] = encode_error(error.text)
+                if error.fatal:
+                    del replies[index + 1 :]
+                    return False
+                continue
+            self.client.published(go_text(command.args[0]), _message_count(command))
+            replies[index] = encode_frame(frame_type, data)
+        return True
 
     def close(self) -> None:
         """Server-side close (shutdown, channel deleted)."""
@@ -447,7 +470,9 @@ class ProtocolV2:
                             keep_open = False
                             break
                         if name in PUBLISH_COMMANDS:
-                            replies.append(await self._forward(owner, command))
+                            pending = await self._forward(owner, command)
+                            self._forwarded.append((len(replies), command, pending))
+                            replies.append(b"")  # the owner's answer, once it comes
                             continue
                     self._topic_bound = True
                 handler = handlers.get(name)
@@ -471,6 +496,8 @@ class ProtocolV2:
                 continue
             if reply is not None:
                 replies.append(reply)
+        if self._forwarded:
+            keep_open = await self._answer_forwarded(replies) and keep_open
         # Acknowledge publishes only once their writes reached the files.
         if self._write_groups:
             await self.nsqd.storage.commit([entry[1] for entry in self._write_groups])
@@ -991,3 +1018,9 @@ class ProtocolV2:
 
 def _message_count(command) -> int:
     return len(command.messages) if command.messages is not None else 1
+
+
+def _worker_gone(command) -> ProtocolError:
+    return ProtocolError(
+        "E_PUB_FAILED", f"{command.name.decode()} failed: the topic's worker is gone"
+    )

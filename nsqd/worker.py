@@ -14,6 +14,7 @@ name hashes to it. What a worker does for the others:
   (`nsqd/worker_http.py`).
 """
 
+import collections
 import ctypes
 import fcntl
 import hashlib
@@ -101,6 +102,7 @@ class Worker:
         self.lookupd_http: list[str] = []
         self._peers_known = trio.Event()
         self._links: dict[int, ForwardLink] = {}
+        self._nursery: trio.Nursery | None = None
         self.http_poller: HTTPPoller | None = None
         self._http_poller_ready = trio.Event()
         self._outbox_send, self._outbox = trio.open_memory_channel[dict](math.inf)
@@ -151,6 +153,7 @@ class Worker:
         listener.listen(socket.SOMAXCONN)
         self.tell({"http": private_http, "registrations": nsqd.registrations()})
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(self._write_control, control)
             nursery.start_soon(self._read_control, nsqd, control)
             nursery.start_soon(self._accept_handoffs, listener, handle_handed, nursery)
@@ -214,12 +217,13 @@ class Worker:
     async def hand_off(self, owner: int, descriptor: int, handoff: Handoff) -> None:
         await send(worker_socket_address(self.token, owner), descriptor, handoff)
 
-    async def forward(self, owner: int, command: bytes) -> tuple[int, bytes]:
-        """Run a publish on the worker owning its topic: (frame type, data) of its answer."""
+    async def forward(self, owner: int, command: bytes) -> "Forwarded":
+        """Send a publish to the worker owning its topic; its answer comes later."""
         link = self._links.get(owner)
         if link is None or link.broken:
-            link = self._links[owner] = ForwardLink(self, owner)
-        return await link.call(command)
+            assert self._nursery is not None
+            link = self._links[owner] = ForwardLink(self, owner, self._nursery)
+        return await link.send(command)
 
     # -- nsqd.dat ------------------------------------------------------------------------------
 
@@ -240,17 +244,49 @@ class Worker:
             os.close(directory)
 
 
+class Forwarded:
+    """A publish sent to its topic's owner: the owner's answer, once it came."""
+
+    __slots__ = ("_done", "_frame", "_error")
+
+    def __init__(self) -> None:
+        self._done = trio.Event()
+        self._frame: tuple[int, bytes] | None = None
+        self._error: BaseException | None = None
+
+    def resolve(self, frame_type: int, data: bytes) -> None:
+        self._frame = (frame_type, data)
+        self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._done.set()
+
+    async def answer(self) -> tuple[int, bytes]:
+        """(frame type, data) of the owner's answer; OSError-like errors when the link broke
+        or the owner did not answer within FORWARD_TIMEOUT."""
+        with trio.fail_after(FORWARD_TIMEOUT):
+            await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._frame is not None
+        return self._frame
+
+
 class ForwardLink:
     """One worker's connection to another for the publishes it forwards: a V2 client over a
-    socket pair whose other end was handed to the owner as an internal connection."""
+    socket pair whose other end was handed to the owner as an internal connection. Publishes
+    are pipelined: each is sent at once, and a reader task gives the answers, which come in
+    order, to their publishes."""
 
-    def __init__(self, worker: Worker, owner: int) -> None:
+    def __init__(self, worker: Worker, owner: int, nursery: trio.Nursery) -> None:
         self.worker = worker
         self.owner = owner
         self.broken = False
+        self._nursery = nursery
         self._stream: trio.SocketStream | None = None
-        self._lock = trio.Lock()
-        self._decoder = FrameDecoder()
+        self._send_lock = trio.Lock()
+        self._waiting: collections.deque[Forwarded] = collections.deque()
 
     async def _connect(self) -> trio.SocketStream:
         ours, theirs = socket.socketpair()
@@ -265,26 +301,40 @@ class ForwardLink:
                 internal=True,
             )
             await self.worker.hand_off(self.owner, theirs.fileno(), handoff)
-        return trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+        self._nursery.start_soon(self._read_answers, stream)
+        return stream
 
-    async def call(self, command: bytes) -> tuple[int, bytes]:
-        async with self._lock:
+    async def send(self, command: bytes) -> Forwarded:
+        forwarded = Forwarded()
+        async with self._send_lock:
             try:
                 with trio.fail_after(FORWARD_TIMEOUT):
                     if self._stream is None:
                         self._stream = await self._connect()
+                    # Queued before it is sent, so the answers meet their publishes in order.
+                    self._waiting.append(forwarded)
                     await self._stream.send_all(command)
-                    while True:
-                        data = await self._stream.receive_some(64 * 1024)
-                        if not data:
-                            raise trio.BrokenResourceError("the owning worker closed the link")
-                        frames = self._decoder.receive_data(data)
-                        if frames:
-                            # The owner keeps the link open after a refused publish.
-                            return frames[0].frame_type, frames[0].data
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
-                self.broken = True
+                self._break(trio.BrokenResourceError("the link to the owning worker broke"))
                 raise
+        return forwarded
+
+    async def _read_answers(self, stream: trio.SocketStream) -> None:
+        decoder = FrameDecoder()
+        try:
+            while data := await stream.receive_some(64 * 1024):
+                for frame in decoder.receive_data(data):
+                    # The owner keeps the link open after a refused publish.
+                    self._waiting.popleft().resolve(frame.frame_type, frame.data)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        self._break(trio.BrokenResourceError("the owning worker closed the link"))
+
+    def _break(self, error: BaseException) -> None:
+        self.broken = True
+        while self._waiting:
+            self._waiting.popleft().fail(error)
 
 
 class WorkerLookup(LookupPeers):
