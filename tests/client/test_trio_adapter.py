@@ -17,9 +17,15 @@ from tests.support.stats import channel_stats
 _topics = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    cluster = Cluster(tmp_path_factory.mktemp("trio-client"), lookupds=1)
+@pytest.fixture(scope="module", params=["1", "2"], ids=["one process", "two workers"])
+def cluster(request, tmp_path_factory):
+    """Also with each nsqd as two worker processes (`--workers=2`), whose partitioned topics
+    are registered, looked up and served as one nsqd's."""
+    cluster = Cluster(
+        tmp_path_factory.mktemp("trio-client"),
+        lookupds=1,
+        nsqd_flags=(f"-workers={request.param}",),
+    )
     yield cluster
     cluster.close()
 

@@ -15,7 +15,10 @@ DEADLINE = 10.0
 class Cluster:
     """nsqlookupds and nsqds as subprocesses; every nsqd registers with every lookupd."""
 
-    def __init__(self, root: Path, *, lookupds: int = 2, nsqds: int = 2) -> None:
+    def __init__(
+        self, root: Path, *, lookupds: int = 2, nsqds: int = 2, nsqd_flags: tuple[str, ...] = ()
+    ) -> None:
+        self.nsqd_flags = nsqd_flags
         self.lookupds = [start_nsqlookupd("-broadcast-address=127.0.0.1") for _ in range(lookupds)]
         self.data_paths = [root / f"nsqd{index}" for index in range(nsqds)]
         for path in self.data_paths:
@@ -27,7 +30,7 @@ class Cluster:
 
     def _start_nsqd(self, data_path: Path) -> DaemonProcess:
         lookupds = [f"-lookupd-tcp-address={lookupd.addresses['TCP']}" for lookupd in self.lookupds]
-        return start_nsqd(data_path, *lookupds, "-broadcast-address=127.0.0.1")
+        return start_nsqd(data_path, *lookupds, "-broadcast-address=127.0.0.1", *self.nsqd_flags)
 
     def close(self) -> None:
         for daemon in [*self.nsqds, *self.lookupds]:

@@ -62,9 +62,10 @@ def unused_address() -> str:
         return f"127.0.0.1:{probe.getsockname()[1]}"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    cluster = Cluster(tmp_path_factory.mktemp("smart"))
+@pytest.fixture(scope="module", params=["1", "2"], ids=["one process", "two workers"])
+def cluster(request, tmp_path_factory):
+    """Also with each nsqd as two worker processes (`--workers=2`)."""
+    cluster = Cluster(tmp_path_factory.mktemp("smart"), nsqd_flags=(f"-workers={request.param}",))
     yield cluster
     cluster.close()
 
