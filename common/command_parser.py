@@ -278,30 +278,52 @@ def parse_mpub_body(
     append = messages.append
     unpack_from = _SIZE.unpack_from
     position = 4
+    # The common case in one pass with one test per message; anything amiss is looked at
+    # again by `_mpub_error`, which finds the first fault and raises Go's text for it.
+    try:
+        for _ in range(count):
+            (size,) = unpack_from(body, position)
+            position += 4
+            following = position + size
+            if size < min_message_size or size > max_msg_size or following > end:
+                break
+            append(body[position:following])
+            position = following
+        else:
+            if exact and position != end:
+                raise ProtocolError(
+                    "E_BAD_BODY",
+                    f"MPUB body size {end} does not match its {count} messages ({position} bytes)",
+                )
+            return messages
+    except struct.error:
+        pass
+    raise _mpub_error(body, count, max_msg_size, min_message_size)
+
+
+def _mpub_error(body: bytes, count: int, max_msg_size: int, min_message_size: int) -> ProtocolError:
+    """The first fault of an MPUB body that `parse_mpub_body` could not split, in Go's words."""
+    end = len(body)
+    unpack_from = _SIZE.unpack_from
+    position = 4
     for index in range(count):
         if end - position < 4:
-            raise ProtocolError("E_BAD_MESSAGE", f"MPUB failed to read message({index}) body size")
+            return ProtocolError("E_BAD_MESSAGE", f"MPUB failed to read message({index}) body size")
         (size,) = unpack_from(body, position)
         if size < min_message_size:
             # Youzan checks `<= 0` first with the official text, and only then the trace id
             # length, with " for tracing" (docs/protocol.md §3.3, §3.6).
             suffix = " for tracing" if size > 0 else ""
-            raise ProtocolError(
+            return ProtocolError(
                 "E_BAD_MESSAGE", f"MPUB invalid message({index}) body size {size}{suffix}"
             )
         if size > max_msg_size:
-            raise ProtocolError("E_BAD_MESSAGE", f"MPUB message too big {size} > {max_msg_size}")
+            return ProtocolError("E_BAD_MESSAGE", f"MPUB message too big {size} > {max_msg_size}")
         position += 4
         if end - position < size:
-            raise ProtocolError("E_BAD_MESSAGE", "MPUB failed to read message body")
-        append(body[position : position + size])
+            return ProtocolError("E_BAD_MESSAGE", "MPUB failed to read message body")
         position += size
-    if exact and position != end:
-        raise ProtocolError(
-            "E_BAD_BODY",
-            f"MPUB body size {end} does not match its {count} messages ({position} bytes)",
-        )
-    return messages
+    raise AssertionError("parse_mpub_body found a fault that _mpub_error did not")
 
 
 def _mpub_truncation_error(
