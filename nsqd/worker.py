@@ -125,10 +125,10 @@ class Worker:
         return None if owner == self.index else owner
 
     def listener_socket(self, kind: str) -> socket.socket | None:
-        fd = {"TCP": self.setup.tcp_fd, "HTTP": self.setup.http_fd, "HTTPS": self.setup.https_fd}[
-            kind
-        ]
-        return None if fd < 0 else socket.socket(fileno=fd)
+        """The supervisor's listener of `kind` ("TCP", "HTTP", "HTTPS"), None without one."""
+        setup = self.setup
+        fds = {"TCP": setup.tcp_fd, "HTTP": setup.http_fd, "HTTPS": setup.https_fd}
+        return None if fds[kind] < 0 else socket.socket(fileno=fds[kind])
 
     # -- the supervisor ------------------------------------------------------------------------
 
