@@ -293,6 +293,8 @@ class TopicsView:
         # Each meta's revision: the condition of its next write.
         self.meta_revisions: dict[str, int] = {}
         self.infos: dict[tuple[str, int], ReplicaInfo] = {}
+        # The revision each key was last written or deleted at: an older value is stale.
+        self._revisions: dict[str, int] = {}
 
     def take(self, key: str, value: bytes | None, revision: int) -> tuple | None:
         """Take one key's new value (None: deleted) at `revision`; `(topic, partition or None,
@@ -302,6 +304,15 @@ class TopicsView:
         if parsed is None:
             return None
         topic, partition, what = parsed
+        if partition is None and what != "TopicMeta":
+            return None  # a ReplicaInfo key always names its partition
+        # What a write's own caller learns after awaiting it can come after the watch has
+        # delivered a newer write (or the deletion) of the same key: an older revision never
+        # replaces a newer one (a master that kept the older one would retry its next write
+        # against it, and fail, for ever).
+        if self._revisions.get(key, 0) > revision:
+            return parsed
+        self._revisions[key] = revision
         if what == "TopicMeta":
             if value is None:
                 self.metas.pop(topic, None)
@@ -309,10 +320,10 @@ class TopicsView:
             else:
                 self.metas[topic] = TopicMeta.from_json(value)
                 self.meta_revisions[topic] = revision
-        elif partition is None:
-            return None  # a ReplicaInfo key always names its partition
-        elif value is None:
-            self.infos.pop((topic, partition), None)
         else:
-            self.infos[(topic, partition)] = ReplicaInfo.from_json(value, revision)
+            assert partition is not None  # checked above
+            if value is None:
+                self.infos.pop((topic, partition), None)
+            else:
+                self.infos[(topic, partition)] = ReplicaInfo.from_json(value, revision)
         return parsed

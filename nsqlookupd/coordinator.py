@@ -196,7 +196,11 @@ class Coordinator:
             elif key == keys.lookupd_leader:
                 self.master = json.loads(value) if value else None
             elif key == keys.cluster_state:
-                self.state = ClusterState.from_json(value, revision) if value else ClusterState()
+                # Never back to an older revision (see `TopicsView.take`).
+                if revision >= self.state.revision:
+                    self.state = (
+                        ClusterState.from_json(value, revision) if value else ClusterState()
+                    )
             else:
                 self.view.take(key, value, revision)
         except (ValueError, KeyError, TypeError) as error:
