@@ -30,7 +30,7 @@ def _build(options: Options, log: logging.Logger) -> "NSQD | Supervisor":
         # The supervisor never loads the broker: it stays a small process.
         from nsqpy.nsqd.supervisor import Supervisor
 
-        return Supervisor(options, log, sys.argv[1:])
+        return Supervisor(options, log, _command_line)
     from nsqpy.nsqd.server import NSQD
 
     # Queued messages are long-lived objects; the default gen-0 threshold of 700 makes the
@@ -44,7 +44,12 @@ def _build(options: Options, log: logging.Logger) -> "NSQD | Supervisor":
     return NSQD(options, log, Worker(WorkerSetup(setup)))
 
 
+# The flags nsqd was started with, which a supervisor starts its workers with.
+_command_line: list[str] = []
+
+
 def main(argv: list[str] | None = None) -> None:
+    _command_line[:] = sys.argv[1:] if argv is None else argv
     run_daemon(
         "nsqd",
         build_flags(),

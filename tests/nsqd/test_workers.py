@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 
 import nsq
 import pytest
@@ -519,3 +520,32 @@ def test_statsd_gets_every_workers_topics_and_each_workers_memory(tmp_path):
     finally:
         receiver.close()
         assert daemon.stop() == 0, daemon.log
+
+
+def test_nsqd_started_from_python_gives_its_workers_its_own_flags(tmp_path):
+    """`nsqpy.nsqd.__main__.main(argv)` called by a program whose own command line is
+    something else: the workers get `argv` (their data path among them), not the program's."""
+    data = tmp_path / "data"
+    data.mkdir()
+    flags = [f"-data-path={data}", "-workers=2", "-tcp-address=127.0.0.1:0"]
+    flags.append("-http-address=127.0.0.1:0")
+    program = f"from nsqpy.nsqd.__main__ import main; main({flags!r})"
+    process = subprocess.Popen(
+        [sys.executable, "-c", program], cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        address = None
+        for line in process.stderr:
+            if "TCP: listening on" in line:
+                address = line.rsplit(" ", 1)[1].strip()
+                break
+        assert address is not None
+        topics = topics_on_both(2)
+        with Producer(address) as producer:
+            for topic in topics:
+                producer.publish(topic, b"x")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    assert sorted(topic.name for topic in read_metadata(str(data))) == sorted(topics)
+    assert not (tmp_path / "nsqd.dat").exists()
