@@ -44,6 +44,8 @@ TOPIC_REQ = Param(TOPIC.name, TOPIC.description, required=True)
 CHANNEL = Param("channel", "Channel name, same rules as topic names", required=True)
 PARTITION = Param("partition", "Youzan: one partition of the topic (default: all)")
 _QUERY = ("INVALID_REQUEST",)  # an unparseable query string (bad `%` escape, `;`)
+# A publish refused: a cluster partition that cannot replicate, or /disable/write.
+_REFUSED_WRITES = ("E_FAILED_ON_NOT_WRITABLE", "E_FAILED_ON_NOT_LEADER")
 
 _TOPIC_ERRORS = {400: ("MISSING_ARG_TOPIC", "INVALID_ARG_TOPIC_PARTITION", *_QUERY),
                  404: ("TOPIC_NOT_FOUND",)}  # fmt: skip
@@ -64,7 +66,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         body="The message, 1..max-msg-size bytes",
         ok="text:OK",
         errors={400: ("MISSING_ARG_TOPIC", "INVALID_TOPIC", "MSG_EMPTY", "INVALID_DEFER",
-                      "INVALID_ARG_TOPIC_PARTITION", "E_FAILED_ON_NOT_WRITABLE", *_QUERY),
+                      "INVALID_ARG_TOPIC_PARTITION", *_REFUSED_WRITES, *_QUERY),
                 404: ("E_TOPIC_NOT_EXIST",),
                 413: ("MSG_TOO_BIG",), 500: ("INTERNAL_ERROR",), 503: ("EXITING",)},
         documented_5xx="500 INTERNAL_ERROR when the write fails, 503 EXITING while stopping",
@@ -74,7 +76,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         (TOPIC_REQ, Param("defer", "Delay in ms", {"type": "integer", "minimum": 0}), PARTITION),
         body="The message", ok="text:OK",
         errors={400: ("MISSING_ARG_TOPIC", "INVALID_TOPIC", "MSG_EMPTY", "INVALID_DEFER",
-                      "INVALID_ARG_TOPIC_PARTITION", "E_FAILED_ON_NOT_WRITABLE", *_QUERY),
+                      "INVALID_ARG_TOPIC_PARTITION", *_REFUSED_WRITES, *_QUERY),
                 404: ("E_TOPIC_NOT_EXIST",),
                 413: ("MSG_TOO_BIG",), 500: ("INTERNAL_ERROR",), 503: ("EXITING",)},
         documented_5xx="as /pub",
@@ -85,7 +87,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                           "false/0 or absent: newline-separated"), PARTITION),
         body="The messages", ok="text:OK",
         errors={400: ("MISSING_ARG_TOPIC", "INVALID_TOPIC", "INVALID_ARG_TOPIC_PARTITION",
-                      "E_FAILED_ON_NOT_WRITABLE", *_QUERY),
+                      *_REFUSED_WRITES, *_QUERY),
                 404: ("E_TOPIC_NOT_EXIST",),
                 413: ("BODY_TOO_BIG", "MSG_TOO_BIG", "BAD_BODY", "BAD_MESSAGE"),
                 500: ("INTERNAL_ERROR",), 503: ("EXITING",)},
@@ -150,7 +152,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
          Param("trace_id", "Decimal uint64", required=True)),
         body="The message", ok="json",
         errors={400: ("MSG_EMPTY", "INVALID_TRACE_ID", "MISSING_ARG_TOPIC",
-                      "INVALID_ARG_TOPIC_PARTITION", "E_FAILED_ON_NOT_WRITABLE", *_QUERY),
+                      "INVALID_ARG_TOPIC_PARTITION", *_REFUSED_WRITES, *_QUERY),
                 404: ("E_TOPIC_NOT_EXIST",), 413: ("MSG_TOO_BIG",), 503: ("EXITING",)},
         documented_5xx="503 EXITING while stopping",
     ),
@@ -164,7 +166,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         body="The message", ok="text",
         errors={400: ("MSG_EMPTY", "E_INVALID_JSON_HEADER", "INVALID_TRACE_ID",
                       "E_EXT_NOT_SUPPORT", "MISSING_ARG_TOPIC", "INVALID_ARG_TOPIC_PARTITION",
-                      "E_FAILED_ON_NOT_WRITABLE", *_QUERY),
+                      *_REFUSED_WRITES, *_QUERY),
                 404: ("E_TOPIC_NOT_EXIST",), 413: ("MSG_TOO_BIG",), 503: ("EXITING",)},
         documented_5xx="503 EXITING while stopping",
     ),
