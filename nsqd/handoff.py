@@ -31,9 +31,8 @@ _RECEIVE_SIZE = 64 * 1024
 @dataclass
 class Handoff:
     remote_address: str
+    # Replayed with its replies suppressed (the client has them).
     preamble: bytes = b""
-    # How many commands the preamble holds: their replies are not sent again.
-    preamble_commands: int = 0
     pending: bytes = b""
     # What the client negotiated with the sender, shown in /stats as its own (a relay).
     tls: bool = False
@@ -42,7 +41,6 @@ class Handoff:
     snappy: bool = False
     deflate: bool = False
     deflate_level: int = 0
-    relayed: bool = False
     internal: bool = False
     # An HTTP connection (`pending`: the requests it sent and was not answered).
     http: bool = False

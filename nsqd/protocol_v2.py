@@ -64,7 +64,8 @@ MAX_SEND_BYTES = 256 * 1024
 TLS_HANDSHAKE_TIMEOUT = 5.0
 # A TLS close_notify to a peer that stopped reading must not hold the connection's task.
 CLOSE_TIMEOUT = 1.0
-# The commands that name a topic (its name first), which `--workers` route to its owner.
+# The commands that name a topic (its name first): AUTH authorizes them, and `--workers`
+# route them to the topic's owner.
 SUBSCRIBE_COMMANDS = frozenset((b"SUB", b"SUB_ORDERED", b"SUB_ORDER", b"SUB_ADVANCED"))
 PUBLISH_COMMANDS = frozenset(
     (b"PUB", b"MPUB", b"DPUB", b"PUB_TRACE", b"MPUB_TRACE", b"PUB_EXT", b"MPUB_EXT")
@@ -170,21 +171,11 @@ class ProtocolV2:
         self._async_commands = {b"AUTH"}
         self._handlers_unchecked = dict(self._handlers)
         if nsqd.auth_enabled and not self._internal:
-            subscribe = (b"SUB", b"SUB_ORDERED", b"SUB_ORDER", b"SUB_ADVANCED")
-            publish = (
-                b"PUB",
-                b"MPUB",
-                b"DPUB",
-                b"PUB_TRACE",
-                b"MPUB_TRACE",
-                b"PUB_EXT",
-                b"MPUB_EXT",
-            )
-            for name in subscribe:
+            for name in SUBSCRIBE_COMMANDS:
                 self._handlers[name] = self.sub_authorized
-            for name in publish:
+            for name in PUBLISH_COMMANDS:
                 self._handlers[name] = self.pub_authorized
-            self._async_commands |= {*subscribe, *publish}
+            self._async_commands |= TOPIC_COMMANDS
         # Until the connection is on TLS, a TLS-requiring nsqd takes nothing but IDENTIFY.
         self._tls_gate = (
             options.tls_required != "false" and nsqd.tls_context is not None and not self._internal
@@ -266,7 +257,6 @@ class ProtocolV2:
         handoff = Handoff(
             remote_address=client.remote_address,
             preamble=b"".join(preamble),
-            preamble_commands=len(preamble) - 1,
             pending=encode_command(command.name, *command.args, body=command.body)
             + self.parser.take_buffered(),
             tls=client.tls,
@@ -283,7 +273,6 @@ class ProtocolV2:
             snappy=client.snappy,
             deflate=client.deflate,
             deflate_level=client.deflate_level,
-            relayed=relayed,
             auth_secret=client.auth_secret,
             auth_state=dataclasses.asdict(client.auth_state) if client.auth_state else None,
         )

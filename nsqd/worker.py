@@ -297,7 +297,6 @@ class ForwardLink:
             handoff = Handoff(
                 remote_address=f"worker {self.worker.index}",
                 preamble=MAGIC_V2 + identify,
-                preamble_commands=1,
                 internal=True,
             )
             await self.worker.hand_off(self.owner, theirs.fileno(), handoff)
