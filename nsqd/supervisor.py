@@ -9,7 +9,6 @@ ports. A worker that dies is started again; it reopens its topics from `nsqd.dat
 files, so what it acknowledged to disk is kept.
 """
 
-import json
 import logging
 import os
 import secrets
@@ -32,7 +31,12 @@ from nsqpy.nsqd.metadata import (
     write_metadata,
 )
 from nsqpy.nsqd.options import Options, worker_count
-from nsqpy.nsqd.worker import WORKER_ENVIRONMENT, WorkerSetup
+from nsqpy.nsqd.worker import (
+    WORKER_ENVIRONMENT,
+    WorkerSetup,
+    control_messages,
+    encode_control,
+)
 
 # A worker that keeps dying is started again at most this often.
 RESTART_DELAY = 1.0
@@ -186,18 +190,8 @@ class Supervisor:
         return status
 
     async def _read_control(self, index: int, control: trio.SocketStream) -> None:
-        buffered = b""
-        while True:
-            try:
-                data = await control.receive_some(64 * 1024)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-            if not data:
-                return
-            buffered += data
-            *lines, buffered = buffered.split(b"\n")
-            for line in lines:
-                await self._apply(index, json.loads(line))
+        async for message in control_messages(control):
+            await self._apply(index, message)
 
     async def _apply(self, index: int, message: dict) -> None:
         if "registrations" in message:
@@ -233,7 +227,7 @@ class Supervisor:
                 )
 
     async def _tell_all(self, message: dict) -> None:
-        line = json.dumps(message).encode() + b"\n"
+        line = encode_control(message)
         async with self._telling:
             for control in list(self._controls.values()):
                 try:

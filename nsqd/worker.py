@@ -23,7 +23,7 @@ import math
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -75,6 +75,27 @@ def die_with_parent() -> None:
 
 
 _PR_SET_PDEATHSIG = 1
+
+
+def encode_control(message: dict) -> bytes:
+    """One message on a control socket between the supervisor and a worker: a JSON line."""
+    return json.dumps(message).encode() + b"\n"
+
+
+async def control_messages(control: trio.SocketStream) -> AsyncIterator[dict]:
+    """The messages `encode_control` wrote on the other end, until that end is gone."""
+    buffered = b""
+    while True:
+        try:
+            data = await control.receive_some(64 * 1024)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        if not data:
+            return
+        buffered += data
+        *lines, buffered = buffered.split(b"\n")
+        for line in lines:
+            yield json.loads(line)
 
 
 class WorkerSetup:
@@ -162,21 +183,14 @@ class Worker:
 
     async def _write_control(self, control: trio.SocketStream) -> None:
         async for message in self._outbox:
-            await control.send_all(json.dumps(message).encode() + b"\n")
+            await control.send_all(encode_control(message))
 
     async def _read_control(self, nsqd: "NSQD", control: trio.SocketStream) -> None:
-        buffered = b""
-        while True:
-            data = await control.receive_some(64 * 1024)
-            if not data:
-                # The supervisor is gone: a worker never outlives it.
-                nsqd.log.error("WORKER(%d): the supervisor is gone; exiting", self.index)
-                nsqd.shutdown()
-                return
-            buffered += data
-            *lines, buffered = buffered.split(b"\n")
-            for line in lines:
-                self._apply(nsqd, json.loads(line))
+        async for message in control_messages(control):
+            self._apply(nsqd, message)
+        # The supervisor is gone: a worker never outlives it.
+        nsqd.log.error("WORKER(%d): the supervisor is gone; exiting", self.index)
+        nsqd.shutdown()
 
     def _apply(self, nsqd: "NSQD", message: dict) -> None:
         if "peers" in message:
