@@ -261,15 +261,7 @@ class ProtocolV2:
             + self.parser.take_buffered(),
             tls=client.tls,
             tls_common_name=client.tls_common_name,
-            tls_details={
-                key: getattr(client, key)
-                for key in (
-                    "tls_version",
-                    "tls_cipher_suite",
-                    "tls_negotiated_protocol",
-                    "tls_negotiated_protocol_is_mutual",
-                )
-            },
+            tls_details=client.tls_stats(),
             snappy=client.snappy,
             deflate=client.deflate,
             deflate_level=client.deflate_level,
