@@ -403,6 +403,7 @@ def main(argv: list[str] | None = None) -> None:
                     "msgs/s": round(median.rate * figure.workload.messages_per_request),
                     "nsqd CPU/wall": round(median.nsqd_cpu / median.wall, 2),
                     "nsqd µs/req": round(median.cpu_per_request * 1e6),
+                    "req per nsqd CPU-s": f"{1 / max(median.cpu_per_request, 1e-9):,.0f}",
                     "client CPU s": round(median.client_cpu, 2),
                     "others CPU/wall": round(median.others_cpu / median.wall, 2),
                     "nsqd preempted/req": round(median.preempted / max(median.requests, 1), 2),

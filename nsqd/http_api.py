@@ -7,6 +7,7 @@ client or nsqadmin sees the same response from either daemon.
 import gc
 import json
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
 
@@ -77,13 +78,29 @@ class HTTPAPI:
         # Every handler but pause's answers at once, on the HTTP poller; a publish's answer waits
         # for the group commit (one fsync per queue for all of a poller pass's publishes).
         # Pausing waits for nsqd.dat to be written, off the poller.
-        router = self.router = Router(commit=self._commit, commit_due=self._commit_due)
+        # A publish that overflows to a diskqueue is written with the rest of the poller
+        # pass's (one write per queue), before its answer goes out.
+        router = self.router = Router(
+            commit=self._commit, commit_due=self._commit_due, writes=nsqd.storage
+        )
         router.add("GET", "/ping", self.ping)
         router.add("GET", "/info", self.info)
         options = lambda: self.nsqd.options  # noqa: E731 - read at request time
         for path in ("/pub", "/put"):
-            router.add("POST", path, self.pub, max_body=lambda: options().max_msg_size)
-        router.add("POST", "/mpub", self.mpub, max_body=lambda: options().max_body_size)
+            router.add(
+                "POST",
+                path,
+                self.pub,
+                max_body=lambda: options().max_msg_size,
+                defers_writes=True,
+            )
+        router.add(
+            "POST",
+            "/mpub",
+            self.mpub,
+            max_body=lambda: options().max_body_size,
+            defers_writes=True,
+        )
         router.add("GET", "/stats", self.stats)
         router.add("POST", "/topic/create", self.topic_create)
         router.add("POST", "/topic/delete", self.topic_delete)
@@ -727,8 +744,14 @@ class TLSRequiredRouter:
     async def commit(self, write_groups: Sequence[CommitWait] = ()) -> None:
         pass  # nothing here writes
 
+    def commit_due(self) -> bool:
+        return False
+
     def waits_for_commit(self, response: Response) -> bool:
         return False
+
+    def write_pass(self) -> AbstractContextManager[None]:
+        return nullcontext()
 
     def respond(self, request: Request) -> Response:
         port = _port(self.nsqd.https_address)

@@ -43,6 +43,8 @@ class WriteGroup:
     messages and keeps its DPUBs' due times here until it is written."""
 
     __slots__ = ("writer", "done", "error", "count", "body_bytes", "delays")
+    # Written by the awaited commit, not when the HTTP poller's pass ends.
+    ends_with_pass = False
 
     def __init__(self, writer: "LogWriter") -> None:
         self.writer = writer

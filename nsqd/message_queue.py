@@ -230,7 +230,9 @@ class BufferedDiskQueue:
         # The overflow first, so a failed write leaves nothing half-kept in memory.
         overflow = messages[room:] if room > 0 else messages
         try:
-            self._write(overflow)
+            # A strict publish that memory keeps nothing of may have its write made when the
+            # HTTP poller's pass ends (Storage.deferring_writes): a failure then refuses it.
+            self._write(overflow, deferrable=strict and room <= 0)
         except BackendWriteError as error:
             if strict:
                 raise
@@ -326,9 +328,11 @@ class BufferedDiskQueue:
     def position_stats(self) -> dict[str, int]:
         return {}
 
-    def _write(self, messages: list[Message]) -> None:
+    def _write(self, messages: list[Message], *, deferrable: bool = False) -> None:
         """BackendWriteError (health NOK, logged) if the diskqueue write fails."""
-        self.storage.write_to_backend(self.backend, messages, self._failure, *self._failure_args)
+        self.storage.write_to_backend(
+            self.backend, messages, self._failure, self._failure_args, deferrable
+        )
 
 
 class BufferedTopicQueue(BufferedDiskQueue):

@@ -9,12 +9,17 @@ The rest is group commit (docs/design.md §3.4): writes made for publishes are r
 until the publishing connection's next commit, which writes every partition log's open group
 and fsyncs every diskqueue whose `--sync-every` count is reached, before the publishes are
 acknowledged. A failed write or sync turns `health` NOK.
+
+Within one pass of the HTTP poller (`deferring_writes`), a publish that overflows to a
+diskqueue does not write at once: the pass's records for each diskqueue are written with one
+`os.write` when it ends, before any of its answers goes out (`DeferredWrite`).
 """
 
 import fnmatch
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -33,6 +38,25 @@ if TYPE_CHECKING:
     from nsqpy.nsqd.cursor_queue import CursorQueue
 
 
+class DeferredWrite:
+    """The records that publishes of one HTTP poller pass appended to one diskqueue, written
+    together when the pass ends; `done` then, and `error` says whether the write failed (its
+    publishes are refused: nothing of them was kept in memory either)."""
+
+    __slots__ = ("backend", "records", "failure", "args", "done", "error")
+    # Written when the poller's pass ends, not by an (awaited) commit.
+    ends_with_pass = True
+
+    def __init__(self, backend: DiskQueue, failure: str, args: tuple) -> None:
+        self.backend = backend
+        self.records: list[bytes] = []
+        # The line a failed write logs, as the immediate write would have.
+        self.failure = failure
+        self.args = args
+        self.done = False
+        self.error: Exception | None = None
+
+
 class Storage:
     """The storage engines of one nsqd, and the writes not yet made durable."""
 
@@ -49,6 +73,11 @@ class Storage:
         self._queue_syncs: set[trio.Event] = set()
         # Partition logs appended to since the last commit: each writes its group then.
         self._written_logs: set[LogWriter] = set()
+        # Inside an HTTP poller pass: diskqueue overflow is written when it ends.
+        self._deferring = False
+        self._deferred: dict[DiskQueue, DeferredWrite] = {}
+        # The deferred write of the latest publish of the pass, until its route takes it.
+        self._last_deferred: DeferredWrite | None = None
 
     # -- choosing the engine --------------------------------------------------------------------
 
@@ -112,19 +141,73 @@ class Storage:
     # -- writes a publish waits for -------------------------------------------------------------
 
     def write_to_backend(
-        self, backend: DiskQueue | DroppingQueue, messages: list[Message], failure: str, *args
+        self,
+        backend: DiskQueue | DroppingQueue,
+        messages: list[Message],
+        failure: str,
+        args: tuple,
+        deferrable: bool = False,
     ) -> None:
         """Append `messages` to a diskqueue, to be synced by the next commit (before the
         publish is acknowledged); health is OK again after it. A failed write (a full disk) is
         logged as `failure % args` and ` - <error>`, turns health NOK and raises
-        BackendWriteError."""
+        BackendWriteError. `deferrable` (the publish keeps nothing of the messages elsewhere):
+        inside `deferring_writes`, the write is made when the pass ends."""
+        records = list(map(Message.to_record, messages))
+        if deferrable and self._deferring and isinstance(backend, DiskQueue):
+            deferred = self._deferred.get(backend)
+            if deferred is None:
+                deferred = self._deferred[backend] = DeferredWrite(backend, failure, args)
+            deferred.records += records
+            self._last_deferred = deferred
+            return
         try:
-            backend.put_many([message.to_record() for message in messages])
+            backend.put_many(records)
         except OSError as os_error:
             self._write_failed(write_error(backend, os_error), failure, *args)
         self.health.write_done(None)
         if isinstance(backend, DiskQueue):
             self._written_backends.add(backend)
+
+    @contextmanager
+    def deferring_writes(self) -> Iterator[None]:
+        """One pass of the HTTP poller: diskqueue writes of publishes (`deferrable`) are
+        collected and made when it ends, one `os.write` per diskqueue. Nothing awaits inside,
+        so no other task sees a queue with records not yet written."""
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+            self._last_deferred = None
+            if self._deferred:
+                self.write_deferred()
+
+    def write_deferred(self) -> None:
+        """Make the writes deferred so far (before a request that is not a publish reads or
+        changes a queue, and when the pass ends)."""
+        deferred, self._deferred = self._deferred, {}
+        for backend, write in deferred.items():
+            try:
+                backend.put_many(write.records)
+            except Exception as error:  # every failure (a closed queue too) refuses the publishes
+                failed = (
+                    write_error(backend, error)
+                    if isinstance(error, OSError)
+                    else BackendWriteError(str(error))
+                )
+                self.log.error(write.failure + " - %s", *write.args, failed)
+                self.health.write_done(failed)
+                write.error = failed
+            else:
+                self.health.write_done(None)
+                self._written_backends.add(backend)
+            write.done = True
+
+    def take_deferred(self) -> DeferredWrite | None:
+        """The deferred write that the publish just answered made, if it made one."""
+        write, self._last_deferred = self._last_deferred, None
+        return write
 
     def append_to_log(self, writer: LogWriter, messages: list[Message], topic: str) -> WriteGroup:
         """Append a publish to a partition log's open group, to be written by the next commit

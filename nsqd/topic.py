@@ -155,7 +155,7 @@ class Topic:
             messages = MessageBatch(queue.next_ids(len(bodies)), bodies, timestamp)
         else:
             messages = self._new_messages(bodies, timestamp, defer, trace_ids, ext_headers)
-        body_bytes = sum(map(len, bodies))
+        body_bytes = len(bodies[0]) if len(bodies) == 1 else sum(map(len, bodies))
         if queue.accept(messages, body_bytes):
             # Kept for the channels by the queue (a log's open group): counted once written.
             return messages

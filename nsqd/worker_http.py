@@ -10,6 +10,7 @@ import json
 import socket
 import urllib.parse
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -131,8 +132,14 @@ class WorkerRouter:
     async def commit(self, write_groups: Sequence[CommitWait] = ()) -> None:
         await self.local.commit(write_groups)
 
+    def commit_due(self) -> bool:
+        return self.local.commit_due()
+
     def waits_for_commit(self, response: Response) -> "bool | CommitWait":
         return self.local.waits_for_commit(response)
+
+    def write_pass(self) -> AbstractContextManager[None]:
+        return self.local.write_pass()
 
     # -- answers from other workers -----------------------------------------------------------
 

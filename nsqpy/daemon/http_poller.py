@@ -13,6 +13,10 @@ requests and writes, and the connection comes back. A client that does not read 
 is handled the same way (the task waits until it can write). TLS connections keep a task of
 their own.
 
+Within a pass, a publish that overflows to a diskqueue has its write put off (the router's
+`write_pass`): each diskqueue gets one write for all of the pass's publishes when the pass
+ends, and the answers that wait for it are sent after it (a failed write's as a 500).
+
 Group commit: an inline answer that says a write is durable (`after_commit`, a publish) is
 not sent at once. Every such connection of a pass leaves the epoll set, one task runs the
 router's commit once for all of them (one fsync per written queue, whatever the number of
@@ -106,17 +110,21 @@ class HTTPPoller:
             while True:
                 await trio.lowlevel.wait_readable(epoll.fileno())
                 committing: list[tuple] = []
-                for fd, _flags in epoll.poll(0, _MAX_EVENTS):
-                    entry = connections.get(fd)
-                    if entry is None:
-                        continue
-                    try:
-                        self._serve_ready(fd, entry[1], committing)
-                    except Exception as error:
-                        # A bug answering one connection must not end the others'.
-                        self._on_error(error)
-                        if fd in connections:
-                            self._close(fd)
+                held: list[tuple] = []
+                with self._router.write_pass():
+                    for fd, _flags in epoll.poll(0, _MAX_EVENTS):
+                        entry = connections.get(fd)
+                        if entry is None:
+                            continue
+                        try:
+                            self._serve_ready(fd, entry[1], committing, held)
+                        except Exception as error:
+                            # A bug answering one connection must not end the others'.
+                            self._on_error(error)
+                            if fd in connections:
+                                self._close(fd)
+                if held:
+                    self._answer_held(held, committing)
                 if committing:
                     self._nursery.start_soon(self._commit_then_answer, committing)
         finally:
@@ -125,9 +133,12 @@ class HTTPPoller:
             connections.clear()
             epoll.close()
 
-    def _serve_ready(self, fd: int, state: ConnectionState, committing: list[tuple]) -> None:
+    def _serve_ready(
+        self, fd: int, state: ConnectionState, committing: list[tuple], held: list[tuple]
+    ) -> None:
         """Read what `fd` has, answer the requests it completes, write the answers; or, when
-        an answer waits for the commit, move the connection to `committing`."""
+        an answer waits for the commit, move the connection to `committing`, and when it waits
+        for writes made at the end of the pass, keep its answers in `held`."""
         try:
             data = os.read(fd, RECEIVE_SIZE)
         except BlockingIOError:
@@ -143,22 +154,30 @@ class HTTPPoller:
         close = False
         answers_inline = self._router.answers_inline
         after_commit = False
+        after_pass = False
         # Answers that the commit may still refuse: (index in `out`, request, write group).
         groups: list[tuple] = []
         while requests and answers_inline(requests[0]):
             request = requests.pop(0)
             answer, close, needs_commit = state.answer_now(request)
-            if needs_commit:
+            if needs_commit is True:
                 after_commit = True
-                if needs_commit is not True:
-                    groups.append((len(out), request, needs_commit))
+            elif needs_commit:
+                groups.append((len(out), request, needs_commit))
+                if needs_commit.ends_with_pass:
+                    after_pass = True
+                else:
+                    after_commit = True
             out.append(answer)
             if close:
                 requests = []
                 break
-        if after_commit:
+        if after_commit or (after_pass and requests):
             sock, _state = self._unwatch(fd)
             committing.append((sock, state, out, requests, final, close, groups))
+            return
+        if after_pass:
+            held.append((fd, state, out, final, close, groups))
             return
         if requests:
             if self._mover is not None and not out and final is None:
@@ -171,6 +190,11 @@ class HTTPPoller:
             # A route that may wait: answered by a task of its own.
             self._hand_over(fd, out, requests, final)
             return
+        self._send(fd, out, final, close)
+
+    def _send(self, fd: int, out: list[bytes], final: bytes | None, close: bool) -> None:
+        """Write a connection's answers (and its `final` one, after which it closes); what
+        the socket does not take at once is written by a task."""
         if final is not None and not close:
             out.append(final)
             close = True
@@ -189,6 +213,26 @@ class HTTPPoller:
         if close:
             sock, _state = self._unwatch(fd)
             self._nursery.start_soon(_close_after_answer, sock)
+
+    def _answer_held(self, held: list[tuple], committing: list[tuple]) -> None:
+        """The answers of a pass that waited for its writes (made as the pass ended): sent,
+        a failed write's refused; or, when those writes reached a `--sync-every` count, after
+        the commit's fsync like any other."""
+        if self._router.commit_due():
+            for fd, state, out, final, close, groups in held:
+                sock, _state = self._unwatch(fd)
+                committing.append((sock, state, out, [], final, close, groups))
+            return
+        for fd, state, out, final, close, groups in held:
+            for index, request, group in groups:
+                if group.error is not None:
+                    out[index] = state.refused(request, group.error)
+            try:
+                self._send(fd, out, final, close)
+            except Exception as error:
+                self._on_error(error)
+                if fd in self._connections:
+                    self._close(fd)
 
     async def _commit_then_answer(self, committing: list[tuple]) -> None:
         """One commit for every connection of a pass whose answers wait for it, then each

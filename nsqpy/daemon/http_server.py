@@ -14,6 +14,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Protocol, cast
 from urllib.parse import unquote_plus
 
@@ -162,6 +163,16 @@ class Response:
         self.after_commit = after_commit
         self.write_group = write_group
 
+    def for_write(self, write_group) -> "Response":
+        """The same answer to one request whose write `write_group` carries."""
+        return Response(
+            self.status,
+            self.body,
+            self.headers,
+            after_commit=self.after_commit,
+            write_group=write_group,
+        )
+
 
 def refusal_response(error: Exception) -> Response:
     code = getattr(error, "code", None)
@@ -230,10 +241,24 @@ Mover = Callable[[Request], "Callable[[socket.socket, bytes], Awaitable[None]] |
 
 
 class CommitWait(Protocol):
-    """A write an answer waits for (a partition log's write group): done, or failed."""
+    """A write an answer waits for (a partition log's write group, a diskqueue write put off
+    to the end of a poller pass): done, or failed."""
 
     done: bool
     error: Exception | None
+    # Made when the HTTP poller's pass ends (`WritePass`), not by the awaited commit.
+    ends_with_pass: bool
+
+
+class WritePass(Protocol):
+    """Writes that the handlers of one HTTP poller pass put off, made together when the pass
+    ends (nsqd's Storage: one diskqueue write for many `/pub`s)."""
+
+    def deferring_writes(self) -> AbstractContextManager[None]: ...
+
+    def write_deferred(self) -> None: ...
+
+    def take_deferred(self) -> CommitWait | None: ...
 
 
 class RequestRouter(Protocol):
@@ -250,7 +275,11 @@ class RequestRouter(Protocol):
 
     async def commit(self, write_groups: Sequence[CommitWait] = ()) -> None: ...
 
+    def commit_due(self) -> bool: ...
+
     def waits_for_commit(self, response: Response) -> "bool | CommitWait": ...
+
+    def write_pass(self) -> AbstractContextManager[None]: ...
 
 
 class Router:
@@ -259,20 +288,34 @@ class Router:
     `commit`, when given, makes durable what handlers wrote, and waits until the write
     groups it is given (the `write_group` of the answers waiting for it) are done; an answer
     marked `after_commit` is sent only once it has run, when it has a write group not yet done
-    or `commit_due` says there is anything to make durable (by default: always)."""
+    or `commit_due` says there is anything to make durable (by default: always).
+
+    `writes`, when given, lets the routes added with `defers_writes` put their writes off to
+    the end of the HTTP poller's pass (`write_pass`); every other route first has them made,
+    so no handler sees a queue with writes still put off."""
 
     def __init__(
         self,
         *,
         commit: Callable[[list], Awaitable[None]] | None = None,
         commit_due: Callable[[], bool] | None = None,
+        writes: WritePass | None = None,
     ) -> None:
         self._commit = commit
-        self.commit_due = commit_due or (lambda: commit is not None)
+        self._commit_due = commit_due or (lambda: commit is not None)
+        self._writes = writes
         self._routes: dict[str, dict[str, Handler]] = {}
         self._prefixes: list[tuple[str, dict[str, Handler]]] = []
         self._body_limits: dict[tuple[str, str], Callable[[], int]] = {}
         self._waiting: set[tuple[str, str]] = set()
+        self._deferring: set[Handler] = set()
+
+    def commit_due(self) -> bool:
+        return self._commit_due()
+
+    def write_pass(self) -> AbstractContextManager[None]:
+        """Around one pass of the HTTP poller: writes put off inside are made when it ends."""
+        return self._writes.deferring_writes() if self._writes is not None else nullcontext()
 
     def body_limit(self, method: str, path: str) -> int | None:
         """The largest body the route takes, when it declared one. A request declaring more
@@ -287,12 +330,16 @@ class Router:
         handler: Handler,
         *,
         max_body: Callable[[], int] | None = None,
+        defers_writes: bool = False,
     ) -> None:
         """`path` ending in `/*` matches every path under it (httprouter's catch-all). A plain
         function handler is answered inline by the HTTP poller; a coroutine function by a task
-        of its own."""
+        of its own. `defers_writes`: the handler's writes may wait for the end of the pass,
+        its answer (`after_commit`) with them."""
         if max_body is not None:
             self._body_limits[(method, path)] = max_body
+        if defers_writes:
+            self._deferring.add(handler)
         if inspect.iscoroutinefunction(handler):
             self._waiting.add((method, path))
         if path.endswith("/*"):
@@ -330,10 +377,23 @@ class Router:
         handler = self._handler(request)
         if isinstance(handler, Response):
             return handler
+        writes = self._writes
+        if writes is None:
+            try:
+                return cast(Response, handler(request))
+            except HTTPError as error:
+                return _error_response(error)
+        if handler not in self._deferring:
+            writes.write_deferred()
         try:
-            return cast(Response, handler(request))
+            response = cast(Response, handler(request))
         except HTTPError as error:
-            return _error_response(error)
+            response = _error_response(error)
+        # A write the handler put off: its answer goes out once it is made (or is refused).
+        deferred = writes.take_deferred()
+        if deferred is not None and response.after_commit:
+            return response.for_write(deferred)
+        return response
 
     async def dispatch(self, request: Request) -> Response:
         """The answer to any request, waiting for it when its route waits."""
@@ -612,7 +672,7 @@ class ConnectionState:
             requests.append(request)
         return requests
 
-    def answer_now(self, request: Request) -> tuple[bytes, bool, object]:
+    def answer_now(self, request: Request) -> "tuple[bytes, bool, bool | CommitWait]":
         """The encoded answer to an inline request, whether the connection closes after it,
         and whether it may go out only after the router's commit: False, True, or the
         response's write group, whose failure replaces it with `refused(request)`."""

@@ -16,6 +16,7 @@ import pytest
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.frame import encode_message_frames
 from nsqpy.common.message import decode_message
+from nsqpy.diskqueue import DiskQueue
 from nsqpy.nsqd.client import Client
 from nsqpy.nsqd.delivery import FIFO, ORDERED
 from nsqpy.nsqd.dialect import CLASSIC, YouzanDialect, message_key
@@ -67,6 +68,39 @@ class FullDisk:
         return []
 
 
+class CountingDiskQueue(DiskQueue):
+    """A real diskqueue that counts its file writes, and fails them as a full disk does while
+    `full` is set."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.writes = 0
+        self.full = False
+
+    def _write_framed(self, records, lengths, nbytes) -> None:
+        self.writes += 1
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super()._write_framed(records, lengths, nbytes)
+
+
+def counting(server: NSQD, name: str) -> BufferedDiskQueue:
+    """A queue with no room in memory, over a CountingDiskQueue."""
+    queue = buffered(server, name)
+    queue.mem_queue_size = 0
+    options = server.options
+    queue.backend = CountingDiskQueue(
+        name,
+        options.effective_data_path(),
+        max_bytes_per_file=options.max_bytes_per_file,
+        min_msg_size=26,
+        max_msg_size=26 + options.max_msg_size,
+        sync_every=options.sync_every,
+        sync_timeout=options.sync_timeout,
+    )
+    return queue
+
+
 # -- the storage interface: BufferedDiskQueue --------------------------------------------------
 
 
@@ -96,6 +130,50 @@ def test_an_append_of_held_messages_that_cannot_be_written_keeps_them_in_memory(
     error = queue.append(messages(server, b"1", b"2", b"3"))
     assert "no space left on device" in str(error)
     assert bodies(queue.take(5)) == [b"1", b"2", b"3"]
+
+
+def test_publishes_of_a_pass_go_to_disk_with_one_write_when_it_ends(server):
+    storage = server.storage
+    queue = counting(server, "pass")
+    with storage.deferring_writes():
+        for body in (b"1", b"2", b"3"):
+            assert queue.append(messages(server, body), strict=True) is None
+            assert storage.take_deferred() is not None
+        # Nothing reached the file yet, and nothing is in memory either.
+        assert (queue.backend.writes, queue.backend.depth, queue.memory_count) == (0, 0, 0)
+    assert (queue.backend.writes, queue.depth) == (1, 3)
+    assert bodies(queue.take(5)) == [b"1", b"2", b"3"]
+
+
+def test_outside_a_pass_and_for_messages_memory_holds_the_write_is_made_at_once(server):
+    storage = server.storage
+    queue = counting(server, "now")
+    queue.append(messages(server, b"1"), strict=True)
+    assert (queue.backend.writes, storage.take_deferred()) == (1, None)
+    with storage.deferring_writes():
+        # Not strict (held messages, a later channel's copy): kept in memory if the write
+        # fails, so it is made at once.
+        queue.append(messages(server, b"2"))
+        assert (queue.backend.writes, storage.take_deferred()) == (2, None)
+
+
+def test_a_failed_deferred_write_refuses_its_own_publishes_only(server, caplog):
+    storage = server.storage
+    full, fine = counting(server, "full"), counting(server, "fine")
+    full.backend.full = True
+    with storage.deferring_writes():
+        full.append(messages(server, b"lost"), strict=True)
+        refused = storage.take_deferred()
+        fine.append(messages(server, b"kept"), strict=True)
+        written = storage.take_deferred()
+    assert refused is not None and written is not None
+    assert refused.done and "no space left on device" in str(refused.error)
+    assert written.done and written.error is None
+    # Nothing of the refused publish is kept; the other queue's write is.
+    assert (full.depth, bodies(fine.take(5))) == (0, [b"kept"])
+    assert "QUEUE(full) write failed - write " in caplog.text
+    # Health went NOK, and OK again with the next write that succeeded (as after any write).
+    assert "health NOK - write " in caplog.text and server.health == "OK"
 
 
 def test_put_back_goes_behind_what_waits_or_first(server):

@@ -816,6 +816,35 @@ async def test_pipelined_requests_are_answered_in_order(nsqd):
     assert await receive_bodies(wire, 4) == [b"first", b"second", b"third", b"slow"]
 
 
+@with_options(mem_queue_size=0)
+async def test_a_request_after_pipelined_publishes_sees_them_on_disk(nsqd):
+    """Publishes that overflow to disk are written when the poller's pass ends; a request
+    that reads or changes the queue in the same pass has them written first."""
+    connection = await RawConnection.open(nsqd.http_address)
+    stats = "/stats?format=json&topic=disk&include_mem=false"
+    try:
+        requests = [
+            *(encode_request("POST", "/pub?topic=disk", b"m%d" % i) for i in range(3)),
+            encode_request("GET", stats),
+            encode_request("POST", "/topic/empty?topic=disk"),
+            encode_request("POST", "/pub?topic=disk", b"last"),
+            encode_request("GET", stats),
+        ]
+        await connection.send(b"".join(requests))
+        for _ in range(3):
+            assert_ok_text(await connection.read_response())
+        (topic,) = (await connection.read_response()).json()["topics"]
+        assert (topic["depth"], topic["backend_depth"]) == (3, 3)
+        assert (await connection.read_response()).status == 200
+        assert_ok_text(await connection.read_response())
+        (topic,) = (await connection.read_response()).json()["topics"]
+        assert (topic["depth"], topic["backend_depth"]) == (1, 1)
+    finally:
+        await connection.aclose()
+    wire = await consumer(nsqd, "disk", "ch", rdy=10)
+    assert await receive_bodies(wire, 1) == [b"last"]
+
+
 @pytest.mark.parametrize(
     "garbage",
     [

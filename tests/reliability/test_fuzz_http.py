@@ -44,6 +44,7 @@ def test_the_table_covers_every_route_nsqd_serves() -> None:
 
     class _NSQD:
         options = _Options()
+        storage = None
 
     router = HTTPAPI(_NSQD()).router
     served = {(m, p) for p, methods in router._routes.items() for m in methods}
