@@ -59,7 +59,6 @@ class GUIDFactory:
         else:
             sequence = 0
         ids: list[bytes] = []
-        append = ids.append
         node_bits = self._node_bits
         remaining = count
         while remaining:
@@ -73,8 +72,7 @@ class GUIDFactory:
             # The low 12 bits are exactly the last 3 hex digits, so the other 13 digits are
             # formatted once per batch and each ID is that prefix plus a precomputed suffix.
             prefix = b"%013x" % (base >> SEQUENCE_BITS)
-            for suffix in _SUFFIXES[sequence : sequence + room]:
-                append(prefix + suffix)
+            ids += [prefix + suffix for suffix in _SUFFIXES[sequence : sequence + room]]
             sequence += room
             remaining -= room
         self._last_timestamp = timestamp
