@@ -31,3 +31,8 @@ class ProtocolError(Exception):
 
     def __repr__(self) -> str:
         return f"ProtocolError({self.text!r}, fatal={self.fatal})"
+
+
+# nsqlookupd's 404 message to `/lookup?access=w` when the topic's partitions have no channel
+# yet (Youzan's text; `--allow-write-with-nochannels` lifts the rule).
+NO_CHANNEL_FOR_WRITERS = "Topic has no channel, should init at least one for the new topic"

@@ -9,6 +9,7 @@ from urllib.parse import urlencode
 import trio
 
 from nsqpy.common.cluster_meta import TopicMeta
+from nsqpy.common.errors import NO_CHANNEL_FOR_WRITERS
 from nsqpy.common.names import is_valid_name
 from nsqpy.common.version import VERSION
 from nsqpy.daemon.http_server import (
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from nsqpy.nsqlookupd.operations import ClusterOperations
     from nsqpy.nsqlookupd.server import NSQLookupd
 
-_NO_CHANNEL = "Topic has no channel, should init at least one for the new topic"
 _HTTP_TIMEOUT = 5.0
 
 
@@ -199,7 +199,7 @@ class HTTPAPI:
             # nodes, no tombstoned ones, none whose partitions have no channel yet.
             producers = list(writable.values())
             if dropped_for_no_channel and not partitions:
-                raise HTTPError(404, _NO_CHANNEL)
+                raise HTTPError(404, NO_CHANNEL_FOR_WRITERS)
         document: dict = {"channels": channels}
         disabled = lookupd.write_disabled
         ordered = lookupd.topic_meta.get(topic, {}).get("ordered", False)

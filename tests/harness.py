@@ -150,14 +150,15 @@ def create_partitioned_topic(
     nsqd_http: str,
     topic: str,
     partitions: int,
-    channel: str,
+    channel: str | None,
     *,
     timeout: float = 30.0,
     **flags: str,
 ) -> None:
     """Create a partitioned topic through a standalone nsqlookupd, which places it on its one
     registered nsqd (`nsqd_http`), with `channel` on every partition; return once nsqlookupd
-    lists every partition to writers (it lists one only once it has a channel)."""
+    lists every partition to writers (it lists one only once it has a channel). With no
+    `channel`, return once the nsqd holds the partitions."""
     from nsqpy.client.blocking import http_json
     from nsqpy.client.blocking import http_request as request
 
@@ -177,6 +178,8 @@ def create_partitioned_topic(
         return len(found) == partitions
 
     poll(placed, f"the nsqd to hold {partitions} partitions of {topic}", timeout=timeout)
+    if channel is None:
+        return
     for partition in range(partitions):
         request(
             nsqd_http,

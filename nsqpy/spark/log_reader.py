@@ -13,8 +13,11 @@ on every replica (docs/design.md §13, §14). So, as Spark reads Kafka:
   answering, and hands Spark Arrow record batches. A batch read again after a restart gets the
   same rows, which is what makes the query exactly-once with an idempotent or transactional sink
   (Spark's file sinks);
-* `commit(end)` moves the channel named by the `channel` option to `end` on every leader, so
-  retention keeps what the query has not committed and nsqadmin shows its lag.
+* `commit(end)` moves the query's channel to `end` on every leader, so retention keeps what
+  the query has not committed and nsqadmin shows its lag. The channel is the `channel`
+  option, or else one the query names itself (`spark-nsq-source-<32 hex>`, as Spark's Kafka
+  source makes its group id) and keeps in its offsets, so the checkpoint holds it and a
+  restarted query goes on with the same one.
 
 `NSQLogBatchReader` reads a range of history with `spark.read` (`startingOffsets`,
 `endingOffsets`, or timestamps).
@@ -23,6 +26,7 @@ on every replica (docs/design.md §13, §14). So, as Spark reads Kafka:
 import http.client
 import logging
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -53,7 +57,7 @@ DEFAULT_FETCH_MAX_BYTES = 4 * 1024 * 1024
 DEFAULT_FETCH_TIMEOUT = 60.0
 _RETRY_PAUSE = 0.25
 
-Offsets = dict[str, int]
+Offsets = dict[str, int | str]
 
 
 class LogRange(InputPartition):
@@ -298,9 +302,13 @@ class _ReplicaBehind(Exception):
 class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         super().__init__(options, schema)
-        # The query's cursor on every partition: what retention keeps, and its lag.
-        self.channel = opts.required(options, "channel")
-        if not is_valid_name(self.channel) or is_ephemeral(self.channel):
+        # The query's cursor on every partition: what retention keeps, and its lag. Without
+        # the option, the one its offsets carry (`_query_channel`), made at its first batch.
+        self.channel: str | None = options.get("channel")
+        self._channel_in_offsets = self.channel is None
+        if self.channel is not None and (
+            not is_valid_name(self.channel) or is_ephemeral(self.channel)
+        ):
             raise ValueError(
                 f"nsq: {self.channel!r} cannot be the query's channel: a channel name is 1-64"
                 " characters of [.a-zA-Z0-9_-], and not #ephemeral (its cursor must last)"
@@ -326,7 +334,20 @@ class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAva
     def initialOffset(self) -> dict:
         found = self.directory.every_partition(self.fetch_timeout)
         self._known.update(found)
-        return _offsets(self.resolve(self.starting, found, "earliest"))
+        return self._with_channel(_offsets(self.resolve(self.starting, found, "earliest")))
+
+    def _query_channel(self, offsets: dict) -> str:
+        """The `channel` option; without it, the channel the checkpointed offsets name, or a
+        new one (the query's first batch)."""
+        if self.channel is None:
+            self.channel = offsets.get(_CHANNEL_KEY) or f"spark-nsq-source-{uuid.uuid4().hex}"
+        return self.channel
+
+    def _with_channel(self, offsets: Offsets) -> Offsets:
+        """The offsets Spark checkpoints, with the query's own channel when it made one."""
+        if not self._channel_in_offsets:
+            return offsets
+        return {**offsets, _CHANNEL_KEY: self._query_channel(offsets)}
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._available_now = {p: found.end for p, found in self._refresh().items()}
@@ -339,6 +360,7 @@ class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAva
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._query_channel(start)
         begin = _partitions(start)
         end = dict(begin)
         for partition, found in self._refresh().items():
@@ -351,7 +373,7 @@ class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAva
             end = self._limit_rows(begin, end, limit.max_rows)
         elif isinstance(limit, ReadMaxBytes):
             end = self._limit_bytes(begin, end, limit.max_bytes)
-        return _offsets(end)
+        return self._with_channel(_offsets(end))
 
     def _limit_rows(self, begin: dict[int, int], end: dict[int, int], limit: int) -> dict[int, int]:
         """At most `limit` messages in all, shared out in proportion to what each partition
@@ -403,17 +425,18 @@ class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAva
         return self.read_range(partition)
 
     def commit(self, end: dict) -> None:
+        channel = self._query_channel(end)
         for partition, offset in _partitions(end).items():
             found = self._known.get(partition)
             if found is None or not found.replicas:
                 continue
             try:
-                self.directory.set_cursor(self.channel, partition, found.replicas[0], offset)
+                self.directory.set_cursor(channel, partition, found.replicas[0], offset)
             except OSError as error:
                 # The next commit moves it further; until then retention keeps more.
                 log.warning(
                     "nsq: moving channel %r of partition %d to %d failed: %s",
-                    self.channel,
+                    channel,
                     partition,
                     offset,
                     error,
@@ -447,8 +470,16 @@ class NSQLogBatchReader(_LogReading, DataSourceReader):
         return self.read_range(partition)
 
 
+# The offsets' entry naming the channel a query made for itself (no `channel` option).
+_CHANNEL_KEY = "channel"
+
+
 def _partitions(offsets: dict) -> dict[int, int]:
-    return {int(partition): int(offset) for partition, offset in offsets.items()}
+    return {
+        int(partition): int(offset)
+        for partition, offset in offsets.items()
+        if partition != _CHANNEL_KEY
+    }
 
 
 def _offsets(positions: dict[int, int]) -> Offsets:

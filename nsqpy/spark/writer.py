@@ -22,6 +22,8 @@ rows again, and the smart client's retry after a broken connection may store a c
 the sink is at-least-once like the source.
 """
 
+import json
+import urllib.error
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -45,6 +47,7 @@ from pyspark.sql.types import (
 from nsqpy.client.blocking import http_json, http_request
 from nsqpy.client.smart import SmartProducer, partition_for_key
 from nsqpy.common.command import encode_mpub_body
+from nsqpy.common.errors import NO_CHANNEL_FOR_WRITERS
 from nsqpy.spark import options as opts
 
 # Bodies per MPUB: large chunks cost nsqd and the network less per message (nsqd's default
@@ -204,6 +207,7 @@ class _Publisher:
     # -- TCP MPUB to partition leaders: the smart client ------------------------------------
 
     def _write_smart(self, iterator: Iterator[pa.RecordBatch]) -> PublishedCount:
+        self._check_listed_to_writers()
         count = 0
         with SmartProducer(self.lookupd_addresses) as producer:
             partition_num = 0
@@ -220,6 +224,36 @@ class _Publisher:
                         producer.multi_publish(self.topic, chunk, partition=partition)
                     count += len(bodies)
         return PublishedCount(count, ",".join(self.lookupd_addresses))
+
+    def _check_listed_to_writers(self) -> None:
+        """Fail at once, saying what to do, when every nsqlookupd refuses to list the topic's
+        partitions to writers because none has a channel yet (Youzan's rule for a new topic):
+        a publish would only retry until its deadline."""
+        refusals = []
+        for lookupd in self.lookupd_addresses:
+            try:
+                http_request(lookupd, "/lookup", topic=self.topic, access="w")
+                return
+            except urllib.error.HTTPError as error:
+                if error.code != 404:
+                    return
+                try:
+                    message = json.loads(error.read() or b"{}").get("message")
+                except ValueError:
+                    message = None
+                if message != NO_CHANNEL_FOR_WRITERS:
+                    return
+                refusals.append(lookupd)
+            except OSError:
+                return  # a lookupd down: the producer finds the others, or says why
+        if refusals:
+            raise RuntimeError(
+                f"nsq: nsqlookupd {', '.join(refusals)} lists no partition of topic"
+                f" {self.topic!r} to writers: {NO_CHANNEL_FOR_WRITERS}. A partition is listed to"
+                " writers once it has a channel: create one first (POST"
+                f" /channel/create?topic={self.topic}&channel=<name> on nsqlookupd or each nsqd),"
+                " or run nsqlookupd with --allow-write-with-nochannels"
+            )
 
     # -- rows ---------------------------------------------------------------------------------
 

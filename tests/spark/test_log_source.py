@@ -173,3 +173,45 @@ def test_data_removed_by_retention_fails_the_read_unless_failOnDataLoss_is_false
         reader.load().collect()
     rows = reader.option("failOnDataLoss", "false").load().collect()
     assert bodies_of(rows) == [b"m%03d" % i for i in range(start["count"], 400)]
+
+
+def query_channels(http: str, topic: str) -> set[str]:
+    stats = http_json(http, "/stats", format="json", topic=topic)
+    return {
+        found["channel_name"]
+        for entry in stats["topics"]
+        if entry["topic_name"] == topic
+        for found in entry["channels"]
+    }
+
+
+def test_without_a_channel_a_query_names_its_own_and_its_checkpoint_keeps_it(spark, nsqd, tmp_path):
+    http = nsqd.addresses["HTTP"]
+    create_topic(http, "own", 1)
+    first = [b"first-%03d" % i for i in range(100)]
+    publish(http, "own", 0, first)
+
+    def stream():
+        return (
+            spark.readStream.format("nsq")
+            .option("nsqd_http", http)
+            .option("topic", "own")
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", "40")
+            .load()
+        )
+
+    checkpoint = tmp_path / "checkpoint"
+    assert bodies_of(collect_available_now(stream(), checkpoint)) == sorted(first)
+    (channel,) = query_channels(http, "own")
+    assert channel.startswith("spark-nsq-source-") and len(channel) == 49, channel
+    # Restarted from its checkpoint, the query reads on from where it was, on its channel.
+    second = [b"second-%03d" % i for i in range(100)]
+    publish(http, "own", 0, second)
+    assert bodies_of(collect_available_now(stream(), checkpoint)) == sorted(second)
+    assert query_channels(http, "own") == {channel}
+    assert channel_cursors(http, "own", channel)[0]["confirmed_count"] >= 160
+    # Another checkpoint is another query: a channel of its own, from the earliest again.
+    again = collect_available_now(stream(), tmp_path / "another")
+    assert bodies_of(again) == sorted(first + second)
+    assert len(query_channels(http, "own") - {channel}) == 1

@@ -106,3 +106,21 @@ def test_rows_without_a_key_are_spread_over_the_partitions(spark, cluster, throu
     )
     counts = partition_counts(nsqd_http, "spread")
     assert sum(counts.values()) == 400 and all(counts.values()), counts
+
+
+def test_a_write_into_partitions_without_a_channel_fails_at_once_saying_what_to_do(spark, cluster):
+    """nsqlookupd lists a new topic's partitions to writers only once they have a channel:
+    the sink says so, and how to proceed, instead of retrying until its deadline."""
+    lookupd_http, nsqd_http = cluster
+    create_partitioned_topic(lookupd_http, nsqd_http, "fresh", PARTITIONS, None)
+    write = (
+        spark.range(10, numPartitions=1)
+        .select(F.col("id").cast("string").alias("body"))
+        .write.format("nsq")
+        .option("lookupd", lookupd_http)
+        .option("topic", "fresh")
+        .mode("append")
+    )
+    with pytest.raises(Exception, match="create one first .*--allow-write-with-nochannels"):
+        write.save()
+    assert sum(partition_counts(nsqd_http, "fresh").values()) == 0
