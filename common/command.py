@@ -107,6 +107,22 @@ def encode_mpub(topic: str, bodies: Iterable[bytes], *partition: int) -> bytes:
     return encode_command(b"MPUB", topic, *partition, body=encode_mpub_body(bodies))
 
 
+def encode_pub_seq(
+    topic: str, partition: int, producer_id: str, sequence: int, body: bytes
+) -> bytes:
+    """nsqpy's idempotent PUB (docs/protocol.md §3.10)."""
+    return encode_command(b"PUB_SEQ", topic, partition, producer_id, sequence, body=body)
+
+
+def encode_mpub_seq(
+    topic: str, partition: int, producer_id: str, first_sequence: int, bodies: Iterable[bytes]
+) -> bytes:
+    """nsqpy's idempotent MPUB: the messages take `first_sequence` and the ones after it."""
+    return encode_command(
+        b"MPUB_SEQ", topic, partition, producer_id, first_sequence, body=encode_mpub_body(bodies)
+    )
+
+
 def encode_trace_body(trace_id: int, data: bytes) -> bytes:
     """The body of PUB_TRACE and each message of MPUB_TRACE: `[8 trace id][data]` (§3.6)."""
     return _TRACE_ID.pack(trace_id) + data

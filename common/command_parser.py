@@ -14,6 +14,7 @@ nsqd, which can then apply them in Go's order (state first). For body commands n
 checks must run before the size checks, so the parser calls `before_body(name)` first.
 """
 
+import re
 import struct
 from collections.abc import Callable, Iterator
 
@@ -237,6 +238,46 @@ def parse_partition(raw: bytes) -> int:
         raise ProtocolError("E_BAD_PARTITION", f"topic partition is not valid: {error}") from None
 
 
+# An idempotent producer's ID (docs/protocol.md §3.10): 1-64 of a channel name's characters.
+_PRODUCER_ID = re.compile(rb"[.a-zA-Z0-9_-]{1,64}")
+_MAX_SEQUENCE = (1 << 63) - 1
+
+
+def _check_sequenced_args(label: str, args: list[bytes]) -> None:
+    """`<topic> <partition> <producer id> <first sequence>` of PUB_SEQ and MPUB_SEQ."""
+    if len(args) != 4:
+        raise ProtocolError(
+            "E_INVALID", f"{label} needs <topic> <partition> <producer id> <sequence>"
+        )
+    if not is_valid_name(go_text(args[0])):
+        raise ProtocolError("E_BAD_TOPIC", f"{label} topic name {go_quote(args[0])} is not valid")
+    parse_partition(args[1])
+    if not _PRODUCER_ID.fullmatch(args[2]):
+        raise ProtocolError(
+            "E_BAD_PRODUCER", f"{label} producer id {go_quote(args[2])} is not valid"
+        )
+    raw = args[3]
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19 and int(raw) <= _MAX_SEQUENCE):
+        raise ProtocolError("E_BAD_SEQUENCE", f"{label} sequence {go_quote(args[3])} is not valid")
+
+
+class _PubSeq(_Pub):
+    """PUB_SEQ: PUB's body and texts, with a producer and a sequence."""
+
+    def __init__(self) -> None:
+        super().__init__("PUB_SEQ")
+
+    def check_args(self, name, args, parser):
+        _check_sequenced_args(self.label, args)
+
+
+class _MpubSeq(_Mpub):
+    """MPUB_SEQ: MPUB's body and texts, with a producer and the first message's sequence."""
+
+    def check_args(self, name, args, parser):
+        _check_sequenced_args("MPUB_SEQ", args)
+
+
 BODY_COMMANDS: dict[bytes, _BodyCommand] = {
     b"IDENTIFY": _IdentifyOrAuth("IDENTIFY"),
     b"AUTH": _IdentifyOrAuth("AUTH"),
@@ -247,6 +288,8 @@ BODY_COMMANDS: dict[bytes, _BodyCommand] = {
     b"PUB_EXT": _YouzanPub("PUB_EXT"),
     b"MPUB_TRACE": _YouzanMpub("MPUB_TRACE"),
     b"MPUB_EXT": _YouzanMpub("MPUB_EXT"),
+    b"PUB_SEQ": _PubSeq(),
+    b"MPUB_SEQ": _MpubSeq(),
 }
 
 

@@ -208,6 +208,10 @@ def negotiate(
     }
     if client.desired_tag:
         reply["desired_tag"] = client.desired_tag
+    if extra.get("idempotent_publish") is True:
+        # nsqpy's: PUB_SEQ and MPUB_SEQ are served (docs/protocol.md §3.10). Said only to a
+        # client that asks, so every other answer stays Go's.
+        reply["idempotent_publish"] = True
     return Negotiated(
         json.dumps(reply, separators=(",", ":")).encode(),
         tls,

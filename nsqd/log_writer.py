@@ -22,7 +22,7 @@ import trio
 
 from nsqpy.nsqd.backend import write_error
 from nsqpy.nsqd.message import Message
-from nsqpy.partition_log import PartitionLog, Position
+from nsqpy.partition_log import PartitionLog, Position, ProducerMark
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.storage import Storage
@@ -82,9 +82,10 @@ class LogWriter:
         self.replicate: Callable[[list, Sequence[tuple[int, float]]], Awaitable[None]] | None = None
         self._unreplicated: list[tuple[tuple[tuple, bytes], WriteGroup]] = []
 
-    def append(self, messages: list) -> WriteGroup:
-        """Into the open group; OSError if the log is closed."""
-        self.log.append(messages)
+    def append(self, messages: list, producer: ProducerMark | None = None) -> WriteGroup:
+        """Into the open group (`producer`: an idempotent publish's); OSError if the log is
+        closed."""
+        self.log.append(messages, producer)
         group = self.group
         if group is None:
             group = self.group = WriteGroup(self)

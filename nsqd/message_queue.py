@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Protocol
 from nsqpy.common.guid import GUIDFactory
 from nsqpy.nsqd.backend import BackendWriteError, DroppingQueue
 from nsqpy.nsqd.cursor_queue import CursorQueue
+from nsqpy.nsqd.idempotence import ProducerSequences
 from nsqpy.nsqd.log_writer import LogWriter
 from nsqpy.nsqd.message import RECORD_OVERHEAD, Message, MessageBatch
-from nsqpy.partition_log import PartitionLog, Position
+from nsqpy.partition_log import PartitionLog, Position, ProducerMark
 
 if TYPE_CHECKING:
     from nsqpy.diskqueue import DiskQueue
@@ -421,6 +422,8 @@ class LogTopicQueue:
         self.log = log
         self.writer = LogWriter(storage, log, self._group_written)
         self.topic = log.topic
+        # Idempotent publishes: each producer's sequence (PUB_SEQ, MPUB_SEQ).
+        self.producers = ProducerSequences(log, lambda: storage.options.producer_id_expiration)
         # Where the partition's diskqueues were (`Topic.backend_name`): an earlier nsqpy's.
         self.backend_name = backend_name
         self._paused = paused
@@ -487,6 +490,17 @@ class LogTopicQueue:
             due = time.time() + defer
             group.delays.extend((message.offset, due) for message in messages)
         return True
+
+    def accept_sequenced(
+        self, messages: list[Message], body_bytes: int, producer: ProducerMark, first: int
+    ) -> "WriteGroup":
+        """An idempotent publish that `producers.check` let through: into the log's open
+        group with its producer, which the producer's next check sees as pending."""
+        group = self.storage.append_to_log(self.writer, messages, self.topic, producer)
+        group.count += len(messages)
+        group.body_bytes += body_bytes
+        self.producers.appended(producer.producer_id, first, producer.sequence, group)
+        return group
 
     @property
     def write_group(self) -> "WriteGroup | None":

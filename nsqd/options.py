@@ -57,6 +57,9 @@ class Options:
     retention_size_per_day: int = 16 * 1024**3
     # Topics, by name or shell-style pattern, stored as a log although created unpartitioned.
     log_topic: list[str] = field(default_factory=list)
+    # Log topics: how long a partition remembers an idempotent producer it has not heard
+    # from (nsqd/idempotence.py); its state is rebuilt from this much of the log.
+    producer_id_expiration: float = 3600.0
     # Cluster mode (docs/design.md §14), Youzan's names: on when an etcd address is given.
     cluster_id: str = "nsqpy"
     cluster_leadership_addresses: str = ""
@@ -293,6 +296,13 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 " logs, as partitioned topics are, though created unpartitioned (may be given"
                 " multiple times)",
                 config_key="log_topics",
+            ),
+            Flag(
+                "producer-id-expiration",
+                Kind.DURATION,
+                d.producer_id_expiration,
+                "log topics: how long a partition remembers an idempotent producer (PUB_SEQ,"
+                " MPUB_SEQ) it has not heard from; a new leader reads this much of the log back",
             ),
             *cluster_flags(
                 d,

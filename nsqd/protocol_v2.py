@@ -68,7 +68,17 @@ CLOSE_TIMEOUT = 1.0
 # route them to the topic's owner.
 SUBSCRIBE_COMMANDS = frozenset((b"SUB", b"SUB_ORDERED", b"SUB_ORDER", b"SUB_ADVANCED"))
 PUBLISH_COMMANDS = frozenset(
-    (b"PUB", b"MPUB", b"DPUB", b"PUB_TRACE", b"MPUB_TRACE", b"PUB_EXT", b"MPUB_EXT")
+    (
+        b"PUB",
+        b"MPUB",
+        b"DPUB",
+        b"PUB_TRACE",
+        b"MPUB_TRACE",
+        b"PUB_EXT",
+        b"MPUB_EXT",
+        b"PUB_SEQ",
+        b"MPUB_SEQ",
+    )
 )
 TOPIC_COMMANDS = SUBSCRIBE_COMMANDS | PUBLISH_COMMANDS
 # Identify settings a relayed connection's owner must not act on: its sender did.
@@ -159,6 +169,9 @@ class ProtocolV2:
             b"PUB": self.pub,
             b"MPUB": self.mpub,
             b"DPUB": self.dpub,
+            # nsqpy's idempotent publishes (docs/protocol.md §3.10).
+            b"PUB_SEQ": self.pub_seq,
+            b"MPUB_SEQ": self.mpub_seq,
             b"NOP": self.nop,
             b"TOUCH": self.touch,
             b"SUB": self.sub,
@@ -989,6 +1002,34 @@ class ProtocolV2:
 
     def mpub(self, command) -> bytes:
         return self._publish_classic("MPUB", "E_MPUB_FAILED", command.args, command.messages)
+
+    def pub_seq(self, command) -> bytes:
+        return self._publish_sequenced("PUB_SEQ", "E_PUB_FAILED", command.args, [command.body])
+
+    def mpub_seq(self, command) -> bytes:
+        return self._publish_sequenced("MPUB_SEQ", "E_MPUB_FAILED", command.args, command.messages)
+
+    def _publish_sequenced(self, label: str, code: str, args: list[bytes], bodies) -> bytes:
+        """An idempotent publish into a log topic's partition: stored when its first sequence
+        is the producer's next one; a repeat of a stored one is answered OK without storing it
+        again (once what holds it is written); a gap or a partial overlap is refused
+        (nsqd/idempotence.py). Partition forms are Youzan's, so the connection speaks it."""
+        topic = self.youzan.publish_target(args[:2])
+        producers = getattr(topic.queue, "producers", None)
+        if producers is None:
+            raise ProtocolError(
+                "E_NOT_LOG_TOPIC",
+                f"{label} needs a log topic: {topic.name} keeps its messages in a diskqueue",
+                fatal=False,
+            )
+        producer_id, first = args[2], int(args[3])
+        repeat = producers.check(label, producer_id, first, len(bodies))
+        if repeat is None:
+            self.publish(topic, label, code, bodies, producer=(producer_id, first))
+        elif repeat.group is not None and not repeat.group.done:
+            # Answered with the write that holds it, refused if that write fails.
+            self._write_groups.append((len(self._replies), repeat.group, label, code))
+        return OK_FRAME
 
     def dpub(self, command) -> bytes:
         defer_ms = go_base10(command.args[1])

@@ -38,12 +38,14 @@ def publish(
     defer: float = 0.0,
     trace_ids: list[int] | None = None,
     ext_headers: list[bytes] | None = None,
+    producer: tuple[bytes, int] | None = None,
 ) -> "list[Message] | MessageBatch":
-    """New messages in `topic`, all or nothing (Topic.publish); PublishError if refused."""
+    """New messages in `topic`, all or nothing (Topic.publish); PublishError if refused.
+    `producer`: an idempotent publish's producer and first sequence, checked already."""
     if nsqd.exiting:
         raise PublishError("exiting", exiting=True)
     try:
-        return topic.publish(bodies, defer, trace_ids, ext_headers)
+        return topic.publish(bodies, defer, trace_ids, ext_headers, producer)
     except BackendWriteError as error:
         raise PublishError(str(error), exiting=False) from None
 

@@ -32,7 +32,7 @@ from nsqpy.nsqd.log_writer import LogWriter, WriteGroup
 from nsqpy.nsqd.message import Message
 from nsqpy.nsqd.message_queue import BufferedTopicQueue, LogTopicQueue, TopicQueue
 from nsqpy.nsqd.options import Options
-from nsqpy.partition_log import PartitionLog, log_exists
+from nsqpy.partition_log import PartitionLog, ProducerMark, log_exists
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.cursor_queue import CursorQueue
@@ -209,12 +209,18 @@ class Storage:
         write, self._last_deferred = self._last_deferred, None
         return write
 
-    def append_to_log(self, writer: LogWriter, messages: list[Message], topic: str) -> WriteGroup:
+    def append_to_log(
+        self,
+        writer: LogWriter,
+        messages: list[Message],
+        topic: str,
+        producer: ProducerMark | None = None,
+    ) -> WriteGroup:
         """Append a publish to a partition log's open group, to be written by the next commit
         (before the publish is acknowledged; `WriteGroup.error` then says whether it was).
-        BackendWriteError if the log is closed."""
+        `producer`: an idempotent publish's. BackendWriteError if the log is closed."""
         try:
-            group = writer.append(messages)
+            group = writer.append(messages, producer)
         except OSError as os_error:
             self._write_failed(
                 write_error(writer.log, os_error, writer.log.active_segment_path),

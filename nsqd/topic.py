@@ -17,9 +17,10 @@ import trio
 from nsqpy.common.names import is_ephemeral
 from nsqpy.nsqd.channel import Channel
 from nsqpy.nsqd.message import Message, MessageBatch
-from nsqpy.nsqd.message_queue import TopicQueue
+from nsqpy.nsqd.message_queue import LogTopicQueue, TopicQueue
 from nsqpy.nsqd.replication import SINGLE_NODE, Replication
 from nsqpy.nsqd.wakeup import Wakeup
+from nsqpy.partition_log import ProducerMark
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.options import Options
@@ -139,10 +140,12 @@ class Topic:
         defer: float = 0.0,
         trace_ids: list[int] | None = None,
         ext_headers: list[bytes] | None = None,
+        producer: tuple[bytes, int] | None = None,
     ) -> "list[Message] | MessageBatch":
         """PUB, MPUB, DPUB and HTTP /pub: new messages with fresh IDs, all or nothing. A plain
         MPUB into a queue that `keeps_batches` stays one MessageBatch until the channels hand
-        its messages out.
+        its messages out. `producer` (PUB_SEQ, MPUB_SEQ into a log topic): the producer and
+        the first message's sequence, stored with the last message.
 
         BackendWriteError if a diskqueue write failed (health is NOK then): the publish is
         not acknowledged, and nothing of it is kept, except copies that other channels of
@@ -156,6 +159,13 @@ class Topic:
         else:
             messages = self._new_messages(bodies, timestamp, defer, trace_ids, ext_headers)
         body_bytes = len(bodies[0]) if len(bodies) == 1 else sum(map(len, bodies))
+        if producer is not None:
+            # The command checked the topic is a log (which keeps no MessageBatch).
+            assert isinstance(queue, LogTopicQueue) and isinstance(messages, list)
+            producer_id, first = producer
+            mark = ProducerMark(producer_id, first + len(bodies) - 1)
+            queue.accept_sequenced(messages, body_bytes, mark, first)
+            return messages
         if queue.accept(messages, body_bytes):
             # Kept for the channels by the queue (a log's open group): counted once written.
             return messages

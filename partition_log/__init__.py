@@ -25,6 +25,7 @@ from nsqpy.partition_log.records import (
     LogCorruption,
     LogMessage,
     Position,
+    ProducerMark,
     Record,
     record_size,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "LogMessage",
     "PartitionLog",
     "Position",
+    "ProducerMark",
     "Record",
     "index_file_name",
     "log_exists",

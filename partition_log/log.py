@@ -13,7 +13,7 @@ import errno
 import logging
 import os
 from binascii import hexlify, unhexlify
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Generic
 
 from nsqpy.partition_log.files import META_MAGIC, LogFiles, write_atomically
@@ -28,6 +28,8 @@ from nsqpy.partition_log.index import (
 from nsqpy.partition_log.records import (
     BODY_START,
     ID_PARTITION_SHIFT,
+    PRODUCER_ATTEMPTS_FLAG,
+    PRODUCER_EXT_ATTEMPTS_FLAG,
     RECORD_HEADER_SIZE,
     SIZE,
     SIZED_HEADER,
@@ -36,8 +38,10 @@ from nsqpy.partition_log.records import (
     M,
     MessageFactory,
     Position,
+    ProducerMark,
     decode_flagged_record,
-    encode_ext_record,
+    encode_flagged_record,
+    producer_section,
     record_size,
 )
 from nsqpy.partition_log.recovery import recover
@@ -200,9 +204,10 @@ class PartitionLog(Generic[M]):
         self.last_id += 1
         return b"%016x" % self.last_id
 
-    def append(self, messages: list[M]) -> None:
+    def append(self, messages: list[M], producer: ProducerMark | None = None) -> None:
         """Add the messages to the group the next commit writes; their `offset` and `count`
-        are set now. Readers see them only once they are written (`end`)."""
+        are set now. Readers see them only once they are written (`end`). `producer`: an
+        idempotent publish's, stored with its last message."""
         if self._closed:
             raise OSError(errno.EBADF, f"the log of {self.name} is closed")
         offset, count = self.appended
@@ -212,8 +217,9 @@ class PartitionLog(Generic[M]):
         parts = self._pending
         append = parts.append
         if self.ext:
+            last = messages[-1] if producer is not None else None
             for message in messages:
-                record = encode_ext_record(message)
+                record = encode_flagged_record(message, True, producer if message is last else None)
                 message.offset = offset
                 message.count = count
                 offset += len(record)
@@ -221,8 +227,9 @@ class PartitionLog(Generic[M]):
                 append(record)
         else:
             # The hot loop of every publish: a header and the body per message, no call.
+            plain = messages if producer is None else messages[:-1]
             pack = SIZED_RECORD_HEADER.pack
-            for message in messages:
+            for message in plain:
                 body = message.body
                 append(
                     pack(
@@ -238,6 +245,14 @@ class PartitionLog(Generic[M]):
                 message.count = count
                 offset += BODY_START + len(body)
                 count += 1
+            if producer is not None:
+                last = messages[-1]
+                record = encode_flagged_record(last, False, producer)
+                last.offset = offset
+                last.count = count
+                offset += len(record)
+                count += 1
+                append(record)
         if messages[0].defer:
             self._pending_defers.extend((message.offset, message.defer) for message in messages)
         self._pending_size += offset - first_offset
@@ -727,6 +742,24 @@ class PartitionLog(Generic[M]):
     def _first_timestamp(self, entry: IndexEntry) -> int:
         first = self.read(Position(entry[3], entry[5] - 1), 1)
         return first[0].timestamp if first else 0
+
+    def producer_marks(self, since_ns: int) -> Iterator[tuple[ProducerMark, int]]:
+        """The producer marks (and their records' timestamps) of idempotent publishes written
+        at or after `since_ns`, oldest first: what a leader rebuilds its producers' sequences
+        from (`nsqd/idempotence.py`)."""
+        position = self.search_timestamp(since_ns)
+        end = self.written.offset
+        flags = (PRODUCER_ATTEMPTS_FLAG, PRODUCER_EXT_ATTEMPTS_FLAG)
+        while position.offset < end:
+            data, position = self.read_raw(position, end, READ_CHUNK)
+            if not data:
+                return
+            at = 0
+            while at < len(data):
+                size, timestamp, attempts, _trace_id = SIZED_HEADER.unpack_from(data, at)
+                if attempts & 0xF000 in flags:
+                    yield producer_section(data, at + BODY_START)[0], timestamp
+                at += 4 + size
 
     def search_timestamp(self, timestamp_ns: int) -> Position:
         """The first message published at or after `timestamp_ns`, or the end."""

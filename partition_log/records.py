@@ -4,6 +4,11 @@ A record is `[4-byte BE size][8 ts][2 attempts][8 id][8 trace id][body]`; an ext
 records add `[1 ext version]` after the trace id, with `[2 length][header]` for version 4, and
 mark it in the attempts' high nibble (`0xA`). IDs are `partition << 50 | sequence`.
 
+The last record of an idempotent publish (docs/protocol.md §3.10) carries its producer:
+`[1 length][producer id][8 BE sequence of this message]` after the trace id, marked `0xC` in
+the attempts' high nibble, or `0xE` when the ext section follows it. The log keeps no other
+copy of which producer sequences it holds: a leader rebuilds them from these records.
+
 The log makes the messages it reads with a factory its user gives (nsqd's `Message`), so it
 imports nothing of the broker: `LogMessage` is what it reads and writes of one.
 """
@@ -24,6 +29,9 @@ RECORD_HEADER_SIZE = RECORD_HEADER.size  # 26, as a classic record's header
 BODY_START = 4 + RECORD_HEADER_SIZE
 ID_PARTITION_SHIFT = 50
 EXT_ATTEMPTS_FLAG = 0xA000
+PRODUCER_ATTEMPTS_FLAG = 0xC000
+PRODUCER_EXT_ATTEMPTS_FLAG = 0xE000
+_SEQUENCE = struct.Struct(">Q")
 
 
 class LogCorruption(Exception):
@@ -68,29 +76,59 @@ def record_size(message: LogMessage, ext: bool) -> int:
     return size
 
 
-def encode_ext_record(message: LogMessage) -> bytes:
-    """An ext topic's record with its size prefix (`PartitionLog.append` writes the others
-    itself, in its loop)."""
+class ProducerMark(NamedTuple):
+    """The producer of an idempotent publish and the sequence of its last message."""
+
+    producer_id: bytes
+    sequence: int
+
+
+def encode_flagged_record(message: LogMessage, ext: bool, producer: ProducerMark | None) -> bytes:
+    """An ext topic's record, or a publish's last one with its producer, with its size prefix
+    (`PartitionLog.append` writes the others itself, in its loop)."""
     body = message.body
     internal_id = int(message.id, 16)
-    attempts = (message.attempts & 0x0FFF) | EXT_ATTEMPTS_FLAG
+    sections = b""
+    flag = 0
+    if producer is not None:
+        producer_id = producer.producer_id
+        sections = bytes((len(producer_id),)) + producer_id + _SEQUENCE.pack(producer.sequence)
+        flag = PRODUCER_EXT_ATTEMPTS_FLAG if ext else PRODUCER_ATTEMPTS_FLAG
+    if ext:
+        ext_header = message.ext_header
+        sections += (
+            b"\x04" + len(ext_header).to_bytes(2, "big") + ext_header if ext_header else b"\x00"
+        )
+        flag = flag or EXT_ATTEMPTS_FLAG
+    attempts = (message.attempts & 0x0FFF) | flag
     header = RECORD_HEADER.pack(message.timestamp, attempts, internal_id, message.trace_id)
-    ext_header = message.ext_header
-    extension = b"\x04" + len(ext_header).to_bytes(2, "big") + ext_header if ext_header else b"\x00"
-    record = header + extension + body
+    record = header + sections + body
     return SIZE.pack(len(record)) + record
+
+
+def producer_section(record: bytes | memoryview, at: int) -> tuple[ProducerMark, int]:
+    """The producer mark of a record whose section starts at `at` (after the trace id), and
+    where what follows it starts."""
+    length = record[at]
+    producer_id = bytes(record[at + 1 : at + 1 + length])
+    (sequence,) = _SEQUENCE.unpack_from(record, at + 1 + length)
+    return ProducerMark(producer_id, sequence), at + 1 + length + 8
 
 
 def decode_flagged_record(
     record: bytes | memoryview, offset: int, count: int, make: MessageFactory[M]
 ) -> M:
-    """A record whose attempts have high bits set, an ext topic's (`0xA`: the ext section
-    follows the trace id); `PartitionLog` reads the others itself, in its loop."""
+    """A record whose attempts have high bits set: an ext topic's (`0xA`: the ext section
+    follows the trace id), a producer's (`0xC`), or both (`0xE`); `PartitionLog` reads the
+    others itself, in its loop."""
     timestamp, attempts, internal_id, trace_id = RECORD_HEADER.unpack_from(record)
     rest = RECORD_HEADER_SIZE
     ext_header = b""
-    if attempts & 0xF000 == EXT_ATTEMPTS_FLAG:
-        attempts &= 0x0FFF
+    flag = attempts & 0xF000
+    attempts &= 0x0FFF
+    if flag in (PRODUCER_ATTEMPTS_FLAG, PRODUCER_EXT_ATTEMPTS_FLAG):
+        rest = producer_section(record, rest)[1]
+    if flag in (EXT_ATTEMPTS_FLAG, PRODUCER_EXT_ATTEMPTS_FLAG):
         version = record[rest]
         rest += 1
         if version == 4:

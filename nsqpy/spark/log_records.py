@@ -3,7 +3,9 @@
 A fetch returns the records of a partition exactly as nsqd stored them (docs/protocol.md §6.3):
 `[4 size][8 timestamp ns][2 attempts][8 id][8 trace id][body]`, where an ext topic's records
 flag `0xA` in the attempts' high nibble and put an ext section (`[1 version]`, and for version
-4 `[2 length][header]`) before the body. Offsets are virtual: a record's offset is the previous
+4 `[2 length][header]`) before the body; the last record of an idempotent publish flags `0xC`
+(or `0xE` with an ext section after it) and puts its producer (`[1 length][id][8 sequence]`)
+there first. Offsets are virtual: a record's offset is the previous
 record's plus its size prefix and size, the same on every replica.
 """
 
@@ -15,6 +17,8 @@ import pyarrow as pa
 _SIZED_HEADER = struct.Struct(">IqH8sQ")
 _BODY_START = _SIZED_HEADER.size  # 30
 _EXT_FLAG = 0xA000
+_PRODUCER_FLAG = 0xC000
+_PRODUCER_EXT_FLAG = 0xE000
 
 
 class RecordError(ValueError):
@@ -48,8 +52,12 @@ def records_to_batch(
         if end > length or size < _BODY_START - 4:
             raise RecordError(f"a record of {size} bytes at offset {first_offset + at}")
         body_at = at + _BODY_START
-        if attempts & 0xF000 == _EXT_FLAG:
+        flag = attempts & 0xF000
+        if flag:
             attempts &= 0x0FFF
+        if flag in (_PRODUCER_FLAG, _PRODUCER_EXT_FLAG):
+            body_at += 1 + data[body_at] + 8
+        if flag in (_EXT_FLAG, _PRODUCER_EXT_FLAG):
             version = data[body_at]
             body_at += 1
             if version == 4:

@@ -17,6 +17,7 @@ from nsqpy.partition_log import (
     READ_CHUNK,
     PartitionLog,
     Position,
+    ProducerMark,
     record_size,
 )
 
@@ -296,6 +297,26 @@ def test_ext_records_keep_their_header(tmp_path, ext_header):
     assert (read.body, read.ext_header, read.attempts) == (b"body", ext_header, 0)
     assert reopened.end.offset == record_size(message, True)
     reopened.close()
+
+
+@pytest.mark.parametrize("ext", [False, True])
+def test_a_publish_carries_its_producer_on_its_last_record(tmp_path, ext):
+    """Readers see the bodies as stored without the mark (the Spark source's reader:
+    tests/spark/test_log_records.py); `producer_marks` finds it."""
+    log = open_log(tmp_path, ext=ext)
+    messages = [
+        Message(mid, body, 5_000_000_000)
+        for mid, body in zip(log.next_ids(3), (b"a", b"bb", b"ccc"), strict=True)
+    ]
+    messages[2].ext_header = b'{"k":"v"}'
+    log.append(messages[:1])
+    log.append(messages[1:], ProducerMark(b"spark-q-b1-p0", 41))
+    log.commit()
+    read = log.read(Position(0, 0), 5)
+    assert [(m.body, m.attempts) for m in read] == [(b"a", 0), (b"bb", 0), (b"ccc", 0)]
+    assert read[2].ext_header == (b'{"k":"v"}' if ext else b"")
+    assert list(log.producer_marks(0)) == [(ProducerMark(b"spark-q-b1-p0", 41), 5_000_000_000)]
+    log.close()
 
 
 # -- retention -------------------------------------------------------------------------------
