@@ -23,9 +23,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import cast
 
 from nsqpy.client.blocking import USER_AGENT, Connection, NSQError
@@ -46,7 +48,9 @@ from nsqpy.common.command import (
     encode_command,
     encode_fin,
     encode_mpub,
+    encode_mpub_seq,
     encode_pub,
+    encode_pub_seq,
     encode_rdy,
     encode_req,
     encode_touch,
@@ -419,6 +423,14 @@ class ProducerStats:
     connections: int
 
 
+@dataclass
+class _Sequences:
+    """One partition's producer ID and the sequence its next message takes."""
+
+    producer_id: str
+    next: int = 0
+
+
 class _NodeLink:
     """The producer's one connection to an nsqd; one command and its reply at a time."""
 
@@ -438,8 +450,17 @@ class SmartProducer:
     partition, then after a pause that doubles from `backoff_initial` to `backoff_max`, until
     `publish_timeout` seconds have passed (then PublishFailed). A keyed (or explicitly
     partitioned) publish is only ever retried on its own partition, at its new leader. Any
-    other refusal is raised at once as NSQError. A retry after a broken connection may
-    duplicate a message nsqd had stored but could not acknowledge.
+    other refusal is raised at once as NSQError.
+
+    Idempotent (the default, `idempotent=True`): to a log topic's partition on an nsqd that
+    serves it, a publish goes as PUB_SEQ/MPUB_SEQ (docs/protocol.md §3.10) with this
+    producer's ID and the partition's next sequences, and every retry of it goes to the same
+    partition with the same sequences: a retry after an answer lost in a leader failover is
+    acknowledged without being stored twice. A publish that fails for good, or a partition
+    that no longer knows the producer (E_SEQUENCE_GAP), moves that partition to a new
+    producer ID from sequence 0. Elsewhere (classic topics, Youzan's Go nsqd), and with
+    `idempotent=False`, a retry after a broken connection may duplicate a message nsqd had
+    stored but could not acknowledge.
 
     Lookups are kept `lookup_interval` seconds, or `backoff_max` while they lack some of the
     topic's partitions. A partition that refused a publish is avoided by round-robin for
@@ -459,10 +480,20 @@ class SmartProducer:
         timeout: float = 5.0,
         http_timeout: float = 2.0,
         identify: dict | None = None,
+        idempotent: bool = True,
+        producer_id: str | None = None,
     ) -> None:
         self.discovery = LookupdDiscovery(
             lookupd_http_addresses, http_timeout=http_timeout, rediscover_interval=lookup_interval
         )
+        self.idempotent = idempotent
+        # The ID each partition's sequences start under; a partition that must start again
+        # gets `<producer_id>-<n>` (`_restart_sequences`).
+        self.producer_id = producer_id or f"smart-{uuid.uuid4().hex}"
+        self._sequences: dict[tuple[str, int], _Sequences] = {}
+        self._restarts = 0
+        # Topics an nsqd refused a sequenced publish to (classic ones): plain publishes.
+        self._plain_topics: set[str] = set()
         self.lookup_interval = lookup_interval
         self.publish_timeout = publish_timeout
         self.backoff_initial = backoff_initial
@@ -472,6 +503,8 @@ class SmartProducer:
         # No heartbeats: a producer reads only after a command, and nsqd would close a
         # connection left idle for two heartbeat intervals.
         self._identify = {"heartbeat_interval": -1, **(identify or {})}
+        if idempotent:
+            self._identify["idempotent_publish"] = True
         self._lock = threading.Lock()
         # Where to publish (`nsqpy.client.core`), under `_lock`.
         self._router = PublishRouter(
@@ -551,6 +584,35 @@ class SmartProducer:
             self.backoff_initial,
             self.backoff_max,
         )
+        # This publish's (partition, producer ID, first sequence) once it went sequenced:
+        # every retry sends the same.
+        claim: tuple[int, str, int] | None = None
+
+        def command(connection: Connection, partition: int | None) -> bytes:
+            nonlocal claim
+            if (
+                partition is None
+                or not self.idempotent
+                or topic in self._plain_topics
+                or not connection.identify_reply.get("idempotent_publish")
+            ):
+                return self._command(topic, bodies, partition)
+            if claim is None or claim[0] != partition:
+                claim = (partition, *self._claim(topic, partition, len(bodies)))
+                # Retried only on this partition: elsewhere the sequences mean nothing.
+                attempts.partition = partition
+            _partition, producer_id, first = claim
+            if len(bodies) == 1:
+                return encode_pub_seq(topic, partition, producer_id, first, bodies[0])
+            return encode_mpub_seq(topic, partition, producer_id, first, bodies)
+
+        def give_up(error: BaseException) -> PublishFailed:
+            self._count_retries(attempts.attempts)
+            if claim is not None:
+                # Stored or not, nobody knows: the partition's next publish starts afresh.
+                self._restart_sequences(topic, claim[0], claim[1])
+            return PublishFailed(topic, error, attempts.attempts, time.monotonic() - started)
+
         while True:
             try:
                 layout: TopicLayout | None = self._layout(topic, attempts.refresh)
@@ -561,17 +623,26 @@ class SmartProducer:
             with self._lock:
                 step = attempts.next(layout, time.monotonic())
             if step is None:
-                self._count_retries(attempts.attempts)
-                raise PublishFailed(
-                    topic, attempts.last_error, attempts.attempts, time.monotonic() - started
-                )
+                raise give_up(attempts.last_error)
             if not isinstance(step, Target):
                 time.sleep(step)
                 continue
             target = step
             try:
-                self._send(target.address, self._command(topic, bodies, target.partition))
+                self._send(target.address, partial(command, partition=target.partition))
             except NSQError as error:
+                if error.code == "E_NOT_LOG_TOPIC":
+                    # Refused, so not stored: the topic takes plain publishes.
+                    with self._lock:
+                        self._plain_topics.add(topic)
+                    claim = None
+                    continue
+                if error.code == "E_SEQUENCE_GAP" and claim is not None:
+                    # The partition forgot this producer (expired): what it refused was not
+                    # stored, so it goes again under a new producer ID.
+                    self._restart_sequences(topic, claim[0], claim[1])
+                    claim = None
+                    continue
                 if error.code not in RETRYABLE_ERRORS:
                     self._count_retries(attempts.attempts)
                     raise
@@ -594,9 +665,27 @@ class SmartProducer:
             with self._lock:
                 going_on = attempts.failed(target, failure, time.monotonic())
             if not going_on:
-                self._count_retries(attempts.attempts)
-                raise PublishFailed(
-                    topic, attempts.last_error, attempts.attempts, time.monotonic() - started
+                raise give_up(attempts.last_error)
+
+    def _claim(self, topic: str, partition: int, count: int) -> tuple[str, int]:
+        """The producer ID and first sequence of the partition's next `count` messages."""
+        with self._lock:
+            sequences = self._sequences.get((topic, partition))
+            if sequences is None:
+                sequences = self._sequences[(topic, partition)] = _Sequences(self.producer_id)
+            first = sequences.next
+            sequences.next += count
+            return sequences.producer_id, first
+
+    def _restart_sequences(self, topic: str, partition: int, producer_id: str) -> None:
+        """The partition's publishes go on under a new producer ID from 0 (unless another
+        thread moved it on already)."""
+        with self._lock:
+            sequences = self._sequences.get((topic, partition))
+            if sequences is not None and sequences.producer_id == producer_id:
+                self._restarts += 1
+                self._sequences[(topic, partition)] = _Sequences(
+                    f"{self.producer_id}-{self._restarts}"
                 )
 
     def _count_retries(self, attempts: int) -> None:
@@ -628,7 +717,7 @@ class SmartProducer:
         with self._lock:
             return cast(TopicLayout, self._router.looked_up(topic, layout, time.monotonic()))
 
-    def _send(self, address: str, data: bytes) -> None:
+    def _send(self, address: str, command: Callable[[Connection], bytes]) -> None:
         with self._lock:
             if self._closed:
                 raise SmartClientError("the producer is closed")
@@ -641,7 +730,9 @@ class SmartProducer:
                     )
                     with self._lock:
                         self._connections += 1
-                link.connection.send(data)
+                # Made here, under the link's lock: sequences go out in the order they
+                # were claimed on this connection.
+                link.connection.send(command(link.connection))
                 _read_reply(link.connection, self.timeout)
             except (OSError, NSQError, ValueError):
                 # Whatever the error, the connection's state is unknown (or nsqd closes it):
