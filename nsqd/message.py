@@ -28,6 +28,7 @@ class Message:
         "trace_id",
         "ext_header",
         "count",
+        "mark_size",
     )
 
     def __init__(
@@ -56,6 +57,9 @@ class Message:
         self.ext_header = b""  # Youzan ext topics: the PUB_EXT JSON header
         # Log topics: how many messages of the partition come before this one.
         self.count = count
+        # Log topics: bytes of the producer mark in the message's stored record (the last of
+        # an idempotent publish has one, docs/protocol.md §3.10), so its record size is known.
+        self.mark_size = 0
 
     def copy(self) -> "Message":
         """A channel's own copy; `defer` travels with it so every channel defers a DPUB."""
@@ -63,6 +67,7 @@ class Message:
         message.offset, message.trace_id, message.count = self.offset, self.trace_id, self.count
         message.defer = self.defer
         message.ext_header = self.ext_header
+        message.mark_size = self.mark_size
         return message
 
     def to_record(self) -> bytes:

@@ -41,6 +41,7 @@ from nsqpy.partition_log.records import (
     ProducerMark,
     decode_flagged_record,
     encode_flagged_record,
+    mark_size,
     producer_section,
     record_size,
 )
@@ -219,7 +220,10 @@ class PartitionLog(Generic[M]):
         if self.ext:
             last = messages[-1] if producer is not None else None
             for message in messages:
-                record = encode_flagged_record(message, True, producer if message is last else None)
+                marked = producer if message is last else None
+                record = encode_flagged_record(message, True, marked)
+                if marked is not None:
+                    message.mark_size = mark_size(marked)
                 message.offset = offset
                 message.count = count
                 offset += len(record)
@@ -248,6 +252,7 @@ class PartitionLog(Generic[M]):
             if producer is not None:
                 last = messages[-1]
                 record = encode_flagged_record(last, False, producer)
+                last.mark_size = mark_size(producer)
                 last.offset = offset
                 last.count = count
                 offset += len(record)

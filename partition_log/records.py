@@ -61,6 +61,8 @@ class LogMessage(Protocol):
     count: int
     # A DPUB's delay in seconds (the log keeps it for readers while it is in memory).
     defer: float
+    # Bytes of the producer mark in its record: set by the log (0 unless it has one).
+    mark_size: int
 
 
 M = TypeVar("M", bound=LogMessage)
@@ -70,7 +72,7 @@ MessageFactory = Callable[[bytes, bytes, int, int, int, int, int], M]
 
 def record_size(message: LogMessage, ext: bool) -> int:
     """Bytes the message's record takes in the log, its size prefix included."""
-    size = 4 + RECORD_HEADER_SIZE + len(message.body)
+    size = 4 + RECORD_HEADER_SIZE + len(message.body) + message.mark_size
     if ext:
         size += 1 + (2 + len(message.ext_header) if message.ext_header else 0)
     return size
@@ -106,6 +108,11 @@ def encode_flagged_record(message: LogMessage, ext: bool, producer: ProducerMark
     return SIZE.pack(len(record)) + record
 
 
+def mark_size(producer: ProducerMark) -> int:
+    """Bytes the producer section takes in a record."""
+    return 1 + len(producer.producer_id) + 8
+
+
 def producer_section(record: bytes | memoryview, at: int) -> tuple[ProducerMark, int]:
     """The producer mark of a record whose section starts at `at` (after the trace id), and
     where what follows it starts."""
@@ -126,8 +133,11 @@ def decode_flagged_record(
     ext_header = b""
     flag = attempts & 0xF000
     attempts &= 0x0FFF
+    marked = 0
     if flag in (PRODUCER_ATTEMPTS_FLAG, PRODUCER_EXT_ATTEMPTS_FLAG):
-        rest = producer_section(record, rest)[1]
+        after = producer_section(record, rest)[1]
+        marked = after - rest
+        rest = after
     if flag in (EXT_ATTEMPTS_FLAG, PRODUCER_EXT_ATTEMPTS_FLAG):
         version = record[rest]
         rest += 1
@@ -139,6 +149,7 @@ def decode_flagged_record(
         b"%016x" % internal_id, bytes(record[rest:]), timestamp, attempts, offset, trace_id, count
     )
     message.ext_header = ext_header
+    message.mark_size = marked
     return message
 
 
@@ -155,6 +166,7 @@ class Record:
         "count",
         "ext_header",
         "defer",
+        "mark_size",
     )
 
     def __init__(
@@ -176,3 +188,4 @@ class Record:
         self.count = count
         self.ext_header = b""
         self.defer = 0.0
+        self.mark_size = 0

@@ -17,6 +17,7 @@ plain threads and Spark executors can use it.
 
 import json
 import logging
+import select
 import socket
 import threading
 import time
@@ -376,6 +377,20 @@ def lookupd_json(url: str, path: str, params: dict[str, str], timeout: float) ->
     return json.loads(body) if body.strip() else None
 
 
+def _closed_by_peer(connection: Connection) -> bool:
+    """Whether nsqd closed this idle connection (a producer's gets nothing unasked)."""
+    sock = connection.sock
+    readable, _, _ = select.select([sock], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
 def _read_reply(connection: Connection, timeout: float) -> bytes:
     """The next response frame's data within `timeout` (heartbeats answered on the way);
     NSQError for an error frame, TimeoutError when nsqd does not answer."""
@@ -585,8 +600,10 @@ class SmartProducer:
             self.backoff_max,
         )
         # This publish's (partition, producer ID, first sequence) once it went sequenced:
-        # every retry sends the same.
+        # every retry sends the same, to the same partition, unless a refusal says it was not
+        # stored (then an unkeyed publish may go elsewhere).
         claim: tuple[int, str, int] | None = None
+        pinned_by_caller = partition
 
         def command(connection: Connection, partition: int | None) -> bytes:
             nonlocal claim
@@ -646,6 +663,12 @@ class SmartProducer:
                 if error.code not in RETRYABLE_ERRORS:
                     self._count_retries(attempts.attempts)
                     raise
+                if claim is not None and pinned_by_caller is None and key is None:
+                    # Refused, so not stored: free to go to another partition. What it
+                    # claimed there is never sent; that partition starts afresh.
+                    self._restart_sequences(topic, claim[0], claim[1])
+                    claim = None
+                    attempts.partition = None
                 failure: BaseException = error
             except OSError as error:
                 failure = error
@@ -724,6 +747,11 @@ class SmartProducer:
             link = self._links.setdefault(address, _NodeLink(address))
         with link.lock:
             try:
+                if link.connection is not None and _closed_by_peer(link.connection):
+                    # nsqd went away since the last publish: nothing is sent on the dead
+                    # connection (whether it stored that could not be told afterwards).
+                    link.connection.close()
+                    link.connection = None
                 if link.connection is None:
                     link.connection = Connection(
                         address, timeout=self.timeout, identify=self._identify

@@ -17,13 +17,23 @@ Spark partition's rows in their order, as an ordered topic requires; a null key 
 round-robin, which an ordered topic refuses. A key means nothing to a classic topic.
 
 `write` runs on executors, once per task attempt; `commit` runs in a separate driver-side
-Python worker, so the only state it sees is the commit messages. A retried task publishes its
-rows again, and the smart client's retry after a broken connection may store a chunk twice:
-the sink is at-least-once like the source.
+Python worker, so the only state it sees is the commit messages.
+
+Through `lookupd`, a log topic (every partitioned topic) is written exactly once: each task
+publishes idempotently (`PUB_SEQ`/`MPUB_SEQ`, docs/protocol.md §3.10) as the producer
+`spark-<query id>-<batch id>-<Spark partition>` (a batch write: `spark-<write id>-<Spark
+partition>`), numbering its messages on each NSQ partition from 0, and sends keyless chunks
+to partitions chosen from the Spark partition and the chunk's place, not round-robin. A task
+run again, or a batch replayed after the driver restarted from its checkpoint, sends the
+same chunks with the same producer and sequences, which the partitions acknowledge without
+storing them twice (as long as the replay comes within `--producer-id-expiration` and reads
+the same rows, as the log-topic source does). Classic topics, and partitioned ones through
+`nsqd_http`, are written at least once: a retried task publishes its rows again.
 """
 
 import json
 import urllib.error
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -81,10 +91,18 @@ def http_mpub(
     )
 
 
+# Spark's local properties of a micro-batch's tasks (StreamExecution.QUERY_ID_KEY and
+# MicroBatchExecution.BATCH_ID_KEY).
+_QUERY_ID = "sql.streaming.queryId"
+_BATCH_ID = "streaming.sql.batchId"
+
+
 class _Publisher:
     """The write path shared by the batch and the streaming sink."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        # Made on the driver, the same in every task of this write.
+        self.write_id = uuid.uuid4().hex
         self.topic = opts.required(options, "topic")
         self.nsqd_http_addresses = opts.address_list(options.get("nsqd_http"))
         self.lookupd_addresses = opts.address_list(options.get("lookupd"))
@@ -209,21 +227,39 @@ class _Publisher:
     def _write_smart(self, iterator: Iterator[pa.RecordBatch]) -> PublishedCount:
         self._check_listed_to_writers()
         count = 0
-        with SmartProducer(self.lookupd_addresses) as producer:
-            partition_num = 0
-            if self.key_index is not None:
-                partition_num = producer.refresh(self.topic).partition_num
-                if not partition_num:
-                    raise RuntimeError(
-                        f"nsqlookupd lists no writable partition of topic {self.topic!r}: a"
-                        " partition is listed to writers once it has a channel"
-                    )
+        with SmartProducer(self.lookupd_addresses, producer_id=self._producer_id()) as producer:
+            partition_num = producer.refresh(self.topic).partition_num
+            if not partition_num:
+                raise RuntimeError(
+                    f"nsqlookupd lists no writable partition of topic {self.topic!r}: a"
+                    " partition is listed to writers once it has a channel"
+                )
+            # Keyless chunks: the same partitions in every attempt of the task.
+            turn = self._task_number()
             for batch in iterator:
                 for partition, bodies in self._groups(batch, partition_num):
                     for chunk in self._chunks(bodies):
-                        producer.multi_publish(self.topic, chunk, partition=partition)
+                        target = partition
+                        if target is None:
+                            target = turn % partition_num
+                            turn += 1
+                        producer.multi_publish(self.topic, chunk, partition=target)
                     count += len(bodies)
         return PublishedCount(count, ",".join(self.lookupd_addresses))
+
+    def _producer_id(self) -> str:
+        """The same in every attempt of this task: `spark-<query>-<batch>-<partition>` in a
+        streaming query (its ID survives restarts from the checkpoint), else
+        `spark-<write>-<partition>`."""
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        query = context.getLocalProperty(_QUERY_ID) if context is not None else None
+        batch = context.getLocalProperty(_BATCH_ID) if context is not None else None
+        if query and batch:
+            return f"spark-{query.replace('-', '')}-{batch}-{partition}"
+        return f"spark-{self.write_id}-{partition}"
 
     def _check_listed_to_writers(self) -> None:
         """Fail at once, saying what to do, when every nsqlookupd refuses to list the topic's
@@ -296,5 +332,6 @@ class NSQStreamWriter(_Publisher, DataSourceStreamArrowWriter):
         pass
 
     def abort(self, messages: list, batchId: int) -> None:  # noqa: N803
-        # Published messages cannot be taken back; a retry publishes again (at-least-once).
+        # Published messages cannot be taken back; a retry publishes them again, stored once
+        # on a log topic through lookupd, again on a classic one (at-least-once).
         pass

@@ -95,6 +95,8 @@ def test_all_body_commands_are_known() -> None:
         b"PUB_EXT",
         b"MPUB_TRACE",
         b"MPUB_EXT",
+        b"PUB_SEQ",
+        b"MPUB_SEQ",
     }
 
 

@@ -1,0 +1,91 @@
+"""A streaming query for the exactly-once sink test: log topic "in" into log topic "out"
+through the nsq sink, on `local[2,3]` (a failed task is run again), one task failing once
+after part of its rows were published.
+
+`python exactly_once_sink_driver.py LOOKUPD_HTTP CHECKPOINT MARKER`. The failure comes from
+the task's input, as an upstream error would: the first attempt of Spark partition 0 of the
+first micro-batch reads two Arrow batches (100 rows each), which the real sink publishes, and
+then its input raises. MARKER records how many rows went through before that.
+"""
+
+import os
+import sys
+
+from pyspark import TaskContext
+from pyspark.sql import SparkSession
+
+from nsqpy.spark import register
+from nsqpy.spark.source import NSQDataSource
+from nsqpy.spark.writer import NSQStreamWriter
+
+
+class FailingOnceWriter(NSQStreamWriter):
+    def __init__(self, options, schema) -> None:
+        super().__init__(options, schema)
+        self.marker = options["marker"]
+
+    def write(self, iterator):
+        context = TaskContext.get()
+        first_attempt = context is not None and context.attemptNumber() == 0
+        if first_attempt and context.partitionId() == 0 and not os.path.exists(self.marker):
+            iterator = self._failing(iterator)
+        return super().write(iterator)
+
+    def _failing(self, iterator):
+        rows = 0
+        for number, batch in enumerate(iterator):
+            if number == 2:
+                with open(self.marker, "w") as marker:
+                    marker.write(str(rows))
+                raise RuntimeError("injected: the task's input failed")
+            rows += batch.num_rows
+            yield batch
+
+
+class FailingOnce(NSQDataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "nsq_failing_once"
+
+    def streamWriter(self, schema, overwrite):  # noqa: N802 (Spark's name)
+        return FailingOnceWriter(self.options, schema)
+
+
+def main() -> None:
+    lookupd_http, checkpoint, marker = sys.argv[1:4]
+    spark = (
+        SparkSession.builder.master("local[2,3]")
+        .appName("nsqpy-exactly-once-sink")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    spark.dataSource.register(FailingOnce)
+    query = (
+        spark.readStream.format("nsq")
+        .option("lookupd", lookupd_http)
+        .option("topic", "in")
+        .option("startingOffsets", "earliest")
+        .load()
+        .select("body")
+        .writeStream.format("nsq_failing_once")
+        .option("lookupd", lookupd_http)
+        .option("topic", "out")
+        .option("publishChunk", "50")
+        .option("marker", marker)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    print("query ended", flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
