@@ -26,6 +26,8 @@ from nsqpy.client.smart import SmartClientError, SmartProducer
 from nsqpy.common.command import encode_rdy
 from nsqpy.common.frame import FRAME_TYPE_MESSAGE
 from nsqpy.common.message import decode_message
+from nsqpy.partition_log import Record
+from nsqpy.partition_log.records import SIZE, decode_flagged_record
 from tests.cluster.local_cluster import LocalCluster
 from tests.cluster.proxy import BlackholeProxy
 from tests.harness import V2Connection
@@ -143,6 +145,24 @@ def log_files(node, topic: str) -> dict[str, bytes]:
     }
 
 
+def stored_bodies(files: dict[str, bytes]) -> Counter:
+    """How many times each body is stored in a partition's log segments."""
+    bodies: Counter = Counter()
+    for name in sorted(files):
+        if not name.endswith(".commit.log"):
+            continue
+        data = files[name]
+        at = 0
+        while at + 4 <= len(data):
+            (size,) = SIZE.unpack_from(data, at)
+            record = data[at + 4 : at + 4 + size]
+            if size == 0 or len(record) < size:
+                break  # the end of what is written
+            bodies[decode_flagged_record(record, 0, 0, Record).body] += 1
+            at += 4 + size
+    return bodies
+
+
 def settle_and_check(cluster: LocalCluster, workload: Workload) -> dict:
     """Stop the producers, let the consumers drain, then check every promise; the figures."""
     # Every node back in every ISR, so the byte comparison covers all replicas.
@@ -183,10 +203,13 @@ def settle_and_check(cluster: LocalCluster, workload: Workload) -> dict:
                         print("DIFF", name, len(a), len(b), "first difference at", first)
                 print(json.dumps(cluster.stats()["partitions"]))
                 raise
+        stored = stored_bodies(expected)
         figures[topic] = {
             "acknowledged": len(workload_acked),
             "lost": 0,
             "duplicates": sum(count - 1 for count in traffic.received.values() if count > 1),
+            # The smart producer publishes idempotently: its retries store nothing twice.
+            "stored_duplicates": sum(count - 1 for count in stored.values() if count > 1),
             "gaps": [round(gap, 2) for gap, _at in traffic.gaps],
         }
     workload.stop()
@@ -380,6 +403,7 @@ def test_chaos(chaos_cluster):
     print("chaos:", json.dumps(figures))
     for topic, figure in figures.items():
         assert figure["acknowledged"] > 100, (topic, figure)
+        assert figure["stored_duplicates"] == 0, (topic, figure)
 
 
 @pytest.mark.slow
@@ -387,3 +411,5 @@ def test_chaos_long(chaos_cluster):
     cluster, faults = chaos_cluster
     figures = run_chaos(cluster, faults, rounds=8)
     print("chaos (long):", json.dumps(figures))
+    for topic, figure in figures.items():
+        assert figure["stored_duplicates"] == 0, (topic, figure)
