@@ -151,16 +151,26 @@ def main() -> None:
     parser.add_argument("--max-per-batch", type=int, default=2000)
     parser.add_argument("--output", default="/tmp/order_totals")
     parser.add_argument("--checkpoint", default="/tmp/order_totals.checkpoint")
+    parser.add_argument(
+        "--master",
+        default="local[2]",
+        help="Spark master: spark://host:7077 (a cluster), or sc://host:15002 (Spark Connect)",
+    )
     args = parser.parse_args()
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("nsq-order-totals")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    if args.master.startswith("sc://"):
+        spark = SparkSession.builder.remote(args.master).getOrCreate()
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+        spark.conf.set("spark.sql.session.timeZone", "UTC")
+    else:
+        spark = (
+            SparkSession.builder.master(args.master)
+            .appName("nsq-order-totals")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.sql.session.timeZone", "UTC")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     events = make_events(args.events, args.seed)
     publish(spark, args, events)

@@ -20,7 +20,13 @@ def register(spark) -> None:
     pyarrow. When neither `PYSPARK_PYTHON` nor `spark.pyspark.python` names their interpreter,
     Spark would start the `python3` on the PATH, which has neither; the workers then use the
     interpreter running this driver instead (a virtualenv's `python job.py` just works).
+
+    A Spark Connect session (`SparkSession.builder.remote(...)`) only registers the source:
+    its Python workers are the Connect server's, started with the server's `PYSPARK_PYTHON`.
     """
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        spark.dataSource.register(NSQDataSource)
+        return
     context = spark.sparkContext
     if not os.environ.get("PYSPARK_PYTHON") and not spark.conf.get("spark.pyspark.python", ""):
         context.pythonExec = sys.executable

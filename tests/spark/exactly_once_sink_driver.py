@@ -2,10 +2,13 @@
 through the nsq sink, on `local[2,3]` (a failed task is run again), one task failing once
 after part of its rows were published.
 
-`python exactly_once_sink_driver.py LOOKUPD_HTTP CHECKPOINT MARKER`. The failure comes from
-the task's input, as an upstream error would: the first attempt of Spark partition 0 of the
-first micro-batch reads two Arrow batches (100 rows each), which the real sink publishes, and
-then its input raises. MARKER records how many rows went through before that.
+`python exactly_once_sink_driver.py LOOKUPD_HTTP CHECKPOINT MARKER [MASTER]`: MASTER may be a
+standalone cluster's (which runs a failed task again by itself, up to
+`spark.task.maxFailures`) or a Spark Connect server's `sc://host:port`. The
+failure comes from the task's input, as an upstream error would: the first attempt of Spark
+partition 0 of the first micro-batch reads two Arrow batches (100 rows each), which the real
+sink publishes, and then its input raises. MARKER records how many rows went through before
+that, and MARKER.executors the executor process (its JVM's PID) of every task.
 """
 
 import os
@@ -26,6 +29,8 @@ class FailingOnceWriter(NSQStreamWriter):
 
     def write(self, iterator):
         context = TaskContext.get()
+        with open(self.marker + ".executors", "a") as executors:
+            executors.write(f"{context.partitionId()} {executor_process()}\n")
         first_attempt = context is not None and context.attemptNumber() == 0
         if first_attempt and context.partitionId() == 0 and not os.path.exists(self.marker):
             iterator = self._failing(iterator)
@@ -42,6 +47,18 @@ class FailingOnceWriter(NSQStreamWriter):
             yield batch
 
 
+def executor_process() -> int:
+    """The PID of the executor JVM this Python worker runs under (the driver's, locally)."""
+    pid = os.getpid()
+    while pid > 1:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            if b"CoarseGrainedExecutorBackend" in cmdline.read():
+                return pid
+        with open(f"/proc/{pid}/stat") as stat:
+            pid = int(stat.read().rsplit(")", 1)[1].split()[1])
+    return 0
+
+
 class FailingOnce(NSQDataSource):
     @classmethod
     def name(cls) -> str:
@@ -53,17 +70,24 @@ class FailingOnce(NSQDataSource):
 
 def main() -> None:
     lookupd_http, checkpoint, marker = sys.argv[1:4]
-    spark = (
-        SparkSession.builder.master("local[2,3]")
-        .appName("nsqpy-exactly-once-sink")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    master = sys.argv[4] if len(sys.argv) > 4 else "local[2,3]"
+    if master.startswith("sc://"):
+        # Spark Connect: the server has its master and settings; the session sets its own.
+        spark = SparkSession.builder.remote(master).getOrCreate()
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+    else:
+        spark = (
+            SparkSession.builder.master(master)
+            .appName("nsqpy-exactly-once-sink")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.host", "127.0.0.1")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     spark.dataSource.register(FailingOnce)
     query = (

@@ -1,6 +1,15 @@
 """What the Spark connector tests share: addresses, stats, draining and availableNow runs."""
 
-from nsqpy.client.blocking import http_request
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyspark
+
+from nsqpy.client.blocking import http_json, http_request
+from nsqpy.client.smart import SmartConsumer
+from tests.harness import create_partitioned_topic, start_nsqd, start_nsqlookupd
 from tests.support.polling import poll
 from tests.support.stats import channel_stats
 
@@ -52,3 +61,65 @@ def publish(http: str, topic: str, partition: int, bodies: list[bytes]) -> None:
         partition=str(partition),
         binary="true",
     )
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# The Spark that pyspark ships: bin/spark-class, bin/spark-submit, its jars.
+SPARK_HOME = Path(pyspark.__file__).parent
+SINK_DRIVER = Path(__file__).with_name("exactly_once_sink_driver.py")
+
+
+def run_driver(arguments: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python ARGUMENTS` from the checkout's root, its Spark workers on this interpreter."""
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
+    return subprocess.run(
+        [sys.executable, *arguments],
+        cwd=ROOT,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def check_exactly_once_sink(tmp_path: Path, master: str | None = None, logs=str) -> Path:
+    """exactly_once_sink_driver.py on `master` (its default: local[2,3]): 2,000 messages in
+    log topic "in" (2 partitions) streamed into log topic "out" through nsqlookupd, one task
+    failing after the sink published 200 of its rows; every message must be in "out" once.
+    The driver's marker file (see the driver); `logs()` adds to a failure's message."""
+    lookupd = start_nsqlookupd("-broadcast-address=127.0.0.1")
+    data = tmp_path / "nsqd"
+    data.mkdir()
+    nsqd = start_nsqd(
+        data, f"-lookupd-tcp-address={lookupd.addresses['TCP']}", "-broadcast-address=127.0.0.1"
+    )
+    try:
+        lookupd_http, nsqd_http = lookupd.addresses["HTTP"], nsqd.addresses["HTTP"]
+        poll(lambda: http_json(lookupd_http, "/nodes")["producers"], "the nsqd to register")
+        create_partitioned_topic(lookupd_http, nsqd_http, "in", 2, "c")
+        create_partitioned_topic(lookupd_http, nsqd_http, "out", 2, "c")
+        published = []
+        for partition in (0, 1):
+            bodies = [b"row-%d-%04d" % (partition, i) for i in range(1000)]
+            publish(nsqd_http, "in", partition, bodies)
+            published += bodies
+        marker = tmp_path / "failed-after"
+        arguments = [str(SINK_DRIVER), lookupd_http, str(tmp_path / "ck"), str(marker)]
+        result = run_driver(arguments + ([master] if master else []))
+        assert result.returncode == 0, result.stdout[-5000:] + logs()
+        # The injected failure came after the sink had published rows of the task.
+        assert int(marker.read_text()) == 200, marker.read_text()
+
+        counts = {
+            entry["topic_partition"]: entry["message_count"]
+            for entry in http_json(nsqd_http, "/stats", format="json", topic="out")["topics"]
+        }
+        assert sum(counts.values()) == len(published), f"stored {counts}: duplicates or losses"
+        with SmartConsumer([lookupd_http], "out", "c", max_in_flight=200) as consumer:
+            received = consumer.receive_many(len(published), timeout=60, finish=True)
+        assert sorted(message.body for message in received) == sorted(published)
+        return marker
+    finally:
+        nsqd.stop()
+        lookupd.stop()

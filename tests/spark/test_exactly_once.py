@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nsqpy.client.blocking import http_json
-from nsqpy.client.smart import SmartConsumer
-from tests.harness import create_partitioned_topic, start_nsqd, start_nsqlookupd
-from tests.spark.support import create_topic, publish
+from tests.harness import start_nsqd
+from tests.spark.support import check_exactly_once_sink, create_topic, publish
 from tests.support.polling import poll
 
 pytestmark = pytest.mark.spark
@@ -87,52 +85,8 @@ def test_the_parquet_output_holds_every_message_once_after_the_driver_is_killed(
         nsqd.stop()
 
 
-SINK_DRIVER = Path(__file__).with_name("exactly_once_sink_driver.py")
-
-
 def test_a_task_run_again_after_publishing_part_of_its_rows_stores_each_row_once(tmp_path):
     """Log topic → Spark → log topic through lookupd, on local[2,3]: one task fails after the
     sink published some of its rows and Spark runs it again; the output topic holds every
     input message once (the retried task's repeats are acknowledged, not stored)."""
-    lookupd = start_nsqlookupd("-broadcast-address=127.0.0.1")
-    data = tmp_path / "nsqd"
-    data.mkdir()
-    nsqd = start_nsqd(
-        data, f"-lookupd-tcp-address={lookupd.addresses['TCP']}", "-broadcast-address=127.0.0.1"
-    )
-    try:
-        lookupd_http, nsqd_http = lookupd.addresses["HTTP"], nsqd.addresses["HTTP"]
-        poll(lambda: http_json(lookupd_http, "/nodes")["producers"], "the nsqd to register")
-        create_partitioned_topic(lookupd_http, nsqd_http, "in", 2, "c")
-        create_partitioned_topic(lookupd_http, nsqd_http, "out", 2, "c")
-        published = []
-        for partition in (0, 1):
-            bodies = [b"row-%d-%04d" % (partition, i) for i in range(1000)]
-            publish(nsqd_http, "in", partition, bodies)
-            published += bodies
-        marker = tmp_path / "failed-after"
-        environment = dict(os.environ, PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
-        driver = subprocess.run(
-            [sys.executable, str(SINK_DRIVER), lookupd_http, str(tmp_path / "ck"), str(marker)],
-            cwd=ROOT,
-            env=environment,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=240,
-        )
-        assert driver.returncode == 0, driver.stdout[-5000:]
-        # The injected failure happened after the sink had published rows of the task.
-        assert int(marker.read_text()) == 200, marker.read_text()
-
-        counts = {
-            entry["topic_partition"]: entry["message_count"]
-            for entry in http_json(nsqd_http, "/stats", format="json", topic="out")["topics"]
-        }
-        assert sum(counts.values()) == len(published), f"stored {counts}: duplicates or losses"
-        with SmartConsumer([lookupd_http], "out", "c", max_in_flight=200) as consumer:
-            received = consumer.receive_many(len(published), timeout=60, finish=True)
-        assert sorted(message.body for message in received) == sorted(published)
-    finally:
-        nsqd.stop()
-        lookupd.stop()
+    check_exactly_once_sink(tmp_path)

@@ -1,0 +1,86 @@
+"""The connector through Spark Connect: a Connect server started with the `spark-submit`
+pyspark ships (`SparkConnectServer`, `local[2,3]`: a failed task is run again), and drivers
+that reach it with `SparkSession.builder.remote("sc://...")`. Python data sources work there:
+the client sends the source's class, the server's Python workers run it. The pipeline example
+and the exactly-once sink test run through it."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.harness import start_nsqd
+from tests.spark.support import ROOT, SPARK_HOME, check_exactly_once_sink, run_driver
+from tests.support.polling import poll
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    """The `sc://` address of a Spark Connect server on 127.0.0.1."""
+    root = tmp_path_factory.mktemp("spark-connect")
+    log = root / "connect.log"
+    environment = dict(
+        os.environ, SPARK_HOME=str(SPARK_HOME), PYSPARK_PYTHON=sys.executable, PYTHONPATH=str(ROOT)
+    )
+    settings = {
+        "spark.connect.grpc.binding.port": "0",
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+    }
+    command = [
+        str(SPARK_HOME / "bin" / "spark-submit"),
+        "--class",
+        "org.apache.spark.sql.connect.service.SparkConnectServer",
+        "--master",
+        "local[2,3]",
+        *(item for key, value in settings.items() for item in ("--conf", f"{key}={value}")),
+    ]
+    with open(log, "w") as output:
+        server = subprocess.Popen(
+            command, env=environment, cwd=root, stdout=output, stderr=subprocess.STDOUT
+        )
+    try:
+
+        def started() -> str | None:
+            for line in log.read_text().splitlines():
+                if "Spark Connect server started at: " in line:
+                    return "sc://" + line.rsplit(" ", 1)[1]
+            assert server.poll() is None, log.read_text()[-3000:]
+            return None
+
+        yield poll(started, "the Spark Connect server", timeout=120)
+    finally:
+        server.kill()
+        server.wait(30)
+
+
+def test_the_pipeline_example_runs_through_spark_connect(connect_server, tmp_path):
+    data = tmp_path / "nsqd"
+    data.mkdir()
+    nsqd = start_nsqd(data)
+    try:
+        result = run_driver(
+            [
+                "-m",
+                "examples.spark_pipeline",
+                f"--master={connect_server}",
+                f"--nsqd-http={nsqd.addresses['HTTP']}",
+                f"--output={tmp_path / 'totals'}",
+                f"--checkpoint={tmp_path / 'checkpoint'}",
+                "--events=3000",
+                "--max-per-batch=1000",
+            ]
+        )
+    finally:
+        nsqd.stop()
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert "checked: 27 (minute, kind) totals match the 3000 events" in result.stdout
+
+
+def test_a_retried_task_through_spark_connect_stores_each_row_once(connect_server, tmp_path):
+    check_exactly_once_sink(tmp_path, connect_server)

@@ -1,0 +1,142 @@
+"""The connector on a real Spark cluster: a standalone master and two workers started with the
+`spark-class` pyspark ships (no download), each worker with one core, so a job's two tasks run
+at once in two executor processes. Jobs run as separate driver processes against the master:
+the pipeline example, and the exactly-once sink test, whose reads and writes run on the
+executors (which the test checks by their processes)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness import start_nsqd
+from tests.spark.support import SPARK_HOME, check_exactly_once_sink, run_driver
+from tests.support.polling import poll
+
+pytestmark = pytest.mark.spark
+
+STARTUP = 120.0
+
+
+class StandaloneCluster:
+    """A master and `workers` workers on 127.0.0.1, on ports they choose."""
+
+    def __init__(self, root: Path, workers: int = 2) -> None:
+        self.root = root
+        self.processes: list[subprocess.Popen] = []
+        self.environment = dict(
+            os.environ,
+            SPARK_HOME=str(SPARK_HOME),
+            PYSPARK_PYTHON=sys.executable,
+            # The master's REST submission server listens on fixed port 6066: not needed.
+            SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
+        )
+        master_log = root / "master.log"
+        self._start(
+            "master",
+            ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1"],
+            master_log,
+        )
+        self.url = poll(lambda: _master_url(master_log), "the Spark master", timeout=STARTUP)
+        for number in range(workers):
+            work = root / f"worker{number}"
+            work.mkdir()
+            log = root / f"worker{number}.log"
+            self._start(
+                f"worker{number}",
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    self.url,
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1g",
+                    "--work-dir",
+                    str(work),
+                ],
+                log,
+            )
+            poll(
+                lambda log=log: "Successfully registered with master" in log.read_text(),
+                f"Spark worker {number} to register",
+                timeout=STARTUP,
+            )
+
+    def _start(self, name: str, arguments: list[str], log: Path) -> None:
+        command = [str(SPARK_HOME / "bin" / "spark-class"), *arguments]
+        command += ["--port", "0", "--webui-port", "0"]
+        with open(log, "w") as output:
+            self.processes.append(
+                subprocess.Popen(
+                    command,
+                    env=self.environment,
+                    cwd=self.root,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+
+    def close(self) -> None:
+        for process in reversed(self.processes):
+            process.kill()
+            process.wait(30)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"== {log.name}\n{log.read_text()[-3000:]}" for log in sorted(self.root.glob("*.log"))
+        )
+
+
+def _master_url(log: Path) -> str | None:
+    for line in log.read_text().splitlines():
+        if "Starting Spark master at " in line:
+            return line.rsplit(" ", 1)[1]
+    return None
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-standalone"))
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def test_the_pipeline_example_runs_on_the_cluster(standalone, tmp_path):
+    data = tmp_path / "nsqd"
+    data.mkdir()
+    nsqd = start_nsqd(data)
+    try:
+        result = run_driver(
+            [
+                "-m",
+                "examples.spark_pipeline",
+                f"--master={standalone.url}",
+                f"--nsqd-http={nsqd.addresses['HTTP']}",
+                f"--output={tmp_path / 'totals'}",
+                f"--checkpoint={tmp_path / 'checkpoint'}",
+                "--events=3000",
+                "--max-per-batch=1000",
+            ]
+        )
+    finally:
+        nsqd.stop()
+    assert result.returncode == 0, result.stdout[-5000:] + standalone.logs()
+    assert "checked: 27 (minute, kind) totals match the 3000 events" in result.stdout
+
+
+def test_a_retried_task_on_the_cluster_stores_each_row_once(standalone, tmp_path):
+    """The exactly-once sink test (test_exactly_once.py) with its tasks on two executors:
+    each reads its partition of "in" from nsqd and publishes it into "out" from there."""
+    marker = check_exactly_once_sink(tmp_path, standalone.url, standalone.logs)
+    # The tasks ran in the executors' processes, the two Spark partitions side by side.
+    executors = {
+        int(line.split()[1]) for line in Path(f"{marker}.executors").read_text().splitlines()
+    }
+    assert len(executors) == 2 and 0 not in executors, executors
