@@ -2,7 +2,7 @@
 Spark.
 
     .venv/bin/python examples/spark_bench.py [--rows 500000] [--body-size 100]
-        [--max-batch N] [--connections N]
+        [--max-batch N] [--connections N] [--master spark://HOST:PORT]
 
 Starts its own nsqlookupd and nsqd (this checkout's, on ephemeral ports, the nsqd registered
 with the nsqlookupd) and a local[2] SparkSession, then times, each in its own function:
@@ -175,6 +175,9 @@ def main() -> None:
     parser.add_argument("--body-size", type=int, default=100)
     parser.add_argument("--max-batch", type=int, default=None)
     parser.add_argument("--connections", type=int, default=None)
+    parser.add_argument(
+        "--master", default="local[2]", help="Spark master, e.g. a standalone cluster's spark://"
+    )
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -198,8 +201,11 @@ def main() -> None:
         tcp, http = nsqd.addresses["TCP"], nsqd.addresses["HTTP"]
         lookupd_http = lookupd.addresses["HTTP"]
         spark = (
-            SparkSession.builder.master("local[2]")
+            SparkSession.builder.master(args.master)
             .config("spark.ui.enabled", "false")
+            # Executors of a cluster on this machine reach the driver here.
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.shuffle.partitions", "2")
             # Every micro-batch's progress, not the last 100: the read counts its rows there.
