@@ -744,6 +744,8 @@ class Watch:
         self._closed = False
         # etcd refused the last token: the next open asks for a new one.
         self._token_refused = False
+        # A create request is out and not yet confirmed.
+        self._creating = False
 
     async def __aenter__(self) -> "Watch":
         return self
@@ -766,6 +768,19 @@ class Watch:
         endpoint answers within the client's timeout."""
         if self._opened:
             return
+        if self._creating:
+            # An open cancelled after its create request went out: etcd may have created the
+            # watch "from now" already, so its confirmation is read on that connection rather
+            # than a new watch made later (which would miss what happened in between).
+            with trio.move_on_after(self._client.timeout):
+                try:
+                    await self._await_created()
+                except _CONNECTION_ERRORS:
+                    self._drop()
+                else:
+                    self._opened = True
+                    return
+            self._drop()
         failures = []
         deadline = trio.current_time() + self._client.timeout
         order = self._client._order()
@@ -807,6 +822,11 @@ class Watch:
         await connection.send_all(
             encode_request(endpoint.authority, API_PREFIX + "/watch", body, token)
         )
+        self._creating = True
+        await self._await_created()
+
+    async def _await_created(self) -> None:
+        """Read the watch's stream until etcd confirms it was created."""
         while True:
             try:
                 message = await self._next_message()
@@ -818,6 +838,7 @@ class Watch:
                 raise _NoAnswer(str(error)) from None
             self._token_refused = False
             if message.created:
+                self._creating = False
                 if self.revision <= 0:
                     # "From now": pin it, so a re-open does not skip what happens meanwhile.
                     self.revision = message.revision + 1
@@ -893,6 +914,7 @@ class Watch:
         self._parser = ResponseParser()
         self._splitter = LineSplitter()
         self._lines.clear()
+        self._creating = False
 
 
 def _token_refused(error: EtcdError) -> bool:

@@ -381,6 +381,9 @@ async def test_watch_misses_and_repeats_nothing_across_a_restart_while_iterating
 
 async def test_watch_is_cancellable_and_closes_its_connection(etcd):
     async with etcd.watch_prefix("quiet/", 0) as watch:
+        # Opened first: "from now" is when etcd created it (a wait cancelled before that
+        # would leave "now" for the next wait to fix).
+        await watch.open()
         with trio.move_on_after(0.1) as scope:
             await anext(watch)
         assert scope.cancelled_caught

@@ -1,14 +1,18 @@
-"""A streaming query for the exactly-once sink test: log topic "in" into log topic "out"
-through the nsq sink, on `local[2,3]` (a failed task is run again), one task failing once
-after part of its rows were published.
+"""A streaming query for the exactly-once sink tests: log topic "in" into log topic "out"
+through the nsq sink.
 
-`python exactly_once_sink_driver.py LOOKUPD_HTTP CHECKPOINT MARKER [MASTER]`: MASTER may be a
-standalone cluster's (which runs a failed task again by itself, up to
-`spark.task.maxFailures`) or a Spark Connect server's `sc://host:port`. The
-failure comes from the task's input, as an upstream error would: the first attempt of Spark
-partition 0 of the first micro-batch reads two Arrow batches (100 rows each), which the real
-sink publishes, and then its input raises. MARKER records how many rows went through before
-that, and MARKER.executors the executor process (its JVM's PID) of every task.
+`python exactly_once_sink_driver.py LOOKUPD_HTTP CHECKPOINT MARKER [MASTER [MODE]]`. MASTER
+is `local[2,3]` by default (a failed task is run again), a standalone cluster's (which runs a
+failed task again by itself, up to `spark.task.maxFailures`) or a Spark Connect server's
+`sc://host:port`. MODE:
+
+* "fail-once" (the default): one task fails once after part of its rows were published. The
+  failure comes from the task's input, as an upstream error would: the first attempt of Spark
+  partition 0 of the first micro-batch reads two Arrow batches (100 rows each), which the real
+  sink publishes, and then its input raises. MARKER records how many rows went through before
+  that, and MARKER.executors the executor process (its JVM's PID) of every task.
+* "continuous": micro-batches of at most 150 rows until the driver is killed;
+  "available-now": what is there, then the query ends. Both with the plain sink.
 """
 
 import os
@@ -71,6 +75,7 @@ class FailingOnce(NSQDataSource):
 def main() -> None:
     lookupd_http, checkpoint, marker = sys.argv[1:4]
     master = sys.argv[4] if len(sys.argv) > 4 else "local[2,3]"
+    mode = sys.argv[5] if len(sys.argv) > 5 else "fail-once"
     if master.startswith("sc://"):
         # Spark Connect: the server has its master and settings; the session sets its own.
         spark = SparkSession.builder.remote(master).getOrCreate()
@@ -90,22 +95,30 @@ def main() -> None:
         spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     spark.dataSource.register(FailingOnce)
-    query = (
+    rows = (
         spark.readStream.format("nsq")
         .option("lookupd", lookupd_http)
         .option("topic", "in")
         .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "150" if mode != "fail-once" else "100000")
         .load()
         .select("body")
-        .writeStream.format("nsq_failing_once")
+    )
+    sink = "nsq_failing_once" if mode == "fail-once" else "nsq"
+    writer = (
+        rows.writeStream.format(sink)
         .option("lookupd", lookupd_http)
         .option("topic", "out")
         .option("publishChunk", "50")
         .option("marker", marker)
         .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
     )
+    if mode == "continuous":
+        writer = writer.trigger(processingTime="0 seconds")
+    else:
+        writer = writer.trigger(availableNow=True)
+    query = writer.start()
+    print("query started", flush=True)
     query.awaitTermination()
     print("query ended", flush=True)
     spark.stop()

@@ -1,8 +1,10 @@
 """What the Spark connector tests share: addresses, stats, draining and availableNow runs."""
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyspark
@@ -83,11 +85,11 @@ def run_driver(arguments: list[str], timeout: float = 300) -> subprocess.Complet
     )
 
 
-def check_exactly_once_sink(tmp_path: Path, master: str | None = None, logs=str) -> Path:
-    """exactly_once_sink_driver.py on `master` (its default: local[2,3]): 2,000 messages in
-    log topic "in" (2 partitions) streamed into log topic "out" through nsqlookupd, one task
-    failing after the sink published 200 of its rows; every message must be in "out" once.
-    The driver's marker file (see the driver); `logs()` adds to a failure's message."""
+@contextlib.contextmanager
+def log_to_log(tmp_path: Path, per_partition: int = 1000) -> Iterator[tuple[str, str, list]]:
+    """An nsqlookupd and an nsqd, log topics "in" and "out" of 2 partitions (with channel "c"),
+    and `per_partition` messages published to each partition of "in": (nsqlookupd HTTP, nsqd
+    HTTP, the bodies published)."""
     lookupd = start_nsqlookupd("-broadcast-address=127.0.0.1")
     data = tmp_path / "nsqd"
     data.mkdir()
@@ -101,25 +103,38 @@ def check_exactly_once_sink(tmp_path: Path, master: str | None = None, logs=str)
         create_partitioned_topic(lookupd_http, nsqd_http, "out", 2, "c")
         published = []
         for partition in (0, 1):
-            bodies = [b"row-%d-%04d" % (partition, i) for i in range(1000)]
+            bodies = [b"row-%d-%04d" % (partition, i) for i in range(per_partition)]
             publish(nsqd_http, "in", partition, bodies)
             published += bodies
+        yield lookupd_http, nsqd_http, published
+    finally:
+        nsqd.stop()
+        lookupd.stop()
+
+
+def assert_stored_once(lookupd_http: str, nsqd_http: str, published: list) -> None:
+    """Topic "out" stores each published body once: its message count, and a read-back."""
+    counts = {
+        entry["topic_partition"]: entry["message_count"]
+        for entry in http_json(nsqd_http, "/stats", format="json", topic="out")["topics"]
+    }
+    assert sum(counts.values()) == len(published), f"stored {counts}: duplicates or losses"
+    with SmartConsumer([lookupd_http], "out", "c", max_in_flight=200) as consumer:
+        received = consumer.receive_many(len(published), timeout=60, finish=True)
+    assert sorted(message.body for message in received) == sorted(published)
+
+
+def check_exactly_once_sink(tmp_path: Path, master: str | None = None, logs=str) -> Path:
+    """exactly_once_sink_driver.py on `master` (its default: local[2,3]): 2,000 messages in
+    log topic "in" streamed into log topic "out" through nsqlookupd, one task failing after
+    the sink published 200 of its rows; every message must be in "out" once. The driver's
+    marker file (see the driver); `logs()` adds to a failure's message."""
+    with log_to_log(tmp_path) as (lookupd_http, nsqd_http, published):
         marker = tmp_path / "failed-after"
         arguments = [str(SINK_DRIVER), lookupd_http, str(tmp_path / "ck"), str(marker)]
         result = run_driver(arguments + ([master] if master else []))
         assert result.returncode == 0, result.stdout[-5000:] + logs()
         # The injected failure came after the sink had published rows of the task.
         assert int(marker.read_text()) == 200, marker.read_text()
-
-        counts = {
-            entry["topic_partition"]: entry["message_count"]
-            for entry in http_json(nsqd_http, "/stats", format="json", topic="out")["topics"]
-        }
-        assert sum(counts.values()) == len(published), f"stored {counts}: duplicates or losses"
-        with SmartConsumer([lookupd_http], "out", "c", max_in_flight=200) as consumer:
-            received = consumer.receive_many(len(published), timeout=60, finish=True)
-        assert sorted(message.body for message in received) == sorted(published)
+        assert_stored_once(lookupd_http, nsqd_http, published)
         return marker
-    finally:
-        nsqd.stop()
-        lookupd.stop()

@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from tests.harness import start_nsqd
-from tests.spark.support import check_exactly_once_sink, create_topic, publish
+from tests.spark.support import (
+    SINK_DRIVER,
+    assert_stored_once,
+    check_exactly_once_sink,
+    create_topic,
+    log_to_log,
+    publish,
+    run_driver,
+)
 from tests.support.polling import poll
 
 pytestmark = pytest.mark.spark
@@ -90,3 +98,38 @@ def test_a_task_run_again_after_publishing_part_of_its_rows_stores_each_row_once
     sink published some of its rows and Spark runs it again; the output topic holds every
     input message once (the retried task's repeats are acknowledged, not stored)."""
     check_exactly_once_sink(tmp_path)
+
+
+def test_the_nsq_sink_holds_every_message_once_after_the_driver_is_killed(tmp_path):
+    """Log topic → Spark → log topic through lookupd; the driver is killed with SIGKILL in the
+    middle of a micro-batch (after the sink may have published part of it), and the query
+    restarted from its checkpoint replays that batch under the same producers."""
+    with log_to_log(tmp_path, per_partition=600) as (lookupd_http, nsqd_http, published):
+        checkpoint = tmp_path / "ck"
+        arguments = [str(SINK_DRIVER), lookupd_http, str(checkpoint), "-", "local[2,3]"]
+        environment = dict(os.environ, PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
+        driver = subprocess.Popen(
+            [sys.executable, *arguments, "continuous"],
+            cwd=ROOT,
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+
+            def mid_batch() -> bool:
+                planned, done = batch_logs(checkpoint)
+                return len(done) >= 2 and len(planned - done) == 1
+
+            poll(mid_batch, "a batch in progress", timeout=120, interval=0.005)
+            driver.send_signal(signal.SIGKILL)
+        finally:
+            driver.kill()
+            driver.communicate(timeout=30)
+        planned, done = batch_logs(checkpoint)
+        assert len(planned) > len(done), "the driver was killed between batches"
+
+        rerun = run_driver([*arguments, "available-now"])
+        assert rerun.returncode == 0, rerun.stdout[-5000:]
+        assert_stored_once(lookupd_http, nsqd_http, published)
