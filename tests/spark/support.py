@@ -138,3 +138,27 @@ def check_exactly_once_sink(tmp_path: Path, master: str | None = None, logs=str)
         assert int(marker.read_text()) == 200, marker.read_text()
         assert_stored_once(lookupd_http, nsqd_http, published)
         return marker
+
+
+def check_pipeline_example(tmp_path: Path, master: str, logs=str) -> None:
+    """examples/spark_pipeline.py on `master` against a fresh nsqd: its own check passes."""
+    data = tmp_path / "nsqd"
+    data.mkdir()
+    nsqd = start_nsqd(data)
+    try:
+        result = run_driver(
+            [
+                "-m",
+                "examples.spark_pipeline",
+                f"--master={master}",
+                f"--nsqd-http={nsqd.addresses['HTTP']}",
+                f"--output={tmp_path / 'totals'}",
+                f"--checkpoint={tmp_path / 'checkpoint'}",
+                "--events=3000",
+                "--max-per-batch=1000",
+            ]
+        )
+    finally:
+        nsqd.stop()
+    assert result.returncode == 0, result.stdout[-5000:] + logs()
+    assert "checked: 27 (minute, kind) totals match the 3000 events" in result.stdout

@@ -50,6 +50,24 @@ def batch_logs(checkpoint: Path) -> tuple[set[str], set[str]]:
     return numbers("offsets"), numbers("commits")
 
 
+def kill_mid_batch(driver: subprocess.Popen, checkpoint: Path) -> None:
+    """SIGKILL the driver in the middle of a micro-batch: one planned (in the offset log) and
+    not yet committed, after a few that were."""
+    try:
+
+        def mid_batch() -> bool:
+            planned, done = batch_logs(checkpoint)
+            return len(done) >= 2 and len(planned - done) == 1
+
+        poll(mid_batch, "a batch in progress", timeout=120, interval=0.005)
+        driver.send_signal(signal.SIGKILL)
+    finally:
+        driver.kill()
+        driver.communicate(timeout=30)
+    planned, done = batch_logs(checkpoint)
+    assert len(planned) > len(done), "the driver was killed between batches"
+
+
 def test_the_parquet_output_holds_every_message_once_after_the_driver_is_killed(spark, tmp_path):
     data = tmp_path / "nsqd"
     data.mkdir()
@@ -65,21 +83,7 @@ def test_the_parquet_output_holds_every_message_once_after_the_driver_is_killed(
                 published += bodies
         checkpoint, output = tmp_path / "checkpoint", tmp_path / "output"
 
-        driver = start_driver(http, checkpoint, output, "continuous")
-        try:
-            # Mid-batch: a batch planned (in the offset log) and not yet committed, after a
-            # few that were.
-            def mid_batch() -> bool:
-                planned, done = batch_logs(checkpoint)
-                return len(done) >= 2 and len(planned - done) == 1
-
-            poll(mid_batch, "a batch in progress", timeout=120, interval=0.005)
-            driver.send_signal(signal.SIGKILL)
-        finally:
-            driver.kill()
-            driver.communicate(timeout=30)
-        planned, done = batch_logs(checkpoint)
-        assert len(planned) > len(done), "the driver was killed between batches"
+        kill_mid_batch(start_driver(http, checkpoint, output, "continuous"), checkpoint)
 
         rerun = start_driver(http, checkpoint, output, "available-now")
         log, _ = rerun.communicate(timeout=240)
@@ -116,19 +120,7 @@ def test_the_nsq_sink_holds_every_message_once_after_the_driver_is_killed(tmp_pa
             stderr=subprocess.STDOUT,
             text=True,
         )
-        try:
-
-            def mid_batch() -> bool:
-                planned, done = batch_logs(checkpoint)
-                return len(done) >= 2 and len(planned - done) == 1
-
-            poll(mid_batch, "a batch in progress", timeout=120, interval=0.005)
-            driver.send_signal(signal.SIGKILL)
-        finally:
-            driver.kill()
-            driver.communicate(timeout=30)
-        planned, done = batch_logs(checkpoint)
-        assert len(planned) > len(done), "the driver was killed between batches"
+        kill_mid_batch(driver, checkpoint)
 
         rerun = run_driver([*arguments, "available-now"])
         assert rerun.returncode == 0, rerun.stdout[-5000:]

@@ -10,8 +10,7 @@ import sys
 
 import pytest
 
-from tests.harness import start_nsqd
-from tests.spark.support import ROOT, SPARK_HOME, check_exactly_once_sink, run_driver
+from tests.spark.support import ROOT, SPARK_HOME, check_exactly_once_sink, check_pipeline_example
 from tests.support.polling import poll
 
 pytestmark = pytest.mark.spark
@@ -60,26 +59,7 @@ def connect_server(tmp_path_factory):
 
 
 def test_the_pipeline_example_runs_through_spark_connect(connect_server, tmp_path):
-    data = tmp_path / "nsqd"
-    data.mkdir()
-    nsqd = start_nsqd(data)
-    try:
-        result = run_driver(
-            [
-                "-m",
-                "examples.spark_pipeline",
-                f"--master={connect_server}",
-                f"--nsqd-http={nsqd.addresses['HTTP']}",
-                f"--output={tmp_path / 'totals'}",
-                f"--checkpoint={tmp_path / 'checkpoint'}",
-                "--events=3000",
-                "--max-per-batch=1000",
-            ]
-        )
-    finally:
-        nsqd.stop()
-    assert result.returncode == 0, result.stdout[-5000:]
-    assert "checked: 27 (minute, kind) totals match the 3000 events" in result.stdout
+    check_pipeline_example(tmp_path, connect_server)
 
 
 def test_a_retried_task_through_spark_connect_stores_each_row_once(connect_server, tmp_path):
