@@ -22,6 +22,7 @@ what the core asks for and reports back what happened.
 
 import dataclasses
 import struct
+import threading
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -598,3 +599,98 @@ def targets_of(layout: TopicLayoutLike) -> Targets:
     else:
         targets = tuple(Target(address) for address in layout.classic_nodes)
     return Targets(targets, layout.ordered, layout.extend_support)
+
+
+# -- idempotent publishing ---------------------------------------------------------------------
+
+
+class ProducerSequences:
+    """A producer's sequences on each partition it publishes to idempotently (PUB_SEQ and
+    MPUB_SEQ, docs/protocol.md §3.10), shared by its threads or tasks: the ID each partition's
+    sequences run under and the next one, and the topics that take plain publishes."""
+
+    def __init__(self, producer_id: str) -> None:
+        self.producer_id = producer_id
+        self._next: dict[tuple[str, int], tuple[str, int]] = {}
+        self._restarts = 0
+        self._plain_topics: set[str] = set()
+        self._lock = threading.Lock()
+
+    def claim(self, topic: str, partition: int, count: int) -> tuple[str, int]:
+        """The producer ID and first sequence of the partition's next `count` messages."""
+        with self._lock:
+            producer_id, first = self._next.get((topic, partition), (self.producer_id, 0))
+            self._next[(topic, partition)] = (producer_id, first + count)
+            return producer_id, first
+
+    def restart(self, topic: str, partition: int, producer_id: str) -> None:
+        """The partition's next publishes go under a new producer ID from 0 (unless another
+        publish moved it on already): what was claimed under `producer_id` may never arrive."""
+        with self._lock:
+            current = self._next.get((topic, partition), (self.producer_id, 0))[0]
+            if current == producer_id:
+                self._restarts += 1
+                self._next[(topic, partition)] = (f"{self.producer_id}-{self._restarts}", 0)
+
+    def takes_plain(self, topic: str) -> bool:
+        return topic in self._plain_topics
+
+    def plain(self, topic: str) -> None:
+        """An nsqd refused a sequenced publish to `topic` (a classic topic)."""
+        with self._lock:
+            self._plain_topics.add(topic)
+
+
+@dataclass
+class SequencedPublish:
+    """One publish's sequences (`ProducerSequences`), through its attempts: claimed when it
+    is first sent sequenced to a partition, and sent the same on every retry to that
+    partition, which the publish then keeps to (elsewhere the sequences mean nothing), unless
+    a refusal says it was not stored."""
+
+    sequences: ProducerSequences
+    topic: str
+    count: int
+    attempts: PublishAttempts
+    # The caller chose the partition (a key, or `partition=`): it never moves.
+    pinned: bool
+    # (partition, producer ID, first sequence) once claimed.
+    claim: tuple[int, str, int] | None = None
+
+    def sequence_for(self, partition: int | None, served: bool) -> tuple[str, int] | None:
+        """(producer ID, first sequence) to send to `partition` of an nsqd that serves
+        sequenced publishes (`served`: its IDENTIFY answer said so); None: a plain publish."""
+        if partition is None or not served or self.sequences.takes_plain(self.topic):
+            return None
+        if self.claim is None or self.claim[0] != partition:
+            self.claim = (partition, *self.sequences.claim(self.topic, partition, self.count))
+            self.attempts.partition = partition
+        return self.claim[1], self.claim[2]
+
+    def refused(self, code: str) -> bool:
+        """After nsqd refused it with `code`: True when it is to be sent again at once
+        (E_NOT_LOG_TOPIC: plainly; E_SEQUENCE_GAP: the partition forgot the producer, so
+        under a new one). A retryable refusal stored nothing either: an unpinned publish may
+        go to another partition, whose next publishes start afresh."""
+        if code == "E_NOT_LOG_TOPIC":
+            self.sequences.plain(self.topic)
+            self.claim = None
+            return True
+        if code == "E_SEQUENCE_GAP" and self.claim is not None:
+            self._restart()
+            return True
+        if code in RETRYABLE_ERRORS and self.claim is not None and not self.pinned:
+            self._restart()
+            self.attempts.partition = None
+        return False
+
+    def gave_up(self) -> None:
+        """The publish failed for good: stored or not, nobody knows, so its partition's next
+        publish starts afresh."""
+        if self.claim is not None:
+            self._restart()
+
+    def _restart(self) -> None:
+        assert self.claim is not None
+        self.sequences.restart(self.topic, self.claim[0], self.claim[1])
+        self.claim = None

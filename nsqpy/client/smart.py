@@ -36,8 +36,10 @@ from nsqpy.client.core import (
     RETRYABLE_ERRORS,
     Delivery,
     Key,
+    ProducerSequences,
     PublishAttempts,
     PublishRouter,
+    SequencedPublish,
     SubscriptionPlan,
     SubscriptionReader,
     Target,
@@ -438,14 +440,6 @@ class ProducerStats:
     connections: int
 
 
-@dataclass
-class _Sequences:
-    """One partition's producer ID and the sequence its next message takes."""
-
-    producer_id: str
-    next: int = 0
-
-
 class _NodeLink:
     """The producer's one connection to an nsqd; one command and its reply at a time."""
 
@@ -503,12 +497,9 @@ class SmartProducer:
         )
         self.idempotent = idempotent
         # The ID each partition's sequences start under; a partition that must start again
-        # gets `<producer_id>-<n>` (`_restart_sequences`).
+        # gets `<producer_id>-<n>` (`ProducerSequences.restart`).
         self.producer_id = producer_id or f"smart-{uuid.uuid4().hex}"
-        self._sequences: dict[tuple[str, int], _Sequences] = {}
-        self._restarts = 0
-        # Topics an nsqd refused a sequenced publish to (classic ones): plain publishes.
-        self._plain_topics: set[str] = set()
+        self._sequences = ProducerSequences(self.producer_id)
         self.lookup_interval = lookup_interval
         self.publish_timeout = publish_timeout
         self.backoff_initial = backoff_initial
@@ -599,35 +590,24 @@ class SmartProducer:
             self.backoff_initial,
             self.backoff_max,
         )
-        # This publish's (partition, producer ID, first sequence) once it went sequenced:
-        # every retry sends the same, to the same partition, unless a refusal says it was not
-        # stored (then an unkeyed publish may go elsewhere).
-        claim: tuple[int, str, int] | None = None
-        pinned_by_caller = partition
+        sequenced = SequencedPublish(
+            self._sequences, topic, len(bodies), attempts, key is not None or partition is not None
+        )
 
         def command(connection: Connection, partition: int | None) -> bytes:
-            nonlocal claim
-            if (
-                partition is None
-                or not self.idempotent
-                or topic in self._plain_topics
-                or not connection.identify_reply.get("idempotent_publish")
-            ):
+            served = self.idempotent and connection.identify_reply.get("idempotent_publish")
+            sequence = sequenced.sequence_for(partition, bool(served))
+            if sequence is None:
                 return self._command(topic, bodies, partition)
-            if claim is None or claim[0] != partition:
-                claim = (partition, *self._claim(topic, partition, len(bodies)))
-                # Retried only on this partition: elsewhere the sequences mean nothing.
-                attempts.partition = partition
-            _partition, producer_id, first = claim
+            assert partition is not None
+            producer_id, first = sequence
             if len(bodies) == 1:
                 return encode_pub_seq(topic, partition, producer_id, first, bodies[0])
             return encode_mpub_seq(topic, partition, producer_id, first, bodies)
 
         def give_up(error: BaseException) -> PublishFailed:
             self._count_retries(attempts.attempts)
-            if claim is not None:
-                # Stored or not, nobody knows: the partition's next publish starts afresh.
-                self._restart_sequences(topic, claim[0], claim[1])
+            sequenced.gave_up()
             return PublishFailed(topic, error, attempts.attempts, time.monotonic() - started)
 
         while True:
@@ -648,27 +628,11 @@ class SmartProducer:
             try:
                 self._send(target.address, partial(command, partition=target.partition))
             except NSQError as error:
-                if error.code == "E_NOT_LOG_TOPIC":
-                    # Refused, so not stored: the topic takes plain publishes.
-                    with self._lock:
-                        self._plain_topics.add(topic)
-                    claim = None
-                    continue
-                if error.code == "E_SEQUENCE_GAP" and claim is not None:
-                    # The partition forgot this producer (expired): what it refused was not
-                    # stored, so it goes again under a new producer ID.
-                    self._restart_sequences(topic, claim[0], claim[1])
-                    claim = None
+                if sequenced.refused(error.code):
                     continue
                 if error.code not in RETRYABLE_ERRORS:
                     self._count_retries(attempts.attempts)
                     raise
-                if claim is not None and pinned_by_caller is None and key is None:
-                    # Refused, so not stored: free to go to another partition. What it
-                    # claimed there is never sent; that partition starts afresh.
-                    self._restart_sequences(topic, claim[0], claim[1])
-                    claim = None
-                    attempts.partition = None
                 failure: BaseException = error
             except OSError as error:
                 failure = error
@@ -689,27 +653,6 @@ class SmartProducer:
                 going_on = attempts.failed(target, failure, time.monotonic())
             if not going_on:
                 raise give_up(attempts.last_error)
-
-    def _claim(self, topic: str, partition: int, count: int) -> tuple[str, int]:
-        """The producer ID and first sequence of the partition's next `count` messages."""
-        with self._lock:
-            sequences = self._sequences.get((topic, partition))
-            if sequences is None:
-                sequences = self._sequences[(topic, partition)] = _Sequences(self.producer_id)
-            first = sequences.next
-            sequences.next += count
-            return sequences.producer_id, first
-
-    def _restart_sequences(self, topic: str, partition: int, producer_id: str) -> None:
-        """The partition's publishes go on under a new producer ID from 0 (unless another
-        thread moved it on already)."""
-        with self._lock:
-            sequences = self._sequences.get((topic, partition))
-            if sequences is not None and sequences.producer_id == producer_id:
-                self._restarts += 1
-                self._sequences[(topic, partition)] = _Sequences(
-                    f"{self.producer_id}-{self._restarts}"
-                )
 
     def _count_retries(self, attempts: int) -> None:
         with self._lock:

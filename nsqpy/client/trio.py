@@ -18,9 +18,11 @@ they end with the `async with`; lookups over HTTP run in a worker thread
 
 import json
 import math
-from collections.abc import AsyncIterator, Iterable
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 import trio
 
@@ -29,8 +31,10 @@ from nsqpy.client.core import (
     HEARTBEAT,
     RETRYABLE_ERRORS,
     Key,
+    ProducerSequences,
     PublishAttempts,
     PublishRouter,
+    SequencedPublish,
     SubscriptionError,
     SubscriptionPlan,
     SubscriptionReader,
@@ -48,7 +52,9 @@ from nsqpy.common.command import (
     encode_fin,
     encode_identify,
     encode_mpub,
+    encode_mpub_seq,
     encode_pub,
+    encode_pub_seq,
     encode_rdy,
     encode_req,
     encode_touch,
@@ -414,10 +420,17 @@ class Producer:
     ) -> None:
         await self._request(encode_mpub(topic, bodies, *_partition(partition)))
 
-    async def _request(self, command: bytes) -> bytes:
+    async def request_with(self, command: Callable[[dict], bytes]) -> bytes:
+        """Send the command `command` makes from the connection's IDENTIFY answer (what the
+        nsqd serves), made once the connection is open; its answer."""
+        return await self._request(command)
+
+    async def _request(self, command: bytes | Callable[[dict], bytes]) -> bytes:
         async with self._lock:
             if self._connection is None:
                 self._connection = await _Connection.open(self.address, self._identify)
+            if not isinstance(command, bytes):
+                command = command(self._connection.identify_reply)
             try:
                 await self._connection.send(command)
                 return await self._connection.answer()
@@ -427,7 +440,9 @@ class Producer:
                     # a new one.
                     await self.aclose()
                 raise
-            except (trio.BrokenResourceError, OSError):
+            except BaseException:
+                # Broken, or cancelled while waiting: whether nsqd answered is unknown, and a
+                # late answer must not be read as the next command's. The next one reconnects.
                 await self.aclose()
                 raise
 
@@ -442,7 +457,9 @@ class SmartProducer:
     the core's `PublishRouter` (the blocking `nsqpy.client.smart.SmartProducer`'s): a key's
     partition or the next one round-robin; a publish refused with E_FAILED_ON_NOT_LEADER,
     E_FAILED_ON_NOT_WRITABLE or E_TOPIC_NOT_EXIST, or whose connection broke, is retried after
-    a new lookup (at once elsewhere, then after a doubling pause) until `publish_timeout`."""
+    a new lookup (at once elsewhere, then after a doubling pause) until `publish_timeout`.
+    Idempotent by default on log topics, as the blocking one (docs/client.md): a retry after an
+    answer lost in a leader failover stores nothing twice."""
 
     def __init__(
         self,
@@ -453,6 +470,8 @@ class SmartProducer:
         backoff_initial: float = 0.05,
         backoff_max: float = 1.0,
         identify: dict | None = None,
+        idempotent: bool = True,
+        producer_id: str | None = None,
     ) -> None:
         self.discovery = LookupdDiscovery(list(lookupd_http_addresses))
         self.publish_timeout = publish_timeout
@@ -460,6 +479,11 @@ class SmartProducer:
         self.backoff_max = backoff_max
         self._router = PublishRouter(lookup_interval=lookup_interval, backoff_max=backoff_max)
         self._identify = dict(identify or {})
+        self.idempotent = idempotent
+        if idempotent:
+            self._identify["idempotent_publish"] = True
+        self.producer_id = producer_id or f"smart-{uuid.uuid4().hex}"
+        self._sequences = ProducerSequences(self.producer_id)
         self._producers: dict[str, Producer] = {}
 
     async def __aenter__(self) -> "SmartProducer":
@@ -498,6 +522,28 @@ class SmartProducer:
             self.backoff_initial,
             self.backoff_max,
         )
+        sequenced = SequencedPublish(
+            self._sequences, topic, len(bodies), attempts, key is not None or partition is not None
+        )
+
+        def command(partition: int | None, identify_reply: dict) -> bytes:
+            served = self.idempotent and identify_reply.get("idempotent_publish")
+            sequence = sequenced.sequence_for(partition, bool(served))
+            if sequence is None:
+                if len(bodies) == 1:
+                    return encode_pub(topic, bodies[0], *_partition(partition))
+                return encode_mpub(topic, bodies, *_partition(partition))
+            assert partition is not None
+            producer_id, first = sequence
+            if len(bodies) == 1:
+                return encode_pub_seq(topic, partition, producer_id, first, bodies[0])
+            return encode_mpub_seq(topic, partition, producer_id, first, bodies)
+
+        def give_up() -> PublishFailed:
+            sequenced.gave_up()
+            elapsed = trio.current_time() - started
+            return PublishFailed(topic, attempts.last_error, attempts.attempts, elapsed)
+
         while True:
             try:
                 layout = await self._layout(topic, attempts.refresh)
@@ -507,8 +553,7 @@ class SmartProducer:
             attempts.refresh = False
             step = attempts.next(layout, trio.current_time())
             if step is None:
-                elapsed = trio.current_time() - started
-                raise PublishFailed(topic, attempts.last_error, attempts.attempts, elapsed)
+                raise give_up()
             if not isinstance(step, Target):
                 await trio.sleep(step)
                 continue
@@ -516,20 +561,21 @@ class SmartProducer:
             if producer is None:
                 producer = self._producers[step.address] = Producer(step.address, self._identify)
             try:
-                if len(bodies) == 1:
-                    await producer.publish(topic, bodies[0], step.partition)
-                else:
-                    await producer.multi_publish(topic, bodies, step.partition)
+                # An nsqd that stopped answering without closing: the attempt ends at the
+                # publish's deadline.
+                with trio.fail_after(max(attempts.deadline - trio.current_time(), 0.001)):
+                    await producer.request_with(partial(command, step.partition))
                 return step
             except NSQError as error:
+                if sequenced.refused(error.code):
+                    continue
                 if error.code not in RETRYABLE_ERRORS:
                     raise
                 failure: BaseException = error
             except (OSError, trio.BrokenResourceError, trio.TooSlowError) as error:
                 failure = error
             if not attempts.failed(step, failure, trio.current_time()):
-                elapsed = trio.current_time() - started
-                raise PublishFailed(topic, attempts.last_error, attempts.attempts, elapsed)
+                raise give_up()
 
     async def _layout(self, topic: str, refresh: bool):
         fresh = None if refresh else self._router.cached(topic, trio.current_time())

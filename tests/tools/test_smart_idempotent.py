@@ -12,9 +12,11 @@ import struct
 import threading
 
 import pytest
+import trio
 
 from nsqpy.client.blocking import http_json
 from nsqpy.client.smart import SmartProducer
+from nsqpy.client.trio import SmartProducer as TrioSmartProducer
 from tests.harness import create_partitioned_topic, start_nsqd, start_nsqlookupd
 from tests.support.polling import poll
 
@@ -65,8 +67,11 @@ class AnswerLosingProxy:
                 responses += 1
                 if lose and responses == 2:
                     self.lost.set()
-                    server.close()
-                    client.close()
+                    # shutdown, not close alone: the other thread's recv() on these sockets
+                    # keeps them open, and the client must see the connection end.
+                    for sock in (server, client):
+                        sock.shutdown(socket.SHUT_RDWR)
+                        sock.close()
                     return
                 client.sendall(frame)
         client.close()
@@ -132,4 +137,21 @@ def test_a_publish_whose_answer_was_lost_is_stored_once(behind_proxy, idempotent
         assert stored(nsqd_http, "orders") == 3 * copies
         # The producer goes on from the next sequences.
         producer.publish("orders", b"d", partition=0)
+    assert stored(nsqd_http, "orders") == 3 * copies + 1
+
+
+@pytest.mark.parametrize(("idempotent", "copies"), [(True, 1), (False, 2)])
+def test_the_trio_producer_stores_a_publish_whose_answer_was_lost_once(
+    behind_proxy, idempotent, copies
+):
+    lookupd_http, nsqd_http, proxy = behind_proxy
+    create_partitioned_topic(lookupd_http, nsqd_http, "orders", 1, "c")
+
+    async def publish() -> None:
+        async with TrioSmartProducer([lookupd_http], idempotent=idempotent) as producer:
+            await producer.multi_publish("orders", [b"a", b"b", b"c"], partition=0)
+            assert proxy.lost.is_set()
+            await producer.publish("orders", b"d", partition=0)
+
+    trio.run(publish)
     assert stored(nsqd_http, "orders") == 3 * copies + 1
