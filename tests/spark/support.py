@@ -162,3 +162,24 @@ def check_pipeline_example(tmp_path: Path, master: str, logs=str) -> None:
         nsqd.stop()
     assert result.returncode == 0, result.stdout[-5000:] + logs()
     assert "checked: 27 (minute, kind) totals match the 3000 events" in result.stdout
+
+
+def batch_logs(checkpoint: Path) -> tuple[set[str], set[str]]:
+    """The batch numbers in a query's offset log (planned) and in its commit log (done)."""
+
+    def numbers(folder: str) -> set[str]:
+        path = checkpoint / folder
+        return {name for name in os.listdir(path) if name.isdigit()} if path.exists() else set()
+
+    return numbers("offsets"), numbers("commits")
+
+
+def wait_mid_batch(checkpoint: Path) -> None:
+    """Until a query is in the middle of a micro-batch: one planned and not yet committed,
+    after a few that were."""
+
+    def mid_batch() -> bool:
+        planned, done = batch_logs(checkpoint)
+        return len(done) >= 2 and len(planned - done) == 1
+
+    poll(mid_batch, "a batch in progress", timeout=120, interval=0.005)

@@ -14,13 +14,14 @@ from tests.harness import start_nsqd
 from tests.spark.support import (
     SINK_DRIVER,
     assert_stored_once,
+    batch_logs,
     check_exactly_once_sink,
     create_topic,
     log_to_log,
     publish,
     run_driver,
+    wait_mid_batch,
 )
-from tests.support.polling import poll
 
 pytestmark = pytest.mark.spark
 
@@ -40,26 +41,11 @@ def start_driver(nsqd_http: str, checkpoint: Path, output: Path, mode: str) -> s
     )
 
 
-def batch_logs(checkpoint: Path) -> tuple[set[str], set[str]]:
-    """The batch numbers in the offset log (planned) and in the commit log (done)."""
-
-    def numbers(folder: str) -> set[str]:
-        path = checkpoint / folder
-        return {name for name in os.listdir(path) if name.isdigit()} if path.exists() else set()
-
-    return numbers("offsets"), numbers("commits")
-
-
 def kill_mid_batch(driver: subprocess.Popen, checkpoint: Path) -> None:
     """SIGKILL the driver in the middle of a micro-batch: one planned (in the offset log) and
     not yet committed, after a few that were."""
     try:
-
-        def mid_batch() -> bool:
-            planned, done = batch_logs(checkpoint)
-            return len(done) >= 2 and len(planned - done) == 1
-
-        poll(mid_batch, "a batch in progress", timeout=120, interval=0.005)
+        wait_mid_batch(checkpoint)
         driver.send_signal(signal.SIGKILL)
     finally:
         driver.kill()

@@ -5,13 +5,24 @@ the pipeline example, and the exactly-once sink test, whose reads and writes run
 executors (which the test checks by their processes)."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.spark.support import SPARK_HOME, check_exactly_once_sink, check_pipeline_example
+from nsqpy.client.blocking import http_json
+from tests.spark.support import (
+    ROOT,
+    SINK_DRIVER,
+    SPARK_HOME,
+    assert_stored_once,
+    check_exactly_once_sink,
+    check_pipeline_example,
+    log_to_log,
+    wait_mid_batch,
+)
 from tests.support.polling import poll
 
 pytestmark = pytest.mark.spark
@@ -120,3 +131,51 @@ def test_a_retried_task_on_the_cluster_stores_each_row_once(standalone, tmp_path
         int(line.split()[1]) for line in Path(f"{marker}.executors").read_text().splitlines()
     }
     assert len(executors) == 2 and 0 not in executors, executors
+
+
+def executor_processes() -> list[int]:
+    """The PIDs of the executor JVMs running on this machine."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    if b"CoarseGrainedExecutorBackend" in cmdline.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def test_an_executor_killed_mid_batch_leaves_each_row_stored_once(standalone, tmp_path):
+    """Log topic → Spark → log topic on the cluster; an executor is killed with SIGKILL in the
+    middle of a micro-batch. Spark runs its tasks again on an executor it has, under the same
+    producers: the output holds every message once."""
+    with log_to_log(tmp_path, per_partition=600) as (lookupd_http, nsqd_http, published):
+        checkpoint = tmp_path / "ck"
+        arguments = [str(SINK_DRIVER), lookupd_http, str(checkpoint), "-", standalone.url]
+        environment = dict(os.environ, PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
+        driver = subprocess.Popen(
+            [sys.executable, *arguments, "continuous"],
+            cwd=ROOT,
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            wait_mid_batch(checkpoint)
+            executors = executor_processes()
+            assert len(executors) == 2, executors
+            os.kill(executors[0], signal.SIGKILL)
+
+            def all_copied() -> bool:
+                assert driver.poll() is None, driver.communicate()[0][-5000:]
+                stats = http_json(nsqd_http, "/stats", format="json", topic="out")
+                return sum(t["message_count"] for t in stats["topics"]) >= len(published)
+
+            poll(all_copied, "every message in the output topic", timeout=180)
+        finally:
+            driver.kill()
+            driver.communicate(timeout=30)
+        assert_stored_once(lookupd_http, nsqd_http, published)
