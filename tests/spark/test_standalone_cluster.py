@@ -133,15 +133,24 @@ def test_a_retried_task_on_the_cluster_stores_each_row_once(standalone, tmp_path
     assert len(executors) == 2 and 0 not in executors, executors
 
 
-def executor_processes() -> list[int]:
-    """The PIDs of the executor JVMs running on this machine."""
+def _started(pid: int) -> int:
+    """When the process started, in clock ticks since boot (/proc's `starttime`)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[19])
+
+
+def executor_processes(since: int) -> list[int]:
+    """The PIDs of the executor JVMs started after the process `since` (a driver): those of
+    its application, not the ones a finished application's may still be leaving."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                    if b"CoarseGrainedExecutorBackend" in cmdline.read():
-                        found.append(int(entry))
+                    if b"CoarseGrainedExecutorBackend" not in cmdline.read():
+                        continue
+                if _started(int(entry)) >= _started(since):
+                    found.append(int(entry))
             except OSError:
                 continue
     return found
@@ -165,7 +174,7 @@ def test_an_executor_killed_mid_batch_leaves_each_row_stored_once(standalone, tm
         )
         try:
             wait_mid_batch(checkpoint)
-            executors = executor_processes()
+            executors = executor_processes(since=driver.pid)
             assert len(executors) == 2, executors
             os.kill(executors[0], signal.SIGKILL)
 
