@@ -482,9 +482,7 @@ class LogTopicQueue:
         """Into the log's open group, once, written by nsqd's next commit
         (`nsqd/log_writer.py`); the channels read it as cursors once it is written."""
         assert not isinstance(messages, MessageBatch)  # keeps_batches is False
-        group = self.storage.append_to_log(self.writer, messages, self.topic)
-        group.count += len(messages)
-        group.body_bytes += body_bytes
+        group = self._append(messages, body_bytes)
         defer = messages[0].defer
         if defer:
             due = time.time() + defer
@@ -496,10 +494,17 @@ class LogTopicQueue:
     ) -> "WriteGroup":
         """An idempotent publish that `producers.check` let through: into the log's open
         group with its producer, which the producer's next check sees as pending."""
+        group = self._append(messages, body_bytes, producer)
+        self.producers.appended(producer.producer_id, first, producer.sequence, group)
+        return group
+
+    def _append(
+        self, messages: list[Message], body_bytes: int, producer: ProducerMark | None = None
+    ) -> "WriteGroup":
+        """Into the log's open group, which counts them once written."""
         group = self.storage.append_to_log(self.writer, messages, self.topic, producer)
         group.count += len(messages)
         group.body_bytes += body_bytes
-        self.producers.appended(producer.producer_id, first, producer.sequence, group)
         return group
 
     @property

@@ -217,47 +217,42 @@ class PartitionLog(Generic[M]):
         first_offset = offset
         parts = self._pending
         append = parts.append
+        # An ext topic's records, and an idempotent publish's last one, take a call each; the
+        # others are the fast loop's.
         if self.ext:
-            last = messages[-1] if producer is not None else None
-            for message in messages:
-                marked = producer if message is last else None
-                record = encode_flagged_record(message, True, marked)
-                if marked is not None:
-                    message.mark_size = mark_size(marked)
-                message.offset = offset
-                message.count = count
-                offset += len(record)
-                count += 1
-                append(record)
+            flagged = messages
         else:
-            # The hot loop of every publish: a header and the body per message, no call.
-            plain = messages if producer is None else messages[:-1]
-            pack = SIZED_RECORD_HEADER.pack
-            for message in plain:
-                body = message.body
-                append(
-                    pack(
-                        RECORD_HEADER_SIZE + len(body),
-                        message.timestamp,
-                        message.attempts,
-                        unhexlify(message.id),
-                        message.trace_id,
-                    )
+            flagged = messages[-1:] if producer is not None else []
+        plain = messages[: len(messages) - len(flagged)] if flagged else messages
+        # The hot loop of every publish: a header and the body per message, no call.
+        pack = SIZED_RECORD_HEADER.pack
+        for message in plain:
+            body = message.body
+            append(
+                pack(
+                    RECORD_HEADER_SIZE + len(body),
+                    message.timestamp,
+                    message.attempts,
+                    unhexlify(message.id),
+                    message.trace_id,
                 )
-                append(body)
-                message.offset = offset
-                message.count = count
-                offset += BODY_START + len(body)
-                count += 1
-            if producer is not None:
-                last = messages[-1]
-                record = encode_flagged_record(last, False, producer)
-                last.mark_size = mark_size(producer)
-                last.offset = offset
-                last.count = count
-                offset += len(record)
-                count += 1
-                append(record)
+            )
+            append(body)
+            message.offset = offset
+            message.count = count
+            offset += BODY_START + len(body)
+            count += 1
+        last = messages[-1]
+        for message in flagged:
+            marked = producer if message is last else None
+            record = encode_flagged_record(message, self.ext, marked)
+            if marked is not None:
+                message.mark_size = mark_size(marked)
+            message.offset = offset
+            message.count = count
+            offset += len(record)
+            count += 1
+            append(record)
         if messages[0].defer:
             self._pending_defers.extend((message.offset, message.defer) for message in messages)
         self._pending_size += offset - first_offset
