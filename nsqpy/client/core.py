@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from nsqpy.common.command import encode_mpub, encode_mpub_seq, encode_pub, encode_pub_seq
 from nsqpy.common.errors import NON_FATAL_CODES
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, Frame, FrameDecoder
 from nsqpy.common.message import decode_message
@@ -650,22 +651,30 @@ class SequencedPublish:
 
     sequences: ProducerSequences
     topic: str
-    count: int
+    bodies: list[bytes]
     attempts: PublishAttempts
     # The caller chose the partition (a key, or `partition=`): it never moves.
     pinned: bool
     # (partition, producer ID, first sequence) once claimed.
     claim: tuple[int, str, int] | None = None
 
-    def sequence_for(self, partition: int | None, served: bool) -> tuple[str, int] | None:
-        """(producer ID, first sequence) to send to `partition` of an nsqd that serves
-        sequenced publishes (`served`: its IDENTIFY answer said so); None: a plain publish."""
-        if partition is None or not served or self.sequences.takes_plain(self.topic):
-            return None
+    def command(self, partition: int | None, served: bool) -> bytes:
+        """The publish to send to `partition` (None: a classic topic's nsqd): PUB_SEQ or
+        MPUB_SEQ when the nsqd serves them (`served`: its IDENTIFY answer said so), else PUB
+        or MPUB."""
+        topic, bodies = self.topic, self.bodies
+        if partition is None or not served or self.sequences.takes_plain(topic):
+            extra = () if partition is None else (partition,)
+            if len(bodies) == 1:
+                return encode_pub(topic, bodies[0], *extra)
+            return encode_mpub(topic, bodies, *extra)
         if self.claim is None or self.claim[0] != partition:
-            self.claim = (partition, *self.sequences.claim(self.topic, partition, self.count))
+            self.claim = (partition, *self.sequences.claim(topic, partition, len(bodies)))
             self.attempts.partition = partition
-        return self.claim[1], self.claim[2]
+        _partition, producer_id, first = self.claim
+        if len(bodies) == 1:
+            return encode_pub_seq(topic, partition, producer_id, first, bodies[0])
+        return encode_mpub_seq(topic, partition, producer_id, first, bodies)
 
     def refused(self, code: str) -> bool:
         """After nsqd refused it with `code`: True when it is to be sent again at once

@@ -50,10 +50,6 @@ from nsqpy.client.core import (
 from nsqpy.common.command import (
     encode_command,
     encode_fin,
-    encode_mpub,
-    encode_mpub_seq,
-    encode_pub,
-    encode_pub_seq,
     encode_rdy,
     encode_req,
     encode_touch,
@@ -591,19 +587,12 @@ class SmartProducer:
             self.backoff_max,
         )
         sequenced = SequencedPublish(
-            self._sequences, topic, len(bodies), attempts, key is not None or partition is not None
+            self._sequences, topic, bodies, attempts, key is not None or partition is not None
         )
 
         def command(connection: Connection, partition: int | None) -> bytes:
             served = self.idempotent and connection.identify_reply.get("idempotent_publish")
-            sequence = sequenced.sequence_for(partition, bool(served))
-            if sequence is None:
-                return self._command(topic, bodies, partition)
-            assert partition is not None
-            producer_id, first = sequence
-            if len(bodies) == 1:
-                return encode_pub_seq(topic, partition, producer_id, first, bodies[0])
-            return encode_mpub_seq(topic, partition, producer_id, first, bodies)
+            return sequenced.command(partition, bool(served))
 
         def give_up(error: BaseException) -> PublishFailed:
             self._count_retries(attempts.attempts)
@@ -657,13 +646,6 @@ class SmartProducer:
     def _count_retries(self, attempts: int) -> None:
         with self._lock:
             self._retries += max(attempts - 1, 0)
-
-    @staticmethod
-    def _command(topic: str, bodies: list[bytes], partition: int | None) -> bytes:
-        extra = () if partition is None else (partition,)
-        if len(bodies) == 1:
-            return encode_pub(topic, bodies[0], *extra)
-        return encode_mpub(topic, bodies, *extra)
 
     def _layout(self, topic: str, refresh: bool) -> TopicLayout:
         """The topic's writable partitions: the router's while fresh, looked up when asked

@@ -52,9 +52,7 @@ from nsqpy.common.command import (
     encode_fin,
     encode_identify,
     encode_mpub,
-    encode_mpub_seq,
     encode_pub,
-    encode_pub_seq,
     encode_rdy,
     encode_req,
     encode_touch,
@@ -523,21 +521,12 @@ class SmartProducer:
             self.backoff_max,
         )
         sequenced = SequencedPublish(
-            self._sequences, topic, len(bodies), attempts, key is not None or partition is not None
+            self._sequences, topic, bodies, attempts, key is not None or partition is not None
         )
 
         def command(partition: int | None, identify_reply: dict) -> bytes:
             served = self.idempotent and identify_reply.get("idempotent_publish")
-            sequence = sequenced.sequence_for(partition, bool(served))
-            if sequence is None:
-                if len(bodies) == 1:
-                    return encode_pub(topic, bodies[0], *_partition(partition))
-                return encode_mpub(topic, bodies, *_partition(partition))
-            assert partition is not None
-            producer_id, first = sequence
-            if len(bodies) == 1:
-                return encode_pub_seq(topic, partition, producer_id, first, bodies[0])
-            return encode_mpub_seq(topic, partition, producer_id, first, bodies)
+            return sequenced.command(partition, bool(served))
 
         def give_up() -> PublishFailed:
             sequenced.gave_up()

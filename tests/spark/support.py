@@ -71,18 +71,30 @@ SPARK_HOME = Path(pyspark.__file__).parent
 SINK_DRIVER = Path(__file__).with_name("exactly_once_sink_driver.py")
 
 
-def run_driver(arguments: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python ARGUMENTS` from the checkout's root, its Spark workers on this interpreter."""
+def start_driver(arguments: list[str]) -> subprocess.Popen:
+    """`python ARGUMENTS` started from the checkout's root, its Spark workers on this
+    interpreter; its output (stdout and stderr) in one pipe."""
     environment = dict(os.environ, PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
-    return subprocess.run(
+    return subprocess.Popen(
         [sys.executable, *arguments],
         cwd=ROOT,
         env=environment,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=timeout,
     )
+
+
+def run_driver(arguments: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """`start_driver`, until it ends (killed after `timeout`)."""
+    with start_driver(arguments) as driver:
+        try:
+            output, _ = driver.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            driver.kill()
+            driver.communicate()
+            raise
+    return subprocess.CompletedProcess(driver.args, driver.returncode, output)
 
 
 @contextlib.contextmanager

@@ -2,10 +2,8 @@
 the middle of a micro-batch, the query restarts from its checkpoint, and the output holds every
 published message once."""
 
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from tests.spark.support import (
     log_to_log,
     publish,
     run_driver,
+    start_driver,
     wait_mid_batch,
 )
 
@@ -29,16 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("exactly_once_driver.py")
 
 
-def start_driver(nsqd_http: str, checkpoint: Path, output: Path, mode: str) -> subprocess.Popen:
-    environment = dict(os.environ, PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
-    return subprocess.Popen(
-        [sys.executable, str(DRIVER), nsqd_http, "orders", str(checkpoint), str(output), mode],
-        cwd=ROOT,
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def start_parquet_driver(
+    nsqd_http: str, checkpoint: Path, output: Path, mode: str
+) -> subprocess.Popen:
+    return start_driver([str(DRIVER), nsqd_http, "orders", str(checkpoint), str(output), mode])
 
 
 def kill_mid_batch(driver: subprocess.Popen, checkpoint: Path) -> None:
@@ -69,9 +62,9 @@ def test_the_parquet_output_holds_every_message_once_after_the_driver_is_killed(
                 published += bodies
         checkpoint, output = tmp_path / "checkpoint", tmp_path / "output"
 
-        kill_mid_batch(start_driver(http, checkpoint, output, "continuous"), checkpoint)
+        kill_mid_batch(start_parquet_driver(http, checkpoint, output, "continuous"), checkpoint)
 
-        rerun = start_driver(http, checkpoint, output, "available-now")
+        rerun = start_parquet_driver(http, checkpoint, output, "available-now")
         log, _ = rerun.communicate(timeout=240)
         assert rerun.returncode == 0, log[-5000:]
 
@@ -97,16 +90,7 @@ def test_the_nsq_sink_holds_every_message_once_after_the_driver_is_killed(tmp_pa
     with log_to_log(tmp_path, per_partition=600) as (lookupd_http, nsqd_http, published):
         checkpoint = tmp_path / "ck"
         arguments = [str(SINK_DRIVER), lookupd_http, str(checkpoint), "-", "local[2,3]"]
-        environment = dict(os.environ, PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
-        driver = subprocess.Popen(
-            [sys.executable, *arguments, "continuous"],
-            cwd=ROOT,
-            env=environment,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        kill_mid_batch(driver, checkpoint)
+        kill_mid_batch(start_driver([*arguments, "continuous"]), checkpoint)
 
         rerun = run_driver([*arguments, "available-now"])
         assert rerun.returncode == 0, rerun.stdout[-5000:]

@@ -14,13 +14,13 @@ import pytest
 
 from nsqpy.client.blocking import http_json
 from tests.spark.support import (
-    ROOT,
     SINK_DRIVER,
     SPARK_HOME,
     assert_stored_once,
     check_exactly_once_sink,
     check_pipeline_example,
     log_to_log,
+    start_driver,
     wait_mid_batch,
 )
 from tests.support.polling import poll
@@ -163,15 +163,7 @@ def test_an_executor_killed_mid_batch_leaves_each_row_stored_once(standalone, tm
     with log_to_log(tmp_path, per_partition=600) as (lookupd_http, nsqd_http, published):
         checkpoint = tmp_path / "ck"
         arguments = [str(SINK_DRIVER), lookupd_http, str(checkpoint), "-", standalone.url]
-        environment = dict(os.environ, PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
-        driver = subprocess.Popen(
-            [sys.executable, *arguments, "continuous"],
-            cwd=ROOT,
-            env=environment,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        driver = start_driver([*arguments, "continuous"])
         try:
             wait_mid_batch(checkpoint)
             executors = executor_processes(since=driver.pid)
