@@ -18,7 +18,7 @@ import pytest
 
 from nsqpy.client.blocking import Consumer, NSQError, Producer
 from nsqpy.nsqd.metadata import read_metadata
-from nsqpy.nsqd.worker import owner_of
+from nsqpy.nsqd.worker import WORKER_ENVIRONMENT, owner_of
 from tests.harness import BIN, start_nsqd, start_nsqlookupd
 from tests.security.support import Certificates, make_certificates
 from tests.support.http import get_json, post, request
@@ -306,6 +306,16 @@ def test_ephemeral_channels_go_with_their_last_consumer(nsqd):
         )
 
 
+def worker_index(pid: int) -> int:
+    """The worker number the supervisor gave process `pid` (its `NSQPY_WORKER` setting)."""
+    with open(f"/proc/{pid}/environ", "rb") as environ:
+        for entry in environ.read().split(b"\0"):
+            name, _, value = entry.partition(b"=")
+            if name.decode() == WORKER_ENVIRONMENT:
+                return int(value.split(b",")[0])
+    raise AssertionError(f"process {pid} is not an nsqd worker")
+
+
 def test_tls_and_compressed_connections_are_relayed_to_the_owner(tmp_path, certs):
     daemon = start_nsqd(
         tmp_path,
@@ -313,22 +323,34 @@ def test_tls_and_compressed_connections_are_relayed_to_the_owner(tmp_path, certs
         *certs.tls_flags(),
         wait_for=("TCP", "HTTP", "HTTPS"),
     )
+    # Which worker accepts is the kernel's choice; with worker 0 stopped, worker 1 accepts
+    # every connection, so each reader of a worker-0 topic must be relayed there.
+    (stopped,) = [pid for pid in worker_pids(daemon) if worker_index(pid) == 0]
     try:
-        topics = topics_on_both(6, prefix="tls")
-        received = asyncio.run(_pynsq_round_trip(daemon, topics, certs.ca))
+        topics = [name for name in topics_on_both(4, prefix="tls") if owner_of(name, WORKERS) == 0]
+        received = asyncio.run(_pynsq_round_trip(daemon, topics, certs.ca, stopped))
         assert received == {topic: [b"over tls", b"and deflate"] for topic in topics}
     finally:
+        os.kill(stopped, signal.SIGCONT)
         assert daemon.stop() == 0, daemon.log
-    assert any("relayed to worker" in line for line in daemon.lines), daemon.log
 
 
-async def _pynsq_round_trip(daemon, topics: list[str], ca: str) -> dict[str, list[bytes]]:
-    """pynsq Writers and Readers over TLS (every other one with deflate) on each topic."""
+async def _pynsq_round_trip(
+    daemon, topics: list[str], ca: str, stopped: int
+) -> dict[str, list[bytes]]:
+    """pynsq Readers over TLS (every other one with deflate) on each topic, connected while
+    the worker `stopped` is stopped; once each is relayed, that worker continues and pynsq
+    Writers publish to every topic."""
     address = tcp(daemon)
+    loop = asyncio.get_running_loop()
     received: dict[str, list[bytes]] = {topic: [] for topic in topics}
     readers = []
-    for index, topic in enumerate(topics):
-        options = {"tls_v1": True, "tls_options": {"ca_certs": ca}, "deflate": index % 2 == 1}
+    options = [
+        {"tls_v1": True, "tls_options": {"ca_certs": ca}, "deflate": index % 2 == 1}
+        for index in range(len(topics))
+    ]
+    os.kill(stopped, signal.SIGSTOP)
+    for topic, settings in zip(topics, options, strict=True):
 
         def handle(message, topic=topic) -> bool:
             received[topic].append(message.body)
@@ -341,11 +363,17 @@ async def _pynsq_round_trip(daemon, topics: list[str], ca: str) -> dict[str, lis
                 message_handler=handle,
                 nsqd_tcp_addresses=[address],
                 max_in_flight=10,
-                **options,
+                **settings,
             )
         )
-        writer = nsq.Writer([address], **options)
-        loop = asyncio.get_running_loop()
+    # Every reader is relayed (its writer may be too, once both workers accept).
+    deadline = loop.time() + 20
+    while sum("relayed to worker 0" in line for line in daemon.lines) < len(topics):
+        assert loop.time() < deadline, daemon.log
+        await asyncio.sleep(0.02)
+    os.kill(stopped, signal.SIGCONT)
+    for topic, settings in zip(topics, options, strict=True):
+        writer = nsq.Writer([address], **settings)
         for body in (b"over tls", b"and deflate"):
             answered: asyncio.Future = loop.create_future()
             while not writer.conns:
@@ -354,9 +382,9 @@ async def _pynsq_round_trip(daemon, topics: list[str], ca: str) -> dict[str, lis
             assert await asyncio.wait_for(answered, 10) == b"OK"
         for conn in list(writer.conns.values()):
             conn.close()
-    deadline = asyncio.get_running_loop().time() + 20
+    deadline = loop.time() + 20
     while any(len(bodies) < 2 for bodies in received.values()):
-        assert asyncio.get_running_loop().time() < deadline, received
+        assert loop.time() < deadline, received
         await asyncio.sleep(0.02)
     for reader in readers:
         reader.close()
