@@ -10,7 +10,9 @@ the checker reads everything: every acknowledged message consumed at least once 
 log bytes identical on every ISR member, duplicates counted, and the write unavailability of
 each fault.
 
-The default suite runs each fault once; `-m slow` runs `test_chaos_long` with many rounds.
+The default suite runs each fault once, and the four that replace a leader five times each
+(20 failovers: nothing lost, nothing stored twice); `-m slow` runs `test_chaos_long` with many
+rounds.
 """
 
 import json
@@ -363,6 +365,8 @@ class Faults:
         "isolate_follower",
         "isolate_leader",
     )
+    # The faults that replace r3's leader.
+    LEADER_MOVES = ("kill_leader", "freeze_leader", "cut_leader_from_etcd", "isolate_leader")
 
 
 @pytest.fixture
@@ -386,20 +390,26 @@ def chaos_cluster(tmp_path, etcd_server):
         proxy.close()
 
 
-def run_chaos(cluster, faults: Faults, rounds: int) -> dict:
+def run_chaos(
+    cluster, faults: Faults, rounds: int, names: tuple[str, ...] = Faults.ALL
+) -> tuple[dict, list[str]]:
+    """`rounds` of the faults `names` under the workload; the checker's figures, and r3's
+    leader after each fault."""
     workload = Workload(cluster)
+    leaders = []
     try:
         for _ in range(rounds):
-            for name in Faults.ALL:
+            for name in names:
                 getattr(faults, name)()
-        return settle_and_check(cluster, workload)
+                leaders.append(cluster.partition("r3", 0)["leader"])
+        return settle_and_check(cluster, workload), leaders
     finally:
         workload.stop()
 
 
 def test_chaos(chaos_cluster):
     cluster, faults = chaos_cluster
-    figures = run_chaos(cluster, faults, rounds=1)
+    figures, _leaders = run_chaos(cluster, faults, rounds=1)
     print("chaos:", json.dumps(figures))
     for topic, figure in figures.items():
         assert figure["acknowledged"] > 100, (topic, figure)
@@ -409,7 +419,25 @@ def test_chaos(chaos_cluster):
 @pytest.mark.slow
 def test_chaos_long(chaos_cluster):
     cluster, faults = chaos_cluster
-    figures = run_chaos(cluster, faults, rounds=8)
+    figures, _leaders = run_chaos(cluster, faults, rounds=8)
     print("chaos (long):", json.dumps(figures))
     for topic, figure in figures.items():
         assert figure["stored_duplicates"] == 0, (topic, figure)
+
+
+def test_twenty_leader_failovers_lose_nothing_and_store_nothing_twice(chaos_cluster):
+    """The smart producers retry through 20 replacements of r3's leader (killed, frozen past
+    its lease, cut from etcd, cut from everything, five times each): every acknowledged
+    message is consumed and no body is stored twice in either topic's log."""
+    cluster, faults = chaos_cluster
+    first = cluster.partition("r3", 0)["leader"]
+    figures, leaders = run_chaos(cluster, faults, rounds=5, names=Faults.LEADER_MOVES)
+    print("twenty failovers:", json.dumps(figures), leaders)
+    # Each fault left r3 led by another node than before it.
+    assert len(leaders) == 20
+    assert all(
+        before != after for before, after in zip([first, *leaders[:-1]], leaders, strict=True)
+    ), leaders
+    for topic, figure in figures.items():
+        assert figure["acknowledged"] > 200, (topic, figure)
+        assert figure["lost"] == 0 and figure["stored_duplicates"] == 0, (topic, figure)
