@@ -1,7 +1,7 @@
 """A streaming query for the exactly-once sink tests: log topic "in" into log topic "out"
 through the nsq sink.
 
-`python exactly_once_sink_driver.py LOOKUPD_HTTP CHECKPOINT MARKER [MASTER [MODE]]`. MASTER
+`python exactly_once_sink_driver.py LOOKUPD_HTTP CHECKPOINT MARKER [MASTER [MODE [FORM]]]`. MASTER
 is `local[2,3]` by default (a failed task is run again), a standalone cluster's (which runs a
 failed task again by itself, up to `spark.task.maxFailures`) or a Spark Connect server's
 `sc://host:port`. MODE:
@@ -12,14 +12,24 @@ failed task again by itself, up to `spark.task.maxFailures`) or a Spark Connect 
   sink publishes, and then its input raises. MARKER records how many rows went through before
   that, and MARKER.executors the executor process (its JVM's PID) of every task.
 * "continuous": micro-batches of at most 150 rows until the driver is killed;
-  "available-now": what is there, then the query ends. Both with the plain sink.
+  "available-now": what is there, then the query ends. Both with the plain sink, unless
+  MARKER is given (not "-") in continuous mode: then the first attempt of Spark partition
+  0's task that starts while the file MARKER.request exists publishes its first Arrow batch,
+  writes MARKER.held (the rows it published, its executor's PID) and waits for ever, so that
+  the test can kill the driver or that executor while a batch is partly published. Only one
+  task holds.
+
+FORM is what each output message holds: "body" (the default), the input message's body, or
+"id-body", the input message's ID (hex) and body with a space between.
 """
 
 import os
 import sys
+import threading
 
 from pyspark import TaskContext
 from pyspark.sql import SparkSession
+from pyspark.sql.functions import col, concat, lit
 
 from nsqpy.spark import register
 from nsqpy.spark.source import NSQDataSource
@@ -63,6 +73,45 @@ def executor_process() -> int:
     return 0
 
 
+class HoldingWriter(NSQStreamWriter):
+    def __init__(self, options, schema) -> None:
+        super().__init__(options, schema)
+        self.marker = options["marker"]
+
+    def write(self, iterator):
+        context = TaskContext.get()
+        first_attempt = context.attemptNumber() == 0 and context.partitionId() == 0
+        if first_attempt and os.path.exists(self.marker + ".request"):
+            try:
+                # Only one task holds: the first to create the file.
+                held = os.open(self.marker + ".held", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            except FileExistsError:
+                pass
+            else:
+                iterator = self._holding(iterator, held)
+        return super().write(iterator)
+
+    def _holding(self, iterator, held: int):
+        rows = 0
+        for batch in iterator:
+            yield batch
+            # The sink asks for the next batch once it published this one.
+            rows = batch.num_rows
+            break
+        os.write(held, f"{rows} {executor_process()}\n".encode())
+        os.close(held)
+        threading.Event().wait()
+
+
+class Holding(NSQDataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "nsq_holding"
+
+    def streamWriter(self, schema, overwrite):  # noqa: N802 (Spark's name)
+        return HoldingWriter(self.options, schema)
+
+
 class FailingOnce(NSQDataSource):
     @classmethod
     def name(cls) -> str:
@@ -76,6 +125,7 @@ def main() -> None:
     lookupd_http, checkpoint, marker = sys.argv[1:4]
     master = sys.argv[4] if len(sys.argv) > 4 else "local[2,3]"
     mode = sys.argv[5] if len(sys.argv) > 5 else "fail-once"
+    form = sys.argv[6] if len(sys.argv) > 6 else "body"
     if master.startswith("sc://"):
         # Spark Connect: the server has its master and settings; the session sets its own.
         spark = SparkSession.builder.remote(master).getOrCreate()
@@ -95,6 +145,7 @@ def main() -> None:
         spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     spark.dataSource.register(FailingOnce)
+    spark.dataSource.register(Holding)
     rows = (
         spark.readStream.format("nsq")
         .option("lookupd", lookupd_http)
@@ -102,9 +153,16 @@ def main() -> None:
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", "150" if mode != "fail-once" else "100000")
         .load()
-        .select("body")
     )
-    sink = "nsq_failing_once" if mode == "fail-once" else "nsq"
+    if form == "id-body":
+        rows = rows.select(concat(col("id").cast("binary"), lit(b" "), col("body")).alias("body"))
+    else:
+        rows = rows.select("body")
+    sink = "nsq"
+    if mode == "fail-once":
+        sink = "nsq_failing_once"
+    elif mode == "continuous" and marker != "-":
+        sink = "nsq_holding"
     writer = (
         rows.writeStream.format(sink)
         .option("lookupd", lookupd_http)

@@ -186,12 +186,31 @@ def batch_logs(checkpoint: Path) -> tuple[set[str], set[str]]:
     return numbers("offsets"), numbers("commits")
 
 
-def wait_mid_batch(checkpoint: Path) -> None:
+def wait_mid_batch(checkpoint: Path, after: int = 2) -> None:
     """Until a query is in the middle of a micro-batch: one planned and not yet committed,
-    after a few that were."""
+    after at least `after` that were."""
 
     def mid_batch() -> bool:
         planned, done = batch_logs(checkpoint)
-        return len(done) >= 2 and len(planned - done) == 1
+        return len(done) >= after and len(planned - done) == 1
 
     poll(mid_batch, "a batch in progress", timeout=120, interval=0.005)
+
+
+def hold_after_publishing(marker: Path) -> int:
+    """Ask a continuous exactly_once_sink_driver.py run (MARKER `marker`) to hold its next
+    task of Spark partition 0 once the sink published part of its rows, and wait until it
+    did; its executor's PID (0 when local)."""
+    marker.with_name(marker.name + ".request").touch()
+    held = marker.with_name(marker.name + ".held")
+
+    def holding() -> list[int]:
+        line = held.read_text() if held.exists() else ""
+        if not line.endswith("\n"):
+            return []
+        rows, executor = map(int, line.split())
+        assert rows, "the held task had no rows to publish"
+        return [executor]
+
+    (executor,) = poll(holding, "a task holding after publishing part of its rows", timeout=120)
+    return executor

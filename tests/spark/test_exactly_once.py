@@ -15,6 +15,7 @@ from tests.spark.support import (
     batch_logs,
     check_exactly_once_sink,
     create_topic,
+    hold_after_publishing,
     log_to_log,
     publish,
     run_driver,
@@ -84,13 +85,22 @@ def test_a_task_run_again_after_publishing_part_of_its_rows_stores_each_row_once
 
 
 def test_the_nsq_sink_holds_every_message_once_after_the_driver_is_killed(tmp_path):
-    """Log topic → Spark → log topic through lookupd; the driver is killed with SIGKILL in the
-    middle of a micro-batch (after the sink may have published part of it), and the query
-    restarted from its checkpoint replays that batch under the same producers."""
+    """Log topic → Spark → log topic through lookupd; the driver is killed with SIGKILL while
+    a task of a micro-batch has published part of its rows, and the query restarted from its
+    checkpoint replays that batch under the same producers."""
     with log_to_log(tmp_path, per_partition=600) as (lookupd_http, nsqd_http, published):
-        checkpoint = tmp_path / "ck"
-        arguments = [str(SINK_DRIVER), lookupd_http, str(checkpoint), "-", "local[2,3]"]
-        kill_mid_batch(start_driver([*arguments, "continuous"]), checkpoint)
+        checkpoint, hold = tmp_path / "ck", tmp_path / "hold"
+        arguments = [str(SINK_DRIVER), lookupd_http, str(checkpoint), str(hold), "local[2,3]"]
+        driver = start_driver([*arguments, "continuous"])
+        try:
+            wait_mid_batch(checkpoint)
+            hold_after_publishing(hold)
+            driver.send_signal(signal.SIGKILL)
+        finally:
+            driver.kill()
+            driver.communicate(timeout=30)
+        planned, done = batch_logs(checkpoint)
+        assert len(planned) > len(done), "the driver was killed between batches"
 
         rerun = run_driver([*arguments, "available-now"])
         assert rerun.returncode == 0, rerun.stdout[-5000:]

@@ -19,6 +19,7 @@ from tests.spark.support import (
     assert_stored_once,
     check_exactly_once_sink,
     check_pipeline_example,
+    hold_after_publishing,
     log_to_log,
     start_driver,
     wait_mid_batch,
@@ -157,18 +158,18 @@ def executor_processes(since: int) -> list[int]:
 
 
 def test_an_executor_killed_mid_batch_leaves_each_row_stored_once(standalone, tmp_path):
-    """Log topic → Spark → log topic on the cluster; an executor is killed with SIGKILL in the
-    middle of a micro-batch. Spark runs its tasks again on an executor it has, under the same
-    producers: the output holds every message once."""
+    """Log topic → Spark → log topic on the cluster; the executor running a task that has
+    published part of its rows is killed with SIGKILL. Spark runs the task again on the
+    executor it has left, under the same producer: the output holds every message once."""
     with log_to_log(tmp_path, per_partition=600) as (lookupd_http, nsqd_http, published):
-        checkpoint = tmp_path / "ck"
-        arguments = [str(SINK_DRIVER), lookupd_http, str(checkpoint), "-", standalone.url]
+        checkpoint, hold = tmp_path / "ck", tmp_path / "hold"
+        arguments = [str(SINK_DRIVER), lookupd_http, str(checkpoint), str(hold), standalone.url]
         driver = start_driver([*arguments, "continuous"])
         try:
             wait_mid_batch(checkpoint)
-            executors = executor_processes(since=driver.pid)
-            assert len(executors) == 2, executors
-            os.kill(executors[0], signal.SIGKILL)
+            executor = hold_after_publishing(hold)
+            assert executor in executor_processes(since=driver.pid), executor
+            os.kill(executor, signal.SIGKILL)
 
             def all_copied() -> bool:
                 assert driver.poll() is None, driver.communicate()[0][-5000:]
