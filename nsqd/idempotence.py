@@ -7,11 +7,12 @@ retry of a publish whose answer was lost), and refuses a gap or a partial overla
 idempotent producers, with the producer's ID chosen by the producer, so a retried Spark task
 or a restarted client with the same ID is recognised.
 
-The state is not kept anywhere but in the log: the last record of each sequenced publish
-carries its producer and sequence (`partition_log.ProducerMark`), replicated with it. A
-partition rebuilds the state from the records of the last `--producer-id-expiration` when it
-is first needed and whenever its write epoch changes (a new leader); a producer not heard of
-for that long is forgotten, and may start again at 0.
+The state is kept in the log: the last record of each sequenced publish carries its producer
+and sequence (`partition_log.ProducerMark`), replicated with it. A partition rebuilds the
+state from the records of the last `--producer-id-expiration` when it is first needed and
+whenever its write epoch changes (a new leader), starting from its newest producer snapshot
+(`partition_log/producer_snapshots.py`, written by every replica as its segments roll); a
+producer not heard of for that long is forgotten, and may start again at 0.
 """
 
 import time
@@ -138,18 +139,13 @@ class ProducerSequences:
             self._sweep(now)
 
     def _rebuild(self, now: float) -> None:
-        """The producers of the records of the last expiration period, from the log."""
-        since = now - self._expiration()
-        producers: dict[bytes, _Producer] = {}
-        for mark, timestamp_ns in self._log.producer_marks(int(since * 1e9)):
-            seen = timestamp_ns / 1e9
-            found = producers.get(mark.producer_id)
-            if found is None:
-                producers[mark.producer_id] = _Producer(mark.sequence, seen)
-            else:
-                found.written = max(found.written, mark.sequence)
-                found.seen = max(found.seen, seen)
-        self._producers = producers
+        """The producers of the records of the last expiration period, from the log (its
+        newest producer snapshot and the records after it)."""
+        since_ns = int((now - self._expiration()) * 1e9)
+        self._producers = {
+            producer_id: _Producer(sequence, seen_ns / 1e9)
+            for producer_id, (sequence, seen_ns) in self._log.producer_state(since_ns).items()
+        }
 
     def _sweep(self, now: float) -> None:
         oldest = now - self._expiration()

@@ -423,7 +423,13 @@ class LogTopicQueue:
         self.writer = LogWriter(storage, log, self._group_written)
         self.topic = log.topic
         # Idempotent publishes: each producer's sequence (PUB_SEQ, MPUB_SEQ).
-        self.producers = ProducerSequences(log, lambda: storage.options.producer_id_expiration)
+        def expiration() -> float:
+            return storage.options.producer_id_expiration
+
+        self.producers = ProducerSequences(log, expiration)
+        # Every replica writes producer snapshots as its segments roll: a new leader starts
+        # from them.
+        log.producer_expiration = expiration
         # Where the partition's diskqueues were (`Topic.backend_name`): an earlier nsqpy's.
         self.backend_name = backend_name
         self._paused = paused

@@ -10,6 +10,7 @@ size prefixes included) and counts (messages since it was created). IDs are
 * `files`: where each file of a partition is;
 * `segments`: the data files; `index`: the commit-log index and its searches;
 * `recovery`: what opening finds and cuts back; `retention`: which segments may go;
+* `producer_snapshots`: the idempotent producers of the records before a segment's start;
 * `log`: `PartitionLog`, which appends, commits, reads, searches, syncs and cuts back.
 
 It imports nothing of nsqd: the messages it reads are made by the caller's `message_type`.

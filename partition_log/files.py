@@ -9,7 +9,9 @@
   its first segments;
 * `<topic>-<p>:<channel>.diskqueue.meta.v2.reader.dat`: a channel's cursor, and nsqpy's own
   `<topic>-<p>:<channel>.delayed.json` (its deferred messages; Youzan has no DPUB);
-* `magic<p>`: the MagicCode of the cluster topic the log was written for.
+* `magic<p>`: the MagicCode of the cluster topic the log was written for;
+* nsqpy's own `<topic>-<p>.producers.<offset>.json`: a producer snapshot
+  (`producer_snapshots.py`).
 """
 
 import os

@@ -12,8 +12,9 @@ import bisect
 import errno
 import logging
 import os
+import time
 from binascii import hexlify, unhexlify
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Generic
 
 from nsqpy.partition_log.files import META_MAGIC, LogFiles, write_atomically
@@ -25,11 +26,21 @@ from nsqpy.partition_log.index import (
     entry_end,
     index_files,
 )
+from nsqpy.partition_log.producer_snapshots import (
+    Producers,
+    ProducerSnapshot,
+    collect_marks,
+    file_marks,
+    fold,
+    read_snapshot,
+    remove_snapshots,
+    seen_since,
+    snapshot_offsets,
+    write_snapshot,
+)
 from nsqpy.partition_log.records import (
     BODY_START,
     ID_PARTITION_SHIFT,
-    PRODUCER_ATTEMPTS_FLAG,
-    PRODUCER_EXT_ATTEMPTS_FLAG,
     RECORD_HEADER_SIZE,
     SIZE,
     SIZED_HEADER,
@@ -42,7 +53,6 @@ from nsqpy.partition_log.records import (
     decode_flagged_record,
     encode_flagged_record,
     mark_size,
-    producer_section,
     record_size,
 )
 from nsqpy.partition_log.recovery import recover
@@ -126,6 +136,11 @@ class PartitionLog(Generic[M]):
         self._tail_defers: dict[int, float] = {}
         # The last chunk read from a segment: (segment number, position, bytes).
         self._read_cache: tuple[int, int, bytes] | None = None
+        # Seconds an idempotent producer is remembered (nsqd's `--producer-id-expiration`,
+        # read at each use); None: no producer snapshots are written (producer_snapshots.py).
+        self.producer_expiration: Callable[[], float] | None = None
+        # A segment was rolled since the last producer snapshot was prepared.
+        self._snapshot_due = False
         self._open()
 
     # -- file names ----------------------------------------------------------------------------
@@ -192,6 +207,7 @@ class PartitionLog(Generic[M]):
             0o600,
         )
         self._index_fd = os.open(self.index_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._forget_snapshots_after(self.written.offset)
 
     # -- appending -----------------------------------------------------------------------------
 
@@ -401,6 +417,7 @@ class PartitionLog(Generic[M]):
         self._write_fd = os.open(
             self.segment_path(following.number), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
         )
+        self._snapshot_due = True
 
     def _roll_index(self) -> None:
         os.fsync(self._index_fd)
@@ -434,19 +451,60 @@ class PartitionLog(Generic[M]):
         written = self.written
         meta = b"%d\n%d,%d,%d\n" % (written.count, segment.number, segment.size, written.offset)
         meta_path = self.writer_meta_path
+        snapshot_job = self._prepare_producer_snapshot()
 
         def job() -> bool:
             try:
                 os.fsync(data_fd)
                 os.fsync(index_fd)
                 write_atomically(meta_path, meta + META_MAGIC)
-                return True
             except OSError as error:
                 logger.error("LOG(%s) failed to sync - %s", self.name, error)
                 return False
             finally:
                 os.close(data_fd)
                 os.close(index_fd)
+            if snapshot_job is not None:
+                snapshot_job()
+            return True
+
+        return job
+
+    def _prepare_producer_snapshot(self) -> Callable[[], None] | None:
+        """After a roll, a job (for a worker thread) that writes the producer snapshot at the
+        active segment's start: the newest snapshot before it and the marks of the records
+        between, from the rolled segments' files (which no longer change)."""
+        if not self._snapshot_due or self.producer_expiration is None:
+            return None
+        self._snapshot_due = False
+        active = self.segments[-1]
+        boundary = Position(active.start, active.start_count)
+        entry = self.entry_ending_at(boundary)
+        if entry is None:
+            return None
+        since_ns = int((time.time() - self.producer_expiration()) * 1e9)
+        base = self._newest_snapshot(boundary.offset)
+        producers: Producers = dict(base.producers) if base is not None else {}
+        first = self.search_timestamp(since_ns)
+        if base is not None:
+            first = max(first, base.position)
+        pieces = [
+            (self.segment_path(segment.number), segment.start, segment.start + segment.size)
+            for segment in self.segments[:-1]
+            if segment.start + segment.size > first.offset
+        ]
+        files = self.files
+        name = self.name
+
+        def job() -> None:
+            try:
+                for path, start, end in pieces:
+                    fold(producers, file_marks(path, max(first.offset, start) - start, end - start))
+                write_snapshot(
+                    files, ProducerSnapshot(boundary, entry, seen_since(producers, since_ns))
+                )
+            except OSError as error:
+                logger.warning("LOG(%s) wrote no producer snapshot - %s", name, error)
 
         return job
 
@@ -706,6 +764,7 @@ class PartitionLog(Generic[M]):
         self.written = self.appended = position
         self.end = min(self.end, position)
         self.last_id = last_id
+        self._forget_snapshots_after(position.offset)
         index = bisect.bisect_left(self._tail_starts, position.offset)
         for data in self._tail[index:]:
             self._tail_bytes -= len(data)
@@ -743,23 +802,50 @@ class PartitionLog(Generic[M]):
         first = self.read(Position(entry[3], entry[5] - 1), 1)
         return first[0].timestamp if first else 0
 
-    def producer_marks(self, since_ns: int) -> Iterator[tuple[ProducerMark, int]]:
-        """The producer marks (and their records' timestamps) of idempotent publishes written
-        at or after `since_ns`, oldest first: what a leader rebuilds its producers' sequences
-        from (`nsqd/idempotence.py`)."""
-        position = self.search_timestamp(since_ns)
+    def producer_state(self, since_ns: int) -> Producers:
+        """Each producer whose idempotent publishes were written at or after `since_ns`: its
+        last sequence and when it was last seen. From the newest producer snapshot and the
+        records after it, or from every record since `since_ns` when there is none
+        (`nsqd/idempotence.py` rebuilds its producers from this)."""
+        first = self.search_timestamp(since_ns)
+        base = self._newest_snapshot(self.written.offset)
+        producers: Producers = {}
+        if base is not None:
+            # What it says of records before `first` is older than `since_ns`, and left out
+            # below; but it also remembers records retention may have removed.
+            producers.update(base.producers)
+            first = max(first, base.position)
+        fold(producers, self._marks_from(first))
+        return seen_since(producers, since_ns)
+
+    def _marks_from(self, position: Position) -> list[tuple[ProducerMark, int]]:
+        """The producer marks of the written records from `position` on, oldest first."""
+        found: list[tuple[ProducerMark, int]] = []
         end = self.written.offset
-        flags = (PRODUCER_ATTEMPTS_FLAG, PRODUCER_EXT_ATTEMPTS_FLAG)
         while position.offset < end:
             data, position = self.read_raw(position, end, READ_CHUNK)
             if not data:
-                return
-            at = 0
-            while at < len(data):
-                size, timestamp, attempts, _trace_id = SIZED_HEADER.unpack_from(data, at)
-                if attempts & 0xF000 in flags:
-                    yield producer_section(data, at + BODY_START)[0], timestamp
-                at += 4 + size
+                break
+            collect_marks(data, found)
+        return found
+
+    def _newest_snapshot(self, at_most: int) -> ProducerSnapshot | None:
+        """The newest producer snapshot at or before offset `at_most` that matches this log
+        (the index entry it names ends where it says)."""
+        for offset in reversed(snapshot_offsets(self.files)):
+            if offset > at_most:
+                continue
+            snapshot = read_snapshot(self.files, offset)
+            if snapshot is None:
+                continue
+            # Index files outlive retention: a snapshot of removed records is checked too.
+            if self.entry_ending_at(snapshot.position) == snapshot.entry:
+                return snapshot
+        return None
+
+    def _forget_snapshots_after(self, offset: int) -> None:
+        """Remove the producer snapshots of records past `offset` (cut back)."""
+        remove_snapshots(self.files, [at for at in snapshot_offsets(self.files) if at > offset])
 
     def search_timestamp(self, timestamp_ns: int) -> Position:
         """The first message published at or after `timestamp_ns`, or the end."""

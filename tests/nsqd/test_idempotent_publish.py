@@ -11,6 +11,7 @@ from nsqpy.common.command import encode_command, encode_mpub_seq, encode_pub_seq
 from nsqpy.common.frame import FRAME_TYPE_ERROR
 from nsqpy.nsqd.idempotence import ProducerSequences
 from nsqpy.partition_log import PartitionLog, ProducerMark, Record
+from nsqpy.partition_log.producer_snapshots import snapshot_offsets
 from tests.nsqd.wire import Wire, consumer
 from tests.support.nsqd import running_nsqd
 
@@ -140,6 +141,31 @@ async def test_the_producers_survive_a_restart_in_the_log(log_options):
         reader = await consumer(nsqd, "t", "all", rdy=10)
         messages = await reader.read_messages(4)
         assert [m.body for m in messages] == [b"a", b"b", b"q0", b"q1"]
+
+
+async def test_rolled_segments_leave_producer_snapshots_a_restart_starts_from(log_options):
+    """The first sync after segments rolled writes a producer snapshot
+    (tests/nsqd/test_producer_snapshots.py has the rules) in the topic's directory; after a
+    restart the repeats of publishes before it are still recognised."""
+    options = dataclasses.replace(log_options, max_bytes_per_file=200)
+    async with running_nsqd(options) as nsqd:
+        wire = await producer(nsqd)
+        await wire.send(encode_pub_seq("t", 0, "early", 0, b"e0"))
+        await wire.expect_ok()
+        for sequence in range(10):
+            await wire.send(encode_pub_seq("t", 0, "p", sequence, b"p%d" % sequence))
+            await wire.expect_ok()
+        log = nsqd.get_topic("t").queue.log
+        assert len(log.segments) > 2
+    # The clean stop's sync writes one at the start of the active segment.
+    assert snapshot_offsets(log.files)[-1] == log.segments[-1].start
+    async with running_nsqd(options) as nsqd:
+        wire = await producer(nsqd)
+        await wire.send(encode_pub_seq("t", 0, "early", 0, b"e0"))
+        await wire.expect_ok()
+        await wire.send(encode_pub_seq("t", 0, "p", 9, b"p9"))
+        await wire.expect_ok()
+        assert message_count(nsqd) == 0
 
 
 async def test_consumers_and_classic_publishes_are_untouched(log_options):

@@ -302,7 +302,7 @@ def test_ext_records_keep_their_header(tmp_path, ext_header):
 @pytest.mark.parametrize("ext", [False, True])
 def test_a_publish_carries_its_producer_on_its_last_record(tmp_path, ext):
     """Readers see the bodies as stored without the mark (the Spark source's reader:
-    tests/spark/test_log_records.py); `producer_marks` finds it."""
+    tests/spark/test_log_records.py); `producer_state` finds it."""
     log = open_log(tmp_path, ext=ext)
     messages = [
         Message(mid, body, 5_000_000_000)
@@ -315,7 +315,7 @@ def test_a_publish_carries_its_producer_on_its_last_record(tmp_path, ext):
     read = log.read(Position(0, 0), 5)
     assert [(m.body, m.attempts) for m in read] == [(b"a", 0), (b"bb", 0), (b"ccc", 0)]
     assert read[2].ext_header == (b'{"k":"v"}' if ext else b"")
-    assert list(log.producer_marks(0)) == [(ProducerMark(b"spark-q-b1-p0", 41), 5_000_000_000)]
+    assert log.producer_state(0) == {b"spark-q-b1-p0": (41, 5_000_000_000)}
     log.close()
 
 

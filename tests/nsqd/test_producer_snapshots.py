@@ -1,0 +1,161 @@
+"""Producer snapshots (nsqpy/partition_log/producer_snapshots.py): each replica writes one as
+its segments roll, and a rebuild of the idempotent producers' sequences starts from the newest
+that still matches the log, reading only the records after it."""
+
+import math
+import os
+import time
+
+from nsqpy.nsqd.message import Message
+from nsqpy.partition_log import PartitionLog, Position, ProducerMark
+from nsqpy.partition_log.producer_snapshots import read_snapshot, snapshot_offsets
+
+# Records of 46 bytes: a segment of 200 bytes rolls every fifth publish.
+SEGMENT_BYTES = 200
+
+
+def open_log(path) -> PartitionLog:
+    log = PartitionLog(
+        str(path), "t", 0, message_type=Message, max_bytes_per_file=SEGMENT_BYTES, sync_every=1
+    )
+    log.producer_expiration = lambda: 3600.0
+    return log
+
+
+def publish(log: PartitionLog, producer: bytes, sequence: int, *, at: float | None = None):
+    """One message published idempotently by `producer`, written `at` (unix seconds; now)."""
+    timestamp = int((time.time() if at is None else at) * 1e9)
+    (message_id,) = log.next_ids(1)
+    log.append(
+        [Message(message_id, b"body %d" % sequence, timestamp)], ProducerMark(producer, sequence)
+    )
+    log.commit()
+
+
+def sync(log: PartitionLog) -> None:
+    """What nsqd's sync does: the returned job runs in a worker thread."""
+    assert log.prepare_sync()() is True
+
+
+def test_a_rolled_segment_leaves_a_snapshot_of_the_producers_before_it(tmp_path):
+    log = open_log(tmp_path)
+    for sequence in range(3):
+        publish(log, b"a", sequence)
+    publish(log, b"b", 0)
+    publish(log, b"a", 3)
+    assert len(log.segments) == 2
+    sync(log)
+    (offset,) = snapshot_offsets(log.files)
+    active = log.segments[-1]
+    assert offset == active.start
+    snapshot = read_snapshot(log.files, offset)
+    assert snapshot.position == Position(active.start, active.start_count)
+    assert {key: value[0] for key, value in snapshot.producers.items()} == {b"a": 3, b"b": 0}
+    log.close()
+
+
+def test_the_state_outlives_the_segments_retention_removed(tmp_path):
+    """Producers whose marks were in removed segments are still known, from the snapshot: a
+    rebuild from the records alone would have forgotten them."""
+    log = open_log(tmp_path)
+    publish(log, b"early", 0)
+    for sequence in range(6):
+        publish(log, b"a", sequence)
+    sync(log)
+    assert log.clean(log.end.offset, keep_bytes=-1, older_than=math.inf) > 0
+    since = int((time.time() - 3600) * 1e9)
+    state = log.producer_state(since)
+    assert {key: value[0] for key, value in state.items()} == {b"early": 0, b"a": 5}
+    log.close()
+    reopened = open_log(tmp_path)
+    assert reopened.producer_state(since) == state
+    reopened.close()
+
+
+def test_only_the_two_newest_snapshots_are_kept(tmp_path):
+    log = open_log(tmp_path)
+    written = []
+    for sequence in range(20):
+        segments = len(log.segments)
+        publish(log, b"a", sequence)
+        if len(log.segments) > segments:
+            sync(log)
+            written.append(log.segments[-1].start)
+    assert len(written) > 2
+    assert snapshot_offsets(log.files) == written[-2:]
+    log.close()
+
+
+def test_a_snapshot_of_a_cut_back_tail_is_removed(tmp_path):
+    """A follower cuts back records its new leader does not have: the snapshot taken after
+    them goes, and the state is the remaining records'."""
+    log = open_log(tmp_path)
+    publish(log, b"a", 0)
+    kept = log.written
+    for sequence in range(1, 6):
+        publish(log, b"a", sequence)
+    sync(log)
+    assert snapshot_offsets(log.files)
+    log.truncate_to(kept)
+    assert snapshot_offsets(log.files) == []
+    assert log.producer_state(0) == {b"a": (0, log.read(Position(0, 0), 1)[0].timestamp)}
+    log.close()
+
+
+def test_a_snapshot_that_does_not_match_the_log_is_ignored(tmp_path):
+    """The index entry a snapshot names must end where it says; one that does not (written
+    by a job that raced a cut-back, or damaged) is passed over for the records themselves."""
+    log = open_log(tmp_path)
+    for sequence in range(6):
+        publish(log, b"a", sequence)
+    sync(log)
+    (offset,) = snapshot_offsets(log.files)
+    path = os.path.join(log.directory, f"t-0.producers.{offset:020d}.json")
+    with open(path) as file:
+        document = file.read()
+    with open(path, "w") as file:
+        file.write(
+            document.replace('"producers": {', '"producers": {"7a": [99, 1], ', 1).replace(
+                '"entry": [', '"entry": [12345, ', 1
+            )
+        )
+    assert b"z" not in log.producer_state(0)
+    with open(path, "w") as file:
+        file.write("not json")
+    assert log.producer_state(0)[b"a"][0] == 5
+    log.close()
+
+
+def test_producers_not_seen_within_the_expiration_are_left_out(tmp_path):
+    log = open_log(tmp_path)
+    old = time.time() - 7200
+    for sequence in range(4):
+        publish(log, b"old", sequence, at=old)
+    publish(log, b"new", 0)
+    for sequence in range(1, 4):
+        publish(log, b"new", sequence)
+    sync(log)
+    offsets = snapshot_offsets(log.files)
+    assert offsets
+    assert b"old" not in read_snapshot(log.files, offsets[-1]).producers
+    assert set(log.producer_state(int((time.time() - 3600) * 1e9))) == {b"new"}
+    log.close()
+
+
+def test_a_follower_writes_the_same_snapshots_as_its_leader(tmp_path):
+    """A follower takes the leader's groups as written (`append_raw`) and snapshots them as
+    its own segments roll: the one that becomes leader starts from its own."""
+    leader, follower = open_log(tmp_path / "leader"), open_log(tmp_path / "follower")
+    for sequence in range(12):
+        timestamp = int(time.time() * 1e9)
+        (message_id,) = leader.next_ids(1)
+        leader.append([Message(message_id, b"m", timestamp)], ProducerMark(b"p", sequence))
+        follower.append_raw(*leader.commit())
+    sync(leader)
+    sync(follower)
+    offsets = snapshot_offsets(leader.files)
+    assert offsets and snapshot_offsets(follower.files) == offsets
+    assert read_snapshot(follower.files, offsets[-1]) == read_snapshot(leader.files, offsets[-1])
+    assert follower.producer_state(0) == leader.producer_state(0)
+    leader.close()
+    follower.close()
