@@ -146,9 +146,11 @@ class LogWriter:
             await self._round(force_sync=True)
 
     async def sync_if_due(self) -> None:
-        """A follower's sync policy, after writing what its leader sent."""
+        """A follower's sync policy, after writing what its leader sent and before telling
+        it so: the groups it wrote are not this writer's, so the round must be told to
+        sync."""
         if self.log.sync_due and not self._busy:
-            await self._round()
+            await self._round(force_sync=True)
 
     async def _round(self, *, force_sync: bool = False) -> None:
         self._busy = True

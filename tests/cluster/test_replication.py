@@ -109,3 +109,22 @@ def test_a_consumer_of_the_leader_gets_what_was_published(cluster):
             consumer.send(encode_fin(message.id))
     finally:
         consumer.close()
+
+
+def test_a_follower_with_sync_every_1_syncs_each_group_before_acknowledging_it(
+    tmp_path, etcd_server
+):
+    """`--sync-every=1` on a follower: each group it takes from its leader is fsynced (its
+    writer metadata, written by the sync, says so) before the publish is acknowledged, not at
+    the next `--sync-timeout` (a minute here)."""
+    with LocalCluster(
+        tmp_path, etcd_server, nsqd_args=("-sync-every=1", "-sync-timeout=60s")
+    ) as cluster:
+        cluster.create_topic("t", 1, 3)
+        leader = cluster.node_leading("t", 0)
+        followers = [node for node in cluster.nodes if node is not leader]
+        for count in (1, 2, 3):
+            assert youzan_pub(leader.tcp_port, "t", 0, b"message %d" % count) == b"OK"
+            for node in followers:
+                meta = node.data_path / "t" / "t-0.diskqueue.meta.writer.dat"
+                assert meta.read_bytes().split(b"\n")[0] == b"%d" % count
