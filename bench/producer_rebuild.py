@@ -53,6 +53,9 @@ def build(directory: str, megabytes: int, segment_mib: int) -> PartitionLog:
         log.commit()
         if len(log.segments) > segments:
             assert log.prepare_sync()()
+            snapshot = log.prepare_producer_snapshot()
+            assert snapshot is not None
+            snapshot()
     return log
 
 

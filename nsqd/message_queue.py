@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+import trio
+
 from nsqpy.common.guid import GUIDFactory
 from nsqpy.nsqd.backend import BackendWriteError, DroppingQueue
 from nsqpy.nsqd.cursor_queue import CursorQueue
@@ -422,6 +424,7 @@ class LogTopicQueue:
         self.log = log
         self.writer = LogWriter(storage, log, self._group_written)
         self.topic = log.topic
+
         # Idempotent publishes: each producer's sequence (PUB_SEQ, MPUB_SEQ).
         def expiration() -> float:
             return storage.options.producer_id_expiration
@@ -620,6 +623,10 @@ class LogTopicQueue:
     async def sync_dirty(self) -> None:
         if self.writer.dirty:
             await self.writer.sync()
+        # Here, not in a sync that publishes wait for: the job reads a whole segment.
+        snapshot = self.log.prepare_producer_snapshot()
+        if snapshot is not None:
+            await trio.to_thread.run_sync(snapshot)
 
     def position_stats(self) -> dict[str, int]:
         log = self.log

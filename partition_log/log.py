@@ -451,29 +451,27 @@ class PartitionLog(Generic[M]):
         written = self.written
         meta = b"%d\n%d,%d,%d\n" % (written.count, segment.number, segment.size, written.offset)
         meta_path = self.writer_meta_path
-        snapshot_job = self._prepare_producer_snapshot()
 
         def job() -> bool:
             try:
                 os.fsync(data_fd)
                 os.fsync(index_fd)
                 write_atomically(meta_path, meta + META_MAGIC)
+                return True
             except OSError as error:
                 logger.error("LOG(%s) failed to sync - %s", self.name, error)
                 return False
             finally:
                 os.close(data_fd)
                 os.close(index_fd)
-            if snapshot_job is not None:
-                snapshot_job()
-            return True
 
         return job
 
-    def _prepare_producer_snapshot(self) -> Callable[[], None] | None:
-        """After a roll, a job (for a worker thread) that writes the producer snapshot at the
-        active segment's start: the newest snapshot before it and the marks of the records
-        between, from the rolled segments' files (which no longer change)."""
+    def prepare_producer_snapshot(self) -> Callable[[], None] | None:
+        """After a roll, a job (for a worker thread, apart from the syncs publishes wait for)
+        that writes the producer snapshot at the active segment's start: the newest snapshot
+        before it and the marks of the records between, from the rolled segments' files
+        (which no longer change). None when no segment rolled since the last one."""
         if not self._snapshot_due or self.producer_expiration is None:
             return None
         self._snapshot_due = False
@@ -951,6 +949,9 @@ class PartitionLog(Generic[M]):
             self.sync()
         except OSError as error:
             self.log.error("LOG(%s) failed to write at close - %s", self.name, error)
+        snapshot = self.prepare_producer_snapshot()
+        if snapshot is not None:
+            snapshot()
         os.close(self._write_fd)
         os.close(self._index_fd)
         self._closed = True

@@ -6,9 +6,9 @@ producers from those marks (`nsqd/idempotence.py`); without snapshots it would r
 record of the last `--producer-id-expiration` to do it. A snapshot,
 `<topic>-<p>.producers.<offset>.json`, holds what the marks of every record before `offset`
 (a segment's start) say: each producer's last sequence and when it was last seen. Every
-replica writes one at the first sync after a segment rolled, from its previous snapshot and
-the records since, in the sync job's worker thread, leaving out the producers not seen within
-the expiration. A new leader or a restarted node starts from its newest snapshot and reads only
+replica writes one at its next periodic sync after a segment rolled (and at a clean stop),
+from its previous snapshot and the records since, in a worker thread, leaving out the
+producers not seen within the expiration. A new leader or a restarted node starts from its newest snapshot and reads only
 the records after it: at most about a segment.
 
 A snapshot names the index entry that ends at its offset: one whose tail was cut back (a
@@ -84,7 +84,7 @@ def read_snapshot(files: LogFiles, offset: int) -> ProducerSnapshot | None:
         return None
     if position.offset != offset or len(entry) != 7:
         return None
-    return ProducerSnapshot(position, entry, producers)  # type: ignore[arg-type]
+    return ProducerSnapshot(position, entry, producers)
 
 
 def write_snapshot(files: LogFiles, snapshot: ProducerSnapshot) -> None:

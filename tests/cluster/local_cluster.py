@@ -209,6 +209,24 @@ class LocalCluster:
                 f"a leader of {topic}/{partition}",
             )
 
+    def create_writable_topic(
+        self, topic: str, partitions: int, replicas: int, channel: str = "c"
+    ) -> None:
+        """`create_topic`, then `channel` on each partition, and wait until the master lists
+        every partition to writers (it lists one once it has a channel)."""
+        self.create_topic(topic, partitions, replicas)
+        for partition in range(partitions):
+            leader = self.node_leading(topic, partition)
+            target = f"/channel/create?topic={topic}&channel={channel}&partition={partition}"
+            assert leader.http("POST", target).status == 200
+
+        def writable() -> bool:
+            reply = self.lookupd_http("GET", f"/lookup?topic={topic}&access=w")
+            listed = json.loads(reply.body).get("partitions") if reply.status == 200 else None
+            return len(listed or {}) == partitions
+
+        poll(writable, f"every partition of {topic} listed to writers")
+
     def partition(self, topic: str, partition: int) -> dict | None:
         for entry in self.stats()["partitions"]:
             if entry["topic"] == topic and entry["partition"] == partition:

@@ -9,7 +9,6 @@ import pytest
 
 from tests.cluster.local_cluster import LocalCluster
 from tests.harness import BIN
-from tests.support.polling import poll
 
 
 @pytest.fixture
@@ -27,18 +26,8 @@ def messages_on(node, topic: str, partition: int) -> int:
 
 
 def test_to_nsq_and_nsq_tail_use_every_partitions_leader(cluster):
-    cluster.create_topic("t", 2, 2)
-    for partition in range(2):
-        leader = cluster.node_leading("t", partition)
-        reply = leader.http("POST", f"/channel/create?topic=t&channel=c&partition={partition}")
-        assert reply.status == 200
+    cluster.create_writable_topic("t", 2, 2)
     lookupd = f"127.0.0.1:{cluster.lookupds[0].port('HTTP')}"
-
-    def writable() -> bool:
-        reply = cluster.lookupd_http("GET", "/lookup?topic=t&access=w")
-        return reply.status == 200 and len(json.loads(reply.body)["partitions"] or {}) == 2
-
-    poll(writable, "both partitions writable in nsqlookupd")
     lines = [b"line %d" % i for i in range(20)]
     published = subprocess.run(
         [str(BIN / "to_nsq"), "-topic=t", f"-lookupd-http-address={lookupd}"],

@@ -14,6 +14,7 @@ from nsqpy.partition_log import PartitionLog, ProducerMark, Record
 from nsqpy.partition_log.producer_snapshots import snapshot_offsets
 from tests.nsqd.wire import Wire, consumer
 from tests.support.nsqd import running_nsqd
+from tests.support.polling import wait_until
 
 
 @pytest.fixture
@@ -144,10 +145,10 @@ async def test_the_producers_survive_a_restart_in_the_log(log_options):
 
 
 async def test_rolled_segments_leave_producer_snapshots_a_restart_starts_from(log_options):
-    """The first sync after segments rolled writes a producer snapshot
+    """The periodic sync after segments rolled writes a producer snapshot
     (tests/nsqd/test_producer_snapshots.py has the rules) in the topic's directory; after a
     restart the repeats of publishes before it are still recognised."""
-    options = dataclasses.replace(log_options, max_bytes_per_file=200)
+    options = dataclasses.replace(log_options, max_bytes_per_file=200, sync_timeout=0.05)
     async with running_nsqd(options) as nsqd:
         wire = await producer(nsqd)
         await wire.send(encode_pub_seq("t", 0, "early", 0, b"e0"))
@@ -157,8 +158,11 @@ async def test_rolled_segments_leave_producer_snapshots_a_restart_starts_from(lo
             await wire.expect_ok()
         log = nsqd.get_topic("t").queue.log
         assert len(log.segments) > 2
-    # The clean stop's sync writes one at the start of the active segment.
-    assert snapshot_offsets(log.files)[-1] == log.segments[-1].start
+        # The periodic sync writes one at the start of the active segment.
+        await wait_until(
+            lambda: snapshot_offsets(log.files)[-1:] == [log.segments[-1].start],
+            "a producer snapshot at the active segment's start",
+        )
     async with running_nsqd(options) as nsqd:
         wire = await producer(nsqd)
         await wire.send(encode_pub_seq("t", 0, "early", 0, b"e0"))

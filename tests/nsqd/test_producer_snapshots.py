@@ -33,8 +33,11 @@ def publish(log: PartitionLog, producer: bytes, sequence: int, *, at: float | No
 
 
 def sync(log: PartitionLog) -> None:
-    """What nsqd's sync does: the returned job runs in a worker thread."""
+    """What nsqd's periodic sync does: the jobs run in a worker thread."""
     assert log.prepare_sync()() is True
+    job = log.prepare_producer_snapshot()
+    if job is not None:
+        job()
 
 
 def test_a_rolled_segment_leaves_a_snapshot_of_the_producers_before_it(tmp_path):

@@ -36,18 +36,31 @@ from nsqpy.spark.source import NSQDataSource
 from nsqpy.spark.writer import NSQStreamWriter
 
 
-class FailingOnceWriter(NSQStreamWriter):
+class InjectingWriter(NSQStreamWriter):
+    """The nsq sink with a fault injected into one task: option "inject" is "fail-once" or
+    "hold" (see the module's text), "marker" the MARKER path."""
+
     def __init__(self, options, schema) -> None:
         super().__init__(options, schema)
         self.marker = options["marker"]
+        self.inject = options["inject"]
 
     def write(self, iterator):
         context = TaskContext.get()
-        with open(self.marker + ".executors", "a") as executors:
-            executors.write(f"{context.partitionId()} {executor_process()}\n")
-        first_attempt = context is not None and context.attemptNumber() == 0
-        if first_attempt and context.partitionId() == 0 and not os.path.exists(self.marker):
-            iterator = self._failing(iterator)
+        first_attempt = context.attemptNumber() == 0 and context.partitionId() == 0
+        if self.inject == "fail-once":
+            with open(self.marker + ".executors", "a") as executors:
+                executors.write(f"{context.partitionId()} {executor_process()}\n")
+            if first_attempt and not os.path.exists(self.marker):
+                iterator = self._failing(iterator)
+        elif first_attempt and os.path.exists(self.marker + ".request"):
+            try:
+                # Only one task holds: the first to create the file.
+                held = os.open(self.marker + ".held", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            except FileExistsError:
+                pass
+            else:
+                iterator = self._holding(iterator, held)
         return super().write(iterator)
 
     def _failing(self, iterator):
@@ -59,6 +72,17 @@ class FailingOnceWriter(NSQStreamWriter):
                 raise RuntimeError("injected: the task's input failed")
             rows += batch.num_rows
             yield batch
+
+    def _holding(self, iterator, held: int):
+        rows = 0
+        for batch in iterator:
+            yield batch
+            # The sink asks for the next batch once it published this one.
+            rows = batch.num_rows
+            break
+        os.write(held, f"{rows} {executor_process()}\n".encode())
+        os.close(held)
+        threading.Event().wait()
 
 
 def executor_process() -> int:
@@ -73,52 +97,13 @@ def executor_process() -> int:
     return 0
 
 
-class HoldingWriter(NSQStreamWriter):
-    def __init__(self, options, schema) -> None:
-        super().__init__(options, schema)
-        self.marker = options["marker"]
-
-    def write(self, iterator):
-        context = TaskContext.get()
-        first_attempt = context.attemptNumber() == 0 and context.partitionId() == 0
-        if first_attempt and os.path.exists(self.marker + ".request"):
-            try:
-                # Only one task holds: the first to create the file.
-                held = os.open(self.marker + ".held", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-            except FileExistsError:
-                pass
-            else:
-                iterator = self._holding(iterator, held)
-        return super().write(iterator)
-
-    def _holding(self, iterator, held: int):
-        rows = 0
-        for batch in iterator:
-            yield batch
-            # The sink asks for the next batch once it published this one.
-            rows = batch.num_rows
-            break
-        os.write(held, f"{rows} {executor_process()}\n".encode())
-        os.close(held)
-        threading.Event().wait()
-
-
-class Holding(NSQDataSource):
+class Injecting(NSQDataSource):
     @classmethod
     def name(cls) -> str:
-        return "nsq_holding"
+        return "nsq_injecting"
 
     def streamWriter(self, schema, overwrite):  # noqa: N802 (Spark's name)
-        return HoldingWriter(self.options, schema)
-
-
-class FailingOnce(NSQDataSource):
-    @classmethod
-    def name(cls) -> str:
-        return "nsq_failing_once"
-
-    def streamWriter(self, schema, overwrite):  # noqa: N802 (Spark's name)
-        return FailingOnceWriter(self.options, schema)
+        return InjectingWriter(self.options, schema)
 
 
 def main() -> None:
@@ -144,8 +129,7 @@ def main() -> None:
         )
         spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    spark.dataSource.register(FailingOnce)
-    spark.dataSource.register(Holding)
+    spark.dataSource.register(Injecting)
     rows = (
         spark.readStream.format("nsq")
         .option("lookupd", lookupd_http)
@@ -158,17 +142,18 @@ def main() -> None:
         rows = rows.select(concat(col("id").cast("binary"), lit(b" "), col("body")).alias("body"))
     else:
         rows = rows.select("body")
-    sink = "nsq"
+    inject = None
     if mode == "fail-once":
-        sink = "nsq_failing_once"
+        inject = "fail-once"
     elif mode == "continuous" and marker != "-":
-        sink = "nsq_holding"
+        inject = "hold"
     writer = (
-        rows.writeStream.format(sink)
+        rows.writeStream.format("nsq" if inject is None else "nsq_injecting")
         .option("lookupd", lookupd_http)
         .option("topic", "out")
         .option("publishChunk", "50")
         .option("marker", marker)
+        .option("inject", inject or "")
         .option("checkpointLocation", checkpoint)
     )
     if mode == "continuous":

@@ -40,18 +40,8 @@ def cluster(tmp_path):
 def prepare(cluster: LocalCluster) -> str:
     """Topics "in" (channel "check", the test's own reading) and "out" (channel "c", so
     nsqlookupd lists it to writers); nsqlookupd's HTTP address."""
-    for topic, channel in (("in", "check"), ("out", "c")):
-        cluster.create_topic(topic, PARTITIONS, REPLICAS)
-        for partition in range(PARTITIONS):
-            leader = cluster.node_leading(topic, partition)
-            target = f"/channel/create?topic={topic}&channel={channel}&partition={partition}"
-            assert leader.http("POST", target).status == 200
-
-    def writable() -> bool:
-        reply = cluster.lookupd_http("GET", "/lookup?topic=out&access=w")
-        return reply.status == 200 and len(json.loads(reply.body).get("partitions") or {}) == 2
-
-    poll(writable, '"out" writable on both partitions')
+    cluster.create_writable_topic("in", PARTITIONS, REPLICAS, channel="check")
+    cluster.create_writable_topic("out", PARTITIONS, REPLICAS, channel="c")
     return f"127.0.0.1:{cluster.lookupds[0].port('HTTP')}"
 
 

@@ -26,19 +26,8 @@ def cluster(tmp_path):
 
 
 def test_a_stream_reads_on_through_a_leader_failover(spark, cluster, tmp_path):
-    cluster.create_topic("flow", 2, 3)
+    cluster.create_writable_topic("flow", 2, 3, channel="spark-ha")
     lookupd = f"127.0.0.1:{cluster.lookupds[0].port('HTTP')}"
-    # nsqlookupd lists a partition for writers once it has a channel.
-    for partition in range(2):
-        leader = cluster.node_leading("flow", partition)
-        target = f"/channel/create?topic=flow&channel=spark-ha&partition={partition}"
-        assert leader.http("POST", target).status == 200
-
-    def writable() -> bool:
-        reply = cluster.lookupd_http("GET", "/lookup?topic=flow&access=w")
-        return reply.status == 200 and len(json.loads(reply.body).get("partitions") or {}) == 2
-
-    poll(writable, "both partitions writable")
     acknowledged: list[bytes] = []
     with SmartProducer(lookupd, publish_timeout=30) as producer:
         for i in range(400):
