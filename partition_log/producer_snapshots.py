@@ -8,8 +8,8 @@ record of the last `--producer-id-expiration` to do it. A snapshot,
 (a segment's start) say: each producer's last sequence and when it was last seen. Every
 replica writes one at its next periodic sync after a segment rolled (and at a clean stop),
 from its previous snapshot and the records since, in a worker thread, leaving out the
-producers not seen within the expiration. A new leader or a restarted node starts from its newest snapshot and reads only
-the records after it: at most about a segment.
+producers not seen within the expiration. A new leader or a restarted node starts from its
+newest snapshot and reads only the records after it: at most about a segment.
 
 A snapshot names the index entry that ends at its offset: one whose tail was cut back (a
 follower's unacknowledged records, a recovered tail) no longer matches the log and is
