@@ -780,8 +780,12 @@ class ClusterNode:
             delays = [(int(offset), float(due)) for offset, due in header["delays"]]
             for channel in topic.channels.values():
                 _cursor(channel).delays.update(delays)
-        await _writer(topic).sync_if_due()
+        self._sync_soon(topic)
         return {"end": list(log.written)}
+
+    def _sync_soon(self, topic: "Topic") -> None:
+        if self._nursery is not None:
+            _writer(topic).sync_soon(self._nursery)
 
     def _on_cursors(self, topic: "Topic", header: dict) -> dict:
         info = _held(topic).info
@@ -915,7 +919,7 @@ class ClusterNode:
                 log.append_raw(entry, data[at : at + entry[4]])
                 at += entry[4]
                 topic.replicated(entry[6], entry[4])
-            await _writer(topic).sync_if_due()
+            self._sync_soon(topic)
 
     # -- cursors ------------------------------------------------------------------------------
 

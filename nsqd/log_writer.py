@@ -76,6 +76,8 @@ class LogWriter:
         # A round (write, replication, fsync) is under way; `_round_over` is set when it ends.
         self._busy = False
         self._round_over = trio.Event()
+        # A follower's fsync is under way or about to start (`sync_soon`).
+        self._sync_started = False
         # A cluster leader's: sends written groups to the ISR followers (`nsqd/cluster.py`),
         # raising ClusterWriteError when they cannot all have them. Written groups wait for
         # it in `_unreplicated`, unseen by readers.
@@ -145,12 +147,19 @@ class LogWriter:
         if not self._busy:
             await self._round(force_sync=True)
 
-    async def sync_if_due(self) -> None:
-        """A follower's sync policy, after writing what its leader sent and before telling
-        it so: the groups it wrote are not this writer's, so the round must be told to
-        sync."""
-        if self.log.sync_due and not self._busy:
-            await self._round(force_sync=True)
+    def sync_soon(self, nursery: trio.Nursery) -> None:
+        """A follower's sync policy, after writing what its leader sent: when `--sync-every`
+        is due, fsync in `nursery`. Its answer to the leader does not wait for it (replicas
+        are the durability, as in Youzan)."""
+        if self.log.sync_due and not self._busy and not self._sync_started:
+            self._sync_started = True
+            nursery.start_soon(self._follower_sync)
+
+    async def _follower_sync(self) -> None:
+        try:
+            await self.sync()
+        finally:
+            self._sync_started = False
 
     async def _round(self, *, force_sync: bool = False) -> None:
         self._busy = True
