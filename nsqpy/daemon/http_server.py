@@ -378,21 +378,17 @@ class Router:
         if isinstance(handler, Response):
             return handler
         writes = self._writes
-        if writes is None:
-            try:
-                return cast(Response, handler(request))
-            except HTTPError as error:
-                return _error_response(error)
-        if handler not in self._deferring:
+        if writes is not None and handler not in self._deferring:
             writes.write_deferred()
         try:
             response = cast(Response, handler(request))
         except HTTPError as error:
             response = _error_response(error)
-        # A write the handler put off: its answer goes out once it is made (or is refused).
-        deferred = writes.take_deferred()
-        if deferred is not None and response.after_commit:
-            return response.for_write(deferred)
+        if writes is not None:
+            # A write the handler put off: its answer goes out once it is made (or refused).
+            deferred = writes.take_deferred()
+            if deferred is not None and response.after_commit:
+                return response.for_write(deferred)
         return response
 
     async def dispatch(self, request: Request) -> Response:
