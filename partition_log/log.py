@@ -481,11 +481,7 @@ class PartitionLog(Generic[M]):
         if entry is None:
             return None
         since_ns = int((time.time() - self.producer_expiration()) * 1e9)
-        base = self._newest_snapshot(boundary.offset)
-        producers: Producers = dict(base.producers) if base is not None else {}
-        first = self.search_timestamp(since_ns)
-        if base is not None:
-            first = max(first, base.position)
+        producers, first = self._producers_before(boundary.offset, since_ns)
         pieces = [
             (self.segment_path(segment.number), segment.start, segment.start + segment.size)
             for segment in self.segments[:-1]
@@ -805,16 +801,22 @@ class PartitionLog(Generic[M]):
         last sequence and when it was last seen. From the newest producer snapshot and the
         records after it, or from every record since `since_ns` when there is none
         (`nsqd/idempotence.py` rebuilds its producers from this)."""
-        first = self.search_timestamp(since_ns)
-        base = self._newest_snapshot(self.written.offset)
-        producers: Producers = {}
-        if base is not None:
-            # What it says of records before `first` is older than `since_ns`, and left out
-            # below; but it also remembers records retention may have removed.
-            producers.update(base.producers)
-            first = max(first, base.position)
+        producers, first = self._producers_before(self.written.offset, since_ns)
         fold(producers, self._marks_from(first))
         return seen_since(producers, since_ns)
+
+    def _producers_before(self, at_most: int, since_ns: int) -> tuple[Producers, Position]:
+        """Where a rebuild of the producers up to offset `at_most` starts: the producers of
+        the newest snapshot at or before it (none without one), and the first record whose
+        marks are still to be read (the snapshot's end, or the first written at or after
+        `since_ns` when that comes later)."""
+        first = self.search_timestamp(since_ns)
+        base = self._newest_snapshot(at_most)
+        if base is None:
+            return {}, first
+        # What it says of records before `first` is older than `since_ns`, and left out by
+        # the caller; but it also remembers records retention may have removed.
+        return dict(base.producers), max(first, base.position)
 
     def _marks_from(self, position: Position) -> list[tuple[ProducerMark, int]]:
         """The producer marks of the written records from `position` on, oldest first."""
