@@ -26,8 +26,7 @@ from nsqpy.partition_log.files import LogFiles, write_atomically
 from nsqpy.partition_log.index import IndexEntry
 from nsqpy.partition_log.records import (
     BODY_START,
-    PRODUCER_ATTEMPTS_FLAG,
-    PRODUCER_EXT_ATTEMPTS_FLAG,
+    PRODUCER_FLAGS,
     SIZED_HEADER,
     Position,
     ProducerMark,
@@ -41,7 +40,6 @@ Producers = dict[bytes, tuple[int, int]]
 KEPT = 2
 # Bytes a snapshot job reads of a segment at a time.
 _READ_SIZE = 4 * 1024 * 1024
-_FLAGS = (PRODUCER_ATTEMPTS_FLAG, PRODUCER_EXT_ATTEMPTS_FLAG)
 
 
 class ProducerSnapshot(NamedTuple):
@@ -115,7 +113,7 @@ def collect_marks(data: bytes | memoryview, found: list[tuple[ProducerMark, int]
         size, timestamp, attempts, _trace_id = SIZED_HEADER.unpack_from(data, at)
         if at + 4 + size > length:
             break
-        if attempts & 0xF000 in _FLAGS:
+        if attempts & 0xF000 in PRODUCER_FLAGS:
             found.append((producer_section(data, at + BODY_START)[0], timestamp))
         at += 4 + size
     return at

@@ -31,6 +31,9 @@ ID_PARTITION_SHIFT = 50
 EXT_ATTEMPTS_FLAG = 0xA000
 PRODUCER_ATTEMPTS_FLAG = 0xC000
 PRODUCER_EXT_ATTEMPTS_FLAG = 0xE000
+# The attempts' high nibbles of a record with a producer section, and with an ext section.
+PRODUCER_FLAGS = (PRODUCER_ATTEMPTS_FLAG, PRODUCER_EXT_ATTEMPTS_FLAG)
+EXT_FLAGS = (EXT_ATTEMPTS_FLAG, PRODUCER_EXT_ATTEMPTS_FLAG)
 _SEQUENCE = struct.Struct(">Q")
 
 
@@ -134,11 +137,11 @@ def decode_flagged_record(
     flag = attempts & 0xF000
     attempts &= 0x0FFF
     marked = 0
-    if flag in (PRODUCER_ATTEMPTS_FLAG, PRODUCER_EXT_ATTEMPTS_FLAG):
+    if flag in PRODUCER_FLAGS:
         after = producer_section(record, rest)[1]
         marked = after - rest
         rest = after
-    if flag in (EXT_ATTEMPTS_FLAG, PRODUCER_EXT_ATTEMPTS_FLAG):
+    if flag in EXT_FLAGS:
         version = record[rest]
         rest += 1
         if version == 4:
