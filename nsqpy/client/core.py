@@ -23,6 +23,7 @@ what the core asks for and reports back what happened.
 import dataclasses
 import struct
 import threading
+import uuid
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -608,10 +609,13 @@ def targets_of(layout: TopicLayoutLike) -> Targets:
 class ProducerSequences:
     """A producer's sequences on each partition it publishes to idempotently (PUB_SEQ and
     MPUB_SEQ, docs/protocol.md §3.10), shared by its threads or tasks: the ID each partition's
-    sequences run under and the next one, and the topics that take plain publishes."""
+    sequences run under and the next one, and the topics that take plain publishes.
+    `producer_id`: the ID the sequences start under (default: a new `smart-<32 hex>`);
+    `idempotent=False`: every publish goes plain."""
 
-    def __init__(self, producer_id: str) -> None:
-        self.producer_id = producer_id
+    def __init__(self, producer_id: str | None = None, *, idempotent: bool = True) -> None:
+        self.producer_id = producer_id or f"smart-{uuid.uuid4().hex}"
+        self.idempotent = idempotent
         self._next: dict[tuple[str, int], tuple[str, int]] = {}
         self._restarts = 0
         self._plain_topics: set[str] = set()
@@ -632,6 +636,11 @@ class ProducerSequences:
             if current == producer_id:
                 self._restarts += 1
                 self._next[(topic, partition)] = (f"{self.producer_id}-{self._restarts}", 0)
+
+    def identify(self, settings: dict) -> dict:
+        """A connection's IDENTIFY `settings`, asking nsqd for sequenced publishes when
+        idempotent."""
+        return {**settings, "idempotent_publish": True} if self.idempotent else settings
 
     def takes_plain(self, topic: str) -> bool:
         return topic in self._plain_topics
@@ -658,12 +667,14 @@ class SequencedPublish:
     # (partition, producer ID, first sequence) once claimed.
     claim: tuple[int, str, int] | None = None
 
-    def command(self, partition: int | None, served: bool) -> bytes:
-        """The publish to send to `partition` (None: a classic topic's nsqd): PUB_SEQ or
-        MPUB_SEQ when the nsqd serves them (`served`: its IDENTIFY answer said so), else PUB
-        or MPUB."""
+    def command(self, partition: int | None, identify_reply: dict) -> bytes:
+        """The publish to send to `partition` (None: a classic topic's nsqd) on a connection
+        whose IDENTIFY answer is `identify_reply`: PUB_SEQ or MPUB_SEQ when the producer is
+        idempotent and the nsqd serves them, else PUB or MPUB."""
         topic, bodies = self.topic, self.bodies
-        if partition is None or not served or self.sequences.takes_plain(topic):
+        sequences = self.sequences
+        served = sequences.idempotent and bool(identify_reply.get("idempotent_publish"))
+        if partition is None or not served or sequences.takes_plain(topic):
             extra = () if partition is None else (partition,)
             if len(bodies) == 1:
                 return encode_pub(topic, bodies[0], *extra)

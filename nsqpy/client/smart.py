@@ -24,7 +24,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -494,8 +493,8 @@ class SmartProducer:
         self.idempotent = idempotent
         # The ID each partition's sequences start under; a partition that must start again
         # gets `<producer_id>-<n>` (`ProducerSequences.restart`).
-        self.producer_id = producer_id or f"smart-{uuid.uuid4().hex}"
-        self._sequences = ProducerSequences(self.producer_id)
+        self._sequences = ProducerSequences(producer_id, idempotent=idempotent)
+        self.producer_id = self._sequences.producer_id
         self.lookup_interval = lookup_interval
         self.publish_timeout = publish_timeout
         self.backoff_initial = backoff_initial
@@ -504,9 +503,7 @@ class SmartProducer:
         self.timeout = timeout
         # No heartbeats: a producer reads only after a command, and nsqd would close a
         # connection left idle for two heartbeat intervals.
-        self._identify = {"heartbeat_interval": -1, **(identify or {})}
-        if idempotent:
-            self._identify["idempotent_publish"] = True
+        self._identify = self._sequences.identify({"heartbeat_interval": -1, **(identify or {})})
         self._lock = threading.Lock()
         # Where to publish (`nsqpy.client.core`), under `_lock`.
         self._router = PublishRouter(
@@ -591,8 +588,7 @@ class SmartProducer:
         )
 
         def command(connection: Connection, partition: int | None) -> bytes:
-            served = self.idempotent and connection.identify_reply.get("idempotent_publish")
-            return sequenced.command(partition, bool(served))
+            return sequenced.command(partition, connection.identify_reply)
 
         def give_up(error: BaseException) -> PublishFailed:
             self._count_retries(attempts.attempts)

@@ -18,7 +18,6 @@ they end with the `async with`; lookups over HTTP run in a worker thread
 
 import json
 import math
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -476,12 +475,10 @@ class SmartProducer:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self._router = PublishRouter(lookup_interval=lookup_interval, backoff_max=backoff_max)
-        self._identify = dict(identify or {})
         self.idempotent = idempotent
-        if idempotent:
-            self._identify["idempotent_publish"] = True
-        self.producer_id = producer_id or f"smart-{uuid.uuid4().hex}"
-        self._sequences = ProducerSequences(self.producer_id)
+        self._sequences = ProducerSequences(producer_id, idempotent=idempotent)
+        self.producer_id = self._sequences.producer_id
+        self._identify = self._sequences.identify(dict(identify or {}))
         self._producers: dict[str, Producer] = {}
 
     async def __aenter__(self) -> "SmartProducer":
@@ -524,10 +521,6 @@ class SmartProducer:
             self._sequences, topic, bodies, attempts, key is not None or partition is not None
         )
 
-        def command(partition: int | None, identify_reply: dict) -> bytes:
-            served = self.idempotent and identify_reply.get("idempotent_publish")
-            return sequenced.command(partition, bool(served))
-
         def give_up() -> PublishFailed:
             sequenced.gave_up()
             elapsed = trio.current_time() - started
@@ -553,7 +546,7 @@ class SmartProducer:
                 # An nsqd that stopped answering without closing: the attempt ends at the
                 # publish's deadline.
                 with trio.fail_after(max(attempts.deadline - trio.current_time(), 0.001)):
-                    await producer.request_with(partial(command, step.partition))
+                    await producer.request_with(partial(sequenced.command, step.partition))
                 return step
             except NSQError as error:
                 if sequenced.refused(error.code):
