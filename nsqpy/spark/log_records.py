@@ -14,10 +14,11 @@ from binascii import hexlify
 
 import pyarrow as pa
 
-from nsqpy.partition_log.records import EXT_FLAGS, PRODUCER_FLAGS
-
 _SIZED_HEADER = struct.Struct(">IqH8sQ")
 _BODY_START = _SIZED_HEADER.size  # 30
+_EXT_FLAG = 0xA000
+_PRODUCER_FLAG = 0xC000
+_PRODUCER_EXT_FLAG = 0xE000
 
 
 class RecordError(ValueError):
@@ -54,9 +55,9 @@ def records_to_batch(
         flag = attempts & 0xF000
         if flag:
             attempts &= 0x0FFF
-        if flag in PRODUCER_FLAGS:
+        if flag in (_PRODUCER_FLAG, _PRODUCER_EXT_FLAG):
             body_at += 1 + data[body_at] + 8
-        if flag in EXT_FLAGS:
+        if flag in (_EXT_FLAG, _PRODUCER_EXT_FLAG):
             version = data[body_at]
             body_at += 1
             if version == 4:
