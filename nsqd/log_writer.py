@@ -151,13 +151,22 @@ class LogWriter:
         """A follower's sync policy, after writing what its leader sent: when `--sync-every`
         is due, fsync in `nursery`. Its answer to the leader does not wait for it (replicas
         are the durability, as in Youzan)."""
-        if self.log.sync_due and not self._busy and not self._sync_started:
+        if self.log.sync_due and not self._sync_started:
             self._sync_started = True
             nursery.start_soon(self._follower_sync)
 
     async def _follower_sync(self) -> None:
+        """fsync until nothing written is due: groups the leader sent while a sync ran (or
+        while the periodic sync's round did) count towards the next one here."""
         try:
-            await self.sync()
+            while self.log.sync_due:
+                if self._busy:
+                    await self._round_over.wait()
+                    continue
+                written = self.log.written
+                await self._round(force_sync=True)
+                if self.log.written == written:
+                    break  # nothing came meanwhile: still due only when the log is closed
         finally:
             self._sync_started = False
 
