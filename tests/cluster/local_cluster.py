@@ -208,6 +208,15 @@ class LocalCluster:
                 lambda p=partition: self.node_leading(topic, p) is not None,
                 f"a leader of {topic}/{partition}",
             )
+            # Followers learn of the partition from etcd a moment after the leader does.
+            for node_id in self.partition(topic, partition)["isr"]:
+                holder = self.node(node_id)
+                poll(
+                    lambda n=holder, p=partition: (
+                        self.role_of(n, topic, p) in ("leader", "follower")
+                    ),
+                    f"{node_id} holding {topic}/{partition}",
+                )
 
     def create_writable_topic(
         self, topic: str, partitions: int, replicas: int, channel: str = "c"
@@ -247,6 +256,11 @@ class LocalCluster:
         node = self.node(entry["leader"])
         if not node.running:
             return None
+        return node if self.role_of(node, topic, partition) == "leader" else None
+
+    @staticmethod
+    def role_of(node: Node, topic: str, partition: int) -> str | None:
+        """The role `node` says it has for the partition; None when it holds none or is down."""
         try:
             # Short: a frozen node (SIGSTOP) does not answer at all.
             reply = request(node.http_port, "GET", f"/partition/offsets?topic={topic}", timeout=1)
@@ -255,6 +269,6 @@ class LocalCluster:
         if reply.status != 200:
             return None
         for item in json.loads(reply.body)["partitions"]:
-            if item["partition"] == partition and item.get("role") == "leader":
-                return node
+            if item["partition"] == partition:
+                return item.get("role")
         return None
