@@ -554,11 +554,15 @@ class ClusterNode:
 
     async def hand_over(self, topic: "Topic", to: str) -> Position:
         """A planned leader transfer's first half, asked by the master: stop taking publishes,
-        wait until what was taken is replicated, send the channels' positions to the
-        followers, and return the log's end, which `to` (an ISR follower) has too. The master
-        then names `to` leader; if it does not within `HANDOVER_TIMEOUT`, this node takes
-        publishes again."""
+        wait until what was taken is replicated, send the channels' positions and the log's
+        end to the followers until `to` (an ISR follower) answers that it ends there too, and
+        return that end. The master then names `to` leader; if it does not within
+        `HANDOVER_TIMEOUT`, this node takes publishes again."""
         info = topic.replication.info
+        if info is not None and to not in info.followers() and self.session is not None:
+            # The master may have seen `to` join the ISR before this node's watch did.
+            await self.session.reload(topic.name, topic.partition)
+            info = topic.replication.info
         if info is None:
             raise ClusterWriteError("E_NOT_CLUSTER", "the partition is not a cluster's")
         if info.leader != self.node_id:
@@ -570,8 +574,14 @@ class ClusterNode:
         _held(topic).handing_over = True
         try:
             with trio.fail_after(HANDOVER_TIMEOUT):
-                await _writer(topic).drain()
-                await self.push_channels(topic)
+                # The probe drains the writes, sends the channels and this log's end. `to`
+                # may lack groups acknowledged by the ISR before this node learned that `to`
+                # had joined it; with publishes stopped, no PUT would show it the gap, but the
+                # end does: it catches up, and the probe repeats until it has the whole log.
+                delay = HEAL_PROBE_DELAY
+                while to not in await self._probe_followers(topic, info):
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, HEAL_PROBE_MAX_DELAY)
         except BaseException:
             _held(topic).handing_over = False
             raise

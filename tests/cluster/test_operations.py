@@ -8,10 +8,12 @@ import json
 import math
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.cluster.local_cluster import LocalCluster
+from tests.cluster.proxy import BlackholeProxy
 from tests.cluster.traffic import (
     Traffic,
     check_replicas_identical,
@@ -138,6 +140,85 @@ def test_expanding_and_moving_partitions_under_load(tmp_path, etcd_server):
         finally:
             traffic.close()
         check_replicas_identical(cluster, "t", 4)
+
+
+def partition_entry(node, topic: str) -> dict:
+    """Partition 0 of `topic` in the node's /partition/offsets: its end and replica state."""
+    reply = node.http("GET", f"/partition/offsets?topic={topic}&partition=0")
+    assert reply.status == 200, reply
+    return json.loads(reply.body)["partitions"][0]
+
+
+def message_count(node, topic: str) -> int:
+    return partition_entry(node, topic)["end"]["count"]
+
+
+def test_a_leader_moved_to_a_node_that_joined_the_isr_unseen_first_gives_it_what_it_missed(
+    tmp_path, etcd_server
+):
+    """A node joins the ISR while the leader and its follower do not hear from etcd: the
+    message published meanwhile is acknowledged by the ISR the leader knows, and the new
+    member lacks it. Moving the leader to it waits until the hand-over's probe has shown it
+    the gap and it has caught up (held back here by a cut link to the leader), instead of
+    refusing it as not caught up."""
+    proxies = {index: BlackholeProxy(("127.0.0.1", etcd_server.client_port)) for index in range(3)}
+    try:
+        with LocalCluster(
+            tmp_path,
+            etcd_server,
+            # Long enough that neither the lease nor a cursor push (which shows a follower
+            # the leader's end) comes while the test holds the gap open.
+            ttl=10.0,
+            nsqd_args=("-sync-timeout=60s",),
+            lookupd_args=("-balance-interval=off",),
+            etcd_urls={index: f"http://{proxy.address}" for index, proxy in proxies.items()},
+            rpc_proxies=True,
+        ) as cluster:
+            create_topic(cluster, "t", 1, 2)
+            publish_numbered(cluster, "t", "before", 5)
+            isr = cluster.partition("t", 0)["isr"]
+            leader = cluster.node(cluster.partition("t", 0)["leader"])
+            [joiner] = [node for node in cluster.nodes if node.node_id not in isr]
+            cut = [proxies[cluster.node(node_id).index] for node_id in isr]
+            for proxy in cut:
+                proxy.blackhole()
+            try:
+                operate(cluster, "/topic/meta/update?topic=t&replicator=3")
+                poll(lambda: joiner.node_id in cluster.partition("t", 0)["isr"], "the join")
+                publish_numbered(cluster, "t", "unseen", 1)
+            finally:
+                for proxy in cut:
+                    proxy.heal()
+            poll(
+                lambda: joiner.node_id in partition_entry(leader, "t")["isr"],
+                "the leader hearing of the join",
+            )
+            # The window is open: the new ISR member is one message behind.
+            assert (message_count(joiner, "t"), message_count(leader, "t")) == (5, 6)
+            # Its reads from the leader stall, so it cannot catch up before the master asks.
+            leader.rpc_proxy.blackhole_from(joiner.process.process.pid)
+            with ThreadPoolExecutor(1) as background:
+                move = background.submit(
+                    cluster.master_http,
+                    "POST",
+                    f"/topic/partition/move?topic=t&partition=0&move_leader=true"
+                    f"&move_from={leader.node_id}&move_to={joiner.node_id}",
+                )
+                try:
+                    poll(
+                        lambda: partition_entry(joiner, "t")["catching_up"],
+                        "the hand-over showing the joiner the leader's end",
+                    )
+                finally:
+                    leader.rpc_proxy.heal()
+                reply = move.result()
+            assert reply.status == 200, reply
+            assert cluster.partition("t", 0)["leader"] == joiner.node_id
+            assert message_count(joiner, "t") == 6
+            check_replicas_identical(cluster, "t", 1)
+    finally:
+        for proxy in proxies.values():
+            proxy.close()
 
 
 def test_a_removed_node_ends_holding_nothing(cluster):

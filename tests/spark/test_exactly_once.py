@@ -87,10 +87,15 @@ def test_a_task_run_again_after_publishing_part_of_its_rows_stores_each_row_once
     check_exactly_once_sink(tmp_path)
 
 
+@pytest.mark.slow
 def test_the_nsq_sink_holds_every_message_once_after_the_driver_is_killed(tmp_path):
     """Log topic → Spark → log topic through lookupd; the driver is killed with SIGKILL while
     a task of a micro-batch has published part of its rows, and the query restarted from its
-    checkpoint replays that batch under the same producers."""
+    checkpoint replays that batch under the same producers.
+
+    Slow (a minute of Spark): the default suite kills the driver the same way, on a
+    replicated cluster after two leader kills, in
+    tests/spark/test_exactly_once_failover.py."""
     with log_to_log(tmp_path, per_partition=600) as (lookupd_http, nsqd_http, published):
         checkpoint, hold = tmp_path / "ck", tmp_path / "hold"
         arguments = [str(SINK_DRIVER), lookupd_http, str(checkpoint), str(hold), "local[2,3]"]
