@@ -121,11 +121,12 @@ class ProducerSequences:
 
     def appended(self, producer_id: bytes, first: int, last: int, group: "WriteGroup") -> None:
         """A publish `check` let through is in the log's open write group."""
+        now = self._clock()
         producer = self._producers.get(producer_id)
         if producer is None:
-            producer = self._producers[producer_id] = _Producer(-1, self._clock())
+            producer = self._producers[producer_id] = _Producer(-1, now)
         producer.pending.append((first, last, group))
-        producer.seen = self._clock()
+        producer.seen = now
 
     def _ensure_built(self, now: float) -> None:
         epoch = self._log.write_epoch
