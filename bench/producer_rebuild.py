@@ -21,7 +21,7 @@ import time
 from bench._support import Record, Report, add_common_arguments, banner, runs_of, spread
 from nsqpy.nsqd.message import Message
 from nsqpy.partition_log import PartitionLog, ProducerMark
-from nsqpy.partition_log.producer_snapshots import remove_snapshots, snapshot_offsets
+from nsqpy.partition_log.producer_snapshots import remove_snapshots
 
 PRODUCERS = 2000
 BATCH = 10
@@ -82,13 +82,13 @@ def main(argv: list[str] | None = None) -> None:
         since_ns = time.time_ns() - 3600 * 10**9
         print(
             f"  {log.written.count:,} messages in {len(log.segments)} segments,"
-            f" snapshots at {snapshot_offsets(log.files)}"
+            f" snapshots at {log.files.producer_snapshot_offsets()}"
         )
         with_snapshot, without = [], []
         for _ in range(runs):
             seconds, fast = timed_state(log, since_ns)
             with_snapshot.append(seconds)
-        remove_snapshots(log.files, snapshot_offsets(log.files))
+        remove_snapshots(log.files, log.files.producer_snapshot_offsets())
         for _ in range(runs):
             seconds, slow = timed_state(log, since_ns)
             without.append(seconds)

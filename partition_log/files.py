@@ -36,7 +36,18 @@ class LogFiles:
         return self.segment(number) + ".offsetmeta.dat"
 
     def segment_numbers(self) -> list[int]:
-        pattern = re.compile(re.escape(self.name) + r"\.diskqueue\.(\d{6,9})\.dat$")
+        return self._numbers(r"\.diskqueue\.(\d{6,9})\.dat$")
+
+    def producer_snapshot(self, offset: int) -> str:
+        return os.path.join(self.directory, f"{self.name}.producers.{offset:020d}.json")
+
+    def producer_snapshot_offsets(self) -> list[int]:
+        return self._numbers(r"\.producers\.(\d{20})\.json$")
+
+    def _numbers(self, suffix: str) -> list[int]:
+        """The numbers in the names of this partition's files that end as `suffix` (a
+        pattern with one group, the number), ascending."""
+        pattern = re.compile(re.escape(self.name) + suffix)
         numbers = []
         for name in os.listdir(self.directory):
             match = pattern.match(name)

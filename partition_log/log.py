@@ -35,7 +35,6 @@ from nsqpy.partition_log.producer_snapshots import (
     read_snapshot,
     remove_snapshots,
     seen_since,
-    snapshot_offsets,
     write_snapshot,
 )
 from nsqpy.partition_log.records import (
@@ -832,7 +831,7 @@ class PartitionLog(Generic[M]):
     def _newest_snapshot(self, at_most: int) -> ProducerSnapshot | None:
         """The newest producer snapshot at or before offset `at_most` that matches this log
         (the index entry it names ends where it says)."""
-        for offset in reversed(snapshot_offsets(self.files)):
+        for offset in reversed(self.files.producer_snapshot_offsets()):
             if offset > at_most:
                 continue
             snapshot = read_snapshot(self.files, offset)
@@ -845,7 +844,9 @@ class PartitionLog(Generic[M]):
 
     def _forget_snapshots_after(self, offset: int) -> None:
         """Remove the producer snapshots of records past `offset` (cut back)."""
-        remove_snapshots(self.files, [at for at in snapshot_offsets(self.files) if at > offset])
+        remove_snapshots(
+            self.files, [at for at in self.files.producer_snapshot_offsets() if at > offset]
+        )
 
     def search_timestamp(self, timestamp_ns: int) -> Position:
         """The first message published at or after `timestamp_ns`, or the end."""

@@ -18,7 +18,6 @@ ignored, and removed when the log is cut back before it.
 
 import json
 import os
-import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -51,26 +50,11 @@ class ProducerSnapshot(NamedTuple):
     producers: Producers
 
 
-def snapshot_path(files: LogFiles, offset: int) -> str:
-    return os.path.join(files.directory, f"{files.name}.producers.{offset:020d}.json")
-
-
-def snapshot_offsets(files: LogFiles) -> list[int]:
-    """The offsets of the snapshots on disk, oldest first."""
-    pattern = re.compile(re.escape(files.name) + r"\.producers\.(\d{20})\.json$")
-    offsets = []
-    for name in os.listdir(files.directory):
-        match = pattern.match(name)
-        if match:
-            offsets.append(int(match.group(1)))
-    return sorted(offsets)
-
-
 def read_snapshot(files: LogFiles, offset: int) -> ProducerSnapshot | None:
     """The snapshot at `offset`; None when it is missing or unreadable (it is only a
     shortcut: the log has everything it says)."""
     try:
-        with open(snapshot_path(files, offset), "rb") as file:
+        with open(files.producer_snapshot(offset), "rb") as file:
             document = json.loads(file.read())
         position = Position(document["offset"], document["count"])
         entry = tuple(int(value) for value in document["entry"])
@@ -93,14 +77,16 @@ def write_snapshot(files: LogFiles, snapshot: ProducerSnapshot) -> None:
         "entry": list(snapshot.entry),
         "producers": {key.hex(): list(value) for key, value in snapshot.producers.items()},
     }
-    write_atomically(snapshot_path(files, snapshot.position.offset), json.dumps(document).encode())
-    remove_snapshots(files, snapshot_offsets(files)[:-KEPT])
+    write_atomically(
+        files.producer_snapshot(snapshot.position.offset), json.dumps(document).encode()
+    )
+    remove_snapshots(files, files.producer_snapshot_offsets()[:-KEPT])
 
 
 def remove_snapshots(files: LogFiles, offsets: Iterable[int]) -> None:
     for offset in offsets:
         try:
-            os.unlink(snapshot_path(files, offset))
+            os.unlink(files.producer_snapshot(offset))
         except FileNotFoundError:
             pass
 

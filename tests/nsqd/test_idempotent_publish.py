@@ -11,7 +11,6 @@ from nsqpy.common.command import encode_command, encode_mpub_seq, encode_pub_seq
 from nsqpy.common.frame import FRAME_TYPE_ERROR
 from nsqpy.nsqd.idempotence import ProducerSequences
 from nsqpy.partition_log import PartitionLog, ProducerMark, Record
-from nsqpy.partition_log.producer_snapshots import snapshot_offsets
 from tests.nsqd.wire import Wire, consumer
 from tests.support.nsqd import running_nsqd
 from tests.support.polling import wait_until
@@ -160,7 +159,7 @@ async def test_rolled_segments_leave_producer_snapshots_a_restart_starts_from(lo
         assert len(log.segments) > 2
         # The periodic sync writes one at the start of the active segment.
         await wait_until(
-            lambda: snapshot_offsets(log.files)[-1:] == [log.segments[-1].start],
+            lambda: log.files.producer_snapshot_offsets()[-1:] == [log.segments[-1].start],
             "a producer snapshot at the active segment's start",
         )
     async with running_nsqd(options) as nsqd:

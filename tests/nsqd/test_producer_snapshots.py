@@ -8,7 +8,7 @@ import time
 
 from nsqpy.nsqd.message import Message
 from nsqpy.partition_log import PartitionLog, Position, ProducerMark
-from nsqpy.partition_log.producer_snapshots import read_snapshot, snapshot_offsets
+from nsqpy.partition_log.producer_snapshots import read_snapshot
 
 # Records of 46 bytes: a segment of 200 bytes rolls every fifth publish.
 SEGMENT_BYTES = 200
@@ -48,7 +48,7 @@ def test_a_rolled_segment_leaves_a_snapshot_of_the_producers_before_it(tmp_path)
     publish(log, b"a", 3)
     assert len(log.segments) == 2
     sync(log)
-    (offset,) = snapshot_offsets(log.files)
+    (offset,) = log.files.producer_snapshot_offsets()
     active = log.segments[-1]
     assert offset == active.start
     snapshot = read_snapshot(log.files, offset)
@@ -85,7 +85,7 @@ def test_only_the_two_newest_snapshots_are_kept(tmp_path):
             sync(log)
             written.append(log.segments[-1].start)
     assert len(written) > 2
-    assert snapshot_offsets(log.files) == written[-2:]
+    assert log.files.producer_snapshot_offsets() == written[-2:]
     log.close()
 
 
@@ -98,9 +98,9 @@ def test_a_snapshot_of_a_cut_back_tail_is_removed(tmp_path):
     for sequence in range(1, 6):
         publish(log, b"a", sequence)
     sync(log)
-    assert snapshot_offsets(log.files)
+    assert log.files.producer_snapshot_offsets()
     log.truncate_to(kept)
-    assert snapshot_offsets(log.files) == []
+    assert log.files.producer_snapshot_offsets() == []
     assert log.producer_state(0) == {b"a": (0, log.read(Position(0, 0), 1)[0].timestamp)}
     log.close()
 
@@ -112,7 +112,7 @@ def test_a_snapshot_that_does_not_match_the_log_is_ignored(tmp_path):
     for sequence in range(6):
         publish(log, b"a", sequence)
     sync(log)
-    (offset,) = snapshot_offsets(log.files)
+    (offset,) = log.files.producer_snapshot_offsets()
     path = os.path.join(log.directory, f"t-0.producers.{offset:020d}.json")
     with open(path) as file:
         document = file.read()
@@ -138,7 +138,7 @@ def test_producers_not_seen_within_the_expiration_are_left_out(tmp_path):
     for sequence in range(1, 4):
         publish(log, b"new", sequence)
     sync(log)
-    offsets = snapshot_offsets(log.files)
+    offsets = log.files.producer_snapshot_offsets()
     assert offsets
     assert b"old" not in read_snapshot(log.files, offsets[-1]).producers
     assert set(log.producer_state(int((time.time() - 3600) * 1e9))) == {b"new"}
@@ -156,8 +156,8 @@ def test_a_follower_writes_the_same_snapshots_as_its_leader(tmp_path):
         follower.append_raw(*leader.commit())
     sync(leader)
     sync(follower)
-    offsets = snapshot_offsets(leader.files)
-    assert offsets and snapshot_offsets(follower.files) == offsets
+    offsets = leader.files.producer_snapshot_offsets()
+    assert offsets and follower.files.producer_snapshot_offsets() == offsets
     assert read_snapshot(follower.files, offsets[-1]) == read_snapshot(leader.files, offsets[-1])
     assert follower.producer_state(0) == leader.producer_state(0)
     leader.close()
