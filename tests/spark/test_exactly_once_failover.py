@@ -109,7 +109,7 @@ def test_leader_and_driver_kills_leave_each_input_message_once_in_the_output(clu
             publish(producer, 1800, 600)
             # A task of the next batch publishes part of its rows and waits: the driver is
             # killed with a batch partly written and not committed.
-            hold_after_publishing(tmp_path / "hold")
+            hold_after_publishing(hold)
             driver.send_signal(signal.SIGKILL)
         finally:
             driver.kill()
