@@ -16,7 +16,7 @@ the node's replication port is.
 """
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 from nsqpy.common.flags import Flag, Kind
 
@@ -118,6 +118,18 @@ def node_id(ip: str, rpc_port: int, tcp_port: int, worker: int) -> str:
     return f"{ip}:{rpc_port}:{tcp_port}:{worker}"
 
 
+def is_node_id(text: str) -> bool:
+    """Whether `text` is a node ID as `node_id` makes them."""
+    parts = text.rsplit(":", 3)
+    return (
+        len(parts) == 4
+        and bool(parts[0])
+        and all(part.isascii() and part.isdigit() for part in parts[1:])
+        and 0 < int(parts[1]) < 65536
+        and 0 < int(parts[2]) < 65536
+    )
+
+
 def rpc_address(node: str) -> tuple[str, int]:
     """Where a node's replication port is, from its ID."""
     ip, rpc_port, _rest = node.split(":", 2)
@@ -131,6 +143,10 @@ class NodeInfo:
     tcp_port: int
     http_port: int
     rpc_port: int
+    # The node's data directory's identity (nsqpy's, as Kafka's directory IDs): a replaced
+    # disk, an emptied directory, is a new incarnation, which holds none of what the old one
+    # held (docs/design.md §14, "Incarnations").
+    incarnation: str = ""
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -140,6 +156,7 @@ class NodeInfo:
                 "TcpPort": str(self.tcp_port),
                 "HttpPort": str(self.http_port),
                 "RpcPort": str(self.rpc_port),
+                "Incarnation": self.incarnation,
             }
         ).encode()
 
@@ -152,6 +169,7 @@ class NodeInfo:
             int(value["TcpPort"]),
             int(value["HttpPort"]),
             int(value.get("RpcPort") or 0),
+            str(value.get("Incarnation") or ""),
         )
 
 
@@ -205,7 +223,13 @@ class TopicMeta:
 class ReplicaInfo:
     """Who holds a partition. `epoch` is the etcd revision the info was written at (the
     condition of the next write); `epoch_for_write` is stamped into every index entry and
-    checked by followers, and grows with every leader change and ISR join."""
+    checked by followers, and grows with every leader change and ISR join.
+
+    `incarnations` (nsqpy's, `Incarnations` in the JSON) pairs each ISR member with the
+    incarnation (`NodeInfo.incarnation`) it held the partition's data in when it entered the
+    ISR: a member now in another incarnation lost that data and counts for nothing until it
+    caught up and joined again. A member with none recorded (metadata written before
+    incarnations) is taken as it is."""
 
     leader: str
     isr: tuple[str, ...]
@@ -214,13 +238,34 @@ class ReplicaInfo:
     epoch_for_write: int = 1
     epoch: int = 0
     replica: int = 1
-    extra: dict = field(default_factory=dict, compare=False)
+    incarnations: tuple[tuple[str, str], ...] = ()
 
     def followers(self) -> tuple[str, ...]:
         return tuple(node for node in self.isr if node != self.leader)
 
     def holds(self, node: str) -> bool:
         return node == self.leader or node in self.isr or node in self.catchup
+
+    def incarnation_of(self, node: str) -> str:
+        """The incarnation `node` entered the ISR in; "" when none is recorded."""
+        for member, incarnation in self.incarnations:
+            if member == node:
+                return incarnation
+        return ""
+
+    def proven(self, node: str, incarnation: str) -> bool:
+        """Whether `node`, now in `incarnation`, still holds what it held as an ISR member
+        (or nothing says otherwise)."""
+        recorded = self.incarnation_of(node)
+        return not recorded or not incarnation or recorded == incarnation
+
+    def recording(self, incarnations: dict[str, str]) -> "ReplicaInfo":
+        """This info with `incarnations` recorded for the ISR members they name, and only the
+        ISR members' kept."""
+        merged = dict(self.incarnations)
+        merged.update((node, value) for node, value in incarnations.items() if value)
+        kept = tuple(sorted((node, value) for node, value in merged.items() if node in self.isr))
+        return replace(self, incarnations=kept)
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -232,21 +277,37 @@ class ReplicaInfo:
                 "EpochForWrite": self.epoch_for_write,
                 "Epoch": self.epoch,
                 "Replica": self.replica,
+                "Incarnations": dict(self.incarnations),
             }
         ).encode()
 
     @classmethod
     def from_json(cls, data: bytes, epoch: int) -> "ReplicaInfo":
+        """ValueError, KeyError or TypeError for JSON that is not a replica info."""
         value = json.loads(data)
+        if not isinstance(value, dict):
+            raise TypeError(f"a replica info is a JSON object, not {type(value).__name__}")
+        incarnations = value.get("Incarnations") or {}
+        if not isinstance(incarnations, dict):
+            raise TypeError("Incarnations is not an object")
         return cls(
             str(value.get("Leader", "")),
-            tuple(value.get("ISR") or ()),
-            tuple(value.get("CatchupList") or ()),
-            tuple(value.get("Channels") or ()),
+            _node_list(value.get("ISR")),
+            _node_list(value.get("CatchupList")),
+            _node_list(value.get("Channels")),
             int(value.get("EpochForWrite", 0)),
             epoch,
             int(value.get("Replica", len(value.get("ISR") or ()) or 1)),
+            tuple(sorted((str(node), str(inc)) for node, inc in incarnations.items())),
         )
+
+
+def _node_list(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise TypeError(f"not a list of names: {value!r}")
+    return tuple(value)
 
 
 @dataclass(frozen=True)

@@ -21,3 +21,13 @@ is_valid_channel_name = is_valid_name
 def is_ephemeral(name: str) -> bool:
     """`#ephemeral` topics and channels never touch disk and vanish when unused."""
     return name.endswith(EPHEMERAL_SUFFIX)
+
+
+def cluster_topic_problem(name: str) -> str | None:
+    """Why a cluster cannot keep a topic of this name (its partitions are replicated logs),
+    or None when it can: Go's name rule, and no `#ephemeral` (which never touches disk)."""
+    if not is_valid_name(name):
+        return f"topic name {name!r} is not valid"
+    if is_ephemeral(name):
+        return f"an {EPHEMERAL_SUFFIX} topic ({name}) is never stored, so it cannot be replicated"
+    return None

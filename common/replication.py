@@ -18,7 +18,16 @@ cannot write):
 * `MATCH` (follower → leader): does an index entry of yours end at `offset`/`count`? Where a
   catching-up follower's log and its leader's part.
 * `PULL` (follower → leader): entries from `offset` on (at most `max_entries`, `max_bytes`),
-  their records as payload, and the leader's `end`.
+  their records as payload, and the leader's `end`; `E_OFFSET_OUT_OF_RANGE` when the leader's
+  log does not hold `offset` (its retention removed it, or no group starts there).
+* `START` (follower → leader): where the leader's log starts (`start`, its first `segment`
+  number, the index entry `boundary` that ends there) and its producer snapshots at or after
+  it (`snapshots`: offset and size of each, the files' bytes as payload): what a follower
+  that cannot continue its own log starts over from.
+* `JOIN` (follower → leader): `node`, caught up in `incarnation` at `end` (its last index
+  entry `last`), asks to enter the ISR. The leader stops acknowledging writes, gives it what
+  it wrote since (`PUT` with `admit`), has the master add it to the ISR, and answers with the
+  replica info that holds it (`info`, its JSON, and `epoch`).
 """
 
 import json
@@ -29,10 +38,20 @@ PUT = 1
 CURSORS = 2
 MATCH = 3
 PULL = 4
+START = 5
+JOIN = 6
 REPLY = 0x80
 ERROR = 0x81
-OP_NAMES = {PUT: "PUT", CURSORS: "CURSORS", MATCH: "MATCH", PULL: "PULL", REPLY: "REPLY"}
-OP_NAMES[ERROR] = "ERROR"
+OP_NAMES = {
+    PUT: "PUT",
+    CURSORS: "CURSORS",
+    MATCH: "MATCH",
+    PULL: "PULL",
+    START: "START",
+    JOIN: "JOIN",
+    REPLY: "REPLY",
+    ERROR: "ERROR",
+}
 
 _PREFIX = struct.Struct(">IBH")
 # A frame larger than this is refused: a group is at most `--max-body-size`-ish, a pull is

@@ -25,7 +25,7 @@ nsqlookupd writes it to etcd; this node follows it (`ClusterSession` watches the
 """
 
 import logging
-import random
+import os
 from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
@@ -40,14 +40,17 @@ from nsqpy.common.cluster_meta import (
     node_id,
     rpc_address,
 )
-from nsqpy.common.names import is_valid_name
+from nsqpy.common.names import cluster_topic_problem, is_valid_name
 from nsqpy.common.replication import (
     CURSORS,
     ERROR,
+    JOIN,
     MATCH,
+    OP_NAMES,
     PULL,
     PUT,
     REPLY,
+    START,
     FrameReader,
     ReplicaRefusal,
     ReplicationProtocolError,
@@ -55,7 +58,10 @@ from nsqpy.common.replication import (
     error_header,
 )
 from nsqpy.daemon.net import format_address
+from nsqpy.nsqd.backend import write_error
+from nsqpy.nsqd.catch_up import PULL_MAX_BYTES, PULL_MAX_ENTRIES, CatchUps
 from nsqpy.nsqd.cursor_queue import CursorQueue
+from nsqpy.nsqd.data_path import data_incarnation
 from nsqpy.nsqd.log_writer import LogWriter, WriteRefused
 from nsqpy.nsqd.message import Message
 from nsqpy.nsqd.message_queue import LogTopicQueue
@@ -63,6 +69,7 @@ from nsqpy.nsqd.partition_replica import UNKNOWN_REPLICA, PartitionReplica
 from nsqpy.nsqd.peer_link import PeerLink, PeerUnavailable
 from nsqpy.nsqd.tls import cluster_contexts
 from nsqpy.partition_log import PartitionLog, Position
+from nsqpy.partition_log.index import entry_end
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.channel import Channel
@@ -75,9 +82,6 @@ logger = logging.getLogger("nsqd")
 # A follower that cannot take a group is tried again for this long (backoff 2<<n ms, at most
 # 200 ms apart, as Youzan) before the master is asked to drop it from the ISR.
 REPLICATION_RETRY_SECONDS = 2.0
-# What one catch-up pull asks for.
-PULL_MAX_ENTRIES = 1000
-PULL_MAX_BYTES = 8 * 1024 * 1024
 # A leader that cannot replicate probes its followers this often (doubling up to the maximum)
 # until they answer, and tells the master after `UNWRITABLE_REPORT_AFTER`.
 HEAL_PROBE_DELAY = 0.1
@@ -90,9 +94,26 @@ PEER_HANDSHAKE_TIMEOUT = 5.0
 # Channel cursors moved by FINs reach the followers at most this long after the previous push
 # (plus the push's round trip): what a failover redelivers beyond the messages in flight.
 CURSOR_PUSH_INTERVAL = 0.005
+# A leader whose disk refuses writes asks to hand its partition over again after this.
+RESIGN_RETRY_INTERVAL = 2.0
+# How long a stopping node waits for the master to move its partitions off it.
+LEAVE_TIMEOUT = 2.0
+# How long a leader may hold its writes to admit a follower into the ISR.
+ADMISSION_TIMEOUT = 10.0
+# A peer's request this node cannot serve is logged again at most this often.
+REPEATED_REFUSAL_INTERVAL = 30.0
 # A follower that does not answer a push within this long misses it (the next one repeats it):
 # one stalled follower must not hold back the pushes to the others for long.
 CURSOR_PUSH_TIMEOUT = 1.0
+
+
+class MasterRefusal(ValueError):
+    """The master nsqlookupd answered a request with an error: it did not do it."""
+
+
+class ClusterMetadataError(ValueError):
+    """Metadata from etcd that this node cannot apply to a partition (it logs it and serves the
+    others)."""
 
 
 def _replica_of(topic: "Topic") -> PartitionReplica | None:
@@ -104,7 +125,10 @@ def _replica_of(topic: "Topic") -> PartitionReplica | None:
 def _held(topic: "Topic") -> PartitionReplica:
     """The replication of a partition the cluster has given this node."""
     replication = topic.replication
-    assert isinstance(replication, PartitionReplica), topic
+    if not isinstance(replication, PartitionReplica):
+        raise ClusterMetadataError(
+            f"{topic.name}/{topic.partition} is not a cluster partition here"
+        )
     return replication
 
 
@@ -122,14 +146,18 @@ def _hold(node: "ClusterNode", topic: "Topic", info: ReplicaInfo) -> PartitionRe
 def _log_queue(topic: "Topic") -> LogTopicQueue:
     """A cluster partition is a log topic (docs/design.md §14): replication is of its log."""
     queue = topic.queue
-    assert isinstance(queue, LogTopicQueue), topic
+    if not isinstance(queue, LogTopicQueue):
+        raise ClusterMetadataError(
+            f"{topic.name}/{topic.partition} is not stored as a log here: it cannot be replicated"
+        )
     return queue
 
 
 def _cursor(channel: "Channel") -> CursorQueue:
     """A log topic's channel is a cursor into the partition's log."""
     queue = channel.queue
-    assert isinstance(queue, CursorQueue), channel
+    if not isinstance(queue, CursorQueue):
+        raise ClusterMetadataError(f"channel {channel.name} is not a cursor into a log")
     return queue
 
 
@@ -154,8 +182,10 @@ class ClusterNode:
         self.node_id = ""
         self.rpc_port = 0
         self._links: dict[str, PeerLink] = {}
-        self._nursery: trio.Nursery | None = None
-        self._catching_up: set[tuple[str, int]] = set()
+        self.nursery: trio.Nursery | None = None
+        self.catch_ups = CatchUps(self)
+        # The node's incarnation: its data directory's identity (`nsqd/data_path.py`).
+        self.incarnation = ""
         # The master nsqlookupd's HTTP address, as its leader session says.
         self.master_http: str | None = None
         self.session: ClusterSession | None = None
@@ -164,6 +194,7 @@ class ClusterNode:
         # Partitions whose ordered channels' cursors moved: pushed to the followers at once.
         self._moved: set = set()
         self._moved_wakeup = trio.Event()
+        self._refusals_logged: dict[tuple, float] = {}
 
     # -- serving ---------------------------------------------------------------------------
 
@@ -183,6 +214,18 @@ class ClusterNode:
             options.broadcast_address, self.rpc_port, nsqd.tcp_port, options.node_id
         )
         nsqd.log.info("RPC: listening on %s:%d", host, listeners[0].socket.getsockname()[1])
+        try:
+            self.incarnation = data_incarnation(nsqd.data_path)
+        except OSError as error:
+            # Unknown to every partition: this node holds nothing the ISR counts on until
+            # it caught up and joined again, which is what a lost identity must mean.
+            self.incarnation = os.urandom(16).hex()
+            nsqd.log.error(
+                "CLUSTER: cannot keep the data directory's identity (%s) - %s; this node is a new"
+                " incarnation for every partition",
+                nsqd.data_path,
+                error,
+            )
         if self.server_tls is None and self.enabled:
             nsqd.log.warning(
                 "RPC: the replication links are not authenticated or encrypted: whoever reaches"
@@ -191,7 +234,7 @@ class ClusterNode:
                 ' (docs/operations.md, "Securing a cluster")'
             )
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
+            self.nursery = nursery
             nursery.start_soon(partial(trio.serve_listeners, self._serve_peer, listeners))
             nursery.start_soon(self._cursor_timer)
             nursery.start_soon(self._push_moved_cursors)
@@ -205,6 +248,34 @@ class ClusterNode:
                 nursery.start_soon(self.session.run)
             task_status.started()
 
+    async def leave(self) -> None:
+        """A clean stop's first step (SIGTERM): the master hands over what this node leads to
+        caught-up followers and drops it from the ISRs it follows, while it still serves, so
+        its stop pauses no partition's writes for longer than a hand-over. Bounded by
+        `LEAVE_TIMEOUT`: a master or etcd away lets the lease's revocation (or its end) do
+        it instead, as for a node that dies."""
+        session = self.session
+        if session is None or not any(
+            (replica := _replica_of(topic)) is not None and self.node_id in replica.info.isr
+            for topic in self.nsqd.all_partitions()
+        ):
+            return
+        with trio.move_on_after(LEAVE_TIMEOUT) as waited:
+            answer = await session.stopping()
+        if waited.cancelled_caught or answer is None:
+            self.nsqd.log.warning(
+                "CLUSTER: the master did not hand this node's partitions over in %g s; its"
+                " lease's revocation does",
+                LEAVE_TIMEOUT,
+            )
+            return
+        self.nsqd.log.info(
+            "CLUSTER: leaving the cluster: %d leadership(s) handed over, %d ISR(s) left%s",
+            len(answer.get("handed_over", [])),
+            len(answer.get("left", [])),
+            f"; kept: {answer['kept']}" if answer.get("kept") else "",
+        )
+
     def info(self) -> NodeInfo:
         nsqd = self.nsqd
         return NodeInfo(
@@ -213,9 +284,10 @@ class ClusterNode:
             nsqd.tcp_port,
             nsqd.http_port,
             self.rpc_port,
+            self.incarnation,
         )
 
-    def _link(self, node: str) -> PeerLink:
+    def link(self, node: str) -> PeerLink:
         link = self._links.get(node)
         if link is None:
             link = self._links[node] = PeerLink(rpc_address(node), ssl_context=self.client_tls)
@@ -241,9 +313,17 @@ class ClusterNode:
             "isr": list(info.isr),
             "catchup": list(info.catchup),
             "write_epoch": info.epoch_for_write,
-            "writable": role == "leader" and _held(topic).writable,
-            "catching_up": (topic.name, topic.partition) in self._catching_up,
+            "writable": role == "leader" and _held(topic).writable and not _held(topic).lost,
+            "catching_up": self.catch_ups.running(topic),
+            # Whether this copy is the one the ISR counted on (not a replaced disk's).
+            "incarnation": self.incarnation,
+            "lost": _held(topic).lost,
+            "catch_up": self.catch_ups.progress(topic),
+            "disk_error": _held(topic).disk_error,
         }
+
+    def log_of(self, topic: "Topic") -> PartitionLog[Message]:
+        return _log(topic)
 
     def partition_reports(self) -> list[dict]:
         """Every cluster partition this node holds, as the master nsqlookupd reads them
@@ -276,6 +356,11 @@ class ClusterNode:
         """Make the local partition what `info` says this node is for it."""
         nsqd = self.nsqd
         me = self.node_id
+        problem = cluster_topic_problem(topic_name)
+        if problem is not None:
+            raise ClusterMetadataError(problem)
+        if partition < 0:
+            raise ClusterMetadataError(f"partition {partition} is not a partition number")
         topic = nsqd.registry.get(topic_name, partition)
         if not info.holds(me):
             if topic is not None and topic.replication.info is not None:
@@ -318,10 +403,34 @@ class ClusterNode:
             # Before `_hold`: stepping down tells a leader's consumers and nsqlookupd by what
             # the node held until now.
             self._step_down(topic, info)
+        held = _replica_of(topic)
+        was_lost = held is not None and held.lost
         _hold(self, topic, info)
+        replica = _held(topic)
+        replica.lost = me in info.isr and not info.proven(me, self.incarnation)
+        if replica.lost and not was_lost:
+            nsqd.log.error(
+                "TOPIC(%s) partition %d: this node is in the ISR, but its data directory is a"
+                " new incarnation (%s, the ISR counted on %s): it holds nothing acknowledged,"
+                " leads nothing and counts for no write until it caught up and joined again",
+                topic_name,
+                partition,
+                self.incarnation,
+                info.incarnation_of(me),
+            )
         _log_queue(topic).set_write_epoch(info.epoch_for_write)
+        if info.leader == me and replica.lost:
+            # The master elects a replica that holds the data, when one is alive.
+            _log_queue(topic).stop_writes(
+                ClusterWriteError("E_FAILED_ON_NOT_WRITABLE", "this node lost the partition's data")
+            )
+            replica.writable = False
+            replica.handing_over = False
+            return
         if info.leader == me:
-            was_leader = previous is not None and previous.leader == me
+            was_leader = previous is not None and previous.leader == me and not was_lost
+            self.settle_admissions(topic, info)
+            _log_queue(topic).on_disk_state(partial(self._leader_disk_state, topic))
             _log_queue(topic).replicate_with(
                 partial(self.replicate, topic) if info.followers() else None
             )
@@ -347,8 +456,10 @@ class ClusterNode:
         _log_queue(topic).stop_writes(ClusterWriteError("E_FAILED_ON_NOT_LEADER", "not the leader"))
         _held(topic).writable = False
         _held(topic).handing_over = False
-        if leader_changed or me in info.catchup:
-            self.start_catch_up(topic)
+        replica.admitting.clear()
+        _log_queue(topic).on_disk_state(None)
+        if leader_changed or me in info.catchup or replica.lost:
+            self.catch_ups.start(topic)
 
     def _take_meta(self, topic: "Topic", meta: TopicMeta) -> None:
         """The topic's settings that `/topic/meta/update` changes."""
@@ -369,7 +480,7 @@ class ClusterNode:
         self.nsqd.log.info(
             "TOPIC(%s) partition %d: deleting the local replica (%s)", topic_name, partition, why
         )
-        self._catching_up.discard((topic_name, partition))
+        self.catch_ups.forget(topic)
         self.nsqd.delete_topic(topic_name, partition)
 
     def _step_down(self, topic: "Topic", info: ReplicaInfo) -> None:
@@ -413,11 +524,18 @@ class ClusterNode:
         ones. So every member of the ISR at acknowledgement time has them: a new leader,
         elected from it, has every acknowledged message."""
         have: set[str] = set()
+        replica = _held(topic)
         while True:
-            info = topic.replication.info
-            if info is None or info.leader != self.node_id:
+            info = replica.info
+            if not replica.is_leader:
                 raise ClusterWriteError("E_FAILED_ON_NOT_LEADER", "no longer the leader")
-            missing = [follower for follower in info.followers() if follower not in have]
+            if len(info.isr) <= info.replica // 2:
+                # The master dropped members meanwhile (or they left): no majority holds it.
+                raise ClusterWriteError(
+                    "E_FAILED_ON_NOT_WRITABLE",
+                    f"the ISR ({len(info.isr)} of {info.replica}) is no majority of the replicas",
+                )
+            missing = [follower for follower in replica.followers() if follower not in have]
             if not missing:
                 return
             failed: dict[str, Exception] = {}
@@ -487,8 +605,8 @@ class ClusterNode:
             topic.partition,
             reasons,
         )
-        if self._nursery is not None:
-            self._nursery.start_soon(self._restore_writes, topic, info)
+        if self.nursery is not None:
+            self.nursery.start_soon(self._restore_writes, topic, info)
 
     async def _restore_writes(self, topic: "Topic", info: ReplicaInfo) -> None:
         """Probe the ISR followers until every one is at this leader's end again, then take
@@ -537,7 +655,7 @@ class ClusterNode:
                 return sent
 
             try:
-                reply = await self._link(follower).request(
+                reply = await self.link(follower).request(
                     CURSORS, header, timeout=CURSOR_PUSH_TIMEOUT
                 )
             except (PeerUnavailable, ReplicaRefusal):
@@ -585,8 +703,8 @@ class ClusterNode:
         except BaseException:
             _held(topic).handing_over = False
             raise
-        if self._nursery is not None:
-            self._nursery.start_soon(self._end_handover, topic, info)
+        if self.nursery is not None:
+            self.nursery.start_soon(self._end_handover, topic, info)
         return _log(topic).written
 
     async def _end_handover(self, topic: "Topic", info: ReplicaInfo) -> None:
@@ -610,7 +728,7 @@ class ClusterNode:
         channels: dict | None,
         delays: Sequence[tuple[int, float]],
     ) -> None:
-        link = self._link(follower)
+        link = self.link(follower)
         header = self._leader_header(topic, info)
         if delays:
             # A DPUB's due time is kept with each channel's cursor, not in the record: the
@@ -621,6 +739,11 @@ class ClusterNode:
             # messages published after it, so a new leader knows every channel they were
             # meant for.
             header["channels"] = channels
+        replica = _held(topic)
+        if follower not in info.isr:
+            # Admitted, not yet confirmed by the master: it takes the leader's groups as the
+            # admission's (`CatchUps`: only while it waits for its `JOIN`'s answer).
+            header["admit"] = True
         deadline = trio.current_time() + REPLICATION_RETRY_SECONDS
         attempt = 0
         while True:
@@ -631,6 +754,10 @@ class ClusterNode:
                     await link.request(PUT, {**header, "entry": list(entry)}, data, remaining)
                 return
             except (PeerUnavailable, ReplicaRefusal) as error:
+                if follower not in replica.followers():
+                    # The master took it out of the ISR meanwhile (a stopping node leaves
+                    # it first): the write no longer waits for it.
+                    return
                 if _is_stale_leader(error) or trio.current_time() >= deadline:
                     failed[follower] = error
                     return
@@ -645,14 +772,200 @@ class ClusterNode:
                 attempt += 1
                 await trio.sleep(min(0.2, (2 << attempt) / 1000))
 
+    # -- leader: admitting a follower into the ISR ------------------------------------------
+
+    async def _admit(self, topic: "Topic", header: dict) -> dict:
+        """A follower on the catch-up list, caught up, asks to join the ISR (`JOIN`): with no
+        group acknowledged meanwhile, give it what this leader wrote since its `end`, count
+        it for every write from then on, and have the master add it with the next write
+        epoch. The answer is the info that holds it."""
+        node, incarnation = str(header["node"]), str(header.get("incarnation") or "")
+        end = Position(*(int(value) for value in header["end"]))
+        last = tuple(int(value) for value in header["last"]) if header.get("last") else None
+        replica = _held(topic)
+        info = replica.info
+        if node not in info.catchup and node not in info.isr and self.session is not None:
+            # The master may have put it there before this node's watch said so.
+            await self.session.reload(topic.name, topic.partition)
+            info = replica.info
+        if not replica.is_leader:
+            raise ReplicaRefusal(error_header("E_FAILED_ON_NOT_LEADER", "not the leader"))
+        if node in info.isr and info.proven(node, incarnation):
+            return {"info": info.to_json().decode(), "epoch": info.epoch}
+        if node not in info.catchup:
+            raise ReplicaRefusal(
+                error_header("E_NOT_CATCHUP", f"{node} is not on the partition's catch-up list")
+            )
+        session = self.session
+        if session is None:
+            raise ReplicaRefusal(error_header("E_NOT_CLUSTER", "no cluster to join"))
+        writer = _writer(topic)
+        log = _log(topic)
+        try:
+            with trio.fail_after(ADMISSION_TIMEOUT):
+                async with writer.exclusive():
+                    joined = await self._admit_exclusively(topic, node, incarnation, end, last)
+        except trio.TooSlowError:
+            raise ReplicaRefusal(
+                error_header("E_TIMEOUT", f"no admission within {ADMISSION_TIMEOUT:g} s")
+            ) from None
+        self.nsqd.log.info(
+            "TOPIC(%s) partition %d: %s joined the ISR at offset %d (write epoch %d)",
+            topic.name,
+            topic.partition,
+            node,
+            log.written.offset,
+            joined.epoch_for_write,
+        )
+        return {"info": joined.to_json().decode(), "epoch": joined.epoch}
+
+    async def _admit_exclusively(
+        self, topic: "Topic", node: str, incarnation: str, end: Position, last: tuple | None
+    ) -> ReplicaInfo:
+        """`_admit`'s part while no group is acknowledged (`LogWriter.exclusive`)."""
+        replica = _held(topic)
+        session = self.session
+        if session is None:
+            raise ReplicaRefusal(error_header("E_NOT_CLUSTER", "no cluster to join"))
+        log = _log(topic)
+        info = replica.info
+        if not replica.is_leader:
+            raise ReplicaRefusal(error_header("E_FAILED_ON_NOT_LEADER", "not the leader"))
+        if end.offset > log.written.offset or (end.offset and log.entry_ending_at(end) != last):
+            raise ReplicaRefusal(
+                error_header(
+                    "E_LOG_MISMATCH",
+                    f"a log ending at {end.offset} is not this leader's",
+                    end=list(log.written),
+                )
+            )
+        await self._send_since(topic, info, node, end)
+        # From here every write counts it, until an info holds it or shows it never will.
+        replica.admitting[node] = info.epoch
+        try:
+            joined = await session.admit(topic.name, topic.partition, node, incarnation, info)
+        except MasterRefusal as refusal:
+            # A refused join never lands (the master's is conditional on this revision).
+            replica.admitting.pop(node, None)
+            raise ReplicaRefusal(error_header("E_JOIN_FAILED", str(refusal))) from None
+        if joined is None or node not in joined.isr:
+            raise ReplicaRefusal(error_header("E_JOIN_FAILED", "no answer from the master"))
+        return joined
+
+    async def _send_since(
+        self, topic: "Topic", info: ReplicaInfo, node: str, end: Position
+    ) -> None:
+        """The groups this leader wrote after `end`, to a joining follower (`PUT` with
+        `admit`)."""
+        log = _log(topic)
+        link = self.link(node)
+        header = {**self._leader_header(topic, info), "admit": True}
+        while end.offset < log.written.offset:
+            entries = log.entries_from(end.offset, PULL_MAX_ENTRIES)
+            for entry in entries:
+                data = log.read_group_bytes([entry])
+                await link.request(PUT, {**header, "entry": list(entry)}, data)
+                end = Position(*entry_end(entry))
+
+    def settle_admissions(self, topic: "Topic", info: ReplicaInfo) -> None:
+        """Admitted followers stop counting apart once `info` holds them, or once it is of a
+        later revision than the one their join was for (the master's join is conditional on
+        that one, so it can no longer land)."""
+        admitting = _held(topic).admitting
+        for node, epoch in list(admitting.items()):
+            if node in info.isr or info.epoch > epoch:
+                del admitting[node]
+
+    # -- the disk ---------------------------------------------------------------------------
+
+    def disk_failed(self, topic: "Topic", error: OSError) -> None:
+        """A write of this node's copy failed: `/ping` says so until one works again."""
+        replica = _held(topic)
+        text = str(error)
+        if replica.disk_error != text:
+            self.nsqd.log.error(
+                "TOPIC(%s) partition %d: the disk refused a write - %s",
+                topic.name,
+                topic.partition,
+                text,
+            )
+        replica.disk_error = text
+        self.nsqd.storage.health.write_done(
+            write_error(_log(topic), error, _log(topic).active_segment_path)
+        )
+
+    def _leader_disk_state(self, topic: "Topic", error: OSError | None) -> None:
+        """The disk refused a write of a partition this node leads: its publishes are
+        refused while it does, so the partition goes to a follower that can write (a planned
+        hand-over the master runs), and this node catches up once space returns. None: it
+        took one again."""
+        replica = _held(topic)
+        if error is None:
+            replica.disk_error = ""
+            return
+        replica.disk_error = str(error)
+        if self.nursery is not None and self.session is not None and not replica.resigning:
+            replica.resigning = True
+            self.nursery.start_soon(self._resign, topic)
+
+    async def _resign(self, topic: "Topic") -> None:
+        replica = _held(topic)
+        session = self.session
+        try:
+            while session is not None and replica.is_leader and replica.disk_error:
+                self.nsqd.log.warning(
+                    "TOPIC(%s) partition %d: the disk refuses this leader's writes (%s): asking"
+                    " the master to hand the partition to a follower",
+                    topic.name,
+                    topic.partition,
+                    replica.disk_error,
+                )
+                if await session.resign(topic.name, topic.partition, replica.info):
+                    return
+                await trio.sleep(RESIGN_RETRY_INTERVAL)
+        finally:
+            replica.resigning = False
+
+    def disk_recovered(self, topic: "Topic") -> None:
+        replica = _held(topic)
+        if replica.disk_error:
+            replica.disk_error = ""
+            self.nsqd.storage.health.write_done(None)
+
+    def log_started_over(self, topic: "Topic") -> None:
+        """The partition's log started over at its leader's start (`CatchUps`): the channels'
+        cursors stand there until the leader's positions come."""
+        log = _log(topic)
+        for channel in topic.channels.values():
+            cursor = _cursor(channel)
+            if cursor.confirmed != log.start:
+                cursor.set_position(log.start)
+
     # -- leader: answering followers --------------------------------------------------------
 
     def _answer_match(self, topic: "Topic", header: dict) -> dict:
-        entry = tuple(header["entry"])
-        end = Position(entry[3] + entry[4], entry[5] - 1 + entry[6])
         log = _log(topic)
-        matched = end.offset <= log.written.offset and log.entry_ending_at(end) == entry
+        matched = False
+        if header.get("entry"):
+            entry = tuple(int(value) for value in header["entry"])
+            if len(entry) != 7:
+                raise ValueError(f"an index entry has 7 fields, not {len(entry)}")
+            end = Position(entry[3] + entry[4], entry[5] - 1 + entry[6])
+            matched = end.offset <= log.written.offset and log.entry_ending_at(end) == entry
         return {"match": matched, "start": list(log.start), "end": list(log.written)}
+
+    def _answer_start(self, topic: "Topic") -> tuple[dict, bytes]:
+        """Where this log starts, for a follower that starts over there (`CatchUps`)."""
+        log = _log(topic)
+        snapshots = log.snapshot_files()
+        boundary = log.entry_ending_at(log.start) if log.start.offset else None
+        answer = {
+            "start": list(log.start),
+            "segment": log.first_segment_number,
+            "boundary": list(boundary) if boundary is not None else None,
+            "snapshots": [[offset, len(data)] for offset, data in sorted(snapshots.items())],
+        }
+        return answer, b"".join(data for _offset, data in sorted(snapshots.items()))
 
     def _leader_header(self, topic: "Topic", info: ReplicaInfo) -> dict:
         """What every request of a leader to its followers says of the partition."""
@@ -692,7 +1005,7 @@ class ClusterNode:
 
         async def push(follower: str) -> None:
             try:
-                await self._link(follower).request(
+                await self.link(follower).request(
                     CURSORS, partial(self._cursors_header, topic, info), timeout=CURSOR_PUSH_TIMEOUT
                 )
             except (PeerUnavailable, ReplicaRefusal) as error:
@@ -729,7 +1042,27 @@ class ClusterNode:
         log = _log(topic)
         offset = int(header["offset"])
         max_bytes = int(header.get("max_bytes", PULL_MAX_BYTES))
-        entries = log.entries_from(offset, int(header.get("max_entries", PULL_MAX_ENTRIES)))
+        if not log.start.offset <= offset <= log.written.offset:
+            raise ReplicaRefusal(
+                error_header(
+                    "E_OFFSET_OUT_OF_RANGE",
+                    f"offset {offset} is outside this log ({log.start.offset} to"
+                    f" {log.written.offset})",
+                    start=list(log.start),
+                    end=list(log.written),
+                )
+            )
+        try:
+            entries = log.entries_from(offset, int(header.get("max_entries", PULL_MAX_ENTRIES)))
+        except ValueError as error:
+            raise ReplicaRefusal(
+                error_header(
+                    "E_OFFSET_OUT_OF_RANGE",
+                    str(error),
+                    start=list(log.start),
+                    end=list(log.written),
+                )
+            ) from None
         total = 0
         for index, entry in enumerate(entries):
             total += entry[4]
@@ -767,41 +1100,53 @@ class ClusterNode:
             raise ReplicaRefusal(
                 error_header("E_STALE_EPOCH", f"epoch {epoch} < {info.epoch_for_write}")
             )
-        if (topic.name, topic.partition) in self._catching_up:
+        replica = _held(topic)
+        # A joining follower takes the groups of the leader admitting it, and only then.
+        admitted = bool(header.get("admit")) and self.catch_ups.joining(topic, str(leader))
+        if self.catch_ups.running(topic) and not admitted:
             raise ReplicaRefusal(error_header("E_CATCHING_UP", "catching up with the leader"))
-        entry = tuple(header["entry"])
+        if replica.lost:
+            raise ReplicaRefusal(
+                error_header("E_CATCHING_UP", "this node's copy is a new incarnation's")
+            )
+        entry = tuple(int(value) for value in header["entry"])
+        if len(entry) != 7:
+            raise ValueError(f"an index entry has 7 fields, not {len(entry)}")
         log = _log(topic)
         if "channels" in header:
-            self._take_channels(topic, header["channels"], move=False)
+            self.take_channels(topic, header["channels"], move=False)
         try:
             log.append_raw(entry, payload)
         except ValueError as error:
             end = Position(entry[3] + entry[4], entry[5] - 1 + entry[6])
             if end.offset <= log.written.offset and log.entry_ending_at(end) == entry:
                 return {"end": list(log.written), "duplicate": True}
-            self.start_catch_up(topic)
+            if not admitted:
+                self.catch_ups.start(topic)
             raise ReplicaRefusal(
                 error_header("E_LOG_MISMATCH", str(error), end=list(log.written))
             ) from None
         except OSError as error:
+            self.disk_failed(topic, error)
             raise ReplicaRefusal(error_header("E_WRITE_FAILED", str(error))) from None
+        self.disk_recovered(topic)
         topic.replicated(entry[6], len(payload))
         if "delays" in header:
             delays = [(int(offset), float(due)) for offset, due in header["delays"]]
             for channel in topic.channels.values():
                 _cursor(channel).delays.update(delays)
-        self._sync_soon(topic)
+        self.sync_soon(topic)
         return {"end": list(log.written)}
 
-    def _sync_soon(self, topic: "Topic") -> None:
-        if self._nursery is not None:
-            _writer(topic).sync_soon(self._nursery)
+    def sync_soon(self, topic: "Topic") -> None:
+        if self.nursery is not None:
+            _writer(topic).sync_soon(self.nursery)
 
     def _on_cursors(self, topic: "Topic", header: dict) -> dict:
         info = _held(topic).info
         if header.get("leader") != info.leader:
             raise ReplicaRefusal(error_header("E_FAILED_ON_NOT_LEADER", "not my leader"))
-        self._take_channels(topic, header.get("channels", {}), move=True)
+        self.take_channels(topic, header.get("channels", {}), move=True)
         for name, dues in (header.get("deferred") or {}).items():
             channel = topic.channels.get(name)
             if channel is not None:
@@ -815,13 +1160,13 @@ class ClusterNode:
             self._check_end(topic, Position(*header["end"]), tuple(header.get("last") or ()))
         return {
             "end": list(_log(topic).written),
-            "catching_up": (topic.name, topic.partition) in self._catching_up,
+            "catching_up": self.catch_ups.running(topic),
         }
 
     def _check_end(self, topic: "Topic", end: Position, last: tuple) -> None:
         """The leader, idle, ends at `end` with index entry `last`: cut what lies past it
         (a group the leader rolled back), or catch up when behind or apart."""
-        if (topic.name, topic.partition) in self._catching_up:
+        if self.catch_ups.running(topic):
             return
         log = _log(topic)
         if log.written == end:
@@ -834,9 +1179,9 @@ class ClusterNode:
             )
             log.truncate_to(end)
             return
-        self.start_catch_up(topic)
+        self.catch_ups.start(topic)
 
-    def _take_channels(self, topic: "Topic", channels: dict, *, move: bool) -> None:
+    def take_channels(self, topic: "Topic", channels: dict, *, move: bool) -> None:
         """A follower takes its leader's channels: missing ones are created where the
         leader's are; with `move`, existing ones move to the leader's confirmed position."""
         log = _log(topic)
@@ -856,80 +1201,6 @@ class ClusterNode:
                 position = log.start
             if _cursor(channel).confirmed != position:
                 _cursor(channel).set_position(position)
-
-    # -- follower: catching up ---------------------------------------------------------------
-
-    def start_catch_up(self, topic: "Topic") -> None:
-        key = (topic.name, topic.partition)
-        if key in self._catching_up or self._nursery is None:
-            return
-        self._catching_up.add(key)
-        self._nursery.start_soon(self._catch_up, topic)
-
-    async def _catch_up(self, topic: "Topic") -> None:
-        """Catch up with the leader until this node is in the ISR (asking the master to
-        join it whenever it is on the catch-up list) or no longer holds the partition."""
-        key = (topic.name, topic.partition)
-        delay = 0.05
-        try:
-            while not topic.deleted:
-                info = topic.replication.info
-                if info is None or info.leader in ("", "?", self.node_id):
-                    return
-                try:
-                    await self._catch_up_once(topic, info)
-                except (PeerUnavailable, ReplicaRefusal, ValueError, OSError) as error:
-                    self.nsqd.log.warning(
-                        "TOPIC(%s) partition %d: catching up from %s - %s",
-                        topic.name,
-                        topic.partition,
-                        info.leader,
-                        error,
-                    )
-                    await trio.sleep(delay * (1 + random.random()))
-                    delay = min(delay * 2, 1.0)
-                    continue
-                if topic.replication.info is not info:
-                    continue  # the info changed meanwhile: catch up with what it says now
-                if self.node_id not in info.catchup or self.session is None:
-                    return
-                # The leader's writes to this node are refused until this returns: it
-                # retries them for long enough.
-                if await self.session.join_isr(topic.name, topic.partition, info):
-                    return
-                await trio.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 1.0)
-        finally:
-            self._catching_up.discard(key)
-
-    async def _catch_up_once(self, topic: "Topic", info: ReplicaInfo) -> None:
-        link = self._link(info.leader)
-        log = _log(topic)
-        base = {"topic": topic.name, "partition": topic.partition}
-        # Where this log and the leader's part: walk back one entry at a time.
-        while log.written.offset > log.start.offset:
-            last = log.entry_ending_at(log.written)
-            if last is None:
-                raise ValueError(f"no index entry ends at {log.written.offset}")
-            reply = await link.request(MATCH, {**base, "entry": list(last)})
-            if reply.header["match"]:
-                break
-            log.truncate_to(Position(last[3], last[5] - 1))
-        while True:
-            reply = await link.request(
-                PULL, {**base, "offset": log.written.offset, "max_bytes": PULL_MAX_BYTES}
-            )
-            entries = [tuple(entry) for entry in reply.header["entries"]]
-            if not entries:
-                self._take_channels(topic, reply.header.get("channels", {}), move=True)
-                return
-            data = reply.payload
-            at = 0
-            for entry in entries:
-                log.append_raw(entry, data[at : at + entry[4]])
-                at += entry[4]
-                topic.replicated(entry[6], entry[4])
-            self._sync_soon(topic)
 
     # -- cursors ------------------------------------------------------------------------------
 
@@ -999,6 +1270,7 @@ class ClusterNode:
 
     async def _answer(self, frame) -> bytes:
         header = frame.header
+        topic = None
         try:
             topic = self.nsqd.registry.get(str(header.get("topic")), int(header.get("partition")))
             if topic is None or _replica_of(topic) is None:
@@ -1012,11 +1284,49 @@ class ClusterNode:
             if frame.op == PULL:
                 answer, data = self._answer_pull(topic, header)
                 return encode_frame(REPLY, answer, data)
+            if frame.op == START:
+                answer, data = self._answer_start(topic)
+                return encode_frame(REPLY, answer, data)
+            if frame.op == JOIN:
+                return encode_frame(REPLY, await self._admit(topic, header))
             raise ReplicaRefusal(error_header("E_INVALID", f"op {frame.op}"))
         except ReplicaRefusal as refusal:
+            if frame.op in (PULL, START, JOIN):
+                self._refused_peer(frame.op, topic, refusal.code, refusal.text)
             return encode_frame(ERROR, refusal.details)
         except (ValueError, TypeError, KeyError) as error:
+            self._refused_peer(frame.op, topic, "E_INVALID", str(error))
             return encode_frame(ERROR, error_header("E_INVALID", str(error)))
+        except OSError as error:
+            # A disk that fails a read (or a write) is the peer's to know, and this node's.
+            self._refused_peer(frame.op, topic, "E_IO", str(error))
+            return encode_frame(ERROR, error_header("E_IO", str(error)))
+        except Exception as error:
+            # A bug must cost one request, never the peer's connection without a word.
+            self.nsqd.log.exception("RPC: internal error answering %s", OP_NAMES.get(frame.op))
+            return encode_frame(
+                ERROR, error_header("E_INTERNAL", f"{type(error).__name__}: {error}")
+            )
+
+    def _refused_peer(self, op: int, topic: "Topic | None", code: str, text: str) -> None:
+        """Log a peer's request this node could not serve: the same one at most every
+        `REPEATED_REFUSAL_INTERVAL` (a follower retries about every second)."""
+        if code in ("E_FAILED_ON_NOT_LEADER", "E_STALE_EPOCH", "E_CATCHING_UP"):
+            return  # the usual fencing and catch-up traffic, said by the peer's own log
+        where = f"TOPIC({topic.name}) partition {topic.partition}: " if topic is not None else ""
+        key = (op, where, code, text)
+        now = trio.current_time()
+        if (
+            now - self._refusals_logged.get(key, -REPEATED_REFUSAL_INTERVAL)
+            < REPEATED_REFUSAL_INTERVAL
+        ):
+            return
+        self._refusals_logged[key] = now
+        if len(self._refusals_logged) > 1000:
+            self._refusals_logged.clear()
+        self.nsqd.log.warning(
+            "RPC: %srefused a peer's %s - %s %s", where, OP_NAMES.get(op, op), code, text
+        )
 
 
 def _is_stale_leader(error: Exception) -> bool:

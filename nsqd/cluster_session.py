@@ -28,6 +28,7 @@ from nsqpy.etcd import (
     keep_lease_alive,
     release_lease,
 )
+from nsqpy.nsqd.cluster import ClusterMetadataError, MasterRefusal
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.cluster import ClusterNode
@@ -50,6 +51,8 @@ class ClusterSession:
         self.master: dict | None = None
         self.lease = 0
         self._nursery: trio.Nursery | None = None
+        # Metadata this node could not apply, said once each.
+        self._refused: set[tuple[str, int, str]] = set()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with self.client:
@@ -152,7 +155,28 @@ class ClusterSession:
         info = self.infos.get((topic, partition))
         if meta is None or info is None:
             return
-        self.node.apply(topic, partition, meta, info)
+        try:
+            self.node.apply(topic, partition, meta, info)
+        except (ClusterMetadataError, OSError) as error:
+            # One partition this node cannot hold (a name a cluster cannot serve, a disk
+            # that refuses its files) costs that partition, never the others or the node.
+            key = (topic, partition, str(error))
+            if key not in self._refused:
+                self._refused.add(key)
+                self.nsqd.log.error(
+                    "CLUSTER: cannot hold %s/%d as the cluster says - %s", topic, partition, error
+                )
+        except Exception:
+            # A bug must cost the partition it met, never the node and every other one.
+            self.nsqd.log.exception("CLUSTER: internal error applying %s/%d", topic, partition)
+
+    def take_info(self, topic: str, partition: int, value: str | bytes, revision: int) -> None:
+        """Take a partition's replica info that a peer or the master answered with (written
+        at `revision`): this node may not have it from etcd yet, or may not reach etcd."""
+        data = value.encode() if isinstance(value, str) else value
+        key = self.keys.replica_info(topic, partition)
+        if self._take(key, data, int(revision)) is not None:
+            self._apply(topic, partition)
 
     async def _watch_topics(self, revision: int) -> None:
         async with self.client.watch_prefix(self.keys.topics, revision) as watch:
@@ -225,14 +249,21 @@ class ClusterSession:
             return None
         return f"{master.get('NodeIP')}:{master.get('HttpPort')}"
 
-    async def _ask_master(self, path: str, **params) -> dict | None:
+    async def _ask_master(self, path: str, *, refusals: bool = False, **params) -> dict | None:
+        """The master's answer; None when it could not be had, or it refused (MasterRefusal
+        instead with `refusals`)."""
         address = self._master_address()
         if address is None:
             self.nsqd.log.error("CLUSTER: no master nsqlookupd to ask for %s", path)
             return None
         url = f"http://{address}{path}?{urllib.parse.urlencode(params)}"
         try:
-            return await trio.to_thread.run_sync(_post_json, url)
+            return await trio.to_thread.run_sync(_post_json, url, abandon_on_cancel=True)
+        except MasterRefusal as refusal:
+            if refusals:
+                raise
+            self.nsqd.log.error("CLUSTER: %s from the master - %s", path, refusal)
+            return None
         except (OSError, ValueError) as error:
             self.nsqd.log.error("CLUSTER: %s from the master - %s", path, error)
             return None
@@ -242,34 +273,100 @@ class ClusterSession:
     ) -> ReplicaInfo | None:
         """Ask the master to drop `nodes` from the partition's ISR; the new info once it did
         (applied here at once), None when it did not."""
+        for _attempt in range(3):
+            try:
+                answer = await self._ask_master(
+                    "/cluster/isr/leave",
+                    refusals=True,
+                    topic=topic,
+                    partition=partition,
+                    node=",".join(nodes),
+                    leader=self.node.node_id,
+                    epoch=info.epoch,
+                )
+            except MasterRefusal as refusal:
+                if "E_STALE_EPOCH" not in str(refusal):
+                    self.nsqd.log.error("CLUSTER: /cluster/isr/leave from the master - %s", refusal)
+                    return None
+                # The info moved on since this node read it: ask again about the current one.
+                if not await self.reload(topic, partition):
+                    return None
+                current = self.infos.get((topic, partition))
+                if current is None or current.leader != self.node.node_id:
+                    return None
+                if not any(node in current.isr for node in nodes):
+                    return current
+                info = current
+                continue
+            if answer is None:
+                return None
+            if not await self.reload(topic, partition) and "Epoch" in answer:
+                # etcd is out of reach from here, the master is not: its answer is what it
+                # wrote.
+                self.take_info(topic, partition, json.dumps(answer), int(answer["Epoch"]))
+            updated = self.infos.get((topic, partition))
+            if updated is None or any(node in updated.isr for node in nodes):
+                return None
+            return updated
+        return None
+
+    async def resign(self, topic: str, partition: int, info: ReplicaInfo) -> bool:
+        """As the partition's leader, whose disk refuses writes: ask the master to hand the
+        partition to a caught-up follower. Whether it did."""
         answer = await self._ask_master(
-            "/cluster/isr/leave",
+            "/cluster/leader/resign",
             topic=topic,
             partition=partition,
-            node=",".join(nodes),
+            node=self.node.node_id,
             epoch=info.epoch,
         )
-        if answer is None:
-            return None
-        if not await self.reload(topic, partition) and "Epoch" in answer:
-            # etcd is out of reach from here, the master is not: its answer is what it wrote.
-            key = self.keys.replica_info(topic, partition)
-            if self._take(key, json.dumps(answer).encode(), int(answer["Epoch"])) is not None:
-                self._apply(topic, partition)
-        updated = self.infos.get((topic, partition))
-        if updated is None or any(node in updated.isr for node in nodes):
-            return None
-        return updated
+        return answer is not None and answer.get("Leader") != self.node.node_id
+
+    async def stopping(self) -> dict | None:
+        """Ask the master to move this node's leaderships and ISR places off it (a clean
+        stop); what it did, or None."""
+        return await self._ask_master(
+            "/cluster/node/leave", node=self.node.node_id, incarnation=self.node.incarnation
+        )
 
     async def report_unwritable(self, topic: str, partition: int, info: ReplicaInfo) -> bool:
         """Tell the master that this node, the partition's leader, cannot replicate it: the
         master may give it to a follower that the others reach. Whether it was told."""
         return await self._tell_master("/cluster/leader/unwritable", topic, partition, info)
 
-    async def join_isr(self, topic: str, partition: int, info: ReplicaInfo) -> bool:
-        """Caught up: ask the master to move this node from the catch-up list into the ISR.
-        Whether it did."""
-        return await self._tell_master("/cluster/isr/join", topic, partition, info)
+    async def admit(
+        self, topic: str, partition: int, node: str, incarnation: str, info: ReplicaInfo
+    ) -> ReplicaInfo | None:
+        """As the partition's leader, with its writes held, ask the master to move `node`
+        (caught up in `incarnation` at this leader's end) from the catch-up list into the
+        ISR, if the info is still `info`. The info that holds it (applied here at once); None
+        when no answer came; MasterRefusal when the master refused (it did not add it)."""
+        address = self._master_address()
+        if address is None:
+            self.nsqd.log.error("CLUSTER: no master nsqlookupd to ask for /cluster/isr/join")
+            return None
+        query = urllib.parse.urlencode(
+            {
+                "topic": topic,
+                "partition": partition,
+                "node": node,
+                "incarnation": incarnation,
+                "leader": self.node.node_id,
+                "epoch": info.epoch,
+            }
+        )
+        try:
+            answer = await trio.to_thread.run_sync(
+                _post_json, f"http://{address}/cluster/isr/join?{query}"
+            )
+        except MasterRefusal:
+            raise
+        except (OSError, ValueError) as error:
+            self.nsqd.log.error("CLUSTER: /cluster/isr/join from the master - %s", error)
+            return None
+        if "Epoch" in answer:
+            self.take_info(topic, partition, json.dumps(answer), int(answer["Epoch"]))
+        return self.infos.get((topic, partition))
 
     async def _tell_master(self, path: str, topic: str, partition: int, info: ReplicaInfo) -> bool:
         answer = await self._ask_master(
@@ -284,5 +381,5 @@ def _post_json(url: str) -> dict:
         with urllib.request.urlopen(request, timeout=MASTER_TIMEOUT) as response:
             body = response.read()
     except urllib.error.HTTPError as error:
-        raise ValueError(f"{error.code} {error.read()[:200]!r}") from None
+        raise MasterRefusal(f"{error.code} {error.read()[:200]!r}") from None
     return json.loads(body) if body else {}

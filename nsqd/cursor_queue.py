@@ -80,6 +80,8 @@ class CursorQueue:
         self._ranges: list[list[int]] = []
         self._window_full = False
         self._persisted: Position | None = None
+        # Why the last write of the cursor's files that failed did (for health).
+        self.sync_error = ""
         saved = self._load()
         if saved is None:
             # A new channel starts at the end, as in Youzan; but where the log was just made
@@ -166,9 +168,20 @@ class CursorQueue:
         )
 
     def _persist(self) -> None:
-        _write(self.meta_path, self._meta(), sync=False)
-        _write_delays(self.delays_path, self._delays_snapshot(), sync=False)
+        """Write the cursor's files now. A disk that refuses them leaves the cursor dirty,
+        and the next sync tries again: a full disk never ends nsqd."""
+        try:
+            _write(self.meta_path, self._meta(), sync=False)
+            _write_delays(self.delays_path, self._delays_snapshot(), sync=False)
+        except OSError as error:
+            self._failed_to_write(error)
+            return
         self._persisted = self.confirmed
+
+    def _failed_to_write(self, error: OSError) -> None:
+        self._persisted = None
+        self.sync_error = str(error)
+        self.storage.log.error("CHANNEL(%s): failed to write its cursor - %s", self.name, error)
 
     @property
     def confirmed(self) -> Position:
@@ -206,8 +219,12 @@ class CursorQueue:
         self._persisted = self.confirmed
 
         def job() -> bool:
-            _write(path, meta, sync=True)
-            _write_delays(delays_path, delays, sync=True)
+            try:
+                _write(path, meta, sync=True)
+                _write_delays(delays_path, delays, sync=True)
+            except OSError as error:
+                self._failed_to_write(error)
+                return False
             return True
 
         return job
@@ -424,8 +441,11 @@ class CursorQueue:
     def close(self) -> None:
         """The confirmed position; the delays were written by `flush` while the channel still
         held its deferred messages."""
-        _write(self.meta_path, self._meta(), sync=False)
-        self._persisted = self.confirmed
+        try:
+            _write(self.meta_path, self._meta(), sync=False)
+            self._persisted = self.confirmed
+        except OSError as error:
+            self._failed_to_write(error)
         self._close_legacy()
         self.closed = True
 

@@ -41,3 +41,30 @@ def _reason(error: OSError) -> str:
     if error.errno is not None and error.errno in errno.errorcode:
         return os.strerror(error.errno)
     return str(error)
+
+
+# Where a data directory keeps its identity (nsqpy's; a Go nsqd ignores the file).
+INCARNATION_FILE = "nsqd.incarnation"
+
+
+def data_incarnation(path: str) -> str:
+    """The data directory's identity, made (at random) the first time it is asked for and kept
+    in it: a cluster node's incarnation (docs/design.md §14). A directory that lost it (a new
+    disk, emptied, or the file unreadable) gets a new one, and with it counts as holding
+    none of the partitions' data it held before. OSError when it cannot be written."""
+    file = os.path.join(path, INCARNATION_FILE)
+    try:
+        with open(file, "rb") as handle:
+            text = handle.read().decode("ascii").strip()
+        if len(text) == 32 and all(char in "0123456789abcdef" for char in text):
+            return text
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    incarnation = os.urandom(16).hex()
+    temporary = f"{file}.tmp"
+    with open(temporary, "wb") as handle:
+        handle.write(incarnation.encode() + b"\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, file)
+    return incarnation

@@ -15,7 +15,8 @@ A failed write keeps nothing of its group; the group's `error` refuses every pub
 whichever connection's commit wrote it.
 """
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import trio
@@ -83,6 +84,10 @@ class LogWriter:
         # it in `_unreplicated`, unseen by readers.
         self.replicate: Callable[[list, Sequence[tuple[int, float]]], Awaitable[None]] | None = None
         self._unreplicated: list[tuple[tuple[tuple, bytes], WriteGroup]] = []
+        # Told when the disk starts refusing the log's writes (the error) and when it takes
+        # one again (None): a cluster leader hands its partition over meanwhile.
+        self.on_disk_state: Callable[[OSError | None], None] | None = None
+        self._refusing = False
 
     def append(self, messages: list, producer: ProducerMark | None = None) -> WriteGroup:
         """Into the open group (`producer`: an idempotent publish's); OSError if the log is
@@ -112,6 +117,23 @@ class LogWriter:
                 await self._round_over.wait()
             else:
                 await self._round()
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Inside: every group written so far is replicated (or refused), and no round runs:
+        publishes are appended and wait. A cluster leader admits a follower into the ISR
+        here, so no group is acknowledged without it once it is in."""
+        while self._busy:
+            await self._round_over.wait()
+        self._busy = True
+        try:
+            if self._unreplicated:
+                await self._replicate()
+            yield
+        finally:
+            self._busy = False
+            ended, self._round_over = self._round_over, trio.Event()
+            ended.set()
 
     def abandon(self, error: Exception) -> None:
         """Refuse what was appended and not written yet, and forget it: this node no longer
@@ -245,8 +267,15 @@ class LogWriter:
                 "TOPIC(%s) ERROR: failed to write message to log - %s", log.topic, error
             )
             self.storage.health.write_done(error)
+            self._refusing = True
+            if self.on_disk_state is not None:
+                self.on_disk_state(os_error)
             return
         self.storage.health.write_done(None)
+        if self._refusing:
+            self._refusing = False
+            if self.on_disk_state is not None:
+                self.on_disk_state(None)
         if written is None:
             # Nothing of the group is in the log: the log was closed, or cut back under it.
             group.error = WriteRefused("E_FAILED_ON_NOT_WRITABLE", "the group was not written")

@@ -560,6 +560,11 @@ class LogTopicQueue:
         before its publishes are answered (None: no followers)."""
         self.writer.replicate = replicate
 
+    def on_disk_state(self, report: "Callable[[OSError | None], None] | None") -> None:
+        """`report` hears when the disk starts refusing the log's writes (the error) and when
+        it takes one again (None): a cluster leader gives its partition up meanwhile."""
+        self.writer.on_disk_state = report
+
     def stop_writes(self, refusal: Exception) -> None:
         """No longer the leader: what was appended and not written is refused with
         `refusal`, and nothing more is replicated from here."""

@@ -26,16 +26,39 @@ class PartitionReplica:
         # A leader handing the partition to a follower (a planned leader transfer): it takes
         # no publish until the new leader does.
         self.handing_over = False
+        # The info names this node in the ISR, but in an incarnation that held the data
+        # before this one (a replaced or emptied disk): it holds nothing acknowledged, leads
+        # nothing and counts for nothing until it caught up and joined again.
+        self.lost = False
+        # The last write of this copy the disk refused (full, failing); "" once one works.
+        self.disk_error = ""
+        # As the leader: asking the master to hand the partition over (its disk fails).
+        self.resigning = False
+        # As the leader: followers admitted into the ISR whose entry the master has not
+        # confirmed yet, with the info revision they were admitted at. Every write goes to
+        # them too before it is acknowledged, until an info holds them or a later one shows
+        # the join cannot happen any more (`ClusterNode.settle_admissions`).
+        self.admitting: dict[str, int] = {}
 
     @property
     def is_leader(self) -> bool:
-        return self.info.leader == self.node.node_id
+        return self.info.leader == self.node.node_id and not self.lost
 
     @property
     def is_follower(self) -> bool:
         return not self.is_leader
 
+    def followers(self) -> list[str]:
+        """Every node a write must reach before it is acknowledged: the ISR's followers and
+        the admitted ones."""
+        followers = list(self.info.followers())
+        followers.extend(node for node in self.admitting if node not in self.info.isr)
+        return followers
+
     def refusal(self) -> str | None:
+        if self.lost and self.info.leader == self.node.node_id:
+            # Named leader, holding nothing: writers wait for an election, not for a lookup.
+            return "E_FAILED_ON_NOT_WRITABLE"
         if self.is_follower or self.handing_over:
             return "E_FAILED_ON_NOT_LEADER"
         if not self.writable:

@@ -322,6 +322,7 @@ class NSQD:
         many segments went."""
         options = self.options
         removed = 0
+        failed: OSError | None = None
         for topic in partitions if partitions is not None else self.all_partitions():
             if greedy:
                 keep, older_than = -1.0, math.inf
@@ -330,7 +331,20 @@ class NSQD:
                 days = topic.retention_days or options.retention_days
                 keep = float(options.retention_size_per_day * max(days, 1))
                 older_than = time.time() - days * 86400
-            removed += topic.queue.clean(keep_bytes=keep, older_than=older_than)
+            try:
+                removed += topic.queue.clean(keep_bytes=keep, older_than=older_than)
+            except OSError as error:
+                # Its new start could not be written (a full disk): nothing of it was
+                # removed, the next run tries again, the other partitions go on.
+                self.log.error(
+                    "TOPIC(%s) partition %d: retention failed - %s",
+                    topic.name,
+                    topic.partition,
+                    error,
+                )
+                failed = error
+        if failed is not None and partitions is not None:
+            raise failed
         return removed
 
     async def _retention_timer(self) -> None:
@@ -344,7 +358,13 @@ class NSQD:
         while True:
             await trio.sleep(self.options.sync_timeout)
             for topic in self.all_partitions():
-                await topic.sync_dirty()
+                try:
+                    await topic.sync_dirty()
+                except OSError as error:
+                    # Each sync job says why it failed and makes health NOK; a disk that
+                    # fails one it did not foresee must not end nsqd either.
+                    self.log.error("TOPIC(%s): failed to sync - %s", topic.name, error)
+                    self.storage.health.sync_done(f"TOPIC({topic.name}) failed to sync - {error}")
 
     def metadata(self) -> bytes:
         return encode_metadata(self.metadata_topics(), VERSION)
@@ -546,6 +566,10 @@ class NSQD:
                         nursery.start_soon(StatsdPusher(self, memory_name).run)
                     task_status.started(self)
                     await self._shutdown.wait()
+                    if self.cluster.enabled:
+                        # Still serving: what it leads goes to its followers first, and it
+                        # leaves the ISRs it is in, so no partition waits for it to stop.
+                        await self.cluster.leave()
                     listener_nursery.cancel_scope.cancel()
                 await self._close_connections()
                 nursery.cancel_scope.cancel()
@@ -616,7 +640,12 @@ class NSQD:
 
         def close_all() -> None:
             for topic in self.all_partitions():
-                topic.close()
+                try:
+                    topic.close()
+                except OSError as error:
+                    # A disk that refuses the last writes: the rest still close, and the
+                    # exit stays clean (what was acknowledged was written before).
+                    self.log.error("TOPIC(%s): failed to close - %s", topic.name, error)
 
         await trio.to_thread.run_sync(close_all)
         self.log.info("NSQ: persisting topic/channel metadata to %s", self.data_path)

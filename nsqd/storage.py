@@ -285,4 +285,10 @@ class Storage:
     async def sync_backend(self, backend: "DiskQueue | PartitionLog | CursorQueue") -> None:
         """Run one sync job off the loop; a failure (the job logs it) makes health NOK."""
         ok = await trio.to_thread.run_sync(backend.prepare_sync())
-        self.health.sync_done(None if ok else f"DISKQUEUE({backend.name}) failed to sync")
+        if ok:
+            self.health.sync_done(None)
+            return
+        reason = getattr(backend, "sync_error", "")
+        self.health.sync_done(
+            f"DISKQUEUE({backend.name}) failed to sync" + (f" - {reason}" if reason else "")
+        )

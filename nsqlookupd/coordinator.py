@@ -120,6 +120,8 @@ class Coordinator:
         self.reports = NodeReports()
         # A partition whose leader refuses writes -> since when (trio's clock).
         self._unwritable_since: dict[tuple[str, int], float] = {}
+        # Partitions with no leader to elect, and why (`/cluster/stats`).
+        self.leaderless: dict[tuple[str, int], str] = {}
         # Partitions a transfer or move is under way for: nothing else changes them meanwhile.
         self.busy: set[tuple[str, int]] = set()
         # The balancing move under way (Youzan's balanceWaiting), and how many were made.
@@ -217,6 +219,29 @@ class Coordinator:
                 self.etcd_ok, self.etcd_error = True, ""
             await trio.sleep(ETCD_CHECK_INTERVAL)
 
+    def lost_members(self, info: ReplicaInfo) -> list[str]:
+        """The ISR members that are live in another incarnation than the one the ISR counted
+        on (a replaced or emptied disk): they hold none of the acknowledged data."""
+        lost = []
+        for node in info.isr:
+            live = self.nodes.get(node)
+            if live is not None and not info.proven(node, live.incarnation):
+                lost.append(node)
+        return lost
+
+    def catch_up_reports(self, key: tuple[str, int], info: ReplicaInfo) -> list[dict]:
+        """The partition's replicas that last reported a catch-up under way, with its
+        progress (`nsqd/catch_up.py`)."""
+        found = []
+        for node in dict.fromkeys([*info.catchup, *info.followers()]):
+            report = self.reports.of(node, key)
+            progress = report.get("catch_up") if report is not None else None
+            if progress:
+                found.append({"node": node, **progress})
+            elif node in info.catchup:
+                found.append({"node": node, "phase": "not reported", "error": ""})
+        return found
+
     def leader_of(self, topic: str, partition: int) -> str | None:
         info = self.infos.get((topic, partition))
         return info.leader if info is not None else None
@@ -263,9 +288,20 @@ class Coordinator:
         up."""
         if self.state.upgrading or any(self.holds_any(node) for node in self.state.removing):
             return False
-        for info in self.infos.values():
+        for key, info in self.infos.items():
             if info.leader not in self.nodes or info.catchup or len(info.isr) < info.replica:
                 return False
+            if self.lost_members(info):
+                return False
+            # What the nodes say: a leader that refuses writes, a member catching up.
+            report = self.reports.of(info.leader, key)
+            if report is not None and report.get("role") == "leader":
+                if not report.get("writable") and not report.get("handing_over"):
+                    return False
+            for node in info.followers():
+                report = self.reports.of(node, key)
+                if report is not None and report.get("catching_up"):
+                    return False
         return True
 
     # -- the master election -----------------------------------------------------------------
@@ -346,12 +382,14 @@ class Coordinator:
             for node in (*info.isr, *info.catchup):
                 if node not in live:
                     self._gone_since.setdefault(node, now)
-            if info.leader and info.leader not in live:
+            lost = self.lost_members(info)
+            if info.leader and (info.leader not in live or info.leader in lost):
                 await self._elect(topic, partition, info)
-            elif any(node not in live for node in info.followers()):
-                gone = [node for node in info.followers() if node not in live]
+            elif any(node not in live or node in lost for node in info.followers()):
+                gone = [node for node in info.followers() if node not in live or node in lost]
                 await self._leave(topic, partition, info, gone)
             elif not self.state.upgrading:
+                self.leaderless.pop(key, None)
                 await self._keep_replicas(topic, partition, info, now)
         await self._check_leader_health(now)
         if self.state.removing:
@@ -467,6 +505,7 @@ class Coordinator:
             if node in self.nodes
             and node not in exclude
             and self.reports.caught_up((topic, partition), node)
+            and not (self.reports.of(node, (topic, partition)) or {}).get("disk_error")
         ]
         if not candidates:
             return None
@@ -478,9 +517,18 @@ class Coordinator:
         """A new leader among the live ISR: the one with the most messages. `unwritable`: the
         leader is alive but cannot replicate; it goes to the catch-up list, and only a
         majority of the replicas answering without it may elect."""
-        candidates = [node for node in info.isr if node != info.leader and node in self.nodes]
+        lost = set(self.lost_members(info))
+        candidates = [
+            node
+            for node in info.isr
+            if node != info.leader and node in self.nodes and node not in lost
+        ]
         if not candidates:
-            return False  # nothing to fail over to: the partition waits for its leader
+            # Only an ISR member in the incarnation the ISR counted on holds every
+            # acknowledged message: without one alive, the partition waits for one to
+            # come back (or for an operator's unclean election).
+            self._no_complete_replica(topic, partition, info, lost)
+            return False
         counts: dict[str, int] = {}
         async with trio.open_nursery() as asking:
             for node in candidates:
@@ -490,30 +538,52 @@ class Coordinator:
             return False
         led = Counter(other.leader for other in self.infos.values())
         leader = max(reachable, key=lambda node: (counts[node], -led[node]))
-        if unwritable:
-            isr = tuple(node for node in info.isr if node != info.leader)
-        else:
-            isr = tuple(node for node in info.isr if node in self.nodes)
+        # The old leader, and members gone or in a new incarnation, catch up to come back.
+        isr = tuple(
+            node
+            for node in info.isr
+            if node != info.leader and (unwritable or node in self.nodes) and node not in lost
+        )
+        dropped = [node for node in info.isr if node not in isr]
         updated = replace(
             info,
             leader=leader,
             isr=isr,
-            catchup=tuple(dict.fromkeys([*info.catchup, info.leader])),
+            catchup=tuple(dict.fromkeys([*info.catchup, info.leader, *dropped])),
             epoch_for_write=info.epoch_for_write + 1,
         )
         if await self.write_replica_info(topic, partition, updated, info):
+            self.leaderless.pop((topic, partition), None)
             self.lookupd.log.info(
                 "CLUSTER: %s/%d: leader %s %s, %s leads (write epoch %d, %d messages)",
                 topic,
                 partition,
                 info.leader,
-                "refused writes" if unwritable else "gone",
+                "refused writes"
+                if unwritable
+                else ("lost its data" if info.leader in lost else "gone"),
                 leader,
                 updated.epoch_for_write,
                 counts[leader],
             )
             return True
         return False
+
+    def _no_complete_replica(
+        self, topic: str, partition: int, info: ReplicaInfo, lost: set[str]
+    ) -> None:
+        """Say once (in the log, and in `/cluster/stats` until it changes) why a partition
+        whose leader is gone or lost its data has no leader to elect."""
+        gone = [node for node in info.isr if node not in self.nodes]
+        reason = (
+            "no ISR member that holds every acknowledged message is alive"
+            f" (gone: {','.join(gone) or 'none'};"
+            f" lost their data: {','.join(sorted(lost)) or 'none'}); waiting for one to come back"
+        )
+        key = (topic, partition)
+        if self.leaderless.get(key) != reason:
+            self.leaderless[key] = reason
+            self.lookupd.log.error("CLUSTER: %s/%d: unwritable: %s", topic, partition, reason)
 
     async def _ask_count(self, node: str, topic: str, partition: int, counts: dict) -> None:
         info = self.nodes.get(node)
@@ -549,6 +619,9 @@ class Coordinator:
     ) -> bool:
         """Write `updated` if etcd still holds `previous` (its revision); whether it did."""
         key = self.keys.replica_info(topic, partition)
+        # Incarnations are kept for ISR members only: one that leaves must earn its place
+        # (and have its incarnation recorded) again.
+        updated = updated.recording({})
         revision = await self.client.replace(key, updated.to_json(), previous.epoch)
         if not revision:
             return False
@@ -585,15 +658,77 @@ class Coordinator:
                 if await self._elect(*key, info, unwritable=True):
                     self._unwritable_since.pop(key, None)
 
-    async def leader_unwritable(self, topic: str, partition: int, node: str) -> ReplicaInfo:
+    async def leader_unwritable(
+        self, topic: str, partition: int, node: str, *, epoch: int
+    ) -> ReplicaInfo:
         """A leader says it cannot replicate (`ClusterNode._restore_writes`): replaced now if
         a majority answers without it."""
         self.require_master()
         info = await self.current(topic, partition)
-        if info.leader == node and (topic, partition) not in self.busy:
+        self._check_request(info, leader=node, epoch=epoch)
+        if (topic, partition) not in self.busy:
             if await self._elect(topic, partition, info, unwritable=True):
                 self._unwritable_since.pop((topic, partition), None)
         return self.infos[(topic, partition)]
+
+    async def leader_resign(
+        self, topic: str, partition: int, node: str, *, epoch: int
+    ) -> ReplicaInfo:
+        """A leader whose disk refuses writes hands the partition to a caught-up follower
+        whose disk does not (a planned transfer); CoordinatorError when there is none."""
+        self.require_master()
+        info = await self.current(topic, partition)
+        self._check_request(info, leader=node, epoch=epoch)
+        successor = self._successor(topic, partition, info, exclude={node})
+        if successor is None:
+            raise CoordinatorError(400, "E_NO_SUCCESSOR no caught-up follower can take it")
+        return await self.transfer_leader(topic, partition, successor, "its leader's disk fails")
+
+    async def node_stopping(self, node: str, incarnation: str) -> dict:
+        """A node about to stop (a clean stop, SIGTERM): each partition it leads goes to a
+        caught-up follower by a planned hand-over, and it leaves every ISR it is in, all
+        partitions side by side, while it still serves. Partitions with no follower to take
+        over keep it as leader (its lease's revocation elects, if anyone can)."""
+        self.require_master()
+        live = self.nodes.get(node)
+        if live is None:
+            raise CoordinatorError(400, f"E_NOT_LIVE {node} is not a live node")
+        if incarnation != live.incarnation:
+            raise CoordinatorError(400, f"E_INCARNATION {node} is in another incarnation")
+        done: dict[str, list] = {"handed_over": [], "left": [], "kept": []}
+
+        async def move_off(topic: str, partition: int) -> None:
+            try:
+                info = await self.current(topic, partition)
+                if info.leader == node:
+                    successor = self._successor(topic, partition, info, exclude={node})
+                    if successor is None:
+                        done["kept"].append(f"{topic}/{partition}: no caught-up follower")
+                        return
+                    await self.transfer_leader(topic, partition, successor, "its node is stopping")
+                    done["handed_over"].append(f"{topic}/{partition}")
+                for _attempt in range(3):
+                    info = await self.current(topic, partition)
+                    if node not in info.followers():
+                        return
+                    if await self._leave(topic, partition, info, [node]) is not None:
+                        done["left"].append(f"{topic}/{partition}")
+                        return
+            except (CoordinatorError, EtcdError) as error:
+                done["kept"].append(f"{topic}/{partition}: {error}")
+
+        async with trio.open_nursery() as moving:
+            for (topic, partition), info in sorted(self.infos.items()):
+                if node in info.isr:
+                    moving.start_soon(move_off, topic, partition)
+        self.lookupd.log.info(
+            "CLUSTER: %s is stopping: %d leadership(s) handed over, %d ISR(s) left, kept: %s",
+            node,
+            len(done["handed_over"]),
+            len(done["left"]),
+            "; ".join(done["kept"]) or "none",
+        )
+        return done
 
     # -- planned leader transfer ---------------------------------------------------------------
 
@@ -834,38 +969,62 @@ class Coordinator:
 
     # -- requests from nsqds ---------------------------------------------------------------------
 
-    async def leave_isr(self, topic: str, partition: int, nodes: list[str]) -> ReplicaInfo:
-        self.require_master()
-        for _ in range(5):
-            info = await self.current(topic, partition)
-            leaving = [node for node in nodes if node in info.isr and node != info.leader]
-            if not leaving:
-                return info
-            updated = await self._leave(topic, partition, info, leaving)
-            if updated is not None:
-                return updated
-        raise CoordinatorError(409, "E_CONFLICT the partition kept changing")
+    @staticmethod
+    def _check_request(info: ReplicaInfo, *, leader: str, epoch: int) -> None:
+        """A node's request about a partition's replicas comes from its leader and acts on
+        the info the master holds now (`epoch`, its revision); refused otherwise."""
+        if leader != info.leader:
+            raise CoordinatorError(400, f"E_FAILED_ON_NOT_LEADER {leader} does not lead it")
+        if epoch != info.epoch:
+            raise CoordinatorError(409, f"E_STALE_EPOCH epoch {epoch}, the info is at {info.epoch}")
 
-    async def join_isr(self, topic: str, partition: int, node: str) -> ReplicaInfo:
+    async def leave_isr(
+        self, topic: str, partition: int, nodes: list[str], *, leader: str, epoch: int
+    ) -> ReplicaInfo:
+        """The leader drops followers that cannot take its writes."""
         self.require_master()
-        for _ in range(5):
-            info = await self.current(topic, partition)
-            if node in info.isr:
-                return info
-            if node not in self.nodes:
-                raise CoordinatorError(400, f"E_NOT_LIVE {node} is not a live node")
-            if node not in info.catchup:
-                raise CoordinatorError(400, f"E_NOT_CATCHUP {node} does not hold the partition")
-            updated = replace(
-                info,
-                isr=(*info.isr, node),
-                catchup=tuple(other for other in info.catchup if other != node),
-                epoch_for_write=info.epoch_for_write + 1,
+        info = await self.current(topic, partition)
+        self._check_request(info, leader=leader, epoch=epoch)
+        leaving = [node for node in nodes if node in info.isr and node != info.leader]
+        if not leaving:
+            return info
+        updated = await self._leave(topic, partition, info, leaving)
+        if updated is None:
+            raise CoordinatorError(409, "E_STALE_EPOCH the partition changed meanwhile")
+        return updated
+
+    async def join_isr(
+        self, topic: str, partition: int, node: str, incarnation: str, leader: str, epoch: int
+    ) -> ReplicaInfo:
+        """The partition's leader, holding its writes, admits `node` (caught up to its end in
+        `incarnation`) into the ISR (`ClusterNode._admit`): written only if the info is still
+        the one at revision `epoch`, so a join the leader gave up on can never land later."""
+        self.require_master()
+        info = await self.current(topic, partition)
+        if node in info.isr and info.proven(node, incarnation) and leader == info.leader:
+            return info
+        self._check_request(info, leader=leader, epoch=epoch)
+        live = self.nodes.get(node)
+        if live is None:
+            raise CoordinatorError(400, f"E_NOT_LIVE {node} is not a live node")
+        if node not in info.catchup:
+            raise CoordinatorError(400, f"E_NOT_CATCHUP {node} does not hold the partition")
+        if incarnation != live.incarnation:
+            raise CoordinatorError(
+                400,
+                f"E_INCARNATION {node} caught up in incarnation {incarnation or 'unknown'},"
+                f" it is in {live.incarnation or 'unknown'} now",
             )
-            if await self.write_replica_info(topic, partition, updated, info):
-                self.lookupd.log.info("CLUSTER: %s/%d: %s joined the ISR", topic, partition, node)
-                return self.infos[(topic, partition)]
-        raise CoordinatorError(409, "E_CONFLICT the partition kept changing")
+        updated = replace(
+            info,
+            isr=(*info.isr, node),
+            catchup=tuple(other for other in info.catchup if other != node),
+            epoch_for_write=info.epoch_for_write + 1,
+        ).recording({node: incarnation})
+        if not await self.write_replica_info(topic, partition, updated, info):
+            raise CoordinatorError(409, "E_STALE_EPOCH the partition changed meanwhile")
+        self.lookupd.log.info("CLUSTER: %s/%d: %s joined the ISR", topic, partition, node)
+        return self.infos[(topic, partition)]
 
     # -- cluster state ---------------------------------------------------------------------------
 

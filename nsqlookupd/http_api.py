@@ -8,9 +8,9 @@ from urllib.parse import urlencode
 
 import trio
 
-from nsqpy.common.cluster_meta import TopicMeta
+from nsqpy.common.cluster_meta import TopicMeta, is_node_id
 from nsqpy.common.errors import NO_CHANNEL_FOR_WRITERS
-from nsqpy.common.names import is_valid_name
+from nsqpy.common.names import cluster_topic_problem, is_valid_name
 from nsqpy.common.version import VERSION
 from nsqpy.daemon.http_server import (
     HTTPError,
@@ -100,6 +100,8 @@ class HTTPAPI:
         router.add("POST", "/cluster/isr/leave", self.isr_leave)
         router.add("POST", "/cluster/isr/join", self.isr_join)
         router.add("POST", "/cluster/leader/unwritable", self.leader_unwritable)
+        router.add("POST", "/cluster/node/leave", self.node_leave)
+        router.add("POST", "/cluster/leader/resign", self.leader_resign)
         router.add("GET", "/cluster/stats", self.cluster_stats)
         # Youzan's operations (docs/operations.md, "Operating a replicated cluster").
         router.add("POST", "/topic/partition/expand", self.partition_expand)
@@ -355,14 +357,20 @@ class HTTPAPI:
 
     async def _create_in_cluster(self, topic: str, params: dict[str, list[str]]) -> None:
         """Youzan's `/topic/create` on the master: placement and replica sets in etcd."""
+        problem = cluster_topic_problem(topic)
+        if problem is not None:
+            raise HTTPError(400, "INVALID_ARG_TOPIC")
         partition_num, replicator = self._partition_params(params, max_replicator=5)
         retention = _first(params, "retention") or "0"
-        if not _is_int(retention):
+        if not _is_int(retention) or int(retention) < 0:
             raise HTTPError(400, "INVALID_ARG_TOPIC_RETENTION")
+        sync_every = _first(params, "syncdisk") or "0"
+        if not _is_int(sync_every) or int(sync_every) < 0:
+            raise HTTPError(400, "INVALID_ARG_TOPIC_SYNC_DISK")
         meta = TopicMeta(
             partition_num,
             replicator,
-            sync_every=self._sync_every(params),
+            sync_every=int(sync_every),
             retention_day=int(retention),
             ordered_multi=_first(params, "orderedmulti") == "true",
             multi_part=_first(params, "multipart") == "true",
@@ -373,21 +381,53 @@ class HTTPAPI:
 
     async def isr_leave(self, request: Request) -> Response:
         """A leader drops followers that cannot take its writes (`nsqd/cluster.py`)."""
-        topic, partition, nodes = self._isr_params(request)
+        topic, partition, nodes, epoch, params = self._isr_params(request)
+        leader = self._node_param(params, "leader")
         coordinator = self._coordinator()
-        return await self._isr_change(coordinator.leave_isr, topic, partition, nodes)
+        return await self._isr_change(
+            coordinator.leave_isr(topic, partition, nodes, leader=leader, epoch=epoch)
+        )
 
     async def isr_join(self, request: Request) -> Response:
-        """A node that caught up with a partition's leader joins its ISR."""
-        topic, partition, nodes = self._isr_params(request)
+        """A leader admits a follower that caught up into the ISR (`nsqd/cluster.py`)."""
+        topic, partition, nodes, epoch, params = self._isr_params(request)
+        leader = self._node_param(params, "leader")
+        incarnation = _first(params, "incarnation") or ""
         coordinator = self._coordinator()
-        return await self._isr_change(coordinator.join_isr, topic, partition, nodes[0])
+        return await self._isr_change(
+            coordinator.join_isr(topic, partition, nodes[0], incarnation, leader, epoch)
+        )
 
     async def leader_unwritable(self, request: Request) -> Response:
         """A leader that cannot replicate says so (`nsqd/cluster.py`)."""
-        topic, partition, nodes = self._isr_params(request)
+        topic, partition, nodes, epoch, _params = self._isr_params(request)
         coordinator = self._coordinator()
-        return await self._isr_change(coordinator.leader_unwritable, topic, partition, nodes[0])
+        return await self._isr_change(
+            coordinator.leader_unwritable(topic, partition, nodes[0], epoch=epoch)
+        )
+
+    async def leader_resign(self, request: Request) -> Response:
+        """A leader whose disk refuses its writes gives the partition to a follower."""
+        topic, partition, nodes, epoch, _params = self._isr_params(request)
+        coordinator = self._coordinator()
+        return await self._isr_change(
+            coordinator.leader_resign(topic, partition, nodes[0], epoch=epoch)
+        )
+
+    async def node_leave(self, request: Request) -> Response:
+        """An nsqd about to stop (SIGTERM) has what it leads handed over and leaves the ISRs
+        it follows (`ClusterNode.leave`)."""
+        coordinator = self._coordinator()
+        params = _query(request)
+        node = self._node_param(params, "node")
+        incarnation = _first(params, "incarnation") or ""
+        try:
+            done = await coordinator.node_stopping(node, incarnation)
+        except CoordinatorError as error:
+            raise HTTPError(error.status, error.text) from None
+        except EtcdError as error:
+            raise HTTPError(500, f"E_ETCD {error}") from None
+        return v1_response(200, done)
 
     def _coordinator(self) -> "Coordinator":
         coordinator = self.lookupd.coordinator
@@ -395,23 +435,45 @@ class HTTPAPI:
             raise HTTPError(400, "E_NOT_CLUSTER this nsqlookupd is not in a cluster")
         return coordinator
 
-    def _isr_params(self, request: Request) -> tuple[str, int, list[str]]:
+    def _isr_params(self, request: Request) -> tuple[str, int, list[str], int, dict]:
+        """What every request of an nsqd about a partition's replicas names: the partition,
+        the nodes it is about, and the revision (`epoch`) of the info it acts on."""
         self._coordinator()
         params = _query(request)
         topic = _first(params, "topic")
         if not topic:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
-        partition = self._partition_filter(params)
-        if not isinstance(partition, int):
+        if not is_valid_name(topic):
+            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        partition_text = _first(params, "partition")
+        if partition_text is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC_PARTITION")
+        if not partition_text.isascii() or not partition_text.isdigit():
             raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION")
         nodes = [node for node in (_first(params, "node") or "").split(",") if node]
         if not nodes:
             raise HTTPError(400, "MISSING_ARG_NODE")
-        return topic, partition, nodes
+        if not all(is_node_id(node) for node in nodes):
+            raise HTTPError(400, "INVALID_ARG_NODE")
+        epoch_text = _first(params, "epoch")
+        if epoch_text is None:
+            raise HTTPError(400, "MISSING_ARG_EPOCH")
+        if not epoch_text.isascii() or not epoch_text.isdigit():
+            raise HTTPError(400, "INVALID_ARG_EPOCH")
+        return topic, int(partition_text), nodes, int(epoch_text), params
 
-    async def _isr_change(self, change, topic: str, partition: int, nodes) -> Response:
+    @staticmethod
+    def _node_param(params: dict[str, list[str]], name: str) -> str:
+        node = _first(params, name)
+        if not node:
+            raise HTTPError(400, f"MISSING_ARG_{name.upper()}")
+        if not is_node_id(node):
+            raise HTTPError(400, f"INVALID_ARG_{name.upper()}")
+        return node
+
+    async def _isr_change(self, change) -> Response:
         try:
-            info = await change(topic, partition, nodes)
+            info = await change
         except CoordinatorError as error:
             raise HTTPError(error.status, error.text) from None
         except EtcdError as error:
@@ -447,7 +509,14 @@ class HTTPAPI:
                     "replica": info.replica,
                     "write_epoch": info.epoch_for_write,
                     "epoch": info.epoch,
-                    "under_replicated": len(info.isr) < info.replica,
+                    "under_replicated": len(info.isr) < info.replica
+                    or bool(coordinator.lost_members(info)),
+                    # ISR members whose node came back on another disk: counted for nothing.
+                    "lost": coordinator.lost_members(info),
+                    # Why no leader can be elected (none holds every acknowledged message).
+                    "unavailable": coordinator.leaderless.get((topic, partition), ""),
+                    # Each replica catching up, as its node last said: how far behind, why not.
+                    "catching_up": coordinator.catch_up_reports((topic, partition), info),
                 }
             )
         stats = coordinator.node_stats()

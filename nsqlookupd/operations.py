@@ -57,6 +57,11 @@ class ClusterOperations:
         the least loaded nodes (`nsqlookupd/placement.py`)."""
         coordinator = self.coordinator
         coordinator.require_master()
+        # The limits `/topic/meta/update` keeps, with its texts.
+        if meta.retention_day > MAX_RETENTION_DAYS:
+            raise CoordinatorError(400, "max retention days allowed exceed")
+        if meta.sync_every > MAX_SYNC_EVERY:
+            raise CoordinatorError(400, "max sync every allowed exceed")
         if topic in coordinator.metas:
             raise CoordinatorError(400, "E_TOPIC_EXIST")
         nodes = coordinator.eligible_nodes()
@@ -95,7 +100,12 @@ class ClusterOperations:
     ) -> None:
         coordinator = self.coordinator
         for partition, replicas in sorted(placement.items()):
-            info = ReplicaInfo(replicas[0], replicas, channels=channels, replica=meta.replica)
+            info = ReplicaInfo(
+                replicas[0], replicas, channels=channels, replica=meta.replica
+            ).recording(
+                # Each starts empty in the incarnation it is in now: that is what it holds.
+                {node: coordinator.nodes[node].incarnation for node in replicas}
+            )
             key = coordinator.keys.replica_info(topic, partition)
             revision = await coordinator.client.create(key, info.to_json())
             if revision:

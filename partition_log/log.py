@@ -10,6 +10,7 @@ and raises for its publishers to be refused. fsync follows the sync policy like 
 
 import bisect
 import errno
+import json
 import logging
 import os
 import time
@@ -68,6 +69,13 @@ HOT_TAIL_BYTES = 2 * 1024 * 1024
 READ_CHUNK = 256 * 1024
 
 logger = logging.getLogger("nsqpy.partition_log")
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 class PartitionLog(Generic[M]):
@@ -140,6 +148,8 @@ class PartitionLog(Generic[M]):
         self.producer_expiration: Callable[[], float] | None = None
         # A segment was rolled since the last producer snapshot was prepared.
         self._snapshot_due = False
+        # Why the last sync that failed did (for health).
+        self.sync_error = ""
         self._open()
 
     # -- file names ----------------------------------------------------------------------------
@@ -352,14 +362,18 @@ class PartitionLog(Generic[M]):
             view = memoryview(data)
             while written < len(data):
                 written += os.write(self._write_fd, view[written:])
+            if os.write(self._index_fd, ENTRY.pack(*entry)) != ENTRY.size:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         except OSError:
+            # Nothing of the group stays: neither its bytes nor a piece of its entry, or the
+            # next group would be written after them and its entry name the wrong place.
             try:
                 os.ftruncate(self._write_fd, segment.size)
+                os.ftruncate(self._index_fd, self._index_entries * ENTRY.size)
             except OSError as error:
                 self.log.error("LOG(%s) failed to cut back a failed write - %s", self.name, error)
             raise
         segment.size += len(data)
-        os.write(self._index_fd, ENTRY.pack(*entry))
         self._index_entries += 1
         self.written = following
         self._remember(data, entry[3], defers)
@@ -405,27 +419,68 @@ class PartitionLog(Generic[M]):
         return self._tail_defers.get(offset, 0.0)
 
     def _roll(self) -> None:
-        """The segment is full: record its range, start the next."""
+        """The segment is full: record its range, start the next. A disk that refuses the
+        next file (full, failing) leaves writes in this one, and the next write tries
+        again: a roll is never what fails a write."""
         segment = self.segments[-1]
-        write_segment_meta(self.files, segment, self.written.count)
-        os.fsync(self._write_fd)
-        os.close(self._write_fd)
         following = Segment(segment.number + 1, self.written.offset, self.written.count, 0)
+        try:
+            descriptor = os.open(
+                self.segment_path(following.number), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+            )
+        except OSError as error:
+            self.log.error(
+                "LOG(%s) cannot start segment %d, writing on in segment %d - %s",
+                self.name,
+                following.number,
+                segment.number,
+                error,
+            )
+            return
+        try:
+            write_segment_meta(self.files, segment, self.written.count)
+            os.fsync(self._write_fd)
+        except OSError as error:
+            # Only a shortcut (opening counts the records without it) and an early fsync
+            # (the next sync covers the segment again through its index and the writer
+            # metadata): the roll goes on.
+            self.log.error(
+                "LOG(%s) rolled segment %d unsynced - %s", self.name, segment.number, error
+            )
+        os.close(self._write_fd)
+        self._write_fd = descriptor
         self.segments.append(following)
         self._segment_starts.append(following.start)
-        self._write_fd = os.open(
-            self.segment_path(following.number), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
-        )
         self._snapshot_due = True
 
     def _roll_index(self) -> None:
-        os.fsync(self._index_fd)
-        os.close(self._index_fd)
+        """The active index file is full: it gets its number, and a new one is the active
+        one. A disk that refuses the new file leaves entries in this one until it takes it."""
+        try:
+            os.fsync(self._index_fd)
+        except OSError as error:
+            self.log.error("LOG(%s) index rolled unsynced - %s", self.name, error)
+        following = self.index_path() + ".next"
+        try:
+            descriptor = os.open(
+                following, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600
+            )
+        except OSError as error:
+            self.log.error("LOG(%s) cannot start a new index file - %s", self.name, error)
+            return
+        try:
+            write_atomically(self.files.index_current, b"%d\n" % (self._index_number + 1))
+        except OSError as error:
+            os.close(descriptor)
+            _remove(following)
+            self.log.error("LOG(%s) cannot start a new index file - %s", self.name, error)
+            return
         os.rename(self.index_path(), self.index_path(self._index_number))
+        os.rename(following, self.index_path())
+        os.close(self._index_fd)
+        self._index_fd = descriptor
         self._index_number += 1
         self._index_entries = 0
-        self._index_fd = os.open(self.index_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        write_atomically(self.files.index_current, b"%d\n" % self._index_number)
 
     # -- durability: the diskqueue's sync contract -----------------------------------------------
 
@@ -459,6 +514,7 @@ class PartitionLog(Generic[M]):
                 return True
             except OSError as error:
                 logger.error("LOG(%s) failed to sync - %s", self.name, error)
+                self.sync_error = str(error)
                 return False
             finally:
                 os.close(data_fd)
@@ -772,6 +828,104 @@ class PartitionLog(Generic[M]):
             self.partition,
             position.offset,
             position.count,
+        )
+
+    # -- starting over where another replica starts -------------------------------------------
+
+    @property
+    def first_segment_number(self) -> int:
+        return self.segments[0].number
+
+    def snapshot_files(self) -> dict[int, bytes]:
+        """The producer snapshots at or after the log's start, by offset, as stored: what a
+        replica that starts over at this log's start copies (`reset_to`)."""
+        found = {}
+        for offset in self.files.producer_snapshot_offsets():
+            if offset < self.start.offset:
+                continue
+            try:
+                with open(self.files.producer_snapshot(offset), "rb") as file:
+                    found[offset] = file.read()
+            except FileNotFoundError:
+                continue  # replaced by a newer one meanwhile
+        return found
+
+    def reset_to(
+        self,
+        start: Position,
+        segment_number: int,
+        boundary: IndexEntry | None,
+        snapshots: dict[int, bytes],
+    ) -> None:
+        """Drop every record and start the log over, empty, at `start`, in segment file
+        `segment_number`: a replica whose leader's retention removed what it lacks (or whose
+        history went another way below the leader's start) copies the leader's log from the
+        leader's start, and its files then carry the leader's names and bytes. `boundary` (the
+        leader's index entry that ends at `start`) becomes the first index entry, as retention
+        leaves removed groups' entries in the index; `snapshots` (the leader's producer
+        snapshots at or after `start`, as stored) are written as they are and count once the
+        records they follow are copied. OSError if the files cannot be written: the log is
+        then an empty one at some start (a crash meanwhile leaves the same), which the next
+        attempt starts over again."""
+        if start.offset < 0 or start.count < 0 or segment_number < 0:
+            raise ValueError(f"cannot start a log at {start} in segment {segment_number}")
+        if boundary is not None and entry_end(boundary) != tuple(start):
+            raise ValueError(f"the index entry {boundary} does not end at {start}")
+        self.discard_pending()
+        if not self._closed:
+            os.close(self._write_fd)
+            os.close(self._index_fd)
+        self._closed = True
+        files = self.files
+        # The index first: a crash from here on leaves fewer entries than data, which
+        # opening cuts back to an empty log.
+        for number in range(self._index_number, -1, -1):
+            _remove(files.index(number) if number != self._index_number else files.index())
+        for path in (files.index_current, files.writer_meta):
+            _remove(path)
+        for number in files.segment_numbers():
+            _remove(files.segment(number))
+            _remove(files.segment_meta(number))
+        remove_snapshots(files, files.producer_snapshot_offsets())
+        open(files.segment(segment_number), "wb").close()
+        write_atomically(
+            files.start_meta,
+            json.dumps(
+                {
+                    "SegOffset": {"FileNum": segment_number, "Pos": 0},
+                    "VirtualOffset": start.offset,
+                    "TotalMsgCnt": start.count,
+                }
+            ).encode(),
+        )
+        with open(files.index(), "wb") as file:
+            if boundary is not None:
+                file.write(ENTRY.pack(*boundary))
+        for offset, document in snapshots.items():
+            if offset >= start.offset:
+                write_atomically(files.producer_snapshot(offset), document)
+        self.segments = [Segment(segment_number, start.offset, start.count, 0)]
+        self._segment_starts = [start.offset]
+        self.start = self.end = self.written = self.appended = start
+        if boundary is not None:
+            self.last_id = max(self.last_id, boundary[2])
+        self._index_number = 0
+        self._index_entries = 1 if boundary is not None else 0
+        self._tail, self._tail_starts, self._tail_bytes = [], [], 0
+        self._tail_defers = {}
+        self._read_cache = None
+        self._snapshot_due = False
+        self._ops_since_sync = 0
+        self._write_fd = os.open(files.segment(segment_number), os.O_WRONLY | os.O_APPEND, 0o600)
+        self._index_fd = os.open(files.index(), os.O_WRONLY | os.O_APPEND, 0o600)
+        self._closed = False
+        self.log.warning(
+            "TOPIC(%s) partition %d: log started over at offset %d (count %d), segment %d",
+            self.topic,
+            self.partition,
+            start.offset,
+            start.count,
+            segment_number,
         )
 
     def _scan_from(self, entry: IndexEntry | None, stop: Callable[[M], bool]) -> Position:

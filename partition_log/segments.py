@@ -2,7 +2,7 @@
 
 import os
 
-from nsqpy.partition_log.files import LogFiles
+from nsqpy.partition_log.files import LogFiles, write_atomically
 from nsqpy.partition_log.records import SIZE, Position
 
 
@@ -36,7 +36,10 @@ def segment_count(files: LogFiles, number: int) -> int:
     """How many messages a rolled segment holds: its `.offsetmeta.dat`, else counted."""
     try:
         with open(files.segment_meta(number), "rb") as file:
-            return int(file.read().split(b"\n")[0])
+            lines = file.read().split(b"\n")
+        # Whole (two lines and the end), or counted again: a cut-short one says too little.
+        if len(lines) >= 3 and b"," in lines[1]:
+            return int(lines[0])
     except (FileNotFoundError, ValueError):
         pass
     count = 0
@@ -52,9 +55,11 @@ def segment_count(files: LogFiles, number: int) -> int:
 
 def write_segment_meta(files: LogFiles, segment: Segment, end_count: int) -> None:
     """A rolled segment's range (Youzan's `.offsetmeta.dat`)."""
-    with open(files.segment_meta(segment.number), "wb") as file:
-        count = end_count - segment.start_count
-        file.write(b"%d\n%d,%d\n" % (count, segment.start, segment.start + segment.size))
+    count = end_count - segment.start_count
+    write_atomically(
+        files.segment_meta(segment.number),
+        b"%d\n%d,%d\n" % (count, segment.start, segment.start + segment.size),
+    )
 
 
 def truncate_segments(files: LogFiles, segments: list[Segment], end: int) -> list[Segment]:

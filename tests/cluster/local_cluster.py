@@ -17,6 +17,7 @@ from tests.harness import DaemonProcess, start_nsqlookupd
 from tests.support.http import HTTPReply, request
 from tests.support.polling import poll
 from tests.support.ports import restartable_port
+from tests.support.tmpfs import Tmpfs
 
 DEADLINE = 20.0
 
@@ -29,6 +30,11 @@ class Node:
         self.index = index
         self.data_path = cluster.root / f"nsqd{index}"
         self.data_path.mkdir(parents=True, exist_ok=True)
+        # A small disk of its own (`LocalCluster(disks=)`), which a test can fill.
+        self.disk: Tmpfs | None = None
+        size = cluster.disks.get(index)
+        if size is not None:
+            self.disk = Tmpfs(self.data_path, size)
         self.ports: dict[str, int] = {}
         self.process: DaemonProcess | None = None
         self.rpc_proxy: BlackholeProxy | None = None
@@ -118,8 +124,11 @@ class LocalCluster:
         lookupd_args: tuple[str, ...] = (),
         etcd_urls: dict[int, str] | None = None,
         rpc_proxies: bool = False,
+        disks: dict[int, str] | None = None,
     ) -> None:
         self.root = root
+        # Nodes whose data directory is a tmpfs of this size, by node index.
+        self.disks = disks or {}
         self.etcd = etcd
         # A node's own way to etcd (a black-holing proxy in the chaos tests), by node index.
         self.etcd_urls = etcd_urls or {}
@@ -160,6 +169,8 @@ class LocalCluster:
         for node in self.nodes:
             if node.rpc_proxy is not None:
                 node.rpc_proxy.close()
+            if node.disk is not None:
+                node.disk.close()
 
     def __enter__(self) -> "LocalCluster":
         return self

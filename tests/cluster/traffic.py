@@ -198,12 +198,13 @@ def publish_numbered(cluster, topic: str, label: str, count: int) -> set[bytes]:
     return set(bodies)
 
 
-def drain(node, topic: str, wanted: set[bytes]) -> set[bytes]:
-    """Consume channel `c` from `node` until every message in `wanted` came."""
+def drain(node, topic: str, wanted: set[bytes], partition: int = 0) -> set[bytes]:
+    """Consume channel `c` of the partition from `node` until every message in `wanted`
+    came."""
     received: set[bytes] = set()
     connection = V2Connection(node.tcp_port)
     try:
-        connection.send(b"SUB %s c 0\n" % topic.encode())
+        connection.send(b"SUB %s c %d\n" % (topic.encode(), partition))
         assert connection.read_response().data == b"OK"
         connection.send(encode_rdy(100))
         deadline = time.monotonic() + 20

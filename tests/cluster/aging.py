@@ -1,0 +1,130 @@
+"""Old data and lost disks for the cluster tests: a topic whose retention has already run (its
+log starts past offset 0 on every replica), a node whose data directory is replaced, and the
+check that two replicas hold the same log from the leader's start on.
+
+A topic is aged by publishing messages of about 1 KiB into segments of 32 KiB
+(`AGED_NSQD_ARGS`), consuming them all on channel `c`, and running `/topic/greedyclean` on every
+replica: every consumed segment goes, so the log starts where the first unconsumed one does.
+"""
+
+import json
+import shutil
+import struct
+
+from nsqpy.common.command import encode_mpub
+from tests.cluster.local_cluster import LocalCluster, Node
+from tests.cluster.traffic import drain
+from tests.harness import V2Connection
+from tests.support.polling import poll
+
+# Small segments, so retention has whole segments to remove after a few hundred messages.
+AGED_NSQD_ARGS = ("-max-bytes-per-file=32768",)
+BODY_SIZE = 1000
+_ENTRY = struct.Struct(">qqqqiqi")
+
+
+def publish_batch(node: Node, topic: str, label: str, count: int, partition: int = 0) -> set[bytes]:
+    """MPUB `count` bodies of about 1 KiB to the partition's leader `node`, 50 at a time,
+    each batch acknowledged; the bodies."""
+    bodies = [(b"%s %06d " % (label.encode(), i)).ljust(BODY_SIZE, b".") for i in range(count)]
+    connection = V2Connection(node.tcp_port, timeout=10)
+    try:
+        for at in range(0, count, 50):
+            batch = bodies[at : at + 50]
+            connection.send(encode_mpub(b"%s %d" % (topic.encode(), partition), batch))
+            frame = connection.read_response()
+            assert frame.data == b"OK", (frame, node.node_id)
+    finally:
+        connection.close()
+    return set(bodies)
+
+
+def log_start(node: Node, topic: str, partition: int = 0) -> int:
+    """Where the partition's log starts on `node`, as its `/partition/offsets` says."""
+    reply = node.http("GET", f"/partition/offsets?topic={topic}")
+    for entry in json.loads(reply.body)["partitions"]:
+        if entry["partition"] == partition:
+            return int(entry["start"]["offset"])
+    raise AssertionError(f"{node.node_id} holds no {topic}/{partition}")
+
+
+def age_topic(cluster: LocalCluster, topic: str, partition: int = 0, count: int = 300) -> int:
+    """Publish `count` messages to the partition, consume them all on channel `c`, and run
+    retention on every replica; the offset its log starts at afterwards (past 0)."""
+    leader = poll(lambda: cluster.node_leading(topic, partition), f"a leader of {topic}")
+    bodies = publish_batch(leader, topic, "aged", count, partition)
+    drain(leader, topic, bodies, partition=partition)
+    holders = [cluster.node(node_id) for node_id in cluster.partition(topic, partition)["isr"]]
+
+    def cleaned() -> int | None:
+        starts = set()
+        for node in holders:
+            reply = node.http("POST", f"/topic/greedyclean?topic={topic}&partition={partition}")
+            assert reply.status == 200, reply
+            starts.add(log_start(node, topic, partition))
+        # The followers clean once the leader's cursor reached them.
+        return starts.pop() if len(starts) == 1 and 0 not in starts else None
+
+    return poll(cleaned, f"{topic}/{partition} cleaned on every replica")
+
+
+def replace_disk(node: Node) -> None:
+    """`kill -9` the node, give it an empty data directory (a replaced disk), start it again
+    on the same ports and node ID (well within its lease)."""
+    node.kill()
+    shutil.rmtree(node.data_path)
+    node.data_path.mkdir()
+    node.start()
+
+
+def retained_log(node: Node, topic: str, partition: int = 0) -> tuple[int, dict, list]:
+    """The partition's log on `node` from where it starts: the start offset, the data
+    segments (name → bytes) and the index entries of the groups from the start on."""
+    directory = node.data_path / topic
+    start_meta = directory / f"{topic}-{partition}.diskqueue.meta.extra.dat"
+    start = json.loads(start_meta.read_bytes())["VirtualOffset"] if start_meta.exists() else 0
+    segments = {}
+    entries = []
+    prefix = f"{topic}-{partition}.diskqueue.0"
+    index_prefix = f"{topic}_{partition}.commit.log"
+    for path in sorted(directory.iterdir()):
+        if path.name.startswith(prefix) and path.name.endswith(".dat"):
+            if "offsetmeta" not in path.name:
+                segments[path.name] = path.read_bytes()
+        elif path.name.startswith(index_prefix) and not path.name.endswith((".current", ".next")):
+            data = path.read_bytes()
+            for at in range(0, len(data) - len(data) % _ENTRY.size, _ENTRY.size):
+                entry = _ENTRY.unpack_from(data, at)
+                if entry[3] >= start:
+                    entries.append(entry)
+    return start, segments, sorted(entries, key=lambda entry: entry[3])
+
+
+def check_identical_from_the_start(cluster: LocalCluster, topic: str, partition: int = 0) -> None:
+    """Every ISR member holds the leader's log byte for byte from the leader's start (the ISR
+    whole first)."""
+    poll(
+        lambda: (
+            (entry := cluster.partition(topic, partition)) is not None
+            and len(entry["isr"]) == entry["replica"]
+        ),
+        lambda: f"{topic}/{partition}'s ISR whole\n{cluster.describe()}",
+        timeout=60,
+    )
+    entry = cluster.partition(topic, partition)
+    expected = retained_log(cluster.node(entry["leader"]), topic, partition)
+    assert expected[1], f"{topic}/{partition}: no log on its leader"
+    for node_id in entry["isr"]:
+        node = cluster.node(node_id)
+        poll(
+            lambda n=node, e=expected: _same_from(retained_log(n, topic, partition), e),
+            f"{topic}/{partition} identical on {node_id} from the leader's start",
+        )
+
+
+def _same_from(copy: tuple[int, dict, list], leader: tuple[int, dict, list]) -> bool:
+    """Whether `copy` holds what `leader` holds from the leader's start: the same segment files
+    (a copy may keep older ones its own retention has not removed yet) and index entries."""
+    start, segments, entries = leader
+    kept = {name: data for name, data in copy[1].items() if name in segments}
+    return kept == segments and [e for e in copy[2] if e[3] >= start] == entries

@@ -1,0 +1,128 @@
+"""A replica whose disk is replaced, on a topic whose retention has run (docs/design.md §14,
+"Incarnations" and "Catch-up"): etcd, one nsqlookupd, three nsqds with 32 KiB segments and
+node leases of 2 s, every replication port behind a proxy the test can black-hole.
+
+A node restarted on an empty data directory is a new incarnation: it leaves the ISR at once,
+is never elected while it lacks what was acknowledged, starts its log over at its leader's
+start (wherever retention put it) and joins the ISR again only at its leader's end."""
+
+import json
+
+import pytest
+
+from tests.cluster.aging import (
+    AGED_NSQD_ARGS,
+    age_topic,
+    check_identical_from_the_start,
+    log_start,
+    publish_batch,
+    replace_disk,
+)
+from tests.cluster.local_cluster import LocalCluster
+from tests.cluster.traffic import drain
+from tests.support.polling import poll
+
+
+@pytest.fixture
+def cluster(tmp_path, etcd_server):
+    with LocalCluster(
+        tmp_path, etcd_server, nsqd_args=AGED_NSQD_ARGS, rpc_proxies=True
+    ) as running:
+        yield running
+
+
+def _follower_of(cluster, topic: str):
+    entry = cluster.partition(topic, 0)
+    return cluster.node(next(node for node in entry["isr"] if node != entry["leader"]))
+
+
+def test_a_replaced_disk_never_leads_and_copies_the_aged_log_once_its_leader_is_back(cluster):
+    """The issue's loss: an emptied follower stayed in the ISR, was elected when the leader
+    died, and every acknowledged message went. Here it leaves the ISR at once, the partition
+    waits (and says why) while the only complete replica is down, and nothing is lost."""
+    cluster.create_writable_topic("t", 1, 2)
+    leader = cluster.node_leading("t", 0)
+    follower = _follower_of(cluster, "t")
+    start = age_topic(cluster, "t")
+    acked = publish_batch(leader, "t", "kept", 200)
+    # The follower cannot reach its leader's replication port: it cannot copy anything.
+    leader.rpc_proxy.blackhole()
+    replace_disk(follower)
+    poll(
+        lambda: follower.node_id in cluster.partition("t", 0)["catchup"],
+        lambda: f"the emptied follower out of the ISR\n{cluster.describe()}",
+    )
+    assert cluster.partition("t", 0)["isr"] == [leader.node_id]
+    stats = cluster.stats()
+    assert stats["stable"] is False
+    assert cluster.partition("t", 0)["under_replicated"] is True
+    leader.kill()
+    entry = poll(
+        lambda: (entry := cluster.partition("t", 0))["unavailable"] and entry,
+        lambda: f"the partition saying it has no leader to elect\n{cluster.describe()}",
+    )
+    assert entry["leader"] == leader.node_id, entry
+    assert "waiting for one to come back" in entry["unavailable"]
+    assert follower.node_id not in entry["isr"]
+    leader.rpc_proxy.heal()
+    leader.start()
+    poll(lambda: cluster.node_leading("t", 0) is leader, "the old leader leading again")
+    poll(
+        lambda: follower.node_id in cluster.partition("t", 0)["isr"],
+        lambda: f"the new disk's replica back in the ISR\n{cluster.describe()}",
+        timeout=30,
+    )
+    assert log_start(follower, "t") == start
+    acked |= publish_batch(leader, "t", "after", 20)
+    assert acked <= drain(leader, "t", acked)
+    check_identical_from_the_start(cluster, "t")
+
+
+def test_a_replaced_disk_on_the_leader_hands_the_partition_to_the_complete_follower(cluster):
+    cluster.create_writable_topic("t", 1, 3)
+    leader = cluster.node_leading("t", 0)
+    age_topic(cluster, "t")
+    acked = publish_batch(leader, "t", "kept", 100)
+    replace_disk(leader)
+    new = poll(
+        lambda: (node := cluster.node_leading("t", 0)) is not None and node is not leader and node,
+        lambda: f"a complete replica leading\n{cluster.describe()}",
+    )
+    poll(
+        lambda: leader.node_id in cluster.partition("t", 0)["isr"],
+        lambda: f"the emptied node back in the ISR\n{cluster.describe()}",
+        timeout=30,
+    )
+    acked |= publish_batch(new, "t", "after", 20)
+    assert acked <= drain(new, "t", acked)
+    check_identical_from_the_start(cluster, "t")
+
+
+def test_catch_up_progress_and_its_cause_are_reported(cluster):
+    """A replica that cannot progress is reported with the cause, and `/cluster/stats` shows
+    how far behind it is."""
+    cluster.create_writable_topic("t", 1, 2)
+    leader = cluster.node_leading("t", 0)
+    follower = _follower_of(cluster, "t")
+    age_topic(cluster, "t")
+    publish_batch(leader, "t", "kept", 100)
+    leader.rpc_proxy.blackhole()
+    replace_disk(follower)
+
+    def progress() -> dict | None:
+        reply = follower.http("GET", "/cluster/partitions")
+        for entry in json.loads(reply.body)["partitions"]:
+            if entry["topic"] == "t" and entry.get("catch_up") and entry["catch_up"]["error"]:
+                return entry["catch_up"]
+        return None
+
+    reported = poll(progress, "the follower reporting why it cannot catch up")
+    assert reported["leader"] == leader.node_id
+    assert leader.node_id.split(":")[1] in reported["error"] or "no answer" in reported["error"]
+    leader.rpc_proxy.heal()
+    poll(
+        lambda: follower.node_id in cluster.partition("t", 0)["isr"],
+        lambda: f"caught up once the link healed\n{cluster.describe()}",
+        timeout=30,
+    )
+    check_identical_from_the_start(cluster, "t")
