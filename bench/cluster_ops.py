@@ -8,13 +8,14 @@ nsqds, every port ephemeral), the project's smart client as producer and consume
 
 * **planned transfer write gap**: a producer publishes one message at a time to each
   partition and records when each is acknowledged; the longest time between two
-  acknowledgements around the operation is its write gap, for a rolling restart of the leader
-  (3 replicas: SIGTERM, started again, ISR whole; with 2 a partition takes no writes until the
-  node is back, Youzan's rule), a move of a 2-replica partition with its leadership to the
-  node that does not hold it (`/topic/partition/move?move_leader=true`), and the balance that
-  gives a returned node its leaderships back (6 partitions × 3 replicas, a node killed and
-  started again once writes go on without it; the gaps of the partitions whose leader moved
-  back, from the node's start).
+  acknowledgements around the operation is its write gap, for a rolling restart of the three
+  nodes (3 partitions × 3 replicas; each node in turn: SIGTERM, started again, ISRs whole; the
+  longest gap of the partitions the stopping node led, and of those it followed; with 2
+  replicas a partition takes no writes until the node is back, Youzan's rule), a move of a
+  2-replica partition with its leadership to the node that does not hold it
+  (`/topic/partition/move?move_leader=true`), and the balance that gives a returned node its
+  leaderships back (6 partitions × 3 replicas, a node killed and started again once writes go
+  on without it; the gaps of the partitions whose leader moved back, from the node's start).
 * **duplicates after a leader kill -9**: a consumer (max-in-flight 100) drains a backlog of a
   3-replica partition; the leader is killed with SIGKILL once half the backlog is consumed;
   the messages delivered twice, as a share of what the consumer received in the 2 s before
@@ -117,20 +118,30 @@ class Acks:
             thread.join(30)
 
 
-def restart_gap(cluster: Cluster) -> float:
-    create(cluster, "restart", 1, 3)
-    acks = Acks(cluster, "restart", 1)
+def rolling_restart_gaps(cluster: Cluster) -> tuple[float, float]:
+    """A rolling restart of the three nodes (each: SIGTERM, started again, every ISR whole)
+    under a producer per partition (3 partitions × 3 replicas, so each node leads one and
+    follows two): the longest write gap of a partition the stopping node led, and of one it
+    followed."""
+    create(cluster, "restart", 3, 3)
+    acks = Acks(cluster, "restart", 3)
+    led: list[float] = []
+    followed: list[float] = []
     try:
-        cluster.wait(lambda: len(acks.times[0]) > 100, "publishes")
-        leader = node_of(cluster, entries(cluster, "restart")[0]["leader"])
-        index = cluster.nodes.index(leader)
-        started = time.monotonic()
-        leader.process.send_signal(signal.SIGTERM)
-        leader.process.wait(30)
-        cluster.restart(index)
-        cluster.wait(lambda: whole(cluster, "restart"), "the ISR whole again")
-        cluster.wait(lambda: acks.going_on([0]), "publishes going on")
-        return acks.gap(0, started, time.monotonic())
+        cluster.wait(lambda: all(len(t) > 100 for t in acks.times.values()), "publishes")
+        for index, node in enumerate(cluster.nodes):
+            leaders = {p: e["leader"] for p, e in entries(cluster, "restart").items()}
+            tcp = f":{node.ports['TCP']}:"
+            started = time.monotonic()
+            node.process.send_signal(signal.SIGTERM)
+            node.process.wait(30)
+            cluster.restart(index)
+            cluster.wait(lambda: whole(cluster, "restart"), "the ISRs whole again")
+            cluster.wait(lambda: acks.going_on(range(3)), "publishes going on")
+            for partition, leader in leaders.items():
+                gap = acks.gap(partition, started, time.monotonic())
+                (led if tcp in leader else followed).append(gap)
+        return max(led), max(followed)
     finally:
         acks.stop()
         post(cluster, "/topic/delete?topic=restart&partition=**")
@@ -266,6 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     cluster = Cluster(root)
     figures: dict[str, list[float]] = {
         "rolling restart": [],
+        "rolling restart (followed)": [],
         "move": [],
         "balance": [],
         "time to balance": [],
@@ -273,7 +285,9 @@ def main(argv: list[str] | None = None) -> None:
     }
     try:
         for run in range(runs):
-            figures["rolling restart"].append(restart_gap(cluster))
+            led_gap, followed_gap = rolling_restart_gaps(cluster)
+            figures["rolling restart"].append(led_gap)
+            figures["rolling restart (followed)"].append(followed_gap)
             figures["move"].append(move_gap(cluster))
             _, gap = balance(cluster, replicas=3, acks_too=True)
             figures["balance"].append(gap)
@@ -281,9 +295,9 @@ def main(argv: list[str] | None = None) -> None:
             figures["time to balance"].append(took)
             share, twice, window = duplicates(cluster, args.backlog)
             figures["duplicates"].append(share * 100)
-            restart = figures["rolling restart"][-1]
             print(
-                f"  run {run + 1}: write gap restart {restart * 1000:.0f} ms,"
+                f"  run {run + 1}: write gap rolling restart {led_gap * 1000:.0f} ms led,"
+                f" {followed_gap * 1000:.0f} ms followed,"
                 f" move {figures['move'][-1] * 1000:.0f} ms, balance {gap * 1000:.0f} ms;"
                 f" balanced in {took:.1f} s; {twice} duplicates of {window} received in the 2 s"
                 f" before the kill ({share:.2%})",
@@ -298,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         cluster.close()
         shutil.rmtree(root, ignore_errors=True)
     loads = [0.0] * runs
-    for kind in ("rolling restart", "move", "balance"):
+    for kind in ("rolling restart", "rolling restart (followed)", "move", "balance"):
         values = [gap * 1000 for gap in figures[kind]]
         print(f"  planned transfer write gap, {kind}: p50 {spread(values, '.0f')} ms")
         report.add(

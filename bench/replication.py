@@ -85,7 +85,7 @@ class Process:
 
 
 class Cluster:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, nsqd_args: tuple[str, ...] = ()) -> None:
         etcd = shutil.which("etcd")
         if etcd is None:
             raise SystemExit("etcd not found: `make etcd` installs Debian's etcd-server")
@@ -110,6 +110,7 @@ class Cluster:
         )  # fmt: skip
         self.root = root
         self.cluster = cluster
+        self.nsqd_args = nsqd_args
         self.nodes = [self._nsqd(index, {}) for index in range(3)]
         self.wait(
             lambda: (stats := self.stats())["is_master"] and len(stats["nsqd_nodes"]) == 3,
@@ -127,6 +128,7 @@ class Cluster:
                 f"-rpc-port=127.0.0.1:{ports.get('RPC', 0)}",
                 "-broadcast-address=127.0.0.1", f"-node-id={index}", f"-data-path={data}",
                 f"-lookupd-tcp-address=127.0.0.1:{self.lookupd.ports['TCP']}", *self.cluster,
+                *self.nsqd_args,
             ],
             ("TCP", "HTTP", "RPC"),
         )  # fmt: skip

@@ -263,8 +263,16 @@ class Pages:
         history = self.admin.history
         channels = sorted(total.channels or [], key=lambda c: c.channel_name)
         cluster_stats = None
-        if total.replicated_nodes and self._lookupds:
+        if self._lookupds:
+            # Also when no nsqd reports the topic: the master says why a partition is led
+            # by no one, and how far each catching-up replica is behind.
             cluster_stats = await problems.get(cluster.get_cluster_stats(self._lookupds), None)
+        catch_ups = {
+            f"{entry['partition']}:{progress['node']}": progress
+            for entry in (cluster_stats or {}).get("partitions", [])
+            if entry.get("topic") == name
+            for progress in entry.get("catching_up") or []
+        }
         return self._render(
             request,
             "topic.html",
@@ -283,6 +291,7 @@ class Pages:
             charts=self._charts(name),
             can_tombstone=bool(self._lookupds),
             cluster=cluster_stats,
+            catch_ups=catch_ups,
         )
 
     async def channel(self, request: web.Request) -> web.Response:

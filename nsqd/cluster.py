@@ -70,6 +70,7 @@ from nsqpy.nsqd.peer_link import PeerLink, PeerUnavailable
 from nsqpy.nsqd.tls import cluster_contexts
 from nsqpy.partition_log import PartitionLog, Position
 from nsqpy.partition_log.index import entry_end
+from nsqpy.partition_log.segments import read_pieces
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.channel import Channel
@@ -1038,7 +1039,7 @@ class ClusterNode:
             header["last"] = list(log.entry_ending_at(log.written) or ())
         return header
 
-    def _answer_pull(self, topic: "Topic", header: dict) -> tuple[dict, bytes]:
+    async def _answer_pull(self, topic: "Topic", header: dict) -> tuple[dict, bytes]:
         log = _log(topic)
         offset = int(header["offset"])
         max_bytes = int(header.get("max_bytes", PULL_MAX_BYTES))
@@ -1069,13 +1070,15 @@ class ClusterNode:
             if total > max_bytes and index > 0:
                 entries = entries[:index]
                 break
-        data = log.read_group_bytes(entries)
         answer = {
             "entries": [list(entry) for entry in entries],
             "end": list(log.written),
             "channels": self._channel_positions(topic),
         }
-        return answer, data
+        # Read in a worker thread: megabytes for a catching-up follower must not hold up
+        # this leader's publishes (`python -m bench.catch_up`).
+        pieces = log.group_reads(entries)
+        return answer, await trio.to_thread.run_sync(read_pieces, pieces)
 
     # -- follower: taking writes ------------------------------------------------------------
 
@@ -1282,7 +1285,7 @@ class ClusterNode:
             if frame.op == MATCH:
                 return encode_frame(REPLY, self._answer_match(topic, header))
             if frame.op == PULL:
-                answer, data = self._answer_pull(topic, header)
+                answer, data = await self._answer_pull(topic, header)
                 return encode_frame(REPLY, answer, data)
             if frame.op == START:
                 answer, data = self._answer_start(topic)

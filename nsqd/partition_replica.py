@@ -92,5 +92,5 @@ class PartitionReplica:
             "cluster_writable": state["writable"],
             "cluster_replicas": replicas,
             # Fewer in-sync replicas than the topic asks for: one more loss may stop writes.
-            "under_replicated": known and len(state["isr"]) < replicas,
+            "under_replicated": known and (len(state["isr"]) < replicas or self.lost),
         }

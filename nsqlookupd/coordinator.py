@@ -684,6 +684,70 @@ class Coordinator:
             raise CoordinatorError(400, "E_NO_SUCCESSOR no caught-up follower can take it")
         return await self.transfer_leader(topic, partition, successor, "its leader's disk fails")
 
+    async def unclean_election(self, topic: str, partition: int, node: str | None) -> ReplicaInfo:
+        """An operator's choice, as Kafka's unclean leader election: `node` (or the live
+        replica with the most messages) leads the partition even though it may lack
+        acknowledged messages, which are then lost; every other replica catches up from it,
+        cutting what it holds that the new leader does not. Only for a partition no complete
+        replica can lead (`leaderless`)."""
+        self.require_master()
+        key = (topic, partition)
+        info = await self.current(topic, partition)
+        lost = set(self.lost_members(info))
+        complete = [
+            member
+            for member in info.isr
+            if member in self.nodes and member not in lost and member != info.leader
+        ]
+        if info.leader in self.nodes and info.leader not in lost:
+            raise CoordinatorError(400, f"E_HAS_LEADER {info.leader} leads it and holds its data")
+        if complete:
+            raise CoordinatorError(
+                400, f"E_COMPLETE_REPLICA_ALIVE {','.join(complete)} can lead it without a loss"
+            )
+        holders = [
+            member
+            for member in dict.fromkeys([info.leader, *info.isr, *info.catchup])
+            if member in self.nodes
+        ]
+        if node is None:
+            counts: dict[str, int] = {}
+            async with trio.open_nursery() as asking:
+                for member in holders:
+                    asking.start_soon(self._ask_count, member, topic, partition, counts)
+            if not counts:
+                raise CoordinatorError(400, "E_NO_REPLICA no live replica answers")
+            node = max(counts, key=lambda member: counts[member])
+        elif node not in holders:
+            raise CoordinatorError(
+                400, f"E_NOT_LIVE {node} is no live replica of {topic}/{partition}"
+            )
+        if key in self.busy:
+            raise CoordinatorError(400, "another move of the partition is under way")
+        updated = replace(
+            info,
+            leader=node,
+            isr=(node,),
+            catchup=tuple(
+                member for member in dict.fromkeys([*info.isr, *info.catchup]) if member != node
+            ),
+            epoch_for_write=info.epoch_for_write + 1,
+            incarnations=(),
+        ).recording({node: self.nodes[node].incarnation})
+        if not await self.write_replica_info(topic, partition, updated, info):
+            raise CoordinatorError(409, "E_STALE_EPOCH the partition changed meanwhile")
+        self.leaderless.pop(key, None)
+        self.lookupd.log.error(
+            "CLUSTER: %s/%d: UNCLEAN ELECTION by an operator: %s leads (write epoch %d);"
+            " acknowledged messages it does not hold are lost, and the other replicas cut"
+            " what it lacks",
+            topic,
+            partition,
+            node,
+            updated.epoch_for_write,
+        )
+        return self.infos[key]
+
     async def node_stopping(self, node: str, incarnation: str) -> dict:
         """A node about to stop (a clean stop, SIGTERM): each partition it leads goes to a
         caught-up follower by a planned hand-over, and it leaves every ISR it is in, all
@@ -1001,10 +1065,15 @@ class Coordinator:
         the one at revision `epoch`, so a join the leader gave up on can never land later."""
         self.require_master()
         info = await self.current(topic, partition)
-        if node in info.isr and info.proven(node, incarnation) and leader == info.leader:
-            return info
-        self._check_request(info, leader=leader, epoch=epoch)
         live = self.nodes.get(node)
+        if (
+            node in info.isr
+            and live is not None
+            and incarnation == live.incarnation == info.incarnation_of(node)
+            and leader == info.leader
+        ):
+            return info  # asked again: it is in
+        self._check_request(info, leader=leader, epoch=epoch)
         if live is None:
             raise CoordinatorError(400, f"E_NOT_LIVE {node} is not a live node")
         if node not in info.catchup:

@@ -106,6 +106,7 @@ class HTTPAPI:
         # Youzan's operations (docs/operations.md, "Operating a replicated cluster").
         router.add("POST", "/topic/partition/expand", self.partition_expand)
         router.add("POST", "/topic/partition/move", self.partition_move)
+        router.add("POST", "/topic/partition/elect", self.partition_elect)
         router.add("POST", "/topic/meta/update", self.meta_update)
         router.add("POST", "/cluster/node/remove", self.node_remove)
         router.add("POST", "/cluster/upgrade/begin", self.upgrade_begin)
@@ -404,6 +405,33 @@ class HTTPAPI:
         coordinator = self._coordinator()
         return await self._isr_change(
             coordinator.leader_unwritable(topic, partition, nodes[0], epoch=epoch)
+        )
+
+    async def partition_elect(self, request: Request) -> Response:
+        """POST /topic/partition/elect?topic=&partition=&unclean=true[&node=]: an operator
+        elects a replica that may lack acknowledged messages (Kafka's unclean election), for a
+        partition no complete replica can lead. The master elects complete ones by itself."""
+        coordinator = self._coordinator()
+        params = _query(request)
+        topic = _first(params, "topic")
+        if not topic:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        partition_text = _first(params, "partition")
+        if partition_text is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC_PARTITION")
+        if not partition_text.isascii() or not partition_text.isdigit():
+            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION")
+        if _first(params, "unclean") != "true":
+            raise HTTPError(
+                400,
+                "E_CLEAN_ELECTION_IS_AUTOMATIC the master elects a replica that holds every"
+                " acknowledged message by itself; unclean=true elects one that may not",
+            )
+        node = _first(params, "node") or None
+        if node is not None and not is_node_id(node):
+            raise HTTPError(400, "INVALID_ARG_NODE")
+        return await self._isr_change(
+            coordinator.unclean_election(topic, int(partition_text), node)
         )
 
     async def leader_resign(self, request: Request) -> Response:

@@ -763,6 +763,30 @@ class PartitionLog(Generic[M]):
             return entry
         return None
 
+    def group_reads(self, entries: list[IndexEntry]) -> list[tuple[str, int, int]]:
+        """Where the stored bytes of consecutive index entries' groups are: (segment file,
+        position, size) pieces, to read with `read_pieces` away from the caller's thread (a
+        group never spans two segments; a roll comes after one). ValueError for a group
+        outside the segments this log holds."""
+        if not entries:
+            return []
+        start = entries[0][3]
+        end = entries[-1][3] + entries[-1][4]
+        if start < self.start.offset or end > self.written.offset:
+            raise ValueError(f"[{start}, {end}) is not in the log")
+        pieces = []
+        index = bisect.bisect_right(self._segment_starts, start) - 1
+        offset = start
+        while offset < end:
+            segment = self.segments[index]
+            size = min(end, segment.start + segment.size) - offset
+            if size <= 0:
+                raise ValueError(f"offset {offset} is past segment {segment.number}")
+            pieces.append((self.segment_path(segment.number), offset - segment.start, size))
+            offset += size
+            index += 1
+        return pieces
+
     def read_group_bytes(self, entries: list[IndexEntry]) -> bytes:
         """The stored bytes of consecutive index entries' groups, as written."""
         if not entries:

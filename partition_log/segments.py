@@ -75,3 +75,19 @@ def truncate_segments(files: LogFiles, segments: list[Segment], end: int) -> lis
             os.truncate(files.segment(segment.number), segment.size)
         kept.append(segment)
     return kept
+
+
+def read_pieces(pieces: list[tuple[str, int, int]]) -> bytes:
+    """The bytes of (file, position, size) pieces, in order (`PartitionLog.group_reads`).
+    OSError when a file went (retention) or is shorter than said."""
+    parts = []
+    for path, position, size in pieces:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, size, position)
+        finally:
+            os.close(fd)
+        if len(data) != size:
+            raise OSError(f"{path}: {len(data)} bytes at {position}, not {size}")
+        parts.append(data)
+    return b"".join(parts)

@@ -9,7 +9,6 @@ replica: every consumed segment goes, so the log starts where the first unconsum
 
 import json
 import shutil
-import struct
 
 from nsqpy.common.command import encode_mpub
 from tests.cluster.local_cluster import LocalCluster, Node
@@ -20,7 +19,6 @@ from tests.support.polling import poll
 # Small segments, so retention has whole segments to remove after a few hundred messages.
 AGED_NSQD_ARGS = ("-max-bytes-per-file=32768",)
 BODY_SIZE = 1000
-_ENTRY = struct.Struct(">qqqqiqi")
 
 
 def publish_batch(node: Node, topic: str, label: str, count: int, partition: int = 0) -> set[bytes]:
@@ -75,56 +73,3 @@ def replace_disk(node: Node) -> None:
     shutil.rmtree(node.data_path)
     node.data_path.mkdir()
     node.start()
-
-
-def retained_log(node: Node, topic: str, partition: int = 0) -> tuple[int, dict, list]:
-    """The partition's log on `node` from where it starts: the start offset, the data
-    segments (name → bytes) and the index entries of the groups from the start on."""
-    directory = node.data_path / topic
-    start_meta = directory / f"{topic}-{partition}.diskqueue.meta.extra.dat"
-    start = json.loads(start_meta.read_bytes())["VirtualOffset"] if start_meta.exists() else 0
-    segments = {}
-    entries = []
-    prefix = f"{topic}-{partition}.diskqueue.0"
-    index_prefix = f"{topic}_{partition}.commit.log"
-    for path in sorted(directory.iterdir()):
-        if path.name.startswith(prefix) and path.name.endswith(".dat"):
-            if "offsetmeta" not in path.name:
-                segments[path.name] = path.read_bytes()
-        elif path.name.startswith(index_prefix) and not path.name.endswith((".current", ".next")):
-            data = path.read_bytes()
-            for at in range(0, len(data) - len(data) % _ENTRY.size, _ENTRY.size):
-                entry = _ENTRY.unpack_from(data, at)
-                if entry[3] >= start:
-                    entries.append(entry)
-    return start, segments, sorted(entries, key=lambda entry: entry[3])
-
-
-def check_identical_from_the_start(cluster: LocalCluster, topic: str, partition: int = 0) -> None:
-    """Every ISR member holds the leader's log byte for byte from the leader's start (the ISR
-    whole first)."""
-    poll(
-        lambda: (
-            (entry := cluster.partition(topic, partition)) is not None
-            and len(entry["isr"]) == entry["replica"]
-        ),
-        lambda: f"{topic}/{partition}'s ISR whole\n{cluster.describe()}",
-        timeout=60,
-    )
-    entry = cluster.partition(topic, partition)
-    expected = retained_log(cluster.node(entry["leader"]), topic, partition)
-    assert expected[1], f"{topic}/{partition}: no log on its leader"
-    for node_id in entry["isr"]:
-        node = cluster.node(node_id)
-        poll(
-            lambda n=node, e=expected: _same_from(retained_log(n, topic, partition), e),
-            f"{topic}/{partition} identical on {node_id} from the leader's start",
-        )
-
-
-def _same_from(copy: tuple[int, dict, list], leader: tuple[int, dict, list]) -> bool:
-    """Whether `copy` holds what `leader` holds from the leader's start: the same segment files
-    (a copy may keep older ones its own retention has not removed yet) and index entries."""
-    start, segments, entries = leader
-    kept = {name: data for name, data in copy[1].items() if name in segments}
-    return kept == segments and [e for e in copy[2] if e[3] >= start] == entries

@@ -259,6 +259,17 @@ class EtcdServer:
         if self.running:
             self.process.kill()
 
+    def put(self, key: str, value: bytes) -> None:
+        """Write a key as a foreign writer would (what a test makes a daemon meet)."""
+        status, answer = self._post(
+            "/v3/kv/put",
+            {
+                "key": base64.b64encode(key.encode()).decode(),
+                "value": base64.b64encode(value).decode(),
+            },
+        )
+        assert status == 200, answer
+
     def _answers(self) -> bool:
         try:
             status, answer = self._post("/v3/kv/range", {"key": base64.b64encode(b"\0").decode()})

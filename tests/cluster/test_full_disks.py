@@ -30,9 +30,7 @@ def _ping(node) -> tuple[int, bytes]:
 
 
 @pytest.mark.parametrize("role", ["follower", "leader"])
-def test_a_full_disk_stops_no_daemon_and_its_replica_comes_back_when_space_returns(
-    cluster, role
-):
+def test_a_full_disk_stops_no_daemon_and_its_replica_comes_back_when_space_returns(cluster, role):
     cluster.create_writable_topic("t", 1, 3)
     entry = cluster.partition("t", 0)
     leader = cluster.node(entry["leader"])

@@ -13,21 +13,18 @@ import pytest
 from tests.cluster.aging import (
     AGED_NSQD_ARGS,
     age_topic,
-    check_identical_from_the_start,
     log_start,
     publish_batch,
     replace_disk,
 )
 from tests.cluster.local_cluster import LocalCluster
-from tests.cluster.traffic import drain
+from tests.cluster.traffic import check_replicas_identical, drain
 from tests.support.polling import poll
 
 
 @pytest.fixture
 def cluster(tmp_path, etcd_server):
-    with LocalCluster(
-        tmp_path, etcd_server, nsqd_args=AGED_NSQD_ARGS, rpc_proxies=True
-    ) as running:
+    with LocalCluster(tmp_path, etcd_server, nsqd_args=AGED_NSQD_ARGS, rpc_proxies=True) as running:
         yield running
 
 
@@ -75,7 +72,7 @@ def test_a_replaced_disk_never_leads_and_copies_the_aged_log_once_its_leader_is_
     assert log_start(follower, "t") == start
     acked |= publish_batch(leader, "t", "after", 20)
     assert acked <= drain(leader, "t", acked)
-    check_identical_from_the_start(cluster, "t")
+    check_replicas_identical(cluster, "t", 1)
 
 
 def test_a_replaced_disk_on_the_leader_hands_the_partition_to_the_complete_follower(cluster):
@@ -95,7 +92,7 @@ def test_a_replaced_disk_on_the_leader_hands_the_partition_to_the_complete_follo
     )
     acked |= publish_batch(new, "t", "after", 20)
     assert acked <= drain(new, "t", acked)
-    check_identical_from_the_start(cluster, "t")
+    check_replicas_identical(cluster, "t", 1)
 
 
 def test_catch_up_progress_and_its_cause_are_reported(cluster):
@@ -125,4 +122,45 @@ def test_catch_up_progress_and_its_cause_are_reported(cluster):
         lambda: f"caught up once the link healed\n{cluster.describe()}",
         timeout=30,
     )
-    check_identical_from_the_start(cluster, "t")
+    check_replicas_identical(cluster, "t", 1)
+
+
+def test_an_operator_may_elect_an_incomplete_replica_and_says_so(cluster):
+    """Kafka's unclean election: with the only complete replica gone for good, an operator
+    makes the emptied one lead. Refused while a complete replica can; logged loudly; the
+    other replica, when back, cuts what the new leader lacks and follows it."""
+    cluster.create_writable_topic("t", 1, 2)
+    leader = cluster.node_leading("t", 0)
+    follower = _follower_of(cluster, "t")
+    publish_batch(leader, "t", "lost", 20)
+    elect = f"/topic/partition/elect?topic=t&partition=0&unclean=true&node={follower.node_id}"
+    refused = cluster.master_http("POST", elect)
+    assert (refused.status, json.loads(refused.body)["message"].split()[0]) == (
+        400,
+        "E_HAS_LEADER",
+    )
+    leader.rpc_proxy.blackhole()
+    replace_disk(follower)
+    poll(lambda: follower.node_id in cluster.partition("t", 0)["catchup"], "out of the ISR")
+    leader.kill()
+    poll(lambda: cluster.partition("t", 0)["unavailable"], "no leader to elect")
+    clean = cluster.master_http("POST", "/topic/partition/elect?topic=t&partition=0")
+    assert clean.status == 400 and b"E_CLEAN_ELECTION_IS_AUTOMATIC" in clean.body
+    reply = cluster.master_http("POST", elect)
+    assert reply.status == 200, reply
+    assert json.loads(reply.body)["Leader"] == follower.node_id
+    assert "UNCLEAN ELECTION" in cluster.lookupds[0].log
+    poll(lambda: cluster.node_leading("t", 0) is follower, "the emptied replica leading")
+    leader.rpc_proxy.heal()
+    leader.start()
+    poll(
+        lambda: leader.node_id in cluster.partition("t", 0)["isr"],
+        lambda: f"the old leader following the new one\n{cluster.describe()}",
+        timeout=30,
+    )
+    # The channel's cursor was among what was lost: it starts again at the new leader's end.
+    assert follower.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
+    after = publish_batch(follower, "t", "after", 10)
+    received = drain(follower, "t", after)
+    assert not any(body.startswith(b"lost") for body in received)
+    check_replicas_identical(cluster, "t", 1)

@@ -11,6 +11,7 @@ from collections import Counter
 
 import pytest
 
+from tests.cluster.aging import AGED_NSQD_ARGS, age_topic, log_start
 from tests.cluster.local_cluster import LocalCluster
 from tests.cluster.proxy import BlackholeProxy
 from tests.cluster.traffic import (
@@ -26,7 +27,11 @@ from tests.support.polling import poll
 
 @pytest.fixture
 def cluster(tmp_path, etcd_server):
-    with LocalCluster(tmp_path, etcd_server, nsqd_args=("-sync-every=1",)) as running:
+    # Small segments: the tests that move replicas run them on topics whose retention has
+    # run (`tests/cluster/aging.py`), so a new replica copies a log that does not start at 0.
+    with LocalCluster(
+        tmp_path, etcd_server, nsqd_args=("-sync-every=1", *AGED_NSQD_ARGS)
+    ) as running:
         yield running
 
 
@@ -76,14 +81,21 @@ def test_leaders_move_back_once_a_restarted_node_caught_up(cluster):
 
 
 def test_a_rolling_restart_loses_nothing(cluster):
-    """Each node in turn: SIGTERM, start again, wait until every ISR is whole. Producers and
-    a consumer run throughout; the longest write gap per partition is printed."""
+    """Each node in turn: SIGTERM, start again, wait until every ISR is whole. A stopping
+    node first hands over what it leads and leaves the ISRs it follows, while it still
+    serves (so no partition waits for its lease or for a follower that stopped answering).
+    Producers and a consumer run throughout; the longest write gap per partition is
+    printed (bench.cluster_ops measures it)."""
     create_topic(cluster, "t", 3, 3)
     traffic = Traffic(cluster, "t")
     try:
         traffic.wait_acked(200)
         for node in cluster.nodes:
             node.stop()
+            assert "CLUSTER: leaving the cluster: " in node.process.log, node.process.log
+            for partition in range(3):
+                entry = cluster.partition("t", partition)
+                assert node.node_id != entry["leader"] and node.node_id not in entry["isr"]
             node.start()
             for partition in range(3):
                 poll(
@@ -106,10 +118,12 @@ def test_expanding_and_moving_partitions_under_load(tmp_path, etcd_server):
         tmp_path,
         etcd_server,
         nsqds=4,
-        nsqd_args=("-sync-every=1",),
+        nsqd_args=("-sync-every=1", *AGED_NSQD_ARGS),
         lookupd_args=("-balance-interval=off",),
     ) as cluster:
         create_topic(cluster, "t", 2, 2)
+        for partition in range(2):
+            age_topic(cluster, "t", partition, count=150)
         traffic = Traffic(cluster, "t")
         try:
             traffic.wait_acked(200)
@@ -210,6 +224,8 @@ def test_a_node_joins_the_isr_only_through_its_leader_at_the_leaders_end(tmp_pat
 
 def test_a_removed_node_ends_holding_nothing(cluster):
     create_topic(cluster, "t", 3, 2)
+    for partition in range(3):
+        age_topic(cluster, "t", partition, count=150)
     traffic = Traffic(cluster, "t")
     try:
         traffic.wait_acked(200)
@@ -250,6 +266,7 @@ def test_a_removed_node_ends_holding_nothing(cluster):
 
 def test_meta_update_changes_replicas_and_settings(cluster):
     create_topic(cluster, "t", 2, 2)
+    starts = [age_topic(cluster, "t", partition, count=150) for partition in range(2)]
     operate(cluster, "/topic/meta/update?topic=t&replicator=3&syncdisk=10&retention=5")
     for partition in range(2):
         poll(
@@ -259,6 +276,11 @@ def test_meta_update_changes_replicas_and_settings(cluster):
         )
     meta = json.loads(cluster.lookupd_http("GET", "/lookup?topic=t&metainfo=true").body)["meta"]
     assert meta["replica"] == 3
+    # The third replica copied each log from where retention left it.
+    check_replicas_identical(cluster, "t", 2)
+    for partition, start in enumerate(starts):
+        for node_id in cluster.partition("t", partition)["isr"]:
+            assert log_start(cluster.node(node_id), "t", partition) == start
     operate(cluster, "/topic/meta/update?topic=t&disable_channel_auto_create=true")
     leader = cluster.node(cluster.partition("t", 0)["leader"])
     connection = V2Connection(leader.tcp_port)

@@ -3,6 +3,8 @@ one topic (every partition, following leaders through nsqlookupd), and the check
 nothing acknowledged lost, every replica of every partition byte-identical, and the longest
 write gap each partition saw."""
 
+import json
+import struct
 import threading
 import time
 from collections import Counter
@@ -167,26 +169,72 @@ def log_files(node, topic: str, partition: int) -> dict[str, bytes]:
 
 
 def check_replicas_identical(cluster: LocalCluster, topic: str, partitions: int) -> None:
-    """Every ISR member of every partition holds its leader's log byte for byte (each
-    partition's ISR whole first)."""
+    """Every ISR member of every partition holds its leader's log byte for byte from the
+    leader's start (each partition's ISR whole first): the same segment files and index
+    entries (a copy that started over at the leader's start has no older ones)."""
     for partition in range(partitions):
         poll(
             lambda p=partition: (
                 (entry := cluster.partition(topic, p)) is not None
                 and len(entry["isr"]) == entry["replica"]
             ),
-            f"{topic}/{partition}'s ISR whole",
+            lambda p=partition: f"{topic}/{p}'s ISR whole\n{cluster.describe()}",
             timeout=60,
         )
         entry = cluster.partition(topic, partition)
-        expected = log_files(cluster.node(entry["leader"]), topic, partition)
-        assert expected, f"{topic}/{partition}: no log on its leader"
+        expected = retained_log(cluster.node(entry["leader"]), topic, partition)
+        assert expected[1], f"{topic}/{partition}: no log on its leader"
         for node_id in entry["isr"]:
             node = cluster.node(node_id)
             poll(
-                lambda n=node, p=partition, e=expected: log_files(n, topic, p) == e,
-                f"{topic}/{partition} identical on {node_id}",
+                lambda n=node, p=partition, e=expected: _same_from(retained_log(n, topic, p), e),
+                f"{topic}/{partition} identical on {node_id} from the leader's start",
             )
+
+
+_ENTRY = struct.Struct(">qqqqiqi")
+
+
+def retained_log(node, topic: str, partition: int = 0) -> tuple[int, dict, list]:
+    """The partition's log on `node` from where it starts: the start offset, the data
+    segments (name → bytes) and the index entries of the groups from the start on."""
+    directory = node.data_path / topic
+    if not directory.is_dir():
+        return 0, {}, []
+    start_meta = directory / f"{topic}-{partition}.diskqueue.meta.extra.dat"
+    try:
+        start = json.loads(start_meta.read_bytes())["VirtualOffset"]
+    except FileNotFoundError:
+        start = 0
+    segments = {}
+    entries = []
+    prefix = f"{topic}-{partition}.diskqueue.0"
+    index_prefix = f"{topic}_{partition}.commit.log"
+    for path in sorted(directory.iterdir()):
+        try:
+            if path.name.startswith(prefix) and path.name.endswith(".dat"):
+                if "offsetmeta" not in path.name:
+                    segments[path.name] = path.read_bytes()
+            elif path.name.startswith(index_prefix) and path.name[len(index_prefix) :] in (
+                "",
+                *(f".{n:08d}" for n in range(1000)),
+            ):
+                data = path.read_bytes()
+                for at in range(0, len(data) - len(data) % _ENTRY.size, _ENTRY.size):
+                    entry = _ENTRY.unpack_from(data, at)
+                    if entry[3] >= start:
+                        entries.append(entry)
+        except FileNotFoundError:
+            continue  # removed meanwhile (retention, or the partition moved off the node)
+    return start, segments, sorted(entries, key=lambda entry: entry[3])
+
+
+def _same_from(copy: tuple[int, dict, list], leader: tuple[int, dict, list]) -> bool:
+    """Whether `copy` holds what `leader` holds from the leader's start: the same segment files
+    (a copy may keep older ones its own retention has not removed yet) and index entries."""
+    start, segments, entries = leader
+    kept = {name: data for name, data in copy[1].items() if name in segments}
+    return kept == segments and [e for e in copy[2] if e[3] >= start] == entries
 
 
 def publish_numbered(cluster, topic: str, label: str, count: int) -> set[bytes]:

@@ -718,3 +718,23 @@ def test_a_follower_alone_stands_in_for_its_leader(replicated):
         assert 'data-flag="no-leader-view"' in page and "seen by a follower" in page
     finally:
         admin.stop()
+
+
+def test_a_partition_no_complete_replica_can_lead_says_why(replicated):
+    """Its follower dead (out of the ISR), then its leader: no replica that holds every
+    acknowledged message is alive, none is elected, and the topic's page says so."""
+    local = replicated.local
+    replicated.create_topic("two", 1, 2)
+    info = local.partition("two", 0)
+    leader, follower = local.node(info["leader"]), local.node(info["isr"][1])
+    follower.kill()
+    poll(lambda: follower.node_id in local.partition("two", 0)["catchup"], "out of the ISR")
+    leader.kill()
+
+    def page() -> str | None:
+        body = http("GET", f"{replicated.url}/topics/two").body.decode()
+        return body if 'data-flag="no-leader"' in body else None
+
+    shown = poll(page, "the topic page saying partition 0 has no leader")
+    assert "waiting for one to come back" in shown
+    assert local.partition("two", 0)["leader"] == leader.node_id
