@@ -526,34 +526,49 @@ class ClusterNode:
         elected from it, has every acknowledged message."""
         have: set[str] = set()
         replica = _held(topic)
-        while True:
-            info = replica.info
-            if not replica.is_leader:
-                raise ClusterWriteError("E_FAILED_ON_NOT_LEADER", "no longer the leader")
-            if len(info.isr) <= info.replica // 2:
-                # The master dropped members meanwhile (or they left): no majority holds it.
-                raise ClusterWriteError(
-                    "E_FAILED_ON_NOT_WRITABLE",
-                    f"the ISR ({len(info.isr)} of {info.replica}) is no majority of the replicas",
-                )
-            missing = [follower for follower in replica.followers() if follower not in have]
-            if not missing:
-                return
-            failed: dict[str, Exception] = {}
-            version = topic.channels_version
-            changed = version != topic.replicated_channels
-            channels = self._channel_positions(topic) if changed else None
-            async with trio.open_nursery() as sending:
-                for follower in missing:
-                    sending.start_soon(
-                        self._replicate_to, follower, topic, info, writes, failed, channels, delays
+        sent = False
+        try:
+            while True:
+                info = replica.info
+                if not replica.is_leader:
+                    raise ClusterWriteError("E_FAILED_ON_NOT_LEADER", "no longer the leader")
+                if len(info.isr) <= info.replica // 2:
+                    # The master dropped members meanwhile (or they left): no majority.
+                    raise ClusterWriteError(
+                        "E_FAILED_ON_NOT_WRITABLE",
+                        f"the ISR ({len(info.isr)} of {info.replica}) is no majority",
                     )
-            have.update(follower for follower in missing if follower not in failed)
-            if not failed:
-                if channels is not None:
-                    topic.replicated_channels = version
-                continue
-            await self._drop_failed(topic, info, failed)
+                missing = [follower for follower in replica.followers() if follower not in have]
+                if not missing:
+                    return
+                failed: dict[str, Exception] = {}
+                version = topic.channels_version
+                changed = version != topic.replicated_channels
+                channels = self._channel_positions(topic) if changed else None
+                sent = True
+                async with trio.open_nursery() as sending:
+                    for follower in missing:
+                        sending.start_soon(
+                            self._replicate_to,
+                            follower,
+                            topic,
+                            info,
+                            writes,
+                            failed,
+                            channels,
+                            delays,
+                        )
+                have.update(follower for follower in missing if follower not in failed)
+                if not failed:
+                    if channels is not None:
+                        topic.replicated_channels = version
+                    continue
+                await self._drop_failed(topic, info, failed)
+        except ClusterWriteError as error:
+            # Sent to a follower, the writes may be held by one that leads next: refused, they
+            # may still be stored, and their publishers are told so.
+            error.maybe_stored = sent
+            raise
 
     async def _drop_failed(
         self, topic: "Topic", info: ReplicaInfo, failed: dict[str, Exception]

@@ -10,7 +10,8 @@ or a restarted client with the same ID is recognised.
 The state is kept in the log: the last record of each sequenced publish carries its producer
 and sequence (`partition_log.ProducerMark`), replicated with it. A partition rebuilds the
 state from the records of the last `--producer-id-expiration` when it is first needed and
-whenever its write epoch changes (a new leader), starting from its newest producer snapshot
+whenever the log changed other than by its own appends (groups another leader wrote, a cut
+back: so when a node becomes the leader), starting from its newest producer snapshot
 (`partition_log/producer_snapshots.py`, written by every replica as its segments roll); a
 producer not heard of for that long is forgotten, and may start again at 0.
 """
@@ -79,8 +80,8 @@ class ProducerSequences:
         self._expiration = expiration
         self._clock = clock
         self._producers: dict[bytes, _Producer] = {}
-        # The write epoch the state was built for; None: not built.
-        self._epoch: int | None = None
+        # The log's `rewrites` the state was built at; None: not built.
+        self._built_at: int | None = None
         self._checks = 0
 
     def __len__(self) -> int:
@@ -129,10 +130,14 @@ class ProducerSequences:
         producer.seen = now
 
     def _ensure_built(self, now: float) -> None:
-        epoch = self._log.write_epoch
-        if self._epoch != epoch:
+        # Built again only when the log changed under it (groups another leader wrote, a cut
+        # back): a leader whose write epoch moved on (a node joined its ISR) keeps what it
+        # knows, including the publishes appended and not yet written, which the log cannot
+        # tell yet.
+        rewrites = self._log.rewrites
+        if self._built_at != rewrites:
             self._rebuild(now)
-            self._epoch = epoch
+            self._built_at = rewrites
             return
         self._checks += 1
         if self._checks >= _SWEEP_EVERY:

@@ -36,6 +36,9 @@ class WriteRefused(Exception):
     def __init__(self, code: str, reason: str) -> None:
         super().__init__(reason)
         self.code = code
+        # The publishes went to followers before the write was given up: one of them may
+        # hold them, and lead (their publishers hear `MAYBE_STORED`, docs/protocol.md §3.10).
+        self.maybe_stored = False
 
 
 class WriteGroup:

@@ -518,6 +518,10 @@ class ProtocolV2:
             error = group.error
             cluster_code = getattr(error, "code", None)
             text = f"{cluster_code} " if cluster_code else f"{code} {label} failed {error}"
+            if getattr(error, "maybe_stored", False):
+                # Youzan's clients read the code; nsqpy's idempotent ones keep the publish's
+                # sequences for its retry (docs/protocol.md §3.10).
+                text = f"{cluster_code} MAYBE_STORED sent to followers before the leader gave up"
             self.nsqd.log.error("[%s] - %s", self.client, text)
             replies[index] = encode_error(text)
             if self.dialect.publish_errors_are_fatal and not self._internal:

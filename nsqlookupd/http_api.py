@@ -574,6 +574,8 @@ class HTTPAPI:
                     "tcp_port": node.tcp_port,
                     "http_port": node.http_port,
                     "rpc_port": node.rpc_port,
+                    # Its data directory's identity: a new one is a replaced disk.
+                    "incarnation": node.incarnation,
                     "removing": node_id in removing,
                     "removed": node_id in removed,
                     **numbers,

@@ -131,6 +131,10 @@ class PartitionLog(Generic[M]):
         self.appended = self.end
         # Stamped into each index entry: the partition's write epoch in a cluster (0 alone).
         self.write_epoch = 0
+        # Grows whenever the log changes other than by its own appends: groups written as
+        # another node wrote them (`append_raw`), cut back, started over. What was derived
+        # from the log (an idempotent producer's sequence) is derived again after it.
+        self.rewrites = 0
         self._ops_since_sync = 0
         self._closed = False
         # The hot tail: the bytes of the latest appends, as written (whole records), with the
@@ -344,6 +348,7 @@ class PartitionLog(Generic[M]):
         if size != len(data):
             raise ValueError(f"a group of {len(data)} bytes says it has {size}")
         self._write_group(entry, data, Position(offset + size, first_count - 1 + count), [])
+        self.rewrites += 1
         self.end = self.appended = self.written
         self.last_id = max(self.last_id, entry[2])
         self._ops_since_sync += count
@@ -356,6 +361,14 @@ class PartitionLog(Generic[M]):
     def _write_group(
         self, entry: IndexEntry, data: bytes, following: Position, defers: list[tuple[int, float]]
     ) -> None:
+        # Full files are rolled before the next write, not after the one that filled them:
+        # where a segment (or index file) ends then depends only on the groups written, so
+        # replicas cut their logs into the same files even if one was killed between a write
+        # and its roll. A roll that fails (a full disk) fails the write, nothing written.
+        if self.segments[-1].size >= self.max_bytes_per_file:
+            self._roll()
+        if self._index_entries >= self.index_entries_per_file:
+            self._roll_index()
         segment = self.segments[-1]
         try:
             written = 0
@@ -377,10 +390,6 @@ class PartitionLog(Generic[M]):
         self._index_entries += 1
         self.written = following
         self._remember(data, entry[3], defers)
-        if self._index_entries >= self.index_entries_per_file:
-            self._roll_index()
-        if segment.size >= self.max_bytes_per_file:
-            self._roll()
 
     def discard_pending(self) -> None:
         """Forget what was appended since the last commit (it will not be written)."""
@@ -419,9 +428,9 @@ class PartitionLog(Generic[M]):
         return self._tail_defers.get(offset, 0.0)
 
     def _roll(self) -> None:
-        """The segment is full: record its range, start the next. A disk that refuses the
-        next file (full, failing) leaves writes in this one, and the next write tries
-        again: a roll is never what fails a write."""
+        """The segment is full: record its range, start the next. OSError when the disk
+        refuses the next file (full, failing): the segment stays the active one, and the
+        next write tries again."""
         segment = self.segments[-1]
         following = Segment(segment.number + 1, self.written.offset, self.written.count, 0)
         try:
@@ -430,13 +439,9 @@ class PartitionLog(Generic[M]):
             )
         except OSError as error:
             self.log.error(
-                "LOG(%s) cannot start segment %d, writing on in segment %d - %s",
-                self.name,
-                following.number,
-                segment.number,
-                error,
+                "LOG(%s) cannot start segment %d - %s", self.name, following.number, error
             )
-            return
+            raise
         try:
             write_segment_meta(self.files, segment, self.written.count)
             os.fsync(self._write_fd)
@@ -455,7 +460,7 @@ class PartitionLog(Generic[M]):
 
     def _roll_index(self) -> None:
         """The active index file is full: it gets its number, and a new one is the active
-        one. A disk that refuses the new file leaves entries in this one until it takes it."""
+        one. OSError when the disk refuses the new file: the write waits for it."""
         try:
             os.fsync(self._index_fd)
         except OSError as error:
@@ -467,14 +472,14 @@ class PartitionLog(Generic[M]):
             )
         except OSError as error:
             self.log.error("LOG(%s) cannot start a new index file - %s", self.name, error)
-            return
+            raise
         try:
             write_atomically(self.files.index_current, b"%d\n" % (self._index_number + 1))
         except OSError as error:
             os.close(descriptor)
             _remove(following)
             self.log.error("LOG(%s) cannot start a new index file - %s", self.name, error)
-            return
+            raise
         os.rename(self.index_path(), self.index_path(self._index_number))
         os.rename(following, self.index_path())
         os.close(self._index_fd)
@@ -803,6 +808,7 @@ class PartitionLog(Generic[M]):
         self.discard_pending()
         if position == self.written:
             return
+        self.rewrites += 1
         if not self.start.offset <= position.offset < self.written.offset:
             raise ValueError(f"offset {position.offset} is not in the log")
         with open(self.index_path(), "rb") as file:
@@ -896,6 +902,7 @@ class PartitionLog(Generic[M]):
         if boundary is not None and entry_end(boundary) != tuple(start):
             raise ValueError(f"the index entry {boundary} does not end at {start}")
         self.discard_pending()
+        self.rewrites += 1
         if not self._closed:
             os.close(self._write_fd)
             os.close(self._index_fd)

@@ -41,6 +41,9 @@ NOP = b"NOP\n"
 # (docs/protocol.md §3.5).
 DETAIL = struct.Struct(">QI")
 
+# The word after the code of a refused publish that its leader sent to followers before it
+# gave up: it may be stored (docs/protocol.md §3.10).
+MAYBE_STORED = "MAYBE_STORED"
 # Refusals a new lookup (a moved leader, a node back) may cure: the request is retried.
 RETRYABLE_ERRORS = frozenset(
     {"E_FAILED_ON_NOT_LEADER", "E_FAILED_ON_NOT_WRITABLE", "E_TOPIC_NOT_EXIST"}
@@ -666,6 +669,11 @@ class SequencedPublish:
     pinned: bool
     # (partition, producer ID, first sequence) once claimed.
     claim: tuple[int, str, int] | None = None
+    # An attempt went unanswered (a broken or silent connection), or was refused by a leader
+    # that had sent it to followers before it gave up (`MAYBE_STORED`): the publish may be
+    # stored, so it keeps its claim whatever later attempts are told, or a retry under a new
+    # claim would store it twice.
+    unanswered: bool = False
 
     def command(self, partition: int | None, identify_reply: dict) -> bytes:
         """The publish to send to `partition` (None: a classic topic's nsqd) on a connection
@@ -687,11 +695,18 @@ class SequencedPublish:
             return encode_pub_seq(topic, partition, producer_id, first, bodies[0])
         return encode_mpub_seq(topic, partition, producer_id, first, bodies)
 
-    def refused(self, code: str) -> bool:
-        """After nsqd refused it with `code`: True when it is to be sent again at once
-        (E_NOT_LOG_TOPIC: plainly; E_SEQUENCE_GAP: the partition forgot the producer, so
-        under a new one). A retryable refusal stored nothing either: an unpinned publish may
-        go to another partition, whose next publishes start afresh."""
+    def refused(self, code: str, text: str = "") -> bool:
+        """After nsqd refused it with `code` (its whole answer `text`): True when it is to be
+        sent again at once (E_NOT_LOG_TOPIC: plainly; E_SEQUENCE_GAP: the partition forgot the
+        producer, so under a new one). A retryable refusal of a publish the leader did not
+        write stored nothing: an unpinned publish may go to another partition, whose next
+        publishes start afresh. One that says `MAYBE_STORED` (docs/protocol.md §3.10: the
+        leader sent it to followers, one of which may lead now), or any after an attempt that
+        went unanswered (`answer_lost`), leaves it with its claim, as Kafka's idempotent
+        producer keeps a batch's sequence: the partition's next leader stores it or says it
+        holds it."""
+        if MAYBE_STORED in text.split(" ", 2)[1:2]:
+            self.answer_lost()
         if code == "E_NOT_LOG_TOPIC":
             self.sequences.plain(self.topic)
             self.claim = None
@@ -700,9 +715,17 @@ class SequencedPublish:
             self._restart()
             return True
         if code in RETRYABLE_ERRORS and self.claim is not None and not self.pinned:
+            if self.unanswered:
+                return False  # its partition's next leader tells whether it holds it
             self._restart()
             self.attempts.partition = None
         return False
+
+    def answer_lost(self) -> None:
+        """An attempt was sent, or may have been, and no answer came (or one that says it
+        may be stored): it may be stored."""
+        if self.claim is not None:
+            self.unanswered = True
 
     def gave_up(self) -> None:
         """The publish failed for good: stored or not, nobody knows, so its partition's next

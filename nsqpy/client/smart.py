@@ -613,13 +613,14 @@ class SmartProducer:
             try:
                 self._send(target.address, partial(command, partition=target.partition))
             except NSQError as error:
-                if sequenced.refused(error.code):
+                if sequenced.refused(error.code, error.text):
                     continue
                 if error.code not in RETRYABLE_ERRORS:
                     self._count_retries(attempts.attempts)
                     raise
                 failure: BaseException = error
             except OSError as error:
+                sequenced.answer_lost()
                 failure = error
             else:
                 with self._lock:

@@ -549,12 +549,13 @@ class SmartProducer:
                     await producer.request_with(partial(sequenced.command, step.partition))
                 return step
             except NSQError as error:
-                if sequenced.refused(error.code):
+                if sequenced.refused(error.code, error.text):
                     continue
                 if error.code not in RETRYABLE_ERRORS:
                     raise
                 failure: BaseException = error
             except (OSError, trio.BrokenResourceError, trio.TooSlowError) as error:
+                sequenced.answer_lost()
                 failure = error
             if not attempts.failed(step, failure, trio.current_time()):
                 raise give_up()

@@ -4,8 +4,10 @@ happened and when, with no I/O: each adapter (blocking, asyncio, trio) only carr
 import pytest
 
 from nsqpy.client.core import (
+    ProducerSequences,
     PublishAttempts,
     PublishRouter,
+    SequencedPublish,
     SubscriptionError,
     SubscriptionPlan,
     SubscriptionReader,
@@ -198,3 +200,33 @@ def test_a_publish_retries_elsewhere_then_pauses_then_gives_up():
     assert isinstance(attempts.next(layout, now=1), Target)
     assert attempts.next(None, now=10) is None  # no lookupd, deadline passed
     assert attempts.attempts == 3 and str(attempts.last_error) == "reset"
+
+
+def test_a_claimed_publish_moves_only_after_a_refusal_that_says_it_was_not_stored():
+    """An idempotent publish sent to a partition keeps its partition, producer and sequences
+    after a refusal that says it may be stored (`MAYBE_STORED`: its leader sent it to
+    followers before giving up) or after an attempt that went unanswered: moved under a new
+    claim, it could be stored twice. A plain refusal (nothing written) lets it move."""
+    router = PublishRouter()
+    layout = Layout({0: A, 1: B})
+    for answer, moves in [
+        ("E_FAILED_ON_NOT_LEADER ", True),
+        ("E_FAILED_ON_NOT_LEADER MAYBE_STORED sent to followers before the leader gave up", False),
+        (None, False),  # no answer at all: a broken connection
+    ]:
+        sequences = ProducerSequences("p")
+        attempts = PublishAttempts(router, "t", None, None, 10, backoff=0.5, backoff_max=2)
+        sequenced = SequencedPublish(sequences, "t", [b"x"], attempts, False)
+        target = attempts.next(layout, now=0)
+        sequenced.command(target.partition, {"idempotent_publish": True})
+        claim = sequenced.claim
+        if answer is None:
+            sequenced.answer_lost()
+        else:
+            assert sequenced.refused(answer.split(" ")[0], answer) is False
+        if moves:
+            assert sequenced.claim is None and attempts.partition is None
+        else:
+            assert sequenced.claim == claim and attempts.partition == target.partition
+            sequenced.refused("E_FAILED_ON_NOT_WRITABLE", "E_FAILED_ON_NOT_WRITABLE ")
+            assert sequenced.claim == claim

@@ -66,10 +66,26 @@ def age_topic(cluster: LocalCluster, topic: str, partition: int = 0, count: int 
     return poll(cleaned, f"{topic}/{partition} cleaned on every replica")
 
 
-def replace_disk(node: Node) -> None:
-    """`kill -9` the node, give it an empty data directory (a replaced disk), start it again
-    on the same ports and node ID (well within its lease)."""
+def replace_disk(cluster: LocalCluster, node: Node) -> None:
+    """`kill -9` the node, empty its data directory (a replaced disk), start it again on the
+    same ports and node ID (well within its lease); until the master knows it by its new
+    incarnation."""
     node.kill()
-    shutil.rmtree(node.data_path)
-    node.data_path.mkdir()
+    for child in node.data_path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
     node.start()
+    incarnation = poll(
+        lambda: (node.data_path / "nsqd.incarnation").exists()
+        and (node.data_path / "nsqd.incarnation").read_text().strip(),
+        "the new disk's incarnation",
+    )
+    poll(
+        lambda: any(
+            entry["id"] == node.node_id and entry["incarnation"] == incarnation
+            for entry in cluster.stats()["nodes"]
+        ),
+        f"the master knowing {node.node_id} by its new incarnation",
+    )

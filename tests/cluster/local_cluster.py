@@ -151,9 +151,16 @@ class LocalCluster:
                     cwd=directory,
                 )
             )
-        self.nodes = [Node(self, index).start() for index in range(nsqds)]
-        poll(lambda: len(self.stats().get("nsqd_nodes", [])) == nsqds, "nsqds registered")
-        poll(lambda: self.master() is not None, "a master nsqlookupd")
+        self.nodes: list[Node] = []
+        try:
+            for index in range(nsqds):
+                self.nodes.append(Node(self, index))
+                self.nodes[-1].start()
+            poll(lambda: len(self.stats().get("nsqd_nodes", [])) == nsqds, "nsqds registered")
+            poll(lambda: self.master() is not None, "a master nsqlookupd")
+        except BaseException:
+            self.close()  # what was started, and the disks mounted
+            raise
 
     def etcd_url_of(self, index: int) -> str:
         return self.etcd_urls.get(index, self.etcd.client_url)

@@ -5,10 +5,13 @@ and a consumer per topic draining whichever node leads it. Faults, one after the
 `kill -9` of a leader (then it is started again), `SIGSTOP` of a leader past its lease then
 `SIGCONT`, `kill -9` of a follower and a restart, a restart of etcd, a leader's link to etcd
 black-holed then healed, a follower cut off from etcd and from its peers (black-holing
-proxies), then healed, and the same for a leader, whose producers still reach it. Afterwards
-the checker reads everything: every acknowledged message consumed at least once (0 lost), the
-log bytes identical on every ISR member, duplicates counted, and the write unavailability of
-each fault.
+proxies), then healed, and the same for a leader, whose producers still reach it; retention
+run on every replica under load; a follower, then a leader, killed and started again inside
+its lease on an emptied data directory (a replaced disk); a leader's disk (a 16 MiB tmpfs, as
+every node's) filled until it gives the partition up, then freed. Afterwards the checker reads
+everything: every acknowledged message consumed at least once (0 lost), the log bytes
+identical on every ISR member from the leader's start, duplicates counted, and the write
+unavailability of each fault.
 
 The default suite runs each fault once, and the four that replace a leader five times each
 (20 failovers: nothing lost, nothing stored twice); `-m slow` runs `test_chaos_long` with many
@@ -16,6 +19,7 @@ rounds.
 """
 
 import json
+import re
 import threading
 import time
 from collections import Counter
@@ -30,12 +34,15 @@ from nsqpy.common.frame import FRAME_TYPE_MESSAGE
 from nsqpy.common.message import decode_message
 from nsqpy.partition_log import Record
 from nsqpy.partition_log.records import SIZE, decode_flagged_record
+from tests.cluster.aging import replace_disk
 from tests.cluster.local_cluster import LocalCluster
 from tests.cluster.proxy import BlackholeProxy
+from tests.cluster.traffic import check_replicas_identical
 from tests.harness import V2Connection
 from tests.support.polling import poll
 
 TOPICS = {"r2": 2, "r3": 3}
+SEGMENT_NAME = re.compile(r"\.diskqueue\.\d{6,9}\.dat$")
 
 
 # The topic whose consumer subscribes with SUB_ORDERED: its first deliveries must come in
@@ -151,8 +158,8 @@ def stored_bodies(files: dict[str, bytes]) -> Counter:
     """How many times each body is stored in a partition's log segments."""
     bodies: Counter = Counter()
     for name in sorted(files):
-        if not name.endswith(".commit.log"):
-            continue
+        if not SEGMENT_NAME.search(name):
+            continue  # the index, a rolled segment's range
         data = files[name]
         at = 0
         while at + 4 <= len(data):
@@ -188,23 +195,8 @@ def settle_and_check(cluster: LocalCluster, workload: Workload) -> dict:
         assert not missing, f"{topic}: {len(missing)} acknowledged never consumed"
         if topic == ORDERED:
             assert traffic.first == sorted(traffic.first), f"{topic}: out of order"
+        check_replicas_identical(cluster, topic, 1)
         expected = log_files(leader, topic)
-        for node_id in cluster.partition(topic, 0)["isr"]:
-            node = cluster.node(node_id)
-            try:
-                poll(
-                    lambda n=node, t=topic, e=expected: log_files(n, t) == e,
-                    f"{topic} identical on {node_id}",
-                )
-            except AssertionError:
-                got = log_files(node, topic)
-                for name in sorted(set(got) | set(expected)):
-                    a, b = expected.get(name, b""), got.get(name, b"")
-                    if a != b:
-                        first = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
-                        print("DIFF", name, len(a), len(b), "first difference at", first)
-                print(json.dumps(cluster.stats()["partitions"]))
-                raise
         stored = stored_bodies(expected)
         figures[topic] = {
             "acknowledged": len(workload_acked),
@@ -251,10 +243,17 @@ class Faults:
         return poll(lambda: self.cluster.node_leading(topic, 0), f"{topic}'s leader")
 
     def _whole(self) -> None:
+        """Every partition's ISR whole again, each member holding the data the ISR counts on
+        (a node started on an emptied disk is in the ISR it was in until the master sees its
+        new incarnation) and none catching up: the next fault starts from a healthy cluster."""
         for topic, replicas in TOPICS.items():
             try:
                 poll(
-                    lambda t=topic, r=replicas: len(self.cluster.partition(t, 0)["isr"]) == r,
+                    lambda t=topic, r=replicas: (
+                        len((entry := self.cluster.partition(t, 0))["isr"]) == r
+                        and not entry["lost"]
+                        and not entry["catching_up"]
+                    ),
                     f"{topic}'s ISR whole",
                     timeout=30,
                 )
@@ -356,6 +355,43 @@ class Faults:
                 link.heal()
         self._whole()
 
+    def replace_follower_disk(self) -> None:
+        """A follower killed and started again inside its lease on an empty data directory:
+        it leaves the ISR at once, copies the log from the leader's start, and joins."""
+        info = self.cluster.partition("r3", 0)
+        follower = self.cluster.node(info["isr"][-1])
+        replace_disk(self.cluster, follower)
+        self._whole()
+
+    def replace_leader_disk(self) -> None:
+        """The same on the leader: a follower that holds everything leads at once."""
+        leader = self._leader()
+        replace_disk(self.cluster, leader)
+        poll(lambda: self.cluster.node_leading("r3", 0) not in (None, leader), "a new leader")
+        self._whole()
+
+    def fill_leader_disk(self) -> None:
+        """The leader's disk fills: it refuses what it cannot store, hands the partition to a
+        follower, leaves the ISR and comes back once space returns."""
+        leader = self._leader()
+        leader.disk.fill()
+        try:
+            poll(
+                lambda: self.cluster.partition("r3", 0)["leader"] != leader.node_id, "a new leader"
+            )
+        finally:
+            leader.disk.free()
+        self._whole()
+
+    def run_retention(self) -> None:
+        """Retention (`/topic/greedyclean`) on every replica while the topics take writes and
+        are consumed: whatever was consumed goes, nothing else."""
+        for topic in TOPICS:
+            for node_id in self.cluster.partition(topic, 0)["isr"]:
+                node = self.cluster.node(node_id)
+                reply = node.http("POST", f"/topic/greedyclean?topic={topic}&partition=0")
+                assert reply.status == 200, reply
+
     ALL = (
         "kill_leader",
         "freeze_leader",
@@ -364,6 +400,10 @@ class Faults:
         "cut_leader_from_etcd",
         "isolate_follower",
         "isolate_leader",
+        "run_retention",
+        "replace_follower_disk",
+        "replace_leader_disk",
+        "fill_leader_disk",
     )
     # The faults that replace r3's leader.
     LEADER_MOVES = ("kill_leader", "freeze_leader", "cut_leader_from_etcd", "isolate_leader")
@@ -376,9 +416,11 @@ def chaos_cluster(tmp_path, etcd_server):
     with LocalCluster(
         tmp_path,
         etcd_server,
-        nsqd_args=("-sync-every=1",),
+        # Segments of a few dozen messages, so retention has whole ones to remove.
+        nsqd_args=("-sync-every=1", "-max-bytes-per-file=4096"),
         etcd_urls=etcd_urls,
         rpc_proxies=True,
+        disks={index: "16m" for index in range(3)},
     ) as cluster:
         for topic, replicas in TOPICS.items():
             cluster.create_topic(topic, 1, replicas)

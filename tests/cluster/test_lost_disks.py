@@ -44,7 +44,7 @@ def test_a_replaced_disk_never_leads_and_copies_the_aged_log_once_its_leader_is_
     acked = publish_batch(leader, "t", "kept", 200)
     # The follower cannot reach its leader's replication port: it cannot copy anything.
     leader.rpc_proxy.blackhole()
-    replace_disk(follower)
+    replace_disk(cluster, follower)
     poll(
         lambda: follower.node_id in cluster.partition("t", 0)["catchup"],
         lambda: f"the emptied follower out of the ISR\n{cluster.describe()}",
@@ -80,7 +80,7 @@ def test_a_replaced_disk_on_the_leader_hands_the_partition_to_the_complete_follo
     leader = cluster.node_leading("t", 0)
     age_topic(cluster, "t")
     acked = publish_batch(leader, "t", "kept", 100)
-    replace_disk(leader)
+    replace_disk(cluster, leader)
     new = poll(
         lambda: (node := cluster.node_leading("t", 0)) is not None and node is not leader and node,
         lambda: f"a complete replica leading\n{cluster.describe()}",
@@ -104,7 +104,7 @@ def test_catch_up_progress_and_its_cause_are_reported(cluster):
     age_topic(cluster, "t")
     publish_batch(leader, "t", "kept", 100)
     leader.rpc_proxy.blackhole()
-    replace_disk(follower)
+    replace_disk(cluster, follower)
 
     def progress() -> dict | None:
         reply = follower.http("GET", "/cluster/partitions")
@@ -140,7 +140,7 @@ def test_an_operator_may_elect_an_incomplete_replica_and_says_so(cluster):
         "E_HAS_LEADER",
     )
     leader.rpc_proxy.blackhole()
-    replace_disk(follower)
+    replace_disk(cluster, follower)
     poll(lambda: follower.node_id in cluster.partition("t", 0)["catchup"], "out of the ISR")
     leader.kill()
     poll(lambda: cluster.partition("t", 0)["unavailable"], "no leader to elect")

@@ -188,7 +188,10 @@ def check_replicas_identical(cluster: LocalCluster, topic: str, partitions: int)
             node = cluster.node(node_id)
             poll(
                 lambda n=node, p=partition, e=expected: _same_from(retained_log(n, topic, p), e),
-                f"{topic}/{partition} identical on {node_id} from the leader's start",
+                lambda n=node, p=partition, e=expected: (
+                    f"{topic}/{p} identical on {n.node_id} from the leader's start:"
+                    f" {_difference(retained_log(n, topic, p), e)}\n{cluster.describe()}"
+                ),
             )
 
 
@@ -227,6 +230,34 @@ def retained_log(node, topic: str, partition: int = 0) -> tuple[int, dict, list]
         except FileNotFoundError:
             continue  # removed meanwhile (retention, or the partition moved off the node)
     return start, segments, sorted(entries, key=lambda entry: entry[3])
+
+
+def _difference(copy: tuple[int, dict, list], leader: tuple[int, dict, list]) -> str:
+    """Where a copy's log and its leader's part, for a failure message."""
+    start, segments, entries = leader
+    lines = [f"leader start {start}, copy start {copy[0]}"]
+    for name, data in sorted(segments.items()):
+        mine = copy[1].get(name)
+        if mine != data:
+            at = next(
+                (i for i in range(min(len(data), len(mine or b""))) if data[i] != mine[i]), None
+            )
+            lines.append(
+                f"segment {name}: leader {len(data)} bytes, copy"
+                f" {'none' if mine is None else len(mine)} bytes, first difference at {at}"
+            )
+    theirs = [e for e in copy[2] if e[3] >= start]
+    for index, (a, b) in enumerate(zip(entries, theirs, strict=False)):
+        if a != b:
+            first = max(index - 2, 0)
+            lines.append(
+                f"index entries from {first}: leader {entries[first : index + 3]},"
+                f" copy {theirs[first : index + 3]}"
+            )
+            break
+    if len(entries) != len(theirs):
+        lines.append(f"index entries: leader {len(entries)}, copy {len(theirs)}")
+    return "; ".join(lines)
 
 
 def _same_from(copy: tuple[int, dict, list], leader: tuple[int, dict, list]) -> bool:

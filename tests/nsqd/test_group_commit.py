@@ -191,14 +191,17 @@ class StalledReplication:
     """A leader's replication (`LogWriter.replicate`) that waits until `fail()`, then
     fails as a round whose followers did not answer: what a cut-off leader's round does."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, reached_followers: bool = False) -> None:
         self.entered = trio.Event()
         self._failed = trio.Event()
+        self.reached_followers = reached_followers
 
     async def __call__(self, writes, delays=()) -> None:
         self.entered.set()
         await self._failed.wait()
-        raise WriteRefused("E_FAILED_ON_NOT_WRITABLE", "replication failed")
+        error = WriteRefused("E_FAILED_ON_NOT_WRITABLE", "replication failed")
+        error.maybe_stored = self.reached_followers
+        raise error
 
     def fail(self) -> None:
         self._failed.set()
@@ -226,6 +229,23 @@ async def test_publishes_appended_during_a_failed_replication_round_are_refused(
             b"behind the round": b"E_FAILED_ON_NOT_WRITABLE ",
         }
         assert [entry[-1] for entry in index_entries(nsqd, "t")] == [1]
+
+
+async def test_a_round_that_reached_followers_is_refused_as_maybe_stored(nsqd_options):
+    """Refused after its group went to followers (one of which may lead next), a publish is
+    told it may be stored (docs/protocol.md §3.10): an idempotent producer keeps its
+    sequences for the retry instead of sending it again as a new publish."""
+    options = dataclasses.replace(nsqd_options, log_topic=["*"], sync_every=1)
+    async with running_nsqd(options) as nsqd:
+        await tcp_publish(nsqd, "t", b"before", {})
+        replication = StalledReplication(reached_followers=True)
+        nsqd.get_topic("t").queue.writer.replicate = replication
+        replies: dict = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tcp_publish, nsqd, "t", b"sent", replies)
+            await replication.entered.wait()
+            replication.fail()
+        assert replies[b"sent"].startswith(b"E_FAILED_ON_NOT_WRITABLE MAYBE_STORED ")
 
 
 async def test_a_writer_that_stops_leading_refuses_what_it_did_not_write(nsqd_options):

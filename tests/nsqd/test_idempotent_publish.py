@@ -3,13 +3,14 @@ producer's next sequences, acknowledge a repeat without storing it, refuse a gap
 overlap, and remember the producers across a restart from the log itself."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import trio
 
 from nsqpy.common.command import encode_command, encode_mpub_seq, encode_pub_seq
 from nsqpy.common.frame import FRAME_TYPE_ERROR
-from nsqpy.nsqd.idempotence import ProducerSequences
+from nsqpy.nsqd.idempotence import ProducerSequences, Repeat
 from nsqpy.partition_log import PartitionLog, ProducerMark, Record
 from tests.nsqd.wire import Wire, consumer
 from tests.support.nsqd import running_nsqd
@@ -216,7 +217,7 @@ def test_a_producer_not_heard_from_for_the_expiration_is_forgotten(tmp_path):
     log.close()
 
 
-def test_a_new_write_epoch_rebuilds_from_the_log(tmp_path):
+def test_groups_another_leader_wrote_rebuild_from_the_log(tmp_path):
     clock = Clock()
     log = PartitionLog(
         str(tmp_path), "t", 0, message_type=Record, max_bytes_per_file=1 << 20, sync_every=1
@@ -224,10 +225,39 @@ def test_a_new_write_epoch_rebuilds_from_the_log(tmp_path):
     sequences = ProducerSequences(log, lambda: 3600.0, clock)
     assert sequences.check("PUB_SEQ", b"p", 0, 1) is None
     # Another leader wrote p's first three messages meanwhile (replicated here).
-    log.append([record(1, b"x", clock.now)], ProducerMark(b"p", 2))
-    log.commit()
+    other = PartitionLog(
+        str(tmp_path / "other"),
+        "t",
+        0,
+        message_type=Record,
+        max_bytes_per_file=1 << 20,
+        sync_every=1,
+    )
+    other.append([record(1, b"x", clock.now)], ProducerMark(b"p", 2))
+    log.append_raw(*other.commit())
     log.write_epoch += 1
     assert sequences.check("PUB_SEQ", b"p", 3, 1) is None
+    other.close()
+    log.close()
+
+
+def test_a_new_write_epoch_alone_keeps_the_publishes_not_yet_written(tmp_path):
+    """A node joining the leader's ISR moves the write epoch on: the leader's producers stay
+    as they were, with the publish appended and not written yet, which the log cannot tell
+    (built again from the log, the next publish would be refused as a gap, and a retry of the
+    pending one stored twice)."""
+    clock = Clock()
+    log = PartitionLog(
+        str(tmp_path), "t", 0, message_type=Record, max_bytes_per_file=1 << 20, sync_every=1
+    )
+    sequences = ProducerSequences(log, lambda: 3600.0, clock)
+    assert sequences.check("PUB_SEQ", b"p", 0, 1) is None
+    # The open write group, not written yet (a WriteGroup's two fields the state reads).
+    group = SimpleNamespace(done=False, error=None)
+    sequences.appended(b"p", 0, 0, group)
+    log.write_epoch += 1
+    assert isinstance(sequences.check("PUB_SEQ", b"p", 0, 1), Repeat)
+    assert sequences.check("PUB_SEQ", b"p", 1, 1) is None
     log.close()
 
 

@@ -10,7 +10,8 @@ from nsqpy.nsqd.message import Message
 from nsqpy.partition_log import PartitionLog, Position, ProducerMark
 from nsqpy.partition_log.producer_snapshots import read_snapshot
 
-# Records of 46 bytes: a segment of 200 bytes rolls every fifth publish.
+# Records of 46 bytes: five publishes fill a segment of 200 bytes, the sixth rolls it (a full
+# segment is rolled before the next write).
 SEGMENT_BYTES = 200
 
 
@@ -46,6 +47,8 @@ def test_a_rolled_segment_leaves_a_snapshot_of_the_producers_before_it(tmp_path)
         publish(log, b"a", sequence)
     publish(log, b"b", 0)
     publish(log, b"a", 3)
+    assert len(log.segments) == 1
+    publish(log, b"a", 4)
     assert len(log.segments) == 2
     sync(log)
     (offset,) = log.files.producer_snapshot_offsets()
