@@ -525,8 +525,10 @@ class ClusterNode:
         ones. So every member of the ISR at acknowledgement time has them: a new leader,
         elected from it, has every acknowledged message."""
         have: set[str] = set()
+        # Followers that may have the writes: a request went out and the follower fell silent
+        # (frozen, cut off), so it may still write them.
+        reached: set[str] = set()
         replica = _held(topic)
-        sent = False
         try:
             while True:
                 info = replica.info
@@ -545,7 +547,6 @@ class ClusterNode:
                 version = topic.channels_version
                 changed = version != topic.replicated_channels
                 channels = self._channel_positions(topic) if changed else None
-                sent = True
                 async with trio.open_nursery() as sending:
                     for follower in missing:
                         sending.start_soon(
@@ -555,6 +556,7 @@ class ClusterNode:
                             info,
                             writes,
                             failed,
+                            reached,
                             channels,
                             delays,
                         )
@@ -565,9 +567,12 @@ class ClusterNode:
                     continue
                 await self._drop_failed(topic, info, failed)
         except ClusterWriteError as error:
-            # Sent to a follower, the writes may be held by one that leads next: refused, they
-            # may still be stored, and their publishers are told so.
-            error.maybe_stored = sent
+            # A follower has the writes, or may: refused, they may still be stored (by one that
+            # leads next), and their publishers are told so. One that could not be reached,
+            # refused them, or closed the link (it died) has nothing it could lead with:
+            # a follower that comes back catches up from the leader, which cuts what it does
+            # not hold.
+            error.maybe_stored = bool(have or reached)
             raise
 
     async def _drop_failed(
@@ -741,6 +746,7 @@ class ClusterNode:
         info: ReplicaInfo,
         writes: list[tuple[tuple, bytes]],
         failed: dict[str, Exception],
+        reached: set[str],
         channels: dict | None,
         delays: Sequence[tuple[int, float]],
     ) -> None:
@@ -770,6 +776,8 @@ class ClusterNode:
                     await link.request(PUT, {**header, "entry": list(entry)}, data, remaining)
                 return
             except (PeerUnavailable, ReplicaRefusal) as error:
+                if isinstance(error, PeerUnavailable) and error.silent:
+                    reached.add(follower)
                 if follower not in replica.followers():
                     # The master took it out of the ISR meanwhile (a stopping node leaves
                     # it first): the write no longer waits for it.

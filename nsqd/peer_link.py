@@ -21,7 +21,14 @@ RECEIVE_SIZE = 256 * 1024
 
 
 class PeerUnavailable(Exception):
-    """The peer could not be reached, or broke off, or did not answer in time."""
+    """The peer could not be reached, or broke off, or did not answer in time. `silent`: the
+    request went out and the peer neither answered nor closed the connection in time (frozen,
+    or cut off), so it may still act on it; a peer that refused the connection, or closed it
+    (it died), will not."""
+
+    def __init__(self, message: str, *, silent: bool = False) -> None:
+        super().__init__(message)
+        self.silent = silent
 
 
 class PeerLink:
@@ -65,6 +72,7 @@ class PeerLink:
             self._lock.release()
 
     async def _request(self, op: int, header: dict, payload: bytes, limit: float) -> Frame:
+        sent = False
         try:
             with trio.fail_after(limit):
                 stream = self._stream
@@ -72,6 +80,7 @@ class PeerLink:
                     stream = self._stream = await self._connect()
                     self._reader = FrameReader()
                     self._frames = []
+                sent = True
                 await stream.send_all(encode_frame(op, header, payload))
                 frame = await self._next_frame(stream)
         except (OSError, trio.BrokenResourceError, trio.TooSlowError) as error:
@@ -80,7 +89,10 @@ class PeerLink:
             host, port = self.address
             # A TLS handshake the peer refused is a BrokenResourceError caused by an SSLError.
             reason = error.__cause__ or error
-            raise PeerUnavailable(f"{host}:{port}: {reason or type(error).__name__}") from None
+            silent = sent and isinstance(error, trio.TooSlowError)
+            raise PeerUnavailable(
+                f"{host}:{port}: {reason or type(error).__name__}", silent=silent
+            ) from None
         except ReplicationProtocolError as error:
             await self._drop()
             raise PeerUnavailable(f"{self.address}: {error}") from None

@@ -526,8 +526,10 @@ class Coordinator:
         if not candidates:
             # Only an ISR member in the incarnation the ISR counted on holds every
             # acknowledged message: without one alive, the partition waits for one to
-            # come back (or for an operator's unclean election).
-            self._no_complete_replica(topic, partition, info, lost)
+            # come back (or for an operator's unclean election). A leader that is alive and
+            # only short of followers is no such case: it is the complete replica.
+            if not unwritable:
+                self._no_complete_replica(topic, partition, info, lost)
             return False
         counts: dict[str, int] = {}
         async with trio.open_nursery() as asking:

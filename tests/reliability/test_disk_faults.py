@@ -37,6 +37,8 @@ from nsqpy.common.command import encode_dpub, encode_mpub, encode_pub, encode_rd
 from nsqpy.common.frame import FRAME_TYPE_ERROR
 from tests.harness import DaemonProcess, V2Connection
 from tests.reliability.support import http, receive_all
+from tests.support.polling import poll
+from tests.support.tmpfs import Tmpfs
 
 # A record: 4-byte size + 26-byte message header + the body.
 BODY_SIZE = 200
@@ -299,3 +301,69 @@ def run_scenario(disk, daemon: DaemonProcess, args: list[str]) -> None:
         assert {t["topic_name"] for t in topics["topics"]} == {"t", "u"}
     finally:
         restarted.stop()
+
+
+def test_a_log_topic_on_a_full_disk_stops_nothing_and_recovers(tmp_path):
+    """A single node's log topic (`--log-topic`) on a disk that fills while a consumer
+    finishes messages: publishes are refused with the error, `/ping` says NOK, the channel's
+    cursor cannot be written (its sync fails, again and again), retention cannot write the
+    log's new start, and nsqd keeps running; once space returns everything works again, and
+    after a clean restart every acknowledged message not finished is delivered."""
+    disk = Tmpfs(tmp_path / "disk", "2m")
+    data_path = disk.mount_point / "data"
+    data_path.mkdir()
+    args = [
+        "-tcp-address=127.0.0.1:0",
+        "-http-address=127.0.0.1:0",
+        f"-data-path={data_path}",
+        "-log-topic=lt",
+        "-sync-every=1",
+        "-sync-timeout=50ms",
+        "-max-bytes-per-file=65536",
+    ]
+    daemon = DaemonProcess("nsqd", args, cwd=data_path).start(wait_for=("TCP", "HTTP"))
+    try:
+        tcp, http_port = daemon.port(), daemon.port("HTTP")
+        assert http(http_port, "POST", "/topic/create?topic=lt")[0] == 200
+        assert http(http_port, "POST", "/channel/create?topic=lt&channel=c")[0] == 200
+        acked = {body("lt", n) for n in range(200)}
+        tried = {body("lt", n) for n in range(300)} | {b"after"}
+        for data in sorted(acked):
+            assert command_reply(tcp, encode_pub("lt", data)) == (True, b"OK")
+        consumer = V2Connection(tcp)
+        consumer.send(encode_sub("lt", "c"))
+        assert consumer.read_response().data == b"OK"
+        consumer.send(encode_rdy(10))
+        disk.fill()
+        refused = 0
+        for n in range(200, 300):
+            ok, reply = command_reply(tcp, encode_pub("lt", body("lt", n)))
+            if ok:
+                acked.add(body("lt", n))  # a last page the disk still had
+            else:
+                refused += 1
+                assert reply.startswith(b"E_PUB_FAILED PUB failed write "), reply
+        assert refused > 0
+        # The consumer finishes what it gets: the cursor moves, and its file cannot be written.
+        finished = set()
+        for _ in range(10):
+            (message,) = consumer.read_messages(1)
+            finished.add(message.body)
+            consumer.send(b"FIN " + message.id + b"\n")
+        poll(lambda: "failed to write its cursor" in daemon.log, "a cursor sync refused")
+        assert http(http_port, "POST", "/topic/greedyclean?topic=lt")[0] in (200, 500)
+        status, text = http(http_port, "GET", "/ping")
+        assert status == 500 and text.startswith(b"NOK - "), text
+        assert daemon.process.poll() is None
+        consumer.close()
+        disk.free()
+        assert command_reply(tcp, encode_pub("lt", b"after")) == (True, b"OK")
+        acked.add(b"after")
+        poll(lambda: http(http_port, "GET", "/ping") == (200, b"OK"), "/ping OK again")
+        assert daemon.stop() == 0
+        daemon = DaemonProcess("nsqd", args, cwd=data_path).start(wait_for=("TCP", "HTTP"))
+        receive_all(daemon.port(), "lt", "c", acked - finished, tried)
+        assert "Traceback" not in daemon.log
+    finally:
+        daemon.kill()
+        disk.close()
