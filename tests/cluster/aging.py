@@ -78,8 +78,10 @@ def replace_disk(cluster: LocalCluster, node: Node) -> None:
             child.unlink()
     node.start()
     incarnation = poll(
-        lambda: (node.data_path / "nsqd.incarnation").exists()
-        and (node.data_path / "nsqd.incarnation").read_text().strip(),
+        lambda: (
+            (node.data_path / "nsqd.incarnation").exists()
+            and (node.data_path / "nsqd.incarnation").read_text().strip()
+        ),
         "the new disk's incarnation",
     )
     poll(
