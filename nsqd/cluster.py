@@ -525,8 +525,8 @@ class ClusterNode:
         ones. So every member of the ISR at acknowledgement time has them: a new leader,
         elected from it, has every acknowledged message."""
         have: set[str] = set()
-        # Followers that may have the writes: a request went out and the follower fell silent
-        # (frozen, cut off), so it may still write them.
+        # Followers that have the writes (they acknowledged them), or may: a request went out
+        # and the follower fell silent (frozen, cut off), so it may still write them.
         reached: set[str] = set()
         replica = _held(topic)
         try:
@@ -572,7 +572,7 @@ class ClusterNode:
             # refused them, or closed the link (it died) has nothing it could lead with:
             # a follower that comes back catches up from the leader, which cuts what it does
             # not hold.
-            error.maybe_stored = bool(have or reached)
+            error.maybe_stored = bool(reached)
             raise
 
     async def _drop_failed(
@@ -774,6 +774,7 @@ class ClusterNode:
                     # A peer that stalls (a cut link) is given up on by the deadline.
                     remaining = max(0.05, deadline - trio.current_time())
                     await link.request(PUT, {**header, "entry": list(entry)}, data, remaining)
+                    reached.add(follower)
                 return
             except (PeerUnavailable, ReplicaRefusal) as error:
                 if isinstance(error, PeerUnavailable) and error.silent:

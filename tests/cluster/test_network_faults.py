@@ -3,12 +3,15 @@ each in a network namespace of their own, on a bridge in a namespace of the suit
 (`tests/cluster/netns.py`). Against the leader of a 3-replica topic, one after the other: cut
 off from its followers and etcd while its clients still reach it; deaf to its followers; mute
 to them; 30 % random packet loss; and 100 ms more latency on every replication link (user
-space: no netem here). Smart-client producers and consumers run throughout (one topic
+space: no netem here); then retention on every replica under load, a follower started again
+inside its lease on an emptied data directory, and the leader's disk (each node's is a 16 MiB
+tmpfs) filled, then freed. Smart-client producers and consumers run throughout (one topic
 consumed in order). Afterwards: nothing acknowledged lost, first deliveries of the ordered
-topic in publishing order, every replica byte-identical, and after each heal the writes
-resumed within 10 s."""
+topic in publishing order, every replica byte-identical from the leader's start, and after
+each heal the writes resumed within 10 s."""
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -17,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.netns import Network, set_delay
-from tests.cluster.traffic import log_files
+from tests.cluster.traffic import log_files, retained_log, same_from
 from tests.harness import DaemonProcess
 from tests.support.polling import poll
+from tests.support.tmpfs import Tmpfs
 
 REPO = Path(__file__).parents[2]
 FAULT_SECONDS = 6.0
@@ -61,6 +65,7 @@ class NetCluster:
         self.processes: list = []
         self.daemons: dict[str, DaemonProcess] = {}
         self.delays: dict[str, Path] = {}
+        self.disks: dict[str, Tmpfs] = {}
         try:
             self._start()
         except BaseException:
@@ -116,7 +121,8 @@ class NetCluster:
             host = f"n{index}"
             ip = self.address(host)
             data = self.root / host
-            data.mkdir()
+            # A small disk of its own, which a fault fills.
+            self.disks[host] = Tmpfs(data, "16m")
             control = self.root / f"{host}.delay"
             set_delay(control, 0)
             self.delays[host] = control
@@ -194,6 +200,8 @@ class NetCluster:
             process.wait()
         if hasattr(self, "agent"):
             self.agent.close()
+        for disk in self.disks.values():
+            disk.close()
         self.network.close()
 
 
@@ -231,12 +239,39 @@ def slow(cluster: NetCluster, leader: str, peers: list[str]) -> None:
         set_delay(control, 100)
 
 
+def replace_follower_disk(cluster: NetCluster, leader: str, peers: list[str]) -> None:
+    """A follower killed and started again inside its lease on an emptied data directory."""
+    daemon = cluster.daemons[peers[0]]
+    daemon.kill()
+    for child in (cluster.root / peers[0]).iterdir():
+        if child.is_dir():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    daemon.start(wait_for=("TCP", "HTTP", "RPC"))
+
+
+def fill_leader_disk(cluster: NetCluster, leader: str, peers: list[str]) -> None:
+    cluster.disks[leader].fill()
+
+
+def run_retention(cluster: NetCluster, leader: str, peers: list[str]) -> None:
+    """Retention on every replica of every topic, while they take writes and are consumed."""
+    for topic in TOPICS:
+        for host in (leader, *peers):
+            url = f"http://{cluster.address(host)}:4151/topic/greedyclean?topic={topic}"
+            assert cluster.agent.http("POST", url).get("status") == 200
+
+
 FAULTS = {
     "leader cut off from its followers and etcd": isolate,
     "leader deaf to its followers": deaf,
     "leader mute to its followers": mute,
     "30 % packet loss at the leader": lossy,
     "100 ms more latency on every replication link": slow,
+    "retention on every replica": run_retention,
+    "a follower's disk replaced": replace_follower_disk,
+    "the leader's disk full": fill_leader_disk,
 }
 
 
@@ -244,6 +279,7 @@ def heal_all(cluster: NetCluster) -> None:
     for host in ("n0", "n1", "n2"):
         cluster.network.heal(host)
         set_delay(cluster.delays[host], 0)
+        cluster.disks[host].free()
 
 
 def test_writes_resume_after_every_network_fault_and_nothing_is_lost(net_cluster):
@@ -296,11 +332,13 @@ def test_writes_resume_after_every_network_fault_and_nothing_is_lost(net_cluster
     assert results["o"]["in_order"], results["o"]
     for topic in TOPICS:
         entry = cluster.partition(topic)
-        expected = log_files(_Node(cluster, entry["leader"]), topic, 0)
+        expected = retained_log(_Node(cluster, entry["leader"]), topic, 0)
         for node_id in entry["isr"]:
             poll(
-                lambda n=node_id, t=topic, e=expected: log_files(_Node(cluster, n), t, 0) == e,
-                f"{topic} identical on {node_id}",
+                lambda n=node_id, t=topic, e=expected: same_from(
+                    retained_log(_Node(cluster, n), t, 0), e
+                ),
+                f"{topic} identical on {node_id} from the leader's start",
                 timeout=30.0,
             )
 

@@ -245,8 +245,13 @@ def test_a_removed_node_ends_holding_nothing(cluster):
             lambda: f"the removed node holding nothing\n{cluster.describe()}",
             timeout=60,
         )
-        stats = cluster.stats()
-        assert not stats["removing_nodes"] and stats["stable"]
+        # Stable again once every node has reported its copies caught up (reports come every
+        # second).
+        stats = poll(
+            lambda: (stats := cluster.stats())["stable"] and stats,
+            lambda: f"the cluster stable again\n{cluster.describe()}",
+        )
+        assert not stats["removing_nodes"]
         node_stats = {node["id"]: node for node in stats["nodes"]}
         assert node_stats[victim.node_id]["replicas"] == 0
         assert node_stats[victim.node_id]["removed"] is True

@@ -187,7 +187,7 @@ def check_replicas_identical(cluster: LocalCluster, topic: str, partitions: int)
         for node_id in entry["isr"]:
             node = cluster.node(node_id)
             poll(
-                lambda n=node, p=partition, e=expected: _same_from(retained_log(n, topic, p), e),
+                lambda n=node, p=partition, e=expected: same_from(retained_log(n, topic, p), e),
                 lambda n=node, p=partition, e=expected: (
                     f"{topic}/{p} identical on {n.node_id} from the leader's start:"
                     f" {_difference(retained_log(n, topic, p), e)}\n{cluster.describe()}"
@@ -260,7 +260,7 @@ def _difference(copy: tuple[int, dict, list], leader: tuple[int, dict, list]) ->
     return "; ".join(lines)
 
 
-def _same_from(copy: tuple[int, dict, list], leader: tuple[int, dict, list]) -> bool:
+def same_from(copy: tuple[int, dict, list], leader: tuple[int, dict, list]) -> bool:
     """Whether `copy` holds what `leader` holds from the leader's start: the same segment files
     (a copy may keep older ones its own retention has not removed yet) and index entries."""
     start, segments, entries = leader
