@@ -112,6 +112,11 @@ class MasterRefusal(ValueError):
     """The master nsqlookupd answered a request with an error: it did not do it."""
 
 
+class NotLedHere(Exception):
+    """A client's command names a topic this cluster node does not hold and may not create:
+    its publishers and consumers look it up again (`E_FAILED_ON_NOT_LEADER`)."""
+
+
 class ClusterMetadataError(ValueError):
     """Metadata from etcd that this node cannot apply to a partition (it logs it and serves the
     others)."""
@@ -276,6 +281,17 @@ class ClusterNode:
             len(answer.get("left", [])),
             f"; kept: {answer['kept']}" if answer.get("kept") else "",
         )
+
+    def refuses_to_create(self, name: str) -> bool:
+        """Whether a client's classic command may not create topic `name` here: in a cluster,
+        a node creates a classic (single-node) topic only once it knows the cluster's topics,
+        and only for a name that is none of them. The cluster's partitions come from its
+        metadata, never from a client (a node started on an empty disk would otherwise make
+        a diskqueue of a replicated topic's name before it hears of the topic)."""
+        if not self.enabled:
+            return False
+        session = self.session
+        return session is None or not session.loaded or name in session.metas
 
     def info(self) -> NodeInfo:
         nsqd = self.nsqd

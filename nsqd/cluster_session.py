@@ -53,6 +53,8 @@ class ClusterSession:
         self._nursery: trio.Nursery | None = None
         # Metadata this node could not apply, said once each.
         self._refused: set[tuple[str, int, str]] = set()
+        # The cluster's topics have been read from etcd at least once.
+        self.loaded = False
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with self.client:
@@ -127,6 +129,7 @@ class ClusterSession:
         for topic, partition in sorted(self.infos):
             self._apply(topic, partition)
         self._forget_deleted_topics()
+        self.loaded = True
         return revision
 
     def _forget_deleted_topics(self) -> None:

@@ -35,7 +35,7 @@ from nsqpy.daemon.http_server import (
 from nsqpy.daemon.http_server import first_param as _first
 from nsqpy.daemon.http_server import query_params as _query
 from nsqpy.daemon.log import parse_log_level, youzan_log_level
-from nsqpy.nsqd.cluster import ClusterWriteError
+from nsqpy.nsqd.cluster import ClusterWriteError, NotLedHere
 from nsqpy.nsqd.ext_header import (
     TRACE_ID_KEY,
     ExtHeaderError,
@@ -183,7 +183,10 @@ class HTTPAPI:
 
     def _publish_topic(self, topic_name: str, partition: int):
         if partition == -1:
-            topic = self.nsqd.get_topic(topic_name)
+            try:
+                topic = self.nsqd.topic_for_client(topic_name)
+            except NotLedHere:
+                raise HTTPError(400, "E_FAILED_ON_NOT_LEADER") from None
             refusal = self.nsqd.cluster_refusal(topic)
             if refusal is not None:
                 raise HTTPError(400, refusal)
@@ -541,12 +544,12 @@ class HTTPAPI:
             await topic.replication.channels_changed()
         return v1_response(200)
 
-    def topic_greedyclean(self, request: Request) -> Response:
+    async def topic_greedyclean(self, request: Request) -> Response:
         """POST /topic/greedyclean?topic=[&partition=]: remove every segment all channels
         have consumed, whatever its age (Youzan's)."""
         partitions = self._existing_topic(_query(request), validate=False)
         try:
-            self.nsqd.clean_logs(partitions, greedy=True)
+            await self.nsqd.clean_logs(partitions, greedy=True)
         except OSError as error:
             raise HTTPError(500, str(error)) from None
         return v1_response(200)

@@ -164,7 +164,7 @@ class TopicQueue(MessageQueue, Protocol):
         """A new channel's queue: `deferred` lists what waits in its deferred queue now,
         `defer` holds a message read from a log for that many seconds (a DPUB's)."""
 
-    def clean(self, *, keep_bytes: float, older_than: float) -> int:
+    async def clean(self, *, keep_bytes: float, older_than: float) -> int:
         """Retention (docs/design.md §13): remove what every channel has confirmed past that is
         older than `older_than` (unix seconds) or beyond `keep_bytes`; how many segments went."""
 
@@ -402,7 +402,7 @@ class BufferedTopicQueue(BufferedDiskQueue):
             failure_args=(self.topic_name, channel),
         )
 
-    def clean(self, *, keep_bytes: float, older_than: float) -> int:
+    async def clean(self, *, keep_bytes: float, older_than: float) -> int:
         return 0  # a diskqueue keeps nothing that was read
 
 
@@ -587,12 +587,16 @@ class LogTopicQueue:
             del cursors[name]
         return list(cursors.values())
 
-    def clean(self, *, keep_bytes: float, older_than: float) -> int:
-        """A partition without channels is never cleaned."""
+    async def clean(self, *, keep_bytes: float, older_than: float) -> int:
+        """A partition without channels is never cleaned. The producer snapshot a roll made
+        due is written first (in a worker thread): the log removes only segments one covers."""
         cursors = self.open_cursors()
         if not cursors:
             return 0
-        floor = min(cursor.confirmed.offset for cursor in cursors)
+        snapshot = self.log.prepare_producer_snapshot()
+        if snapshot is not None:
+            await trio.to_thread.run_sync(snapshot)
+        floor = min(cursor.confirmed.offset for cursor in self.open_cursors() or cursors)
         return self.log.clean(floor, keep_bytes=keep_bytes, older_than=older_than)
 
     def has_messages(self) -> bool:

@@ -40,6 +40,7 @@ from nsqpy.common.names import is_valid_name
 from nsqpy.nsqd.auth import AuthError, AuthState, query_any
 from nsqpy.nsqd.channel import ChannelError
 from nsqpy.nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Client
+from nsqpy.nsqd.cluster import NotLedHere
 from nsqpy.nsqd.compression import CompressedStream, PrefixedStream
 from nsqpy.nsqd.dialect import CLASSIC, ClassicDialect, YouzanDialect
 from nsqpy.nsqd.handoff import Handoff
@@ -800,9 +801,16 @@ class ProtocolV2:
         if len(args) >= 3 and is_partition(args[2]):
             return self.youzan.sub(command)
         topic_name, channel_name = self.sub_names(command)
-        topic = self.nsqd.get_topic(topic_name)
+        topic = self._topic_for_client(topic_name, fatal=True)
         self.check_subscription(topic, ordered=False)
         return self.subscribe(topic, channel_name)
+
+    def _topic_for_client(self, name: str, *, fatal: bool):
+        try:
+            return self.nsqd.topic_for_client(name)
+        except NotLedHere:
+            # A cluster topic this node does not hold (yet): the client looks it up again.
+            raise ProtocolError("E_FAILED_ON_NOT_LEADER", "", fatal=fatal) from None
 
     def check_subscription(self, topic, *, ordered: bool) -> None:
         """What a topic asks of its subscribers, whatever the SUB's form: ordered topics take
@@ -957,7 +965,9 @@ class ProtocolV2:
         if label != "DPUB" and len(args) == 2 and is_partition(args[1]):
             topic = self.youzan.publish_target(args)
         else:
-            topic = self.nsqd.get_topic(go_text(args[0]))
+            topic = self._topic_for_client(
+                go_text(args[0]), fatal=self.dialect.publish_errors_are_fatal
+            )
             if topic.ordered:
                 raise ProtocolError(
                     "E_BAD_PARTITION", "topic partition is not valid for multi partition: -1"

@@ -24,7 +24,7 @@ from nsqpy.daemon.log import keep_printable
 from nsqpy.daemon.net import accept_forever, format_address, open_listener
 from nsqpy.nsqd.channel import Channel
 from nsqpy.nsqd.client import Client, number_client_ids
-from nsqpy.nsqd.cluster import ClusterNode
+from nsqpy.nsqd.cluster import ClusterNode, NotLedHere
 from nsqpy.nsqd.data_path import prepare_data_path
 from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.heartbeats import HeartbeatClock
@@ -104,6 +104,14 @@ class NSQD:
         if topic is None:
             topic = self.create_partition(name, 0)
         return topic
+
+    def topic_for_client(self, name: str) -> Topic:
+        """`get_topic` for a client's classic command; NotLedHere when this is a cluster node
+        that may not create it (`ClusterNode.refuses_to_create`)."""
+        topic = self.registry.default(name)
+        if topic is None and self.cluster.refuses_to_create(name):
+            raise NotLedHere(name)
+        return topic if topic is not None else self.get_topic(name)
 
     def get_partition(self, name: str, partition: int) -> Topic | None:
         """An explicit partition, never created on the fly; -1 means the default one."""
@@ -314,7 +322,9 @@ class NSQD:
 
     # -- durability -------------------------------------------------------------------------
 
-    def clean_logs(self, partitions: list[Topic] | None = None, *, greedy: bool = False) -> int:
+    async def clean_logs(
+        self, partitions: list[Topic] | None = None, *, greedy: bool = False
+    ) -> int:
         """Retention of log topics (docs/design.md §13): remove segments every channel has
         confirmed past that are older than `--retention-days` or beyond
         `--retention-size-per-day` × days of consumed data; `greedy` (`/topic/greedyclean`)
@@ -332,7 +342,7 @@ class NSQD:
                 keep = float(options.retention_size_per_day * max(days, 1))
                 older_than = time.time() - days * 86400
             try:
-                removed += topic.queue.clean(keep_bytes=keep, older_than=older_than)
+                removed += await topic.queue.clean(keep_bytes=keep, older_than=older_than)
             except OSError as error:
                 # Its new start could not be written (a full disk): nothing of it was
                 # removed, the next run tries again, the other partitions go on.
@@ -351,7 +361,7 @@ class NSQD:
         """Youzan checks retention every 10 minutes."""
         while True:
             await trio.sleep(RETENTION_INTERVAL)
-            self.clean_logs()
+            await self.clean_logs()
 
     async def _sync_timer(self) -> None:
         """Go's diskqueue syncs dirty queues every `--sync-timeout` even when writes stop."""

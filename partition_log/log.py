@@ -1090,7 +1090,15 @@ class PartitionLog(Generic[M]):
     def clean(self, floor: int, *, keep_bytes: float, older_than: float) -> int:
         """Remove whole segments that end at or before `floor` (every channel's confirmed
         offset) and are either older than `older_than` (a unix time) or beyond `keep_bytes`
-        of consumed data (`retention.py`). How many segments were removed."""
+        of consumed data (`retention.py`). How many segments were removed.
+
+        Idempotent producers are known from the records' marks: a segment goes only once a
+        producer snapshot covers it (the periodic sync after a roll writes one), or a
+        rebuild, and a replica that starts over here, would forget the producers whose
+        records it held."""
+        if self.producer_expiration is not None:
+            covered = self._newest_snapshot(self.written.offset)
+            floor = min(floor, covered.position.offset if covered else self.start.offset)
         count = removable_segments(
             self.files,
             self.segments,

@@ -63,7 +63,11 @@ class DaemonProcess:
             text=True,
             start_new_session=self.new_session,
         )
-        threading.Thread(target=self._pump_stderr, args=(self.process,), daemon=True).start()
+        # A queue of this process's own: the previous one's end (a restart) is not this one's.
+        self._lines = queue.Queue()
+        threading.Thread(
+            target=self._pump_stderr, args=(self.process, self._lines), daemon=True
+        ).start()
         deadline = time.monotonic() + timeout
         while not all(kind in self.addresses for kind in wait_for):
             line = self.next_line(deadline - time.monotonic())
@@ -96,12 +100,12 @@ class DaemonProcess:
             if regex.search(line):
                 return line
 
-    def _pump_stderr(self, process: subprocess.Popen) -> None:
+    def _pump_stderr(self, process: subprocess.Popen, lines: "queue.Queue[str | None]") -> None:
         for line in process.stderr:
             line = line.rstrip("\n")
             self.lines.append(line)
-            self._lines.put(line)
-        self._lines.put(None)
+            lines.put(line)
+        lines.put(None)
 
     @property
     def log(self) -> str:

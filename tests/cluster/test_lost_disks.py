@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from nsqpy.common.command import encode_mpub_seq
 from tests.cluster.aging import (
     AGED_NSQD_ARGS,
     age_topic,
@@ -19,6 +20,7 @@ from tests.cluster.aging import (
 )
 from tests.cluster.local_cluster import LocalCluster
 from tests.cluster.traffic import check_replicas_identical, drain
+from tests.harness import V2Connection
 from tests.support.polling import poll
 
 
@@ -164,3 +166,61 @@ def test_an_operator_may_elect_an_incomplete_replica_and_says_so(cluster):
     received = drain(follower, "t", after)
     assert not any(body.startswith(b"lost") for body in received)
     check_replicas_identical(cluster, "t", 1)
+
+
+def _publish_sequenced(node, first: int, count: int) -> bytes:
+    """MPUB_SEQ `count` messages of producer `p` from sequence `first` to the partition's
+    leader `node`; its answer."""
+    connection = V2Connection(node.tcp_port, timeout=10)
+    try:
+        bodies = [b"p %06d" % sequence for sequence in range(first, first + count)]
+        connection.send(encode_mpub_seq("t", 0, "p", first, bodies))
+        return connection.read_response().data
+    finally:
+        connection.close()
+
+
+def _message_count(node) -> int:
+    reply = node.http("GET", "/partition/offsets?topic=t&partition=0")
+    return json.loads(reply.body)["partitions"][0]["end"]["count"]
+
+
+def test_idempotent_producers_survive_a_start_over(cluster):
+    """A replica that started its log over at its leader's start copied the leader's producer
+    snapshots: leading, it still knows a producer whose every record retention removed, and
+    acknowledges a retry of its last publish without storing it."""
+    cluster.create_writable_topic("t", 1, 2)
+    leader = cluster.node_leading("t", 0)
+    follower = _follower_of(cluster, "t")
+    for first in range(0, 100, 50):
+        assert _publish_sequenced(leader, first, 50) == b"OK"
+    # Enough after them that retention removes every segment p's records are in.
+    age_topic(cluster, "t")
+    replace_disk(cluster, follower)
+    poll(
+        lambda: (
+            follower.node_id in cluster.partition("t", 0)["isr"]
+            and not cluster.partition("t", 0)["lost"]
+        ),
+        lambda: f"the new disk's replica back in the ISR\n{cluster.describe()}",
+        timeout=30,
+    )
+    # The leadership moves to it, and the old leader's copy to the third node, which copies
+    # the log (and the producers) from it in turn.
+    reply = cluster.master_http(
+        "POST",
+        f"/topic/partition/move?topic=t&partition=0&move_leader=true"
+        f"&move_from={leader.node_id}&move_to={follower.node_id}",
+    )
+    assert reply.status == 200, reply
+    poll(
+        lambda: cluster.node_leading("t", 0) is follower
+        and len(cluster.partition("t", 0)["isr"]) == 2,
+        lambda: f"the started-over replica leading a whole ISR\n{cluster.describe()}",
+        timeout=30,
+    )
+    stored = _message_count(follower)
+    assert _publish_sequenced(follower, 50, 50) == b"OK"  # the retry of p's last publish
+    assert _message_count(follower) == stored
+    assert _publish_sequenced(follower, 100, 1) == b"OK"
+    assert _message_count(follower) == stored + 1

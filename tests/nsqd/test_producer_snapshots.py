@@ -165,3 +165,34 @@ def test_a_follower_writes_the_same_snapshots_as_its_leader(tmp_path):
     assert follower.producer_state(0) == leader.producer_state(0)
     leader.close()
     follower.close()
+
+
+def test_a_log_started_over_at_another_ones_start_keeps_its_producers(tmp_path):
+    """A replica that starts its log over where another's retention left it (the leader's
+    `START`: its start, first segment, boundary entry and producer snapshots) knows the
+    producers whose records retention removed, once it has copied the rest."""
+    leader = open_log(tmp_path / "leader")
+    for sequence in range(6):
+        publish(leader, b"gone", sequence)
+    for sequence in range(12):
+        publish(leader, b"later", sequence)
+    sync(leader)
+    assert leader.clean(leader.segments[-2].start, keep_bytes=-1, older_than=math.inf) > 0
+    since = int((time.time() - 3600) * 1e9)
+    expected = leader.producer_state(since)
+    assert {key: value[0] for key, value in expected.items()} == {b"gone": 5, b"later": 11}
+    copy = open_log(tmp_path / "copy")
+    copy.reset_to(
+        leader.start,
+        leader.first_segment_number,
+        leader.entry_ending_at(leader.start),
+        leader.snapshot_files(),
+    )
+    for entry in leader.entries_from(leader.start.offset, 100):
+        copy.append_raw(entry, leader.read_group_bytes([entry]))
+    assert copy.producer_state(since) == expected
+    copy.close()
+    reopened = open_log(tmp_path / "copy")
+    assert reopened.producer_state(since) == expected
+    reopened.close()
+    leader.close()
