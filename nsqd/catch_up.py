@@ -127,13 +127,15 @@ class CatchUps:
         the catch-up list), or holds the partition no more."""
         node = self.node
         key = (topic.name, topic.partition)
+        progress = self._running[key]
         delay = RETRY_DELAY
         try:
-            while not topic.deleted and key in self._running:
+            # Until forgotten (the partition left this node): a catch-up started for it
+            # afterwards (it came back) has a progress of its own.
+            while not topic.deleted and self._running.get(key) is progress:
                 info = topic.replication.info
                 if info is None or info.leader in ("", "?", node.node_id):
                     return
-                progress = self._running[key]
                 progress.leader = info.leader
                 try:
                     await self._once(topic, info, progress)
@@ -174,8 +176,9 @@ class CatchUps:
                 await trio.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, RETRY_MAX_DELAY)
         finally:
-            self._running.pop(key, None)
-            self._joining.pop(key, None)
+            if self._running.get(key) is progress:
+                del self._running[key]
+                self._joining.pop(key, None)
 
     def _failed(
         self, topic: "Topic", info: ReplicaInfo, progress: Progress, error: Exception

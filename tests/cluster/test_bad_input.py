@@ -22,28 +22,24 @@ def _answer(reply) -> tuple[int, str]:
     return reply.status, json.loads(reply.body).get("message", "")
 
 
-@pytest.mark.parametrize(
-    "query, status, message",
-    [
-        ("topic=t%23ephemeral&partition_num=1&replicator=2", 400, "INVALID_ARG_TOPIC"),
-        ("topic=t&partition_num=1&replicator=2&retention=-1", 400, "INVALID_ARG_TOPIC_RETENTION"),
-        (
-            "topic=t&partition_num=1&replicator=2&retention=100000",
-            400,
-            "max retention days allowed exceed",
-        ),
-        ("topic=t&partition_num=1&replicator=2&syncdisk=-5", 400, "INVALID_ARG_TOPIC_SYNC_DISK"),
-        ("topic=t&partition_num=1&replicator=2&syncdisk=x", 400, "INVALID_ARG_TOPIC_SYNC_DISK"),
-        (
-            "topic=t&partition_num=1&replicator=2&syncdisk=5000",
-            400,
-            "max sync every allowed exceed",
-        ),
-    ],
-)
-def test_topic_create_checks_its_parameters_as_meta_update_does(cluster, query, status, message):
-    reply = cluster.master_http("POST", f"/topic/create?{query}")
-    assert _answer(reply) == (status, message)
+CREATE_REFUSALS = [
+    ("topic=t%23ephemeral&partition_num=1&replicator=2", 400, "INVALID_ARG_TOPIC"),
+    ("topic=t&partition_num=1&replicator=2&retention=-1", 400, "INVALID_ARG_TOPIC_RETENTION"),
+    (
+        "topic=t&partition_num=1&replicator=2&retention=100000",
+        400,
+        "max retention days allowed exceed",
+    ),
+    ("topic=t&partition_num=1&replicator=2&syncdisk=-5", 400, "INVALID_ARG_TOPIC_SYNC_DISK"),
+    ("topic=t&partition_num=1&replicator=2&syncdisk=x", 400, "INVALID_ARG_TOPIC_SYNC_DISK"),
+    ("topic=t&partition_num=1&replicator=2&syncdisk=5000", 400, "max sync every allowed exceed"),
+]
+
+
+def test_topic_create_checks_its_parameters_as_meta_update_does(cluster):
+    for query, status, message in CREATE_REFUSALS:
+        reply = cluster.master_http("POST", f"/topic/create?{query}")
+        assert _answer(reply) == (status, message), query
     assert cluster.partition("t", 0) is None and cluster.partition("t#ephemeral", 0) is None
 
 
