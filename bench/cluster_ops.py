@@ -265,6 +265,11 @@ def duplicates(cluster: Cluster, backlog: int) -> tuple[float, int, int]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backlog", type=int, default=400_000, help="messages for duplicates")
+    parser.add_argument(
+        "--restart-only",
+        action="store_true",
+        help="measure the rolling restart's write gaps only (before/after a change to stops)",
+    )
     add_common_arguments(parser, runs=5)
     args = parser.parse_args(argv)
     runs = runs_of(args)
@@ -288,6 +293,13 @@ def main(argv: list[str] | None = None) -> None:
             led_gap, followed_gap = rolling_restart_gaps(cluster)
             figures["rolling restart"].append(led_gap)
             figures["rolling restart (followed)"].append(followed_gap)
+            if args.restart_only:
+                print(
+                    f"  run {run + 1}: write gap rolling restart {led_gap * 1000:.0f} ms led,"
+                    f" {followed_gap * 1000:.0f} ms followed",
+                    flush=True,
+                )
+                continue
             figures["move"].append(move_gap(cluster))
             _, gap = balance(cluster, replicas=3, acks_too=True)
             figures["balance"].append(gap)
@@ -312,6 +324,11 @@ def main(argv: list[str] | None = None) -> None:
         cluster.close()
         shutil.rmtree(root, ignore_errors=True)
     loads = [0.0] * runs
+    if args.restart_only:
+        for kind in ("rolling restart", "rolling restart (followed)"):
+            values = [gap * 1000 for gap in figures[kind]]
+            print(f"  write gap, {kind}: p50 {spread(values, '.0f')} ms")
+        return
     for kind in ("rolling restart", "rolling restart (followed)", "move", "balance"):
         values = [gap * 1000 for gap in figures[kind]]
         print(f"  planned transfer write gap, {kind}: p50 {spread(values, '.0f')} ms")

@@ -445,7 +445,13 @@ class ClusterNode:
             replica.handing_over = False
             return
         if info.leader == me:
-            was_leader = previous is not None and previous.leader == me and not was_lost
+            was_leader = (
+                previous is not None
+                and previous.leader == me
+                and not was_lost
+                and not replica.stepped_down
+            )
+            replica.stepped_down = False
             self.settle_admissions(topic, info)
             _log_queue(topic).on_disk_state(partial(self._leader_disk_state, topic))
             _log_queue(topic).replicate_with(
@@ -511,6 +517,9 @@ class ClusterNode:
             ClusterWriteError("E_FAILED_ON_NOT_LEADER", "no longer the leader")
         )
         _held(topic).writable = False
+        # Led no more, whatever the info it holds says (a follower deposed it before the
+        # watch did): an info naming it leader makes it one again, from the start.
+        _held(topic).stepped_down = True
         if was_leader:
             self.nsqd.log.info(
                 "TOPIC(%s) partition %d: no longer the leader (now %s)",
@@ -1129,8 +1138,17 @@ class ClusterNode:
             # The leader knows a newer epoch than this node has seen: read it first.
             await self.session.reload(topic.name, topic.partition)
             info = _held(topic).info
-        if leader != info.leader or epoch > info.epoch_for_write:
-            # Fencing: a deposed leader (or one this node cannot confirm) writes nothing.
+        if epoch > info.epoch_for_write:
+            # This node is behind (it started a moment ago, or etcd is out of its reach): it
+            # takes nothing it cannot confirm, and the leader, not deposed by it, retries.
+            raise ReplicaRefusal(
+                error_header(
+                    "E_CATCHING_UP",
+                    f"epoch {epoch} is past what this node knows ({info.epoch_for_write})",
+                )
+            )
+        if leader != info.leader:
+            # Fencing: a deposed leader writes nothing.
             raise ReplicaRefusal(
                 error_header(
                     "E_FAILED_ON_NOT_LEADER",

@@ -34,6 +34,9 @@ class PartitionReplica:
         self.disk_error = ""
         # As the leader: asking the master to hand the partition over (its disk fails).
         self.resigning = False
+        # It stopped leading on a follower's word; the next info naming it leader starts it
+        # leading again (registration included).
+        self.stepped_down = False
         # As the leader: followers admitted into the ISR whose entry the master has not
         # confirmed yet, with the info revision they were admitted at. Every write goes to
         # them too before it is acknowledged, until an info holds them or a later one shows

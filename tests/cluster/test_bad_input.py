@@ -7,7 +7,9 @@ import json
 import pytest
 
 from nsqpy.common.cluster_meta import ClusterKeys, ReplicaInfo, TopicMeta
+from nsqpy.common.replication import ERROR, PUT, encode_frame
 from tests.cluster.local_cluster import LocalCluster
+from tests.cluster.raw_rpc import frames_of, raw_exchange
 from tests.cluster.traffic import publish_numbered
 from tests.support.polling import poll
 
@@ -121,3 +123,33 @@ def test_metadata_a_node_cannot_apply_costs_that_partition_only(cluster, etcd_se
     assert all(other.running for other in cluster.nodes)
     assert cluster.lookupds[0].process.poll() is None
     publish_numbered(cluster, "good", "still", 5)
+
+
+def test_a_write_from_an_epoch_a_follower_cannot_confirm_deposes_no_one(cluster):
+    """A follower that has not seen an epoch (it started a moment ago, or etcd is out of its
+    reach) answers a PUT from it `E_CATCHING_UP` and stores nothing: a leader is deposed only
+    by a follower that knows a newer one, never by one that is behind."""
+    cluster.create_writable_topic("t", 1, 2)
+    publish_numbered(cluster, "t", "before", 5)
+    info = cluster.partition("t", 0)
+    follower = cluster.node(next(node for node in info["isr"] if node != info["leader"]))
+    before = json.loads(follower.http("GET", "/partition/offsets?topic=t").body)
+    [entry] = before["partitions"]
+    end, count = entry["end"]["offset"], entry["end"]["count"]
+    put = encode_frame(
+        PUT,
+        {
+            "topic": "t",
+            "partition": 0,
+            "leader": info["leader"],
+            "epoch": info["write_epoch"] + 5,
+            "entry": [0, 0, 0, end, 10, count + 1, 1],
+        },
+        b"\0" * 10,
+    )
+    [answer] = frames_of(raw_exchange(follower.ports["RPC"], put))
+    assert answer.op == ERROR
+    assert answer.header["code"] == "E_CATCHING_UP", answer.header
+    assert json.loads(follower.http("GET", "/partition/offsets?topic=t").body) == before
+    assert cluster.partition("t", 0)["leader"] == info["leader"]
+    publish_numbered(cluster, "t", "after", 5)

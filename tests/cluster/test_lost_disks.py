@@ -214,8 +214,9 @@ def test_idempotent_producers_survive_a_start_over(cluster):
     )
     assert reply.status == 200, reply
     poll(
-        lambda: cluster.node_leading("t", 0) is follower
-        and len(cluster.partition("t", 0)["isr"]) == 2,
+        lambda: (
+            cluster.node_leading("t", 0) is follower and len(cluster.partition("t", 0)["isr"]) == 2
+        ),
         lambda: f"the started-over replica leading a whole ISR\n{cluster.describe()}",
         timeout=30,
     )

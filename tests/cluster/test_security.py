@@ -4,23 +4,16 @@ another CA signed; etcd over TLS with client certificates and etcd's user/passwo
 password ends a daemon's start with one clear line."""
 
 import json
-import socket
 import ssl
 import time
 
 import pytest
 import trustme
 
-from nsqpy.common.replication import (
-    PULL,
-    PUT,
-    REPLY,
-    FrameReader,
-    ReplicationProtocolError,
-    encode_frame,
-)
+from nsqpy.common.replication import PULL, PUT, REPLY, encode_frame
 from tests.cluster.etcd_server import EtcdServer, EtcdTLS
 from tests.cluster.local_cluster import LocalCluster
+from tests.cluster.raw_rpc import frames_of, raw_exchange
 from tests.cluster.traffic import check_replicas_identical
 from tests.harness import DaemonProcess, V2Connection
 from tests.support.polling import poll
@@ -73,35 +66,6 @@ def log_end(node) -> list[int]:
     reply = node.http("GET", "/partition/offsets?topic=t")
     [entry] = json.loads(reply.body)["partitions"]
     return [entry["end"]["offset"], entry["end"]["count"]]
-
-
-def raw_exchange(port: int, frame: bytes, context: ssl.SSLContext | None = None) -> bytes:
-    """Send `frame` to a replication port (over TLS with `context`), and what comes back
-    before the peer closes or goes quiet."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=3)
-    try:
-        if context is not None:
-            sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
-        sock.sendall(frame)
-        received = b""
-        while True:
-            try:
-                data = sock.recv(65536)
-            except (TimeoutError, ssl.SSLError, ConnectionResetError):
-                break
-            if not data:
-                break
-            received += data
-        return received
-    finally:
-        sock.close()
-
-
-def frames_of(data: bytes) -> list:
-    try:
-        return FrameReader().receive_data(data)
-    except ReplicationProtocolError:
-        return []
 
 
 def test_replication_runs_over_mutual_tls(tls_cluster):
