@@ -19,17 +19,14 @@ at the leader's start, copies the rest, and joins the ISR.
 
 import argparse
 import json
-import shutil
 import socket
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 from bench._support import Record, Report, add_common_arguments, banner, runs_of, spread
-from bench.replication import Cluster
+from bench.replication import Cluster, running_cluster
 from nsqpy.common.command import MAGIC_V2, encode_mpub
 from nsqpy.common.frame import FRAME_TYPE_RESPONSE, FrameDecoder
 
@@ -161,10 +158,9 @@ def main(argv: list[str] | None = None) -> None:
         f"{megabytes} MiB published, half removed by retention; {runs} run(s)",
     )
     report = Report(args.json)
-    root = Path(tempfile.mkdtemp(prefix="nsqpy-bench-catch-up-"))
-    cluster = Cluster(root, nsqd_args=(f"-max-bytes-per-file={SEGMENT}",))
     rates, messages, costs = [], [], []
-    try:
+    nsqd_args = (f"-max-bytes-per-file={SEGMENT}",)
+    with running_cluster("nsqpy-bench-catch-up-", nsqd_args) as cluster:
         for run in range(runs):
             mb, count, cost = one_run(cluster, f"aged{run}", megabytes)
             rates.append(mb)
@@ -175,13 +171,6 @@ def main(argv: list[str] | None = None) -> None:
                 f" {cost:.0%} of its rate meanwhile",
                 flush=True,
             )
-    except Exception:
-        for index, node in enumerate(cluster.nodes):
-            print(f"--- nsqd{index} log (last lines)", *node.lines, sep="\n", file=sys.stderr)
-        raise
-    finally:
-        cluster.close()
-        shutil.rmtree(root, ignore_errors=True)
     loads = [0.0] * runs
     print(f"  catch-up: {spread(rates, '.1f')} MB/s, {spread(messages)} msgs/s")
     print(f"  producer rate while it ran, % of before: {spread(costs, '.0f')}")

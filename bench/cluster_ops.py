@@ -28,20 +28,17 @@ nsqds, every port ephemeral), the project's smart client as producer and consume
 import argparse
 import json
 import math
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterable
-from pathlib import Path
 
 from bench._support import Record, Report, add_common_arguments, banner, runs_of, spread
-from bench.replication import Cluster
+from bench.replication import Cluster, running_cluster
 from nsqpy.client.blocking import NSQError
 from nsqpy.client.smart import SmartClientError, SmartConsumer, SmartProducer
 
@@ -278,8 +275,6 @@ def main(argv: list[str] | None = None) -> None:
         f"3 nsqds in cluster mode; {runs} run(s) of each operation",
     )
     report = Report(args.json)
-    root = Path(tempfile.mkdtemp(prefix="nsqpy-bench-ops-"))
-    cluster = Cluster(root)
     figures: dict[str, list[float]] = {
         "rolling restart": [],
         "rolling restart (followed)": [],
@@ -288,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         "time to balance": [],
         "duplicates": [],
     }
-    try:
+    with running_cluster("nsqpy-bench-ops-") as cluster:
         for run in range(runs):
             led_gap, followed_gap = rolling_restart_gaps(cluster)
             figures["rolling restart"].append(led_gap)
@@ -315,14 +310,6 @@ def main(argv: list[str] | None = None) -> None:
                 f" before the kill ({share:.2%})",
                 flush=True,
             )
-    except Exception:
-        for index, node in enumerate(cluster.nodes):
-            print(f"--- nsqd{index} log (last lines)", *node.lines, sep="\n", file=sys.stderr)
-        print("--- nsqlookupd", *cluster.lookupd.lines, sep="\n", file=sys.stderr)
-        raise
-    finally:
-        cluster.close()
-        shutil.rmtree(root, ignore_errors=True)
     loads = [0.0] * runs
     if args.restart_only:
         for kind in ("rolling restart", "rolling restart (followed)"):

@@ -18,6 +18,7 @@ cluster mode, every port ephemeral.
 
 import argparse
 import collections
+import contextlib
 import json
 import multiprocessing
 import os
@@ -32,6 +33,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench import _clients
@@ -173,6 +175,24 @@ class Cluster:
         self.etcd.kill()
 
 
+@contextlib.contextmanager
+def running_cluster(prefix: str, nsqd_args: tuple[str, ...] = ()) -> Iterator[Cluster]:
+    """A Cluster in a temporary directory of its own, its logs printed if the bench fails,
+    stopped and removed at the end."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    cluster = Cluster(root, nsqd_args)
+    try:
+        yield cluster
+    except Exception:
+        for index, node in enumerate(cluster.nodes):
+            print(f"--- nsqd{index} log (last lines)", *node.lines, sep="\n", file=sys.stderr)
+        print("--- nsqlookupd", *cluster.lookupd.lines, sep="\n", file=sys.stderr)
+        raise
+    finally:
+        cluster.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def throughput(cluster: Cluster, topic: str, count: int) -> float:
     node = cluster.leader(topic)
     context = multiprocessing.get_context("spawn")
@@ -240,9 +260,7 @@ def main(argv: list[str] | None = None) -> None:
         f" {runs} run(s); {failovers} leader kill(s)",
     )
     report = Report(args.json)
-    root = Path(tempfile.mkdtemp(prefix="nsqpy-bench-cluster-"))
-    cluster = Cluster(root)
-    try:
+    with running_cluster("nsqpy-bench-cluster-") as cluster:
         for replicator in (1, 2, 3):
             cluster.create(f"r{replicator}", replicator)
         rates: dict[int, list[float]] = {1: [], 2: [], 3: []}
@@ -273,13 +291,6 @@ def main(argv: list[str] | None = None) -> None:
         notes = {"target": "p50 ≤ 5 s"}
         loads = [0.0] * failovers
         report.add(Record("replication", workload, "s", unavailable, loads, notes=notes))
-    except Exception:
-        for index, node in enumerate(cluster.nodes):
-            print(f"--- nsqd{index} log (last lines)", *node.lines, sep="\n", file=sys.stderr)
-        raise
-    finally:
-        cluster.close()
-        shutil.rmtree(root, ignore_errors=True)
     report.write()
 
 

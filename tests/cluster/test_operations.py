@@ -255,7 +255,10 @@ def test_a_removed_node_ends_holding_nothing(cluster):
         node_stats = {node["id"]: node for node in stats["nodes"]}
         assert node_stats[victim.node_id]["replicas"] == 0
         assert node_stats[victim.node_id]["removed"] is True
-        poll(lambda: not any(log_files(victim, "t", p) for p in range(3)), "its copies deleted")
+        poll(
+            lambda: not any(log_files(victim, "t", p) for p in range(3)),
+            lambda: f"its copies deleted\n{cluster.describe()}\nits log:\n{victim.log[-6000:]}",
+        )
         # Until it is stopped, balance gives the emptiest node nothing back.
         rounds = stats["balance"]["rounds"]
         poll(lambda: cluster.stats()["balance"]["rounds"] >= rounds + 2, "two balance rounds")

@@ -23,11 +23,9 @@ published.
 """
 
 import contextlib
-import errno
 import json
 import os
 import re
-import subprocess
 import time
 from pathlib import Path
 
@@ -63,50 +61,27 @@ _WRITE_FAILED = re.compile(r"write (/\S+\.diskqueue\.\d{6}\.dat): no space left 
 # -- the two disks ----------------------------------------------------------------------------
 
 
-class TmpfsDisk:
-    """A real, small tmpfs. `fill()` writes a file of ours until ENOSPC."""
+class TmpfsDisk(Tmpfs):
+    """A real, 2 MiB tmpfs (tests/support/tmpfs.py)."""
 
     kind = "tmpfs"
 
     def __init__(self, mount_point: Path) -> None:
-        self.mount_point = mount_point
+        super().__init__(mount_point, "2m")
         self.data_path = mount_point / "data"
-        self.filler = mount_point / "filler"
+        self.data_path.mkdir()
 
     @classmethod
     def mount(cls, root: Path) -> "TmpfsDisk | None":
-        mount_point = root / "tmpfs"
-        mount_point.mkdir()
         if os.geteuid() != 0:
             return None
-        result = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
-            capture_output=True,
-            check=False,
-        )
-        if result.returncode != 0:
+        try:
+            return cls(root / "tmpfs")
+        except RuntimeError:
             return None
-        disk = cls(mount_point)
-        disk.data_path.mkdir()
-        return disk
 
     def daemon(self, args: list[str]) -> DaemonProcess:
         return DaemonProcess("nsqd", args, cwd=self.data_path)
-
-    def fill(self) -> None:
-        with open(self.filler, "wb", buffering=0) as file:
-            for chunk in (b"\0" * 65536, b"\0" * 4096, b"\0"):
-                try:
-                    while True:
-                        file.write(chunk)
-                except OSError as error:
-                    assert error.errno == errno.ENOSPC, error
-
-    def free(self) -> None:
-        self.filler.unlink()
-
-    def close(self) -> None:
-        subprocess.run(["umount", "-l", str(self.mount_point)], check=False)
 
 
 class InjectedDisk:
