@@ -119,6 +119,12 @@ SUITE = [
         (),
         "log topic with --sync-every=1: PUB-and-wait publishers x1, x8, x32, messages per group",
     ),
+    Benchmark(
+        "delay_queue",
+        "delay_queue",
+        (),
+        "DPUB, REQ with a delay and due messages, log topic against classic; RSS of 1M delayed",
+    ),
 ]
 BY_NAME = {name: bench for bench in SUITE for name in (bench.name, *bench.aliases)}
 # For --profile-missed: the bench.profile workload behind each target.

@@ -19,6 +19,9 @@ from nsqpy.nsqadmin.notify import Notifier, admin_action
 from nsqpy.nsqadmin.options import Options
 
 TOPIC_ACTIONS = ("pause", "unpause", "empty")
+# A log topic's channel also empties its partitions' delay queues (nsqd's
+# `/channel/emptydelayed`).
+CHANNEL_ACTIONS = (*TOPIC_ACTIONS, "emptydelayed")
 
 
 def is_same_origin(request: web.Request) -> bool:
@@ -106,9 +109,9 @@ class Actions:
     async def channel_action(
         self, request: web.Request, action: str, topic: str, channel: str
     ) -> list[str]:
-        """pause, unpause or empty a channel on every nsqd that has its topic."""
+        """pause, unpause, empty or emptydelayed a channel on every nsqd that has its topic."""
         self.check_admin(request)
-        if action not in TOPIC_ACTIONS:
+        if action not in CHANNEL_ACTIONS:
             raise ActionError(400, "INVALID_ACTION")
         self._notify(request, f"{action}_channel", topic, channel)
         return await self.cluster.topic_channel_action(

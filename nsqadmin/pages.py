@@ -535,6 +535,17 @@ class Pages:
                 then=channel_page,
                 cancel=channel_page,
             )
+        if action == "emptydelayed":
+            return await self._act(
+                request,
+                form,
+                question=f"Empty the delay queue of {what}? Its delayed messages are lost.",
+                confirm_label="Empty delayed",
+                run=lambda: actions.channel_action(request, "emptydelayed", topic, channel),
+                done=f"Emptied the delay queue of {what}.",
+                then=channel_page,
+                cancel=channel_page,
+            )
         if action in ("pause", "unpause"):
             return await self._act(
                 request,

@@ -326,8 +326,10 @@ class ChannelStats:
     clients: list[ClientStats] | None = None
     paused: bool = False
     e2e_processing_latency: E2eLatency | None = None
-    # Log topics (nsqd's docs/design.md §13): messages not yet confirmed, all partitions.
+    # Log topics (nsqd's docs/design.md §13): messages not yet confirmed, and messages in the
+    # partitions' delay queues, all partitions.
     lag: int | None = None
+    delayed_queue_count: int | None = None
 
     @classmethod
     def from_nsqd(
@@ -358,6 +360,9 @@ class ChannelStats:
             paused=bool(body.get("paused", False)),
             e2e_processing_latency=E2eLatency.from_nsqd(body.get("e2e_processing_latency")),
             lag=int(body["lag"]) if "lag" in body else None,
+            delayed_queue_count=(
+                int(body["delayed_queue_count"]) if "delayed_queue_count" in body else None
+            ),
         )
 
     @classmethod
@@ -372,6 +377,8 @@ class ChannelStats:
         self.paused = self.paused or other.paused
         if other.lag is not None:
             self.lag = (self.lag or 0) + other.lag
+        if other.delayed_queue_count is not None:
+            self.delayed_queue_count = (self.delayed_queue_count or 0) + other.delayed_queue_count
         self.nodes = sorted([*(self.nodes or []), other], key=lambda c: c.hostname)
         if self.e2e_processing_latency is None:
             self.e2e_processing_latency = E2eLatency(
@@ -402,6 +409,11 @@ class ChannelStats:
             "paused": self.paused,
             "e2e_processing_latency": _e2e_json(self.e2e_processing_latency),
             **({} if self.lag is None else {"lag": self.lag}),
+            **(
+                {}
+                if self.delayed_queue_count is None
+                else {"delayed_queue_count": self.delayed_queue_count}
+            ),
         }
 
 

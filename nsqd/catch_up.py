@@ -240,6 +240,8 @@ class CatchUps:
             if not entries:
                 self.node.take_channels(topic, reply.header.get("channels", {}), move=True)
                 return
+            # The leader's channels first: a DPUB copied next goes into each one's delay queue.
+            self.node.take_channels(topic, reply.header.get("channels", {}), move=False)
             data = reply.payload
             at = 0
             for entry in entries:
@@ -248,6 +250,7 @@ class CatchUps:
                 topic.replicated(entry[6], entry[4])
                 progress.copied_messages += entry[6]
                 progress.copied_bytes += entry[4]
+            self.node.index_copied(topic, data, Position(entries[0][3], entries[0][5] - 1))
             self.node.sync_soon(topic)
 
     async def _start_over(self, topic: "Topic", link, base: dict, progress: Progress) -> None:

@@ -16,6 +16,7 @@ import trio
 
 from nsqpy.common.names import is_ephemeral
 from nsqpy.nsqd.backend import BackendWriteError
+from nsqpy.nsqd.cursor_queue import CursorQueue
 from nsqpy.nsqd.delivery import FIFO, ORDERED
 from nsqpy.nsqd.e2e import LatencyStream, merged_result
 from nsqpy.nsqd.inflight import DeadlineQueue
@@ -26,6 +27,10 @@ from nsqpy.nsqd.tag_dispatch import TagDispatch
 if TYPE_CHECKING:
     from nsqpy.nsqd.client import Client
     from nsqpy.nsqd.topic import Topic
+
+
+# Delayed messages a queue scan releases from the delay queue per channel at most.
+_RELEASE_BATCH = 1000
 
 
 class ChannelError(Exception):
@@ -49,7 +54,17 @@ class Channel:
             ephemeral=self.ephemeral,
             deferred=lambda: iter(self.deferred),
             defer=self._defer_read,
+            ordered=lambda: self.delivery.ordered,
         )
+        # A log topic's channel whose delayed messages the partition's delay queue keeps
+        # (`nsqd/delay_queue.py`), as a cursor into the log; None otherwise.
+        self.cursor: CursorQueue | None = None
+        if isinstance(self.queue, CursorQueue) and self.queue.delay_queue is not None:
+            self.cursor = self.queue
+            self.queue.on_window_full = self._move_deferred_to_end
+            self.queue.on_moved = self._moved
+        # IDs of deferred messages whose move to the delay queue is being written.
+        self._moving: set[bytes] = set()
         self.clients: dict[int, Client] = {}
         self.paused = False
         self.deleted = False
@@ -267,12 +282,44 @@ class Channel:
         self.requeue_count += 1
         if delay > 0:
             self.deferred.push(message, now + delay)
+            cursor = self.cursor
+            if (
+                cursor is not None
+                and not self.delivery.ordered
+                and (delay >= self.nsqd.options.req_to_end_threshold or cursor.window_full)
+            ):
+                # Youzan's requeue to the end: the message waits in the delay queue, and the
+                # cursor goes on.
+                self._move_to_end(message, delay)
             # The delay reaches a cluster's followers at once (coalesced), so that a new
             # leader holds the message until it is due, as a DPUB's.
             self.topic.replication.cursor_moved()
         else:
             self._redeliver([message])
         return True
+
+    def _move_to_end(self, message: Message, delay: float) -> None:
+        assert self.cursor is not None
+        if message.id not in self._moving and self.cursor.move_to_end(message, delay):
+            self._moving.add(message.id)
+
+    def _move_deferred_to_end(self) -> None:
+        """The window filled: what waits in memory holds the cursor back, so it moves to the
+        delay queue (an ordered channel keeps its order instead)."""
+        if self.delivery.ordered:
+            return
+        now = trio.current_time()
+        for message in list(self.deferred):
+            self._move_to_end(message, max(0.0, message.deadline - now))
+
+    def _moved(self, message: Message) -> bool:
+        """A move was written: the message now waits in the delay queue, not in memory. False
+        when the channel no longer held it deferred (it came due and went out meanwhile)."""
+        self._moving.discard(message.id)
+        if self.deferred.get(message.id) is message:
+            self.deferred.pop(message.id)
+            return True
+        return False
 
     def _redeliver(self, messages: list[Message]) -> None:
         self.delivery.redeliver(self.queue, messages)
@@ -319,11 +366,31 @@ class Channel:
         return True
 
     def process_deferred(self, now: float) -> bool:
+        released = False
+        cursor = self.cursor
+        if cursor is not None and not self.topic.is_cluster_follower:
+            # Released ones wait in memory to go out: no more than a batch at a time.
+            room = _RELEASE_BATCH - len(cursor.redeliver)
+            if room > 0 and cursor.release_due(room):
+                self.notify()
+                released = True
         due = self.deferred.pop_due(now)
         if not due:
-            return False
+            return released
         self._put(due)
         return True
+
+    @property
+    def delayed_count(self) -> int:
+        """Messages in the partition's delay queue for this channel (Youzan's
+        `delayed_queue_count`)."""
+        return self.cursor.delayed_count if self.cursor is not None else 0
+
+    def empty_delayed(self) -> int:
+        """`/channel/emptydelayed`: the channel's delayed messages go; how many."""
+        if self.cursor is None or self.cursor.delay_queue is None:
+            return 0
+        return self.cursor.delay_queue.empty(self.name)
 
     # -- clients --------------------------------------------------------------------------
 

@@ -62,6 +62,7 @@ from nsqpy.nsqd.backend import write_error
 from nsqpy.nsqd.catch_up import PULL_MAX_BYTES, PULL_MAX_ENTRIES, CatchUps
 from nsqpy.nsqd.cursor_queue import CursorQueue
 from nsqpy.nsqd.data_path import data_incarnation
+from nsqpy.nsqd.delay_queue import DelayedRecord
 from nsqpy.nsqd.log_writer import LogWriter, WriteRefused
 from nsqpy.nsqd.message import Message
 from nsqpy.nsqd.message_queue import LogTopicQueue
@@ -342,6 +343,10 @@ class ClusterNode:
     def log_of(self, topic: "Topic") -> PartitionLog[Message]:
         return _log(topic)
 
+    def index_copied(self, topic: "Topic", data: bytes, first: Position) -> None:
+        """Groups a catch-up copied: their delayed records go into the delay queue."""
+        _log_queue(topic).index_raw(data, first)
+
     def partition_reports(self) -> list[dict]:
         """Every cluster partition this node holds, as the master nsqlookupd reads them
         (`/cluster/partitions`) for leader health, hand-overs and load factors: its role and
@@ -538,10 +543,10 @@ class ClusterNode:
         self,
         topic: "Topic",
         writes: list[tuple[tuple, bytes]],
-        delays: Sequence[tuple[int, float]] = (),
+        delays: Sequence[DelayedRecord] = (),
     ) -> None:
         """Every ISR follower has `writes` (index entry, bytes) when this returns, and the
-        due times of the DPUBs among them (`delays`, offset and unix time); ClusterWriteError
+        delayed records among them (`delays`) in its delay queue; ClusterWriteError
         when that cannot be, after the master was asked to drop the followers that fail.
 
         The ISR is read again after each round: a node that joined it while the round was
@@ -773,14 +778,18 @@ class ClusterNode:
         failed: dict[str, Exception],
         reached: set[str],
         channels: dict | None,
-        delays: Sequence[tuple[int, float]],
+        delays: Sequence[DelayedRecord],
     ) -> None:
         link = self.link(follower)
         header = self._leader_header(topic, info)
         if delays:
-            # A DPUB's due time is kept with each channel's cursor, not in the record: the
-            # followers keep it too, so a new leader still holds the message until then.
-            header["delays"] = [list(delay) for delay in delays]
+            # The followers index them as the leader did: a new leader's delay queue holds
+            # every delayed message its ISR acknowledged.
+            header["delays"] = [
+                [record.channel, record.message_id.decode(), record.offset, record.count,
+                 record.due_ms]
+                for record in delays
+            ]  # fmt: skip
         if channels is not None:
             # The channel set changed since the last group: the followers have it before the
             # messages published after it, so a new leader knows every channel they were
@@ -1033,6 +1042,17 @@ class ClusterNode:
             if not channel.ephemeral
         }
 
+    def _channel_ranges(self, topic: "Topic") -> dict[str, list[list[int]]]:
+        """Each channel's ranges acknowledged beyond its confirmed position: a new leader
+        does not deliver them again."""
+        ranges = {}
+        for name, channel in topic.channels.items():
+            if not channel.ephemeral:
+                acknowledged = _cursor(channel).acknowledged_ranges()
+                if acknowledged:
+                    ranges[name] = acknowledged
+        return ranges
+
     def _channel_deferrals(self, topic: "Topic") -> dict[str, dict[str, float]]:
         """Each channel's deferred messages (REQ with a delay, DPUBs not read yet) by offset,
         with their due times: a new leader holds them until then too."""
@@ -1082,6 +1102,9 @@ class ClusterNode:
         deferred = self._channel_deferrals(topic)
         if deferred:
             header["deferred"] = deferred
+        acknowledged = self._channel_ranges(topic)
+        if acknowledged:
+            header["acked"] = acknowledged
         log = _log(topic)
         if end or (_writer(topic).idle and log.written.offset > log.start.offset):
             header["end"] = list(log.written)
@@ -1193,9 +1216,13 @@ class ClusterNode:
         self.disk_recovered(topic)
         topic.replicated(entry[6], len(payload))
         if "delays" in header:
-            delays = [(int(offset), float(due)) for offset, due in header["delays"]]
-            for channel in topic.channels.values():
-                _cursor(channel).delays.update(delays)
+            _log_queue(topic).index_delayed(
+                [
+                    DelayedRecord(str(channel), str(message_id).encode(), int(offset),
+                                  int(count), int(due))
+                    for channel, message_id, offset, count, due in header["delays"]
+                ]
+            )  # fmt: skip
         self.sync_soon(topic)
         return {"end": list(log.written)}
 
@@ -1208,6 +1235,10 @@ class ClusterNode:
         if header.get("leader") != info.leader:
             raise ReplicaRefusal(error_header("E_FAILED_ON_NOT_LEADER", "not my leader"))
         self.take_channels(topic, header.get("channels", {}), move=True)
+        acknowledged = header.get("acked") or {}
+        for name, held in topic.channels.items():
+            if not held.ephemeral:
+                _cursor(held).take_acknowledged_ranges(acknowledged.get(name, ()))
         for name, dues in (header.get("deferred") or {}).items():
             channel = topic.channels.get(name)
             if channel is not None:

@@ -11,15 +11,24 @@ position. State, as Youzan keeps it:
 * a window: reading stops while more than `--max-confirm-win` ranges wait for the gap before
   them to be acknowledged, and starts again below half of it.
 
-Requeued and timed-out messages wait in memory (`put_back`) and go out before new reads. Only
-`confirmed` is persisted (`<topic>-<p>:<channel>.diskqueue.meta.v2.reader.dat`, Youzan's
-layout), every `--sync-timeout` when it moved and on a clean stop; after kill -9, delivery
-resumes from the last persisted `confirmed`: messages may come again, none is skipped.
+Delayed messages do not hold the cursor back: a DPUB's record, and a message the channel moved
+to the end of its delay (`move_to_end`: a copy written to the log with the channel and due time),
+are indexed in the partition's delay queue (`nsqd/delay_queue.py`) as they are written; the
+cursor reads past such records as if acknowledged, and the delay queue gives each out when it
+comes due (`release_due`). An ordered channel holds a DPUB in order instead.
+
+Requeued and timed-out messages wait in memory (`put_back`) and go out before new reads.
+`confirmed` (`<topic>-<p>:<channel>.diskqueue.meta.v2.reader.dat`, Youzan's layout) and the
+ranges acknowledged beyond it (nsqpy's `<topic>-<p>:<channel>.acked.json`) are persisted every
+`--sync-timeout` when they changed and on a clean stop. A restart delivers from `confirmed` on
+and skips the acknowledged ranges: after a clean stop nothing finished comes again; after
+kill -9, at most what was finished since the last sync. None is ever skipped that was not.
 """
 
 import bisect
 import json
 import os
+import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -33,6 +42,7 @@ from nsqpy.partition_log import META_MAGIC, LogCorruption, PartitionLog, Positio
 
 if TYPE_CHECKING:
     from nsqpy.diskqueue import DiskQueue
+    from nsqpy.nsqd.delay_queue import DelayQueue
     from nsqpy.nsqd.storage import Storage
 
 
@@ -51,6 +61,9 @@ class CursorQueue:
         legacy: "DiskQueue | None" = None,
         deferred: Callable[[], Iterable[Message]] | None = None,
         defer: Callable[[Message, float], None] | None = None,
+        delay_queue: "DelayQueue | None" = None,
+        move: "Callable[[CursorQueue, Message, int], None] | None" = None,
+        ordered: Callable[[], bool] = lambda: False,
     ):
         self.storage = storage
         self.log = log
@@ -61,13 +74,24 @@ class CursorQueue:
         self._topic_paused = paused
         self.meta_path = log.reader_meta_path(channel)
         self.delays_path = log.delays_path(channel)
-        # Deferred messages by offset, with their due time (unix seconds): DPUBs not read yet,
-        # and, after a restart, those that waited in the channel's deferred queue.
+        self.acked_path = log.acked_path(channel)
+        # Messages the channel deferred in memory when it stopped, by offset, with their due
+        # time (unix seconds): held again when read after the restart.
         self.delays: dict[int, float] = self._load_delays()
         # What waits in the channel's deferred queue now, and how a message read from the log
         # is held there for its delay (the channel's).
         self.deferred_source = deferred
         self._defer = defer
+        # The partition's delay queue, and how a message is moved to the end of its delay
+        # (`LogTopicQueue.move_to_end`); None for a channel that keeps its delays in memory
+        # (an ephemeral one).
+        self.delay_queue = delay_queue
+        self._move = move
+        self.ordered = ordered
+        # The channel's: called when the window fills (it moves what it defers in memory to
+        # the delay queue, which lets the cursor go on), and when a move is written.
+        self.on_window_full: Callable[[], None] | None = None
+        self.on_moved: Callable[[Message], bool] | None = None
         self.closed = False
         self.redeliver: deque[Message] = deque()
         # Messages an earlier nsqpy kept for this channel in a diskqueue, before partitioned
@@ -79,6 +103,8 @@ class CursorQueue:
         self._starts: list[int] = []
         self._ranges: list[list[int]] = []
         self._window_full = False
+        # The ranges changed since they were last written.
+        self._ranges_changed = False
         self._persisted: Position | None = None
         # Why the last write of the cursor's files that failed did (for health).
         self.sync_error = ""
@@ -92,9 +118,11 @@ class CursorQueue:
         self._confirmed_count = 0
         self._confirmed_through: Message | None = None
         self.confirmed = saved
-        self.read_position = saved
         if saved is log.end:
             self._persist()
+        else:
+            self._load_ranges()
+        self.read_position = self.confirmed
 
     # -- persistence --------------------------------------------------------------------------
 
@@ -113,6 +141,44 @@ class CursorQueue:
         if offset < log.start.offset:
             return log.start
         return Position(offset, count)
+
+    def _load_ranges(self) -> None:
+        """The acknowledged ranges persisted with `confirmed`: those the log still holds."""
+        try:
+            with open(self.acked_path, "rb") as file:
+                saved = json.loads(file.read())
+            ranges = [(int(s), int(e), int(sc), int(ec)) for s, e, sc, ec in saved]
+        except (FileNotFoundError, ValueError, TypeError):
+            return
+        start, end = self.log.start.offset, self.log.end.offset
+        for range_start, range_end, start_count, end_count in sorted(ranges):
+            if start <= range_start < range_end <= end and end_count > start_count:
+                self._acknowledge_range(range_start, range_end, start_count, end_count)
+        self._ranges_changed = False
+
+    def acknowledged_ranges(self) -> list[list[int]]:
+        """The ranges acknowledged beyond `confirmed`: [start, end, start count, end count]."""
+        return [list(acked) for acked in self._ranges]
+
+    def take_acknowledged_ranges(self, ranges: Iterable[list[int]]) -> None:
+        """A follower takes its leader's acknowledged ranges (after its confirmed position)."""
+        end = self.log.written.offset
+        taken = sorted(
+            [int(value) for value in acked]
+            for acked in ranges
+            if int(acked[0]) < int(acked[1]) <= end
+        )
+        if taken == self._ranges:
+            return
+        self._ranges.clear()
+        self._starts.clear()
+        self._ranges_changed = True
+        for range_start, range_end, start_count, end_count in taken:
+            self._acknowledge_range(range_start, range_end, start_count, end_count)
+
+    def _ranges_snapshot(self) -> bytes | None:
+        """The acknowledged ranges file's content; None when there are none."""
+        return json.dumps(self._ranges).encode() if self._ranges else None
 
     def _load_delays(self) -> dict[int, float]:
         try:
@@ -141,7 +207,8 @@ class CursorQueue:
                     now = 0.0
                 wall = time.time()
                 for message in deferred:
-                    delays[message.offset] = wall + max(0.0, message.deadline - now)
+                    if message.delay is None:  # one from the delay queue stays there
+                        delays[message.offset] = wall + max(0.0, message.deadline - now)
         return delays
 
     def take_delay(self, message: Message) -> float | None:
@@ -171,14 +238,23 @@ class CursorQueue:
         """Write the cursor's files now. A disk that refuses them leaves the cursor dirty,
         and the next sync tries again: a full disk never ends nsqd."""
         try:
+            self._commit_delay_queue()
+            _write_or_remove(self.acked_path, self._ranges_snapshot(), sync=False)
             _write(self.meta_path, self._meta(), sync=False)
-            _write_delays(self.delays_path, self._delays_snapshot(), sync=False)
-        except OSError as error:
+            _write_or_remove(self.delays_path, self._delays_snapshot(), sync=False)
+        except (OSError, sqlite3.Error) as error:
             self._failed_to_write(error)
             return
         self._persisted = self.confirmed
+        self._ranges_changed = False
 
-    def _failed_to_write(self, error: OSError) -> None:
+    def _commit_delay_queue(self) -> None:
+        """Before the cursor's files: the cursor passed delayed records the index holds."""
+        delay_queue = self.delay_queue
+        if delay_queue is not None and delay_queue.due_to_commit(self.log.end.offset):
+            delay_queue.commit(self.log.end.offset)
+
+    def _failed_to_write(self, error: Exception) -> None:
         self._persisted = None
         self.sync_error = str(error)
         self.storage.log.error("CHANNEL(%s): failed to write its cursor - %s", self.name, error)
@@ -204,8 +280,17 @@ class CursorQueue:
 
     @property
     def dirty(self) -> bool:
-        """The confirmed position moved, or something is deferred (its file is rewritten)."""
-        return self._persisted != self.confirmed or bool(self.delays) or self._has_deferred()
+        """The confirmed position or the acknowledged ranges changed, or something is deferred
+        (its file is rewritten)."""
+        return (
+            self._persisted != self.confirmed
+            or self._ranges_changed
+            or bool(self.delays)
+            or self._has_deferred()
+            or (
+                self.delay_queue is not None and self.delay_queue.due_to_commit(self.log.end.offset)
+            )
+        )
 
     def _has_deferred(self) -> bool:
         if self.deferred_source is None:
@@ -213,15 +298,26 @@ class CursorQueue:
         return any(True for _ in self.deferred_source())
 
     def prepare_sync(self):
+        try:
+            self._commit_delay_queue()
+        except sqlite3.Error as error:
+            self._failed_to_write(error)
+            return lambda: False
         meta = self._meta()
         delays = self._delays_snapshot()
-        path, delays_path = self.meta_path, self.delays_path
+        ranges = self._ranges_snapshot()
+        path, delays_path, acked_path = self.meta_path, self.delays_path, self.acked_path
         self._persisted = self.confirmed
+        self._ranges_changed = False
 
         def job() -> bool:
             try:
+                # The ranges before `confirmed`: a crash between the two leaves the older
+                # `confirmed` with ranges no older than it, so a message may come again but
+                # none is skipped (a replay's empty ranges are written before its position).
+                _write_or_remove(acked_path, ranges, sync=True)
                 _write(path, meta, sync=True)
-                _write_delays(delays_path, delays, sync=True)
+                _write_or_remove(delays_path, delays, sync=True)
             except OSError as error:
                 self._failed_to_write(error)
                 return False
@@ -253,11 +349,19 @@ class CursorQueue:
     def _reading_paused(self) -> bool:
         if self._topic_paused():
             return True
+        if self._ranges and self.read_position.offset < self._ranges[-1][1]:
+            return False  # after a restart: what is not acknowledged among the ranges
         ranges = len(self._ranges)
         if self._window_full:
             self._window_full = ranges > self.max_confirm_win // 2
         elif ranges > self.max_confirm_win:
             self._window_full = True
+            if self.on_window_full is not None:
+                self.on_window_full()
+        return self._window_full
+
+    @property
+    def window_full(self) -> bool:
         return self._window_full
 
     def append(
@@ -290,7 +394,7 @@ class CursorQueue:
         wanted = max_count - len(taken)
         if wanted and not self._reading_paused():
             try:
-                messages = self.log.read(self.read_position, wanted)
+                messages = self._read(wanted)
             except LogCorruption as error:
                 self._skip_corruption(error)
                 return taken
@@ -299,25 +403,116 @@ class CursorQueue:
                 self.read_position = Position(
                     last.offset + record_size(last, self.log.ext), last.count + 1
                 )
+                if self.log.read_delayed:
+                    self.log.read_delayed = False
+                    messages = self._pass_delayed(messages)
                 taken.extend(messages)
         if taken and self._defer is not None:
             taken = self._hold_deferred(taken, self._defer)
         return taken
 
+    def _pass_delayed(self, messages: list[Message]) -> list[Message]:
+        """Delayed records among messages read: the delay queue holds them, so the cursor
+        passes them as acknowledged; an ordered channel (or one without the delay queue)
+        holds a DPUB in order, in memory, until it is due."""
+        kept = []
+        ext = self.log.ext
+        for message in messages:
+            delay = message.delay
+            if delay is None:
+                kept.append(message)
+                continue
+            channel, due_ms = delay
+            if channel == "" and (self.delay_queue is None or self.ordered()):
+                wait = due_ms / 1000 - time.time()
+                if wait > 0 and self._defer is not None:
+                    self._defer(message, wait)
+                else:
+                    kept.append(message)
+                continue
+            end = message.offset + record_size(message, ext)
+            self._acknowledge_range(message.offset, end, message.count, message.count + 1)
+        return kept
+
+    # -- the delay queue ------------------------------------------------------------------------
+
+    @property
+    def delayed_count(self) -> int:
+        """How many of the channel's messages wait in the delay queue (or are out from it)."""
+        return self.delay_queue.count(self.channel) if self.delay_queue is not None else 0
+
+    def move_to_end(self, message: Message, delay: float) -> bool:
+        """Move a deferred message to the end of its delay: a copy goes into the log with the
+        channel and its due time, and once written, the original counts as acknowledged
+        (`moved`). False when the channel keeps its delays in memory."""
+        if self._move is None:
+            return False
+        self._move(self, message, int((time.time() + delay) * 1000))
+        return True
+
+    def moved(self, message: Message) -> None:
+        """A move was written: the copy is in the delay queue. The original, read from the log,
+        no longer holds the cursor back; if the channel no longer held it (delivered again
+        meanwhile), the copy goes instead."""
+        still_deferred = self.on_moved is None or self.on_moved(message)
+        if not still_deferred:
+            assert self.delay_queue is not None
+            self.delay_queue.done(self.channel, message.id)
+            return
+        if message.delay is None and message.offset >= 0:
+            end = message.offset + record_size(message, self.log.ext)
+            self._acknowledge_range(message.offset, end, message.count, message.count + 1)
+
+    def release_due(self, limit: int) -> int:
+        """The channel's delayed messages that came due go out, before new reads; how many."""
+        delay_queue = self.delay_queue
+        if delay_queue is None or self.closed:
+            return 0
+        due = delay_queue.take_due(self.channel, limit)
+        for entry in due:
+            try:
+                read = self.log.read(Position(entry.offset, entry.count), 1)
+            except LogCorruption:
+                read = []
+            if not read or read[0].id != entry.message_id:
+                self.storage.log.error(
+                    "CHANNEL(%s): delayed message %s is not at offset %d any more; dropped",
+                    self.name,
+                    entry.message_id.decode(),
+                    entry.offset,
+                )
+                delay_queue.done(self.channel, entry.message_id)
+                continue
+            self.redeliver.append(read[0])
+        return len(due)
+
+    def _read(self, wanted: int) -> list[Message]:
+        """Up to `wanted` messages from the read position on. Behind acknowledged ranges (a
+        restart reads from `confirmed` again) a read stops at the next range and skips it."""
+        confirmed = self.confirmed
+        if self.read_position.offset < confirmed.offset:
+            # The gap the read stood in closed, and `confirmed` took the ranges after it.
+            self.read_position = confirmed
+        ranges = self._ranges
+        if not ranges or self.read_position.offset >= ranges[-1][1]:
+            return self.log.read(self.read_position, wanted)
+        index = bisect.bisect_right(self._starts, self.read_position.offset) - 1
+        if index >= 0 and ranges[index][1] > self.read_position.offset:
+            self.read_position = Position(ranges[index][1], ranges[index][3])
+        index += 1
+        stop = ranges[index][0] if index < len(ranges) else None
+        return self.log.read(self.read_position, wanted, stop)
+
     def _hold_deferred(
         self, messages: list[Message], defer: Callable[[Message, float], None]
     ) -> list[Message]:
-        """A log topic's DPUB is read like any message; it waits in the channel's deferred
-        queue for its first delivery (Go's channel does this as the message is put). The
-        delays file keeps the due times that outlived a restart."""
-        log = self.log
-        if not self.delays and not log.tail_has_deferred:
+        """A message the channel deferred in memory before a restart (the delays file kept
+        its due time) waits in the channel's deferred queue again when read."""
+        if not self.delays:
             return messages
         ready = []
         for message in messages:
             delay = self.take_delay(message)
-            if delay is None:
-                delay = log.tail_defer(message.offset)
             if delay:
                 defer(message, delay)
             else:
@@ -346,7 +541,11 @@ class CursorQueue:
         self.read_position = resume
 
     def acknowledge(self, message: Message) -> None:
-        """FIN: merge the message's range; `confirmed` moves when the gap before it closes."""
+        """FIN: merge the message's range; `confirmed` moves when the gap before it closes. A
+        message from the delay queue leaves it."""
+        if message.delay is not None and self.delay_queue is not None:
+            if self.delay_queue.done(self.channel, message.id):
+                return
         count = message.count
         if count == self._confirmed_count and not self._ranges:
             # In order, nothing acknowledged ahead: the common case, kept short.
@@ -367,6 +566,7 @@ class CursorQueue:
             self.confirmed = Position(end, end_count)
             self._absorb_ranges()
             return
+        self._ranges_changed = True
         starts, ranges = self._starts, self._ranges
         index = bisect.bisect_left(starts, start)
         new = [start, end, start_count, end_count]
@@ -405,6 +605,7 @@ class CursorQueue:
         self.confirmed = position
         self.read_position = position
         self.redeliver.clear()
+        self._ranges_changed = self._ranges_changed or bool(self._ranges)
         self._ranges.clear()
         self._starts.clear()
         self._window_full = False
@@ -436,15 +637,19 @@ class CursorQueue:
             "confirmed_count": self.confirmed.count,
             "read_offset": self.read_position.offset,
             "lag": self.lag,
+            "delayed_queue_count": self.delayed_count,
         }
 
     def close(self) -> None:
         """The confirmed position; the delays were written by `flush` while the channel still
         held its deferred messages."""
         try:
+            self._commit_delay_queue()
+            _write_or_remove(self.acked_path, self._ranges_snapshot(), sync=False)
             _write(self.meta_path, self._meta(), sync=False)
             self._persisted = self.confirmed
-        except OSError as error:
+            self._ranges_changed = False
+        except (OSError, sqlite3.Error) as error:
             self._failed_to_write(error)
         self._close_legacy()
         self.closed = True
@@ -466,7 +671,9 @@ class CursorQueue:
         self._close_legacy()
         self.redeliver.clear()
         self.delays.clear()
-        for path in (self.meta_path, self.delays_path):
+        if self.delay_queue is not None and not self.delay_queue.closed:
+            self.delay_queue.empty(self.channel)
+        for path in (self.meta_path, self.delays_path, self.acked_path):
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -483,7 +690,7 @@ def _write(path: str, data: bytes, *, sync: bool) -> None:
     os.replace(temporary, path)
 
 
-def _write_delays(path: str, data: bytes | None, *, sync: bool) -> None:
+def _write_or_remove(path: str, data: bytes | None, *, sync: bool) -> None:
     if data is not None:
         _write(path, data, sync=sync)
         return

@@ -110,6 +110,7 @@ class HTTPAPI:
         router.add("POST", "/channel/create", self.channel_create)
         router.add("POST", "/channel/delete", self.channel_delete)
         router.add("POST", "/channel/empty", self.channel_empty)
+        router.add("POST", "/channel/emptydelayed", self.channel_empty_delayed)
         router.add("POST", "/channel/pause", self.channel_pause)
         router.add("POST", "/channel/unpause", self.channel_pause)
         router.add("GET", "/config/*", self.config)
@@ -439,6 +440,15 @@ class HTTPAPI:
                 channel.empty()
             except OSError:
                 raise HTTPError(500, "INTERNAL_ERROR") from None
+        return v1_response(200)
+
+    def channel_empty_delayed(self, request: Request) -> Response:
+        """Youzan's `/channel/emptydelayed`: the channel's messages in its partition's delay
+        queue go (those waiting in memory and the channel's other messages stay)."""
+        found = self._existing_channels(request)
+        self._refuse_on_followers([topic for topic, _channel in found])
+        for _topic, channel in found:
+            channel.empty_delayed()
         return v1_response(200)
 
     async def channel_pause(self, request: Request) -> Response:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from nsqpy.nsqd.backend import write_error
+from nsqpy.nsqd.delay_queue import DelayedRecord
 from nsqpy.nsqd.message import Message
 from nsqpy.partition_log import PartitionLog, Position, ProducerMark
 
@@ -56,7 +57,8 @@ class WriteGroup:
         self.error: Exception | None = None
         self.count = 0
         self.body_bytes = 0
-        self.delays: list[tuple[int, float]] = []
+        # Its delayed records (DPUBs, moves to a delay queue), indexed once it is written.
+        self.delays: list[DelayedRecord] = []
 
 
 class LogWriter:
@@ -85,7 +87,7 @@ class LogWriter:
         # A cluster leader's: sends written groups to the ISR followers (`nsqd/cluster.py`),
         # raising ClusterWriteError when they cannot all have them. Written groups wait for
         # it in `_unreplicated`, unseen by readers.
-        self.replicate: Callable[[list, Sequence[tuple[int, float]]], Awaitable[None]] | None = None
+        self.replicate: Callable[[list, Sequence[DelayedRecord]], Awaitable[None]] | None = None
         self._unreplicated: list[tuple[tuple[tuple, bytes], WriteGroup]] = []
         # Told when the disk starts refusing the log's writes (the error) and when it takes
         # one again (None): a cluster leader hands its partition over meanwhile.

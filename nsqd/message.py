@@ -29,6 +29,7 @@ class Message:
         "ext_header",
         "count",
         "mark_size",
+        "delay",
     )
 
     def __init__(
@@ -60,6 +61,9 @@ class Message:
         # Log topics: bytes of the producer mark in the message's stored record (the last of
         # an idempotent publish has one, docs/protocol.md §3.10), so its record size is known.
         self.mark_size = 0
+        # Log topics: a delayed record's channel ("" for a DPUB) and due time in unix ms, as
+        # the log stores and reads it (`nsqd/delay_queue.py`); None for every other message.
+        self.delay: tuple[str, int] | None = None
 
     def copy(self) -> "Message":
         """A channel's own copy; `defer` travels with it so every channel defers a DPUB."""

@@ -23,10 +23,18 @@ import trio
 from nsqpy.common.guid import GUIDFactory
 from nsqpy.nsqd.backend import BackendWriteError, DroppingQueue
 from nsqpy.nsqd.cursor_queue import CursorQueue
+from nsqpy.nsqd.delay_queue import DelayedRecord, DelayQueue
 from nsqpy.nsqd.idempotence import ProducerSequences
 from nsqpy.nsqd.log_writer import LogWriter
 from nsqpy.nsqd.message import RECORD_OVERHEAD, Message, MessageBatch
-from nsqpy.partition_log import PartitionLog, Position, ProducerMark
+from nsqpy.partition_log import (
+    LogCorruption,
+    PartitionLog,
+    Position,
+    ProducerMark,
+    delayed_records,
+    record_size,
+)
 
 if TYPE_CHECKING:
     from nsqpy.diskqueue import DiskQueue
@@ -160,13 +168,26 @@ class TopicQueue(MessageQueue, Protocol):
         ephemeral: bool,
         deferred: Callable[[], Iterable[Message]],
         defer: Callable[[Message, float], None],
+        ordered: Callable[[], bool] = lambda: False,
     ) -> MessageQueue:
         """A new channel's queue: `deferred` lists what waits in its deferred queue now,
-        `defer` holds a message read from a log for that many seconds (a DPUB's)."""
+        `defer` holds a message read from a log for that many seconds (a DPUB's in an
+        `ordered` channel)."""
 
-    async def clean(self, *, keep_bytes: float, older_than: float) -> int:
+    async def clean(
+        self, *, keep_bytes: float, older_than: float, move_delayed: bool = True
+    ) -> int:
         """Retention (docs/design.md §13): remove what every channel has confirmed past that is
-        older than `older_than` (unix seconds) or beyond `keep_bytes`; how many segments went."""
+        older than `older_than` (unix seconds) or beyond `keep_bytes`; how many segments went.
+        `move_delayed`: this node writes the partition, and may write delayed messages whose
+        records would go again at the end."""
+
+    @property
+    def moves_pending(self) -> bool:
+        """Whether channels asked to move messages to the end of their delay (a log's delay
+        queue): the topic's pump then calls `write_moves`."""
+
+    async def write_moves(self) -> None: ...
 
 
 class BufferedDiskQueue:
@@ -391,6 +412,7 @@ class BufferedTopicQueue(BufferedDiskQueue):
         ephemeral: bool,
         deferred: Callable[[], Iterable[Message]],
         defer: Callable[[Message, float], None],
+        ordered: Callable[[], bool] = lambda: False,
     ) -> MessageQueue:
         # Go's `<topic>:<channel>`; a partition p > 0 names its channels `<topic>#<p>:<channel>`
         # so two partitions' channels never share files.
@@ -402,8 +424,15 @@ class BufferedTopicQueue(BufferedDiskQueue):
             failure_args=(self.topic_name, channel),
         )
 
-    async def clean(self, *, keep_bytes: float, older_than: float) -> int:
+    async def clean(
+        self, *, keep_bytes: float, older_than: float, move_delayed: bool = True
+    ) -> int:
         return 0  # a diskqueue keeps nothing that was read
+
+    moves_pending = False
+
+    async def write_moves(self) -> None:
+        pass  # a diskqueue topic's channels keep their delays in memory
 
 
 class LogTopicQueue:
@@ -419,6 +448,7 @@ class LogTopicQueue:
         legacy: "DiskQueue | None",
         paused: Callable[[], bool],
         on_written: Callable[[int, int], None],
+        wake_pump: Callable[[], None] = lambda: None,
     ) -> None:
         self.storage = storage
         self.log = log
@@ -439,6 +469,14 @@ class LogTopicQueue:
         self._on_written = on_written
         # The channels' cursors, for retention's floor.
         self.cursors: dict[str, CursorQueue] = {}
+        # Delayed messages (DPUBs, and messages channels moved to the end of their delay),
+        # indexed by channel and due time (`nsqd/delay_queue.py`).
+        self.delay_queue = DelayQueue(log.delay_queue_path)
+        log.on_cut_back = self.delay_queue.cut_back
+        # Moves asked for and not yet written (`write_moves`, from the topic's pump).
+        self._moves: list[tuple[CursorQueue, Message, int]] = []
+        # The topic's pump writes them.
+        self.wake_pump = wake_pump
         # Whether the log was just made from a diskqueue (see `_migrate`).
         self.migrated = legacy is not None and self._migrate(legacy)
 
@@ -491,11 +529,18 @@ class LogTopicQueue:
         """Into the log's open group, once, written by nsqd's next commit
         (`nsqd/log_writer.py`); the channels read it as cursors once it is written."""
         assert not isinstance(messages, MessageBatch)  # keeps_batches is False
-        group = self._append(messages, body_bytes)
         defer = messages[0].defer
         if defer:
-            due = time.time() + defer
-            group.delays.extend((message.offset, due) for message in messages)
+            # A DPUB's record carries its due time: durable and replicated with it.
+            due_ms = int((time.time() + defer) * 1000)
+            for message in messages:
+                message.delay = ("", due_ms)
+        group = self._append(messages, body_bytes)
+        if defer:
+            group.delays.extend(
+                DelayedRecord("", message.id, message.offset, message.count, due_ms)
+                for message in messages
+            )
         return True
 
     def accept_sequenced(
@@ -531,8 +576,10 @@ class LogTopicQueue:
         ephemeral: bool,
         deferred: Callable[[], Iterable[Message]],
         defer: Callable[[Message, float], None],
+        ordered: Callable[[], bool] = lambda: False,
     ) -> MessageQueue:
         """A cursor into the log (docs/design.md §13)."""
+        delayed_here = not ephemeral
         cursor = CursorQueue(
             self.storage,
             self.log,
@@ -543,9 +590,102 @@ class LogTopicQueue:
             legacy=self.storage.open_legacy_queue(f"{self.backend_name}:{channel}"),
             deferred=deferred,
             defer=defer,
+            delay_queue=self.delay_queue if delayed_here else None,
+            move=self._ask_move if delayed_here else None,
+            ordered=ordered,
         )
         self.cursors[channel] = cursor
+        if delayed_here:
+            self._recover_delayed(channel)
         return cursor
+
+    # -- the delay queue (`nsqd/delay_queue.py`) -------------------------------------------------
+
+    def _delay_channels(self) -> list[str]:
+        """The channels whose delayed messages the delay queue keeps: not an ephemeral or an
+        ordered one (those hold a DPUB in memory)."""
+        return [
+            name
+            for name, cursor in self.cursors.items()
+            if not cursor.closed and cursor.delay_queue is not None and not cursor.ordered()
+        ]
+
+    def index_delayed(self, records: "Sequence[DelayedRecord]") -> None:
+        """Delayed records just written (here, or by the leader) go into the delay queue."""
+        self.delay_queue.add(records, self._delay_channels)
+
+    def index_raw(self, data: bytes, first: Position) -> None:
+        """Groups a catch-up copied as the leader wrote them (`data`, from `first`): their
+        delayed records go into the delay queue."""
+        found = delayed_records(data, first)
+        if found:
+            self.index_delayed([DelayedRecord(*record) for record in found])
+
+    def _recover_delayed(self, channel: str) -> None:
+        """Index again what a crash left out: the channel's delayed records written after the
+        offset the committed index covers."""
+        log, delay_queue = self.log, self.delay_queue
+        position = log.position_at_or_after(max(delay_queue.applied, log.start.offset))
+        found: list[DelayedRecord] = []
+        while position.offset < log.written.offset:
+            messages = log.read(position, 1024, log.written.offset)
+            if not messages:
+                break
+            for message in messages:
+                if message.delay is not None and message.delay[0] in ("", channel):
+                    found.append(
+                        DelayedRecord(
+                            channel, message.id, message.offset, message.count, message.delay[1]
+                        )
+                    )
+            last = messages[-1]
+            position = Position(last.offset + record_size(last, log.ext), last.count + 1)
+        log.read_delayed = False
+        if found:
+            delay_queue.add(found, lambda: (channel,))
+
+    def _ask_move(self, cursor: CursorQueue, message: Message, due_ms: int) -> None:
+        self._moves.append((cursor, message, due_ms))
+        self.wake_pump()
+
+    @property
+    def moves_pending(self) -> bool:
+        return bool(self._moves)
+
+    async def write_moves(self) -> None:
+        """Write the moves asked for (the topic's pump): each message's copy goes into the log
+        with its channel and due time, replicated as any publish; once written, the delay
+        queue holds it and the channel lets the original go (`CursorQueue.moved`). A write
+        that fails leaves them deferred in memory, as they were."""
+        moves, self._moves = self._moves, []
+        copies = []
+        for cursor, message, due_ms in moves:
+            copy = Message(message.id, message.body, message.timestamp, message.attempts)
+            copy.trace_id = message.trace_id
+            copy.ext_header = message.ext_header
+            copy.delay = (cursor.channel, due_ms)
+            copies.append(copy)
+        try:
+            group = self.storage.append_to_log(self.writer, copies, self.topic)
+        except BackendWriteError:
+            return
+        group.delays.extend(
+            DelayedRecord(cursor.channel, copy.id, copy.offset, copy.count, due_ms)
+            for (cursor, _message, due_ms), copy in zip(moves, copies, strict=True)
+        )
+        await self.storage.commit([group])
+        if group.error is not None:
+            self.storage.log.warning(
+                "TOPIC(%s) partition %d: %d delayed messages stay in memory - %s",
+                self.topic,
+                self.log.partition,
+                len(moves),
+                group.error,
+            )
+            return
+        for cursor, message, _due_ms in moves:
+            if not cursor.closed:
+                cursor.moved(message)
 
     # -- a cluster partition's writes (docs/design.md §14) --------------------------------------
 
@@ -554,7 +694,7 @@ class LogTopicQueue:
         self.log.write_epoch = epoch
 
     def replicate_with(
-        self, replicate: "Callable[[list, Sequence[tuple[int, float]]], Awaitable[None]] | None"
+        self, replicate: "Callable[[list, Sequence[DelayedRecord]], Awaitable[None]] | None"
     ) -> None:
         """As the leader: every written group goes to the followers through `replicate`
         before its publishes are answered (None: no followers)."""
@@ -572,12 +712,11 @@ class LogTopicQueue:
         self.writer.replicate = None
 
     def _group_written(self, group: "WriteGroup") -> None:
-        """A group was written (and replicated): its DPUBs' due times go with each cursor,
-        so one not read before a restart still waits; then the topic counts it and its
-        channels read it."""
+        """A group was written (and replicated): its delayed records go into the delay queue
+        before any channel can read them; then the topic counts it and its channels read
+        it."""
         if group.delays:
-            for cursor in self.open_cursors():
-                cursor.delays.update(group.delays)
+            self.index_delayed(group.delays)
         self._on_written(group.count, group.body_bytes)
 
     def open_cursors(self) -> list[CursorQueue]:
@@ -587,9 +726,14 @@ class LogTopicQueue:
             del cursors[name]
         return list(cursors.values())
 
-    async def clean(self, *, keep_bytes: float, older_than: float) -> int:
+    async def clean(
+        self, *, keep_bytes: float, older_than: float, move_delayed: bool = True
+    ) -> int:
         """A partition without channels is never cleaned. The producer snapshot a roll made
-        due is written first (in a worker thread): the log removes only segments one covers."""
+        due is written first (in a worker thread): the log removes only segments one covers.
+        Delayed messages whose records would go are written again at the end first
+        (`move_delayed`: where this node writes the partition), so a delay never holds
+        retention back; one out for delivery does until it is finished."""
         cursors = self.open_cursors()
         if not cursors:
             return 0
@@ -597,7 +741,46 @@ class LogTopicQueue:
         if snapshot is not None:
             await trio.to_thread.run_sync(snapshot)
         floor = min(cursor.confirmed.offset for cursor in self.open_cursors() or cursors)
+        if move_delayed:
+            start = self.log.start_after_clean(floor, keep_bytes=keep_bytes, older_than=older_than)
+            await self._rewrite_delayed_before(start)
+        oldest_delayed = self.delay_queue.oldest_offset()
+        if oldest_delayed is not None:
+            floor = min(floor, oldest_delayed)
         return self.log.clean(floor, keep_bytes=keep_bytes, older_than=older_than)
+
+    async def _rewrite_delayed_before(self, offset: int) -> None:
+        """Write the waiting delayed messages whose records are before `offset` again at the
+        log's end, with their channel and due time; the delay queue then points at the new
+        records."""
+        while waiting := self.delay_queue.waiting_before(offset, 1000):
+            copies = []
+            for record in waiting:
+                try:
+                    read = self.log.read(Position(record.offset, record.count), 1)
+                except LogCorruption:
+                    read = []
+                if not read or read[0].id != record.message_id:
+                    self.delay_queue.done(record.channel, record.message_id)
+                    continue
+                original = read[0]
+                copy = Message(original.id, original.body, original.timestamp, original.attempts)
+                copy.trace_id = original.trace_id
+                copy.ext_header = original.ext_header
+                copy.delay = (record.channel, record.due_ms)
+                copies.append(copy)
+            self.log.read_delayed = False
+            if not copies:
+                continue
+            group = self.storage.append_to_log(self.writer, copies, self.topic)
+            group.delays.extend(
+                DelayedRecord(copy.delay[0], copy.id, copy.offset, copy.count, copy.delay[1])
+                for copy in copies
+                if copy.delay is not None
+            )
+            await self.storage.commit([group])
+            if group.error is not None:
+                return  # kept where they are: retention waits for them
 
     def has_messages(self) -> bool:
         return False
@@ -632,6 +815,8 @@ class LogTopicQueue:
     async def sync_dirty(self) -> None:
         if self.writer.dirty:
             await self.writer.sync()
+        if self.delay_queue.due_to_commit(self.log.end.offset):
+            self.delay_queue.commit(self.log.end.offset)
         # Here, not in a sync that publishes wait for: the job reads a whole segment.
         snapshot = self.log.prepare_producer_snapshot()
         if snapshot is not None:
@@ -648,6 +833,8 @@ class LogTopicQueue:
 
     def close(self) -> None:
         self.writer.close()
+        self.delay_queue.close(self.log.end.offset)
 
     def delete(self) -> None:
+        self.delay_queue.delete()
         self.writer.delete()

@@ -106,6 +106,9 @@ def render_metrics(nsqd: MetricsSource, topics: list[dict] | None = None) -> str
                 family(
                     "nsq_channel_lag", "gauge", "Log messages the channel has not confirmed"
                 ).add(channel["lag"], **labels)
+                family(
+                    "nsq_channel_delayed_queue", "gauge", "Messages in the partition's delay queue"
+                ).add(channel["delayed_queue_count"], **labels)
             family("nsq_channel_depth", "gauge", "Messages queued in the channel").add(
                 channel["depth"], **labels
             )

@@ -51,6 +51,9 @@ class Options:
     # Log topics (Youzan): acknowledged-out-of-order ranges a channel may hold before it
     # stops reading.
     max_confirm_win: int = 500
+    # Log topics (Youzan): a REQ with at least this delay moves the message to the partition's
+    # delay queue (so do those made while the channel's window is full).
+    req_to_end_threshold: float = 15 * 60.0
     # Log topics: consumed segments are kept this many days, or up to this many bytes per day
     # of retention (Youzan's --retention-days and --retention-size-per-day).
     retention_days: int = 7
@@ -275,6 +278,13 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 d.max_confirm_win,
                 "log topics: most message ranges a channel may hold acknowledged out of order"
                 " before it stops reading",
+            ),
+            Flag(
+                "req-to-end-threshold",
+                Kind.DURATION,
+                d.req_to_end_threshold,
+                "log topics: a requeue with at least this delay moves the message to the"
+                " partition's delay queue",
             ),
             Flag(
                 "retention-days",

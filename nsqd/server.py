@@ -342,7 +342,11 @@ class NSQD:
                 keep = float(options.retention_size_per_day * max(days, 1))
                 older_than = time.time() - days * 86400
             try:
-                removed += await topic.queue.clean(keep_bytes=keep, older_than=older_than)
+                removed += await topic.queue.clean(
+                    keep_bytes=keep,
+                    older_than=older_than,
+                    move_delayed=not topic.is_cluster_follower,
+                )
             except OSError as error:
                 # Its new start could not be written (a full disk): nothing of it was
                 # removed, the next run tries again, the other partitions go on.

@@ -93,10 +93,12 @@ class Storage:
         sync_every: int,
         paused: Callable[[], bool],
         on_written: Callable[[int, int], None],
+        wake_pump: Callable[[], None] = lambda: None,
     ) -> TopicQueue:
         """The queue of a new topic partition, on the engine that keeps it. `paused` says
         whether the topic holds its messages back; `on_written` is told how many messages (and
-        body bytes) of a log topic were written (its channels read them then)."""
+        body bytes) of a log topic were written (its channels read them then); `wake_pump` wakes
+        the topic's pump (a log topic's moves to its delay queue)."""
         if not ephemeral and (partitioned or self.stores_as_log(name, partition)):
             options = self.options
             log = PartitionLog(
@@ -116,6 +118,7 @@ class Storage:
                 legacy=self.open_legacy_queue(backend_name),
                 paused=paused,
                 on_written=on_written,
+                wake_pump=wake_pump,
             )
         return BufferedTopicQueue(self, name, backend_name, ephemeral=ephemeral)
 

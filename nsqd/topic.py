@@ -104,6 +104,8 @@ class Topic:
         # Partitioned topics are log topics (docs/design.md §13): every message in the
         # partition's log, channels as cursors into it. Classic topics keep go-diskqueue,
         # unless `--log-topic` names them or their log is on disk already.
+        # Wakes the pump: messages to fan out, or (a log topic) moves to its delay queue.
+        self._pump_wakeup = Wakeup()
         self.queue: TopicQueue = nsqd.storage.open_topic_queue(
             name,
             partition,
@@ -114,8 +116,8 @@ class Topic:
             sync_every=sync_every,
             paused=lambda: self.paused,
             on_written=self.log_written,
+            wake_pump=self._pump_wakeup.set,
         )
-        self._pump_wakeup = Wakeup()
         # False while nsqd asks nsqlookupd which channels the topic has elsewhere in the
         # cluster: its messages wait, as in Go, where the pump starts only after those
         # channels exist, so each of them gets the topic's first message too.
@@ -274,9 +276,12 @@ class Topic:
             await channel.queue.sync_dirty()
 
     async def pump(self) -> None:
-        """Move the topic's backlog into its channels whenever it has channels and runs."""
+        """Move the topic's backlog into its channels whenever it has channels and runs, and
+        write what its channels move to the end of their delay (a log topic's)."""
         while not self.deleted:
-            if self.channels and not self.paused and self.started and self.has_backlog():
+            if self.queue.moves_pending:
+                await self.queue.write_moves()
+            elif self.channels and not self.paused and self.started and self.has_backlog():
                 self._fan_out(self.queue.take(_PUMP_BATCH))
                 await trio.lowlevel.checkpoint()
             else:

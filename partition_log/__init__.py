@@ -28,6 +28,7 @@ from nsqpy.partition_log.records import (
     Position,
     ProducerMark,
     Record,
+    delayed_records,
     record_size,
 )
 
@@ -46,6 +47,7 @@ __all__ = [
     "Position",
     "ProducerMark",
     "Record",
+    "delayed_records",
     "index_file_name",
     "log_exists",
     "record_size",

@@ -8,7 +8,10 @@
 * `<topic>-<p>.diskqueue.meta.extra.dat`: where the retained log begins once retention removed
   its first segments;
 * `<topic>-<p>:<channel>.diskqueue.meta.v2.reader.dat`: a channel's cursor, and nsqpy's own
-  `<topic>-<p>:<channel>.delayed.json` (its deferred messages; Youzan has no DPUB);
+  `<topic>-<p>:<channel>.delayed.json` (its deferred messages; Youzan has no DPUB) and
+  `<topic>-<p>:<channel>.acked.json` (the ranges acknowledged beyond its confirmed position);
+* nsqpy's own `<topic>-<p>.delayed.sqlite`: the partition's delay queue, an index of its
+  delayed records by channel and due time (`nsqd/delay_queue.py`);
 * `magic<p>`: the MagicCode of the cluster topic the log was written for;
 * nsqpy's own `<topic>-<p>.producers.<offset>.json`: a producer snapshot
   (`producer_snapshots.py`).
@@ -81,6 +84,13 @@ class LogFiles:
 
     def delays(self, channel: str) -> str:
         return os.path.join(self.directory, f"{self.name}:{channel}.delayed.json")
+
+    def acked(self, channel: str) -> str:
+        return os.path.join(self.directory, f"{self.name}:{channel}.acked.json")
+
+    @property
+    def delay_queue(self) -> str:
+        return os.path.join(self.directory, f"{self.name}.delayed.sqlite")
 
     @property
     def magic_code(self) -> str:

@@ -123,7 +123,6 @@ class PartitionLog(Generic[M]):
         self._pending_last_id = 0
         self._pending_size = 0
         self._pending_count = 0
-        self._pending_defers: list[tuple[int, float]] = []
         # Where the written data ends (`end` is where readers stop: the same, but on a leader
         # whose followers have not all acknowledged the last groups yet), and where the next
         # append goes: that plus the group not yet written.
@@ -142,9 +141,12 @@ class PartitionLog(Generic[M]):
         self._tail: list[bytes] = []
         self._tail_starts: list[int] = []
         self._tail_bytes = 0
-        # DPUBs in the hot tail, by offset: the delay a reader gives them (a record has no
-        # room for it; after that, the channel's cursor keeps the due time).
-        self._tail_defers: dict[int, float] = {}
+        # Whether a read since this was last cleared met a delayed record (a cursor skips
+        # them: the delay queue delivers them, `nsqd/delay_queue.py`).
+        self.read_delayed = False
+        # Told the offset the log was cut back to (-1: started over, nothing kept), so that
+        # what was derived from the records cut goes too (the delay queue's entries).
+        self.on_cut_back: Callable[[int], None] | None = None
         # The last chunk read from a segment: (segment number, position, bytes).
         self._read_cache: tuple[int, int, bytes] | None = None
         # Seconds an idempotent producer is remembered (nsqd's `--producer-id-expiration`,
@@ -203,6 +205,15 @@ class PartitionLog(Generic[M]):
     def reader_meta_path(self, channel: str) -> str:
         return self.files.reader_meta(channel)
 
+    @property
+    def delay_queue_path(self) -> str:
+        """The partition's delay queue (nsqpy's own file, `nsqd/delay_queue.py`)."""
+        return self.files.delay_queue
+
+    def acked_path(self, channel: str) -> str:
+        """A channel's ranges acknowledged beyond its confirmed position (nsqpy's own file)."""
+        return self.files.acked(channel)
+
     # -- opening ---------------------------------------------------------------------------------
 
     def _open(self) -> None:
@@ -246,9 +257,9 @@ class PartitionLog(Generic[M]):
         first_offset = offset
         parts = self._pending
         append = parts.append
-        # An ext topic's records, and an idempotent publish's last one, take a call each; the
-        # others are the fast loop's.
-        if self.ext:
+        # An ext topic's records, delayed ones, and an idempotent publish's last one, take a
+        # call each; the others are the fast loop's.
+        if self.ext or messages[0].delay is not None:
             flagged = messages
         else:
             flagged = messages[-1:] if producer is not None else []
@@ -282,8 +293,6 @@ class PartitionLog(Generic[M]):
             offset += len(record)
             count += 1
             append(record)
-        if messages[0].defer:
-            self._pending_defers.extend((message.offset, message.defer) for message in messages)
         self._pending_size += offset - first_offset
         self._pending_count += len(messages)
         self._pending_last_id = int(messages[-1].id, 16)
@@ -318,7 +327,7 @@ class PartitionLog(Generic[M]):
             self._pending_count,
         )
         try:
-            self._write_group(entry, data, self.appended, self._pending_defers)
+            self._write_group(entry, data, self.appended)
         except OSError:
             self.discard_pending()
             raise
@@ -328,8 +337,6 @@ class PartitionLog(Generic[M]):
         self._pending_first = None
         self._pending_size = 0
         self._pending_count = 0
-        if self._pending_defers:
-            self._pending_defers = []
         return entry, data
 
     def append_raw(self, entry: IndexEntry, data: bytes) -> None:
@@ -347,7 +354,7 @@ class PartitionLog(Generic[M]):
             )
         if size != len(data):
             raise ValueError(f"a group of {len(data)} bytes says it has {size}")
-        self._write_group(entry, data, Position(offset + size, first_count - 1 + count), [])
+        self._write_group(entry, data, Position(offset + size, first_count - 1 + count))
         self.rewrites += 1
         self.end = self.appended = self.written
         self.last_id = max(self.last_id, entry[2])
@@ -358,9 +365,7 @@ class PartitionLog(Generic[M]):
         if position.offset > self.end.offset:
             self.end = min(position, self.written)
 
-    def _write_group(
-        self, entry: IndexEntry, data: bytes, following: Position, defers: list[tuple[int, float]]
-    ) -> None:
+    def _write_group(self, entry: IndexEntry, data: bytes, following: Position) -> None:
         # Full files are rolled before the next write, not after the one that filled them:
         # where a segment (or index file) ends then depends only on the groups written, so
         # replicas cut their logs into the same files even if one was killed between a write
@@ -389,7 +394,7 @@ class PartitionLog(Generic[M]):
         segment.size += len(data)
         self._index_entries += 1
         self.written = following
-        self._remember(data, entry[3], defers)
+        self._remember(data, entry[3])
 
     def discard_pending(self) -> None:
         """Forget what was appended since the last commit (it will not be written)."""
@@ -398,16 +403,13 @@ class PartitionLog(Generic[M]):
         self._pending_first = None
         self._pending_size = 0
         self._pending_count = 0
-        self._pending_defers = []
         self.appended = self.written
 
-    def _remember(self, data: bytes, offset: int, defers: list[tuple[int, float]]) -> None:
+    def _remember(self, data: bytes, offset: int) -> None:
         """The bytes just written, for readers at the tail: one reference per group."""
         self._tail.append(data)
         self._tail_starts.append(offset)
         self._tail_bytes += len(data)
-        if defers:
-            self._tail_defers.update(defers)
         if self._tail_bytes > 2 * HOT_TAIL_BYTES:
             tail = self._tail
             dropped = 0
@@ -416,16 +418,6 @@ class PartitionLog(Generic[M]):
                 dropped += len(tail[index])
                 index += 1
             self._forget_tail_before(self._tail_starts[index])
-
-    @property
-    def tail_has_deferred(self) -> bool:
-        """Whether a read may return a message still to be deferred (a DPUB in the hot
-        tail)."""
-        return bool(self._tail_defers)
-
-    def tail_defer(self, offset: int) -> float:
-        """The delay a DPUB at `offset` asked for, while it is in the hot tail; 0 otherwise."""
-        return self._tail_defers.get(offset, 0.0)
 
     def _roll(self) -> None:
         """The segment is full: record its range, start the next. OSError when the disk
@@ -621,7 +613,10 @@ class PartitionLog(Generic[M]):
                         )
                     )
                 else:
-                    append(decode_flagged_record(chunk[at + 4 : end_at], offset, count, make))
+                    message = decode_flagged_record(chunk[at + 4 : end_at], offset, count, make)
+                    if message.delay is not None:
+                        self.read_delayed = True
+                    append(message)
                 offset += end_at - at
                 at = end_at
                 count += 1
@@ -849,9 +844,9 @@ class PartitionLog(Generic[M]):
             self._tail_bytes -= len(data)
         del self._tail[index:]
         del self._tail_starts[index:]
-        for deferred in [offset for offset in self._tail_defers if offset >= position.offset]:
-            del self._tail_defers[deferred]
         self._read_cache = None
+        if self.on_cut_back is not None:
+            self.on_cut_back(position.offset)
         self.log.warning(
             "TOPIC(%s) partition %d: log cut back to offset %d (count %d)",
             self.topic,
@@ -943,13 +938,14 @@ class PartitionLog(Generic[M]):
         self._index_number = 0
         self._index_entries = 1 if boundary is not None else 0
         self._tail, self._tail_starts, self._tail_bytes = [], [], 0
-        self._tail_defers = {}
         self._read_cache = None
         self._snapshot_due = False
         self._ops_since_sync = 0
         self._write_fd = os.open(files.segment(segment_number), os.O_WRONLY | os.O_APPEND, 0o600)
         self._index_fd = os.open(files.index(), os.O_WRONLY | os.O_APPEND, 0o600)
         self._closed = False
+        if self.on_cut_back is not None:
+            self.on_cut_back(-1)
         self.log.warning(
             "TOPIC(%s) partition %d: log started over at offset %d (count %d), segment %d",
             self.topic,
@@ -1087,6 +1083,20 @@ class PartitionLog(Generic[M]):
 
     # -- retention -----------------------------------------------------------------------------
 
+    def start_after_clean(self, floor: int, *, keep_bytes: float, older_than: float) -> int:
+        """The offset the log would start at after `clean` with these arguments (what it
+        would remove, without removing it)."""
+        count = removable_segments(
+            self.files,
+            self.segments,
+            self.start,
+            self.end,
+            floor,
+            keep_bytes=keep_bytes,
+            older_than=older_than,
+        )
+        return self.segments[count].start if count else self.start.offset
+
     def clean(self, floor: int, *, keep_bytes: float, older_than: float) -> int:
         """Remove whole segments that end at or before `floor` (every channel's confirmed
         offset) and are either older than `older_than` (a unix time) or beyond `keep_bytes`
@@ -1130,11 +1140,6 @@ class PartitionLog(Generic[M]):
             self._tail_bytes -= len(data)
         del self._tail[:index]
         del self._tail_starts[:index]
-        defers = self._tail_defers
-        if defers:
-            kept = self._tail_starts[0] if self._tail_starts else self.end.offset
-            for deferred in [deferred for deferred in defers if deferred < kept]:
-                del defers[deferred]
 
     # -- closing -------------------------------------------------------------------------------
 

@@ -9,6 +9,11 @@ The last record of an idempotent publish (docs/protocol.md §3.10) carries its p
 the attempts' high nibble, or `0xE` when the ext section follows it. The log keeps no other
 copy of which producer sequences it holds: a leader rebuilds them from these records.
 
+A delayed record (docs/design.md §13: a DPUB, or a message a channel moved to the end of its
+delay) carries `[8 BE due time, unix ms][1 length][channel]` after the trace id, marked `0x8`
+in the attempts' high nibble, or `0x9` when the ext section follows it; its channel is empty
+for a DPUB (every channel's). Such a record has no producer section.
+
 The log makes the messages it reads with a factory its user gives (nsqd's `Message`), so it
 imports nothing of the broker: `LogMessage` is what it reads and writes of one.
 """
@@ -31,9 +36,12 @@ ID_PARTITION_SHIFT = 50
 EXT_ATTEMPTS_FLAG = 0xA000
 PRODUCER_ATTEMPTS_FLAG = 0xC000
 PRODUCER_EXT_ATTEMPTS_FLAG = 0xE000
+DELAYED_ATTEMPTS_FLAG = 0x8000
+DELAYED_EXT_ATTEMPTS_FLAG = 0x9000
 # The attempts' high nibbles of a record with a producer section, and with an ext section.
 PRODUCER_FLAGS = (PRODUCER_ATTEMPTS_FLAG, PRODUCER_EXT_ATTEMPTS_FLAG)
-EXT_FLAGS = (EXT_ATTEMPTS_FLAG, PRODUCER_EXT_ATTEMPTS_FLAG)
+EXT_FLAGS = (EXT_ATTEMPTS_FLAG, PRODUCER_EXT_ATTEMPTS_FLAG, DELAYED_EXT_ATTEMPTS_FLAG)
+DELAYED_FLAGS = (DELAYED_ATTEMPTS_FLAG, DELAYED_EXT_ATTEMPTS_FLAG)
 _SEQUENCE = struct.Struct(">Q")
 
 
@@ -62,9 +70,10 @@ class LogMessage(Protocol):
     # Set by the log: the record's virtual offset and how many messages come before it.
     offset: int
     count: int
-    # A DPUB's delay in seconds (the log keeps it for readers while it is in memory).
-    defer: float
-    # Bytes of the producer mark in its record: set by the log (0 unless it has one).
+    # A delayed record's channel ("" for a DPUB) and due time in unix ms; None otherwise.
+    delay: "tuple[str, int] | None"
+    # Bytes of the producer or delay section in its record: set by the log (0 unless it has
+    # one).
     mark_size: int
 
 
@@ -89,13 +98,17 @@ class ProducerMark(NamedTuple):
 
 
 def encode_flagged_record(message: LogMessage, ext: bool, producer: ProducerMark | None) -> bytes:
-    """An ext topic's record, or a publish's last one with its producer, with its size prefix
-    (`PartitionLog.append` writes the others itself, in its loop)."""
+    """An ext topic's record, a publish's last one with its producer, or a delayed one, with
+    its size prefix (`PartitionLog.append` writes the others itself, in its loop)."""
     body = message.body
     internal_id = int(message.id, 16)
     sections = b""
     flag = 0
-    if producer is not None:
+    if message.delay is not None:
+        sections = delay_section(*message.delay)
+        message.mark_size = len(sections)
+        flag = DELAYED_EXT_ATTEMPTS_FLAG if ext else DELAYED_ATTEMPTS_FLAG
+    elif producer is not None:
         producer_id = producer.producer_id
         sections = bytes((len(producer_id),)) + producer_id + _SEQUENCE.pack(producer.sequence)
         flag = PRODUCER_EXT_ATTEMPTS_FLAG if ext else PRODUCER_ATTEMPTS_FLAG
@@ -114,6 +127,11 @@ def encode_flagged_record(message: LogMessage, ext: bool, producer: ProducerMark
 def mark_size(producer: ProducerMark) -> int:
     """Bytes the producer section takes in a record."""
     return 1 + len(producer.producer_id) + 8
+
+
+def delay_section(channel: str, due_ms: int) -> bytes:
+    name = channel.encode()
+    return _SEQUENCE.pack(due_ms) + bytes((len(name),)) + name
 
 
 def producer_section(record: bytes | memoryview, at: int) -> tuple[ProducerMark, int]:
@@ -137,10 +155,17 @@ def decode_flagged_record(
     flag = attempts & 0xF000
     attempts &= 0x0FFF
     marked = 0
+    delay = None
     if flag in PRODUCER_FLAGS:
         after = producer_section(record, rest)[1]
         marked = after - rest
         rest = after
+    elif flag in DELAYED_FLAGS:
+        (due_ms,) = _SEQUENCE.unpack_from(record, rest)
+        length = record[rest + 8]
+        delay = (bytes(record[rest + 9 : rest + 9 + length]).decode(), due_ms)
+        marked = 9 + length
+        rest += marked
     if flag in EXT_FLAGS:
         version = record[rest]
         rest += 1
@@ -153,7 +178,29 @@ def decode_flagged_record(
     )
     message.ext_header = ext_header
     message.mark_size = marked
+    if delay is not None:
+        message.delay = delay
     return message
+
+
+def delayed_records(data: bytes, first: Position) -> list[tuple[str, bytes, int, int, int]]:
+    """The delayed records among whole records `data` that start at `first`: each one's
+    channel, ID (16 hex digits), offset, count and due time (unix ms)."""
+    found = []
+    at, length = 0, len(data)
+    offset, count = first
+    unpack = SIZED_RECORD_HEADER.unpack_from
+    while at + BODY_START <= length:
+        size, _timestamp, attempts, raw_id, _trace_id = unpack(data, at)
+        if attempts & 0xF000 in DELAYED_FLAGS:
+            rest = at + BODY_START
+            (due_ms,) = _SEQUENCE.unpack_from(data, rest)
+            name_length = data[rest + 8]
+            channel = bytes(data[rest + 9 : rest + 9 + name_length]).decode()
+            found.append((channel, raw_id.hex().encode(), offset + at, count, due_ms))
+        at += 4 + size
+        count += 1
+    return found
 
 
 class Record:
@@ -169,6 +216,7 @@ class Record:
         "count",
         "ext_header",
         "defer",
+        "delay",
         "mark_size",
     )
 
@@ -191,4 +239,5 @@ class Record:
         self.count = count
         self.ext_header = b""
         self.defer = 0.0
+        self.delay: tuple[str, int] | None = None
         self.mark_size = 0

@@ -5,7 +5,10 @@ A fetch returns the records of a partition exactly as nsqd stored them (docs/pro
 flag `0xA` in the attempts' high nibble and put an ext section (`[1 version]`, and for version
 4 `[2 length][header]`) before the body; the last record of an idempotent publish flags `0xC`
 (or `0xE` with an ext section after it) and puts its producer (`[1 length][id][8 sequence]`)
-there first. Offsets are virtual: a record's offset is the previous
+there first. A delayed record flags `0x8` (`0x9` with an ext section after it) and puts
+`[8 due ms][1 length][channel]` there: a DPUB (no channel) is read as the publish it is, and a
+copy a channel moved to the end of its delay (a channel named) is left out, as its message was
+read already. Offsets are virtual: a record's offset is the previous
 record's plus its size prefix and size, the same on every replica.
 """
 
@@ -19,6 +22,8 @@ _BODY_START = _SIZED_HEADER.size  # 30
 _EXT_FLAG = 0xA000
 _PRODUCER_FLAG = 0xC000
 _PRODUCER_EXT_FLAG = 0xE000
+_DELAYED_FLAG = 0x8000
+_DELAYED_EXT_FLAG = 0x9000
 
 
 class RecordError(ValueError):
@@ -57,7 +62,13 @@ def records_to_batch(
             attempts &= 0x0FFF
         if flag in (_PRODUCER_FLAG, _PRODUCER_EXT_FLAG):
             body_at += 1 + data[body_at] + 8
-        if flag in (_EXT_FLAG, _PRODUCER_EXT_FLAG):
+        elif flag in (_DELAYED_FLAG, _DELAYED_EXT_FLAG):
+            channel_length = data[body_at + 8]
+            if channel_length:
+                at = end
+                continue
+            body_at += 9
+        if flag in (_EXT_FLAG, _PRODUCER_EXT_FLAG, _DELAYED_EXT_FLAG):
             version = data[body_at]
             body_at += 1
             if version == 4:

@@ -282,6 +282,51 @@ def test_a_deferred_message_still_waits_on_the_new_leader(cluster):
     assert waited >= 5.5, f"delivered {waited:.1f} s after a 6 s DPUB"
 
 
+def delayed_count(node, topic: str) -> int:
+    """How many messages of channel `c` of partition 0 wait in `node`'s delay queue."""
+    reply = node.http("GET", f"/stats?format=json&topic={topic}&include_mem=false")
+    assert reply.status == 200, reply
+    for entry in json.loads(reply.body)["topics"] or ():
+        for channel in entry["channels"]:
+            if channel["channel_name"] == "c":
+                return channel["delayed_queue_count"]
+    return 0
+
+
+def test_a_message_moved_to_the_delay_queue_comes_when_due_from_the_new_leader(
+    tmp_path, etcd_server
+):
+    """A REQ long enough to move the message to the delay queue writes its copy through the
+    partition's replication: every follower's delay queue holds it, and after the leader's
+    kill -9 the new leader delivers it when it is due, not before."""
+    with LocalCluster(
+        tmp_path, etcd_server, nsqd_args=("-sync-every=1", "-req-to-end-threshold=1s")
+    ) as cluster:
+        cluster.create_topic("t", 1, 3)
+        old = cluster.node_leading("t", 0)
+        assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
+        publish(cluster, "t", b"retry much later")
+        consumer = subscribed(old, "t")
+        try:
+            (message,) = consumer.read_messages(1)
+            consumer.send(b"REQ " + message.id + b" 6000\n")
+            requeued_at = time.monotonic()
+        finally:
+            consumer.close()
+        followers = [cluster.node(n) for n in cluster.partition("t", 0)["isr"] if n != old.node_id]
+        poll(
+            lambda: all(delayed_count(node, "t") == 1 for node in [old, *followers]),
+            "the move in every replica's delay queue",
+            timeout=5,
+        )
+        old.kill()
+        new = poll(lambda: cluster.node_leading("t", 0), "a new leader")
+        again = first_message(new, "t")
+        waited = time.monotonic() - requeued_at
+        assert (again.body, again.id) == (b"retry much later", message.id)
+        assert waited >= 5.5, f"delivered {waited:.1f} s after a 6 s REQ"
+
+
 def test_a_replica_gone_for_good_is_placed_on_another_node_which_catches_up(tmp_path, etcd_server):
     with LocalCluster(
         tmp_path,

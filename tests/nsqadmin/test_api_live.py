@@ -587,6 +587,31 @@ def test_a_log_topic_channel_shows_its_lag_and_resets_to_a_time(cluster, topic_n
     assert (bad.status, bad.json()) == (400, {"message": "INVALID_TIMESTAMP"})
 
 
+def test_a_log_topic_channel_shows_its_delay_queue_and_empties_it(cluster, topic_name):
+    """A log topic's channel shows how many of its messages wait in the partitions' delay
+    queues (DPUBs here), summed over the nsqd, and `emptydelayed` empties them on every nsqd,
+    through nsqd's /channel/emptydelayed."""
+    for nsqd in cluster.nsqds:
+        for path in (
+            f"topic/create?topic={topic_name}&partition_num=1",
+            f"channel/create?topic={topic_name}&channel=ch&partition=0",
+        ):
+            assert http("POST", f"{nsqd.url}/{path}").status == 200
+        for _ in range(2):
+            reply = http("POST", f"{nsqd.url}/pub?topic={topic_name}&defer=600000", b"m")
+            assert reply.status == 200
+    cluster.wait_registered(topic_name)
+    url = f"{cluster.url}/api/topics/{quote(topic_name)}/ch"
+    assert get_json(url)["delayed_queue_count"] == 4
+    page = http("GET", f"{cluster.url}/topics/{quote(topic_name)}/ch").body.decode()
+    assert 'id="emptydelayed-form"' in page and 'data-field="delayed_queue_count"' in page
+
+    reply = http("POST", url, {"action": "emptydelayed"})
+    assert (reply.status, reply.json()) == (200, {"message": ""})
+    assert [n.channel(topic_name, "ch")["delayed_queue_count"] for n in cluster.nsqds] == [0, 0]
+    assert get_json(url)["delayed_queue_count"] == 0
+
+
 def test_a_log_topic_shows_each_partitions_log_start_and_end(cluster, topic_name):
     """The topic's nodes, one per partition of each nsqd, carry the partition and its log's
     start and end, in the API and on the topic page."""
@@ -618,7 +643,8 @@ def test_a_classic_channel_has_no_lag_or_reset(cluster, topic_name):
     _publish_on_both(cluster, topic_name)
     assert "lag" not in get_json(f"{cluster.url}/api/topics/{quote(topic_name)}/ch")
     page = http("GET", f"{cluster.url}/topics/{quote(topic_name)}/ch").body.decode()
-    assert 'id="reset-form"' not in page
+    assert 'id="reset-form"' not in page and 'id="emptydelayed-form"' not in page
+    assert "delayed_queue_count" not in get_json(f"{cluster.url}/api/topics/{quote(topic_name)}/ch")
     topic_page = http("GET", f"{cluster.url}/topics/{quote(topic_name)}").body.decode()
     assert "Log end" not in topic_page
     assert "partition" not in get_json(f"{cluster.url}/api/topics/{quote(topic_name)}")["nodes"][0]

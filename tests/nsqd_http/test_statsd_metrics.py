@@ -274,3 +274,4 @@ async def test_metrics_give_each_partition_of_a_log_topic_its_own_series(nsqd):
         assert samples[("nsq_log_messages", where)] == published
         assert samples[("nsq_channel_lag", channel)] == published
         assert samples[("nsq_channel_confirmed_offset", channel)] == 0
+        assert samples[("nsq_channel_delayed_queue", channel)] == 0

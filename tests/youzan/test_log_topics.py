@@ -312,8 +312,8 @@ async def test_syncdisk_gives_a_topic_its_own_sync_policy(nsqd_options):
 
 
 async def test_a_deferred_message_still_waits_after_a_restart(nsqd_options):
-    """A DPUB and a REQ with a delay that wait in the channel at a clean stop come when they
-    are due, not at once, after nsqd starts again."""
+    """A DPUB (in the partition's delay queue) and a REQ with a delay (in the channel's memory)
+    that wait at a clean stop come when they are due, not at once, after nsqd starts again."""
     async with running_nsqd(nsqd_options) as nsqd:
         await create_partitions(nsqd, "lt", 0)
         # "idle" has no consumer before the restart: it never read the DPUB.
@@ -326,16 +326,17 @@ async def test_a_deferred_message_still_waits_after_a_restart(nsqd_options):
         writer = await connect(nsqd)
         await writer.command_ok(b"DPUB lt 2500\n" + (4).to_bytes(4, "big") + b"late")
         late_due = time.time() + 2.5
-        channel = nsqd.registry.get("lt", 0).channels["c"]
-        await wait_until(lambda: len(channel.deferred) == 2)
+        channels = nsqd.registry.get("lt", 0).channels
+        await wait_until(lambda: len(channels["c"].deferred) == 1)
+        assert channels["c"].delayed_count == channels["idle"].delayed_count == 1
     async with running_nsqd(nsqd_options) as nsqd:
         reader = await subscriber(nsqd, "SUB", "lt", "c", 0)
         idle = await subscriber(nsqd, "SUB", "lt", "idle", 0)
         channels = nsqd.registry.get("lt", 0).channels
-        await wait_until(lambda: len(channels["c"].deferred) == 2)
-        # "idle" gets the plain message at once; the DPUB waits in its deferred queue.
+        await wait_until(lambda: len(channels["c"].deferred) == 1)
+        # "idle" gets the plain message at once; the DPUB waits in the delay queue.
         assert [m.body for m in await read_and_fin(idle, 1)] == [b"requeued"]
-        await wait_until(lambda: len(channels["idle"].deferred) == 1)
+        assert channels["idle"].delayed_count == 1
         arrivals = {}
         for message in await read_and_fin(reader, 2):
             arrivals[message.body] = time.time()

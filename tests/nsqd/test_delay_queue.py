@@ -1,0 +1,198 @@
+"""A log topic's delay queue (docs/design.md §13): a DPUB, and a REQ that Youzan's rules move to
+the end (a delay of `--req-to-end-threshold` or more, or made while the channel's window is
+full), wait in the partition's delay queue, indexed by due time, with their records in the
+log. The channel's cursor goes on past them; they come when due, not before, through clean
+stops and kill -9. Real nsqd processes, `--log-topic=lt`, channel `c`."""
+
+import json
+import time
+
+from tests.harness import V2Connection, http_request, start_nsqd
+from tests.support.polling import poll
+
+FLAGS = ("--log-topic=lt", "--sync-timeout=50ms", "--mem-queue-size=0", "--sync-every=1")
+
+
+def mpub(port: int, bodies: list[bytes]) -> None:
+    connection = V2Connection(port)
+    for start in range(0, len(bodies), 100):
+        batch = bodies[start : start + 100]
+        payload = len(batch).to_bytes(4, "big") + b"".join(
+            len(body).to_bytes(4, "big") + body for body in batch
+        )
+        connection.send(b"MPUB lt\n" + len(payload).to_bytes(4, "big") + payload)
+        assert connection.read_response().data == b"OK"
+    connection.close()
+
+
+def dpub(port: int, body: bytes, delay_ms: int) -> None:
+    connection = V2Connection(port)
+    connection.send(b"DPUB lt %d\n" % delay_ms + len(body).to_bytes(4, "big") + body)
+    assert connection.read_response().data == b"OK"
+    connection.close()
+
+
+def subscribe(port: int, rdy: int) -> V2Connection:
+    connection = V2Connection(port)
+    connection.send(b"SUB lt c\n")
+    assert connection.read_response().data == b"OK"
+    connection.send(b"RDY %d\n" % rdy)
+    return connection
+
+
+def channel_stats(daemon) -> dict:
+    stats = json.loads(http_request(daemon.port("HTTP"), "GET", "/stats?format=json&topic=lt"))
+    (topic,) = stats["topics"]
+    (channel,) = topic["channels"]
+    return channel
+
+
+def create_channel(daemon) -> None:
+    http_request(daemon.port("HTTP"), "POST", "/topic/create?topic=lt")
+    http_request(daemon.port("HTTP"), "POST", "/channel/create?topic=lt&channel=c")
+
+
+def test_requeues_with_a_long_delay_never_stall_the_channel(tmp_path):
+    """The issue's consumer: every even message REQ'd with 120 s, every odd one FINished. With
+    the default window (500) every message is delivered once (before the delay queue: 1,500,
+    then nothing until the first REQs came due), and the even ones wait."""
+    daemon = start_nsqd(tmp_path, *FLAGS)
+    try:
+        create_channel(daemon)
+        bodies = [b"m%05d" % n for n in range(3000)]
+        mpub(daemon.port("TCP"), bodies)
+        connection = subscribe(daemon.port("TCP"), 200)
+        seen: list[bytes] = []
+        while len(seen) < len(bodies):
+            for message in connection.read_messages(1):
+                seen.append(message.body)
+                if int(message.body[1:]) % 2:
+                    connection.send(b"FIN " + message.id + b"\n")
+                else:
+                    connection.send(b"REQ " + message.id + b" 120000\n")
+        assert sorted(seen) == bodies  # each once: none came back early
+        # Every REQ waits: most in the delay queue (each time the window filled, what waited
+        # in memory moved there), the latest ones in memory (120 s is below the threshold).
+        stats = poll(
+            lambda: (
+                (c := channel_stats(daemon))["delayed_queue_count"] + c["deferred_count"] == 1500
+                and c
+            ),
+            lambda: f"1,500 delayed: {channel_stats(daemon)}",
+        )
+        assert stats["delayed_queue_count"] >= 1000, stats
+        connection.close()
+    finally:
+        daemon.stop()
+
+
+def test_a_dpub_is_delayed_through_kill_9_right_after_its_ok(tmp_path):
+    daemon = start_nsqd(tmp_path, *FLAGS, "--max-req-timeout=2h")
+    try:
+        create_channel(daemon)
+        for n in range(3):
+            dpub(daemon.port("TCP"), b"later%d" % n, 3_600_000)
+        published = time.time()
+        dpub(daemon.port("TCP"), b"soon", 1500)
+        daemon.kill()
+        daemon = start_nsqd(tmp_path, *FLAGS, "--max-req-timeout=2h")
+        connection = subscribe(daemon.port("TCP"), 10)
+        mpub(daemon.port("TCP"), [b"now"])
+        (first,) = connection.read_messages(1)
+        assert first.body == b"now"
+        connection.send(b"FIN " + first.id + b"\n")
+        (second,) = connection.read_messages(1)
+        assert second.body == b"soon"
+        assert time.time() >= published + 1.5
+        connection.send(b"FIN " + second.id + b"\n")
+        poll(lambda: channel_stats(daemon)["delayed_queue_count"] == 3, "the hour-long three")
+        connection.close()
+    finally:
+        daemon.stop()
+
+
+def test_a_message_moved_to_the_end_comes_when_due_across_restarts_and_once(tmp_path):
+    args = (*FLAGS, "--req-to-end-threshold=1s")
+    daemon = start_nsqd(tmp_path, *args)
+    try:
+        create_channel(daemon)
+        mpub(daemon.port("TCP"), [b"a", b"b"])
+        connection = subscribe(daemon.port("TCP"), 10)
+        first, second = connection.read_messages(2)
+        requeued = time.time()
+        connection.send(b"REQ " + first.id + b" 4000\n")
+        connection.send(b"FIN " + second.id + b"\n")
+        # Moved: in the delay queue, and the cursor confirmed both messages and the copy (a
+        # record of the log too).
+        poll(
+            lambda: (
+                (c := channel_stats(daemon))["delayed_queue_count"] == 1
+                and c["deferred_count"] == 0
+                and c["confirmed_count"] == 3
+            ),
+            lambda: f"the message moved: {channel_stats(daemon)}",
+        )
+        connection.close()
+        assert daemon.stop() == 0
+        daemon = start_nsqd(tmp_path, *args)
+        connection = subscribe(daemon.port("TCP"), 10)
+        (again,) = connection.read_messages(1)
+        assert (again.body, again.id) == (first.body, first.id)
+        assert again.attempts == 2
+        assert time.time() >= requeued + 4.0
+        connection.send(b"FIN " + again.id + b"\n")
+        poll(lambda: channel_stats(daemon)["delayed_queue_count"] == 0, "the delayed one done")
+        connection.close()
+        assert daemon.stop() == 0
+        daemon = start_nsqd(tmp_path, *args)
+        connection = subscribe(daemon.port("TCP"), 10)
+        mpub(daemon.port("TCP"), [b"c"])
+        (message,) = connection.read_messages(1)
+        assert message.body == b"c"  # nothing finished came back first
+        connection.close()
+    finally:
+        daemon.stop()
+
+
+def test_emptydelayed_drops_the_channels_delayed_messages(tmp_path):
+    daemon = start_nsqd(tmp_path, *FLAGS)
+    try:
+        create_channel(daemon)
+        for n in range(5):
+            dpub(daemon.port("TCP"), b"d%d" % n, 600_000)
+        poll(lambda: channel_stats(daemon)["delayed_queue_count"] == 5, "five delayed")
+        http_request(daemon.port("HTTP"), "POST", "/channel/emptydelayed?topic=lt&channel=c")
+        assert channel_stats(daemon)["delayed_queue_count"] == 0
+        metrics = http_request(daemon.port("HTTP"), "GET", "/metrics").decode()
+        (series,) = [line for line in metrics.splitlines() if "nsq_channel_delayed_queue{" in line]
+        assert series.endswith(" 0")
+    finally:
+        daemon.stop()
+
+
+def test_retention_passes_a_delayed_message_which_still_comes_when_due(tmp_path):
+    """The segment holding a DPUB's record is removed by retention: the delayed message was
+    written again at the log's end first, so it does not hold retention back and still comes."""
+    daemon = start_nsqd(tmp_path, *FLAGS, "--max-bytes-per-file=4096")
+    try:
+        create_channel(daemon)
+        dpub(daemon.port("TCP"), b"delayed", 3000)
+        published = time.time()
+        mpub(daemon.port("TCP"), [b"x" * 100] * 200)  # 26 KB: several segments
+        connection = subscribe(daemon.port("TCP"), 200)
+        for _ in range(200):
+            (message,) = connection.read_messages(1)
+            assert message.body == b"x" * 100
+            connection.send(b"FIN " + message.id + b"\n")
+        poll(lambda: channel_stats(daemon)["confirmed_count"] == 201, "every message confirmed")
+        http_request(daemon.port("HTTP"), "POST", "/topic/greedyclean?topic=lt")
+        stats = json.loads(http_request(daemon.port("HTTP"), "GET", "/stats?format=json"))
+        (topic,) = stats["topics"]
+        assert topic["log_start_offset"] > 0  # the DPUB's record (at 0) is gone
+        assert channel_stats(daemon)["delayed_queue_count"] == 1
+        (message,) = connection.read_messages(1)
+        assert message.body == b"delayed"
+        assert time.time() >= published + 3.0 - 0.1
+        connection.close()
+    finally:
+        daemon.stop()

@@ -1,0 +1,73 @@
+"""The delay queue's index (nsqd/delay_queue.py) on its own: entries by channel and due time,
+given out once, finished, emptied, cut back with the log, and what a restart keeps."""
+
+import subprocess
+import sys
+
+from nsqpy.nsqd.delay_queue import DelayedRecord, DelayQueue
+
+ID = b"%016x"
+
+
+def record(channel: str, number: int, due_ms: int) -> DelayedRecord:
+    return DelayedRecord(channel, ID % number, number * 100, number, due_ms)
+
+
+def test_a_dpub_is_indexed_for_every_channel_and_a_copy_for_its_own(tmp_path):
+    queue = DelayQueue(str(tmp_path / "d.sqlite"))
+    queue.add([record("", 1, 1000), record("a", 2, 500)], lambda: ["a", "b"])
+    assert (queue.count("a"), queue.count("b")) == (2, 1)
+    assert [m.message_id for m in queue.take_due("a", 10, now_ms=2000)] == [ID % 2, ID % 1]
+    assert queue.take_due("b", 10, now_ms=999) == []
+    assert [m.offset for m in queue.take_due("b", 10, now_ms=1000)] == [100]
+
+
+def test_what_is_out_is_not_given_again_until_a_restart(tmp_path):
+    path = str(tmp_path / "d.sqlite")
+    queue = DelayQueue(path)
+    queue.add([record("a", 1, 10), record("a", 2, 20)], lambda: [])
+    assert len(queue.take_due("a", 10, now_ms=100)) == 2
+    assert queue.take_due("a", 10, now_ms=100) == []
+    assert queue.done("a", ID % 1) and not queue.done("a", ID % 1)
+    assert queue.count("a") == 1
+    queue.close(log_end=300)
+    again = DelayQueue(path)
+    assert [m.message_id for m in again.take_due("a", 10, now_ms=100)] == [ID % 2]
+    assert again.applied == 300
+
+
+def test_a_message_delayed_again_replaces_its_entry(tmp_path):
+    queue = DelayQueue(str(tmp_path / "d.sqlite"))
+    queue.add([record("a", 1, 10)], lambda: [])
+    assert len(queue.take_due("a", 10, now_ms=100)) == 1
+    queue.add([DelayedRecord("a", ID % 1, 900, 9, 5000)], lambda: [])
+    assert queue.count("a") == 1
+    assert queue.take_due("a", 10, now_ms=4999) == []
+    assert [(m.offset, m.count) for m in queue.take_due("a", 10, now_ms=5000)] == [(900, 9)]
+
+
+def test_uncommitted_entries_are_gone_after_a_crash_and_applied_says_from_where(tmp_path):
+    path = str(tmp_path / "d.sqlite")
+    # A process that commits one entry, adds another and dies as kill -9 would (no close).
+    script = f"""
+import os
+from nsqpy.nsqd.delay_queue import DelayedRecord, DelayQueue
+queue = DelayQueue({path!r})
+queue.add([DelayedRecord("a", b"%016x" % 1, 100, 1, 10)], lambda: [])
+queue.commit(log_end=150)
+queue.add([DelayedRecord("a", b"%016x" % 2, 200, 2, 10)], lambda: [])
+os._exit(0)
+"""
+    subprocess.run([sys.executable, "-c", script], check=True)
+    crashed = DelayQueue(path)
+    assert crashed.count("a") == 1 and crashed.applied == 150
+
+
+def test_emptying_a_channel_and_cutting_the_log_back(tmp_path):
+    queue = DelayQueue(str(tmp_path / "d.sqlite"))
+    queue.add([record("", 1, 10), record("", 2, 10), record("", 3, 10)], lambda: ["a", "b"])
+    assert queue.empty("a") == 3 and queue.count("a") == 0
+    assert queue.oldest_offset() == 100
+    queue.cut_back(200)
+    assert queue.count("b") == 1 and queue.applied == 0
+    assert [r.message_id for r in queue.waiting_before(150, 10)] == [ID % 1]
