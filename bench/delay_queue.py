@@ -63,6 +63,9 @@ def dpub_many(port: int, topic: str, count: int, delay_ms: int) -> float:
                 sock.sendall(command * burst)
                 sent += burst
             for frame in decoder.receive_data(sock.recv(65536)):
+                if frame.data == b"_heartbeat_":
+                    sock.sendall(b"NOP\n")
+                    continue
                 if frame.frame_type != FRAME_TYPE_RESPONSE or frame.data != b"OK":
                     errors.append(bytes(frame.data).decode(errors="replace"))
                     return
@@ -88,9 +91,13 @@ def mpub_many(port: int, topic: str, count: int) -> None:
         batch = min(200, count - start)
         payload = batch.to_bytes(4, "big") + (len(BODY).to_bytes(4, "big") + BODY) * batch
         sock.sendall(b"MPUB %s\n" % topic.encode() + len(payload).to_bytes(4, "big") + payload)
-        frames = []
+        frames: list = []
         while not frames:
-            frames = list(decoder.receive_data(sock.recv(65536)))
+            frames = [
+                frame
+                for frame in decoder.receive_data(sock.recv(65536))
+                if frame.data != b"_heartbeat_"
+            ]
         assert frames[0].data == b"OK", frames[0].data
     sock.close()
 
@@ -106,7 +113,9 @@ def consume(port: int, topic: str, count: int, reply) -> tuple[float, float]:
     while received < count:
         answers = []
         for frame in decoder.receive_data(sock.recv(262144)):
-            if frame.frame_type == FRAME_TYPE_MESSAGE:
+            if frame.data == b"_heartbeat_":
+                answers.append(b"NOP\n")
+            elif frame.frame_type == FRAME_TYPE_MESSAGE:
                 if not received:
                     first = time.perf_counter()
                 received += 1
