@@ -470,11 +470,8 @@ class CursorQueue:
             return 0
         due = delay_queue.take_due(self.channel, limit)
         for entry in due:
-            try:
-                read = self.log.read(Position(entry.offset, entry.count), 1)
-            except LogCorruption:
-                read = []
-            if not read or read[0].id != entry.message_id:
+            message = self.log.read_message(Position(entry.offset, entry.count), entry.message_id)
+            if message is None:
                 self.storage.log.error(
                     "CHANNEL(%s): delayed message %s is not at offset %d any more; dropped",
                     self.name,
@@ -483,7 +480,7 @@ class CursorQueue:
                 )
                 delay_queue.done(self.channel, entry.message_id)
                 continue
-            self.redeliver.append(read[0])
+            self.redeliver.append(message)
         return len(due)
 
     def _read(self, wanted: int) -> list[Message]:

@@ -28,7 +28,6 @@ from nsqpy.nsqd.idempotence import ProducerSequences
 from nsqpy.nsqd.log_writer import LogWriter
 from nsqpy.nsqd.message import RECORD_OVERHEAD, Message, MessageBatch
 from nsqpy.partition_log import (
-    LogCorruption,
     PartitionLog,
     Position,
     ProducerMark,
@@ -658,13 +657,9 @@ class LogTopicQueue:
         queue holds it and the channel lets the original go (`CursorQueue.moved`). A write
         that fails leaves them deferred in memory, as they were."""
         moves, self._moves = self._moves, []
-        copies = []
-        for cursor, message, due_ms in moves:
-            copy = Message(message.id, message.body, message.timestamp, message.attempts)
-            copy.trace_id = message.trace_id
-            copy.ext_header = message.ext_header
-            copy.delay = (cursor.channel, due_ms)
-            copies.append(copy)
+        copies = [
+            _delayed_copy(message, cursor.channel, due_ms) for cursor, message, due_ms in moves
+        ]
         try:
             group = self.storage.append_to_log(self.writer, copies, self.topic)
         except BackendWriteError:
@@ -756,19 +751,12 @@ class LogTopicQueue:
         while waiting := self.delay_queue.waiting_before(offset, 1000):
             copies = []
             for record in waiting:
-                try:
-                    read = self.log.read(Position(record.offset, record.count), 1)
-                except LogCorruption:
-                    read = []
-                if not read or read[0].id != record.message_id:
+                position = Position(record.offset, record.count)
+                original = self.log.read_message(position, record.message_id)
+                if original is None:
                     self.delay_queue.done(record.channel, record.message_id)
                     continue
-                original = read[0]
-                copy = Message(original.id, original.body, original.timestamp, original.attempts)
-                copy.trace_id = original.trace_id
-                copy.ext_header = original.ext_header
-                copy.delay = (record.channel, record.due_ms)
-                copies.append(copy)
+                copies.append(_delayed_copy(original, record.channel, record.due_ms))
             self.log.read_delayed = False
             if not copies:
                 continue
@@ -838,3 +826,13 @@ class LogTopicQueue:
     def delete(self) -> None:
         self.delay_queue.delete()
         self.writer.delete()
+
+
+def _delayed_copy(message: Message, channel: str, due_ms: int) -> Message:
+    """A delayed record of `message` for `channel`, due at `due_ms` (unix ms): its ID,
+    attempts, body and ext header, written again at the log's end."""
+    copy = Message(message.id, message.body, message.timestamp, message.attempts)
+    copy.trace_id = message.trace_id
+    copy.ext_header = message.ext_header
+    copy.delay = (channel, due_ms)
+    return copy

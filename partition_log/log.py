@@ -569,6 +569,15 @@ class PartitionLog(Generic[M]):
             return []
         return self._read_records(position, max_count, end)
 
+    def read_message(self, position: Position, message_id: bytes) -> M | None:
+        """The message whose record is at `position`, if the log still holds it there with
+        that ID (retention, or a log cut back and written again, may have taken it)."""
+        try:
+            read = self.read(position, 1)
+        except LogCorruption:
+            return None
+        return read[0] if read and read[0].id == message_id else None
+
     def _read_records(self, position: Position, max_count: int, end: int) -> list[M]:
         if position.offset < self.start.offset:
             raise LogCorruption(f"offset {position.offset} is before the log's start")
@@ -1086,7 +1095,11 @@ class PartitionLog(Generic[M]):
     def start_after_clean(self, floor: int, *, keep_bytes: float, older_than: float) -> int:
         """The offset the log would start at after `clean` with these arguments (what it
         would remove, without removing it)."""
-        count = removable_segments(
+        count = self._removable(floor, keep_bytes, older_than)
+        return self.segments[count].start if count else self.start.offset
+
+    def _removable(self, floor: int, keep_bytes: float, older_than: float) -> int:
+        return removable_segments(
             self.files,
             self.segments,
             self.start,
@@ -1095,7 +1108,6 @@ class PartitionLog(Generic[M]):
             keep_bytes=keep_bytes,
             older_than=older_than,
         )
-        return self.segments[count].start if count else self.start.offset
 
     def clean(self, floor: int, *, keep_bytes: float, older_than: float) -> int:
         """Remove whole segments that end at or before `floor` (every channel's confirmed
@@ -1109,15 +1121,7 @@ class PartitionLog(Generic[M]):
         if self.producer_expiration is not None:
             covered = self._newest_snapshot(self.written.offset)
             floor = min(floor, covered.position.offset if covered else self.start.offset)
-        count = removable_segments(
-            self.files,
-            self.segments,
-            self.start,
-            self.end,
-            floor,
-            keep_bytes=keep_bytes,
-            older_than=older_than,
-        )
+        count = self._removable(floor, keep_bytes, older_than)
         if not count:
             return 0
         self.start = remove_segments(self.files, self.segments[:count], self.segments[count])

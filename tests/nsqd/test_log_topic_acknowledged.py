@@ -6,33 +6,21 @@ single `--log-topic`."""
 
 import json
 
-from tests.harness import V2Connection, http_request, start_nsqd
+from tests.harness import V2Connection, start_nsqd
+from tests.nsqd.log_topic_client import FLAGS, channel_stats, create_channel, mpub, subscribe
 from tests.support.polling import poll
-
-FLAGS = ("--log-topic=lt", "--sync-timeout=50ms", "--mem-queue-size=0", "--sync-every=1")
 
 
 def publish(port: int, count: int) -> list[bytes]:
     bodies = [b"m%05d" % n for n in range(count)]
-    connection = V2Connection(port)
-    for start in range(0, count, 100):
-        batch = bodies[start : start + 100]
-        payload = len(batch).to_bytes(4, "big") + b"".join(
-            len(body).to_bytes(4, "big") + body for body in batch
-        )
-        connection.send(b"MPUB lt\n" + len(payload).to_bytes(4, "big") + payload)
-        assert connection.read_response().data == b"OK"
-    connection.close()
+    mpub(port, bodies)
     return bodies
 
 
 def finish_odd_ones(port: int, count: int) -> tuple[V2Connection, set[bytes]]:
     """Receive `count` messages of lt:c and FIN every odd one; the even ones stay in flight
     on the connection returned."""
-    connection = V2Connection(port)
-    connection.send(b"SUB lt c\n")
-    assert connection.read_response().data == b"OK"
-    connection.send(b"RDY %d\n" % count)
+    connection = subscribe(port, count)
     finished = set()
     received = 0
     while received < count:
@@ -45,25 +33,14 @@ def finish_odd_ones(port: int, count: int) -> tuple[V2Connection, set[bytes]]:
 
 
 def receive_all(port: int, expected: int) -> list[bytes]:
-    connection = V2Connection(port)
-    connection.send(b"SUB lt c\n")
-    assert connection.read_response().data == b"OK"
-    connection.send(b"RDY 500\n")
+    connection = subscribe(port, 500)
     bodies = []
     while len(bodies) < expected:
         for message in connection.read_messages(1):
             bodies.append(message.body)
             connection.send(b"FIN " + message.id + b"\n")
-    # Nothing more comes: a NOP round trip after the last FIN, then no message within it.
-    connection.send(b"NOP\n")
     connection.close()
     return bodies
-
-
-def create_channel(daemon) -> None:
-    """Channel `c` before the messages: a new channel of a log topic starts at its end."""
-    http_request(daemon.port("HTTP"), "POST", "/topic/create?topic=lt")
-    http_request(daemon.port("HTTP"), "POST", "/channel/create?topic=lt&channel=c")
 
 
 def ranges_written(data_path) -> list:
@@ -80,8 +57,8 @@ def test_a_clean_stop_delivers_nothing_finished_again(tmp_path):
         # The FINs were read before the stop: the stats count them (a round trip on HTTP).
         poll(
             lambda: (
-                _channel(daemon)["confirmed_count"] == 0
-                and _channel(daemon)["in_flight_count"] == 1000
+                channel_stats(daemon)["confirmed_count"] == 0
+                and channel_stats(daemon)["in_flight_count"] == 1000
             ),
             "the 1,000 FINs taken",
         )
@@ -125,14 +102,7 @@ def test_more_ranges_than_the_window_after_a_restart_do_not_stall_the_channel(tm
         connection.close()
         daemon = start_nsqd(tmp_path, *FLAGS, "--max-confirm-win=20")
         again = receive_all(daemon.port("TCP"), 300)
-        poll(lambda: _channel(daemon)["confirmed_count"] == 600, "every message confirmed")
+        poll(lambda: channel_stats(daemon)["confirmed_count"] == 600, "every message confirmed")
     finally:
         daemon.stop()
     assert sorted(again) == sorted(set(bodies) - finished)
-
-
-def _channel(daemon) -> dict:
-    stats = json.loads(http_request(daemon.port("HTTP"), "GET", "/stats?format=json&topic=lt"))
-    (topic,) = stats["topics"]
-    (channel,) = topic["channels"]
-    return channel
