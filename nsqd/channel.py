@@ -63,6 +63,7 @@ class Channel:
             self.cursor = self.queue
             self.queue.on_window_full = self._move_deferred_to_end
             self.queue.on_moved = self._moved
+            self.queue.on_move_failed = lambda message: self._moving.discard(message.id)
         # IDs of deferred messages whose move to the delay queue is being written.
         self._moving: set[bytes] = set()
         self.clients: dict[int, Client] = {}

@@ -1072,13 +1072,24 @@ class ClusterNode:
         if info is None or info.leader != self.node_id or not info.followers():
             return
         version = topic.channels_version
+        # The delayed messages finished so far: forgotten here once every follower has them.
+        finished: dict[CursorQueue, int] = {}
+        for channel in topic.channels.values():
+            cursor = _cursor(channel)
+            if cursor.finished_delayed is None:
+                cursor.finished_delayed = []  # kept from now on, for the followers
+            elif cursor.finished_delayed:
+                finished[cursor] = len(cursor.finished_delayed)
+        failed = False
 
         async def push(follower: str) -> None:
+            nonlocal failed
             try:
                 await self.link(follower).request(
                     CURSORS, partial(self._cursors_header, topic, info), timeout=CURSOR_PUSH_TIMEOUT
                 )
             except (PeerUnavailable, ReplicaRefusal) as error:
+                failed = True
                 self.nsqd.log.warning(
                     "TOPIC(%s) partition %d: channels to %s - %s",
                     topic.name,
@@ -1091,6 +1102,9 @@ class ClusterNode:
             for follower in info.followers():
                 pushing.start_soon(push, follower)
         topic.replicated_channels = version
+        if not failed:
+            for cursor, count in finished.items():
+                del (cursor.finished_delayed or [])[:count]
 
     def _cursors_header(self, topic: "Topic", info: ReplicaInfo, *, end: bool = False) -> dict:
         """A CURSORS request's header, made as it goes on the link (after every group sent
@@ -1105,6 +1119,15 @@ class ClusterNode:
         acknowledged = self._channel_ranges(topic)
         if acknowledged:
             header["acked"] = acknowledged
+        finished = {
+            name: [message_id.decode() for message_id in done]
+            for name, channel in topic.channels.items()
+            if not channel.ephemeral and (done := _cursor(channel).finished_delayed)
+        }
+        if finished:
+            # The delayed messages finished since the followers last heard: a new leader does
+            # not give them out again.
+            header["delayed_done"] = finished
         log = _log(topic)
         if end or (_writer(topic).idle and log.written.offset > log.start.offset):
             header["end"] = list(log.written)
@@ -1239,6 +1262,12 @@ class ClusterNode:
         for name, held in topic.channels.items():
             if not held.ephemeral:
                 _cursor(held).take_acknowledged_ranges(acknowledged.get(name, ()))
+        for name, message_ids in (header.get("delayed_done") or {}).items():
+            held_channel = topic.channels.get(name)
+            if held_channel is not None:
+                _cursor(held_channel).take_finished_delayed(
+                    [str(message_id).encode() for message_id in message_ids]
+                )
         for name, dues in (header.get("deferred") or {}).items():
             channel = topic.channels.get(name)
             if channel is not None:

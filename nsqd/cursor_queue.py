@@ -46,6 +46,11 @@ if TYPE_CHECKING:
     from nsqpy.nsqd.storage import Storage
 
 
+# Finished delayed messages a leader keeps for its followers at most (the oldest go first: at
+# worst a new leader gives one of them out again, at least once).
+FINISHED_DELAYED_KEPT = 100_000
+
+
 class CursorQueue:
     """A channel's cursor into a partition log; the MessageQueue protocol."""
 
@@ -92,6 +97,11 @@ class CursorQueue:
         # the delay queue, which lets the cursor go on), and when a move is written.
         self.on_window_full: Callable[[], None] | None = None
         self.on_moved: Callable[[Message], bool] | None = None
+        self.on_move_failed: Callable[[Message], None] | None = None
+        # IDs of delayed messages finished here that a cluster's followers have not heard of
+        # yet (the leader's cursor push carries them, `nsqd/cluster.py`); None where no one
+        # asked (an nsqd alone).
+        self.finished_delayed: list[bytes] | None = None
         self.closed = False
         self.redeliver: deque[Message] = deque()
         # Messages an earlier nsqpy kept for this channel in a diskqueue, before partitioned
@@ -463,6 +473,17 @@ class CursorQueue:
             end = message.offset + record_size(message, self.log.ext)
             self._acknowledge_range(message.offset, end, message.count, message.count + 1)
 
+    def take_finished_delayed(self, message_ids: list[bytes]) -> None:
+        """A follower hears which delayed messages its leader's channel finished."""
+        if self.delay_queue is not None:
+            for message_id in message_ids:
+                self.delay_queue.done(self.channel, message_id)
+
+    def move_failed(self, message: Message) -> None:
+        """A move could not be written: the message stays deferred in memory."""
+        if self.on_move_failed is not None:
+            self.on_move_failed(message)
+
     def release_due(self, limit: int) -> int:
         """The channel's delayed messages that came due go out, before new reads; how many."""
         delay_queue = self.delay_queue
@@ -542,6 +563,11 @@ class CursorQueue:
         message from the delay queue leaves it."""
         if message.delay is not None and self.delay_queue is not None:
             if self.delay_queue.done(self.channel, message.id):
+                finished = self.finished_delayed
+                if finished is not None:
+                    finished.append(message.id)
+                    if len(finished) > FINISHED_DELAYED_KEPT:
+                        del finished[: len(finished) - FINISHED_DELAYED_KEPT]
                 return
         count = message.count
         if count == self._confirmed_count and not self._ranges:

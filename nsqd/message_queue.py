@@ -663,6 +663,8 @@ class LogTopicQueue:
         try:
             group = self.storage.append_to_log(self.writer, copies, self.topic)
         except BackendWriteError:
+            for cursor, message, _due_ms in moves:
+                cursor.move_failed(message)
             return
         group.delays.extend(
             DelayedRecord(cursor.channel, copy.id, copy.offset, copy.count, due_ms)
@@ -677,6 +679,8 @@ class LogTopicQueue:
                 len(moves),
                 group.error,
             )
+            for cursor, message, _due_ms in moves:
+                cursor.move_failed(message)
             return
         for cursor, message, _due_ms in moves:
             if not cursor.closed:

@@ -327,6 +327,41 @@ def test_a_message_moved_to_the_delay_queue_comes_when_due_from_the_new_leader(
         assert waited >= 5.5, f"delivered {waited:.1f} s after a 6 s REQ"
 
 
+def test_a_finished_delayed_message_does_not_come_again_from_the_new_leader(cluster):
+    """The FIN of a message from the delay queue reaches the followers with the channels'
+    positions: after the leader's kill -9 the new leader does not give it out again."""
+    cluster.create_topic("t", 1, 3)
+    old = cluster.node_leading("t", 0)
+    assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
+    followers = [cluster.node(n) for n in cluster.partition("t", 0)["isr"] if n != old.node_id]
+    connection = V2Connection(old.tcp_port)
+    try:
+        connection.send(encode_dpub("t", 1000, b"once"))
+        assert connection.read_response().data == b"OK"
+    finally:
+        connection.close()
+    poll(
+        lambda: all(delayed_count(node, "t") == 1 for node in followers),
+        "the DPUB in every follower's delay queue",
+    )
+    consumer = subscribed(old, "t")
+    try:
+        (message,) = consumer.read_messages(1)
+        assert message.body == b"once"
+        consumer.send(b"FIN " + message.id + b"\n")
+        poll(
+            lambda: all(delayed_count(node, "t") == 0 for node in [old, *followers]),
+            "the FIN in every replica's delay queue",
+        )
+    finally:
+        consumer.close()
+    old.kill()
+    new = poll(lambda: cluster.node_leading("t", 0), "a new leader")
+    assert delayed_count(new, "t") == 0
+    publish(cluster, "t", b"after")
+    assert first_message(new, "t").body == b"after"
+
+
 def test_a_replica_gone_for_good_is_placed_on_another_node_which_catches_up(tmp_path, etcd_server):
     with LocalCluster(
         tmp_path,
