@@ -110,11 +110,11 @@ java:
 	}
 
 ## Lint, then the whole default test suite.
-# Three workers (pytest-xdist) on CI's two cores, a test file each at a time: most tests wait
-# on daemons, timers, Spark or Chromium more than they compute (two workers kept the cores
-# about half busy).
+# Two workers (pytest-xdist), a test file each at a time: most tests wait on daemons, Spark or
+# Chromium more than they compute, so two at once take about 60% of the serial time (a third
+# worker only slows the Spark tests down by as much).
 test: install-test lint
-	$(BIN)/python -m pytest -n 3 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 lint: $(TEST_INSTALLED)
 	$(BIN)/ruff check .

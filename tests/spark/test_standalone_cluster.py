@@ -119,13 +119,22 @@ def standalone(tmp_path_factory):
         cluster.close()
 
 
+@pytest.mark.slow
 def test_the_pipeline_example_runs_on_the_cluster(standalone, tmp_path):
+    """Slow (two and a half minutes of Spark on CI's two cores): the default suite runs the
+    example on local[2] (test_pipeline_example.py) and through Spark Connect, and runs tasks
+    on this cluster's executors in the executor-kill test below."""
     check_pipeline_example(tmp_path, standalone.url, standalone.logs)
 
 
+@pytest.mark.slow
 def test_a_retried_task_on_the_cluster_stores_each_row_once(standalone, tmp_path):
     """The exactly-once sink test (test_exactly_once.py) with its tasks on two executors:
-    each reads its partition of "in" from nsqd and publishes it into "out" from there."""
+    each reads its partition of "in" from nsqd and publishes it into "out" from there.
+
+    Slow (a minute and a half of Spark): the default suite retries a task that published part
+    of its rows on local[2,3] (test_exactly_once.py) and through Spark Connect, and on this
+    cluster after an executor kill (below)."""
     marker = check_exactly_once_sink(tmp_path, standalone.url, standalone.logs)
     # The tasks ran in the executors' processes, the two Spark partitions side by side.
     executors = {
