@@ -65,9 +65,10 @@ class DaemonProcess:
         )
         # A queue of this process's own: the previous one's end (a restart) is not this one's.
         self._lines = queue.Queue()
-        threading.Thread(
+        self._pump = threading.Thread(
             target=self._pump_stderr, args=(self.process, self._lines), daemon=True
-        ).start()
+        )
+        self._pump.start()
         deadline = time.monotonic() + timeout
         while not all(kind in self.addresses for kind in wait_for):
             line = self.next_line(deadline - time.monotonic())
@@ -118,7 +119,11 @@ class DaemonProcess:
         if self.process is None or self.process.poll() is not None:
             return self.process.returncode if self.process else 0
         self.process.send_signal(sig)
-        return self.process.wait(timeout)
+        code = self.process.wait(timeout)
+        # Its last lines (what it logged while stopping) are in `log` once this returns; a
+        # child that outlives it (a worker) may hold the pipe open: not waited for long.
+        self._pump.join(1.0)
+        return code
 
     def kill(self) -> int:
         return self.stop(signal.SIGKILL)
