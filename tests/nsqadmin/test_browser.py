@@ -612,7 +612,11 @@ def test_a_replicated_clusters_operations_in_the_browser(replicated, browser):
             spare not in [e["leader"], *e["isr"], *e["catchup"]] for e in stats["partitions"]
         )
 
-    poll(holds_nothing, "the removed node holding nothing", timeout=60)
+    poll(
+        holds_nothing,
+        lambda: f"the removed node holding nothing\n{local.describe()}",
+        timeout=60,
+    )
     browser.get(f"{url}/nodes")
     row = f'#cluster-nodes tr[data-node-id="{spare}"]'
     assert numbers(browser, row, "replicas") == {"replicas": 0}
