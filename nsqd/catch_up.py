@@ -146,6 +146,8 @@ class CatchUps:
                     OSError,
                     LogCorruption,
                 ) as error:
+                    if topic.deleted:
+                        return  # the partition left this node while an answer was awaited
                     if isinstance(error, OSError):
                         node.disk_failed(topic, error)  # `/ping` says so until it writes again
                     self._failed(topic, info, progress, error)

@@ -136,6 +136,8 @@ class PartitionLog(Generic[M]):
         self.rewrites = 0
         self._ops_since_sync = 0
         self._closed = False
+        # Deleted (`delete`): nothing writes its files again.
+        self._deleted = False
         # The hot tail: the bytes of the latest appends, as written (whole records), with the
         # offset each starts at; read like a chunk of a segment.
         self._tail: list[bytes] = []
@@ -901,6 +903,9 @@ class PartitionLog(Generic[M]):
         records they follow are copied. OSError if the files cannot be written: the log is
         then an empty one at some start (a crash meanwhile leaves the same), which the next
         attempt starts over again."""
+        if self._deleted:
+            # A catch-up answered after its partition left this node: no files again.
+            raise OSError(errno.EBADF, f"the log of {self.name} was deleted")
         if start.offset < 0 or start.count < 0 or segment_number < 0:
             raise ValueError(f"cannot start a log at {start} in segment {segment_number}")
         if boundary is not None and entry_end(boundary) != tuple(start):
@@ -1164,6 +1169,7 @@ class PartitionLog(Generic[M]):
     def delete(self) -> None:
         """The partition's files go, and what was appended but not written with them."""
         self.discard_pending()
+        self._deleted = True
         if not self._closed:
             os.close(self._write_fd)
             os.close(self._index_fd)

@@ -576,3 +576,14 @@ def test_truncating_across_a_segment_roll_writes_on_in_the_earlier_segment(tmp_p
     reopened = open_log(tmp_path, max_bytes_per_file=100)
     assert [m.body[:1] for m in reopened.read(Position(0, 0), 10)] == [b"a", b"d"]
     reopened.close()
+
+
+def test_a_deleted_log_is_never_started_over(tmp_path):
+    """A catch-up answered after its partition left the node (a removal, a move) must not
+    write the partition's files again: the removed node would keep a copy for good."""
+    log = open_log(tmp_path)
+    publish(log, b"0", b"1")
+    log.delete()
+    with pytest.raises(OSError):
+        log.reset_to(Position(0, 0), 0, None, {})
+    assert log.files.all_files() == []
