@@ -82,9 +82,8 @@ class DelayQueue:
         self._db.execute("BEGIN")
         self._changed = False
         # Per channel, how many are delayed (kept here: `/stats` asks often).
-        self._counts: dict[str, int] = dict(
-            self._db.execute("SELECT channel, count(*) FROM delayed GROUP BY channel").fetchall()
-        )
+        self._counts: dict[str, int] = {}
+        self._recount()
         self.closed = False
         # The log offset the committed index covers.
         self.applied: int = self._db.execute("SELECT offset FROM applied").fetchone()[0]

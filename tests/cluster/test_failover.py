@@ -31,6 +31,24 @@ def subscribed(node, topic: str) -> V2Connection:
     return consumer
 
 
+def requeue_once(cluster, leader, body: bytes, delay_ms: int):
+    """Publish `body` to `t`, receive it on `leader` and REQ it with `delay_ms`: the message
+    and when it was requeued (monotonic)."""
+    publish(cluster, "t", body)
+    consumer = subscribed(leader, "t")
+    try:
+        (message,) = consumer.read_messages(1)
+        consumer.send(b"REQ " + message.id + b" %d\n" % delay_ms)
+        return message, time.monotonic()
+    finally:
+        consumer.close()
+
+
+def followers_of(cluster, leader) -> list:
+    """The other ISR members of partition 0 of `t`."""
+    return [cluster.node(n) for n in cluster.partition("t", 0)["isr"] if n != leader.node_id]
+
+
 def first_message(node, topic: str):
     """The first message `node` delivers on channel `c` of partition 0."""
     consumer = subscribed(node, topic)
@@ -305,15 +323,8 @@ def test_a_message_moved_to_the_delay_queue_comes_when_due_from_the_new_leader(
         cluster.create_topic("t", 1, 3)
         old = cluster.node_leading("t", 0)
         assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
-        publish(cluster, "t", b"retry much later")
-        consumer = subscribed(old, "t")
-        try:
-            (message,) = consumer.read_messages(1)
-            consumer.send(b"REQ " + message.id + b" 6000\n")
-            requeued_at = time.monotonic()
-        finally:
-            consumer.close()
-        followers = [cluster.node(n) for n in cluster.partition("t", 0)["isr"] if n != old.node_id]
+        message, requeued_at = requeue_once(cluster, old, b"retry much later", 6000)
+        followers = followers_of(cluster, old)
         poll(
             lambda: all(delayed_count(node, "t") == 1 for node in [old, *followers]),
             "the move in every replica's delay queue",
@@ -333,7 +344,7 @@ def test_a_finished_delayed_message_does_not_come_again_from_the_new_leader(clus
     cluster.create_topic("t", 1, 3)
     old = cluster.node_leading("t", 0)
     assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
-    followers = [cluster.node(n) for n in cluster.partition("t", 0)["isr"] if n != old.node_id]
+    followers = followers_of(cluster, old)
     connection = V2Connection(old.tcp_port)
     try:
         connection.send(encode_dpub("t", 1000, b"once"))
@@ -401,15 +412,8 @@ def test_a_requeued_messages_delay_still_holds_on_the_new_leader(cluster):
     cluster.create_topic("t", 1, 3)
     old = cluster.node_leading("t", 0)
     assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
-    publish(cluster, "t", b"retry later")
-    consumer = subscribed(old, "t")
-    try:
-        (message,) = consumer.read_messages(1)
-        consumer.send(b"REQ " + message.id + b" 6000\n")
-        requeued_at = time.monotonic()
-    finally:
-        consumer.close()
-    followers = [cluster.node(n) for n in cluster.partition("t", 0)["isr"] if n != old.node_id]
+    _message, requeued_at = requeue_once(cluster, old, b"retry later", 6000)
+    followers = followers_of(cluster, old)
 
     def known_to_the_followers() -> bool:
         # Each follower keeps its channels' deferred messages in `<log>:<channel>.delayed.json`.
