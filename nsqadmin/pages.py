@@ -546,6 +546,17 @@ class Pages:
                 then=channel_page,
                 cancel=channel_page,
             )
+        if action == "requeuedelayed":
+            return await self._act(
+                request,
+                form,
+                question=f"Deliver every delayed message of {what} now?",
+                confirm_label="Requeue delayed",
+                run=lambda: actions.channel_action(request, "requeuedelayed", topic, channel),
+                done=f"Requeued the delayed messages of {what}: they are delivered now.",
+                then=channel_page,
+                cancel=channel_page,
+            )
         if action in ("pause", "unpause"):
             return await self._act(
                 request,

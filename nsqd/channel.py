@@ -8,6 +8,7 @@ queue. How many may be out at once and where a redelivery goes is the channel's 
 nothing to take waits in `_waiting` and is woken when messages arrive (docs/design.md §3.3).
 """
 
+import math
 import time
 from collections import Counter
 from typing import TYPE_CHECKING
@@ -389,9 +390,47 @@ class Channel:
 
     def empty_delayed(self) -> int:
         """`/channel/emptydelayed`: the channel's delayed messages go; how many."""
-        if self.cursor is None or self.cursor.delay_queue is None:
-            return 0
-        return self.cursor.delay_queue.empty(self.name)
+        return self.cursor.empty_delayed() if self.cursor is not None else 0
+
+    def requeue_delayed(self) -> int:
+        """`/channel/requeuedelayed`: every message the channel holds for a delay, in memory
+        or in the delay queue, is due now; how many."""
+        waiting = self.deferred.pop_due(math.inf)
+        if waiting:
+            self._redeliver(waiting)
+        return len(waiting) + (self.cursor.requeue_delayed() if self.cursor is not None else 0)
+
+    # -- finishing by ID (Youzan's /message/finish) ---------------------------------------
+
+    def finish_force(self, message_id: bytes) -> bool:
+        """Finish a message whoever holds it: in flight, deferred in memory or waiting in the
+        delay queue. False if the channel holds no such message."""
+        message = self.in_flight.get(message_id)
+        if message is not None:
+            self.in_flight.pop(message_id)
+            client = self.clients.get(message.client_id)
+            if client is not None:
+                client.finished_message()
+        else:
+            message = self.deferred.get(message_id)
+            if message is not None:
+                self.deferred.pop(message_id)
+        if message is not None:
+            self.queue.acknowledge(message)
+            if self.delivery.finish_releases_next:
+                self.notify()
+        elif self.cursor is None or not self.cursor.finish_delayed(message_id):
+            return False
+        self.topic.replication.cursor_moved()
+        return True
+
+    def finish_memory_delayed(self) -> list[bytes]:
+        """Youzan's `/channel/finishmemdelayed`: the messages deferred in memory are
+        finished; their IDs."""
+        finished = [message.id for message in list(self.deferred)]
+        for message_id in finished:
+            self.finish_force(message_id)
+        return finished
 
     # -- clients --------------------------------------------------------------------------
 

@@ -1074,12 +1074,15 @@ class ClusterNode:
         version = topic.channels_version
         # The delayed messages finished so far: forgotten here once every follower has them.
         finished: dict[CursorQueue, int] = {}
+        emptied: dict[CursorQueue, int] = {}
         for channel in topic.channels.values():
             cursor = _cursor(channel)
             if cursor.finished_delayed is None:
                 cursor.finished_delayed = []  # kept from now on, for the followers
             elif cursor.finished_delayed:
                 finished[cursor] = len(cursor.finished_delayed)
+            if cursor.emptied_delayed_below is not None:
+                emptied[cursor] = cursor.emptied_delayed_below
         failed = False
 
         async def push(follower: str) -> None:
@@ -1105,6 +1108,9 @@ class ClusterNode:
         if not failed:
             for cursor, count in finished.items():
                 del (cursor.finished_delayed or [])[:count]
+            for cursor, below in emptied.items():
+                if cursor.emptied_delayed_below == below:
+                    cursor.emptied_delayed_below = None
 
     def _cursors_header(self, topic: "Topic", info: ReplicaInfo, *, end: bool = False) -> dict:
         """A CURSORS request's header, made as it goes on the link (after every group sent
@@ -1128,6 +1134,13 @@ class ClusterNode:
             # The delayed messages finished since the followers last heard: a new leader does
             # not give them out again.
             header["delayed_done"] = finished
+        emptied = {
+            name: below
+            for name, channel in topic.channels.items()
+            if not channel.ephemeral and (below := _cursor(channel).emptied_delayed_below)
+        }
+        if emptied:
+            header["delayed_emptied"] = emptied
         log = _log(topic)
         if end or (_writer(topic).idle and log.written.offset > log.start.offset):
             header["end"] = list(log.written)
@@ -1262,6 +1275,10 @@ class ClusterNode:
         for name, held in topic.channels.items():
             if not held.ephemeral:
                 _cursor(held).take_acknowledged_ranges(acknowledged.get(name, ()))
+        for name, below in (header.get("delayed_emptied") or {}).items():
+            held_channel = topic.channels.get(name)
+            if held_channel is not None:
+                _cursor(held_channel).take_emptied_delayed(int(below))
         for name, message_ids in (header.get("delayed_done") or {}).items():
             held_channel = topic.channels.get(name)
             if held_channel is not None:

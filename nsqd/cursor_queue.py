@@ -102,6 +102,9 @@ class CursorQueue:
         # yet (the leader's cursor push carries them, `nsqd/cluster.py`); None where no one
         # asked (an nsqd alone).
         self.finished_delayed: list[bytes] | None = None
+        # The log offset below which the channel's delayed messages were emptied here
+        # (`/channel/emptydelayed`), for the followers too; None when they heard of it.
+        self.emptied_delayed_below: int | None = None
         self.closed = False
         self.redeliver: deque[Message] = deque()
         # Messages an earlier nsqpy kept for this channel in a diskqueue, before partitioned
@@ -402,23 +405,27 @@ class CursorQueue:
                 message.offset = message.count = -1
                 taken.append(message)
         wanted = max_count - len(taken)
-        if wanted and not self._reading_paused():
+        # Records the channel does not deliver now (delayed records, deferrals kept through a
+        # restart) are passed: read on, so that what follows them goes out now.
+        while wanted and not self._reading_paused():
             try:
                 messages = self._read(wanted)
             except LogCorruption as error:
                 self._skip_corruption(error)
                 return taken
-            if messages:
-                last = messages[-1]
-                self.read_position = Position(
-                    last.offset + record_size(last, self.log.ext), last.count + 1
-                )
-                if self.log.read_delayed:
-                    self.log.read_delayed = False
-                    messages = self._pass_delayed(messages)
-                taken.extend(messages)
-        if taken and self._defer is not None:
-            taken = self._hold_deferred(taken, self._defer)
+            if not messages:
+                break
+            last = messages[-1]
+            self.read_position = Position(
+                last.offset + record_size(last, self.log.ext), last.count + 1
+            )
+            if self.log.read_delayed:
+                self.log.read_delayed = False
+                messages = self._pass_delayed(messages)
+            if messages and self._defer is not None:
+                messages = self._hold_deferred(messages, self._defer)
+            taken.extend(messages)
+            wanted = max_count - len(taken)
         return taken
 
     def _pass_delayed(self, messages: list[Message]) -> list[Message]:
@@ -478,6 +485,38 @@ class CursorQueue:
         if self.delay_queue is not None:
             for message_id in message_ids:
                 self.delay_queue.done(self.channel, message_id)
+
+    def finish_delayed(self, message_id: bytes) -> bool:
+        """A delayed message finished: it leaves the delay queue (and, released already, the
+        messages waiting to go out), and the followers hear of it. False if it was not there."""
+        if self.delay_queue is None or not self.delay_queue.done(self.channel, message_id):
+            return False
+        finished = self.finished_delayed
+        if finished is not None:
+            finished.append(message_id)
+            if len(finished) > FINISHED_DELAYED_KEPT:
+                del finished[: len(finished) - FINISHED_DELAYED_KEPT]
+        if any(message.id == message_id for message in self.redeliver):
+            self.redeliver = deque(m for m in self.redeliver if m.id != message_id)
+        return True
+
+    def empty_delayed(self) -> int:
+        """`/channel/emptydelayed`: the channel's delayed messages go, here and, with the next
+        cursor push, on the followers (up to the log's end now: not those delayed since)."""
+        if self.delay_queue is None:
+            return 0
+        if self.finished_delayed is not None:
+            self.emptied_delayed_below = self.log.written.offset
+        return self.delay_queue.empty(self.channel)
+
+    def take_emptied_delayed(self, below: int) -> None:
+        """A follower hears that its leader's channel emptied its delayed messages."""
+        if self.delay_queue is not None:
+            self.delay_queue.empty(self.channel, below)
+
+    def requeue_delayed(self) -> int:
+        """`/channel/requeuedelayed`: the channel's delayed messages are due now; how many."""
+        return self.delay_queue.requeue(self.channel) if self.delay_queue is not None else 0
 
     def move_failed(self, message: Message) -> None:
         """A move could not be written: the message stays deferred in memory."""
@@ -561,14 +600,8 @@ class CursorQueue:
     def acknowledge(self, message: Message) -> None:
         """FIN: merge the message's range; `confirmed` moves when the gap before it closes. A
         message from the delay queue leaves it."""
-        if message.delay is not None and self.delay_queue is not None:
-            if self.delay_queue.done(self.channel, message.id):
-                finished = self.finished_delayed
-                if finished is not None:
-                    finished.append(message.id)
-                    if len(finished) > FINISHED_DELAYED_KEPT:
-                        del finished[: len(finished) - FINISHED_DELAYED_KEPT]
-                return
+        if message.delay is not None and self.finish_delayed(message.id):
+            return
         count = message.count
         if count == self._confirmed_count and not self._ranges:
             # In order, nothing acknowledged ahead: the common case, kept short.

@@ -157,11 +157,32 @@ class DelayQueue:
             return True
         return False
 
-    def empty(self, channel: str) -> int:
-        """Drop every delayed message of the channel (`/channel/emptydelayed`); how many."""
-        cursor = self._db.execute("DELETE FROM delayed WHERE channel = ?", (channel,))
+    def empty(self, channel: str, below: int | None = None) -> int:
+        """Drop the channel's delayed messages (`/channel/emptydelayed`): every one, or those
+        whose records are before the log offset `below` (a follower doing what its leader
+        did, without the messages delayed since); how many."""
+        if below is None:
+            cursor = self._db.execute("DELETE FROM delayed WHERE channel = ?", (channel,))
+            self._counts.pop(channel, None)
+        else:
+            cursor = self._db.execute(
+                "DELETE FROM delayed WHERE channel = ? AND offset < ?", (channel, below)
+            )
+            self._counts[channel] = self._counts.get(channel, 0) - cursor.rowcount
         self._changed = True
-        self._counts.pop(channel, None)
+        return cursor.rowcount
+
+    def requeue(self, channel: str, now_ms: int | None = None) -> int:
+        """The channel's waiting delayed messages are due now (`/channel/requeuedelayed`);
+        how many."""
+        if now_ms is None:
+            now_ms = int(time.time() * 1000)
+        cursor = self._db.execute(
+            "UPDATE delayed SET due = ? WHERE channel = ? AND due > ? AND due < ?",
+            (now_ms, channel, now_ms, OUT),
+        )
+        if cursor.rowcount:
+            self._changed = True
         return cursor.rowcount
 
     def oldest_offset(self) -> int | None:

@@ -111,6 +111,10 @@ class HTTPAPI:
         router.add("POST", "/channel/delete", self.channel_delete)
         router.add("POST", "/channel/empty", self.channel_empty)
         router.add("POST", "/channel/emptydelayed", self.channel_empty_delayed)
+        router.add("POST", "/channel/requeuedelayed", self.channel_requeue_delayed)
+        router.add("POST", "/channel/finishmemdelayed", self.channel_finish_memory_delayed)
+        router.add("POST", "/message/finish", self.message_finish)
+        router.add("PUT", "/delayqueue/enable", self.delay_queue_enable)
         router.add("POST", "/channel/pause", self.channel_pause)
         router.add("POST", "/channel/unpause", self.channel_pause)
         router.add("GET", "/config/*", self.config)
@@ -449,6 +453,59 @@ class HTTPAPI:
         self._refuse_on_followers([topic for topic, _channel in found])
         for _topic, channel in found:
             channel.empty_delayed()
+        return v1_response(200)
+
+    def channel_requeue_delayed(self, request: Request) -> Response:
+        """`/channel/requeuedelayed`: the channel's delayed messages, in memory and in its
+        partition's delay queue, are due now."""
+        found = self._existing_channels(request)
+        self._refuse_on_followers([topic for topic, _channel in found])
+        requeued = sum(channel.requeue_delayed() for _topic, channel in found)
+        self.nsqd.log.info("requeued %d delayed messages by %s", requeued, request.remote)
+        return v1_response(200)
+
+    def channel_finish_memory_delayed(self, request: Request) -> Response:
+        """Youzan's `/channel/finishmemdelayed`: the messages the channel defers in memory
+        are finished."""
+        found = self._existing_channels(request)
+        self._refuse_on_followers([topic for topic, _channel in found])
+        for topic, channel in found:
+            finished = channel.finish_memory_delayed()
+            self.nsqd.log.info(
+                "TOPIC(%s) partition %d channel %s: %d delayed messages finished by %s",
+                topic.name,
+                topic.partition,
+                channel.name,
+                len(finished),
+                request.remote,
+            )
+        return v1_response(200)
+
+    def message_finish(self, request: Request) -> Response:
+        """Youzan's `/message/finish?topic=&channel=&partition=&msgid=`: finish one message
+        whoever holds it (in flight, deferred, delayed). `msgid` is Youzan's decimal ID (our
+        ID's value); nsqpy also takes `id=`, the 16 hex digits a client sees."""
+        params = _query(request)
+        found = self._existing_channels(request)
+        message_id = _message_id_param(params)
+        self._refuse_on_followers([topic for topic, _channel in found])
+        for topic, channel in found:
+            if channel.finish_force(message_id):
+                self.nsqd.log.info(
+                    "TOPIC(%s) partition %d channel %s: message %s finished by %s",
+                    topic.name,
+                    topic.partition,
+                    channel.name,
+                    message_id.decode(),
+                    request.remote,
+                )
+                return v1_response(200)
+        raise HTTPError(500, "Message ID not in flight")
+
+    def delay_queue_enable(self, request: Request) -> Response:
+        """Youzan's `PUT /delayqueue/enable?enable=true`, which turns its delay queue on: a log
+        topic's delay queue is always on here, so there is nothing to do."""
+        _query(request)
         return v1_response(200)
 
     async def channel_pause(self, request: Request) -> Response:
@@ -825,3 +882,17 @@ def _int_arg(text: str, error: str) -> int:
         return int(text)
     except ValueError:
         raise HTTPError(400, error) from None
+
+
+def _message_id_param(params: dict[str, list[str]]) -> bytes:
+    """The message a `/message/finish` names: Youzan's `msgid` (decimal) or `id` (16 hex
+    digits); 400 INVALID_REQUEST as Youzan's for anything else."""
+    decimal = _first(params, "msgid")
+    if decimal is not None:
+        if not decimal.isascii() or not decimal.isdigit() or int(decimal) >= 1 << 64:
+            raise HTTPError(400, "INVALID_REQUEST")
+        return b"%016x" % int(decimal)
+    text = _first(params, "id") or ""
+    if len(text) != 16 or not all(c in "0123456789abcdef" for c in text):
+        raise HTTPError(400, "INVALID_REQUEST")
+    return text.encode()

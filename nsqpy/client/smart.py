@@ -129,6 +129,8 @@ class TopicLayout:
     answered: tuple[str, ...] = ()
     # Each partition's leader's HTTP address (`host:port`), for range reads of log topics.
     http_addresses: dict[int, str] = field(default_factory=dict)
+    # The classic nodes' HTTP addresses.
+    classic_http_nodes: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -159,6 +161,7 @@ def merge_lookups(topic: str, access: str, answers: list[tuple[str, dict | None]
     votes: dict[int, Counter[str]] = {}
     http_of: dict[str, str] = {}
     classic: dict[str, None] = {}
+    classic_http: dict[str, None] = {}
     partition_num = 0
     ordered = extend_support = False
     for _url, document in answers:
@@ -170,6 +173,8 @@ def merge_lookups(topic: str, access: str, answers: list[tuple[str, dict | None]
         if _classic_topic(document):
             for peer in document.get("producers") or []:
                 classic[_peer_address(peer)] = None
+                if peer.get("http_port"):
+                    classic_http[_peer_address(peer, "http_port")] = None
             continue
         partition_num = max(partition_num, int(meta.get("partition_num") or 0))
         for key, peer in (document.get("partitions") or {}).items():
@@ -190,6 +195,7 @@ def merge_lookups(topic: str, access: str, answers: list[tuple[str, dict | None]
         tuple(classic),
         tuple(url for url, _document in answers),
         {p: http_of[a] for p, a in partitions.items() if a in http_of},
+        tuple(classic_http),
     )
 
 
@@ -919,6 +925,43 @@ class SmartConsumer:
         with self._lock:
             self._plan.request_lookup()
         self._wake.set()
+
+    def empty_delayed(self) -> list[str]:
+        """Drop the channel's messages in its log topic's delay queues, on every partition's
+        leader (nsqd's `/channel/emptydelayed`); the failures, one line each."""
+        return self._channel_action("emptydelayed")
+
+    def requeue_delayed(self) -> list[str]:
+        """Deliver the channel's delayed messages now, on every partition's leader (nsqd's
+        `/channel/requeuedelayed`); the failures, one line each."""
+        return self._channel_action("requeuedelayed")
+
+    def _channel_action(self, action: str) -> list[str]:
+        layout = self.discovery.lookup(self.topic, "r")
+        targets: list[tuple[str, dict[str, str]]] = [
+            (address, {"partition": str(partition)})
+            for partition, address in layout.http_addresses.items()
+        ]
+        targets += [(address, {}) for address in layout.classic_http_nodes]
+        if not targets:
+            return [f"{self.topic}: no nsqd found for its channel {self.channel}"]
+        failures = []
+        for address, extra in targets:
+            query = urllib.parse.urlencode({"topic": self.topic, "channel": self.channel, **extra})
+            request = urllib.request.Request(
+                f"http://{address}/channel/{action}?{query}",
+                data=b"",
+                method="POST",
+                headers={"User-Agent": USER_AGENT},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=self.discovery.http_timeout):
+                    pass
+            except urllib.error.HTTPError as error:
+                failures.append(f"{address}: {error.code} {error.read().decode(errors='replace')}")
+            except OSError as error:
+                failures.append(f"{address}: {error}")
+        return failures
 
     def connected_partitions(self) -> dict[int | str, str]:
         """Partition (or, on a classic nsqd, its address) -> the nsqd subscribed to now."""

@@ -373,6 +373,46 @@ def test_a_finished_delayed_message_does_not_come_again_from_the_new_leader(clus
     assert first_message(new, "t").body == b"after"
 
 
+def test_finishing_and_emptying_the_leaders_delay_queue_reach_the_followers(cluster):
+    """/message/finish of a delayed message and /channel/emptydelayed on the leader reach the
+    followers with the next cursor push: the new leader after a kill -9 holds none of them."""
+    cluster.create_topic("t", 1, 3)
+    old = cluster.node_leading("t", 0)
+    assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
+    followers = followers_of(cluster, old)
+    connection = V2Connection(old.tcp_port)
+    try:
+        for body in (b"d1", b"d2"):
+            connection.send(encode_dpub("t", 3_000_000, body))
+            assert connection.read_response().data == b"OK"
+    finally:
+        connection.close()
+    message, _requeued = requeue_once(cluster, old, b"moved", 1_000_000)  # over 15 min
+    poll(
+        lambda: all(delayed_count(node, "t") == 3 for node in followers),
+        "three in every follower's delay queue",
+    )
+    # A partition's consumer speaks Youzan's dialect: its binary ID starts with the decimal
+    # `msgid` Youzan's route takes.
+    query = f"topic=t&channel=c&partition=0&msgid={int.from_bytes(message.id[:8], 'big')}"
+    assert old.http("POST", f"/message/finish?{query}").status == 200
+    poll(
+        lambda: all(delayed_count(node, "t") == 2 for node in followers),
+        "the finished one gone from every follower",
+    )
+    assert old.http("POST", "/channel/emptydelayed?topic=t&channel=c&partition=0").status == 200
+    poll(
+        lambda: all(delayed_count(node, "t") == 0 for node in followers),
+        "the emptied ones gone from every follower",
+    )
+    old.kill()
+    new = poll(lambda: cluster.node_leading("t", 0), "a new leader")
+    http = new.http("POST", "/channel/requeuedelayed?topic=t&channel=c&partition=0")
+    assert http.status == 200
+    publish(cluster, "t", b"after")
+    assert first_message(new, "t").body == b"after"
+
+
 def test_a_replica_gone_for_good_is_placed_on_another_node_which_catches_up(tmp_path, etcd_server):
     with LocalCluster(
         tmp_path,

@@ -587,20 +587,25 @@ def test_a_log_topic_channel_shows_its_lag_and_resets_to_a_time(cluster, topic_n
     assert (bad.status, bad.json()) == (400, {"message": "INVALID_TIMESTAMP"})
 
 
-def test_a_log_topic_channel_shows_its_delay_queue_and_empties_it(cluster, topic_name):
-    """A log topic's channel shows how many of its messages wait in the partitions' delay
-    queues (DPUBs here), summed over the nsqd, and `emptydelayed` empties them on every nsqd,
-    through nsqd's /channel/emptydelayed."""
+def _delayed_on_every_nsqd(cluster, topic_name: str, count: int) -> None:
+    """`count` DPUBs (10 minutes) to channel `ch` of a log topic on each nsqd."""
     for nsqd in cluster.nsqds:
         for path in (
             f"topic/create?topic={topic_name}&partition_num=1",
             f"channel/create?topic={topic_name}&channel=ch&partition=0",
         ):
             assert http("POST", f"{nsqd.url}/{path}").status == 200
-        for _ in range(2):
+        for _ in range(count):
             reply = http("POST", f"{nsqd.url}/pub?topic={topic_name}&defer=600000", b"m")
             assert reply.status == 200
     cluster.wait_registered(topic_name)
+
+
+def test_a_log_topic_channel_shows_its_delay_queue_and_empties_it(cluster, topic_name):
+    """A log topic's channel shows how many of its messages wait in the partitions' delay
+    queues (DPUBs here), summed over the nsqd, and `emptydelayed` empties them on every nsqd,
+    through nsqd's /channel/emptydelayed."""
+    _delayed_on_every_nsqd(cluster, topic_name, 2)
     url = f"{cluster.url}/api/topics/{quote(topic_name)}/ch"
     assert get_json(url)["delayed_queue_count"] == 4
     page = http("GET", f"{cluster.url}/topics/{quote(topic_name)}/ch").body.decode()
@@ -610,6 +615,24 @@ def test_a_log_topic_channel_shows_its_delay_queue_and_empties_it(cluster, topic
     assert (reply.status, reply.json()) == (200, {"message": ""})
     assert [n.channel(topic_name, "ch")["delayed_queue_count"] for n in cluster.nsqds] == [0, 0]
     assert get_json(url)["delayed_queue_count"] == 0
+
+
+def test_requeuedelayed_delivers_a_log_topic_channels_delayed_messages_now(cluster, topic_name):
+    """`requeuedelayed` makes them due on every nsqd (nsqd's /channel/requeuedelayed): they
+    leave the delay queues for the channel's queue."""
+    _delayed_on_every_nsqd(cluster, topic_name, 1)
+    url = f"{cluster.url}/api/topics/{quote(topic_name)}/ch"
+    page = http("GET", f"{cluster.url}/topics/{quote(topic_name)}/ch").body.decode()
+    assert 'id="requeuedelayed-form"' in page
+    reply = http("POST", url, {"action": "requeuedelayed"})
+    assert (reply.status, reply.json()) == (200, {"message": ""})
+    for nsqd in cluster.nsqds:
+        consumer = subscribe(nsqd, topic_name, "ch", ready=1)
+        try:
+            (message,) = consumer.read_messages(1)  # not in ten minutes: now
+            assert message.body == b"m"
+        finally:
+            consumer.close()
 
 
 def test_a_log_topic_shows_each_partitions_log_start_and_end(cluster, topic_name):

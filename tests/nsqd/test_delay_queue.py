@@ -6,6 +6,7 @@ stops and kill -9. Real nsqd processes, `--log-topic=lt`, channel `c`."""
 
 import json
 import time
+import urllib.error
 
 from tests.harness import V2Connection, http_request, start_nsqd
 from tests.nsqd.log_topic_client import FLAGS, channel_stats, create_channel, mpub, subscribe
@@ -160,6 +161,134 @@ def test_retention_passes_a_delayed_message_which_still_comes_when_due(tmp_path)
         (message,) = connection.read_messages(1)
         assert message.body == b"delayed"
         assert time.time() >= published + 3.0 - 0.1
+        connection.close()
+    finally:
+        daemon.stop()
+
+
+def _refused(port: int, method: str, path: str) -> tuple[int, dict]:
+    try:
+        http_request(port, method, path)
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+    raise AssertionError(f"{method} {path} was answered 200")
+
+
+def test_requeuedelayed_makes_every_delayed_message_due_now(tmp_path):
+    """Those in the delay queue (DPUBs) and the one deferred in memory (a REQ under the
+    threshold) all come at once."""
+    daemon = start_nsqd(tmp_path, *FLAGS)
+    try:
+        create_channel(daemon)
+        for n in range(3):
+            dpub(daemon.port("TCP"), b"d%d" % n, 600_000)
+        mpub(daemon.port("TCP"), [b"req"])
+        connection = subscribe(daemon.port("TCP"), 10)
+        (message,) = connection.read_messages(1)
+        connection.send(b"REQ " + message.id + b" 600000\n")
+        poll(
+            lambda: (
+                (c := channel_stats(daemon))["delayed_queue_count"] == 3
+                and c["deferred_count"] == 1
+            ),
+            lambda: f"three delayed, one deferred: {channel_stats(daemon)}",
+        )
+        http_request(daemon.port("HTTP"), "POST", "/channel/requeuedelayed?topic=lt&channel=c")
+        bodies = sorted(m.body for m in connection.read_messages(4))
+        assert bodies == [b"d0", b"d1", b"d2", b"req"]
+        connection.close()
+    finally:
+        daemon.stop()
+
+
+def test_message_finish_finishes_one_message_whoever_holds_it(tmp_path):
+    """Youzan's /message/finish: a message in flight to a consumer (by Youzan's decimal
+    `msgid`), one deferred in memory and one in the delay queue (by nsqpy's hex `id`); none
+    comes back after a restart, and the consumer's own FIN of the first is refused."""
+    args = (*FLAGS, "--req-to-end-threshold=1s")
+    daemon = start_nsqd(tmp_path, *args)
+    http = daemon.port("HTTP")
+    try:
+        create_channel(daemon)
+        mpub(daemon.port("TCP"), [b"flying", b"memory", b"queue"])
+        connection = subscribe(daemon.port("TCP"), 10)
+        flying, memory, queue = connection.read_messages(3)
+        connection.send(b"REQ " + memory.id + b" 500000\n")  # over 1 s: to the delay queue
+        connection.send(b"REQ " + queue.id + b" 500000\n")
+        poll(lambda: channel_stats(daemon)["delayed_queue_count"] == 2, "two in the queue")
+        mpub(daemon.port("TCP"), [b"deferred"])
+        (deferred,) = connection.read_messages(1)
+        connection.send(b"REQ " + deferred.id + b" 900\n")  # under 1 s: in memory
+        poll(lambda: channel_stats(daemon)["deferred_count"] == 1, "one deferred")
+
+        base = "/message/finish?topic=lt&channel=c"
+        http_request(http, "POST", f"{base}&msgid={int(flying.id, 16)}")
+        http_request(http, "POST", f"{base}&id={queue.id.decode()}")
+        http_request(http, "POST", f"{base}&id={deferred.id.decode()}")
+        connection.send(b"FIN " + flying.id + b"\n")
+        error = connection.read_response()
+        assert error.data == b"E_FIN_FAILED FIN " + flying.id + b" failed ID not in flight"
+        stats = channel_stats(daemon)
+        assert (stats["in_flight_count"], stats["deferred_count"]) == (0, 0)
+        assert stats["delayed_queue_count"] == 1  # `memory`, still delayed
+
+        assert _refused(http, "POST", f"{base}&msgid=x1") == (400, {"message": "INVALID_REQUEST"})
+        assert _refused(http, "POST", f"{base}&id={flying.id.decode()}") == (
+            500,
+            {"message": "Message ID not in flight"},
+        )
+        assert _refused(http, "POST", "/message/finish?topic=lt&channel=nope&msgid=1") == (
+            404,
+            {"message": "CHANNEL_NOT_FOUND"},
+        )
+        connection.close()
+        assert daemon.stop() == 0
+        daemon = start_nsqd(tmp_path, *args)
+        http = daemon.port("HTTP")
+        connection = subscribe(daemon.port("TCP"), 10)
+        http_request(http, "POST", "/channel/requeuedelayed?topic=lt&channel=c")
+        mpub(daemon.port("TCP"), [b"last"])
+        bodies = sorted(m.body for m in connection.read_messages(2))
+        assert bodies == [b"last", b"memory"]  # the three finished never came back
+        connection.close()
+    finally:
+        daemon.stop()
+
+
+def test_finishmemdelayed_finishes_what_waits_in_memory_and_not_the_delay_queue(tmp_path):
+    daemon = start_nsqd(tmp_path, *FLAGS)
+    http = daemon.port("HTTP")
+    try:
+        create_channel(daemon)
+        dpub(daemon.port("TCP"), b"queued", 600_000)
+        mpub(daemon.port("TCP"), [b"m1", b"m2"])
+        connection = subscribe(daemon.port("TCP"), 10)
+        for message in connection.read_messages(2):
+            connection.send(b"REQ " + message.id + b" 600000\n")
+        poll(lambda: channel_stats(daemon)["deferred_count"] == 2, "two deferred in memory")
+        http_request(http, "POST", "/channel/finishmemdelayed?topic=lt&channel=c")
+        stats = channel_stats(daemon)
+        assert (stats["deferred_count"], stats["delayed_queue_count"]) == (0, 1)
+        # Finished, not just dropped: the cursor confirmed them, so no restart brings them back.
+        poll(lambda: channel_stats(daemon)["confirmed_count"] == 3, "all three confirmed")
+        assert http_request(http, "PUT", "/delayqueue/enable?enable=true") == b""
+        connection.close()
+    finally:
+        daemon.stop()
+
+
+def test_a_consumer_gets_what_follows_delayed_records_at_once(tmp_path):
+    """A read that finds only delayed records (passed by the cursor) reads on: a consumer with
+    RDY 1 that subscribes after two DPUBs and a PUB gets the PUB without another publish."""
+    daemon = start_nsqd(tmp_path, *FLAGS)
+    try:
+        create_channel(daemon)
+        dpub(daemon.port("TCP"), b"later1", 600_000)
+        dpub(daemon.port("TCP"), b"later2", 600_000)
+        mpub(daemon.port("TCP"), [b"now"])
+        connection = subscribe(daemon.port("TCP"), 1)
+        (message,) = connection.read_messages(1)
+        assert message.body == b"now"
         connection.close()
     finally:
         daemon.stop()

@@ -192,6 +192,46 @@ def test_a_classic_topic_is_read_from_every_nsqd_that_has_it(cluster, topic):
         assert read_until(consumer, {b"on 0", b"on 1"}) == {b"on 0", b"on 1"}
 
 
+def _delayed_counts(cluster, topic: str) -> dict[int, int]:
+    """partition -> channel `c`'s messages in the partition's delay queue."""
+    return {
+        partition: stats["channels"][0]["delayed_queue_count"]
+        for index in range(len(cluster.nsqds))
+        for partition, stats in cluster.partition_stats(index, topic).items()
+    }
+
+
+def _defer_on_every_partition(cluster, topic: str, owners: dict[int, int], body: bytes) -> None:
+    for partition, index in owners.items():
+        http_request(
+            cluster.nsqds[index].addresses["HTTP"],
+            "/pub",
+            method="POST",
+            body=b"%s %d" % (body, partition),
+            topic=topic,
+            partition=str(partition),
+            defer="600000",
+        )
+
+
+def test_the_consumer_requeues_and_empties_its_channels_delayed_messages(cluster, topic):
+    """`requeue_delayed` brings ten-minute DPUBs of every partition now; `empty_delayed`
+    drops them from every partition's delay queue."""
+    owners = cluster.create_topic(topic)
+    _defer_on_every_partition(cluster, topic, owners, b"later")
+    poll(lambda: _delayed_counts(cluster, topic) == dict.fromkeys(range(4), 1), timeout=DEADLINE)
+    with SmartConsumer(cluster.lookupd_addresses, topic, "c", max_in_flight=4) as consumer:
+        assert consumer.requeue_delayed() == []
+        messages = consumer.receive_many(4, timeout=DEADLINE, finish=True)
+        assert bodies_of(messages) == [b"later %d" % p for p in range(4)]
+        poll(lambda: _delayed_counts(cluster, topic) == dict.fromkeys(range(4), 0))
+
+        _defer_on_every_partition(cluster, topic, owners, b"never")
+        poll(lambda: _delayed_counts(cluster, topic) == dict.fromkeys(range(4), 1))
+        assert consumer.empty_delayed() == []
+        assert _delayed_counts(cluster, topic) == dict.fromkeys(range(4), 0)
+
+
 def test_a_handler_gets_every_message_and_each_is_finished(cluster, topic):
     cluster.create_topic(topic)
     received: list[bytes] = []
