@@ -9,6 +9,11 @@ import pytest
 from tests.harness import start_nsqd
 from tests.spark.support import MSG_TIMEOUT
 
+# Every JVM these tests start (drivers, Spark Connect, a standalone master, workers and their
+# executors inherit it) runs for seconds on small data: the quick compiler alone and the serial
+# collector spend about a quarter less CPU on it than the server defaults, and CI has two cores.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
 
 @pytest.fixture(scope="session")
 def spark():

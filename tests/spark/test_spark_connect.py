@@ -58,6 +58,10 @@ def connect_server(tmp_path_factory):
         server.wait(30)
 
 
+# The pipeline example runs in the default suite on local[2] (tests/spark/test_pipeline_example.py)
+# and Spark Connect carries the connector in the retried-task test below: together, a minute of
+# CI's two cores.
+@pytest.mark.slow
 def test_the_pipeline_example_runs_through_spark_connect(connect_server, tmp_path):
     check_pipeline_example(tmp_path, connect_server)
 
