@@ -546,6 +546,17 @@ class Pages:
                 then=channel_page,
                 cancel=channel_page,
             )
+        if action == "replaydeadletters":
+            return await self._act(
+                request,
+                form,
+                question=f"Put the dead letters of {what} back into it?",
+                confirm_label="Replay dead letters",
+                run=lambda: actions.channel_action(request, "replaydeadletters", topic, channel),
+                done=f"Replayed the dead letters of {what}.",
+                then=channel_page,
+                cancel=channel_page,
+            )
         if action == "requeuedelayed":
             return await self._act(
                 request,

@@ -330,6 +330,12 @@ class ChannelStats:
     # partitions' delay queues, all partitions.
     lag: int | None = None
     delayed_queue_count: int | None = None
+    # Poison messages (nsqd's dead letters): the attempt limit, how many went to the
+    # dead-letter topic and how many wait there to be replayed; None on a channel without.
+    max_attempts: int | None = None
+    dead_letter_topic: str = ""
+    dead_letter_count: int | None = None
+    dead_letter_waiting: int | None = None
 
     @classmethod
     def from_nsqd(
@@ -363,6 +369,14 @@ class ChannelStats:
             delayed_queue_count=(
                 int(body["delayed_queue_count"]) if "delayed_queue_count" in body else None
             ),
+            max_attempts=int(body["max_attempts"]) if "max_attempts" in body else None,
+            dead_letter_topic=str(body.get("dead_letter_topic") or ""),
+            dead_letter_count=(
+                int(body["dead_letter_count"]) if "dead_letter_count" in body else None
+            ),
+            dead_letter_waiting=(
+                int(body["dead_letter_waiting"]) if "dead_letter_waiting" in body else None
+            ),
         )
 
     @classmethod
@@ -379,6 +393,13 @@ class ChannelStats:
             self.lag = (self.lag or 0) + other.lag
         if other.delayed_queue_count is not None:
             self.delayed_queue_count = (self.delayed_queue_count or 0) + other.delayed_queue_count
+        if other.dead_letter_count is not None:
+            self.max_attempts = max(self.max_attempts or 0, other.max_attempts or 0)
+            self.dead_letter_topic = self.dead_letter_topic or other.dead_letter_topic
+            self.dead_letter_count = (self.dead_letter_count or 0) + other.dead_letter_count
+            self.dead_letter_waiting = (self.dead_letter_waiting or 0) + (
+                other.dead_letter_waiting or 0
+            )
         self.nodes = sorted([*(self.nodes or []), other], key=lambda c: c.hostname)
         if self.e2e_processing_latency is None:
             self.e2e_processing_latency = E2eLatency(
@@ -413,6 +434,16 @@ class ChannelStats:
                 {}
                 if self.delayed_queue_count is None
                 else {"delayed_queue_count": self.delayed_queue_count}
+            ),
+            **(
+                {}
+                if self.dead_letter_count is None
+                else {
+                    "max_attempts": self.max_attempts,
+                    "dead_letter_topic": self.dead_letter_topic,
+                    "dead_letter_count": self.dead_letter_count,
+                    "dead_letter_waiting": self.dead_letter_waiting,
+                }
             ),
         }
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from nsqpy.common.names import is_ephemeral
+from nsqpy.nsqd import dead_letters
 from nsqpy.nsqd.backend import BackendWriteError
 from nsqpy.nsqd.cursor_queue import CursorQueue
 from nsqpy.nsqd.delivery import FIFO, ORDERED
@@ -64,9 +65,16 @@ class Channel:
             self.cursor = self.queue
             self.queue.on_window_full = self._move_deferred_to_end
             self.queue.on_moved = self._moved
-            self.queue.on_move_failed = lambda message: self._moving.discard(message.id)
+            self.queue.on_move_failed = self._move_failed
         # IDs of deferred messages whose move to the delay queue is being written.
         self._moving: set[bytes] = set()
+        # Poison messages (`nsqd/dead_letters.py`): the channel's own attempt limit (None: the
+        # flag's), its dead-letter topic once chosen, how many went there since the start,
+        # and the replayed messages being written for it, by ID, with where they came from.
+        self.max_attempts: int | None = None
+        self.dead_letter_topic = ""
+        self.dead_letter_count = 0
+        self.replaying: dict[bytes, tuple[Channel, Message]] = {}
         self.clients: dict[int, Client] = {}
         self.paused = False
         self.deleted = False
@@ -147,7 +155,26 @@ class Channel:
 
     def take(self, max_count: int, tag: str = "") -> list[Message]:
         """Up to `max_count` messages to deliver, as many as the delivery policy lets out; on
-        an ext topic, only those for a consumer whose `desired_tag` is `tag`."""
+        an ext topic, only those for a consumer whose `desired_tag` is `tag`. Messages past
+        the channel's attempt limit go to its dead-letter topic instead."""
+        while True:
+            taken = self._take(max_count, tag)
+            if not taken or not (self.max_attempts or self.nsqd.options.max_attempts):
+                return taken
+            limit = dead_letters.attempt_limit(self)
+            if not limit or all(message.attempts < limit for message in taken):
+                return taken
+            poison = [message for message in taken if message.attempts >= limit]
+            if not dead_letters.send(self, poison):
+                return taken
+            if self.delivery.finish_releases_next:
+                self.notify()
+            deliver = [message for message in taken if message.attempts < limit]
+            if deliver:
+                return deliver
+            # None is left: what followed them goes now.
+
+    def _take(self, max_count: int, tag: str) -> list[Message]:
         count = self.delivery.room(len(self.in_flight), max_count)
         if not count:
             return []
@@ -317,11 +344,23 @@ class Channel:
     def _moved(self, message: Message) -> bool:
         """A move was written: the message now waits in the delay queue, not in memory. False
         when the channel no longer held it deferred (it came due and went out meanwhile)."""
+        if message.id in self.replaying:
+            dead_letters.replayed(self, message, written=True)
+            return True
         self._moving.discard(message.id)
         if self.deferred.get(message.id) is message:
             self.deferred.pop(message.id)
             return True
         return False
+
+    def _move_failed(self, message: Message) -> None:
+        if message.id in self.replaying:
+            dead_letters.replayed(self, message, written=False)
+        self._moving.discard(message.id)
+
+    def put_replayed(self, messages: list[Message]) -> None:
+        """Dead-letter messages put back (`dead_letters.replay`), on a classic topic."""
+        self._put(messages)
 
     def _redeliver(self, messages: list[Message]) -> None:
         self.delivery.redeliver(self.queue, messages)

@@ -35,6 +35,7 @@ from nsqpy.daemon.http_server import (
 from nsqpy.daemon.http_server import first_param as _first
 from nsqpy.daemon.http_server import query_params as _query
 from nsqpy.daemon.log import parse_log_level, youzan_log_level
+from nsqpy.nsqd import dead_letters
 from nsqpy.nsqd.cluster import ClusterWriteError, NotLedHere
 from nsqpy.nsqd.ext_header import (
     TRACE_ID_KEY,
@@ -47,6 +48,7 @@ from nsqpy.nsqd.ext_header import (
 from nsqpy.nsqd.message_queue import RetainedLog
 from nsqpy.nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from nsqpy.nsqd.metrics import render_metrics
+from nsqpy.nsqd.options import MAX_ATTEMPTS
 from nsqpy.nsqd.publish import PublishError, publish, publish_traced
 from nsqpy.nsqd.stats import gather, memory_stats, text_report
 from nsqpy.partition_log import record_size
@@ -115,6 +117,8 @@ class HTTPAPI:
         router.add("POST", "/channel/finishmemdelayed", self.channel_finish_memory_delayed)
         router.add("POST", "/message/finish", self.message_finish)
         router.add("PUT", "/delayqueue/enable", self.delay_queue_enable)
+        router.add("POST", "/channel/setmaxattempts", self.channel_set_max_attempts)
+        router.add("POST", "/channel/replaydeadletters", self.channel_replay_dead_letters)
         router.add("POST", "/channel/pause", self.channel_pause)
         router.add("POST", "/channel/unpause", self.channel_pause)
         router.add("GET", "/config/*", self.config)
@@ -506,6 +510,45 @@ class HTTPAPI:
         """Youzan's `PUT /delayqueue/enable?enable=true`, which turns its delay queue on: a log
         topic's delay queue is always on here, so there is nothing to do."""
         _query(request)
+        return v1_response(200)
+
+    async def channel_set_max_attempts(self, request: Request) -> Response:
+        """nsqpy's `/channel/setmaxattempts?topic=&channel=&max_attempts=N`: the channel's own
+        attempt limit (0: none; empty: the flag's again), kept in nsqd.dat."""
+        params = _query(request)
+        found = self._existing_channels(request)
+        text = _first(params, "max_attempts")
+        if text is None:
+            raise HTTPError(400, "MISSING_ARG_MAX_ATTEMPTS")
+        limit: int | None = None
+        if text != "":
+            try:
+                limit = go_atoi(text.encode())
+            except ValueError:
+                raise HTTPError(400, "INVALID_ARG_MAX_ATTEMPTS") from None
+            if not 0 <= limit <= MAX_ATTEMPTS:
+                raise HTTPError(400, "INVALID_ARG_MAX_ATTEMPTS")
+        for _topic, channel in found:
+            channel.max_attempts = limit
+        self.nsqd.topology_changed()
+        await self.nsqd.persist_metadata()
+        return v1_response(200)
+
+    def channel_replay_dead_letters(self, request: Request) -> Response:
+        """nsqpy's `/channel/replaydeadletters?topic=&channel=`: the channel's dead letters
+        waiting in its dead-letter topic's `replay` channel go back into it."""
+        found = self._existing_channels(request)
+        self._refuse_on_followers([topic for topic, _channel in found])
+        for topic, channel in found:
+            replayed = dead_letters.replay(channel)
+            self.nsqd.log.info(
+                "TOPIC(%s) partition %d channel %s: %d dead letters replayed by %s",
+                topic.name,
+                topic.partition,
+                channel.name,
+                replayed,
+                request.remote,
+            )
         return v1_response(200)
 
     async def channel_pause(self, request: Request) -> Response:

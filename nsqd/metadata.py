@@ -25,6 +25,31 @@ class MetadataError(Exception):
 class ChannelMetadata:
     name: str
     paused: bool = False
+    # nsqpy's, written only when set (Go ignores them): the channel's own attempt limit, and
+    # the dead-letter topic it uses.
+    max_attempts: int | None = None
+    dead_letter_topic: str = ""
+
+    def encode(self) -> dict:
+        entry: dict = {"name": self.name, "paused": self.paused}
+        if self.max_attempts is not None:
+            entry["max_attempts"] = self.max_attempts
+        if self.dead_letter_topic:
+            entry["dead_letter_topic"] = self.dead_letter_topic
+        return entry
+
+    @classmethod
+    def decode(cls, entry: dict) -> "ChannelMetadata":
+        max_attempts = entry.get("max_attempts")
+        dead_letter_topic = entry.get("dead_letter_topic") or ""
+        if not isinstance(dead_letter_topic, str):
+            raise TypeError("cannot unmarshal dead_letter_topic: not a string")
+        return cls(
+            _name(entry),
+            bool(entry.get("paused", False)),
+            None if max_attempts is None else int(max_attempts),
+            dead_letter_topic,
+        )
 
 
 @dataclass
@@ -51,7 +76,7 @@ def encode_metadata(topics: list[TopicMetadata], version: str) -> bytes:
         entry = {
             "name": topic.name,
             "paused": topic.paused,
-            "channels": [{"name": c.name, "paused": c.paused} for c in topic.channels],
+            "channels": [c.encode() for c in topic.channels],
         }
         if topic.partition is not None:
             entry.update(
@@ -77,10 +102,7 @@ def decode_metadata(raw: bytes, path: str) -> list[TopicMetadata]:
             raise TypeError(f"cannot unmarshal {type(document).__name__} into Go value")
         topics = []
         for topic in document.get("topics") or []:
-            channels = [
-                ChannelMetadata(_name(c), bool(c.get("paused", False)))
-                for c in topic.get("channels") or []
-            ]
+            channels = [ChannelMetadata.decode(c) for c in topic.get("channels") or []]
             entry = TopicMetadata(_name(topic), bool(topic.get("paused", False)), channels)
             partition = topic.get("partition")
             if partition is not None:

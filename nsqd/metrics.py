@@ -109,6 +109,12 @@ def render_metrics(nsqd: MetricsSource, topics: list[dict] | None = None) -> str
                 family(
                     "nsq_channel_delayed_queue", "gauge", "Messages in the partition's delay queue"
                 ).add(channel["delayed_queue_count"], **labels)
+            if "dead_letter_count" in channel:
+                family(
+                    "nsq_channel_dead_letters_total",
+                    "counter",
+                    "Messages past the channel's attempt limit sent to its dead-letter topic",
+                ).add(channel["dead_letter_count"], **labels)
             family("nsq_channel_depth", "gauge", "Messages queued in the channel").add(
                 channel["depth"], **labels
             )

@@ -51,6 +51,9 @@ class Options:
     # Log topics (Youzan): acknowledged-out-of-order ranges a channel may hold before it
     # stops reading.
     max_confirm_win: int = 500
+    # A channel's attempt limit (0: none, as Go): a message delivered this many times goes to
+    # the channel's dead-letter topic instead of out again.
+    max_attempts: int = 0
     # Log topics (Youzan): a REQ with at least this delay moves the message to the partition's
     # delay queue (so do those made while the channel's window is full).
     req_to_end_threshold: float = 15 * 60.0
@@ -156,6 +159,8 @@ def _parse_tls_required(text: str) -> str:
 
 
 _TLS_VERSIONS = ("ssl3.0", "tls1.0", "tls1.1", "tls1.2", "tls1.3")
+# A message's attempts are a uint16 on the wire.
+MAX_ATTEMPTS = 65535
 
 
 def _parse_tls_min_version(text: str) -> str:
@@ -278,6 +283,14 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 d.max_confirm_win,
                 "log topics: most message ranges a channel may hold acknowledged out of order"
                 " before it stops reading",
+            ),
+            Flag(
+                "max-attempts",
+                Kind.INT,
+                d.max_attempts,
+                "a channel's attempt limit (0: none): a message delivered this many times goes"
+                " to the channel's dead-letter topic <topic>.<channel>.dead instead of out again"
+                " (a channel's own with /channel/setmaxattempts)",
             ),
             Flag(
                 "req-to-end-threshold",
@@ -562,6 +575,8 @@ def options_from_values(values: dict) -> Options:
         raise OptionsError("--retention-days must be >= 0")
     if options.max_confirm_win < 1:
         raise OptionsError("--max-confirm-win must be >= 1")
+    if not 0 <= options.max_attempts <= MAX_ATTEMPTS:
+        raise OptionsError(f"--max-attempts must be between 0 and {MAX_ATTEMPTS}")
     if options.sync_every < 1:
         raise OptionsError("--sync-every must be >= 1")
     workers = worker_count(options.workers)

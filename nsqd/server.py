@@ -389,7 +389,7 @@ class NSQD:
             if topic.ephemeral:
                 continue
             channels = [
-                ChannelMetadata(c.name, c.paused)
+                ChannelMetadata(c.name, c.paused, c.max_attempts, c.dead_letter_topic)
                 for c in topic.channels.values()
                 if not c.ephemeral
             ]
@@ -472,6 +472,8 @@ class NSQD:
                     channel = topic.get_channel(channel_meta.name)
                     if channel_meta.paused:
                         channel.paused = True
+                    channel.max_attempts = channel_meta.max_attempts
+                    channel.dead_letter_topic = channel_meta.dead_letter_topic
         finally:
             self._metadata_loading = False
 

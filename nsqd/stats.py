@@ -13,6 +13,7 @@ import trio
 
 from nsqpy.common.duration import format_duration
 from nsqpy.common.version import version_line
+from nsqpy.nsqd import dead_letters
 from nsqpy.nsqd.e2e import merged_result
 
 if TYPE_CHECKING:
@@ -159,6 +160,14 @@ def channel_stats(channel: "Channel", include_clients: bool, now: float) -> dict
     }
     # A log topic's channel is a cursor (docs/design.md §13): where it stands in the log.
     stats.update(channel.queue.position_stats())
+    limit = dead_letters.attempt_limit(channel)
+    if limit or channel.dead_letter_topic:
+        # Poison messages (nsqpy's): only on a channel with an attempt limit or dead letters,
+        # so that a Go channel's stats keep Go's keys.
+        stats["max_attempts"] = limit
+        stats["dead_letter_topic"] = channel.dead_letter_topic  # "" until the first one
+        stats["dead_letter_count"] = channel.dead_letter_count
+        stats["dead_letter_waiting"] = dead_letters.waiting(channel)
     return stats
 
 

@@ -25,6 +25,7 @@ from nsqpy.partition_log import ProducerMark
 if TYPE_CHECKING:
     from nsqpy.nsqd.options import Options
     from nsqpy.nsqd.storage import Storage
+    from nsqpy.nsqd.topic_registry import TopicRegistry
 
 # How many backlog messages the pump moves before letting other tasks run.
 _PUMP_BATCH = 1024
@@ -60,6 +61,17 @@ class TopicHost(Protocol):
         """A topic or channel came, went, paused or unpaused."""
 
     def delete_topic(self, name: str, partition: int | None = None) -> None: ...
+
+    # Dead letters (`nsqd/dead_letters.py`) publish to a topic of their own.
+    @property
+    def exiting(self) -> bool: ...
+
+    @property
+    def registry(self) -> "TopicRegistry": ...
+
+    def get_topic(self, name: str) -> "Topic": ...
+
+    def all_partitions(self) -> "list[Topic]": ...
 
 
 class Topic:

@@ -635,6 +635,40 @@ def test_requeuedelayed_delivers_a_log_topic_channels_delayed_messages_now(clust
             consumer.close()
 
 
+def test_a_channels_dead_letters_are_shown_and_replayed(cluster, topic_name):
+    """A channel with an attempt limit (nsqd's /channel/setmaxattempts) shows how many
+    messages went to its dead-letter topic and wait there, links that topic, and
+    `replaydeadletters` puts them back (nsqd's /channel/replaydeadletters)."""
+    nsqd = cluster.nsqds[0]
+    assert http("POST", f"{nsqd.url}/pub?topic={topic_name}", b"poison").status == 200
+    limit = f"{nsqd.url}/channel/setmaxattempts?topic={topic_name}&channel=ch&max_attempts=1"
+    consumer = subscribe(nsqd, topic_name, "ch", ready=1)
+    try:
+        assert http("POST", limit).status == 200
+        (message,) = consumer.read_messages(1)
+        consumer.send(b"REQ " + message.id + b" 0\n")
+        url = f"{cluster.url}/api/topics/{quote(topic_name)}/ch"
+        stats = poll(
+            lambda: (found := get_json(url)).get("dead_letter_count") == 1 and found,
+            lambda: f"the dead letter in nsqadmin: {get_json(url)}",
+        )
+        assert (stats["dead_letter_waiting"], stats["max_attempts"]) == (1, 1), stats
+        assert stats["dead_letter_topic"] == f"{topic_name}.ch.dead"
+        page = http("GET", f"{cluster.url}/topics/{quote(topic_name)}/ch").body.decode()
+        assert 'id="replaydeadletters-form"' in page and 'data-field="dead_letter_count"' in page
+        assert f"/topics/{quote(topic_name)}.ch.dead" in page
+
+        http("POST", limit[: -len("1")] + "0")  # no limit: the replayed one goes out
+        dead_topic = f"{topic_name}.ch.dead"
+        poll(lambda: (nsqd.channel(dead_topic, "replay") or {}).get("depth") == 1, "in replay")
+        reply = http("POST", url, {"action": "replaydeadletters"})
+        assert (reply.status, reply.json()) == (200, {"message": ""})
+        (again,) = consumer.read_messages(1)
+        assert (again.body, again.attempts) == (b"poison", 1)
+    finally:
+        consumer.close()
+
+
 def test_a_log_topic_shows_each_partitions_log_start_and_end(cluster, topic_name):
     """The topic's nodes, one per partition of each nsqd, carry the partition and its log's
     start and end, in the API and on the topic page."""
