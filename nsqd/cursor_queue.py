@@ -260,6 +260,7 @@ class CursorQueue:
             return
         self._persisted = self.confirmed
         self._ranges_changed = False
+        self.sync_error = ""
 
     def _commit_delay_queue(self) -> None:
         """Before the cursor's files: the cursor passed delayed records the index holds."""
@@ -269,8 +270,10 @@ class CursorQueue:
 
     def _failed_to_write(self, error: Exception) -> None:
         self._persisted = None
+        if self.sync_error != str(error):
+            # One line when the writes start failing, not one per sync while the disk is full.
+            self.storage.log.error("CHANNEL(%s): failed to write its cursor - %s", self.name, error)
         self.sync_error = str(error)
-        self.storage.log.error("CHANNEL(%s): failed to write its cursor - %s", self.name, error)
 
     @property
     def confirmed(self) -> Position:
@@ -334,6 +337,7 @@ class CursorQueue:
             except OSError as error:
                 self._failed_to_write(error)
                 return False
+            self.sync_error = ""
             return True
 
         return job

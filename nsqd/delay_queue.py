@@ -15,8 +15,13 @@ after that offset are indexed again from the log as each channel opens
 (`LogTopicQueue.open_channel_queue`). A delayed message that goes
 out is marked (its due time moved past `OUT`), so that it is not given out twice; a FIN
 removes it (`done`); a restart gives out again what was out and not finished.
+
+A disk that refuses the index's writes (full) stops no one: what it would not store (or what
+SQLite rolled back) is kept in memory and still comes when due, `applied` stays where it was,
+and once the disk takes writes again the log is indexed again from there (`on_behind`).
 """
 
+import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -27,6 +32,7 @@ OUT = 1 << 52
 # The index is committed at a sync once the log grew this much past it, changed or not, so
 # that a recovery reads little of the log again.
 RECOVERY_BYTES = 1 << 20
+REFUSAL_LOG_INTERVAL = 60.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS delayed (
@@ -66,8 +72,32 @@ class DueMessage(NamedTuple):
 class DelayQueue:
     """The index of one partition's delayed messages, by channel and due time."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(
+        self, path: str, log: "logging.Logger | logging.LoggerAdapter | None" = None
+    ) -> None:
         self.path = path
+        self.log = log or logging.getLogger("nsqd")
+        # A write the disk refused (full): the index missed delayed records (an `add`, or the
+        # uncommitted work SQLite rolled back), so `commit` keeps `applied` where it is until
+        # the owner indexes the log again from there (`LogTopicQueue.sync_dirty`); and the
+        # finishes still to remove. The log is the truth: nothing delayed is lost.
+        self.behind = False
+        # Called (with `behind` cleared) before a commit once the index is behind: the owner
+        # indexes the log again from `applied` (`LogTopicQueue`).
+        self.on_behind: Callable[[], None] | None = None
+        # The messages out now, by channel and ID, as the OUT marks say: a rolled-back mark is
+        # not given out twice.
+        self._out: set[tuple[str, int]] = set()
+        # Entries the disk would not take (channel, ID -> offset, count, due), kept here
+        # until a commit stores them, so that they still come when due.
+        self._unstored: dict[tuple[str, int], tuple[int, int, int]] = {}
+        # Entries added since the last commit: kept here if SQLite rolls them back.
+        self._uncommitted: dict[tuple[str, int], tuple[int, int, int]] = {}
+        # How many `add`s the disk refused (a move whose copy was not indexed stays in memory).
+        self.refused_adds = 0
+        self._done_pending: set[tuple[str, int]] = set()
+        # When a refusal was last logged (one line a minute while the disk stays full).
+        self._refusal_logged = -REFUSAL_LOG_INTERVAL
         # Autocommit off by hand: one transaction stays open between commits (`commit`).
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -88,10 +118,17 @@ class DelayQueue:
         # The log offset the committed index covers.
         self.applied: int = self._db.execute("SELECT offset FROM applied").fetchone()[0]
 
-    def add(self, records: Iterable[DelayedRecord], channels: Callable[[], Sequence[str]]) -> None:
+    def add(
+        self,
+        records: Iterable[DelayedRecord],
+        channels: Callable[[], Sequence[str]],
+        *,
+        again: bool = False,
+    ) -> None:
         """Index delayed records just written: a DPUB for each of `channels()` (the channels
         that keep their delays here now), a copy for its own channel. A record of a message
-        indexed already replaces its entry (a message delayed again)."""
+        indexed already replaces its entry (a message delayed again, no longer out), unless
+        the log's records are indexed `again` (what is out stays out)."""
         by_channel: dict[str, list[tuple]] = {}
         for record in records:
             names = channels() if record.channel == "" else (record.channel,)
@@ -99,22 +136,38 @@ class DelayQueue:
             for name in names:
                 by_channel.setdefault(name, []).append(row)
         db = self._db
-        for name, rows in by_channel.items():
-            inserted = db.executemany(
-                "INSERT OR IGNORE INTO delayed VALUES (?, ?, ?, ?, ?)",
-                [(name, *row) for row in rows],
-            ).rowcount
-            if inserted < len(rows):
-                db.executemany(
-                    "UPDATE delayed SET offset = ?, count = ?, due = ?"
-                    " WHERE channel = ? AND id = ?",
-                    [
-                        (offset, count, due, name, message_id)
-                        for message_id, offset, count, due in rows
-                    ],
-                )
-            self._counts[name] = self._counts.get(name, 0) + inserted
-            self._changed = True
+        try:
+            for name, rows in by_channel.items():
+                inserted = db.executemany(
+                    "INSERT OR IGNORE INTO delayed VALUES (?, ?, ?, ?, ?)",
+                    [(name, *row) for row in rows],
+                ).rowcount
+                if inserted < len(rows):
+                    db.executemany(
+                        "UPDATE delayed SET offset = ?, count = ?, due = ?"
+                        " WHERE channel = ? AND id = ?",
+                        [
+                            (offset, count, due, name, message_id)
+                            for message_id, offset, count, due in rows
+                        ],
+                    )
+                self._counts[name] = self._counts.get(name, 0) + inserted
+                self._changed = True
+                uncommitted = self._uncommitted
+                for message_id, offset, count, due in rows:
+                    uncommitted[(name, message_id)] = (offset, count, due)
+                if self._out and not again:
+                    self._out.difference_update((name, row[0]) for row in rows)
+                if self._unstored:
+                    for row in rows:
+                        self._unstored.pop((name, row[0]), None)
+        except sqlite3.Error as error:
+            self.behind = True
+            self.refused_adds += 1
+            for name, rows in by_channel.items():
+                for message_id, offset, count, due in rows:
+                    self._unstored[(name, message_id)] = (offset, count, due)
+            self._refused("index delayed messages", error)
 
     def _recount(self) -> None:
         self._counts = dict(
@@ -122,35 +175,76 @@ class DelayQueue:
         )
 
     def count(self, channel: str) -> int:
-        return self._counts.get(channel, 0)
+        unstored = (
+            sum(1 for name, _id in self._unstored if name == channel) if self._unstored else 0
+        )
+        return self._counts.get(channel, 0) + unstored
 
     def take_due(self, channel: str, limit: int, now_ms: int | None = None) -> list[DueMessage]:
         """Up to `limit` of the channel's delayed messages due now, earliest first, marked out."""
-        if not self._counts.get(channel):
-            return []
         if now_ms is None:
             now_ms = int(time.time() * 1000)
-        rows = self._db.execute(
-            "SELECT id, offset, count FROM delayed WHERE channel = ? AND due <= ?"
-            " ORDER BY due LIMIT ?",
-            (channel, now_ms, limit),
-        ).fetchall()
-        if not rows:
+        if self._unstored:
+            due = self._take_unstored(channel, limit, now_ms)
+            if due:
+                return due
+        if not self._counts.get(channel):
             return []
-        self._db.executemany(
-            "UPDATE delayed SET due = due + ? WHERE channel = ? AND id = ?",
-            [(OUT, channel, row[0]) for row in rows],
-        )
+        out = self._out
+        try:
+            rows = self._db.execute(
+                "SELECT id, offset, count FROM delayed WHERE channel = ? AND due <= ?"
+                " ORDER BY due LIMIT ?",
+                (channel, now_ms, limit + len(out)),
+            ).fetchall()
+            if out:
+                rows = [row for row in rows if (channel, row[0]) not in out][:limit]
+            if not rows:
+                return []
+            self._db.executemany(
+                "UPDATE delayed SET due = due + ? WHERE channel = ? AND id = ?",
+                [(OUT, channel, row[0]) for row in rows],
+            )
+        except sqlite3.Error as error:
+            self._refused("mark due delayed messages", error)
+            return []  # released at a later scan
+        out.update((channel, row[0]) for row in rows)
         self._changed = True
         return [
             DueMessage(b"%016x" % message_id, offset, count) for message_id, offset, count in rows
         ]
 
+    def _take_unstored(self, channel: str, limit: int, now_ms: int) -> list[DueMessage]:
+        out = self._out
+        due = sorted(
+            (entry[2], key[1], entry[0], entry[1])
+            for key, entry in self._unstored.items()
+            if key[0] == channel and entry[2] <= now_ms and key not in out
+        )[:limit]
+        out.update((channel, message_id) for _due, message_id, _offset, _count in due)
+        return [
+            DueMessage(b"%016x" % message_id, offset, count)
+            for _due, message_id, offset, count in due
+        ]
+
     def done(self, channel: str, message_id: bytes) -> bool:
         """A delayed message was finished: it leaves the queue. False if it was not in it."""
-        cursor = self._db.execute(
-            "DELETE FROM delayed WHERE channel = ? AND id = ?", (channel, _id(message_id))
-        )
+        self._out.discard((channel, _id(message_id)))
+        if self._unstored.pop((channel, _id(message_id)), None) is not None:
+            self._done_pending.add((channel, _id(message_id)))
+            return True
+        try:
+            cursor = self._db.execute(
+                "DELETE FROM delayed WHERE channel = ? AND id = ?", (channel, _id(message_id))
+            )
+        except sqlite3.Error as error:
+            self._refused("remove a finished delayed message", error)
+            key = (channel, _id(message_id))
+            if key in self._done_pending:
+                return False
+            self._done_pending.add(key)  # removed at the next commit
+            self._counts[channel] = self._counts.get(channel, 0) - 1
+            return True
         if cursor.rowcount:
             self._changed = True
             self._counts[channel] -= 1
@@ -161,13 +255,19 @@ class DelayQueue:
         """Drop the channel's delayed messages (`/channel/emptydelayed`): every one, or those
         whose records are before the log offset `below` (a follower doing what its leader
         did, without the messages delayed since); how many."""
+        try:
+            if below is None:
+                cursor = self._db.execute("DELETE FROM delayed WHERE channel = ?", (channel,))
+            else:
+                cursor = self._db.execute(
+                    "DELETE FROM delayed WHERE channel = ? AND offset < ?", (channel, below)
+                )
+        except sqlite3.Error as error:
+            self._refused("empty a channel's delayed messages", error)
+            return 0
         if below is None:
-            cursor = self._db.execute("DELETE FROM delayed WHERE channel = ?", (channel,))
             self._counts.pop(channel, None)
         else:
-            cursor = self._db.execute(
-                "DELETE FROM delayed WHERE channel = ? AND offset < ?", (channel, below)
-            )
             self._counts[channel] = self._counts.get(channel, 0) - cursor.rowcount
         self._changed = True
         return cursor.rowcount
@@ -177,10 +277,14 @@ class DelayQueue:
         how many."""
         if now_ms is None:
             now_ms = int(time.time() * 1000)
-        cursor = self._db.execute(
-            "UPDATE delayed SET due = ? WHERE channel = ? AND due > ? AND due < ?",
-            (now_ms, channel, now_ms, OUT),
-        )
+        try:
+            cursor = self._db.execute(
+                "UPDATE delayed SET due = ? WHERE channel = ? AND due > ? AND due < ?",
+                (now_ms, channel, now_ms, OUT),
+            )
+        except sqlite3.Error as error:
+            self._refused("requeue a channel's delayed messages", error)
+            return 0
         if cursor.rowcount:
             self._changed = True
         return cursor.rowcount
@@ -204,7 +308,12 @@ class DelayQueue:
 
     def due_to_commit(self, log_end: int) -> bool:
         """Whether the index changed, or the log grew past what a recovery should read again."""
-        return self._changed or log_end - self.applied > RECOVERY_BYTES
+        return (
+            self._changed
+            or bool(self._done_pending)
+            or self.behind
+            or log_end - self.applied > RECOVERY_BYTES
+        )
 
     def commit(self, log_end: int) -> None:
         """Make the index durable (nsqd's sync), with the log offset it covers (the log's end:
@@ -212,25 +321,71 @@ class DelayQueue:
         is indexed again from the log (`LogTopicQueue`)."""
         if self.closed:
             return
-        self.applied = log_end
-        self._db.execute("UPDATE applied SET offset = ?", (self.applied,))
-        self._db.execute("COMMIT")
+        if self.behind and self.on_behind is not None:
+            self.behind = False
+            self.on_behind()
+        try:
+            if self._done_pending:
+                self._db.executemany(
+                    "DELETE FROM delayed WHERE channel = ? AND id = ?", sorted(self._done_pending)
+                )
+            applied = self.applied if self.behind else log_end
+            self._db.execute("UPDATE applied SET offset = ?", (applied,))
+            self._db.execute("COMMIT")
+        except sqlite3.Error as error:
+            self._refused("commit the delay queue's index", error)
+            return
         self._db.execute("BEGIN")
+        self.applied = applied
+        if self._done_pending:
+            self._done_pending.clear()
+            self._recount()
+        self._uncommitted.clear()
         self._changed = False
+        if not self.behind:
+            # Stored now: indexed again from the log before this commit.
+            self._unstored.clear()
+
+    def _refused(self, what: str, error: sqlite3.Error) -> None:
+        """The disk refused a write (full): an ERROR line, one a minute at most. If SQLite
+        rolled back the open transaction, what it held since the last commit is gone: the
+        index is behind the log, and a new transaction starts."""
+        now = time.monotonic()
+        if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL:
+            self._refusal_logged = now
+            self.log.error("delay queue %s: failed to %s - %s", self.path, what, error)
+        if not self._db.in_transaction:
+            self.behind = True
+            self._unstored.update(self._uncommitted)
+            self._uncommitted.clear()
+            self._db.execute("BEGIN")
+            self._recount()
 
     def cut_back(self, offset: int) -> None:
         """The log was cut back to `offset`: entries of records past it go."""
-        self._db.execute("DELETE FROM delayed WHERE offset >= ?", (offset,))
+        try:
+            self._db.execute("DELETE FROM delayed WHERE offset >= ?", (offset,))
+        except sqlite3.Error as error:
+            self._refused("drop entries past a cut", error)
+            self.behind = True
         self._recount()
-        self.commit(min(self.applied, max(offset, 0)))
+        self.applied = min(self.applied, max(offset, 0))
+        self.commit(self.applied)
 
     def close(self, log_end: int) -> None:
         if self.closed:
             return
-        # What is out now goes out again after the restart.
-        self._db.execute("UPDATE delayed SET due = due - ? WHERE due >= ?", (OUT, OUT))
+        # What is out now goes out again after the restart (a start does the same, should
+        # this write be refused).
+        try:
+            self._db.execute("UPDATE delayed SET due = due - ? WHERE due >= ?", (OUT, OUT))
+        except sqlite3.Error as error:
+            self._refused("close", error)
         self.commit(log_end)
-        self._db.execute("COMMIT")
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.Error as error:
+            self._refused("close", error)
         self._db.close()
         self.closed = True
 

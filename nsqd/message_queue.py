@@ -470,8 +470,9 @@ class LogTopicQueue:
         self.cursors: dict[str, CursorQueue] = {}
         # Delayed messages (DPUBs, and messages channels moved to the end of their delay),
         # indexed by channel and due time (`nsqd/delay_queue.py`).
-        self.delay_queue = DelayQueue(log.delay_queue_path)
+        self.delay_queue = DelayQueue(log.delay_queue_path, storage.log)
         log.on_cut_back = self.delay_queue.cut_back
+        self.delay_queue.on_behind = self._index_again
         # Moves asked for and not yet written (`write_moves`, from the topic's pump).
         self._moves: list[tuple[CursorQueue, Message, int]] = []
         # The topic's pump writes them.
@@ -620,14 +621,22 @@ class LogTopicQueue:
         if found:
             self.index_delayed([DelayedRecord(*record) for record in found])
 
-    def _recover_delayed(self, channel: str) -> None:
+    def _index_again(self) -> None:
+        """A refused write left the index behind the log: index it again from what it last
+        committed, as a start does after a crash."""
+        for channel in self._delay_channels():
+            # Through what the cursors read: records written and not yet synced too.
+            self._recover_delayed(channel, self.log.end.offset)
+
+    def _recover_delayed(self, channel: str, through: int | None = None) -> None:
         """Index again what a crash left out: the channel's delayed records written after the
-        offset the committed index covers."""
+        offset the committed index covers (through the log's synced end, or `through`)."""
         log, delay_queue = self.log, self.delay_queue
         position = log.position_at_or_after(max(delay_queue.applied, log.start.offset))
+        end = log.written.offset if through is None else through
         found: list[DelayedRecord] = []
-        while position.offset < log.written.offset:
-            messages = log.read(position, 1024, log.written.offset)
+        while position.offset < end:
+            messages = log.read(position, 1024, end)
             if not messages:
                 break
             for message in messages:
@@ -641,7 +650,7 @@ class LogTopicQueue:
             position = Position(last.offset + record_size(last, log.ext), last.count + 1)
         log.read_delayed = False
         if found:
-            delay_queue.add(found, lambda: (channel,))
+            delay_queue.add(found, lambda: (channel,), again=True)
 
     def _ask_move(self, cursor: CursorQueue, message: Message, due_ms: int) -> None:
         self._moves.append((cursor, message, due_ms))
@@ -662,29 +671,37 @@ class LogTopicQueue:
         ]
         try:
             group = self.storage.append_to_log(self.writer, copies, self.topic)
-        except BackendWriteError:
-            for cursor, message, _due_ms in moves:
-                cursor.move_failed(message)
+        except BackendWriteError as error:
+            self._moves_failed(moves, error)
             return
         group.delays.extend(
             DelayedRecord(cursor.channel, copy.id, copy.offset, copy.count, due_ms)
             for (cursor, _message, due_ms), copy in zip(moves, copies, strict=True)
         )
+        refused = self.delay_queue.refused_adds
         await self.storage.commit([group])
         if group.error is not None:
-            self.storage.log.warning(
-                "TOPIC(%s) partition %d: %d delayed messages stay in memory - %s",
-                self.topic,
-                self.log.partition,
-                len(moves),
-                group.error,
-            )
-            for cursor, message, _due_ms in moves:
-                cursor.move_failed(message)
+            self._moves_failed(moves, group.error)
+            return
+        if self.delay_queue.refused_adds != refused:
+            # Written, and not indexed (a full disk): the message stays in memory to come when
+            # due; the copy is indexed once the disk takes writes again, and may come once more.
+            self._moves_failed(moves, "the delay queue's index cannot be written")
             return
         for cursor, message, _due_ms in moves:
             if not cursor.closed:
                 cursor.moved(message)
+
+    def _moves_failed(self, moves: list[tuple[CursorQueue, Message, int]], error: object) -> None:
+        self.storage.log.warning(
+            "TOPIC(%s) partition %d: %d delayed messages stay in memory - %s",
+            self.topic,
+            self.log.partition,
+            len(moves),
+            error,
+        )
+        for cursor, message, _due_ms in moves:
+            cursor.move_failed(message)
 
     # -- a cluster partition's writes (docs/design.md §14) --------------------------------------
 

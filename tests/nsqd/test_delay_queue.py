@@ -11,6 +11,7 @@ import urllib.error
 from tests.harness import V2Connection, http_request, start_nsqd
 from tests.nsqd.log_topic_client import FLAGS, channel_stats, create_channel, mpub, subscribe
 from tests.support.polling import poll
+from tests.support.tmpfs import Tmpfs
 
 
 def dpub(port: int, body: bytes, delay_ms: int) -> None:
@@ -292,3 +293,43 @@ def test_a_consumer_gets_what_follows_delayed_records_at_once(tmp_path):
         connection.close()
     finally:
         daemon.stop()
+
+
+def test_a_move_to_the_delay_queue_on_a_full_disk_keeps_the_message_in_memory(tmp_path):
+    """The move's write cannot be made (ENOSPC on a real 8 MiB tmpfs): nsqd stays up (the
+    delay queue's index refuses its commits too), the message waits in memory and comes
+    when due; with space back, the next long REQ moves."""
+    disk = Tmpfs(tmp_path / "disk", "8m")
+    args = (*FLAGS, "--req-to-end-threshold=1s")
+    daemon = start_nsqd(disk.mount_point, *args)
+    try:
+        create_channel(daemon)
+        mpub(daemon.port("TCP"), [b"full", b"free"])
+        connection = subscribe(daemon.port("TCP"), 10)
+        full, free = connection.read_messages(2)
+        disk.fill()
+        requeued = time.time()
+        connection.send(b"REQ " + full.id + b" 2000\n")
+        (again,) = connection.read_messages(1)
+        assert again.body == b"full" and time.time() >= requeued + 2.0
+        connection.send(b"FIN " + again.id + b"\n")
+        disk.free()
+        poll(lambda: _healthy(daemon), "healthy again")
+        connection.send(b"REQ " + free.id + b" 600000\n")
+        poll(
+            lambda: channel_stats(daemon)["delayed_queue_count"] == 1,
+            lambda: f"moved with space back: {channel_stats(daemon)} {daemon.log[-1500:]}",
+        )
+        assert daemon.process.poll() is None
+        assert "delay queue" in daemon.log and "database or disk is full" in daemon.log
+        connection.close()
+    finally:
+        daemon.stop()
+        disk.close()
+
+
+def _healthy(daemon) -> bool:
+    try:
+        return http_request(daemon.port("HTTP"), "GET", "/ping") == b"OK"
+    except urllib.error.HTTPError:
+        return False  # 500 NOK - <reason>
