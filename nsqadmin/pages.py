@@ -110,6 +110,27 @@ def quantiles(e2e: E2eLatency | None) -> list[float]:
     return [p.get("quantile", 0.0) for p in (e2e.percentiles if e2e else None) or []]
 
 
+# A channel's actions that ask first: the question, the confirming button, what is said after.
+_CONFIRMED_CHANNEL_ACTIONS = {
+    "empty": ("Empty {what}? Its queued messages are lost.", "Empty channel", "Emptied {what}."),
+    "emptydelayed": (
+        "Empty the delay queue of {what}? Its delayed messages are lost.",
+        "Empty delayed",
+        "Emptied the delay queue of {what}.",
+    ),
+    "requeuedelayed": (
+        "Deliver every delayed message of {what} now?",
+        "Requeue delayed",
+        "Requeued the delayed messages of {what}: they are delivered now.",
+    ),
+    "replaydeadletters": (
+        "Put the dead letters of {what} back into it?",
+        "Replay dead letters",
+        "Replayed the dead letters of {what}.",
+    ),
+}
+
+
 def url_part(text: str) -> str:
     return quote(text, safe="")
 
@@ -524,47 +545,16 @@ class Pages:
                 then=self._next(form, self._url("topics", topic)),
                 cancel=channel_page,
             )
-        if action == "empty":
+        confirmed = _CONFIRMED_CHANNEL_ACTIONS.get(action)
+        if confirmed is not None:
+            question, confirm_label, done = confirmed
             return await self._act(
                 request,
                 form,
-                question=f"Empty {what}? Its queued messages are lost.",
-                confirm_label="Empty channel",
-                run=lambda: actions.channel_action(request, "empty", topic, channel),
-                done=f"Emptied {what}.",
-                then=channel_page,
-                cancel=channel_page,
-            )
-        if action == "emptydelayed":
-            return await self._act(
-                request,
-                form,
-                question=f"Empty the delay queue of {what}? Its delayed messages are lost.",
-                confirm_label="Empty delayed",
-                run=lambda: actions.channel_action(request, "emptydelayed", topic, channel),
-                done=f"Emptied the delay queue of {what}.",
-                then=channel_page,
-                cancel=channel_page,
-            )
-        if action == "replaydeadletters":
-            return await self._act(
-                request,
-                form,
-                question=f"Put the dead letters of {what} back into it?",
-                confirm_label="Replay dead letters",
-                run=lambda: actions.channel_action(request, "replaydeadletters", topic, channel),
-                done=f"Replayed the dead letters of {what}.",
-                then=channel_page,
-                cancel=channel_page,
-            )
-        if action == "requeuedelayed":
-            return await self._act(
-                request,
-                form,
-                question=f"Deliver every delayed message of {what} now?",
-                confirm_label="Requeue delayed",
-                run=lambda: actions.channel_action(request, "requeuedelayed", topic, channel),
-                done=f"Requeued the delayed messages of {what}: they are delivered now.",
+                question=question.format(what=what),
+                confirm_label=confirm_label,
+                run=lambda: actions.channel_action(request, action, topic, channel),
+                done=done.format(what=what),
                 then=channel_page,
                 cancel=channel_page,
             )

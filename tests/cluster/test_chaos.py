@@ -467,16 +467,25 @@ def test_chaos_long(chaos_cluster):
         assert figure["stored_duplicates"] == 0, (topic, figure)
 
 
+def test_leader_failovers_lose_nothing_and_store_nothing_twice(chaos_cluster):
+    """The smart producers retry through 8 replacements of r3's leader (killed, frozen past
+    its lease, cut from etcd, cut from everything, twice each): every acknowledged message is
+    consumed and no body is stored twice in either topic's log. Twenty in the slow run."""
+    check_leader_failovers(chaos_cluster, rounds=2)
+
+
+@pytest.mark.slow
 def test_twenty_leader_failovers_lose_nothing_and_store_nothing_twice(chaos_cluster):
-    """The smart producers retry through 20 replacements of r3's leader (killed, frozen past
-    its lease, cut from etcd, cut from everything, five times each): every acknowledged
-    message is consumed and no body is stored twice in either topic's log."""
+    check_leader_failovers(chaos_cluster, rounds=5)
+
+
+def check_leader_failovers(chaos_cluster, rounds: int) -> None:
     cluster, faults = chaos_cluster
     first = cluster.partition("r3", 0)["leader"]
-    figures, leaders = run_chaos(cluster, faults, rounds=5, names=Faults.LEADER_MOVES)
-    print("twenty failovers:", json.dumps(figures), leaders)
+    figures, leaders = run_chaos(cluster, faults, rounds=rounds, names=Faults.LEADER_MOVES)
+    print(f"{len(leaders)} failovers:", json.dumps(figures), leaders)
     # Each fault left r3 led by another node than before it.
-    assert len(leaders) == 20
+    assert len(leaders) == rounds * len(Faults.LEADER_MOVES)
     assert all(
         before != after for before, after in zip([first, *leaders[:-1]], leaders, strict=True)
     ), leaders

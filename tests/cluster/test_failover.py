@@ -49,6 +49,23 @@ def followers_of(cluster, leader) -> list:
     return [cluster.node(n) for n in cluster.partition("t", 0)["isr"] if n != leader.node_id]
 
 
+def leader_with_dpubs(cluster, delay_ms: int, *bodies: bytes):
+    """Topic `t` (1 partition, 3 replicas) with channel `c`, and a DPUB of each body on its
+    leader: the leader, and when the first DPUB was sent (monotonic)."""
+    cluster.create_topic("t", 1, 3)
+    leader = cluster.node_leading("t", 0)
+    assert leader.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
+    connection = V2Connection(leader.tcp_port)
+    try:
+        sent = time.monotonic()
+        for body in bodies:
+            connection.send(encode_dpub("t", delay_ms, body))
+            assert connection.read_response().data == b"OK"
+    finally:
+        connection.close()
+    return leader, sent
+
+
 def first_message(node, topic: str):
     """The first message `node` delivers on channel `c` of partition 0."""
     consumer = subscribed(node, topic)
@@ -282,16 +299,7 @@ def test_a_channels_cursor_reaches_the_followers_on_every_fin(tmp_path, etcd_ser
 def test_a_deferred_message_still_waits_on_the_new_leader(cluster):
     """A DPUB's due time travels with its group: after a failover the new leader holds the
     message until then, as the old one would have."""
-    cluster.create_topic("t", 1, 3)
-    old = cluster.node_leading("t", 0)
-    assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
-    connection = V2Connection(old.tcp_port)
-    try:
-        connection.send(encode_dpub("t", 6000, b"later"))
-        published_at = time.monotonic()
-        assert connection.read_response().data == b"OK"
-    finally:
-        connection.close()
+    old, published_at = leader_with_dpubs(cluster, 6000, b"later")
     old.kill()
     new = poll(lambda: cluster.node_leading("t", 0), "a new leader")
     message = first_message(new, "t")
@@ -341,16 +349,8 @@ def test_a_message_moved_to_the_delay_queue_comes_when_due_from_the_new_leader(
 def test_a_finished_delayed_message_does_not_come_again_from_the_new_leader(cluster):
     """The FIN of a message from the delay queue reaches the followers with the channels'
     positions: after the leader's kill -9 the new leader does not give it out again."""
-    cluster.create_topic("t", 1, 3)
-    old = cluster.node_leading("t", 0)
-    assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
+    old, _sent = leader_with_dpubs(cluster, 1000, b"once")
     followers = followers_of(cluster, old)
-    connection = V2Connection(old.tcp_port)
-    try:
-        connection.send(encode_dpub("t", 1000, b"once"))
-        assert connection.read_response().data == b"OK"
-    finally:
-        connection.close()
     poll(
         lambda: all(delayed_count(node, "t") == 1 for node in followers),
         "the DPUB in every follower's delay queue",
@@ -376,17 +376,8 @@ def test_a_finished_delayed_message_does_not_come_again_from_the_new_leader(clus
 def test_finishing_and_emptying_the_leaders_delay_queue_reach_the_followers(cluster):
     """/message/finish of a delayed message and /channel/emptydelayed on the leader reach the
     followers with the next cursor push: the new leader after a kill -9 holds none of them."""
-    cluster.create_topic("t", 1, 3)
-    old = cluster.node_leading("t", 0)
-    assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
+    old, _sent = leader_with_dpubs(cluster, 3_000_000, b"d1", b"d2")
     followers = followers_of(cluster, old)
-    connection = V2Connection(old.tcp_port)
-    try:
-        for body in (b"d1", b"d2"):
-            connection.send(encode_dpub("t", 3_000_000, body))
-            assert connection.read_response().data == b"OK"
-    finally:
-        connection.close()
     message, _requeued = requeue_once(cluster, old, b"moved", 1_000_000)  # over 15 min
     poll(
         lambda: all(delayed_count(node, "t") == 3 for node in followers),

@@ -22,6 +22,14 @@ def main() -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
+    query = start_query(spark, nsqd_http, topic, checkpoint, output, mode)
+    print("query started", flush=True)
+    query.awaitTermination()
+    spark.stop()
+
+
+def start_query(spark, nsqd_http: str, topic: str, checkpoint: str, output: str, mode: str):
+    """The query, started: the test runs it again from its checkpoint in a session of its own."""
     events = (
         spark.readStream.format("nsq")
         .option("nsqd_http", nsqd_http)
@@ -37,10 +45,7 @@ def main() -> None:
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime="0 seconds")
-    query = writer.start(output)
-    print("query started", flush=True)
-    query.awaitTermination()
-    spark.stop()
+    return writer.start(output)
 
 
 if __name__ == "__main__":
