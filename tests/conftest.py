@@ -63,3 +63,30 @@ def pytest_make_collect_report(collector):
                 "(make test installs the test extras)",
             )
     return report
+
+
+# The test files that take a minute or more of a CI core each (Spark's JVMs, the fault-injection
+# runs, third-party suites, packaging), by path under tests/. They are handed to the workers
+# first (`--dist loadfile` gives out files in collection order), so that the suite ends on short
+# files and neither worker runs alone at the end.
+LONG_FIRST = (
+    "spark/",
+    "cluster/test_network_faults.py",
+    "cluster/test_chaos.py",
+    "interop/test_gnsq_suite.py",
+    "packaging/",
+    "reliability/test_crash.py",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    root = config.rootpath / "tests"
+
+    def long_first(item) -> int:
+        try:
+            path = item.path.relative_to(root).as_posix()
+        except ValueError:
+            return 1
+        return 0 if path.startswith(LONG_FIRST) else 1
+
+    items.sort(key=long_first)  # stable: the order within each group stays
