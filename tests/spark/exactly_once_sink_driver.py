@@ -128,6 +128,15 @@ def main() -> None:
             .getOrCreate()
         )
         spark.sparkContext.setLogLevel("ERROR")
+    query = start_query(spark, lookupd_http, checkpoint, marker, mode, form)
+    print("query started", flush=True)
+    query.awaitTermination()
+    print("query ended", flush=True)
+    spark.stop()
+
+
+def start_query(spark, lookupd_http: str, checkpoint: str, marker: str, mode: str, form: str):
+    """The query, started (a test runs it again from its checkpoint in its own session)."""
     register(spark)
     spark.dataSource.register(Injecting)
     rows = (
@@ -160,11 +169,7 @@ def main() -> None:
         writer = writer.trigger(processingTime="0 seconds")
     else:
         writer = writer.trigger(availableNow=True)
-    query = writer.start()
-    print("query started", flush=True)
-    query.awaitTermination()
-    print("query ended", flush=True)
-    spark.stop()
+    return writer.start()
 
 
 if __name__ == "__main__":

@@ -15,11 +15,11 @@ import pytest
 from nsqpy.client.smart import SmartConsumer, SmartProducer
 from tests.cluster.etcd_server import EtcdServer
 from tests.cluster.local_cluster import LocalCluster
+from tests.spark.exactly_once_sink_driver import start_query
 from tests.spark.support import (
     SINK_DRIVER,
     batch_logs,
     hold_after_publishing,
-    run_driver,
     start_driver,
     wait_mid_batch,
 )
@@ -93,7 +93,9 @@ def stored_counts(cluster: LocalCluster, topic: str) -> dict[int, int]:
     return counts
 
 
-def test_leader_and_driver_kills_leave_each_input_message_once_in_the_output(cluster, tmp_path):
+def test_leader_and_driver_kills_leave_each_input_message_once_in_the_output(
+    cluster, spark, tmp_path
+):
     lookupd = prepare(cluster)
     checkpoint, hold = tmp_path / "ck", tmp_path / "hold"
     arguments = [str(SINK_DRIVER), lookupd, str(checkpoint), str(hold), "local[2,3]"]
@@ -117,8 +119,15 @@ def test_leader_and_driver_kills_leave_each_input_message_once_in_the_output(clu
     planned, done = batch_logs(checkpoint)
     assert len(planned) > len(done), "the driver was killed between batches"
 
-    rerun = run_driver([*arguments, "available-now", "id-body"])
-    assert rerun.returncode == 0, output[-3000:] + rerun.stdout[-5000:]
+    # The query again from its checkpoint, in the tests' session (without another JVM to
+    # start), its Arrow batches as small as the driver's.
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+    try:
+        rerun = start_query(spark, lookupd, str(checkpoint), str(hold), "available-now", "id-body")
+        assert rerun.awaitTermination(240), "the query did not drain the topic in 240 s"
+        assert rerun.exception() is None, output[-3000:] + str(rerun.exception())
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
 
     inputs = read_all(lookupd, "in", "check", 2400)
     assert sorted(message.body for message in inputs) == [b"row-%05d" % n for n in range(2400)]
