@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 _RELEASE_BATCH = 1000
 
 
+# Youzan's MAX_MEM_REQ_TIMES: a message requeued with a delay after more attempts than this
+# waits in the delay queue (one that keeps coming back would hold the cursor each time).
+MAX_MEMORY_REQUEUES = 10
+
+
 class ChannelError(Exception):
     """Why FIN, REQ or TOUCH could not act on a message; the text is Go's."""
 
@@ -315,7 +320,11 @@ class Channel:
             if (
                 cursor is not None
                 and not self.delivery.ordered
-                and (delay >= self.nsqd.options.req_to_end_threshold or cursor.window_full)
+                and (
+                    delay >= self.nsqd.options.req_to_end_threshold
+                    or cursor.window_full
+                    or (message.attempts > MAX_MEMORY_REQUEUES and delay >= 1.0)
+                )
             ):
                 # Youzan's requeue to the end: the message waits in the delay queue, and the
                 # cursor goes on.

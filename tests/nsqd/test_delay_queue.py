@@ -333,3 +333,32 @@ def _healthy(daemon) -> bool:
         return http_request(daemon.port("HTTP"), "GET", "/ping") == b"OK"
     except urllib.error.HTTPError:
         return False  # 500 NOK - <reason>
+
+
+def test_a_message_attempted_many_times_is_requeued_to_the_delay_queue(tmp_path):
+    """Youzan's third rule: past ten attempts, a REQ with a delay (here 1 s, far below the
+    15 min threshold, the window far from full) moves the message to the delay queue."""
+    daemon = start_nsqd(tmp_path, *FLAGS)
+    try:
+        create_channel(daemon)
+        mpub(daemon.port("TCP"), [b"again"])
+        connection = subscribe(daemon.port("TCP"), 1)
+        for attempt in range(1, 11):
+            (message,) = connection.read_messages(1)
+            assert message.attempts == attempt
+            connection.send(b"REQ " + message.id + b" 0\n")
+        (message,) = connection.read_messages(1)
+        assert message.attempts == 11
+        connection.send(b"REQ " + message.id + b" 1000\n")
+        poll(
+            lambda: (
+                (c := channel_stats(daemon))["delayed_queue_count"] == 1
+                and c["deferred_count"] == 0
+            ),
+            lambda: f"moved to the delay queue: {channel_stats(daemon)}",
+        )
+        (again,) = connection.read_messages(1)
+        assert (again.body, again.attempts) == (b"again", 12)
+        connection.close()
+    finally:
+        daemon.stop()
