@@ -170,7 +170,7 @@ class Channel:
             if not limit or all(message.attempts < limit for message in taken):
                 return taken
             poison = [message for message in taken if message.attempts >= limit]
-            if not dead_letters.send(self, poison):
+            if not dead_letters.send(self, poison, limit):
                 return taken
             if self.delivery.finish_releases_next:
                 self.notify()

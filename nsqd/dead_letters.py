@@ -72,10 +72,10 @@ def _dead_letter_topic(channel: "Channel") -> "Topic":
     return topic
 
 
-def send(channel: "Channel", messages: list[Message]) -> bool:
-    """Messages past the channel's attempt limit go to its dead-letter topic and are finished
-    in the channel; False (nothing done) when the dead-letter topic refuses them, so that
-    they are delivered rather than lost."""
+def send(channel: "Channel", messages: list[Message], limit: int) -> bool:
+    """Messages past the channel's attempt limit (`limit`) go to its dead-letter topic and are
+    finished in the channel; False (nothing done) when the dead-letter topic refuses them, so
+    that they are delivered rather than lost."""
     topic = _dead_letter_topic(channel)
     try:
         publish(channel.nsqd, topic, [message.body for message in messages])
@@ -85,7 +85,7 @@ def send(channel: "Channel", messages: list[Message]) -> bool:
             channel.topic_name,
             channel.name,
             len(messages),
-            attempt_limit(channel),
+            limit,
             topic.name,
             error,
         )
@@ -98,7 +98,7 @@ def send(channel: "Channel", messages: list[Message]) -> bool:
         channel.topic_name,
         channel.name,
         len(messages),
-        attempt_limit(channel),
+        limit,
         topic.name,
     )
     channel.topic.replication.cursor_moved()
@@ -141,7 +141,8 @@ def replay(channel: "Channel") -> int:
             continue
         for copy, message in zip(fresh, dead, strict=True):
             channel.replaying[copy.id] = (replay_channel, message)
-            cursor.move_to_end(copy, 0.0)
+            if not cursor.move_to_end(copy, 0.0):
+                replayed(channel, copy, written=False)  # no move here: it stays in `replay`
     return total
 
 

@@ -229,17 +229,15 @@ class DelayQueue:
 
     def done(self, channel: str, message_id: bytes) -> bool:
         """A delayed message was finished: it leaves the queue. False if it was not in it."""
-        self._out.discard((channel, _id(message_id)))
-        if self._unstored.pop((channel, _id(message_id)), None) is not None:
-            self._done_pending.add((channel, _id(message_id)))
+        key = (channel, _id(message_id))
+        self._out.discard(key)
+        if self._unstored.pop(key, None) is not None:
+            self._done_pending.add(key)
             return True
         try:
-            cursor = self._db.execute(
-                "DELETE FROM delayed WHERE channel = ? AND id = ?", (channel, _id(message_id))
-            )
+            cursor = self._db.execute("DELETE FROM delayed WHERE channel = ? AND id = ?", key)
         except sqlite3.Error as error:
             self._refused("remove a finished delayed message", error)
-            key = (channel, _id(message_id))
             if key in self._done_pending:
                 return False
             self._done_pending.add(key)  # removed at the next commit

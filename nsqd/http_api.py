@@ -416,6 +416,12 @@ class HTTPAPI:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         return found
 
+    def _led_channels(self, request: Request):
+        """`_existing_channels`, refused on a cluster follower (`_refuse_on_followers`)."""
+        found = self._existing_channels(request)
+        self._refuse_on_followers([topic for topic, _channel in found])
+        return found
+
     async def channel_create(self, request: Request) -> Response:
         topics, channel_name = self._topic_and_channel_name(_query(request))
         self._refuse_on_followers(topics)
@@ -427,8 +433,7 @@ class HTTPAPI:
         return v1_response(200)
 
     async def channel_delete(self, request: Request) -> Response:
-        found = self._existing_channels(request)
-        self._refuse_on_followers([topic for topic, _channel in found])
+        found = self._led_channels(request)
         for topic, channel in found:
             topic.delete_channel(channel.name)
             # A cluster's followers drop it before the answer, as they take a new one.
@@ -453,8 +458,7 @@ class HTTPAPI:
     def channel_empty_delayed(self, request: Request) -> Response:
         """Youzan's `/channel/emptydelayed`: the channel's messages in its partition's delay
         queue go (those waiting in memory and the channel's other messages stay)."""
-        found = self._existing_channels(request)
-        self._refuse_on_followers([topic for topic, _channel in found])
+        found = self._led_channels(request)
         for _topic, channel in found:
             channel.empty_delayed()
         return v1_response(200)
@@ -462,8 +466,7 @@ class HTTPAPI:
     def channel_requeue_delayed(self, request: Request) -> Response:
         """`/channel/requeuedelayed`: the channel's delayed messages, in memory and in its
         partition's delay queue, are due now."""
-        found = self._existing_channels(request)
-        self._refuse_on_followers([topic for topic, _channel in found])
+        found = self._led_channels(request)
         requeued = sum(channel.requeue_delayed() for _topic, channel in found)
         self.nsqd.log.info("requeued %d delayed messages by %s", requeued, request.remote)
         return v1_response(200)
@@ -471,8 +474,7 @@ class HTTPAPI:
     def channel_finish_memory_delayed(self, request: Request) -> Response:
         """Youzan's `/channel/finishmemdelayed`: the messages the channel defers in memory
         are finished."""
-        found = self._existing_channels(request)
-        self._refuse_on_followers([topic for topic, _channel in found])
+        found = self._led_channels(request)
         for topic, channel in found:
             finished = channel.finish_memory_delayed()
             self.nsqd.log.info(
@@ -537,8 +539,7 @@ class HTTPAPI:
     def channel_replay_dead_letters(self, request: Request) -> Response:
         """nsqpy's `/channel/replaydeadletters?topic=&channel=`: the channel's dead letters
         waiting in its dead-letter topic's `replay` channel go back into it."""
-        found = self._existing_channels(request)
-        self._refuse_on_followers([topic for topic, _channel in found])
+        found = self._led_channels(request)
         for topic, channel in found:
             replayed = dead_letters.replay(channel)
             self.nsqd.log.info(
