@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from nsqpy.common.command import encode_mpub_seq
+from nsqpy.common.command import encode_dpub, encode_mpub_seq
 from tests.cluster.aging import (
     AGED_NSQD_ARGS,
     age_topic,
@@ -229,3 +229,48 @@ def test_idempotent_producers_survive_a_start_over(cluster):
     assert _message_count(follower) == stored
     assert _publish_sequenced(follower, 100, 1) == b"OK"
     assert _message_count(follower) == stored + 1
+
+
+def _delayed(node, topic: str) -> int | None:
+    """Channel `c`'s messages in `node`'s delay queue of partition 0 (None: no channel yet)."""
+    reply = node.http("GET", f"/stats?format=json&topic={topic}&include_mem=false")
+    for entry in json.loads(reply.body)["topics"] or ():
+        for channel in entry["channels"]:
+            if channel["channel_name"] == "c":
+                return channel["delayed_queue_count"]
+    return None
+
+
+def test_a_replaced_disk_copies_the_delayed_messages_of_an_aged_topic(cluster):
+    """DPUBs on a topic whose retention has run, then the follower's disk replaced: its
+    catch-up copies the delayed records with the log, its delay queue holds them again, and
+    once it leads (the old leader killed) it gives them out when asked, none lost."""
+    cluster.create_writable_topic("t", 1, 2)
+    leader = cluster.node_leading("t", 0)
+    follower = _follower_of(cluster, "t")
+    start = age_topic(cluster, "t")
+    connection = V2Connection(leader.tcp_port)
+    try:
+        for number in range(5):
+            connection.send(encode_dpub("t", 600_000, b"delayed %d" % number))
+            assert connection.read_response().data == b"OK"
+    finally:
+        connection.close()
+    poll(lambda: _delayed(follower, "t") == 5, "the DPUBs in the follower's delay queue")
+    replace_disk(cluster, follower)
+    poll(
+        lambda: follower.node_id in cluster.partition("t", 0)["isr"],
+        lambda: f"the new disk's replica back in the ISR\n{cluster.describe()}",
+        timeout=30,
+    )
+    assert log_start(follower, "t") == start
+    poll(
+        lambda: _delayed(follower, "t") == 5,
+        lambda: f"the copied delay queue: {_delayed(follower, 't')}",
+    )
+    leader.kill()
+    poll(lambda: cluster.node_leading("t", 0) is follower, "the follower leading")
+    reply = follower.http("POST", "/channel/requeuedelayed?topic=t&channel=c&partition=0")
+    assert reply.status == 200, reply
+    bodies = {b"delayed %d" % number for number in range(5)}
+    assert bodies <= drain(follower, "t", bodies)
