@@ -53,6 +53,12 @@ class DaemonProcess:
         self.process: subprocess.Popen | None = None
 
     def start(self, wait_for: tuple[str, ...] = ("TCP",), timeout: float = 20.0) -> "DaemonProcess":
+        self.launch()
+        return self.wait_listening(wait_for, timeout)
+
+    def launch(self) -> "DaemonProcess":
+        """Start the process without waiting for it (`wait_listening`): several daemons then
+        start side by side."""
         self.addresses.clear()
         self.process = subprocess.Popen(
             [*self.prefix, str(BIN / self.name), *self.args],
@@ -69,6 +75,12 @@ class DaemonProcess:
             target=self._pump_stderr, args=(self.process, self._lines), daemon=True
         )
         self._pump.start()
+        return self
+
+    def wait_listening(
+        self, wait_for: tuple[str, ...] = ("TCP",), timeout: float = 20.0
+    ) -> "DaemonProcess":
+        """Until the launched process logged the addresses of `wait_for`."""
         deadline = time.monotonic() + timeout
         while not all(kind in self.addresses for kind in wait_for):
             line = self.next_line(deadline - time.monotonic())

@@ -91,3 +91,16 @@ def replace_disk(cluster: LocalCluster, node: Node) -> None:
         ),
         f"the master knowing {node.node_id} by its new incarnation",
     )
+
+
+def poll_back_in_isr(cluster: LocalCluster, node: Node, topic: str, partition: int = 0) -> None:
+    """Until `node`, after `replace_disk`, is in the partition's ISR in its new incarnation
+    (right after the restart the ISR may still list it, as `lost`, until the master acts)."""
+    poll(
+        lambda: (
+            node.node_id in (entry := cluster.partition(topic, partition))["isr"]
+            and node.node_id not in entry["lost"]
+        ),
+        lambda: f"the new disk's replica back in the ISR\n{cluster.describe()}",
+        timeout=30,
+    )

@@ -52,6 +52,10 @@ class Node:
         return self.ports["HTTP"]
 
     def start(self) -> "Node":
+        return self.launch().wait_listening()
+
+    def launch(self) -> "Node":
+        """Start the node's process without waiting for it to listen (`wait_listening`)."""
         cluster = self.cluster
         ports = self.ports
         for kind in ("TCP", "HTTP", "RPC"):
@@ -82,9 +86,12 @@ class Node:
             *[f"-lookupd-tcp-address=127.0.0.1:{ld.port('TCP')}" for ld in cluster.lookupds],
             *cluster.nsqd_args,
         ]
-        self.process = DaemonProcess("nsqd", args, cwd=self.data_path).start(
-            wait_for=("TCP", "HTTP", "RPC")
-        )
+        self.process = DaemonProcess("nsqd", args, cwd=self.data_path).launch()
+        return self
+
+    def wait_listening(self) -> "Node":
+        self.process.wait_listening(wait_for=("TCP", "HTTP", "RPC"))
+        ports = self.ports
         for kind in ("TCP", "HTTP", "RPC"):
             ports[kind] = self.process.port(kind)
         if self.rpc_proxy is not None:
@@ -153,9 +160,12 @@ class LocalCluster:
             )
         self.nodes: list[Node] = []
         try:
+            # Side by side: each spends most of its start importing, and then waits on etcd.
             for index in range(nsqds):
                 self.nodes.append(Node(self, index))
-                self.nodes[-1].start()
+                self.nodes[-1].launch()
+            for node in self.nodes:
+                node.wait_listening()
             poll(lambda: len(self.stats().get("nsqd_nodes", [])) == nsqds, "nsqds registered")
             poll(lambda: self.master() is not None, "a master nsqlookupd")
         except BaseException:

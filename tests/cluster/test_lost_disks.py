@@ -15,6 +15,7 @@ from tests.cluster.aging import (
     AGED_NSQD_ARGS,
     age_topic,
     log_start,
+    poll_back_in_isr,
     publish_batch,
     replace_disk,
 )
@@ -201,14 +202,7 @@ def test_idempotent_producers_survive_a_start_over(cluster):
     # Enough after them that retention removes every segment p's records are in.
     age_topic(cluster, "t")
     replace_disk(cluster, follower)
-    poll(
-        lambda: (
-            follower.node_id in cluster.partition("t", 0)["isr"]
-            and not cluster.partition("t", 0)["lost"]
-        ),
-        lambda: f"the new disk's replica back in the ISR\n{cluster.describe()}",
-        timeout=30,
-    )
+    poll_back_in_isr(cluster, follower, "t")
     # The leadership moves to it, and the old leader's copy to the third node, which copies
     # the log (and the producers) from it in turn.
     reply = cluster.master_http(
@@ -258,11 +252,7 @@ def test_a_replaced_disk_copies_the_delayed_messages_of_an_aged_topic(cluster):
         connection.close()
     poll(lambda: _delayed(follower, "t") == 5, "the DPUBs in the follower's delay queue")
     replace_disk(cluster, follower)
-    poll(
-        lambda: follower.node_id in cluster.partition("t", 0)["isr"],
-        lambda: f"the new disk's replica back in the ISR\n{cluster.describe()}",
-        timeout=30,
-    )
+    poll_back_in_isr(cluster, follower, "t")
     assert log_start(follower, "t") == start
     poll(
         lambda: _delayed(follower, "t") == 5,

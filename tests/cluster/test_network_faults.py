@@ -26,7 +26,7 @@ from tests.support.polling import poll
 from tests.support.tmpfs import Tmpfs
 
 REPO = Path(__file__).parents[2]
-FAULT_SECONDS = 6.0
+FAULT_SECONDS = 4.0
 RESUME_WITHIN = 10.0
 TOPICS = {"t": False, "o": True}  # name: consumed in order
 
