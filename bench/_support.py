@@ -189,7 +189,10 @@ class Nsqd:
         gc_mode: str = "default",
         https: bool = False,
         data_path: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
+        # What the benchmark's own reads of /stats carry (an Authorization, under AUTH).
+        self.headers = headers or {}
         # A given data path is the caller's: kept when nsqd stops (restart benchmarks).
         self.keep_data = data_path is not None
         self.data_path = data_path or tempfile.mkdtemp(prefix="nsqpy-bench-")
@@ -265,7 +268,8 @@ class Nsqd:
 
         query = "format=json" + (f"&topic={urllib.parse.quote(topic)}" if topic else "")
         url = f"http://127.0.0.1:{self.http_port}/stats?{query}"
-        with urllib.request.urlopen(url, timeout=30) as reply:
+        request = urllib.request.Request(url, headers=self.headers)
+        with urllib.request.urlopen(request, timeout=30) as reply:
             return json.load(reply)
 
     def topic_depth(self, topic: str) -> tuple[int, int]:

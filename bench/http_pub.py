@@ -22,9 +22,15 @@ nsqd's from /proc/<pid>/stat (one thread: CPU/wall 1.00 is one saturated core), 
 from getrusage of the wrk child or process_time() of the Python clients. After each run the
 topic's message_count from `/stats` is checked against the requests that got `200 OK`.
 `--append-results` appends the table to bench/RESULTS.md.
+
+`--auth` runs nsqd with `--auth-http-address` (an auth server in this process granting
+`publish` and `subscribe` for an hour) and `--http-auth-required`: every request carries
+`Authorization: Bearer`, and nsqd asks the auth server once per client address and TTL.
 """
 
 import argparse
+import http.server
+import json
 import multiprocessing
 import os
 import re
@@ -36,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -260,8 +267,9 @@ def python_client(port, request, connections, duration, barrier, results) -> Non
 
 
 def run_python(nsqd: Nsqd, workload: Workload, args, context) -> Sample:
+    credential = f"Authorization: Bearer {AUTH_SECRET}\r\n" if args.auth else ""
     request = (
-        f"POST {workload.path} HTTP/1.1\r\nHost: 127.0.0.1:{nsqd.http_port}\r\n"
+        f"POST {workload.path} HTTP/1.1\r\nHost: 127.0.0.1:{nsqd.http_port}\r\n{credential}"
         f"Content-Type: application/octet-stream\r\nContent-Length: {len(workload.body)}\r\n\r\n"
     ).encode() + workload.body
     processes = max(1, min(args.processes, args.connections))
@@ -284,11 +292,45 @@ def run_python(nsqd: Nsqd, workload: Workload, args, context) -> Sample:
     )
 
 
+# -- the auth server of --auth ---------------------------------------------------------------
+
+AUTH_SECRET = "bench"
+_GRANT = json.dumps(
+    {
+        "ttl": 3600,
+        "authorizations": [
+            {"topic": ".*", "channels": [".*"], "permissions": ["publish", "subscribe"]}
+        ],
+    }
+).encode()
+
+
+class _AuthHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(_GRANT)))
+        self.end_headers()
+        self.wfile.write(_GRANT)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def start_auth_server() -> int:
+    """An auth server in a thread of this process, granting `publish` (and `subscribe`, for
+    the benchmark's reads of /stats) on every topic; its port."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _AuthHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server.server_address[1]
+
+
 # -- runs and report -------------------------------------------------------------------------
 
 
 def one_run(workload: Workload, client: str, args, context) -> Sample:
-    with Nsqd(args.nsqd_arg) as nsqd:  # a fresh one per run
+    headers = {"Authorization": f"Bearer {AUTH_SECRET}"} if args.auth else None
+    with Nsqd(args.nsqd_arg, headers=headers) as nsqd:  # a fresh one per run
         if client == "wrk":
             sample = run_wrk(nsqd, workload, args)
         else:
@@ -353,10 +395,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--nsqd-arg", action="append", default=[], help="extra nsqd flag (repeatable)"
     )
+    parser.add_argument(
+        "--auth", action="store_true", help="every request authorized by an auth server"
+    )
     parser.add_argument("--append-results", action="store_true", help="append to RESULTS.md")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     runs = runs_of(args)
+    if args.auth:
+        if args.client == "wrk":
+            parser.error("--auth takes the Python client")
+        args.client = "python"
+        port = start_auth_server()
+        args.nsqd_arg += [f"--auth-http-address=127.0.0.1:{port}", "--http-auth-required"]
 
     client = choose_client(args.client)
     context = multiprocessing.get_context("spawn")

@@ -111,6 +111,13 @@ def cluster_flags(defaults, *, alone: str, node_ttl: str) -> list[Flag]:
             "cluster mode: the root of the cluster's keys in etcd",
         ),
         Flag("cluster-node-ttl", Kind.DURATION, defaults.cluster_node_ttl, node_ttl),
+        Flag(
+            "cluster-secret",
+            Kind.STRING,
+            defaults.cluster_secret,
+            "cluster mode: a secret every nsqd and nsqlookupd of the cluster shares; given, their"
+            " /cluster/* HTTP routes answer only requests carrying it (Authorization: Bearer)",
+        ),
     ]
 
 

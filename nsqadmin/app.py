@@ -11,6 +11,7 @@ import jinja2
 from aiohttp import web
 
 from nsqpy.nsqadmin.api import API, v1_error
+from nsqpy.nsqadmin.cluster import ACTING_CREDENTIAL
 from nsqpy.nsqadmin.format import FILTERS
 from nsqpy.nsqadmin.pages import Pages
 
@@ -64,6 +65,7 @@ def _go_errors(admin: "NSQAdmin"):
     @web.middleware
     async def middleware(request: web.Request, handler) -> web.StreamResponse:
         started = time.monotonic()
+        ACTING_CREDENTIAL.set(request.headers.get("Authorization"))
         try:
             response = await handler(request)
         except web.HTTPNotFound:

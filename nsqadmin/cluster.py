@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Iterable
+from contextvars import ContextVar
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -31,6 +32,9 @@ T = TypeVar("T")
 
 # What Go's http_api client sends: nsqd and nsqlookupd answer v1 bodies to it.
 _ACCEPT = {"Accept": "application/vnd.nsq; version=1.0"}
+# The `Authorization` header of the request nsqadmin is answering (the person acting): its
+# requests to nsqds and nsqlookupds carry it, so that they judge the person, not nsqadmin.
+ACTING_CREDENTIAL: ContextVar[str | None] = ContextVar("acting_credential", default=None)
 
 
 class UpstreamError(Exception):
@@ -52,10 +56,16 @@ def endpoint(address: str, path: str, query: dict[str, str] | None = None) -> st
 
 class ClusterInfo:
     def __init__(
-        self, session: aiohttp.ClientSession, log: logging.Logger, quiet: bool = False
+        self,
+        session: aiohttp.ClientSession,
+        log: logging.Logger,
+        quiet: bool = False,
+        auth_secret: str = "",
     ) -> None:
         self.session = session
         self.log = log
+        # Sent when no person's credential is (--http-client-auth-secret): the chart poller.
+        self.auth_secret = auth_secret
         self.quiet = quiet  # the chart poller's: no warning every two seconds per dead node
 
     # ---------------------------------------------------------------------------- plumbing
@@ -76,9 +86,15 @@ class ClusterInfo:
         TLS) is retried over HTTPS there, with the --http-client-tls-* settings."""
         verb = method.capitalize()
         self.log.debug("CI: %s %s", method, url)
+        headers = _ACCEPT
+        credential = ACTING_CREDENTIAL.get() or (
+            f"Bearer {self.auth_secret}" if self.auth_secret else None
+        )
+        if credential:
+            headers = {**_ACCEPT, "Authorization": credential}
         try:
             async with self.session.request(
-                method, url, headers=_ACCEPT, data=body or None
+                method, url, headers=headers, data=body or None
             ) as response:
                 body = await response.read()
                 status, reason = response.status, response.reason

@@ -3,6 +3,7 @@ that feeds the charts, and the notification sender; `serve()` runs them until `s
 
 import asyncio
 import logging
+import os
 import ssl
 import time
 
@@ -19,6 +20,10 @@ from nsqpy.nsqadmin.notify import Notifier
 from nsqpy.nsqadmin.options import Options
 from nsqpy.nsqadmin.pages import FlashStore
 from nsqpy.nsqadmin.stats import aggregate_topics
+
+# What nsqadmin sends (Authorization: Bearer) to nsqds and nsqlookupds that require AUTH when
+# the request it is answering carries no credential of its own: its chart poller's reads.
+AUTH_SECRET_ENVIRONMENT = "NSQADMIN_HTTP_CLIENT_AUTH_SECRET"
 
 
 class NSQAdmin:
@@ -68,7 +73,10 @@ class NSQAdmin:
         connector = aiohttp.TCPConnector(ssl=self.client_ssl_context(), limit=64)
         sock = listening_socket(options.http_address)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-            self.cluster = ClusterInfo(session, self.log)
+            # nsqadmin's command line is Go's to the byte: this nsqpy setting is read from the
+            # environment (docs/operations.md, "Securing a cluster").
+            secret = os.environ.get(AUTH_SECRET_ENVIRONMENT, "")
+            self.cluster = ClusterInfo(session, self.log, auth_secret=secret)
             self.notifier = Notifier(options.notification_http_endpoint, session, self.log)
             self.actions = Actions(lambda: self.options, self.cluster, self.notifier)
             runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
@@ -78,7 +86,9 @@ class NSQAdmin:
             self.http_address = format_address(sock.getsockname())
             self.log.info("HTTP: listening on %s", self.http_address)
             tasks = [
-                asyncio.create_task(self._poll(ClusterInfo(session, self.log, quiet=True))),
+                asyncio.create_task(
+                    self._poll(ClusterInfo(session, self.log, quiet=True, auth_secret=secret))
+                ),
                 asyncio.create_task(self.notifier.run()),
             ]
             try:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from nsqpy.nsqd.wakeup import Wakeup
 
 if TYPE_CHECKING:
-    from nsqpy.nsqd.auth import AuthState
+    from nsqpy.daemon.auth import AuthState
     from nsqpy.nsqd.channel import Channel
     from nsqpy.nsqd.options import Options
 

@@ -261,7 +261,9 @@ class ClusterSession:
             return None
         url = f"http://{address}{path}?{urllib.parse.urlencode(params)}"
         try:
-            return await trio.to_thread.run_sync(_post_json, url, abandon_on_cancel=True)
+            return await trio.to_thread.run_sync(
+                _post_json, url, self.nsqd.options.cluster_secret, abandon_on_cancel=True
+            )
         except MasterRefusal as refusal:
             if refusals:
                 raise
@@ -360,7 +362,9 @@ class ClusterSession:
         )
         try:
             answer = await trio.to_thread.run_sync(
-                _post_json, f"http://{address}/cluster/isr/join?{query}"
+                _post_json,
+                f"http://{address}/cluster/isr/join?{query}",
+                self.nsqd.options.cluster_secret,
             )
         except MasterRefusal:
             raise
@@ -378,8 +382,10 @@ class ClusterSession:
         return answer is not None
 
 
-def _post_json(url: str) -> dict:
-    request = urllib.request.Request(url, method="POST", data=b"")
+def _post_json(url: str, secret: str) -> dict:
+    """POST to the master as the cluster's own caller (`--cluster-secret`, if any)."""
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    request = urllib.request.Request(url, method="POST", data=b"", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=MASTER_TIMEOUT) as response:
             body = response.read()

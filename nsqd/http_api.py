@@ -19,6 +19,7 @@ from nsqpy.common.errors import ProtocolError
 from nsqpy.common.goformat import go_atoi
 from nsqpy.common.names import is_valid_name
 from nsqpy.common.version import VERSION
+from nsqpy.daemon.http_access import HTTPAccess, NeedOf, need_of
 from nsqpy.daemon.http_server import (
     JSON_CONTENT_TYPE,
     NSQ_V1_HEADER,
@@ -73,6 +74,83 @@ _BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 _PUB_TARGET_CACHE = 1024
 
 
+# What each route needs (docs/operations.md, "Securing a cluster"): a permission, on the
+# request's topic ("topic"), topic and channel ("channel"), or the node ("node").
+# With --auth-http-address: the routes that read messages or move a channel's messages.
+MESSAGE_ROUTES = {
+    ("GET", "/partition/offsets"): ("subscribe", "topic"),
+    ("GET", "/partition/search"): ("subscribe", "topic"),
+    ("GET", "/partition/fetch"): ("subscribe", "topic"),
+    ("POST", "/channel/setoffset"): ("subscribe", "channel"),
+    ("POST", "/channel/emptydelayed"): ("subscribe", "channel"),
+    ("POST", "/channel/requeuedelayed"): ("subscribe", "channel"),
+    ("POST", "/channel/finishmemdelayed"): ("subscribe", "channel"),
+    ("POST", "/channel/replaydeadletters"): ("subscribe", "channel"),
+    ("POST", "/message/finish"): ("subscribe", "channel"),
+}
+# With --http-auth-required besides: every other route but /ping and /info.
+EVERY_OTHER_ROUTE = {
+    ("POST", "/pub"): ("publish", "topic"),
+    ("POST", "/put"): ("publish", "topic"),
+    ("POST", "/mpub"): ("publish", "topic"),
+    ("POST", "/pub_ext"): ("publish", "topic"),
+    ("POST", "/pubtrace"): ("publish", "topic"),
+    ("POST", "/topic/create"): ("publish", "topic"),
+    ("POST", "/channel/create"): ("subscribe", "channel"),
+    ("GET", "/stats"): ("subscribe", "node"),
+    ("GET", "/metrics"): ("subscribe", "node"),
+    ("POST", "/topic/delete"): ("admin", "topic"),
+    ("POST", "/topic/empty"): ("admin", "topic"),
+    ("POST", "/topic/pause"): ("admin", "topic"),
+    ("POST", "/topic/unpause"): ("admin", "topic"),
+    ("POST", "/topic/greedyclean"): ("admin", "topic"),
+    ("POST", "/channel/delete"): ("admin", "channel"),
+    ("POST", "/channel/empty"): ("admin", "channel"),
+    ("POST", "/channel/pause"): ("admin", "channel"),
+    ("POST", "/channel/unpause"): ("admin", "channel"),
+    ("POST", "/channel/setmaxattempts"): ("admin", "channel"),
+    ("PUT", "/delayqueue/enable"): ("admin", "node"),
+    ("GET", "/config/*"): ("admin", "node"),
+    ("PUT", "/config/*"): ("admin", "node"),
+    ("POST", "/debug/freememory"): ("admin", "node"),
+    ("POST", "/loglevel/set"): ("admin", "node"),
+    ("POST", "/disable/write"): ("admin", "node"),
+}
+# What the master nsqlookupd asks of a node: only the cluster's own callers (--cluster-secret);
+# without one, an admin under --http-auth-required.
+CLUSTER_ROUTES = (("GET", "/cluster/partitions"), ("POST", "/cluster/leader/handover"))
+
+
+def http_access(nsqd: "NSQD") -> HTTPAccess | None:
+    """nsqd's access to its HTTP routes; None when nothing is asked for."""
+    options = nsqd.options
+    internal = nsqd.worker.secret if nsqd.worker is not None else ""
+    if not (options.auth_http_address or options.cluster_secret or internal):
+        return None
+    return HTTPAccess(
+        auth_addresses=options.auth_http_address,
+        timeout=options.http_client_connect_timeout + options.http_client_request_timeout,
+        cluster_secrets=[secret for secret in (options.cluster_secret, internal) if secret],
+        log=nsqd.log,
+        realm="nsqd",
+    )
+
+
+def route_needs(options) -> dict[tuple[str, str], NeedOf]:
+    """Each guarded route's need, by the options' mode."""
+    table: dict[tuple[str, str], tuple[str, str]] = {}
+    if options.auth_http_address:
+        table.update(MESSAGE_ROUTES)
+        if options.http_auth_required:
+            table.update(EVERY_OTHER_ROUTE)
+    needs = {route: need_of(*entry) for route, entry in table.items()}
+    if options.cluster_secret:
+        needs.update({route: need_of("cluster", "node") for route in CLUSTER_ROUTES})
+    elif options.http_auth_required:
+        needs.update({route: need_of("admin", "node") for route in CLUSTER_ROUTES})
+    return needs
+
+
 class HTTPAPI:
     def __init__(self, nsqd: "NSQD") -> None:
         self.nsqd = nsqd
@@ -83,7 +161,10 @@ class HTTPAPI:
         # A publish that overflows to a diskqueue is written with the rest of the poller
         # pass's (one write per queue), before its answer goes out.
         router = self.router = Router(
-            commit=self._commit, commit_due=self._commit_due, writes=nsqd.storage
+            commit=self._commit,
+            commit_due=self._commit_due,
+            writes=nsqd.storage,
+            access=http_access(nsqd),
         )
         router.add("GET", "/ping", self.ping)
         router.add("GET", "/info", self.info)
@@ -137,6 +218,9 @@ class HTTPAPI:
         router.add("GET", "/cluster/partitions", self.cluster_partitions)
         router.add("POST", "/cluster/leader/handover", self.leader_handover)
         router.add("POST", "/loglevel/set", self.set_log_level)
+        if router.access is not None:
+            for (method, path), need in route_needs(nsqd.options).items():
+                router.require(method, path, need)
 
     async def _commit(self, write_groups: list) -> None:
         await self.nsqd.storage.commit(write_groups)

@@ -37,6 +37,7 @@ class Options:
     broadcast_http_port: int = 0
     lookupd_tcp_address: list[str] = field(default_factory=list)
     auth_http_address: list[str] = field(default_factory=list)
+    http_auth_required: bool = False
     http_client_connect_timeout: float = 2.0
     http_client_request_timeout: float = 5.0
 
@@ -83,6 +84,7 @@ class Options:
     rpc_port: str = "0"
     broadcast_rpc_port: int = 0
     cluster_node_ttl: float = 3.0
+    cluster_secret: str = ""
 
     queue_scan_interval: float = 0.1
     queue_scan_refresh_interval: float = 5.0
@@ -210,6 +212,14 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 (),
                 "<addr>:<port> or a full url to query auth server (may be given multiple times)",
                 config_key="auth_http_addresses",
+            ),
+            Flag(
+                "http-auth-required",
+                Kind.BOOL,
+                False,
+                "every HTTP route but /ping and /info asks --auth-http-address about the"
+                " request's Authorization: Bearer secret (publish, subscribe or admin); off, only"
+                " the routes that read or move messages do",
             ),
             Flag(
                 "broadcast-address",
@@ -558,6 +568,17 @@ def options_from_values(values: dict) -> Options:
     for percentile in options.e2e_processing_latency_percentile:
         if not 0 < percentile <= 1:
             raise OptionsError(f"invalid E2E processing latency percentile: {percentile}")
+    if options.http_auth_required and not options.auth_http_address:
+        raise OptionsError("--http-auth-required needs --auth-http-address")
+    if (
+        options.auth_http_address
+        and options.cluster_leadership_addresses
+        and not options.cluster_secret
+    ):
+        raise OptionsError(
+            "--auth-http-address in cluster mode needs --cluster-secret: the master nsqlookupd"
+            " reads partition offsets and moves channels with it"
+        )
     if options.tls_client_auth_policy and options.tls_required == "false":
         options = options.replace(tls_required="true")
     if options.tls_client_auth_policy not in ("", "require", "require-verify"):

@@ -37,7 +37,8 @@ from nsqpy.common.frame import (
 )
 from nsqpy.common.goformat import go_base10, go_quote, go_text
 from nsqpy.common.names import is_valid_name
-from nsqpy.nsqd.auth import AuthError, AuthState, query_any
+from nsqpy.daemon.auth import AuthError, AuthState, query_any
+from nsqpy.daemon.net import peer_common_name
 from nsqpy.nsqd.channel import ChannelError
 from nsqpy.nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Client
 from nsqpy.nsqd.cluster import NotLedHere
@@ -48,7 +49,7 @@ from nsqpy.nsqd.identify import Negotiated, decode_identify, negotiate
 from nsqpy.nsqd.message import Message, MessageBatch
 from nsqpy.nsqd.protocol_youzan import YouzanCommands, is_partition
 from nsqpy.nsqd.publish import PublishError, publish
-from nsqpy.nsqd.tls import connection_details, peer_common_name
+from nsqpy.nsqd.tls import connection_details
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.server import NSQD

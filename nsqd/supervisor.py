@@ -55,6 +55,7 @@ class Supervisor:
         self.hostname = socket.gethostname()
         self.data_path = options.effective_data_path()
         self.token = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self.secret = secrets.token_urlsafe(24)
         self.tcp_address = ""
         self.http_address = ""
         self.lookup_peers = LookupPeers(self)
@@ -155,7 +156,9 @@ class Supervisor:
 
     async def _run_worker(self, index: int, fds: tuple[int, int, int]) -> int:
         ours, theirs = socket.socketpair()
-        setup = WorkerSetup.encode(index, self.count, self.token, (theirs.fileno(), *fds))
+        setup = WorkerSetup.encode(
+            index, self.count, self.token, (theirs.fileno(), *fds), self.secret
+        )
         environment = {**os.environ, WORKER_ENVIRONMENT: setup}
         keep = [theirs.fileno(), *(fd for fd in fds if fd >= 0)]
         with theirs:

@@ -7,7 +7,6 @@ root CA file when one is given, else against the system's).
 """
 
 import ssl
-from typing import cast
 
 import trio
 
@@ -88,15 +87,3 @@ def connection_details(ssl_object: ssl.SSLObject | trio.SSLStream) -> dict:
         "tls_negotiated_protocol": ssl_object.selected_alpn_protocol() or "",
         "tls_negotiated_protocol_is_mutual": True,
     }
-
-
-def peer_common_name(ssl_object: ssl.SSLObject | trio.SSLStream) -> str:
-    """The client certificate's subject CN (sent to the auth server as `common_name`)."""
-    certificate = ssl_object.getpeercert()
-    # The subject is a tuple of relative names, each a tuple of (key, value) pairs.
-    subject = cast(tuple[tuple[tuple[str, str], ...], ...], (certificate or {}).get("subject", ()))
-    for entry in subject:
-        for key, value in entry:
-            if key == "commonName":
-                return value
-    return ""

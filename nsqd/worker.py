@@ -106,10 +106,15 @@ class WorkerSetup:
         self.index, self.count = int(fields[0]), int(fields[1])
         self.token = fields[2]
         self.control_fd, self.tcp_fd, self.http_fd, self.https_fd = map(int, fields[3:7])
+        # What a worker's HTTP request to another carries once it checked the client's
+        # credential itself (`Authorization: Bearer`): the client's address is its own.
+        self.secret = fields[7]
 
     @staticmethod
-    def encode(index: int, count: int, token: str, fds: tuple[int, int, int, int]) -> str:
-        return ",".join(map(str, (index, count, token, *fds)))
+    def encode(
+        index: int, count: int, token: str, fds: tuple[int, int, int, int], secret: str
+    ) -> str:
+        return ",".join(map(str, (index, count, token, *fds, secret)))
 
 
 class Worker:
@@ -117,6 +122,7 @@ class Worker:
         self.index = setup.index
         self.count = setup.count
         self.token = setup.token
+        self.secret = setup.secret
         self.setup = setup
         # Each worker's private HTTP address, for requests routed to a topic's owner.
         self.peers_http: dict[int, str] = {}

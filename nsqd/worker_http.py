@@ -12,7 +12,7 @@ import urllib.parse
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import trio
 
@@ -92,14 +92,22 @@ class WorkerRouter:
         return self.local.respond(request)
 
     async def dispatch(self, request: Request) -> Response:
-        if self._gathers(request):
+        gathers = self._gathers(request)
+        everywhere = not gathers and self._on_every_worker(request)
+        owner = None if gathers or everywhere else self._owner_elsewhere(request)
+        if not gathers and not everywhere and owner is None:
+            return await self.local.dispatch(request)
+        # Judged here, where the client's address is known; the other workers take this
+        # worker's word for it.
+        refusal = await self.local.check(request)
+        if refusal is not None:
+            return refusal
+        request.headers = {**request.headers, "authorization": f"Bearer {self.worker.secret}"}
+        if gathers:
             return await self._gathered(request)
-        if self._on_every_worker(request):
+        if everywhere:
             return await self._everywhere(request)
-        owner = self._owner_elsewhere(request)
-        if owner is not None:
-            return await self._at(owner, request)
-        return await self.local.dispatch(request)
+        return await self._at(cast(int, owner), request)
 
     def mover(self, request: Request):
         """Where a plain connection goes instead of being answered here (`Mover`): to the
@@ -175,7 +183,7 @@ class WorkerRouter:
         documents: list[dict] = []
 
         async def ask(index: int) -> None:
-            asked = Request("GET", f"/stats?{query}".encode(), {}, b"")
+            asked = Request("GET", f"/stats?{query}".encode(), request.headers, b"")
             if index == self.worker.index:
                 answer = await self.local.dispatch(asked)
             else:

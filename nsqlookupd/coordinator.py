@@ -219,6 +219,13 @@ class Coordinator:
                 self.etcd_ok, self.etcd_error = True, ""
             await trio.sleep(ETCD_CHECK_INTERVAL)
 
+    async def call_node(
+        self, node: NodeInfo, method: str, path: str, timeout: float, **params: object
+    ) -> dict:
+        """A request to a node's HTTP API as the cluster's own caller (`--cluster-secret`)."""
+        secret = self.lookupd.options.cluster_secret
+        return await call_node(node, method, path, timeout, secret=secret, **params)
+
     def lost_members(self, info: ReplicaInfo) -> list[str]:
         """The ISR members that are live in another incarnation than the one the ISR counted
         on (a replaced or emptied disk): they hold none of the acknowledged data."""
@@ -592,7 +599,7 @@ class Coordinator:
         if info is None:
             return
         try:
-            answer = await call_node(
+            answer = await self.call_node(
                 info, "GET", "/partition/offsets", OFFSETS_TIMEOUT, topic=topic
             )
         except NodeCallError:
@@ -831,7 +838,7 @@ class Coordinator:
             raise CoordinatorError(400, f"the leader {info.leader} is not live")
         started = trio.current_time()
         try:
-            answer = await call_node(
+            answer = await self.call_node(
                 leader,
                 "POST",
                 "/cluster/leader/handover",
@@ -1001,7 +1008,7 @@ class Coordinator:
 
     async def _poll_node(self, node_id: str, node: NodeInfo) -> None:
         try:
-            answer = await call_node(node, "GET", "/cluster/partitions", POLL_INTERVAL)
+            answer = await self.call_node(node, "GET", "/cluster/partitions", POLL_INTERVAL)
         except NodeCallError:
             return
         if node_id in self.nodes:

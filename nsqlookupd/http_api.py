@@ -12,6 +12,7 @@ from nsqpy.common.cluster_meta import TopicMeta, is_node_id
 from nsqpy.common.errors import NO_CHANNEL_FOR_WRITERS
 from nsqpy.common.names import cluster_topic_problem, is_valid_name
 from nsqpy.common.version import VERSION
+from nsqpy.daemon.http_access import HTTPAccess, NeedOf, need_of
 from nsqpy.daemon.http_server import (
     HTTPError,
     Request,
@@ -77,12 +78,68 @@ def _topic_and_channel(params: dict[str, list[str]]) -> tuple[str, str]:
     return topic, channel
 
 
+# The operations: with --auth-http-address, an `admin` authorization on the request's topic
+# (and channel), or on any topic for the node's and the cluster's.
+OPERATIONS = {
+    ("POST", "/topic/create"): "topic",
+    ("POST", "/topic/delete"): "topic",
+    ("POST", "/topic/tombstone"): "topic",
+    ("POST", "/channel/create"): "channel",
+    ("POST", "/channel/delete"): "channel",
+    ("POST", "/topic/partition/expand"): "topic",
+    ("POST", "/topic/partition/move"): "topic",
+    ("POST", "/topic/partition/elect"): "topic",
+    ("POST", "/topic/meta/update"): "topic",
+    ("POST", "/disable/write"): "node",
+    ("POST", "/loglevel/set"): "node",
+    ("POST", "/cluster/node/remove"): "node",
+    ("POST", "/cluster/upgrade/begin"): "node",
+    ("POST", "/cluster/upgrade/done"): "node",
+    ("POST", "/cluster/balance/topn"): "node",
+    ("POST", "/cluster/lookupd/tombstone"): "node",
+}
+# What the nsqds ask of the master: with --cluster-secret, only the cluster's own callers.
+NODE_REPORTS = (
+    ("POST", "/cluster/isr/leave"),
+    ("POST", "/cluster/isr/join"),
+    ("POST", "/cluster/leader/unwritable"),
+    ("POST", "/cluster/node/leave"),
+    ("POST", "/cluster/leader/resign"),
+)
+# Auth servers' answers come within this (nsqd's default connect and request timeouts).
+AUTH_TIMEOUT = 7.0
+
+
+def http_access(lookupd: "NSQLookupd") -> HTTPAccess | None:
+    options = lookupd.options
+    if not (options.auth_http_address or options.cluster_secret):
+        return None
+    return HTTPAccess(
+        auth_addresses=options.auth_http_address,
+        timeout=AUTH_TIMEOUT,
+        cluster_secrets=[options.cluster_secret] if options.cluster_secret else [],
+        log=lookupd.log,
+        realm="nsqlookupd",
+    )
+
+
+def route_needs(options) -> dict[tuple[str, str], NeedOf]:
+    needs: dict[tuple[str, str], NeedOf] = {}
+    if options.auth_http_address:
+        needs.update({route: need_of("admin", scope) for route, scope in OPERATIONS.items()})
+    if options.cluster_secret:
+        needs.update({route: need_of("cluster", "node") for route in NODE_REPORTS})
+    elif options.auth_http_address:
+        needs.update({route: need_of("admin", "node") for route in NODE_REPORTS})
+    return needs
+
+
 class HTTPAPI:
     def __init__(self, lookupd: "NSQLookupd") -> None:
         self.lookupd = lookupd
         # Answered by the HTTP poller, except topic creation (a coroutine), which may call out
         # to nsqds.
-        router = self.router = Router()
+        router = self.router = Router(access=http_access(lookupd))
         router.add("GET", "/ping", self.ping)
         router.add("GET", "/info", self.info)
         router.add("GET", "/debug", self.debug)
@@ -114,6 +171,8 @@ class HTTPAPI:
         router.add("POST", "/cluster/balance/topn", self.balance_topn)
         router.add("POST", "/cluster/lookupd/tombstone", self.lookupd_tombstone)
         router.add("POST", "/loglevel/set", self.set_log_level)
+        for (method, path), need in route_needs(lookupd.options).items():
+            router.require(method, path, need)
 
     def ping(self, request: Request) -> Response:
         return text_response(200, "OK")

@@ -33,23 +33,25 @@ class NodeCallError(Exception):
 
 
 async def call_node(
-    node: NodeInfo, method: str, path: str, timeout: float, **params: object
+    node: NodeInfo, method: str, path: str, timeout: float, *, secret: str, **params: object
 ) -> dict:
-    """One request to a node's HTTP API; its JSON answer. NodeCallError otherwise."""
+    """One request to a node's HTTP API, with the cluster's `secret` (if any); its JSON
+    answer. NodeCallError otherwise."""
     query = urllib.parse.urlencode({key: value for key, value in params.items()})
     url = f"http://{node.ip}:{node.http_port}{path}" + (f"?{query}" if query else "")
     try:
         with trio.fail_after(timeout + 1):
             return await trio.to_thread.run_sync(
-                _request, url, method, timeout, abandon_on_cancel=True
+                _request, url, method, timeout, secret, abandon_on_cancel=True
             )
     except trio.TooSlowError:
         raise NodeCallError(0, f"{node.id}: no answer within {timeout:g} s") from None
 
 
-def _request(url: str, method: str, timeout: float) -> dict:
+def _request(url: str, method: str, timeout: float, secret: str) -> dict:
     data = b"" if method == "POST" else None
-    request = urllib.request.Request(url, data=data, method=method)
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             body = response.read()

@@ -16,7 +16,7 @@ import trio
 from nsqpy.common.cluster_meta import ReplicaInfo, TopicMeta
 from nsqpy.common.names import is_valid_name
 from nsqpy.nsqlookupd.coordinator import CoordinatorError
-from nsqpy.nsqlookupd.node_reports import NodeCallError, call_node
+from nsqpy.nsqlookupd.node_reports import NodeCallError
 from nsqpy.nsqlookupd.placement import place_partitions
 
 if TYPE_CHECKING:
@@ -341,7 +341,7 @@ class ClusterOperations:
                 try:
                     if node is None:
                         raise NodeCallError(0, f"its leader {info.leader} is not live")
-                    await call_node(
+                    await coordinator.call_node(
                         node,
                         "POST",
                         path,

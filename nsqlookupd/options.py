@@ -32,6 +32,10 @@ class Options:
     cluster_leadership_tls_key: str = ""
     cluster_leadership_tls_root_ca_file: str = ""
     cluster_node_ttl: float = 3.0
+    cluster_secret: str = ""
+    # Given, the operations (topic and channel creation and deletion, Youzan's partition and
+    # cluster operations) need an `admin` authorization from these auth servers.
+    auth_http_address: list[str] = field(default_factory=list)
     # How long a replica's node may stay gone before the master places the replica elsewhere.
     cluster_replace_dead_after: float = 300.0
     # Youzan's `balance_interval`: the hours of the day (local time, both included) in which the
@@ -65,6 +69,16 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 Kind.STRING,
                 d.broadcast_address,
                 "address of this lookupd node, (default to the OS hostname)",
+            ),
+            Flag(
+                "auth-http-address",
+                Kind.STRING_LIST,
+                (),
+                "<addr>:<port> or a full url of an auth server (may be given multiple times);"
+                " given, every operation (topic and channel creation and deletion, the partition"
+                " and cluster operations) needs an admin authorization for the request's"
+                " Authorization: Bearer secret",
+                config_key="auth_http_addresses",
             ),
             Flag(
                 "inactive-producer-timeout",
@@ -122,6 +136,15 @@ def options_from_values(values: dict) -> Options:
     if options.log_level not in LOG_LEVELS:
         raise OptionsError(f"invalid log level {options.log_level!r}")
     balance_window(options)  # refuses a bad --balance-interval at start
+    if (
+        options.auth_http_address
+        and options.cluster_leadership_addresses
+        and not options.cluster_secret
+    ):
+        raise OptionsError(
+            "--auth-http-address in cluster mode needs --cluster-secret: the nsqds report to"
+            " the master with it"
+        )
     return options
 
 

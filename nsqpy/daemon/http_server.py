@@ -22,9 +22,10 @@ import httptools
 import trio
 
 from nsqpy.common.goformat import go_json
-from nsqpy.daemon.net import accept_forever, format_address
+from nsqpy.daemon.net import accept_forever, format_address, peer_common_name
 
 if TYPE_CHECKING:
+    from nsqpy.daemon.http_access import HTTPAccess, Need, NeedOf
     from nsqpy.daemon.http_poller import HTTPPoller
 
 RECEIVE_SIZE = 64 * 1024
@@ -32,6 +33,7 @@ RECEIVE_SIZE = 64 * 1024
 _REASONS = {
     200: "OK",
     400: "Bad Request",
+    401: "Unauthorized",
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
@@ -91,6 +93,10 @@ def first_param(params: dict[str, list[str]], key: str) -> str | None:
     return values[0] if values else None
 
 
+# A request's verdict before the router judged it.
+_UNJUDGED = object()
+
+
 class Request:
     __slots__ = (
         "method",
@@ -103,6 +109,9 @@ class Request:
         "remote",
         "content_length",
         "http10",
+        "tls",
+        "common_name",
+        "verdict",
     )
 
     def __init__(self, method: str, url: bytes, headers: dict[str, str], body: bytes) -> None:
@@ -118,6 +127,11 @@ class Request:
         self.keep_alive = True
         self.http10 = False
         self.remote = ""
+        # Over HTTPS: True, and the client certificate's subject CN (for the auth server).
+        self.tls = False
+        self.common_name = ""
+        # The router's access verdict once judged (`Router._verdict`), so it is judged once.
+        self.verdict: object = _UNJUDGED
         # The declared Content-Length (Go's req.ContentLength; -1 when not given), which
         # handlers check before the body, as Go's do.
         try:
@@ -300,8 +314,12 @@ class Router:
         commit: Callable[[list], Awaitable[None]] | None = None,
         commit_due: Callable[[], bool] | None = None,
         writes: WritePass | None = None,
+        access: "HTTPAccess | None" = None,
     ) -> None:
         self._commit = commit
+        # Routes added with a `need` answer only requests it allows.
+        self.access = access
+        self._needs: dict[tuple[str, str], NeedOf] = {}
         self._commit_due = commit_due or (lambda: commit is not None)
         self._writes = writes
         self._routes: dict[str, dict[str, Handler]] = {}
@@ -352,6 +370,31 @@ class Router:
             return
         self._routes.setdefault(path, {})[method] = handler
 
+    def routes(self) -> list[tuple[str, str]]:
+        """Every route as added: (method, path), a catch-all's ending in `/*`."""
+        found = [(method, path) for path, methods in self._routes.items() for method in methods]
+        for prefix, methods in self._prefixes:
+            found += [(method, prefix + "*") for method in methods]
+        return found
+
+    def require(self, method: str, path: str, need: "NeedOf") -> None:
+        """The route (as added) answers only the requests its `need` allows, as the router's
+        `access` judges them."""
+        self._needs[(method, path)] = need
+
+    async def check(self, request: Request) -> Response | None:
+        """The refusal of a request its route's need does not allow (the auth servers asked
+        when they must be); None when allowed, or when it has no route."""
+        found = self._handler(request)
+        if isinstance(found, Response):
+            return None
+        key = found[1]
+        verdict = self._verdict(request, key)
+        if verdict is None or isinstance(verdict, Response):
+            return verdict
+        need = cast("Need", self._needs[key](request))
+        return await cast("HTTPAccess", self.access).ask(request, need)
+
     def _route(self, path: str) -> tuple[str, dict[str, Handler]] | None:
         """The route pattern `path` matches (as added: `/a/*` for a catch-all) and its
         handlers by method; None for an unknown path."""
@@ -365,18 +408,43 @@ class Router:
 
     def answers_inline(self, request: Request) -> bool:
         """Whether the HTTP poller may answer `request` itself: an inline handler, or an
-        unknown path or method (answered without a handler)."""
-        route = self._route(request.path)
-        if route is None:
+        unknown path or method (answered without a handler). A request whose credential the
+        auth servers must first be asked about is not."""
+        found = self._handler(request)
+        if isinstance(found, Response):
             return True
-        pattern, methods = route
-        return request.method not in methods or (request.method, pattern) not in self._waiting
+        handler, key = found
+        if key in self._waiting:
+            return False
+        verdict = self._verdict(request, key)
+        return verdict is None or isinstance(verdict, Response)
+
+    def _verdict(self, request: Request, key: tuple[str, str]) -> "Response | object | None":
+        """The access's verdict on a request to the route `key` (method, pattern): None
+        (allowed), the refusal, or pending (its auth servers to be asked)."""
+        if self.access is None:
+            return None
+        if request.verdict is not _UNJUDGED:
+            return request.verdict
+        need_of = self._needs.get(key)
+        need = None if need_of is None else need_of(request)
+        verdict = None if need is None else self.access.verdict(request, need)
+        request.verdict = verdict
+        return verdict
 
     def respond(self, request: Request) -> Response:
         """The answer of an inline route (see `answers_inline`), at once."""
-        handler = self._handler(request)
-        if isinstance(handler, Response):
-            return handler
+        found = self._handler(request)
+        if isinstance(found, Response):
+            return found
+        handler, key = found
+        refusal = self._verdict(request, key)
+        if refusal is not None:
+            return cast(Response, refusal)
+        return self._call(handler, request)
+
+    def _call(self, handler: Handler, request: Request) -> Response:
+        """An inline handler's answer to an allowed request."""
         writes = self._writes
         if writes is not None and handler not in self._deferring:
             writes.write_deferred()
@@ -392,12 +460,17 @@ class Router:
         return response
 
     async def dispatch(self, request: Request) -> Response:
-        """The answer to any request, waiting for it when its route waits."""
-        if self.answers_inline(request):
-            return self.respond(request)
-        handler = self._handler(request)
-        if isinstance(handler, Response):
-            return handler
+        """The answer to any request, waiting for it when its route waits (or its
+        credential must first be asked about)."""
+        found = self._handler(request)
+        if isinstance(found, Response):
+            return found
+        handler, key = found
+        refusal = await self.check(request)
+        if refusal is not None:
+            return refusal
+        if key not in self._waiting:
+            return self._call(handler, request)
         try:
             return await cast(Awaitable[Response], handler(request))
         except HTTPError as error:
@@ -417,12 +490,13 @@ class Router:
             return group
         return self.commit_due()
 
-    def _handler(self, request: Request) -> Handler | Response:
-        """The route's handler, or the answer when there is none (404, 405, OPTIONS)."""
+    def _handler(self, request: Request) -> "tuple[Handler, tuple[str, str]] | Response":
+        """The route's handler and its key (method, pattern as added), or the answer when
+        there is none (404, 405, OPTIONS)."""
         route = self._route(request.path)
         if route is None:
             return v1_response(404, "NOT_FOUND")
-        methods = route[1]
+        pattern, methods = route
         handler = methods.get(request.method)
         if handler is None:
             allow = ", ".join(sorted({*methods, "OPTIONS"}))
@@ -431,7 +505,7 @@ class Router:
             response = v1_response(405, "METHOD_NOT_ALLOWED")
             response.headers.insert(0, ("Allow", allow))
             return response
-        return handler
+        return handler, (request.method, pattern)
 
 
 def _error_response(error: HTTPError) -> Response:
@@ -618,7 +692,7 @@ class ConnectionState:
     """One HTTP connection without its I/O: bytes in, complete requests out, and their
     answers as bytes. The per-connection task and the HTTP poller both drive it."""
 
-    __slots__ = ("router", "remote", "on_error", "events", "parser")
+    __slots__ = ("router", "remote", "common_name", "on_error", "events", "parser")
 
     def __init__(
         self,
@@ -626,9 +700,12 @@ class ConnectionState:
         max_body_size: int,
         remote: str = "",
         on_error: Callable[[BaseException], None] | None = None,
+        common_name: str | None = None,
     ) -> None:
         self.router = router
         self.remote = remote
+        # Over HTTPS, the client certificate's subject CN ("" without one); None over HTTP.
+        self.common_name = common_name
         self.on_error = on_error
         self.events = _ParserEvents(max_body_size, router)
         self.parser = httptools.HttpRequestParser(self.events)
@@ -663,6 +740,9 @@ class ConnectionState:
         for method, url, headers, body, keep_alive, http10 in completed:
             request = Request(method, url, headers, body)
             request.remote = self.remote
+            if self.common_name is not None:
+                request.tls = True
+                request.common_name = self.common_name
             request.keep_alive = keep_alive
             request.http10 = http10
             requests.append(request)
@@ -741,9 +821,11 @@ async def serve_http_connection(
     max_body_size: int,
     remote: str = "",
     on_error: Callable[[BaseException], None] | None = None,
+    common_name: str | None = None,
 ) -> None:
-    """Serve requests on one connection until the client closes it or asks to."""
-    state = ConnectionState(router, max_body_size, remote, on_error)
+    """Serve requests on one connection until the client closes it or asks to (over HTTPS,
+    `common_name` is the client certificate's)."""
+    state = ConnectionState(router, max_body_size, remote, on_error, common_name)
     io = _SocketIO(stream) if isinstance(stream, trio.SocketStream) else stream
     try:
         while True:
@@ -843,12 +925,24 @@ async def serve_http(
             poller.add(stream, remote)
             return
         connection: trio.abc.Stream = stream
+        common_name = None
         if tls_context is not None:
             connection = trio.SSLStream(
                 stream, tls_context, server_side=True, https_compatible=True
             )
+            try:
+                await connection.do_handshake()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await stream.aclose()
+                return
+            common_name = peer_common_name(connection)
         await serve_http_connection(
-            connection, router, max_body_size=max_body_size, remote=remote, on_error=log_error
+            connection,
+            router,
+            max_body_size=max_body_size,
+            remote=remote,
+            on_error=log_error,
+            common_name=common_name,
         )
 
     await accept_forever(listener, serve, nursery, log, "HTTPS" if tls_context else "HTTP")

@@ -2,6 +2,8 @@
 
 import os
 import socket
+import ssl
+from typing import cast
 
 import trio
 
@@ -81,3 +83,15 @@ def listening_socket(address: str, backlog: int = 1024) -> socket.socket:
         raise OSError(
             error.errno, f"listen ({address}) failed - {error.strerror or error}"
         ) from None
+
+
+def peer_common_name(ssl_object: ssl.SSLObject | trio.SSLStream) -> str:
+    """The client certificate's subject CN (sent to the auth server as `common_name`)."""
+    certificate = ssl_object.getpeercert()
+    # The subject is a tuple of relative names, each a tuple of (key, value) pairs.
+    subject = cast(tuple[tuple[tuple[str, str], ...], ...], (certificate or {}).get("subject", ()))
+    for entry in subject:
+        for key, value in entry:
+            if key == "commonName":
+                return value
+    return ""

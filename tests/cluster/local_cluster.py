@@ -99,7 +99,8 @@ class Node:
         return self
 
     def http(self, method: str, target: str, body: bytes = b"") -> HTTPReply:
-        return request(self.http_port, method, target, body if method in ("POST", "PUT") else None)
+        payload = body if method in ("POST", "PUT") else None
+        return request(self.http_port, method, target, payload, self.cluster.headers)
 
     def kill(self) -> None:
         self.process.kill()
@@ -132,8 +133,11 @@ class LocalCluster:
         etcd_urls: dict[int, str] | None = None,
         rpc_proxies: bool = False,
         disks: dict[int, str] | None = None,
+        credential: str = "",
     ) -> None:
         self.root = root
+        # What the tests' HTTP requests carry (Authorization: Bearer), for a secured cluster.
+        self.headers = {"Authorization": f"Bearer {credential}"} if credential else {}
         # Nodes whose data directory is a tmpfs of this size, by node index.
         self.disks = disks or {}
         self.etcd = etcd
@@ -198,7 +202,7 @@ class LocalCluster:
     # -- nsqlookupd -----------------------------------------------------------------------------
 
     def lookupd_http(self, method: str, target: str, index: int = 0) -> HTTPReply:
-        return request(self.lookupds[index].port("HTTP"), method, target)
+        return request(self.lookupds[index].port("HTTP"), method, target, None, self.headers)
 
     def stats(self, index: int = 0) -> dict:
         reply = self.lookupd_http("GET", "/cluster/stats", index)
@@ -223,7 +227,7 @@ class LocalCluster:
 
     def master_http(self, method: str, target: str) -> HTTPReply:
         master = poll(self.master, "a master nsqlookupd")
-        return request(master.port("HTTP"), method, target)
+        return request(master.port("HTTP"), method, target, None, self.headers)
 
     def create_topic(self, topic: str, partitions: int, replicas: int, **extra: str) -> None:
         query = f"topic={topic}&partition_num={partitions}&replicator={replicas}"
@@ -291,7 +295,13 @@ class LocalCluster:
         """The role `node` says it has for the partition; None when it holds none or is down."""
         try:
             # Short: a frozen node (SIGSTOP) does not answer at all.
-            reply = request(node.http_port, "GET", f"/partition/offsets?topic={topic}", timeout=1)
+            reply = request(
+                node.http_port,
+                "GET",
+                f"/partition/offsets?topic={topic}",
+                headers=node.cluster.headers,
+                timeout=1,
+            )
         except OSError:
             return None
         if reply.status != 200:

@@ -16,6 +16,9 @@ from tests.cluster.local_cluster import LocalCluster
 from tests.cluster.raw_rpc import frames_of, raw_exchange
 from tests.cluster.traffic import check_replicas_identical
 from tests.harness import DaemonProcess, V2Connection
+from tests.security.access import ANSWERS, CLUSTER_SECRET
+from tests.support.auth_server import AuthServer
+from tests.support.http import HTTPReply, request
 from tests.support.polling import poll
 
 
@@ -195,3 +198,93 @@ def test_a_wrong_etcd_password_fails_the_start_with_one_line(tmp_path, secure_et
     assert len(fatal) == 1, process.log
     assert "etcd refused user 'root'" in fatal[0]
     assert "authentication failed" in fatal[0]
+
+
+@pytest.fixture
+def auth_server():
+    server = AuthServer().start()
+    server.answers.update(ANSWERS)
+    yield server
+    server.stop()
+
+
+def test_a_cluster_behind_auth_and_its_secret_works_and_refuses_everyone_else(
+    tmp_path, etcd_server, auth_server
+):
+    """Every nsqd and nsqlookupd with --auth-http-address and --cluster-secret, nsqds with
+    --http-auth-required: the master creates, places and fails over partitions with the
+    secret; a publisher with `publish` writes; nobody else reaches the master's routes or
+    the operations."""
+    auth = (f"-auth-http-address=127.0.0.1:{auth_server.port}", f"-cluster-secret={CLUSTER_SECRET}")
+    with LocalCluster(
+        tmp_path,
+        etcd_server,
+        nsqd_args=(*auth, "-http-auth-required"),
+        lookupd_args=auth,
+        credential=CLUSTER_SECRET,
+    ) as cluster:
+        cluster.create_writable_topic("t", 1, 3)
+        leader = cluster.node_leading("t", 0)
+
+        def publish(node, secret: str) -> HTTPReply:
+            headers = {"Authorization": f"Bearer {secret}"}
+            return request(node.http_port, "POST", "/pub?topic=t&partition=0", b"m", headers)
+
+        assert publish(leader, "sub").status == 403
+        assert publish(leader, "pub").status == 200
+        # The master's own calls and the nodes' reports need the secret; an admin is not it.
+        for secret in (None, "admin"):
+            headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+            reply = request(leader.http_port, "GET", "/cluster/partitions", headers=headers)
+            assert reply.status == (401 if secret is None else 403), reply
+            master = poll(cluster.master, "a master")
+            reply = request(master.port("HTTP"), "POST", "/cluster/node/leave?node=x", b"", headers)
+            assert reply.status == (401 if secret is None else 403), reply
+        for secret in (None, "sub", "pub"):
+            headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+            reply = request(
+                master.port("HTTP"), "POST", "/topic/delete?topic=t&partition=**", b"", headers
+            )
+            assert reply.status in (401, 403), reply
+        assert cluster.partition("t", 0)["leader"] == leader.node_id
+        # A failover goes through the nodes' reports to the master, with the secret.
+        leader.kill()
+        follower = poll(
+            lambda: (
+                cluster.node_leading("t", 0) not in (None, leader) and cluster.node_leading("t", 0)
+            ),
+            "a follower leading",
+        )
+        poll(lambda: publish(follower, "pub").status == 200, "the new leader writable")
+        offsets = json.loads(follower.http("GET", "/partition/offsets?topic=t").body)
+        assert offsets["partitions"][0]["end"]["count"] == 2
+        # A node stopping tells the master it leaves (/cluster/node/leave), with the secret.
+        [other] = [node for node in cluster.nodes if node not in (leader, follower)]
+        assert other.process.stop() == 0
+        assert "leaving the cluster" in other.process.log
+        deleted = request(
+            master.port("HTTP"),
+            "POST",
+            "/topic/delete?topic=t&partition=**",
+            b"",
+            {"Authorization": "Bearer admin"},
+        )
+        assert deleted.status == 200, deleted
+        # No call of the cluster's own was refused along the way.
+        logs = [node.process.log for node in cluster.nodes] + [ld.log for ld in cluster.lookupds]
+        refusals = ("AUTH_REQUIRED", "AUTH_FAILED", "UNAUTHORIZED", "FORBIDDEN")
+        assert not any(word in log for log in logs for word in refusals), logs
+
+
+def test_auth_in_cluster_mode_without_the_cluster_secret_is_refused_at_start(tmp_path):
+    for name in ("nsqd", "nsqlookupd"):
+        data = tmp_path / name
+        data.mkdir()
+        args = [
+            "-auth-http-address=127.0.0.1:1",
+            "-cluster-leadership-addresses=http://127.0.0.1:1",
+            f"-data-path={data}" if name == "nsqd" else "-tcp-address=127.0.0.1:0",
+        ]
+        process = DaemonProcess(name, args).launch()
+        assert process.process.wait(20) == 1
+        assert "needs --cluster-secret" in process.log, process.log

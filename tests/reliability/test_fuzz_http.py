@@ -41,10 +41,13 @@ def test_the_table_covers_every_route_nsqd_serves() -> None:
 
     class _Options:
         max_msg_size = max_body_size = 1
+        auth_http_address: list[str] = []
+        cluster_secret = ""
 
     class _NSQD:
         options = _Options()
         storage = None
+        worker = None
 
     router = HTTPAPI(_NSQD()).router
     served = {(m, p) for p, methods in router._routes.items() for m in methods}

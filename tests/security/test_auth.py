@@ -1,6 +1,6 @@
 """AUTH against a real HTTP auth server (docs/protocol.md §2.2; Go's internal/auth and CheckAuth).
 
-`AuthServer` is an aiohttp application on 127.0.0.1:0 in a thread with its own asyncio loop.
+`AuthServer` (tests/support/auth_server.py) is an aiohttp application in a thread of its own.
 It answers by secret from a table the tests may change while nsqd is running, and records
 every request nsqd makes, so the tests assert both sides: the exact frame the client gets
 (every AUTH error text of Go nsqd v1.3.0) and what nsqd asked the auth server (remote_ip, tls,
@@ -10,18 +10,15 @@ secret, common_name). nsqd is the console script with `-auth-http-address`.
 import asyncio
 import json
 import socket
-import threading
 import time
-import urllib.parse
-from dataclasses import dataclass
 
 import nsq
 import pytest
-from aiohttp import web
 
 from nsqpy.common.command import encode_auth, encode_dpub, encode_mpub, encode_pub, encode_sub
 from nsqpy.common.frame import FRAME_TYPE_RESPONSE
 from tests.security.support import CLIENT_COMMON_NAME, client_stats, connection, running_nsqd
+from tests.support.auth_server import AuthServer
 from tests.support.polling import poll, wait_until
 
 ALLOW_ALL = {"topic": "allowed.*", "channels": [".*"], "permissions": ["subscribe", "publish"]}
@@ -63,84 +60,16 @@ ANSWERS = {
     "nottl": {"identity": "dave", "authorizations": [ALLOW_ALL]},
     "badpermission": {
         "ttl": 3600,
+        "authorizations": [{"topic": ".*", "channels": [".*"], "permissions": ["root"]}],
+    },
+    # nsqpy's third permission: its HTTP routes that change a node (Go refuses the answer).
+    "adminonly": {
+        "ttl": 3600,
         "authorizations": [{"topic": ".*", "channels": [".*"], "permissions": ["admin"]}],
     },
 }
 GO_ACCEPT = "application/vnd.nsq; version=1.0"
 AUTH_FAILED = "E_AUTH_FAILED AUTH failed"
-
-
-@dataclass
-class AuthRequest:
-    method: str
-    path: str
-    query_string: str
-    headers: dict
-
-    @property
-    def query(self) -> dict:
-        pairs = urllib.parse.parse_qsl(self.query_string, keep_blank_values=True)
-        return dict(pairs)
-
-
-class AuthServer:
-    """An nsq auth server: answers `GET <any path>?secret=...` from `answers` (a JSON
-    document, or an HTTP status with a plain-text body); unknown secrets get 403."""
-
-    def __init__(self) -> None:
-        self.answers: dict = {}
-        self.requests: list[AuthRequest] = []
-        self.port = 0
-        self._lock = threading.Lock()
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="auth-server", daemon=True)
-
-    def start(self) -> "AuthServer":
-        self._thread.start()
-        assert self._ready.wait(10), "the auth server did not start"
-        return self
-
-    def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    def forget_requests(self) -> None:
-        with self._lock:
-            self.requests.clear()
-
-    def requests_for(self, secret: str) -> list[AuthRequest]:
-        with self._lock:
-            return [r for r in self.requests if r.query.get("secret") == secret]
-
-    def _run(self) -> None:
-        asyncio.run(self._serve())
-
-    async def _serve(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        app = web.Application()
-        app.router.add_route("GET", "/{tail:.*}", self._answer)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = runner.addresses[0][1]
-        self._ready.set()
-        await self._stop.wait()
-        await runner.cleanup()
-
-    async def _answer(self, request: web.Request) -> web.Response:
-        record = AuthRequest(
-            request.method, request.path, request.rel_url.raw_query_string, dict(request.headers)
-        )
-        with self._lock:
-            self.requests.append(record)
-            answer = self.answers.get(record.query.get("secret"), 403)
-        if isinstance(answer, int):
-            return web.Response(status=answer, text="denied")
-        return web.json_response(answer)
 
 
 def closed_port() -> int:
@@ -386,8 +315,17 @@ def test_auth_server_refuses_the_secret(auth_nsqd, auth_server):
 @pytest.mark.parametrize("secret", ["nottl", "badpermission"])
 def test_answers_go_refuses_fail_auth(auth_nsqd, secret):
     # Go's QueryAuthd: a ttl <= 0 ("invalid TTL") or a permission other than subscribe and
-    # publish ("unknown permission") is an error, so AUTH fails.
+    # publish ("unknown permission"; nsqpy adds admin) is an error, so AUTH fails.
     expect_auth_error(auth_nsqd, secret, AUTH_FAILED)
+
+
+def test_admin_grants_nothing_over_tcp(auth_nsqd):
+    with connection(auth_nsqd.port("TCP")) as conn:
+        conn.negotiate()
+        conn.send(encode_auth("adminonly"))
+        assert json.loads(conn.read_response().data)["permission_count"] == 1
+        conn.send(encode_pub("allowed_topic", b"x"))
+        conn.expect_error('E_UNAUTHORIZED AUTH failed for PUB on "allowed_topic" ""')
 
 
 def test_auth_twice(auth_nsqd):

@@ -1,9 +1,15 @@
 """AUTH against `--auth-http-address` servers (Go's internal/auth, docs/protocol.md §2.2).
 
-nsqd asks `GET /auth?remote_ip=&tls=&secret=&common_name=` of the auth servers in random
-order until one answers, keeps the authorizations for their `ttl` seconds, and matches topics
-and channels against their regular expressions (unanchored, as Go's MatchString). Anything
-that goes wrong while asking denies: an unreachable auth server never lets a client in.
+nsqd (for TCP's AUTH and its HTTP routes) and nsqlookupd (for its operations) ask
+`GET /auth?remote_ip=&tls=&secret=&common_name=` of the auth servers in random order until one
+answers, keep the authorizations for their `ttl` seconds, and match topics and channels
+against their regular expressions (unanchored, as Go's MatchString). Anything that goes wrong
+while asking denies: an unreachable auth server never lets a client in.
+
+Besides Go's `subscribe` and `publish`, an authorization may grant `admin`: the HTTP routes
+that change a node or the cluster (docs/operations.md, "Securing a cluster"). Go nsqd refuses
+an answer naming it, so an auth server shared with Go nsqds grants it only to identities that
+never AUTH on them.
 """
 
 import random
@@ -15,6 +21,9 @@ from dataclasses import dataclass, field
 import trio
 
 from nsqpy.daemon.http_get import get_json
+
+# What an authorization may grant.
+PERMISSIONS = ("subscribe", "publish", "admin")
 
 
 class AuthError(Exception):
@@ -28,12 +37,20 @@ class Authorization:
     permissions: list[str]
 
     def is_allowed(self, topic: str, channel: str) -> bool:
-        needed = "subscribe" if channel else "publish"
-        if needed not in self.permissions:
+        """Go's IsAllowed: a PUB (no channel) needs `publish`, and its empty channel name
+        must match a channel pattern too; a SUB needs `subscribe`."""
+        return self.grants("subscribe" if channel else "publish", topic, channel)
+
+    def grants(self, permission: str, topic: str | None, channel: str | None) -> bool:
+        """`permission` on `topic` (None: any topic) and `channel` (None: any channel, which
+        takes at least one channel pattern, except for `admin`)."""
+        if permission not in self.permissions:
             return False
         try:
-            if not re.search(self.topic, topic):
+            if topic is not None and not re.search(self.topic, topic):
                 return False
+            if channel is None:
+                return permission == "admin" or bool(self.channels)
             return any(re.search(pattern, channel) for pattern in self.channels)
         except re.error:
             return False
@@ -46,11 +63,26 @@ class AuthState:
     expires: float = 0.0
     authorizations: list[Authorization] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # `grants`' answers by (permission, topic, channel): an HTTP client asks the same
+        # ones. Not a field: `dataclasses.asdict` hands the state to other workers without it.
+        self._granted: dict[tuple[str, str | None, str | None], bool] = {}
+
     def is_expired(self) -> bool:
         return time.monotonic() >= self.expires
 
     def is_allowed(self, topic: str, channel: str) -> bool:
         return any(a.is_allowed(topic, channel) for a in self.authorizations)
+
+    def grants(self, permission: str, topic: str | None, channel: str | None) -> bool:
+        key = (permission, topic, channel)
+        granted = self._granted.get(key)
+        if granted is None:
+            granted = any(a.grants(permission, topic, channel) for a in self.authorizations)
+            if len(self._granted) >= 1024:
+                self._granted.clear()
+            self._granted[key] = granted
+        return granted
 
     @classmethod
     def from_dict(cls, fields: dict) -> "AuthState":
@@ -107,11 +139,11 @@ def _query_one(url: str, timeout: float) -> AuthState:
 
 
 def _validate(authorizations: list[Authorization], ttl: int) -> None:
-    """Go's QueryAuthd refuses what it could not apply: unknown permissions, patterns that do
-    not compile, a TTL that is not positive."""
+    """Go's QueryAuthd refuses what it could not apply: unknown permissions (`admin` is
+    nsqpy's), patterns that do not compile, a TTL that is not positive."""
     for authorization in authorizations:
         for permission in authorization.permissions:
-            if permission not in ("subscribe", "publish"):
+            if permission not in PERMISSIONS:
                 raise AuthError(f"unknown permission {permission}")
         for pattern in (authorization.topic, *authorization.channels):
             try:
