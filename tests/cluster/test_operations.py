@@ -257,7 +257,9 @@ def test_a_removed_node_ends_holding_nothing(cluster):
         assert node_stats[victim.node_id]["removed"] is True
         poll(
             lambda: not any(log_files(victim, "t", p) for p in range(3)),
-            lambda: f"its copies deleted\n{cluster.describe()}\nits log:\n{victim.log[-6000:]}",
+            lambda: (
+                f"its copies deleted\n{cluster.describe()}\nits log:\n{victim.process.log[-6000:]}"
+            ),
         )
         # Until it is stopped, balance gives the emptiest node nothing back.
         rounds = stats["balance"]["rounds"]
