@@ -64,7 +64,8 @@ class ClusterInfo:
     ) -> None:
         self.session = session
         self.log = log
-        # Sent when no person's credential is (--http-client-auth-secret): the chart poller.
+        # Sent when no person's credential is (NSQADMIN_HTTP_CLIENT_AUTH_SECRET): the chart
+        # poller.
         self.auth_secret = auth_secret
         self.quiet = quiet  # the chart poller's: no warning every two seconds per dead node
 

@@ -19,7 +19,7 @@ from nsqpy.common.errors import ProtocolError
 from nsqpy.common.goformat import go_atoi
 from nsqpy.common.names import is_valid_name
 from nsqpy.common.version import VERSION
-from nsqpy.daemon.http_access import HTTPAccess, NeedOf, need_of
+from nsqpy.daemon.http_access import HTTPAccess, NeedOf, cluster_route_needs, need_of
 from nsqpy.daemon.http_server import (
     JSON_CONTENT_TYPE,
     NSQ_V1_HEADER,
@@ -144,10 +144,9 @@ def route_needs(options) -> dict[tuple[str, str], NeedOf]:
         if options.http_auth_required:
             table.update(EVERY_OTHER_ROUTE)
     needs = {route: need_of(*entry) for route, entry in table.items()}
-    if options.cluster_secret:
-        needs.update({route: need_of("cluster", "node") for route in CLUSTER_ROUTES})
-    elif options.http_auth_required:
-        needs.update({route: need_of("admin", "node") for route in CLUSTER_ROUTES})
+    needs.update(
+        cluster_route_needs(CLUSTER_ROUTES, options.cluster_secret, options.http_auth_required)
+    )
     return needs
 
 

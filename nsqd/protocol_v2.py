@@ -37,7 +37,7 @@ from nsqpy.common.frame import (
 )
 from nsqpy.common.goformat import go_base10, go_quote, go_text
 from nsqpy.common.names import is_valid_name
-from nsqpy.daemon.auth import AuthError, AuthState, query_any
+from nsqpy.daemon.auth import AuthError, AuthState, ip_of, query_any
 from nsqpy.daemon.net import peer_common_name
 from nsqpy.nsqd.channel import ChannelError
 from nsqpy.nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Client
@@ -740,7 +740,7 @@ class ProtocolV2:
         options = self.options
         client.auth_state = await query_any(
             options.auth_http_address,
-            client.remote_address.rsplit(":", 1)[0].strip("[]"),
+            ip_of(client.remote_address),
             client.tls,
             client.auth_secret,
             client.tls_common_name,

@@ -12,7 +12,7 @@ from nsqpy.common.cluster_meta import TopicMeta, is_node_id
 from nsqpy.common.errors import NO_CHANNEL_FOR_WRITERS
 from nsqpy.common.names import cluster_topic_problem, is_valid_name
 from nsqpy.common.version import VERSION
-from nsqpy.daemon.http_access import HTTPAccess, NeedOf, need_of
+from nsqpy.daemon.http_access import HTTPAccess, NeedOf, cluster_route_needs, need_of
 from nsqpy.daemon.http_server import (
     HTTPError,
     Request,
@@ -127,10 +127,9 @@ def route_needs(options) -> dict[tuple[str, str], NeedOf]:
     needs: dict[tuple[str, str], NeedOf] = {}
     if options.auth_http_address:
         needs.update({route: need_of("admin", scope) for route, scope in OPERATIONS.items()})
-    if options.cluster_secret:
-        needs.update({route: need_of("cluster", "node") for route in NODE_REPORTS})
-    elif options.auth_http_address:
-        needs.update({route: need_of("admin", "node") for route in NODE_REPORTS})
+    needs.update(
+        cluster_route_needs(NODE_REPORTS, options.cluster_secret, bool(options.auth_http_address))
+    )
     return needs
 
 

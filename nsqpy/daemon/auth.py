@@ -96,6 +96,11 @@ class AuthState:
         )
 
 
+def ip_of(remote: str) -> str:
+    """The address part of `host:port` (IPv6 without its brackets), as Go's AUTH sends it."""
+    return remote.rsplit(":", 1)[0].strip("[]")
+
+
 def _auth_url(address: str, remote_ip: str, tls: bool, secret: str, common_name: str) -> str:
     # Go's url.Values.Encode sorts the keys; a full URL gets `?query` appended as it is.
     query = urllib.parse.urlencode(

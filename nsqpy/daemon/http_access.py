@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nsqpy.daemon.auth import AuthError, AuthState, query_any
+from nsqpy.daemon.auth import AuthError, AuthState, ip_of, query_any
 from nsqpy.daemon.http_server import Request, Response, first_param, parse_query, v1_response
 
 if TYPE_CHECKING:
@@ -88,12 +88,6 @@ def bearer_secret(request: Request) -> str | None:
     return value[7:].strip()
 
 
-def remote_ip(remote: str) -> str:
-    """The address part of `host:port` (IPv6 without its brackets), as Go's AUTH sends it."""
-    host = remote.rpartition(":")[0] if ":" in remote else remote
-    return host.strip("[]")
-
-
 class HTTPAccess:
     """The verdicts on requests to routes with a `Need`, for one daemon."""
 
@@ -122,14 +116,12 @@ class HTTPAccess:
         return any(hmac.compare_digest(given, known) for known in self.cluster_secrets)
 
     def _key(self, request: Request, secret: str) -> tuple[str, str, bool, str]:
-        return (secret, remote_ip(request.remote), request.tls, request.common_name)
+        return (secret, ip_of(request.remote), request.tls, request.common_name)
 
     def verdict(self, request: Request, need: Need) -> Response | _Pending | None:
         """None: allowed; PENDING: the auth servers must be asked first (`ask`); else the
         refusal."""
-        recent = self._recent.get(
-            (request.headers.get("authorization", ""), request.remote, request.common_name)
-        )
+        recent = self._recent.get(_recent_key(request))
         if recent is not None and not recent.is_expired():
             return _judge(recent, need)
         secret = bearer_secret(request)
@@ -150,8 +142,7 @@ class HTTPAccess:
     def _remember(self, request: Request, state: AuthState) -> None:
         if len(self._recent) >= CACHE_SIZE:
             self._recent.clear()
-        key = (request.headers.get("authorization", ""), request.remote, request.common_name)
-        self._recent[key] = state
+        self._recent[_recent_key(request)] = state
 
     async def ask(self, request: Request, need: Need) -> Response | None:
         """The verdict on a PENDING request, once the auth servers answered about its
@@ -173,6 +164,22 @@ class HTTPAccess:
         self._states[key] = state
         self._remember(request, state)
         return _judge(state, need)
+
+
+def _recent_key(request: Request) -> tuple[str, str, str]:
+    return (request.headers.get("authorization", ""), request.remote, request.common_name)
+
+
+def cluster_route_needs(
+    routes: "tuple[tuple[str, str], ...]", cluster_secret: str, admins_otherwise: bool
+) -> dict[tuple[str, str], NeedOf]:
+    """The needs of the routes the cluster calls itself: the cluster secret's when there is
+    one, else `admin` when the daemon guards its routes (`admins_otherwise`), else none."""
+    if cluster_secret:
+        return {route: need_of("cluster", "node") for route in routes}
+    if admins_otherwise:
+        return {route: need_of("admin", "node") for route in routes}
+    return {}
 
 
 def _judge(state: AuthState, need: Need) -> Response | None:

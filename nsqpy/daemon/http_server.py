@@ -388,7 +388,10 @@ class Router:
         found = self._handler(request)
         if isinstance(found, Response):
             return None
-        key = found[1]
+        return await self._refusal(request, found[1])
+
+    async def _refusal(self, request: Request, key: tuple[str, str]) -> Response | None:
+        """`check` for a request to the route `key` (method, pattern)."""
         verdict = self._verdict(request, key)
         if verdict is None or isinstance(verdict, Response):
             return verdict
@@ -466,7 +469,7 @@ class Router:
         if isinstance(found, Response):
             return found
         handler, key = found
-        refusal = await self.check(request)
+        refusal = await self._refusal(request, key)
         if refusal is not None:
             return refusal
         if key not in self._waiting:
