@@ -11,10 +11,18 @@ import pytest
 import trustme
 
 from nsqpy.common.replication import PULL, PUT, REPLY, encode_frame
+from tests.cluster.aging import (
+    AGED_NSQD_ARGS,
+    age_topic,
+    log_start,
+    poll_back_in_isr,
+    publish_batch,
+    replace_disk,
+)
 from tests.cluster.etcd_server import EtcdServer, EtcdTLS
 from tests.cluster.local_cluster import LocalCluster
 from tests.cluster.raw_rpc import frames_of, raw_exchange
-from tests.cluster.traffic import check_replicas_identical
+from tests.cluster.traffic import check_replicas_identical, drain
 from tests.harness import DaemonProcess, V2Connection
 from tests.security.access import ANSWERS, CLUSTER_SECRET
 from tests.support.auth_server import AuthServer
@@ -288,3 +296,34 @@ def test_auth_in_cluster_mode_without_the_cluster_secret_is_refused_at_start(tmp
         process = DaemonProcess(name, args).launch()
         assert process.process.wait(20) == 1
         assert "needs --cluster-secret" in process.log, process.log
+
+
+def test_with_the_cluster_secret_a_replaced_disk_on_an_aged_topic_catches_up_and_rejoins(
+    tmp_path, etcd_server
+):
+    """Old data and an emptied disk behind --cluster-secret: the replica started over on an
+    empty data directory copies a log that retention already cut, and its leader's request to
+    the master to admit it (`/cluster/isr/join`) carries the secret, so it rejoins the ISR;
+    nothing of the cluster's own is refused, and the log starts where the leader's does."""
+    secret = (f"-cluster-secret={CLUSTER_SECRET}",)
+    with LocalCluster(
+        tmp_path,
+        etcd_server,
+        nsqd_args=(*AGED_NSQD_ARGS, *secret),
+        lookupd_args=secret,
+        credential=CLUSTER_SECRET,
+    ) as cluster:
+        cluster.create_writable_topic("t", 1, 2)
+        leader = cluster.node_leading("t", 0)
+        [follower_id] = [n for n in cluster.partition("t", 0)["isr"] if n != leader.node_id]
+        follower = cluster.node(follower_id)
+        start = age_topic(cluster, "t")
+        acked = publish_batch(leader, "t", "kept", 100)
+        replace_disk(cluster, follower)
+        poll_back_in_isr(cluster, follower, "t")
+        assert log_start(follower, "t") == start
+        check_replicas_identical(cluster, "t", 1)
+        assert acked <= drain(leader, "t", acked)
+        refusals = ("AUTH_REQUIRED", "AUTH_FAILED", "UNAUTHORIZED", "FORBIDDEN")
+        logs = [node.process.log for node in cluster.nodes] + [ld.log for ld in cluster.lookupds]
+        assert not any(word in log for log in logs for word in refusals), logs
