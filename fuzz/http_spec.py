@@ -315,10 +315,42 @@ _OK_CONTENT = {
 }
 
 
+_SCOPES = {
+    "topic": "on the request's topic",
+    "channel": "on the request's topic and channel",
+    "node": "on any topic",
+}
+
+
+def _auth_note(method: str, path: str) -> str | None:
+    """When a route answers 401/403 (nsqd's tables; docs/operations.md "Securing a cluster")."""
+    from nsqpy.nsqd.http_api import CLUSTER_ROUTES, EVERY_OTHER_ROUTE, MESSAGE_ROUTES
+
+    key = (method, path.replace("{opt}", "*"))
+    if key in MESSAGE_ROUTES:
+        permission, scope = MESSAGE_ROUTES[key]
+        return f"With --auth-http-address: needs `{permission}` {_SCOPES[scope]}"
+    if key in EVERY_OTHER_ROUTE:
+        permission, scope = EVERY_OTHER_ROUTE[key]
+        return f"With --http-auth-required: needs `{permission}` {_SCOPES[scope]}"
+    if key in CLUSTER_ROUTES:
+        return (
+            "With --cluster-secret: only the cluster's own callers carrying it (without one,"
+            " `admin` under --http-auth-required)"
+        )
+    return None
+
+
 def openapi() -> dict:
     paths: dict[str, dict] = {}
     for endpoint in ENDPOINTS:
         operation: dict = {"summary": endpoint.summary}
+        auth_note = _auth_note(endpoint.method, endpoint.path)
+        if auth_note is not None:
+            operation["description"] = (
+                f"{auth_note}: the credential is `Authorization: Bearer <secret>`, asked of"
+                " the auth servers; refusals are 401 and 403."
+            )
         parameters = []
         for param in endpoint.params:
             parameters.append(
@@ -361,6 +393,9 @@ def openapi() -> dict:
             }
         responses["404"] = responses.get("404") or {"$ref": "#/components/responses/NotFound"}
         responses["405"] = {"$ref": "#/components/responses/MethodNotAllowed"}
+        if auth_note is not None:
+            responses["401"] = {"$ref": "#/components/responses/Unauthenticated"}
+            responses["403"] = responses.get("403") or {"$ref": "#/components/responses/Forbidden"}
         operation["responses"] = responses
         paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = operation
     return {
@@ -397,6 +432,18 @@ def openapi() -> dict:
                 },
                 "MethodNotAllowed": {
                     "description": "`METHOD_NOT_ALLOWED`, with an `Allow` header",
+                    "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}},
+                },
+                "Unauthenticated": {
+                    "description": (
+                        "`AUTH_REQUIRED` (no credential; with `WWW-Authenticate: Bearer`),"
+                        " `AUTH_FAILED` (no auth server answered usably) or `UNAUTHORIZED`"
+                        " (the answer granted nothing)"
+                    ),
+                    "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}},
+                },
+                "Forbidden": {
+                    "description": "`FORBIDDEN`: the credential lacks what the route needs",
                     "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}},
                 },
             },

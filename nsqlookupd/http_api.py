@@ -36,8 +36,11 @@ if TYPE_CHECKING:
 _HTTP_TIMEOUT = 5.0
 
 
-def _post(url: str) -> None:
-    request = urllib.request.Request(url, data=b"", method="POST")
+def _post(url: str, secret: str) -> None:
+    """A standalone nsqlookupd's call of an nsqd, with the cluster secret when it has one
+    (an nsqd run with --http-auth-required admits it)."""
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    request = urllib.request.Request(url, data=b"", method="POST", headers=headers)
     with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT) as response:
         response.read()
 
@@ -827,7 +830,7 @@ class HTTPAPI:
             )
             url = f"http://{peer.broadcast_address}:{peer.http_port}/topic/create?{query}"
             try:
-                await trio.to_thread.run_sync(_post, url)
+                await trio.to_thread.run_sync(_post, url, options.cluster_secret)
             except OSError as error:
                 message = f"creating partition {partition} on {peer.id} failed: {error}"
                 raise HTTPError(500, message) from None

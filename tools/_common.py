@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import NoReturn, TextIO
 
 from nsqpy.client.blocking import Consumer, Message, NSQError, lookup_nsqds
+from nsqpy.client.security import Security
 from nsqpy.common.command import encode_command
 from nsqpy.common.flags import Flag, FlagSet, Kind
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
@@ -214,8 +215,10 @@ class ConsumerGroup:
         identify: dict | None = None,
         log: logging.Logger | None = None,
         lookupd_poll_interval: float = LOOKUPD_POLL_INTERVAL,
+        security: Security | None = None,
     ) -> None:
         self.topics = list(topics)
+        self.security = security
         self.channel = channel
         self.nsqd_tcp_addresses = list(nsqd_tcp_addresses)
         self.lookupd_http_addresses = list(lookupd_http_addresses)
@@ -266,7 +269,12 @@ class ConsumerGroup:
         self.log.info("(%s) connecting to nsqd", address)
         try:
             consumer = Consumer(
-                address, topic, self.channel, max_in_flight=1, identify=self.identify
+                address,
+                topic,
+                self.channel,
+                max_in_flight=1,
+                identify=self.identify,
+                security=self.security,
             )
         except (OSError, NSQError) as error:
             self.log.error("(%s) error connecting to nsqd - %s", address, error)

@@ -5,16 +5,20 @@ true; `key=value` is accepted too when there is no comma), with go-nsq's option 
 stand for `_`), types, ranges and error texts (`invalid option <key>`, `invalid <key> ! v > max`,
 `failed to coerce option ...`). What this blocking client can honour is applied: IDENTIFY fields
 (`client_id`, `hostname`, `user_agent`, `heartbeat_interval`, `sample_rate`,
-`output_buffer_size`, `output_buffer_timeout`, `msg_timeout`), `max_in_flight` (RDY) and
-`lookupd_poll_interval`. The other options go-nsq knows (backoff, timeouts, requeue delays,
-jitter, `max_attempts`, ...) are accepted and have no effect; TLS, deflate, snappy and AUTH,
-which this client does not speak, are refused unless given their "off" value.
+`output_buffer_size`, `output_buffer_timeout`, `msg_timeout`), `max_in_flight` (RDY),
+`lookupd_poll_interval`, and TLS and AUTH (`tls_v1`, `tls_root_ca_file`, `tls_cert`,
+`tls_key`, `tls_insecure_skip_verify`, `tls_min_version`, `auth_secret`: `security`, an
+nsqpy.client.security.Security). The other options go-nsq knows (backoff, timeouts, requeue
+delays, jitter, `max_attempts`, ...) are accepted and have no effect; deflate and snappy,
+which this client does not speak, and `tls_config` (a Go value) are refused unless given
+their "off" value.
 """
 
 import logging
 from collections.abc import Iterable
 from typing import Any
 
+from nsqpy.client.security import TLS_VERSIONS, Security, SecurityError
 from nsqpy.common.duration import DurationError, format_duration_ns, parse_duration_ns
 from nsqpy.common.flags import parse_go_bool, parse_go_float, parse_go_int
 
@@ -81,10 +85,19 @@ _IDENTIFY_OPTIONS = (
     "output_buffer_timeout",
     "msg_timeout",
 )
-# Valid for go-nsq but needing TLS, compression or AUTH, which this client does not speak:
+# Valid for go-nsq but needing compression, which this client does not speak, or a Go value:
 # refused unless given their "off" value.
-_UNSUPPORTED = {"tls_v1": False, "tls_config": "", "deflate": False, "snappy": False}
-_UNSUPPORTED["auth_secret"] = ""
+_UNSUPPORTED = {"tls_config": "", "deflate": False, "snappy": False}
+# go-nsq's TLS and AUTH options, the fields of a Security.
+_SECURITY_OPTIONS = (
+    "tls_v1",
+    "tls_root_ca_file",
+    "tls_cert",
+    "tls_key",
+    "tls_insecure_skip_verify",
+    "tls_min_version",
+    "auth_secret",
+)
 
 
 def _go_value(kind: str, value) -> str:
@@ -143,6 +156,12 @@ class NsqOptions:
             except OptionError as error:
                 # Go's flag package wraps a flag.Value's Set error this way.
                 raise OptionError(f'invalid value "{text}" for flag -{flag}: {error}') from None
+        try:
+            self.security = Security(
+                **{name: self.settings[name] for name in _SECURITY_OPTIONS if name in self.settings}
+            ).check()
+        except SecurityError as error:
+            raise OptionError(f"-{flag}: {error}") from None
         heartbeat = self.settings.get("heartbeat_interval", 30 * _SECOND)
         read_timeout = self.settings.get("read_timeout", 60 * _SECOND)
         if heartbeat > read_timeout:  # go-nsq's Config.Validate
@@ -171,6 +190,8 @@ class NsqOptions:
             raise OptionError(
                 f"invalid {option} ! {_go_value(kind, value)} > {_go_value(kind, high)}"
             )
+        if option == "tls_min_version" and value not in TLS_VERSIONS:
+            raise OptionError(f"ERROR: {value} is not a tls version")
         if option in _UNSUPPORTED and value != _UNSUPPORTED[option]:
             raise OptionError(f"option {option} is not supported by this client")
         self.settings[option] = value
@@ -216,7 +237,11 @@ def consumer_settings(log: logging.Logger, values: dict, user_agent: str) -> dic
     explicit = values.get("_explicit", ())
     if options.max_in_flight is not None and "max_in_flight" not in explicit:
         max_in_flight = options.max_in_flight
-    settings: dict = {"max_in_flight": max_in_flight, "identify": options.identify(user_agent)}
+    settings: dict = {
+        "max_in_flight": max_in_flight,
+        "identify": options.identify(user_agent),
+        "security": options.security,
+    }
     if options.lookupd_poll_interval is not None:
         settings["lookupd_poll_interval"] = options.lookupd_poll_interval
     return settings

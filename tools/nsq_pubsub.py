@@ -47,18 +47,18 @@ import signal
 import ssl
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import WSMsgType, web
 
 from nsqpy.client.asyncio import Delivery, SubscribeError, Subscription, Target, Targets
+from nsqpy.client.security import NO_SECURITY, Security
 from nsqpy.client.smart import LookupUnavailable
 from nsqpy.common.command_parser import parse_http_mpub_body
 from nsqpy.common.duration import format_duration
 from nsqpy.common.errors import ProtocolError
-from nsqpy.common.flags import Flag, Kind, parse_go_bool
+from nsqpy.common.flags import Flag, Kind
 from nsqpy.common.goformat import go_atoi, go_json
 from nsqpy.common.names import is_valid_name
 from nsqpy.common.version import VERSION, version_line
@@ -80,7 +80,7 @@ from nsqpy.tools._common import (
     make_logger,
     parse_args,
 )
-from nsqpy.tools._options import OptionError, consumer_settings, nsq_options
+from nsqpy.tools._options import consumer_settings, nsq_options
 from nsqpy.tools.pubsub_cluster import Layouts, Publisher
 
 NAME = "nsq_pubsub"
@@ -92,24 +92,6 @@ NSQD_RECONNECT_INTERVAL = 15.0
 # A burst of subscribers to one topic shares one lookup.
 SUBSCRIBE_LOOKUP_MAX_AGE = 1.0
 _BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
-# go-nsq's TLS options, which this tool's asyncio client speaks (tools/_options.py refuses
-# them for the blocking client), and go-nsq's tls_min_version names.
-_TLS_OPTIONS = frozenset(
-    {
-        "tls_v1",
-        "tls_root_ca_file",
-        "tls_insecure_skip_verify",
-        "tls_cert",
-        "tls_key",
-        "tls_min_version",
-    }
-)
-_TLS_VERSIONS = {
-    "tls1.0": ssl.TLSVersion.TLSv1,
-    "tls1.1": ssl.TLSVersion.TLSv1_1,
-    "tls1.2": ssl.TLSVersion.TLSv1_2,
-    "tls1.3": ssl.TLSVersion.TLSv1_3,
-}
 
 
 def flags() -> list[Flag]:
@@ -169,69 +151,8 @@ class Options:
     lookupd_poll_interval: float = 60.0
     consumer_identify: dict = field(default_factory=dict)
     producer_identify: dict = field(default_factory=dict)
-    consumer_tls: ssl.SSLContext | None = None
-    producer_tls: ssl.SSLContext | None = None
-
-
-def _split_option(text: str) -> tuple[str, str | None]:
-    """go-nsq's ConfigFlag syntax, as tools/_options.py reads it."""
-    if "," in text:
-        key, raw = text.split(",", 1)
-    elif "=" in text:
-        key, raw = text.split("=", 1)
-    else:
-        key, raw = text, None
-    return key.replace("-", "_"), raw
-
-
-def split_tls_options(texts: Iterable[str], flag: str) -> tuple[list[str], ssl.SSLContext | None]:
-    """Take go-nsq's TLS options out of a `--consumer-opt`/`--producer-opt` list: the other
-    options (for nsqpy.tools._options.NsqOptions) and the TLS context they ask for (None without
-    `tls_v1`, which go-nsq needs before it uses any of them). Errors are go-nsq's, wrapped as
-    Go's flag package wraps them."""
-    rest: list[str] = []
-    settings: dict[str, Any] = {}
-    for text in texts:
-        option, raw = _split_option(text)
-        if option not in _TLS_OPTIONS:
-            rest.append(text)
-            continue
-        try:
-            if option in ("tls_v1", "tls_insecure_skip_verify"):
-                try:
-                    settings[option] = True if raw is None else parse_go_bool(raw)
-                except ValueError as error:
-                    shown = "true" if raw is None else raw
-                    raise OptionError(
-                        f"failed to coerce option {option} ({shown}) - {error}"
-                    ) from None
-            elif option == "tls_min_version":
-                if raw not in _TLS_VERSIONS:
-                    raise OptionError(f"ERROR: {raw} is not a tls version")
-                settings[option] = raw
-            else:
-                settings[option] = raw or ""
-        except OptionError as error:
-            raise OptionError(f'invalid value "{text}" for flag -{flag}: {error}') from None
-    if not settings.get("tls_v1"):
-        return rest, None
-    try:
-        context = ssl.create_default_context(cafile=settings.get("tls_root_ca_file") or None)
-    except (OSError, ssl.SSLError) as error:
-        raise OptionError(
-            f"ERROR: failed to read custom Certificate Authority file {error}"
-        ) from None
-    if settings.get("tls_insecure_skip_verify"):
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if settings.get("tls_cert") or settings.get("tls_key"):
-        try:
-            context.load_cert_chain(settings.get("tls_cert") or "", settings.get("tls_key") or None)
-        except (OSError, ssl.SSLError) as error:
-            raise OptionError(f"ERROR: failed to load tls_cert/tls_key - {error}") from None
-    if settings.get("tls_min_version"):
-        context.minimum_version = _TLS_VERSIONS[str(settings["tls_min_version"])]
-    return rest, context
+    consumer_security: Security = NO_SECURITY
+    producer_security: Security = NO_SECURITY
 
 
 def build_options(values: dict, log: logging.Logger) -> Options:
@@ -243,18 +164,9 @@ def build_options(values: dict, log: logging.Logger) -> Options:
         fatal(log, "--tls-cert and --tls-key must be given together")
     if values["https_address"] and not values["tls_cert"]:
         fatal(log, "--https-address needs --tls-cert and --tls-key")
-    try:
-        consumer_rest, consumer_tls = split_tls_options(values["consumer_opt"], "consumer-opt")
-        producer_rest, producer_tls = split_tls_options(values["producer_opt"], "producer-opt")
-    except OptionError as error:
-        fatal(log, "%s", error)
-        raise  # not reached: fatal() exits
-    if producer_tls is not None and values["lookupd_http_address"]:
-        # The smart client that publishes to partitions through nsqlookupd speaks plain TCP.
-        fatal(log, "--producer-opt tls_v1 needs --nsqd-tcp-address, not --lookupd-http-address")
     user_agent = f"{NAME}/nsqpy"
-    settings = consumer_settings(log, {**values, "consumer_opt": consumer_rest}, user_agent)
-    producer = nsq_options(log, {**values, "producer_opt": producer_rest}, "producer-opt")
+    settings = consumer_settings(log, values, user_agent)
+    producer = nsq_options(log, values, "producer-opt")
     return Options(
         http_address=values["http_address"],
         https_address=values["https_address"],
@@ -269,8 +181,8 @@ def build_options(values: dict, log: logging.Logger) -> Options:
         lookupd_poll_interval=settings.get("lookupd_poll_interval", 60.0),
         consumer_identify=settings["identify"],
         producer_identify=producer.identify(user_agent),
-        consumer_tls=consumer_tls,
-        producer_tls=producer_tls,
+        consumer_security=settings["security"],
+        producer_security=producer.security,
     )
 
 
@@ -370,7 +282,7 @@ class PubSub:
             nsqd_tcp_addresses=options.nsqd_tcp_addresses,
             layouts=self.layouts,
             identify=options.producer_identify,
-            tls=options.producer_tls,
+            security=options.producer_security,
             lookup_interval=options.lookupd_poll_interval,
         )
         self.subscribers: dict[int, Subscriber] = {}
@@ -640,11 +552,12 @@ class PubSub:
             self._discover,
             max_in_flight=options.max_in_flight,
             identify=options.consumer_identify,
-            tls=options.consumer_tls,
+            tls=options.consumer_security.context(),
             poll_interval=(
                 options.lookupd_poll_interval if self.layouts else NSQD_RECONNECT_INTERVAL
             ),
             log=self.log,
+            auth_secret=options.consumer_security.auth_secret,
         )
         try:
             await subscription.start()

@@ -145,6 +145,7 @@ def tail_partitions(values, topics, channel, settings, ext, total, stop) -> int:
             channel,
             max_in_flight=settings["max_in_flight"],
             identify=settings["identify"],
+            security=settings["security"],
         )
         for topic in topics
     ]

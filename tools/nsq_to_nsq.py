@@ -10,6 +10,7 @@ import itertools
 import sys
 
 from nsqpy.client.blocking import NSQError, Producer
+from nsqpy.client.security import Security
 from nsqpy.common.flags import Flag, Kind
 from nsqpy.tools._common import (
     ConsumerGroup,
@@ -74,9 +75,12 @@ def flags() -> list[Flag]:
 class Destinations:
     """Producers to the destination nsqds, reconnected when a connection breaks."""
 
-    def __init__(self, addresses: list[str], mode: str, log, identify: dict) -> None:
+    def __init__(
+        self, addresses: list[str], mode: str, log, identify: dict, security: Security
+    ) -> None:
         self.addresses = addresses
         self.identify = identify
+        self.security = security
         self.mode = mode
         self.log = log
         self.producers: dict[str, Producer] = {}
@@ -92,7 +96,7 @@ class Destinations:
             try:
                 producer = self.producers.get(address)
                 if producer is None:
-                    producer = Producer(address, identify=self.identify)
+                    producer = Producer(address, identify=self.identify, security=self.security)
                     self.producers[address] = producer
                 producer.publish(topic, body)
                 return None
@@ -127,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         values["mode"],
         log,
         producer_options.identify(f"{NAME}/nsqpy"),
+        producer_options.security,
     )
     stop = StopFlag()
     group = ConsumerGroup(

@@ -5,13 +5,13 @@ every subscriber and publish, and the publisher behind `/pub` and `/mpub` (docs/
 
 import asyncio
 import itertools
-import ssl
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from nsqpy.client.asyncio import Producer, Target, Targets
 from nsqpy.client.blocking import NSQError
+from nsqpy.client.security import NO_SECURITY, Security
 from nsqpy.client.smart import (
     RETRYABLE_ERRORS,
     LookupdDiscovery,
@@ -209,18 +209,25 @@ class Publisher:
         nsqd_tcp_addresses: Iterable[str] = (),
         layouts: "Layouts | None" = None,
         identify: dict | None = None,
-        tls: ssl.SSLContext | None = None,
+        security: Security = NO_SECURITY,
         lookup_interval: float = 60.0,
     ) -> None:
         self.nsqd_tcp_addresses = list(nsqd_tcp_addresses)
         self.layouts = layouts
         self.lookup_interval = lookup_interval
-        self.producer = Producer(identify or {}, tls, timeout=PUBLISH_TIMEOUT)
+        self.producer = Producer(
+            identify or {},
+            security.context(),
+            timeout=PUBLISH_TIMEOUT,
+            auth_secret=security.auth_secret,
+        )
         self.smart: SmartProducer | None = None
         if layouts is not None:
-            # The smart client speaks plain TCP (nsq_pubsub refuses TLS with nsqlookupd).
             self.smart = SmartProducer(
-                layouts.discovery.lookupds, identify=identify, lookup_interval=lookup_interval
+                layouts.discovery.lookupds,
+                identify=identify,
+                lookup_interval=lookup_interval,
+                security=security,
             )
         self._turn = itertools.count()
         self.messages = 0

@@ -13,6 +13,7 @@ import sys
 import time
 
 from nsqpy.client.blocking import NSQError, Producer
+from nsqpy.client.security import Security
 from nsqpy.client.smart import SmartClientError, SmartProducer
 from nsqpy.common.flags import Flag, Kind
 from nsqpy.tools._common import Progress, fatal, log_flags, make_logger, parse_args
@@ -68,8 +69,10 @@ class LeaderProducer:
     """`Producer`'s publishing side over the smart client (docs/client.md): round-robin over
     a partitioned topic's writable partitions, each at its current leader."""
 
-    def __init__(self, lookupd_http_addresses: list[str], identify: dict) -> None:
-        self.producer = SmartProducer(lookupd_http_addresses, identify=identify)
+    def __init__(
+        self, lookupd_http_addresses: list[str], identify: dict, security: Security
+    ) -> None:
+        self.producer = SmartProducer(lookupd_http_addresses, identify=identify, security=security)
 
     def publish(self, topic: str, body: bytes) -> None:
         try:
@@ -132,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         fatal(log, "--nsqd-tcp-address or --lookupd-http-address required")
     if values["rate"] < 0:
         fatal(log, "--rate must be >= 0")
-    identify = nsq_options(log, values, "producer-opt").identify(f"{NAME}/nsqpy")
+    producer_options = nsq_options(log, values, "producer-opt")
+    identify = producer_options.identify(f"{NAME}/nsqpy")
+    security = producer_options.security
     ext_header = None
     if values["ext_header"]:
         try:
@@ -158,9 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     producers: list[Producer | LeaderProducer] = []
     try:
         for address in values["nsqd_tcp_address"]:
-            producers.append(Producer(address, identify=identify))
+            producers.append(Producer(address, identify=identify, security=security))
         if values["lookupd_http_address"]:
-            producers.append(LeaderProducer(values["lookupd_http_address"], identify))
+            producers.append(LeaderProducer(values["lookupd_http_address"], identify, security))
     except (OSError, NSQError) as error:
         fatal(log, "failed to create nsq.Producer - %s", error)
     throttle = Throttle(values["rate"])

@@ -34,10 +34,12 @@ from nsqpy.client.core import (
     Targets,
     ready_counts,
 )
+from nsqpy.client.security import SecurityMismatch
 from nsqpy.common.command import (
     CLS,
     MAGIC_V2,
     NOP,
+    encode_auth,
     encode_command,
     encode_fin,
     encode_identify,
@@ -102,9 +104,12 @@ class Connection:
         identify: dict,
         tls: ssl.SSLContext | None = None,
         timeout: float = CONNECT_TIMEOUT,
+        auth_secret: str = "",
     ) -> "Connection":
         """Connect and IDENTIFY. With `tls`, TLS is asked for (`tls_v1`) and required: an
-        nsqd that does not grant it is an error, not a silent plain-text connection."""
+        nsqd that does not grant it is an error, not a silent plain-text connection. An nsqd
+        that answers `auth_required` gets `AUTH <auth_secret>` (SecurityMismatch without
+        one)."""
         host, port = split_address(address)
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(host, port)
@@ -127,6 +132,13 @@ class Connection:
                         raise ConnectionError(f"nsqd {address} did not grant TLS")
                     await writer.start_tls(tls, server_hostname=host)
                     await connection.response()  # nsqd's OK, the first frame over TLS
+                if connection.identify_reply.get("auth_required"):
+                    if not auth_secret:
+                        raise SecurityMismatch(
+                            f"nsqd {address} requires AUTH and no auth secret was given"
+                        )
+                    writer.write(encode_auth(auth_secret))
+                    await connection.response()
             except BaseException:
                 connection.abort()
                 raise
@@ -252,6 +264,7 @@ class Subscription:
         tls: ssl.SSLContext | None,
         poll_interval: float,
         log: logging.Logger,
+        auth_secret: str = "",
     ) -> None:
         self.topic = topic
         self.channel = channel
@@ -260,6 +273,7 @@ class Subscription:
         self._discover = discover
         self._identify = identify
         self._tls = tls
+        self._auth_secret = auth_secret
         self._log = log
         self._plan = SubscriptionPlan(
             lookup_interval=poll_interval,
@@ -440,7 +454,10 @@ class Subscription:
         for _attempt in range(3):
             detail, extend = plan.sub_ordered, plan.extend
             connection = await Connection.open(
-                target.address, plan.identify(self._identify), self._tls
+                target.address,
+                plan.identify(self._identify),
+                self._tls,
+                auth_secret=self._auth_secret,
             )
             try:
                 command, args = plan.sub_command(target, self.topic, self.channel)
@@ -562,9 +579,11 @@ class Producer:
         tls: ssl.SSLContext | None = None,
         *,
         timeout: float = 5.0,
+        auth_secret: str = "",
     ) -> None:
         self.identify = identify
         self.tls = tls
+        self.auth_secret = auth_secret
         self.timeout = timeout
         self._links: dict[str, _ProducerLink] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
@@ -598,7 +617,9 @@ class Producer:
         async with lock:
             link = self._links.get(address)
             if link is None:
-                connection = await Connection.open(address, self.identify, self.tls, self.timeout)
+                connection = await Connection.open(
+                    address, self.identify, self.tls, self.timeout, self.auth_secret
+                )
                 link = _ProducerLink(connection)
                 link.task = asyncio.create_task(self._read(address, link))
                 self._links[address] = link

@@ -6,8 +6,11 @@ and sends FIN/REQ/TOUCH, answering heartbeats on the way, and a few HTTP helpers
 and nsqlookupd's APIs. Everything is plain sockets, usable from threads or Spark executors.
 """
 
+import http.client
+import io
 import json
 import socket
+import ssl
 import threading
 import time
 import urllib.error
@@ -16,9 +19,11 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass
 
+from nsqpy.client.security import NO_SECURITY, Security, SecurityMismatch, tls_required_port
 from nsqpy.common.command import (
     MAGIC_V2,
     NOP,
+    encode_auth,
     encode_command,
     encode_dpub,
     encode_fin,
@@ -73,8 +78,19 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def receive_available(sock: socket.socket, size: int) -> bytes:
+    """One recv, and over TLS whatever else is already decrypted: bytes left inside the TLS
+    layer would not wake a `select` on the socket."""
+    data = sock.recv(size)
+    if isinstance(sock, ssl.SSLSocket):
+        while data and (pending := sock.pending()):
+            data += sock.recv(pending)
+    return data
+
+
 class Connection:
-    """One V2 connection: magic, IDENTIFY, framed replies, heartbeats answered."""
+    """One V2 connection: magic, IDENTIFY, the TLS upgrade and AUTH when `security` asks for
+    them (nsqpy.client.security), then framed replies with heartbeats answered."""
 
     def __init__(
         self,
@@ -83,14 +99,18 @@ class Connection:
         timeout: float = 10.0,
         identify: dict | None = None,
         client_id: str | None = None,
+        security: Security | None = None,
     ) -> None:
         self.address = address
-        self.sock = socket.create_connection(split_address(address), timeout=timeout)
+        self.security = security or NO_SECURITY
+        host, port = split_address(address)
+        self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.decoder = FrameDecoder()
         self.frames: deque = deque()
         # FIN from one thread and the heartbeat's NOP from the reading one must not interleave.
         self._send_lock = threading.Lock()
+        self.auth_reply: dict | None = None
         settings = {
             "client_id": client_id or socket.gethostname().split(".")[0],
             "hostname": socket.gethostname(),
@@ -98,8 +118,32 @@ class Connection:
             "feature_negotiation": True,
         }
         settings.update(identify or {})
-        self.sock.sendall(MAGIC_V2 + encode_identify(settings))
-        self.identify_reply = json.loads(self.read_response())
+        if self.security.tls_v1:
+            settings["tls_v1"] = True
+        try:
+            self.sock.sendall(MAGIC_V2 + encode_identify(settings))
+            self.identify_reply = json.loads(self.read_response())
+            self._secure(host)
+        except BaseException:
+            self.close()
+            raise
+
+    def _secure(self, host: str) -> None:
+        """TLS when asked for (nsqd must grant it: no silent plain text), then AUTH when nsqd
+        requires it, as go-nsq does after IDENTIFY."""
+        if self.security.tls_v1:
+            if not self.identify_reply.get("tls_v1"):
+                raise SecurityMismatch(f"nsqd {self.address} did not grant TLS (tls_v1)")
+            context = self.security.context()
+            self.sock = context.wrap_socket(self.sock, server_hostname=host)
+            self.read_response()  # nsqd's OK, the first frame over TLS
+        if self.identify_reply.get("auth_required"):
+            if not self.security.auth_secret:
+                raise SecurityMismatch(
+                    f"nsqd {self.address} requires AUTH and no auth secret was given"
+                )
+            self.send(encode_auth(self.security.auth_secret))
+            self.auth_reply = json.loads(self.read_response())
 
     def send(self, data: bytes) -> None:
         with self._send_lock:
@@ -110,9 +154,9 @@ class Connection:
         while not self.frames:
             self.sock.settimeout(timeout if timeout is not None else self.sock.gettimeout())
             try:
-                data = self.sock.recv(256 * 1024)
-            except (TimeoutError, BlockingIOError):  # timeout 0: a non-blocking read
-                return None
+                data = receive_available(self.sock, 256 * 1024)
+            except (TimeoutError, BlockingIOError, ssl.SSLWantReadError):
+                return None  # timeout 0 is a non-blocking read
             if not data:
                 raise ConnectionError(f"nsqd {self.address} closed the connection")
             for frame in self.decoder.receive_data(data):
@@ -180,8 +224,9 @@ class Consumer(Connection):
         max_in_flight: int = 100,
         timeout: float = 10.0,
         identify: dict | None = None,
+        security: Security | None = None,
     ) -> None:
-        super().__init__(address, timeout=timeout, identify=identify)
+        super().__init__(address, timeout=timeout, identify=identify, security=security)
         self.topic = topic
         self.channel = channel
         self.send(encode_sub(topic, channel))
@@ -233,26 +278,89 @@ class Consumer(Connection):
 # -- HTTP -------------------------------------------------------------------------------------
 
 
-def http_request(
-    address: str, path: str, *, method: str = "GET", body: bytes | None = None, **params
-) -> bytes:
-    """One request to an nsqd or nsqlookupd HTTP API (`host:port` or a full URL); the body."""
+# The HTTPS address of an nsqd whose plain port answered TLS_REQUIRED, by its plain one.
+_https_addresses: dict[str, str] = {}
+
+
+def nsqd_http_base(address: str, security: Security = NO_SECURITY) -> str:
+    """The base URL for `address` (`host:port` or a URL): its HTTPS one once that nsqd said TLS
+    is required, when the security settings speak TLS."""
     base = address if address.startswith(("http://", "https://")) else f"http://{address}"
+    base = base.rstrip("/")
+    if security.tls_v1 and base.startswith("http://"):
+        moved = _https_addresses.get(base[len("http://") :])
+        if moved is not None:
+            return f"https://{moved}"
+    return base
+
+
+def learn_tls_required(address: str, status: int, body: bytes, security: Security) -> bool:
+    """Remember the HTTPS port an nsqd's `TLS_REQUIRED` answer gives; True when the request
+    should be made again there."""
+    port = tls_required_port(status, body)
+    if port is None or not security.tls_v1:
+        return False
+    netloc = urllib.parse.urlsplit(nsqd_http_base(address)).netloc
+    host = netloc.rpartition(":")[0] or netloc
+    moved = f"{host}:{port}"
+    if _https_addresses.get(netloc) == moved:
+        return False
+    _https_addresses[netloc] = moved
+    return True
+
+
+def http_connection(
+    base: str, security: Security = NO_SECURITY, timeout: float = 10.0
+) -> http.client.HTTPConnection:
+    """A kept-alive connection to the host of `base` (an http:// or https:// URL)."""
+    parts = urllib.parse.urlsplit(base)
+    host, port = parts.hostname or "127.0.0.1", parts.port
+    if parts.scheme == "https":
+        return http.client.HTTPSConnection(
+            host, port, timeout=timeout, context=security.https_context()
+        )
+    return http.client.HTTPConnection(host, port, timeout=timeout)
+
+
+def http_request(
+    address: str,
+    path: str,
+    *,
+    method: str = "GET",
+    body: bytes | None = None,
+    security: Security | None = None,
+    timeout: float = 10.0,
+    **params,
+) -> bytes:
+    """One request to an nsqd or nsqlookupd HTTP API (`host:port` or a full URL); the body.
+    With `security`, the auth secret goes as `Authorization: Bearer` and an nsqd that
+    requires TLS is asked again over HTTPS."""
+    security = security or NO_SECURITY
     query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
-    url = f"{base}{path}" + (f"?{query}" if query else "")
     data = body if body is not None else (b"" if method == "POST" else None)
-    request = urllib.request.Request(
-        url,
-        data=data,
-        method=method,
-        headers={"Accept": "application/vnd.nsq; version=1.0", "User-Agent": USER_AGENT},
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return response.read()
+    headers = {"Accept": "application/vnd.nsq; version=1.0", "User-Agent": USER_AGENT}
+    headers.update(security.http_headers())
+    while True:
+        base = nsqd_http_base(address, security)
+        url = f"{base}{path}" + (f"?{query}" if query else "")
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        context = security.https_context() if base.startswith("https://") else None
+        try:
+            with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+                return response.read()
+        except urllib.error.HTTPError as error:
+            if error.code != 403:
+                raise
+            text = error.read()
+            if not learn_tls_required(address, error.code, text, security):
+                # The body was read: hand the caller an error it can read again.
+                raise urllib.error.HTTPError(
+                    error.url, error.code, error.msg, error.headers, io.BytesIO(text)
+                ) from None
 
 
-def http_json(address: str, path: str, **params) -> dict:
-    return json.loads(http_request(address, path, **params) or b"null")
+def http_json(address: str, path: str, *, security: Security | None = None, **params) -> dict:
+    return json.loads(http_request(address, path, security=security, **params) or b"null")
 
 
 def lookup_nsqds(lookupd_http_address: str, topic: str) -> list[str]:
@@ -269,13 +377,28 @@ def lookup_nsqds(lookupd_http_address: str, topic: str) -> list[str]:
     ]
 
 
-def http_publish(nsqd_http_address: str, topic: str, bodies: list[bytes]) -> None:
+def http_publish(
+    nsqd_http_address: str, topic: str, bodies: list[bytes], security: Security | None = None
+) -> None:
     """Publish with `/pub` (one body) or `/mpub?binary=true` (several)."""
     if len(bodies) == 1:
-        http_request(nsqd_http_address, "/pub", method="POST", body=bodies[0], topic=topic)
+        http_request(
+            nsqd_http_address,
+            "/pub",
+            method="POST",
+            body=bodies[0],
+            topic=topic,
+            security=security,
+        )
         return
     payload = b"".join(len(b).to_bytes(4, "big") + b for b in bodies)
     payload = len(bodies).to_bytes(4, "big") + payload
     http_request(
-        nsqd_http_address, "/mpub", method="POST", body=payload, topic=topic, binary="true"
+        nsqd_http_address,
+        "/mpub",
+        method="POST",
+        body=payload,
+        topic=topic,
+        binary="true",
+        security=security,
     )

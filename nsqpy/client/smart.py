@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import cast
 
-from nsqpy.client.blocking import USER_AGENT, Connection, NSQError
+from nsqpy.client.blocking import USER_AGENT, Connection, NSQError, http_request
 from nsqpy.client.core import (
     RETRYABLE_ERRORS,
     Delivery,
@@ -46,6 +46,7 @@ from nsqpy.client.core import (
     ready_counts,
     targets_of,
 )
+from nsqpy.client.security import Security
 from nsqpy.common.command import (
     encode_command,
     encode_fin,
@@ -387,7 +388,9 @@ def _closed_by_peer(connection: Connection) -> bool:
     if not readable:
         return False
     try:
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        # The raw socket's bytes, below TLS (an SSLSocket refuses flags): a peek at whether
+        # the TCP connection ended.
+        return socket.socket.recv(sock, 1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
     except BlockingIOError:
         return False
     except OSError:
@@ -492,7 +495,9 @@ class SmartProducer:
         identify: dict | None = None,
         idempotent: bool = True,
         producer_id: str | None = None,
+        security: Security | None = None,
     ) -> None:
+        self.security = security
         self.discovery = LookupdDiscovery(
             lookupd_http_addresses, http_timeout=http_timeout, rediscover_interval=lookup_interval
         )
@@ -682,7 +687,10 @@ class SmartProducer:
                     link.connection = None
                 if link.connection is None:
                     link.connection = Connection(
-                        address, timeout=self.timeout, identify=self._identify
+                        address,
+                        timeout=self.timeout,
+                        identify=self._identify,
+                        security=self.security,
                     )
                     with self._lock:
                         self._connections += 1
@@ -840,9 +848,11 @@ class SmartConsumer:
         timeout: float = 5.0,
         http_timeout: float = 2.0,
         identify: dict | None = None,
+        security: Security | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
+        self.security = security
         self.topic = topic
         self.channel = channel
         self.max_in_flight = max_in_flight
@@ -947,16 +957,17 @@ class SmartConsumer:
             return [f"{self.topic}: no nsqd found for its channel {self.channel}"]
         failures = []
         for address, extra in targets:
-            query = urllib.parse.urlencode({"topic": self.topic, "channel": self.channel, **extra})
-            request = urllib.request.Request(
-                f"http://{address}/channel/{action}?{query}",
-                data=b"",
-                method="POST",
-                headers={"User-Agent": USER_AGENT},
-            )
             try:
-                with urllib.request.urlopen(request, timeout=self.discovery.http_timeout):
-                    pass
+                http_request(
+                    address,
+                    f"/channel/{action}",
+                    method="POST",
+                    security=self.security,
+                    timeout=self.discovery.http_timeout,
+                    topic=self.topic,
+                    channel=self.channel,
+                    **extra,
+                )
             except urllib.error.HTTPError as error:
                 failures.append(f"{address}: {error.code} {error.read().decode(errors='replace')}")
             except OSError as error:
@@ -1118,7 +1129,9 @@ class SmartConsumer:
             command, args = self._plan.sub_command(target, self.topic, self.channel)
             identify = self._plan.identify(self._identify)
             detail, extend = self._plan.sub_ordered, self._plan.extend
-        connection = Connection(target.address, timeout=self.timeout, identify=identify)
+        connection = Connection(
+            target.address, timeout=self.timeout, identify=identify, security=self.security
+        )
         try:
             connection.send(encode_command(command, *args))
             _read_reply(connection, self.timeout)

@@ -43,10 +43,15 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from nsqpy.client.blocking import http_connection, learn_tls_required, nsqd_http_base
 from nsqpy.common.names import is_ephemeral, is_valid_name
 from nsqpy.spark import options as opts
 from nsqpy.spark.log_records import records_to_batch
-from nsqpy.spark.partition_directory import PartitionDirectory, PartitionRange
+from nsqpy.spark.partition_directory import (
+    PartitionDirectory,
+    PartitionRange,
+    refused_credential,
+)
 
 log = logging.getLogger("nsqpy.spark")
 
@@ -89,6 +94,7 @@ class _LogReading:
         self.min_partitions = opts.positive_int(options, "minPartitions", 1)
         self.fetch_max_bytes = opts.positive_int(options, "fetchMaxBytes", DEFAULT_FETCH_MAX_BYTES)
         self.fetch_timeout = opts.duration_seconds(options, "fetchTimeout", DEFAULT_FETCH_TIMEOUT)
+        self.security = opts.security(options)
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         self._directory: PartitionDirectory | None = None
 
@@ -96,7 +102,7 @@ class _LogReading:
     def directory(self) -> PartitionDirectory:
         if self._directory is None:
             self._directory = PartitionDirectory(
-                self.topic, lookupd=self.lookupd, nsqd_http=self.nsqd_http
+                self.topic, lookupd=self.lookupd, nsqd_http=self.nsqd_http, security=self.security
             )
         return self._directory
 
@@ -250,17 +256,23 @@ class _LogReading:
     ) -> tuple[bytes, int]:
         connection = connections.get(address)
         if connection is None:
-            host, _, port = address.rpartition(":")
-            connection = connections[address] = http.client.HTTPConnection(
-                host.strip("[]"), int(port), timeout=30
+            connection = connections[address] = http_connection(
+                nsqd_http_base(address, self.security), self.security, timeout=30
             )
         connection.request(
             "GET",
             f"/partition/fetch?topic={quote(self.topic)}&partition={piece.partition}"
             f"&offset={position}&end={piece.end}&max_bytes={self.fetch_max_bytes}",
+            headers=self.security.http_headers(),
         )
         response = connection.getresponse()
         body = response.read()
+        if learn_tls_required(address, response.status, body, self.security):
+            # That nsqd requires TLS: its HTTPS port from now on.
+            connections.pop(address).close()
+            return self._fetch(connections, address, piece, position)
+        if response.status in (401, 403):
+            raise refused_credential(address, "/partition/fetch", response.status, body)
         if response.status == 416:
             raise _PositionRemoved(self._retained_start(address, piece.partition))
         if response.status == 400:

@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping
 
 from nsqpy.client.blocking import http_json
+from nsqpy.client.security import Security, SecurityError
 from nsqpy.common.duration import parse_duration
 
 DEFAULT_MSG_TIMEOUT = 60.0
@@ -83,6 +84,38 @@ def boolean(options: Mapping[str, str], name: str, default: bool) -> bool:
     if value.lower() in ("false", "0", "no"):
         return False
     raise ValueError(f'the nsq option "{name}" is true or false, not {value!r}')
+
+
+# -- TLS and AUTH ------------------------------------------------------------------------------
+
+# Option -> the go-nsq name it sets (nsqpy.client.security.Security).
+SECURITY_OPTIONS = {
+    "tls": "tls_v1",
+    "tlsRootCaFile": "tls_root_ca_file",
+    "tlsCert": "tls_cert",
+    "tlsKey": "tls_key",
+    "tlsInsecureSkipVerify": "tls_insecure_skip_verify",
+    "tlsMinVersion": "tls_min_version",
+    "authSecret": "auth_secret",
+}
+
+
+def security(options: Mapping[str, str]) -> Security:
+    """How the connector proves itself to nsqd: TLS (`tls` true, with `tlsRootCaFile`, a
+    client certificate `tlsCert` and `tlsKey`, `tlsInsecureSkipVerify`, `tlsMinVersion`) and
+    `authSecret` for nsqd's AUTH and its HTTP routes (`Authorization: Bearer`). Checked on
+    the driver (a file that cannot be read fails the query at once); the executors get the
+    settings and build their own TLS context."""
+    settings: dict[str, object] = {}
+    for option, field in SECURITY_OPTIONS.items():
+        if field in ("tls_v1", "tls_insecure_skip_verify"):
+            settings[field] = boolean(options, option, False)
+        else:
+            settings[field] = _get(options, option) or ""
+    try:
+        return Security(**settings).check()  # type: ignore[arg-type]
+    except SecurityError as error:
+        raise ValueError(f"the nsq TLS options: {error}") from None
 
 
 # -- positions in log topics (the Kafka source's option names) --------------------------------

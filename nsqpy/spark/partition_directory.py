@@ -17,6 +17,7 @@ import urllib.error
 from dataclasses import dataclass
 
 from nsqpy.client.blocking import http_json, http_request
+from nsqpy.client.security import Security
 from nsqpy.client.smart import LookupdDiscovery, LookupUnavailable
 
 log = logging.getLogger("nsqpy.spark")
@@ -43,13 +44,32 @@ class PartitionRange:
     replicas: tuple[str, ...]
 
 
+class NotAuthorized(RuntimeError):
+    """An nsqd refused the query's credential (401 or 403): asking again will not help."""
+
+
+def refused_credential(address: str, route: str, status: int, body: bytes) -> NotAuthorized:
+    return NotAuthorized(
+        f"nsq: {route} at {address} answered {status} {body[:200].decode(errors='replace')}:"
+        ' give the option "authSecret" a secret its auth server grants subscribe (and publish'
+        " to write) on the topic"
+    )
+
+
 class PartitionDirectory:
     def __init__(
-        self, topic: str, *, lookupd: list[str], nsqd_http: list[str], timeout: float = 5.0
+        self,
+        topic: str,
+        *,
+        lookupd: list[str],
+        nsqd_http: list[str],
+        timeout: float = 5.0,
+        security: Security | None = None,
     ) -> None:
         if not lookupd and not nsqd_http:
             raise ValueError('reading a log topic needs the option "lookupd" or "nsqd_http"')
         self.topic = topic
+        self.security = security
         self.nsqd_http = list(nsqd_http)
         self.discovery = LookupdDiscovery(lookupd, http_timeout=timeout) if lookupd else None
         # How many partitions the topic has, from nsqlookupd's meta (0: not known).
@@ -64,10 +84,17 @@ class PartitionDirectory:
         found: dict[int, PartitionRange] = {}
         for address, expected in self._leaders():
             try:
-                document = http_json(address, "/partition/offsets", topic=self.topic)
+                document = http_json(
+                    address, "/partition/offsets", security=self.security, topic=self.topic
+                )
             except urllib.error.HTTPError as error:
-                if error.code == 400 and b"NOT_A_LOG_TOPIC" in (error.read() or b""):
+                body = error.read() or b""
+                if error.code == 400 and b"NOT_A_LOG_TOPIC" in body:
                     raise NotALogTopic(f"topic {self.topic!r} is not a log topic") from None
+                if error.code in (401, 403):
+                    raise refused_credential(
+                        address, "/partition/offsets", error.code, body
+                    ) from None
                 if error.code != 404:
                     log.warning("nsq: /partition/offsets at %s failed: %s", address, error)
                 continue
@@ -155,6 +182,7 @@ class PartitionDirectory:
                 found = http_json(
                     address,
                     "/partition/search",
+                    security=self.security,
                     topic=self.topic,
                     partition=str(partition),
                     **{key: str(value) for key, value in query.items()},
@@ -174,6 +202,7 @@ class PartitionDirectory:
             leader,
             "/channel/create",
             method="POST",
+            security=self.security,
             topic=self.topic,
             channel=channel,
             partition=str(partition),
@@ -183,6 +212,7 @@ class PartitionDirectory:
             "/channel/setoffset",
             method="POST",
             body=f"virtual_queue:{offset}".encode(),
+            security=self.security,
             topic=self.topic,
             channel=channel,
             partition=str(partition),

@@ -75,6 +75,7 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
         self.connections_per_nsqd = opts.positive_int(options, "connectionsPerNsqd", 0)
         self.msg_timeout = opts.duration_seconds(options, "msgTimeout", opts.DEFAULT_MSG_TIMEOUT)
         self.idle_timeout = opts.duration_seconds(options, "idleTimeout", opts.DEFAULT_IDLE_TIMEOUT)
+        self.security = opts.security(options)
         self.schema = schema
         self._started = False
 
@@ -157,6 +158,7 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
                 msg_timeout=self.msg_timeout,
                 inbox=self.inbox,
                 http_address=self.http_addresses.get(address),
+                security=self.security,
             )
         except OSError as error:
             log.warning("nsq: cannot subscribe at %s: %s", address, error)
@@ -209,7 +211,9 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
                 expected = math.inf
                 continue
             try:
-                stats = http_json(http, "/stats", format="json", topic=self.topic)
+                stats = http_json(
+                    http, "/stats", security=self.security, format="json", topic=self.topic
+                )
             except OSError as error:
                 log.warning("nsq: no /stats from %s (%s); relying on idleTimeout", http, error)
                 expected = math.inf

@@ -22,7 +22,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TypeAlias
 
-from nsqpy.client.blocking import Consumer, NSQError
+from nsqpy.client.blocking import Consumer, NSQError, receive_available
+from nsqpy.client.security import Security
 from nsqpy.common.command import NOP, encode_rdy
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, Frame
@@ -59,6 +60,7 @@ class Subscription:
         msg_timeout: float,
         inbox: "queue.SimpleQueue[tuple[Subscription, list[Delivery]]]",
         http_address: str | None = None,
+        security: Security | None = None,
     ) -> None:
         self.address = address
         self.http_address = http_address
@@ -70,6 +72,7 @@ class Subscription:
             channel,
             max_in_flight=0,
             identify={"msg_timeout": int(msg_timeout * 1000)},
+            security=security,
         )
         self.max_rdy_count = int(
             self.consumer.identify_reply.get("max_rdy_count", DEFAULT_MAX_RDY_COUNT)
@@ -231,7 +234,8 @@ class Subscription:
                 if self._wake_receiver in readable:
                     self._wake_receiver.recv(4096)
                 if sock in readable:
-                    data = sock.recv(RECEIVE_SIZE)
+                    # Over TLS, everything already decrypted too: select would not tell of it.
+                    data = receive_available(sock, RECEIVE_SIZE)
                     if not data:
                         raise ConnectionError(f"nsqd {self.address} closed the connection")
                     self._deliver(decoder.receive_data(data))

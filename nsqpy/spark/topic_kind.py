@@ -24,7 +24,10 @@ def reads_a_log(options: Mapping[str, str]) -> bool:
     if not lookupd and not nsqd_http:
         return False
     directory = PartitionDirectory(
-        opts.required(options, "topic"), lookupd=lookupd, nsqd_http=nsqd_http
+        opts.required(options, "topic"),
+        lookupd=lookupd,
+        nsqd_http=nsqd_http,
+        security=opts.security(options),
     )
     try:
         return bool(directory.partitions())

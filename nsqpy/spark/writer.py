@@ -55,6 +55,7 @@ from pyspark.sql.types import (
 )
 
 from nsqpy.client.blocking import http_json, http_request
+from nsqpy.client.security import Security
 from nsqpy.client.smart import SmartProducer, partition_for_key
 from nsqpy.common.command import encode_mpub_body
 from nsqpy.common.errors import NO_CHANNEL_FOR_WRITERS
@@ -77,7 +78,11 @@ class PublishedCount(WriterCommitMessage):
 
 
 def http_mpub(
-    nsqd_http: str, topic: str, bodies: list[bytes], partition: int | None = None
+    nsqd_http: str,
+    topic: str,
+    bodies: list[bytes],
+    partition: int | None = None,
+    security: Security | None = None,
 ) -> None:
     """One `/mpub?binary=true`, to a partition when one is given (Youzan's `&partition=`)."""
     http_request(
@@ -85,6 +90,7 @@ def http_mpub(
         "/mpub",
         method="POST",
         body=encode_mpub_body(bodies),
+        security=security,
         topic=topic,
         binary="true",
         partition=None if partition is None else str(partition),
@@ -109,6 +115,7 @@ class _Publisher:
         if not self.nsqd_http_addresses and not self.lookupd_addresses:
             raise ValueError('the nsq sink needs the option "nsqd_http" or "lookupd"')
         self.chunk = opts.positive_int(options, "publishChunk", DEFAULT_PUBLISH_CHUNK)
+        self.security = opts.security(options)
         names = [field.name.lower() for field in schema.fields]
         if "body" not in names:
             raise ValueError(f'the nsq sink needs a "body" column; the columns are {names}')
@@ -144,7 +151,9 @@ class _Publisher:
         partitions: dict[int, str] = {}
         for address in http_addresses:
             try:
-                stats = http_json(address, "/stats", format="json", topic=self.topic)
+                stats = http_json(
+                    address, "/stats", security=self.security, format="json", topic=self.topic
+                )
             except OSError:
                 continue  # a publish to it fails with the reason, if it is needed
             for entry in (stats or {}).get("topics") or []:
@@ -192,7 +201,7 @@ class _Publisher:
         count = 0
         for batch in iterator:
             for chunk in self._chunks(self._bodies(batch)):
-                http_mpub(target, self.topic, chunk)
+                http_mpub(target, self.topic, chunk, security=self.security)
                 count += len(chunk)
         return PublishedCount(count, target)
 
@@ -218,7 +227,7 @@ class _Publisher:
                             f"partition {target} of topic {self.topic!r} is on none of the nsqds"
                             f" {self.nsqd_http_addresses}: give them all, or lookupd"
                         )
-                    http_mpub(partitions[target], self.topic, chunk, target)
+                    http_mpub(partitions[target], self.topic, chunk, target, security=self.security)
                     count += len(chunk)
         return PublishedCount(count, ",".join(self.nsqd_http_addresses))
 
@@ -227,7 +236,9 @@ class _Publisher:
     def _write_smart(self, iterator: Iterator[pa.RecordBatch]) -> PublishedCount:
         self._check_listed_to_writers()
         count = 0
-        with SmartProducer(self.lookupd_addresses, producer_id=self._producer_id()) as producer:
+        with SmartProducer(
+            self.lookupd_addresses, producer_id=self._producer_id(), security=self.security
+        ) as producer:
             partition_num = producer.refresh(self.topic).partition_num
             if not partition_num:
                 raise RuntimeError(

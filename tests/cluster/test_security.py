@@ -25,7 +25,7 @@ from tests.cluster.raw_rpc import frames_of, raw_exchange
 from tests.cluster.traffic import check_replicas_identical, drain
 from tests.harness import DaemonProcess, V2Connection
 from tests.security.access import ANSWERS, CLUSTER_SECRET
-from tests.support.auth_server import AuthServer
+from tests.support.auth_server import answering
 from tests.support.http import HTTPReply, request
 from tests.support.polling import poll
 
@@ -210,10 +210,8 @@ def test_a_wrong_etcd_password_fails_the_start_with_one_line(tmp_path, secure_et
 
 @pytest.fixture
 def auth_server():
-    server = AuthServer().start()
-    server.answers.update(ANSWERS)
-    yield server
-    server.stop()
+    with answering(ANSWERS) as server:
+        yield server
 
 
 def test_a_cluster_behind_auth_and_its_secret_works_and_refuses_everyone_else(

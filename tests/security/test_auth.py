@@ -18,7 +18,7 @@ import pytest
 from nsqpy.common.command import encode_auth, encode_dpub, encode_mpub, encode_pub, encode_sub
 from nsqpy.common.frame import FRAME_TYPE_RESPONSE
 from tests.security.support import CLIENT_COMMON_NAME, client_stats, connection, running_nsqd
-from tests.support.auth_server import AuthServer
+from tests.support.auth_server import answering
 from tests.support.polling import poll, wait_until
 
 ALLOW_ALL = {"topic": "allowed.*", "channels": [".*"], "permissions": ["subscribe", "publish"]}
@@ -84,10 +84,8 @@ def closed_port() -> int:
 
 @pytest.fixture(scope="module")
 def auth_server():
-    server = AuthServer().start()
-    server.answers.update(ANSWERS)
-    yield server
-    server.stop()
+    with answering(ANSWERS) as server:
+        yield server
 
 
 @pytest.fixture(scope="module", params=["1", "2"], ids=["one process", "two workers"])

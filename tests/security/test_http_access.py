@@ -25,7 +25,7 @@ from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.server import NSQD
 from tests.security.access import ANSWERS, CLUSTER_SECRET, CREDENTIALS, HOLDERS
 from tests.security.support import CLIENT_COMMON_NAME, running_nsqd
-from tests.support.auth_server import AuthServer
+from tests.support.auth_server import AuthServer, answering
 from tests.support.http import HTTPReply, request
 
 # (method, route): (need with --auth-http-address alone, need with --http-auth-required).
@@ -92,10 +92,8 @@ BODIES = {
 
 @pytest.fixture(scope="module")
 def auth_server() -> Iterator[AuthServer]:
-    server = AuthServer().start()
-    server.answers.update(ANSWERS)
-    yield server
-    server.stop()
+    with answering(ANSWERS) as server:
+        yield server
 
 
 @pytest.fixture(scope="module", params=list(MODES))

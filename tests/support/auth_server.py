@@ -3,8 +3,10 @@ application on 127.0.0.1:0 in a thread with its own asyncio loop, answering by s
 table the tests may change while the daemons run, and recording every request it gets."""
 
 import asyncio
+import contextlib
 import threading
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -81,3 +83,14 @@ class AuthServer:
         if isinstance(answer, int):
             return web.Response(status=answer, text="denied")
         return web.json_response(answer)
+
+
+@contextlib.contextmanager
+def answering(answers: dict) -> Iterator[AuthServer]:
+    """An AuthServer answering from `answers` for the duration of the block."""
+    server = AuthServer().start()
+    server.answers.update(answers)
+    try:
+        yield server
+    finally:
+        server.stop()
