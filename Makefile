@@ -27,8 +27,12 @@ $(INSTALLED): pyproject.toml
 	$(PIP_INSTALL) -e .
 	touch $(INSTALLED)
 
+# Spark's Python workers would compile pyspark from its zip in every process they start
+# (nsqpy/spark/pyspark_first.pth says why): the installed pyspark goes first.
 $(TEST_INSTALLED): $(INSTALLED)
 	$(PIP_INSTALL) -e '.[test,spark]'
+	cp nsqpy/spark/pyspark_first.pth \
+		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nsqpy-pyspark-first.pth"
 	touch $(TEST_INSTALLED)
 
 ## Node.js and npm for the nsqjs interop tests.

@@ -43,8 +43,12 @@ def topic_name(request) -> str:
 @pytest.fixture
 def replicated(tmp_path) -> ReplicatedCluster:
     """etcd, one nsqlookupd and three nsqd in cluster mode, and an nsqadmin asking the
-    nsqlookupd; all killed afterwards."""
-    with EtcdServer(tmp_path / "etcd") as etcd, LocalCluster(tmp_path, etcd) as local:
+    nsqlookupd; all killed afterwards. Balancing is off: the only moves are the ones a test
+    makes, so what the master shows after one is that move's outcome."""
+    with (
+        EtcdServer(tmp_path / "etcd") as etcd,
+        LocalCluster(tmp_path, etcd, lookupd_args=("-balance-interval=off",)) as local,
+    ):
         admin = start_nsqadmin(f"-lookupd-http-address=127.0.0.1:{local.lookupds[0].port('HTTP')}")
         try:
             yield ReplicatedCluster(local, admin)

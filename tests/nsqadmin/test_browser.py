@@ -571,8 +571,7 @@ def test_a_replicated_clusters_operations_in_the_browser(replicated, browser):
     assert flash(browser) == f"Moved partition 0 of topic ops to {spare}."
     assert local.partition("ops", 0)["leader"] == spare
 
-    # The Nodes page: the cluster as the master sees it (balance may move a leader between
-    # the page and the master's stats: the same view, once nothing moved in between).
+    # The Nodes page: the cluster as the master sees it.
     def nodes_page_matches() -> bool:
         browser.get(f"{url}/nodes")
         return all(
