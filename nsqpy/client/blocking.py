@@ -135,6 +135,7 @@ class Connection:
             if not self.identify_reply.get("tls_v1"):
                 raise SecurityMismatch(f"nsqd {self.address} did not grant TLS (tls_v1)")
             context = self.security.context()
+            assert context is not None  # tls_v1 makes one
             self.sock = context.wrap_socket(self.sock, server_hostname=host)
             self.read_response()  # nsqd's OK, the first frame over TLS
         if self.identify_reply.get("auth_required"):

@@ -948,15 +948,14 @@ class SmartConsumer:
 
     def _channel_action(self, action: str) -> list[str]:
         layout = self.discovery.lookup(self.topic, "r")
-        targets: list[tuple[str, dict[str, str]]] = [
-            (address, {"partition": str(partition)})
-            for partition, address in layout.http_addresses.items()
+        targets: list[tuple[str, str | None]] = [
+            (address, str(partition)) for partition, address in layout.http_addresses.items()
         ]
-        targets += [(address, {}) for address in layout.classic_http_nodes]
+        targets += [(address, None) for address in layout.classic_http_nodes]
         if not targets:
             return [f"{self.topic}: no nsqd found for its channel {self.channel}"]
         failures = []
-        for address, extra in targets:
+        for address, partition in targets:
             try:
                 http_request(
                     address,
@@ -966,7 +965,7 @@ class SmartConsumer:
                     timeout=self.discovery.http_timeout,
                     topic=self.topic,
                     channel=self.channel,
-                    **extra,
+                    partition=partition,
                 )
             except urllib.error.HTTPError as error:
                 failures.append(f"{address}: {error.code} {error.read().decode(errors='replace')}")
