@@ -24,6 +24,7 @@ from nsqpy.nsqd.e2e import LatencyStream, merged_result
 from nsqpy.nsqd.inflight import DeadlineQueue
 from nsqpy.nsqd.message import Message, MessageBatch
 from nsqpy.nsqd.message_queue import MessageQueue
+from nsqpy.nsqd.replication import SINGLE_NODE
 from nsqpy.nsqd.tag_dispatch import TagDispatch
 
 if TYPE_CHECKING:
@@ -71,6 +72,11 @@ class Channel:
             self.queue.on_window_full = self._move_deferred_to_end
             self.queue.on_moved = self._moved
             self.queue.on_move_failed = self._move_failed
+            if topic.replication is not SINGLE_NODE:
+                # A cluster's partition: from its first delayed message finished or emptied,
+                # whatever the followers have not heard of yet is kept for them (a finish
+                # before the leader's first push with followers in its ISR is not lost).
+                self.queue.finished_delayed = []
         # IDs of deferred messages whose move to the delay queue is being written.
         self._moving: set[bytes] = set()
         # Poison messages (`nsqd/dead_letters.py`): the channel's own attempt limit (None: the

@@ -145,6 +145,11 @@ def _hold(node: "ClusterNode", topic: "Topic", info: ReplicaInfo) -> PartitionRe
     if replica is None:
         replica = PartitionReplica(node, topic, info)
         topic.replication = replica
+        for channel in topic.channels.values():
+            # Its delayed messages finished from now on are kept for the followers, as a
+            # channel made on a cluster's partition keeps them (`Channel.__init__`).
+            if channel.cursor is not None and channel.cursor.finished_delayed is None:
+                channel.cursor.finished_delayed = []
     else:
         replica.info = info
     return replica

@@ -39,6 +39,7 @@ from pyspark.sql.streaming.datasource import (
     ReadLimit,
     ReadMaxBytes,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
@@ -60,6 +61,9 @@ SPLIT_BYTES = 64 * 1024 * 1024
 DEFAULT_FETCH_MAX_BYTES = 4 * 1024 * 1024
 # How long a task keeps trying replicas, and nsqlookupd for new ones, before it fails.
 DEFAULT_FETCH_TIMEOUT = 60.0
+# Kafka's defaults: maxTriggerDelay, and the prefix of a query's own channel (groupIdPrefix).
+DEFAULT_MAX_TRIGGER_DELAY = 15 * 60.0
+DEFAULT_CHANNEL_PREFIX = "spark-nsq-source"
 _RETRY_PAUSE = 0.25
 
 Offsets = dict[str, int | str]
@@ -94,6 +98,15 @@ class _LogReading:
         self.min_partitions = opts.positive_int(options, "minPartitions", 1)
         self.fetch_max_bytes = opts.positive_int(options, "fetchMaxBytes", DEFAULT_FETCH_MAX_BYTES)
         self.fetch_timeout = opts.duration_seconds(options, "fetchTimeout", DEFAULT_FETCH_TIMEOUT)
+        max_records = options.get("maxrecordsperpartition")
+        self.max_records = (
+            opts.positive_int(options, "maxRecordsPerPartition", 1) if max_records else None
+        )
+        # Kafka's startingOffsetsByTimestampStrategy: a partition with no message at or after
+        # the starting timestamp fails the query ("error") or starts at its end ("latest").
+        self.timestamp_strategy = opts.choice(
+            options, "startingOffsetsByTimestampStrategy", ("error", "latest")
+        )
         self.security = opts.security(options)
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         self._directory: PartitionDirectory | None = None
@@ -116,10 +129,16 @@ class _LogReading:
     # -- positions -------------------------------------------------------------------------
 
     def resolve(
-        self, spec: tuple[str, Any], known: dict[int, PartitionRange], unlisted: str
+        self,
+        spec: tuple[str, Any],
+        known: dict[int, PartitionRange],
+        unlisted: str,
+        *,
+        starting: bool = True,
     ) -> dict[int, int]:
         """The virtual offset each known partition's `spec` points at; `unlisted` ("earliest"
-        or "latest") for partitions a per-partition spec does not name."""
+        or "latest") for partitions a per-partition spec does not name. A starting timestamp
+        after a partition's last message follows `startingOffsetsByTimestampStrategy`."""
         kind, values = spec
         resolved: dict[int, int] = {}
         for partition, found in known.items():
@@ -147,9 +166,17 @@ class _LogReading:
                 if millis is None:
                     resolved[partition] = found.start if unlisted == "earliest" else found.end
                 else:
-                    resolved[partition] = self.directory.search(
+                    offset = self.directory.search(
                         found.replicas, partition, timestamp=f"{millis / 1000:.3f}"
                     )
+                    if offset >= found.end and self.timestamp_strategy == "error" and starting:
+                        raise ValueError(
+                            f"nsq: no message of topic {self.topic!r} partition {partition} was"
+                            f" published at or after {millis} ms (its log ends at offset"
+                            f" {found.end}). Set the option startingOffsetsByTimestampStrategy"
+                            " to latest to start such a partition at its end."
+                        )
+                    resolved[partition] = offset
         return resolved
 
     # -- planning --------------------------------------------------------------------------
@@ -172,20 +199,33 @@ class _LogReading:
         planned: list[LogRange] = []
         for partition, (first, last) in sorted(ranges.items()):
             replicas = known[partition].replicas if partition in known else ()
-            bounds = [first]
+            cuts = {first, last}
             count = pieces[partition]
-            for k in range(1, count):
-                target = first + (last - first) * k // count
-                try:
-                    aligned = self.directory.search(replicas, partition, offset=target)
-                except OSError:
-                    break  # no replica answers now: the range stays whole
-                if bounds[-1] < aligned < last:
-                    bounds.append(aligned)
-            bounds.append(last)
+            try:
+                for k in range(1, count):
+                    target = first + (last - first) * k // count
+                    cuts.add(self.directory.search(replicas, partition, offset=target))
+                if self.max_records is not None:
+                    cuts |= self._record_cuts(replicas, partition, first, last)
+            except OSError:
+                pass  # no replica answers now: the range is cut where it could be
+            bounds = sorted(cut for cut in cuts if first <= cut <= last)
             for low, high in zip(bounds, bounds[1:], strict=False):
                 planned.append(LogRange(partition, low, high, replicas))
         return planned
+
+    def _record_cuts(
+        self, replicas: tuple[str, ...], partition: int, first: int, last: int
+    ) -> set[int]:
+        """Where `[first, last)` is cut so that no piece holds more than
+        `maxRecordsPerPartition` messages (Kafka's option): every N-th record's offset."""
+        assert self.max_records is not None
+        low = self.directory.search_position(replicas, partition, offset=first)[1]
+        high = self.directory.search_position(replicas, partition, offset=last)[1]
+        return {
+            self.directory.search(replicas, partition, count=number)
+            for number in range(low + self.max_records, high, self.max_records)
+        }
 
     # -- reading, on the executors ---------------------------------------------------------
 
@@ -335,8 +375,32 @@ class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAva
                 'the nsq options "maxOffsetsPerTrigger" and "maxBytesPerTrigger" cannot be given'
                 " together"
             )
+        # Kafka's minOffsetsPerTrigger and maxTriggerDelay: a trigger with fewer new messages
+        # makes no batch, until the delay since the last batch has passed.
+        min_rows = options.get("minoffsetspertrigger")
+        self.min_rows = opts.positive_int(options, "minOffsetsPerTrigger", 1) if min_rows else None
+        self.max_trigger_delay = opts.duration_seconds(
+            options, "maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY
+        )
+        if (
+            self.min_rows is not None
+            and self.max_rows is not None
+            and self.min_rows > self.max_rows
+        ):
+            raise ValueError(
+                f'the nsq option "minOffsetsPerTrigger" ({self.min_rows}) is more than'
+                f' "maxOffsetsPerTrigger" ({self.max_rows})'
+            )
+        # The automatic channel's prefix (Kafka's groupIdPrefix).
+        self.channel_prefix = options.get("groupidprefix") or DEFAULT_CHANNEL_PREFIX
+        if not is_valid_name(f"{self.channel_prefix}-{uuid.uuid4().hex}"):
+            raise ValueError(
+                f"nsq: {self.channel_prefix!r} cannot begin a channel name: with the 33"
+                " characters added, a channel name is 1-64 characters of [.a-zA-Z0-9_-]"
+            )
         self._known: dict[int, PartitionRange] = {}
         self._available_now: dict[int, int] | None = None
+        self._last_batch_at = time.monotonic()
 
     def _refresh(self) -> dict[int, PartitionRange]:
         found = self.directory.partitions()
@@ -352,7 +416,7 @@ class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAva
         """The `channel` option; without it, the channel the checkpointed offsets name, or a
         new one (the query's first batch)."""
         if self.channel is None:
-            self.channel = offsets.get(_CHANNEL_KEY) or f"spark-nsq-source-{uuid.uuid4().hex}"
+            self.channel = offsets.get(_CHANNEL_KEY) or f"{self.channel_prefix}-{uuid.uuid4().hex}"
         return self.channel
 
     def _with_channel(self, offsets: Offsets) -> Offsets:
@@ -367,6 +431,8 @@ class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAva
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.max_rows is not None:
             return ReadMaxRows(self.max_rows)
+        if self.min_rows is not None:
+            return ReadMinRows(self.min_rows)
         if self.max_bytes is not None:
             return ReadMaxBytes(self.max_bytes)
         return ReadAllAvailable()
@@ -381,15 +447,32 @@ class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAva
             if self._available_now is not None:
                 last = min(last, self._available_now.get(partition, first))
             end[partition] = max(first, last)
+        waits = self.min_rows is not None and self._available_now is None
+        if waits and not isinstance(limit, ReadAllAvailable):
+            if not self._enough_or_due(begin, end):
+                return self._with_channel(_offsets(begin))
         if isinstance(limit, ReadMaxRows):
             end = self._limit_rows(begin, end, limit.max_rows)
         elif isinstance(limit, ReadMaxBytes):
             end = self._limit_bytes(begin, end, limit.max_bytes)
+        if end != begin:
+            self._last_batch_at = time.monotonic()
         return self._with_channel(_offsets(end))
 
-    def _limit_rows(self, begin: dict[int, int], end: dict[int, int], limit: int) -> dict[int, int]:
-        """At most `limit` messages in all, shared out in proportion to what each partition
-        has (the Kafka source's rule)."""
+    def _enough_or_due(self, begin: dict[int, int], end: dict[int, int]) -> bool:
+        """Whether a batch is due: `minOffsetsPerTrigger` new messages, or some and
+        `maxTriggerDelay` since the last batch (Kafka's rule; availableNow reads regardless)."""
+        assert self.min_rows is not None
+        if time.monotonic() - self._last_batch_at >= self.max_trigger_delay:
+            return True
+        counts = self._message_counts(begin, end)
+        return sum(high - low for low, high in counts.values()) >= self.min_rows
+
+    def _message_counts(
+        self, begin: dict[int, int], end: dict[int, int]
+    ) -> dict[int, tuple[int, int]]:
+        """Each partition with messages in `[begin, end)`: the counts of messages before its
+        begin and before its end (`/partition/search`)."""
         counts: dict[int, tuple[int, int]] = {}
         for partition, last in end.items():
             first = begin.get(partition, 0)
@@ -398,6 +481,19 @@ class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAva
                 low = self.directory.search_position(replicas, partition, offset=first)[1]
                 high = self.directory.search_position(replicas, partition, offset=last)[1]
                 counts[partition] = (low, high)
+        return counts
+
+    def reportLatestOffset(self) -> dict | None:
+        """Where each partition ended at the last look (the query's progress shows it as
+        `latestOffset`, as the Kafka source's does); no I/O."""
+        if not self._known:
+            return None
+        return _offsets({partition: found.end for partition, found in self._known.items()})
+
+    def _limit_rows(self, begin: dict[int, int], end: dict[int, int], limit: int) -> dict[int, int]:
+        """At most `limit` messages in all, shared out in proportion to what each partition
+        has (the Kafka source's rule)."""
+        counts = self._message_counts(begin, end)
         total = sum(high - low for low, high in counts.values())
         if total <= limit:
             return end
@@ -468,7 +564,7 @@ class NSQLogBatchReader(_LogReading, DataSourceReader):
     def partitions(self) -> list[LogRange]:
         known = self.directory.every_partition(self.fetch_timeout)
         start = self.resolve(self.starting, known, "earliest")
-        end = self.resolve(self.ending, known, "latest")
+        end = self.resolve(self.ending, known, "latest", starting=False)
         for partition, last in end.items():
             if last < start[partition]:
                 raise ValueError(

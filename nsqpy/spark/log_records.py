@@ -12,6 +12,7 @@ read already. Offsets are virtual: a record's offset is the previous
 record's plus its size prefix and size, the same on every replica.
 """
 
+import json
 import struct
 from binascii import hexlify
 
@@ -24,6 +25,13 @@ _PRODUCER_FLAG = 0xC000
 _PRODUCER_EXT_FLAG = 0xE000
 _DELAYED_FLAG = 0x8000
 _DELAYED_EXT_FLAG = 0x9000
+
+
+# Kafka's timestampType of a timestamp the broker set when it stored the message: nsqd's.
+LOG_APPEND_TIME = 1
+# Kafka's `headers` column: an ext topic's JSON header, one entry a key, and the trace ID.
+HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+TRACE_ID_HEADER = "##trace_id"
 
 
 class RecordError(ValueError):
@@ -46,13 +54,15 @@ def records_to_batch(
     attempts_column: list[int] = []
     timestamps: list[int] = []
     offsets: list[int] = []
+    with_headers = schema.get_field_index("headers") >= 0
+    headers: list[list[dict]] = []
     unpack = _SIZED_HEADER.unpack_from
     view = memoryview(data)
     at, length = 0, len(data)
     while at < length:
         if at + _BODY_START > length:
             raise RecordError(f"a truncated record header at offset {first_offset + at}")
-        size, timestamp, attempts, raw_id, _trace_id = unpack(data, at)
+        size, timestamp, attempts, raw_id, trace_id = unpack(data, at)
         end = at + 4 + size
         if end > length or size < _BODY_START - 4:
             raise RecordError(f"a record of {size} bytes at offset {first_offset + at}")
@@ -68,11 +78,16 @@ def records_to_batch(
                 at = end
                 continue
             body_at += 9
+        header = b""
         if flag in (_EXT_FLAG, _PRODUCER_EXT_FLAG, _DELAYED_EXT_FLAG):
             version = data[body_at]
             body_at += 1
             if version == 4:
-                body_at += 2 + int.from_bytes(data[body_at : body_at + 2], "big")
+                header_length = int.from_bytes(data[body_at : body_at + 2], "big")
+                header = data[body_at + 2 : body_at + 2 + header_length]
+                body_at += 2 + header_length
+        if with_headers:
+            headers.append(_headers(header, trace_id))
         ids.append(raw_id)
         bodies.append(view[body_at:end])
         attempts_column.append(attempts)
@@ -89,6 +104,27 @@ def records_to_batch(
         "nsqd": pa.repeat(pa.scalar(nsqd, pa.string()), rows),
         "partition": pa.repeat(pa.scalar(partition, pa.int32()), rows),
         "offset": pa.array(offsets, pa.int64()),
+        "timestampType": pa.repeat(pa.scalar(LOG_APPEND_TIME, pa.int32()), rows),
     }
+    if with_headers:
+        columns["headers"] = pa.array(headers, HEADERS_TYPE)
     arrays = [columns[field.name].cast(field.type) for field in schema]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _headers(header: bytes, trace_id: int) -> list[dict]:
+    """An ext header's entries as Kafka's (key, value bytes): a string as its UTF-8, anything
+    else as its JSON; then the trace ID, when the record has one the header does not name."""
+    entries: list[dict] = []
+    if header:
+        try:
+            document = json.loads(header)
+        except ValueError:
+            document = None
+        if isinstance(document, dict):
+            for key, value in document.items():
+                text = value if isinstance(value, str) else json.dumps(value)
+                entries.append({"key": key, "value": text.encode()})
+    if trace_id and not any(entry["key"] == TRACE_ID_HEADER for entry in entries):
+        entries.append({"key": TRACE_ID_HEADER, "value": str(trace_id).encode()})
+    return entries

@@ -75,6 +75,14 @@ def producer_addresses(producer: dict) -> tuple[str, str]:
     return f"{host}:{producer['tcp_port']}", f"{host}:{producer['http_port']}"
 
 
+def choice(options: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` (case-insensitive), the first by default."""
+    value = (_get(options, name) or choices[0]).lower()
+    if value not in choices:
+        raise ValueError(f'the nsq option "{name}" is one of {", ".join(choices)}, not {value!r}')
+    return value
+
+
 def boolean(options: Mapping[str, str], name: str, default: bool) -> bool:
     value = _get(options, name)
     if value is None:

@@ -39,6 +39,7 @@ from pyspark.sql.types import (
 
 from nsqpy.client.blocking import http_json
 from nsqpy.spark import options as opts
+from nsqpy.spark.log_records import LOG_APPEND_TIME
 from nsqpy.spark.source import SCHEMA
 from nsqpy.spark.subscription import Delivery, Subscription
 
@@ -390,6 +391,7 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
             ),
             "topic": pa.repeat(pa.scalar(self.topic, pa.string()), count),
             "nsqd": pa.array(nsqds, pa.string()),
+            "timestamptype": pa.repeat(pa.scalar(LOG_APPEND_TIME, pa.int32()), count),
         }
         arrays = []
         for field in self.arrow_schema:

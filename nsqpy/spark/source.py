@@ -2,6 +2,7 @@
 
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
     IntegerType,
     LongType,
@@ -14,6 +15,8 @@ from pyspark.sql.types import (
 # A StructType, not a DDL string: the readers build their Arrow schema from it in processes
 # that have no JVM to parse DDL. `partition` is null for an unpartitioned classic topic;
 # `offset`, a message's virtual offset in its partition's log, only for log topics.
+# `timestampType` is Kafka's column: always 1 (LogAppendTime), since nsqd stamps a message
+# when it stores it.
 SCHEMA = StructType(
     [
         StructField("id", StringType()),
@@ -24,7 +27,14 @@ SCHEMA = StructType(
         StructField("nsqd", StringType()),
         StructField("partition", IntegerType()),
         StructField("offset", LongType()),
+        StructField("timestampType", IntegerType()),
     ]
+)
+
+
+HEADERS_FIELD = StructField(
+    "headers",
+    ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])),
 )
 
 
@@ -37,6 +47,12 @@ class NSQDataSource(DataSource):
         return "nsq"
 
     def schema(self) -> StructType:
+        """SCHEMA, and with `includeHeaders` Kafka's `headers` column (log topics: an ext
+        topic's JSON header entries and the trace ID; null on classic topics)."""
+        from nsqpy.spark.options import boolean
+
+        if boolean(self.options, "includeHeaders", False):
+            return StructType([*SCHEMA.fields, HEADERS_FIELD])
         return SCHEMA
 
     def streamReader(self, schema: StructType):

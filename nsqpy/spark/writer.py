@@ -9,12 +9,15 @@
 * Partitioned topics on the nsqds of `nsqd_http`: `/mpub?binary=true&partition=p` to the nsqd
   holding each partition (no failover: use `lookupd` for a cluster).
 
-Bodies go in chunks of at most `publishChunk` bodies and MAX_CHUNK_BYTES. On a partitioned
-topic, rows without a `key` column go round-robin over the partitions, a chunk at a time. With
-one (string, binary or integer), each row goes to the partition of its key
+As Kafka's sink, a row goes to its `topic` column's topic unless the `topic` option is set
+(the option wins), and to its `partition` column's partition when it names one. Bodies go in
+chunks of at most `publishChunk` bodies and MAX_CHUNK_BYTES. On a partitioned topic, rows
+without a partition or a key go round-robin over the partitions, a chunk at a time. With a
+`key` column (string, binary or integer), each row goes to the partition of its key
 (`partition_for_key`: CRC-32 of the key modulo the partition count), and a partition gets a
 Spark partition's rows in their order, as an ordered topic requires; a null key goes
-round-robin, which an ordered topic refuses. A key means nothing to a classic topic.
+round-robin, which an ordered topic refuses. A key means nothing to a classic topic, and a
+partition named for one is an error.
 
 `write` runs on executors, once per task attempt; `commit` runs in a separate driver-side
 Python worker, so the only state it sees is the commit messages.
@@ -65,7 +68,8 @@ from nsqpy.spark import options as opts
 # -max-body-size is 5 MB, so the byte bound below keeps a chunk well under it).
 DEFAULT_PUBLISH_CHUNK = 5000
 MAX_CHUNK_BYTES = 1024 * 1024
-_KEY_TYPES = (StringType, BinaryType, ByteType, ShortType, IntegerType, LongType)
+_INTEGER_TYPES = (ByteType, ShortType, IntegerType, LongType)
+_KEY_TYPES = (StringType, BinaryType, *_INTEGER_TYPES)
 
 
 @dataclass
@@ -109,7 +113,8 @@ class _Publisher:
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         # Made on the driver, the same in every task of this write.
         self.write_id = uuid.uuid4().hex
-        self.topic = opts.required(options, "topic")
+        # The option wins over a `topic` column, as Kafka's `topic` option does.
+        self.topic = options.get("topic") or None
         self.nsqd_http_addresses = opts.address_list(options.get("nsqd_http"))
         self.lookupd_addresses = opts.address_list(options.get("lookupd"))
         if not self.nsqd_http_addresses and not self.lookupd_addresses:
@@ -123,27 +128,89 @@ class _Publisher:
         if not isinstance(body_type, BinaryType | StringType):
             raise ValueError(f'the nsq sink needs "body" as binary or string, not {body_type}')
         self.body_index = names.index("body")
-        self.key_index: int | None = None
-        if "key" in names:
-            self.key_index = names.index("key")
-            key_type = schema.fields[self.key_index].dataType
-            if not isinstance(key_type, _KEY_TYPES):
-                raise ValueError(
-                    f'the nsq sink needs "key" as a string, binary or integer, not {key_type}'
-                )
+        self.key_index = self._column(
+            schema, names, "key", _KEY_TYPES, "a string, binary or integer"
+        )
+        self.topic_index = self._column(schema, names, "topic", (StringType,), "a string")
+        self.partition_index = self._column(
+            schema, names, "partition", _INTEGER_TYPES, "an integer"
+        )
+        if self.topic is None and self.topic_index is None:
+            raise ValueError('the nsq sink needs the option "topic" or a "topic" column')
+        if self.topic is not None:
+            self.topic_index = None
+
+    @staticmethod
+    def _column(
+        schema: StructType, names: list[str], name: str, types: tuple, described: str
+    ) -> int | None:
+        if name not in names:
+            return None
+        index = names.index(name)
+        found = schema.fields[index].dataType
+        if not isinstance(found, types):
+            raise ValueError(f'the nsq sink needs "{name}" as {described}, not {found}')
+        return index
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PublishedCount:
-        if self.nsqd_http_addresses:
-            partitions = self._partitions_at(self.nsqd_http_addresses)
-            if partitions:
-                return self._write_http_partitioned(iterator, partitions)
-            return self._write_http(iterator, self._target(self.nsqd_http_addresses))
-        producers = opts.lookupd_producers(self.lookupd_addresses, self.topic)
-        if self._partitions_at([opts.producer_addresses(p)[1] for p in producers]):
-            return self._write_smart(iterator)
-        return self._write_http(iterator, self._target(self._registered_nsqds()))
+        """Publish every row to its topic (the option, or the row's `topic`): each topic is
+        written the way its kind asks (see the module's docstring), all of this task's topics
+        through lookupd by one idempotent producer."""
+        routes: dict[str, _Route] = {}
+        producer: SmartProducer | None = None
+        count = 0
+        try:
+            for batch in iterator:
+                for topic, rows in self._by_topic(batch):
+                    route = routes.get(topic)
+                    if route is None:
+                        if producer is None and not self.nsqd_http_addresses:
+                            producer = SmartProducer(
+                                self.lookupd_addresses,
+                                producer_id=self._producer_id(),
+                                security=self.security,
+                            )
+                        route = routes[topic] = self._route(topic, producer)
+                    count += route.publish(rows)
+        finally:
+            if producer is not None:
+                producer.close()
+        targets = self.nsqd_http_addresses or self.lookupd_addresses
+        return PublishedCount(count, ",".join(targets))
 
-    def _partitions_at(self, http_addresses: list[str]) -> dict[int, str]:
+    def _by_topic(self, batch: pa.RecordBatch) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """The batch's rows by topic, each topic's in their order."""
+        if self.topic is not None:
+            yield self.topic, batch
+            return
+        assert self.topic_index is not None
+        topics = batch.column(self.topic_index).to_pylist()
+        rows: dict[str, list[int]] = {}
+        for index, topic in enumerate(topics):
+            if not topic:
+                raise ValueError("nsq: a row's topic is null or empty, and no topic option is set")
+            rows.setdefault(topic, []).append(index)
+        if len(rows) == 1:
+            yield topics[0], batch
+            return
+        for topic, indices in rows.items():
+            yield topic, batch.take(pa.array(indices, pa.int64()))
+
+    def _route(self, topic: str, producer: "SmartProducer | None") -> "_Route":
+        if self.nsqd_http_addresses:
+            partitions = self._partitions_at(topic, self.nsqd_http_addresses)
+            if partitions:
+                return _HTTPPartitionedRoute(self, topic, partitions)
+            return _HTTPRoute(self, topic, self._target(self.nsqd_http_addresses))
+        producers = opts.lookupd_producers(self.lookupd_addresses, topic)
+        if producer is not None and self._partitions_at(
+            topic, [opts.producer_addresses(p)[1] for p in producers]
+        ):
+            self._check_listed_to_writers(topic)
+            return _SmartRoute(self, topic, producer)
+        return _HTTPRoute(self, topic, self._target(self._registered_nsqds()))
+
+    def _partitions_at(self, topic: str, http_addresses: list[str]) -> dict[int, str]:
         """partition -> HTTP address, for the partitions of the topic these nsqds hold (their
         /stats name each one); empty for a classic topic or one nobody has yet, which nsqd
         creates on publish. (nsqlookupd lists a classic topic as partition 0 too, so a lookup
@@ -152,28 +219,41 @@ class _Publisher:
         for address in http_addresses:
             try:
                 stats = http_json(
-                    address, "/stats", security=self.security, format="json", topic=self.topic
+                    address, "/stats", security=self.security, format="json", topic=topic
                 )
             except OSError:
                 continue  # a publish to it fails with the reason, if it is needed
             for entry in (stats or {}).get("topics") or []:
-                if entry.get("topic_name") == self.topic and "topic_partition" in entry:
+                if entry.get("topic_name") == topic and "topic_partition" in entry:
                     partitions.setdefault(int(entry["topic_partition"]), address)
         return partitions
 
-    def _groups(
-        self, batch: pa.RecordBatch, partition_num: int
+    def groups(
+        self, batch: pa.RecordBatch, topic: str, partition_num: int | None
     ) -> Iterator[tuple[int | None, list[bytes]]]:
-        """The batch's bodies by the partition of their key, in row order (None: no key, to
-        go round-robin)."""
+        """The batch's bodies by partition, in row order: a row's `partition`, else its key's
+        (None: neither, to go round-robin). `partition_num` None: a classic topic, which has
+        no partitions to name."""
         bodies = self._bodies(batch)
-        if self.key_index is None:
+        named = None
+        if self.partition_index is not None:
+            named = batch.column(self.partition_index).to_pylist()
+        keys = None if self.key_index is None else batch.column(self.key_index).to_pylist()
+        if named is None and (keys is None or partition_num is None):
             yield None, bodies
             return
         groups: dict[int | None, list[bytes]] = {}
-        keys = batch.column(self.key_index).to_pylist()
-        for key, body in zip(keys, bodies, strict=True):
-            partition = None if key is None else partition_for_key(key, partition_num)
+        for index, body in enumerate(bodies):
+            partition = None if named is None else named[index]
+            if partition is not None and (
+                partition_num is None or not 0 <= partition < partition_num
+            ):
+                having = "no partitions" if partition_num is None else f"{partition_num} partitions"
+                raise ValueError(
+                    f"nsq: a row names partition {partition} of topic {topic!r}, which has {having}"
+                )
+            if partition is None and keys is not None and keys[index] is not None and partition_num:
+                partition = partition_for_key(keys[index], partition_num)
             groups.setdefault(partition, []).append(body)
         yield from groups.items()
 
@@ -187,7 +267,7 @@ class _Publisher:
         return addresses
 
     @staticmethod
-    def _task_number() -> int:
+    def task_number() -> int:
         from pyspark import TaskContext
 
         context = TaskContext.get()
@@ -195,68 +275,7 @@ class _Publisher:
 
     def _target(self, addresses: list[str]) -> str:
         """The nsqd for this Spark partition: partitions spread over the nsqds round-robin."""
-        return addresses[self._task_number() % len(addresses)]
-
-    def _write_http(self, iterator: Iterator[pa.RecordBatch], target: str) -> PublishedCount:
-        count = 0
-        for batch in iterator:
-            for chunk in self._chunks(self._bodies(batch)):
-                http_mpub(target, self.topic, chunk, security=self.security)
-                count += len(chunk)
-        return PublishedCount(count, target)
-
-    def _write_http_partitioned(
-        self, iterator: Iterator[pa.RecordBatch], partitions: dict[int, str]
-    ) -> PublishedCount:
-        """`/mpub?partition=` to the nsqds given, which must hold every partition a key
-        names; keyless chunks go round-robin, each task starting at its own partition."""
-        partition_num = max(partitions) + 1
-        rotation = sorted(partitions)
-        turn = self._task_number()
-        count = 0
-        for batch in iterator:
-            for partition, bodies in self._groups(batch, partition_num):
-                for chunk in self._chunks(bodies):
-                    if partition is None:
-                        target = rotation[turn % len(rotation)]
-                        turn += 1
-                    else:
-                        target = partition
-                    if target not in partitions:
-                        raise RuntimeError(
-                            f"partition {target} of topic {self.topic!r} is on none of the nsqds"
-                            f" {self.nsqd_http_addresses}: give them all, or lookupd"
-                        )
-                    http_mpub(partitions[target], self.topic, chunk, target, security=self.security)
-                    count += len(chunk)
-        return PublishedCount(count, ",".join(self.nsqd_http_addresses))
-
-    # -- TCP MPUB to partition leaders: the smart client ------------------------------------
-
-    def _write_smart(self, iterator: Iterator[pa.RecordBatch]) -> PublishedCount:
-        self._check_listed_to_writers()
-        count = 0
-        with SmartProducer(
-            self.lookupd_addresses, producer_id=self._producer_id(), security=self.security
-        ) as producer:
-            partition_num = producer.refresh(self.topic).partition_num
-            if not partition_num:
-                raise RuntimeError(
-                    f"nsqlookupd lists no writable partition of topic {self.topic!r}: a"
-                    " partition is listed to writers once it has a channel"
-                )
-            # Keyless chunks: the same partitions in every attempt of the task.
-            turn = self._task_number()
-            for batch in iterator:
-                for partition, bodies in self._groups(batch, partition_num):
-                    for chunk in self._chunks(bodies):
-                        target = partition
-                        if target is None:
-                            target = turn % partition_num
-                            turn += 1
-                        producer.multi_publish(self.topic, chunk, partition=target)
-                    count += len(bodies)
-        return PublishedCount(count, ",".join(self.lookupd_addresses))
+        return addresses[self.task_number() % len(addresses)]
 
     def _producer_id(self) -> str:
         """The same in every attempt of this task: `spark-<query>-<batch>-<partition>` in a
@@ -272,14 +291,14 @@ class _Publisher:
             return f"spark-{query.replace('-', '')}-{batch}-{partition}"
         return f"spark-{self.write_id}-{partition}"
 
-    def _check_listed_to_writers(self) -> None:
+    def _check_listed_to_writers(self, topic: str) -> None:
         """Fail at once, saying what to do, when every nsqlookupd refuses to list the topic's
         partitions to writers because none has a channel yet (Youzan's rule for a new topic):
         a publish would only retry until its deadline."""
         refusals = []
         for lookupd in self.lookupd_addresses:
             try:
-                http_request(lookupd, "/lookup", topic=self.topic, access="w")
+                http_request(lookupd, "/lookup", topic=topic, access="w")
                 return
             except urllib.error.HTTPError as error:
                 if error.code != 404:
@@ -296,9 +315,9 @@ class _Publisher:
         if refusals:
             raise RuntimeError(
                 f"nsq: nsqlookupd {', '.join(refusals)} lists no partition of topic"
-                f" {self.topic!r} to writers: {NO_CHANNEL_FOR_WRITERS}. A partition is listed to"
+                f" {topic!r} to writers: {NO_CHANNEL_FOR_WRITERS}. A partition is listed to"
                 " writers once it has a channel: create one first (POST"
-                f" /channel/create?topic={self.topic}&channel=<name> on nsqlookupd or each nsqd),"
+                f" /channel/create?topic={topic}&channel=<name> on nsqlookupd or each nsqd),"
                 " or run nsqlookupd with --allow-write-with-nochannels"
             )
 
@@ -314,7 +333,7 @@ class _Publisher:
             raise ValueError("E_BAD_MESSAGE nsq cannot publish an empty or null body")
         return column.to_pylist()
 
-    def _chunks(self, bodies: list[bytes]) -> Iterator[list[bytes]]:
+    def chunks(self, bodies: list[bytes]) -> Iterator[list[bytes]]:
         """`bodies` in order, cut into MPUBs of at most `publishChunk` bodies and, unless a
         single body is larger, MAX_CHUNK_BYTES."""
         start = 0
@@ -329,6 +348,95 @@ class _Publisher:
                         break
             yield bodies[start:end]
             start = end
+
+
+class _Route:
+    """How one task writes one topic."""
+
+    def __init__(self, publisher: _Publisher, topic: str) -> None:
+        self.publisher = publisher
+        self.topic = topic
+
+    def publish(self, batch: pa.RecordBatch) -> int:
+        raise NotImplementedError
+
+
+class _HTTPRoute(_Route):
+    """A classic topic: `/mpub?binary=true` to one nsqd."""
+
+    def __init__(self, publisher: _Publisher, topic: str, target: str) -> None:
+        super().__init__(publisher, topic)
+        self.target = target
+
+    def publish(self, batch: pa.RecordBatch) -> int:
+        publisher = self.publisher
+        count = 0
+        for _, bodies in publisher.groups(batch, self.topic, None):
+            for chunk in publisher.chunks(bodies):
+                http_mpub(self.target, self.topic, chunk, security=publisher.security)
+                count += len(chunk)
+        return count
+
+
+class _HTTPPartitionedRoute(_Route):
+    """`/mpub?partition=` to the nsqds given, which must hold every partition a row names;
+    keyless chunks go round-robin, each task starting at its own partition."""
+
+    def __init__(self, publisher: _Publisher, topic: str, partitions: dict[int, str]) -> None:
+        super().__init__(publisher, topic)
+        self.partitions = partitions
+        self.rotation = sorted(partitions)
+        self.turn = publisher.task_number()
+
+    def publish(self, batch: pa.RecordBatch) -> int:
+        publisher = self.publisher
+        count = 0
+        for partition, bodies in publisher.groups(batch, self.topic, max(self.partitions) + 1):
+            for chunk in publisher.chunks(bodies):
+                target = partition
+                if target is None:
+                    target = self.rotation[self.turn % len(self.rotation)]
+                    self.turn += 1
+                if target not in self.partitions:
+                    raise RuntimeError(
+                        f"partition {target} of topic {self.topic!r} is on none of the nsqds"
+                        f" {publisher.nsqd_http_addresses}: give them all, or lookupd"
+                    )
+                http_mpub(
+                    self.partitions[target], self.topic, chunk, target, security=publisher.security
+                )
+                count += len(chunk)
+        return count
+
+
+class _SmartRoute(_Route):
+    """A partitioned topic through lookupd: TCP MPUB (MPUB_SEQ) to each partition's leader
+    with the task's idempotent producer; keyless chunks go to the same partitions in every
+    attempt of the task."""
+
+    def __init__(self, publisher: _Publisher, topic: str, producer: SmartProducer) -> None:
+        super().__init__(publisher, topic)
+        self.producer = producer
+        self.partition_num = producer.refresh(topic).partition_num
+        if not self.partition_num:
+            raise RuntimeError(
+                f"nsqlookupd lists no writable partition of topic {topic!r}: a"
+                " partition is listed to writers once it has a channel"
+            )
+        self.turn = publisher.task_number()
+
+    def publish(self, batch: pa.RecordBatch) -> int:
+        publisher = self.publisher
+        count = 0
+        for partition, bodies in publisher.groups(batch, self.topic, self.partition_num):
+            for chunk in publisher.chunks(bodies):
+                target = partition
+                if target is None:
+                    target = self.turn % self.partition_num
+                    self.turn += 1
+                self.producer.multi_publish(self.topic, chunk, partition=target)
+            count += len(bodies)
+        return count
 
 
 class NSQWriter(_Publisher, DataSourceArrowWriter):

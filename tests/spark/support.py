@@ -214,3 +214,35 @@ def hold_after_publishing(marker: Path) -> int:
 
     (executor,) = poll(holding, "a task holding after publishing part of its rows", timeout=120)
     return executor
+
+
+@contextlib.contextmanager
+def standalone_lookupd_and_nsqd(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """(nsqlookupd HTTP, nsqd HTTP): a standalone nsqlookupd, which places a partitioned
+    topic created through it on its one registered nsqd."""
+    daemons = []
+    try:
+        lookupd = start_nsqlookupd("-broadcast-address=127.0.0.1")
+        daemons.append(lookupd)
+        data = tmp_path / "nsqd"
+        data.mkdir()
+        nsqd = start_nsqd(
+            data, f"-lookupd-tcp-address={lookupd.addresses['TCP']}", "-broadcast-address=127.0.0.1"
+        )
+        daemons.append(nsqd)
+        lookupd_http = lookupd.addresses["HTTP"]
+        poll(lambda: http_json(lookupd_http, "/nodes")["producers"], "the nsqd to register")
+        yield lookupd_http, nsqd.addresses["HTTP"]
+    finally:
+        for daemon in reversed(daemons):
+            daemon.stop()
+
+
+def partition_counts(nsqd_http: str, topic: str) -> dict[int, int]:
+    """topic partition -> messages published to it, from the nsqd's /stats."""
+    stats = http_json(nsqd_http, "/stats", format="json", topic=topic)
+    return {
+        entry["topic_partition"]: entry["message_count"]
+        for entry in stats.get("topics") or []
+        if entry["topic_name"] == topic and "topic_partition" in entry
+    }

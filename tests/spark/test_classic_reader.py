@@ -70,9 +70,12 @@ def test_batches_come_from_several_connections_and_are_finished_on_commit(nsqd):
     assert sorted(row["body"] for row in received) == sorted(bodies)
     assert len({row["id"] for row in received}) == 1000
     assert all(row["attempts"] == 1 and row["nsqd"] == tcp for row in received)
-    # Columns only log topics fill (partition, offset) are null for a classic topic.
-    unfilled = set(expected_schema.names) - {"id", "body", "attempts", "timestamp", "topic", "nsqd"}
+    # Columns only log topics fill (partition, offset) are null for a classic topic;
+    # timestampType is Kafka's LogAppendTime, as nsqd stamps a message when it stores it.
+    filled = {"id", "body", "attempts", "timestamp", "topic", "nsqd", "timestampType"}
+    unfilled = set(expected_schema.names) - filled
     assert all(row[name] is None for row in received for name in unfilled)
+    assert {row["timestampType"] for row in received} == {1}
     assert wait_channel_drained(http, "classic", "c")["message_count"] == 1000
 
 

@@ -10,10 +10,9 @@ partition first, since nsqlookupd lists a partition to writers only once it has 
 import pytest
 from pyspark.sql import functions as F
 
-from nsqpy.client.blocking import http_json
 from nsqpy.client.smart import SmartConsumer, partition_for_key
-from tests.harness import create_partitioned_topic, start_nsqd, start_nsqlookupd
-from tests.support.polling import poll
+from tests.harness import create_partitioned_topic
+from tests.spark.support import partition_counts, standalone_lookupd_and_nsqd
 
 pytestmark = pytest.mark.spark
 
@@ -23,33 +22,8 @@ PARTITIONS = 4
 @pytest.fixture
 def cluster(tmp_path):
     """(nsqlookupd HTTP, nsqd HTTP), the nsqd registered with the nsqlookupd."""
-    daemons = []
-    try:
-        lookupd = start_nsqlookupd("-broadcast-address=127.0.0.1")
-        daemons.append(lookupd)
-        data = tmp_path / "nsqd"
-        data.mkdir()
-        nsqd = start_nsqd(
-            data, f"-lookupd-tcp-address={lookupd.addresses['TCP']}", "-broadcast-address=127.0.0.1"
-        )
-        daemons.append(nsqd)
-        lookupd_http = lookupd.addresses["HTTP"]
-        # nsqlookupd places a new topic's partitions on the nsqds registered with it.
-        poll(lambda: http_json(lookupd_http, "/nodes")["producers"], "the nsqd to register")
-        yield lookupd_http, nsqd.addresses["HTTP"]
-    finally:
-        for daemon in reversed(daemons):
-            daemon.stop()
-
-
-def partition_counts(nsqd_http: str, topic: str) -> dict[int, int]:
-    """topic partition -> messages published to it, from the nsqd's /stats."""
-    stats = http_json(nsqd_http, "/stats", format="json", topic=topic)
-    return {
-        entry["topic_partition"]: entry["message_count"]
-        for entry in stats.get("topics") or []
-        if entry["topic_name"] == topic and "topic_partition" in entry
-    }
+    with standalone_lookupd_and_nsqd(tmp_path) as addresses:
+        yield addresses
 
 
 def test_keyed_rows_go_to_their_partition_in_order(spark, cluster):
