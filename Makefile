@@ -114,11 +114,12 @@ java:
 	}
 
 ## Lint, then the whole default test suite.
-# Two workers (pytest-xdist), a test file each at a time: most tests wait on daemons, Spark or
-# Chromium more than they compute, so two at once take about 60% of the serial time (a third
-# worker only slows the Spark tests down by as much).
+# Three workers (pytest-xdist), a test file each at a time: most tests wait on daemons, Spark
+# or Chromium more than they compute. On two cores the suite took 842 s with two workers and
+# 735 s with three once Spark's Python workers stopped compiling pyspark from its zip
+# (nsqpy/spark/pyspark_first.pth).
 test: install-test lint
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 3 --dist loadfile
 
 lint: $(TEST_INSTALLED)
 	$(BIN)/ruff check .

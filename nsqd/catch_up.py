@@ -285,7 +285,7 @@ class CatchUps:
         (applied here at once) holds it."""
         node = self.node
         session = node.session
-        if session is None:
+        if session is None or node.leaving:
             return False
         log = node.log_of(topic)
         last = log.entry_ending_at(log.written) if log.written.offset else None

@@ -196,6 +196,9 @@ class ClusterNode:
         self._links: dict[str, PeerLink] = {}
         self.nursery: trio.Nursery | None = None
         self.catch_ups = CatchUps(self)
+        # Set once a clean stop asked the master to move this node off its partitions: it
+        # joins no ISR from then on (caught up while it still serves, it would ask to).
+        self.leaving = False
         # The node's incarnation: its data directory's identity (`nsqd/data_path.py`).
         self.incarnation = ""
         # The master nsqlookupd's HTTP address, as its leader session says.
@@ -266,6 +269,7 @@ class ClusterNode:
         its stop pauses no partition's writes for longer than a hand-over. Bounded by
         `LEAVE_TIMEOUT`: a master or etcd away lets the lease's revocation (or its end) do
         it instead, as for a node that dies."""
+        self.leaving = True
         session = self.session
         if session is None or not any(
             (replica := _replica_of(topic)) is not None and self.node_id in replica.info.isr

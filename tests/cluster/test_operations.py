@@ -95,7 +95,9 @@ def test_a_rolling_restart_loses_nothing(cluster):
             assert "CLUSTER: leaving the cluster: " in node.process.log, node.process.log
             for partition in range(3):
                 entry = cluster.partition("t", partition)
-                assert node.node_id != entry["leader"] and node.node_id not in entry["isr"]
+                assert node.node_id != entry["leader"] and node.node_id not in entry["isr"], (
+                    f"{node.node_id} still holds t/{partition}: {entry}\n{cluster.describe()}"
+                )
             node.start()
             for partition in range(3):
                 poll(
