@@ -366,6 +366,8 @@ class Channel:
         if self.deferred.get(message.id) is message:
             self.deferred.pop(message.id)
             return True
+        # Its copy leaves the delay queue (`CursorQueue`): the followers must hear of it.
+        self.topic.replication.cursor_moved()
         return False
 
     def _move_failed(self, message: Message) -> None:

@@ -477,8 +477,9 @@ class CursorQueue:
         meanwhile), the copy goes instead."""
         still_deferred = self.on_moved is None or self.on_moved(message)
         if not still_deferred:
-            assert self.delay_queue is not None
-            self.delay_queue.done(self.channel, message.id)
+            # Finished or delivered again meanwhile: the copy goes, here and, with the next
+            # cursor push, on the followers (which took it with the write).
+            self.finish_delayed(message.id)
             return
         if message.delay is None and message.offset >= 0:
             end = message.offset + record_size(message, self.log.ext)

@@ -404,6 +404,41 @@ def test_finishing_and_emptying_the_leaders_delay_queue_reach_the_followers(clus
     assert first_message(new, "t").body == b"after"
 
 
+def test_a_message_finished_while_its_move_to_the_delay_queue_is_written_leaves_every_replica(
+    cluster,
+):
+    """A REQ past the threshold moves the message to the delay queue with a replicated write;
+    a /message/finish that lands while that write is under way finishes it in memory. The
+    copy the write then puts in every replica's delay queue goes again, on the followers
+    too (they would otherwise give a finished message out after a failover)."""
+    old, _sent = leader_with_dpubs(cluster, 3_000_000, b"kept")
+    followers = followers_of(cluster, old)
+    finished = 0
+    for number in range(8):
+        publish(cluster, "t", b"raced-%d" % number)
+        consumer = subscribed(old, "t")
+        try:
+            (message,) = consumer.read_messages(1)
+            msgid = int.from_bytes(message.id[:8], "big")
+            # The REQ and the finish back to back: the finish often comes while the move's
+            # write is being replicated.
+            consumer.send(b"REQ " + message.id + b" 1000000\n")
+            query = f"topic=t&channel=c&partition=0&msgid={msgid}"
+            if old.http("POST", f"/message/finish?{query}").status == 200:
+                finished += 1
+        finally:
+            consumer.close()
+    assert finished >= 1
+    expected = 1 + 8 - finished
+    poll(
+        lambda: all(delayed_count(node, "t") == expected for node in [old, *followers]),
+        lambda: (
+            f"{expected} delayed on every replica, not"
+            f" {[delayed_count(node, 't') for node in [old, *followers]]}"
+        ),
+    )
+
+
 def test_a_replica_gone_for_good_is_placed_on_another_node_which_catches_up(tmp_path, etcd_server):
     with LocalCluster(
         tmp_path,
