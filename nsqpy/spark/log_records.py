@@ -55,7 +55,12 @@ def records_to_batch(
     timestamps: list[int] = []
     offsets: list[int] = []
     with_headers = schema.get_field_index("headers") >= 0
-    headers: list[list[dict]] = []
+    # The headers column as flat arrays (each record's entries from `header_ends[i]` to
+    # `header_ends[i+1]`); a header is parsed once per batch, as messages repeat them.
+    header_keys: list[str] = []
+    header_values: list[bytes] = []
+    header_ends = [0]
+    parsed: dict[bytes, tuple[list[str], list[bytes]]] = {}
     unpack = _SIZED_HEADER.unpack_from
     view = memoryview(data)
     at, length = 0, len(data)
@@ -84,10 +89,19 @@ def records_to_batch(
             body_at += 1
             if version == 4:
                 header_length = int.from_bytes(data[body_at : body_at + 2], "big")
-                header = data[body_at + 2 : body_at + 2 + header_length]
+                if with_headers:
+                    header = data[body_at + 2 : body_at + 2 + header_length]
                 body_at += 2 + header_length
         if with_headers:
-            headers.append(_headers(header, trace_id))
+            entries = parsed.get(header)
+            if entries is None:
+                entries = parsed[header] = _header_entries(header)
+            header_keys += entries[0]
+            header_values += entries[1]
+            if trace_id and TRACE_ID_HEADER not in entries[0]:
+                header_keys.append(TRACE_ID_HEADER)
+                header_values.append(str(trace_id).encode())
+            header_ends.append(len(header_keys))
         ids.append(raw_id)
         bodies.append(view[body_at:end])
         attempts_column.append(attempts)
@@ -107,15 +121,22 @@ def records_to_batch(
         "timestampType": pa.repeat(pa.scalar(LOG_APPEND_TIME, pa.int32()), rows),
     }
     if with_headers:
-        columns["headers"] = pa.array(headers, HEADERS_TYPE)
+        entries_array = pa.StructArray.from_arrays(
+            [pa.array(header_keys, pa.string()), pa.array(header_values, pa.binary())],
+            fields=list(HEADERS_TYPE.value_type),
+        )
+        columns["headers"] = pa.ListArray.from_arrays(
+            pa.array(header_ends, pa.int32()), entries_array, type=HEADERS_TYPE
+        )
     arrays = [columns[field.name].cast(field.type) for field in schema]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _headers(header: bytes, trace_id: int) -> list[dict]:
+def _header_entries(header: bytes) -> tuple[list[str], list[bytes]]:
     """An ext header's entries as Kafka's (key, value bytes): a string as its UTF-8, anything
-    else as its JSON; then the trace ID, when the record has one the header does not name."""
-    entries: list[dict] = []
+    else as its JSON; none for a header that is not a JSON object."""
+    keys: list[str] = []
+    values: list[bytes] = []
     if header:
         try:
             document = json.loads(header)
@@ -123,8 +144,6 @@ def _headers(header: bytes, trace_id: int) -> list[dict]:
             document = None
         if isinstance(document, dict):
             for key, value in document.items():
-                text = value if isinstance(value, str) else json.dumps(value)
-                entries.append({"key": key, "value": text.encode()})
-    if trace_id and not any(entry["key"] == TRACE_ID_HEADER for entry in entries):
-        entries.append({"key": TRACE_ID_HEADER, "value": str(trace_id).encode()})
-    return entries
+                keys.append(key)
+                values.append((value if isinstance(value, str) else json.dumps(value)).encode())
+    return keys, values
