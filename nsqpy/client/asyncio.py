@@ -34,7 +34,7 @@ from nsqpy.client.core import (
     Targets,
     ready_counts,
 )
-from nsqpy.client.security import SecurityMismatch
+from nsqpy.client.security import auth_to_send
 from nsqpy.common.command import (
     CLS,
     MAGIC_V2,
@@ -132,12 +132,9 @@ class Connection:
                         raise ConnectionError(f"nsqd {address} did not grant TLS")
                     await writer.start_tls(tls, server_hostname=host)
                     await connection.response()  # nsqd's OK, the first frame over TLS
-                if connection.identify_reply.get("auth_required"):
-                    if not auth_secret:
-                        raise SecurityMismatch(
-                            f"nsqd {address} requires AUTH and no auth secret was given"
-                        )
-                    writer.write(encode_auth(auth_secret))
+                secret = auth_to_send(address, connection.identify_reply, auth_secret)
+                if secret is not None:
+                    writer.write(encode_auth(secret))
                     await connection.response()
             except BaseException:
                 connection.abort()

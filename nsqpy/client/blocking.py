@@ -19,7 +19,13 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass
 
-from nsqpy.client.security import NO_SECURITY, Security, SecurityMismatch, tls_required_port
+from nsqpy.client.security import (
+    NO_SECURITY,
+    Security,
+    SecurityMismatch,
+    auth_to_send,
+    tls_required_port,
+)
 from nsqpy.common.command import (
     MAGIC_V2,
     NOP,
@@ -138,12 +144,9 @@ class Connection:
             assert context is not None  # tls_v1 makes one
             self.sock = context.wrap_socket(self.sock, server_hostname=host)
             self.read_response()  # nsqd's OK, the first frame over TLS
-        if self.identify_reply.get("auth_required"):
-            if not self.security.auth_secret:
-                raise SecurityMismatch(
-                    f"nsqd {self.address} requires AUTH and no auth secret was given"
-                )
-            self.send(encode_auth(self.security.auth_secret))
+        secret = auth_to_send(self.address, self.identify_reply, self.security.auth_secret)
+        if secret is not None:
+            self.send(encode_auth(secret))
             self.auth_reply = json.loads(self.read_response())
 
     def send(self, data: bytes) -> None:

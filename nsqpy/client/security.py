@@ -55,10 +55,6 @@ class Security:
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SecurityError("ERROR: tls_cert and tls_key must be given together")
 
-    @property
-    def active(self) -> bool:
-        return self.tls_v1 or bool(self.auth_secret)
-
     def context(self) -> ssl.SSLContext | None:
         """The TLS context for nsqd (None without `tls_v1`), built once per process."""
         return _context(self) if self.tls_v1 else None
@@ -106,6 +102,17 @@ def _context(security: Security) -> ssl.SSLContext:
 @functools.lru_cache(maxsize=1)
 def _default_context() -> ssl.SSLContext:
     return ssl.create_default_context()
+
+
+def auth_to_send(address: str, identify_reply: dict, secret: str) -> str | None:
+    """What to send as `AUTH` after IDENTIFY, as go-nsq does: nothing when nsqd's answer does
+    not ask for it, the secret when it does; SecurityMismatch when it does and none was
+    given."""
+    if not identify_reply.get("auth_required"):
+        return None
+    if not secret:
+        raise SecurityMismatch(f"nsqd {address} requires AUTH and no auth secret was given")
+    return secret
 
 
 def tls_required_port(status: int, body: bytes) -> int | None:

@@ -67,6 +67,8 @@ DEFAULT_CHANNEL_PREFIX = "spark-nsq-source"
 _RETRY_PAUSE = 0.25
 
 Offsets = dict[str, int | str]
+# partition -> (messages before a range's start, messages before its end).
+MessageCounts = dict[int, tuple[int, int]]
 
 
 class LogRange(InputPartition):
@@ -98,10 +100,7 @@ class _LogReading:
         self.min_partitions = opts.positive_int(options, "minPartitions", 1)
         self.fetch_max_bytes = opts.positive_int(options, "fetchMaxBytes", DEFAULT_FETCH_MAX_BYTES)
         self.fetch_timeout = opts.duration_seconds(options, "fetchTimeout", DEFAULT_FETCH_TIMEOUT)
-        max_records = options.get("maxrecordsperpartition")
-        self.max_records = (
-            opts.positive_int(options, "maxRecordsPerPartition", 1) if max_records else None
-        )
+        self.max_records = opts.optional_positive_int(options, "maxRecordsPerPartition")
         # Kafka's startingOffsetsByTimestampStrategy: a partition with no message at or after
         # the starting timestamp fails the query ("error") or starts at its end ("latest").
         self.timestamp_strategy = opts.choice(
@@ -220,12 +219,19 @@ class _LogReading:
         """Where `[first, last)` is cut so that no piece holds more than
         `maxRecordsPerPartition` messages (Kafka's option): every N-th record's offset."""
         assert self.max_records is not None
-        low = self.directory.search_position(replicas, partition, offset=first)[1]
-        high = self.directory.search_position(replicas, partition, offset=last)[1]
+        low, high = self._count_span(replicas, partition, first, last)
         return {
             self.directory.search(replicas, partition, count=number)
             for number in range(low + self.max_records, high, self.max_records)
         }
+
+    def _count_span(
+        self, replicas: tuple[str, ...], partition: int, first: int, last: int
+    ) -> tuple[int, int]:
+        """The counts of messages before offsets `first` and `last` (`/partition/search`)."""
+        low = self.directory.search_position(replicas, partition, offset=first)[1]
+        high = self.directory.search_position(replicas, partition, offset=last)[1]
+        return low, high
 
     # -- reading, on the executors ---------------------------------------------------------
 
@@ -366,10 +372,8 @@ class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAva
                 " characters of [.a-zA-Z0-9_-], and not #ephemeral (its cursor must last)"
             )
         self.starting = opts.position_spec(options, "starting", self.topic, "latest")
-        max_rows = options.get("maxoffsetspertrigger")
-        max_bytes = options.get("maxbytespertrigger")
-        self.max_rows = opts.positive_int(options, "maxOffsetsPerTrigger", 1) if max_rows else None
-        self.max_bytes = opts.positive_int(options, "maxBytesPerTrigger", 1) if max_bytes else None
+        self.max_rows = opts.optional_positive_int(options, "maxOffsetsPerTrigger")
+        self.max_bytes = opts.optional_positive_int(options, "maxBytesPerTrigger")
         if self.max_rows is not None and self.max_bytes is not None:
             raise ValueError(
                 'the nsq options "maxOffsetsPerTrigger" and "maxBytesPerTrigger" cannot be given'
@@ -377,8 +381,7 @@ class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAva
             )
         # Kafka's minOffsetsPerTrigger and maxTriggerDelay: a trigger with fewer new messages
         # makes no batch, until the delay since the last batch has passed.
-        min_rows = options.get("minoffsetspertrigger")
-        self.min_rows = opts.positive_int(options, "minOffsetsPerTrigger", 1) if min_rows else None
+        self.min_rows = opts.optional_positive_int(options, "minOffsetsPerTrigger")
         self.max_trigger_delay = opts.duration_seconds(
             options, "maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY
         )
@@ -447,41 +450,40 @@ class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAva
             if self._available_now is not None:
                 last = min(last, self._available_now.get(partition, first))
             end[partition] = max(first, last)
+        counts = None
         waits = self.min_rows is not None and self._available_now is None
         if waits and not isinstance(limit, ReadAllAvailable):
-            if not self._enough_or_due(begin, end):
+            due, counts = self._enough_or_due(begin, end)
+            if not due:
                 return self._with_channel(_offsets(begin))
         if isinstance(limit, ReadMaxRows):
-            end = self._limit_rows(begin, end, limit.max_rows)
+            end = self._limit_rows(begin, end, limit.max_rows, counts)
         elif isinstance(limit, ReadMaxBytes):
             end = self._limit_bytes(begin, end, limit.max_bytes)
         if end != begin:
             self._last_batch_at = time.monotonic()
         return self._with_channel(_offsets(end))
 
-    def _enough_or_due(self, begin: dict[int, int], end: dict[int, int]) -> bool:
+    def _enough_or_due(
+        self, begin: dict[int, int], end: dict[int, int]
+    ) -> tuple[bool, MessageCounts | None]:
         """Whether a batch is due: `minOffsetsPerTrigger` new messages, or some and
-        `maxTriggerDelay` since the last batch (Kafka's rule; availableNow reads regardless)."""
+        `maxTriggerDelay` since the last batch (Kafka's rule; availableNow reads regardless);
+        and the counts it took to tell, if any (for `_limit_rows`)."""
         assert self.min_rows is not None
         if time.monotonic() - self._last_batch_at >= self.max_trigger_delay:
-            return True
+            return True, None
         counts = self._message_counts(begin, end)
-        return sum(high - low for low, high in counts.values()) >= self.min_rows
+        return sum(high - low for low, high in counts.values()) >= self.min_rows, counts
 
-    def _message_counts(
-        self, begin: dict[int, int], end: dict[int, int]
-    ) -> dict[int, tuple[int, int]]:
+    def _message_counts(self, begin: dict[int, int], end: dict[int, int]) -> MessageCounts:
         """Each partition with messages in `[begin, end)`: the counts of messages before its
-        begin and before its end (`/partition/search`)."""
-        counts: dict[int, tuple[int, int]] = {}
-        for partition, last in end.items():
-            first = begin.get(partition, 0)
-            if last > first:
-                replicas = self._known[partition].replicas
-                low = self.directory.search_position(replicas, partition, offset=first)[1]
-                high = self.directory.search_position(replicas, partition, offset=last)[1]
-                counts[partition] = (low, high)
-        return counts
+        begin and before its end."""
+        return {
+            partition: self._count_span(self._known[partition].replicas, partition, first, last)
+            for partition, last in end.items()
+            if last > (first := begin.get(partition, 0))
+        }
 
     def reportLatestOffset(self) -> dict | None:
         """Where each partition ended at the last look (the query's progress shows it as
@@ -490,10 +492,17 @@ class NSQLogStreamReader(_LogReading, DataSourceStreamReader, SupportsTriggerAva
             return None
         return _offsets({partition: found.end for partition, found in self._known.items()})
 
-    def _limit_rows(self, begin: dict[int, int], end: dict[int, int], limit: int) -> dict[int, int]:
+    def _limit_rows(
+        self,
+        begin: dict[int, int],
+        end: dict[int, int],
+        limit: int,
+        counts: MessageCounts | None = None,
+    ) -> dict[int, int]:
         """At most `limit` messages in all, shared out in proportion to what each partition
-        has (the Kafka source's rule)."""
-        counts = self._message_counts(begin, end)
+        has (the Kafka source's rule); `counts` when `_message_counts` was already asked."""
+        if counts is None:
+            counts = self._message_counts(begin, end)
         total = sum(high - low for low, high in counts.values())
         if total <= limit:
             return end

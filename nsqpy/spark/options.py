@@ -47,6 +47,11 @@ def positive_int(options: Mapping[str, str], name: str, default: int) -> int:
     return number
 
 
+def optional_positive_int(options: Mapping[str, str], name: str) -> int | None:
+    """`positive_int` for an option without a default: None when not given."""
+    return None if _get(options, name) is None else positive_int(options, name, 1)
+
+
 def address_list(value: str | None) -> list[str]:
     return [part.strip() for part in (value or "").split(",") if part.strip()]
 
