@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMinRows
 
-from nsqpy.client.blocking import http_request
+from nsqpy.client.blocking import http_json, http_request
 from nsqpy.spark.log_reader import NSQLogBatchReader, NSQLogStreamReader
 from nsqpy.spark.source import SCHEMA, NSQDataSource
 from tests.harness import start_nsqd
@@ -143,3 +143,33 @@ def test_include_headers_gives_an_ext_topics_header_and_trace_id_and_costs_nothi
     ]
     assert by_body[b"without"] == []
     assert NSQDataSource(options(http, "tagged")).schema() == SCHEMA
+
+
+def test_max_records_per_partition_on_a_topic_whose_retention_has_run(tmp_path):
+    """Counts on a log that no longer starts at offset 0: the cuts still fall every N records
+    of what retention kept."""
+    (tmp_path / "nsqd").mkdir()
+    daemon = start_nsqd(tmp_path / "nsqd", "-max-bytes-per-file=4096")
+    try:
+        http = daemon.addresses["HTTP"]
+        create_topic(http, "aged", 1)
+        for first in range(0, 400, 50):  # segments roll between writes
+            publish(http, "aged", 0, [b"m%03d" % i for i in range(first, first + 50)])
+        where = {"topic": "aged", "channel": "done", "partition": "0"}
+        http_request(http, "/channel/create", method="POST", **where)
+        http_request(http, "/channel/setoffset", method="POST", body=b"special:-1", **where)
+        http_request(http, "/topic/greedyclean", method="POST", topic="aged", partition="0")
+        kept = (
+            400
+            - http_json(http, "/partition/offsets", topic="aged")["partitions"][0]["start"]["count"]
+        )
+        assert 0 < kept < 400
+        reader = NSQLogBatchReader(
+            options(http, "aged", startingOffsets="earliest", maxRecordsPerPartition="60"), SCHEMA
+        )
+        pieces = reader.partitions()
+        sizes = [sum(batch.num_rows for batch in reader.read(piece)) for piece in pieces]
+        assert sum(sizes) == kept and max(sizes) <= 60
+        assert len(pieces) == -(-kept // 60)
+    finally:
+        daemon.stop()
