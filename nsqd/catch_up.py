@@ -308,4 +308,8 @@ class CatchUps:
             self._joining.pop(key, None)
         session.take_info(topic.name, topic.partition, reply.header["info"], reply.header["epoch"])
         joined = topic.replication.info
-        return joined is not None and node.node_id in joined.isr
+        if joined is None or node.node_id not in joined.isr:
+            return False
+        if "delayed" in reply.header:
+            node.take_delayed_snapshot(topic, reply.header["delayed"], reply.payload)
+        return True

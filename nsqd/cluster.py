@@ -26,6 +26,7 @@ nsqlookupd writes it to etcd; this node follows it (`ClusterSession` watches the
 
 import logging
 import os
+import struct
 from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
@@ -163,6 +164,16 @@ def _log_queue(topic: "Topic") -> LogTopicQueue:
             f"{topic.name}/{topic.partition} is not stored as a log here: it cannot be replicated"
         )
     return queue
+
+
+def _delayed_snapshot(topic: "Topic") -> tuple[dict, bytes]:
+    """The delayed messages of the partition's delay queue whose records are before the
+    log's end: per channel how many (the header) and their IDs (8 bytes each, the payload)."""
+    before = _log(topic).written.offset
+    held = _log_queue(topic).delay_queue.entries_before(before)
+    counts = [[channel, len(ids)] for channel, ids in held.items()]
+    ids = [message_id for channel_ids in held.values() for message_id in channel_ids]
+    return {"before": before, "channels": counts}, struct.pack(f">{len(ids)}q", *ids)
 
 
 def _cursor(channel: "Channel") -> CursorQueue:
@@ -842,11 +853,12 @@ class ClusterNode:
 
     # -- leader: admitting a follower into the ISR ------------------------------------------
 
-    async def _admit(self, topic: "Topic", header: dict) -> dict:
+    async def _admit(self, topic: "Topic", header: dict) -> tuple[dict, bytes]:
         """A follower on the catch-up list, caught up, asks to join the ISR (`JOIN`): with no
         group acknowledged meanwhile, give it what this leader wrote since its `end`, count
         it for every write from then on, and have the master add it with the next write
-        epoch. The answer is the info that holds it."""
+        epoch. The answer is the info that holds it, and the delayed messages this leader
+        holds (`_delayed_snapshot`)."""
         node, incarnation = str(header["node"]), str(header.get("incarnation") or "")
         end = Position(*(int(value) for value in header["end"]))
         last = tuple(int(value) for value in header["last"]) if header.get("last") else None
@@ -859,7 +871,7 @@ class ClusterNode:
         if not replica.is_leader:
             raise ReplicaRefusal(error_header("E_FAILED_ON_NOT_LEADER", "not the leader"))
         if node in info.isr and info.proven(node, incarnation):
-            return {"info": info.to_json().decode(), "epoch": info.epoch}
+            return {"info": info.to_json().decode(), "epoch": info.epoch}, b""
         if node not in info.catchup:
             raise ReplicaRefusal(
                 error_header("E_NOT_CATCHUP", f"{node} is not on the partition's catch-up list")
@@ -873,6 +885,10 @@ class ClusterNode:
             with trio.fail_after(ADMISSION_TIMEOUT):
                 async with writer.exclusive():
                     joined = await self._admit_exclusively(topic, node, incarnation, end, last)
+                    # Taken once this node's info holds the follower (every cursor push from
+                    # now on reaches it) and before the next write (what it holds past
+                    # `before` came with the writes it was sent).
+                    delayed, held_ids = _delayed_snapshot(topic)
         except trio.TooSlowError:
             raise ReplicaRefusal(
                 error_header("E_TIMEOUT", f"no admission within {ADMISSION_TIMEOUT:g} s")
@@ -885,7 +901,8 @@ class ClusterNode:
             log.written.offset,
             joined.epoch_for_write,
         )
-        return {"info": joined.to_json().decode(), "epoch": joined.epoch}
+        answer = {"info": joined.to_json().decode(), "epoch": joined.epoch, "delayed": delayed}
+        return answer, held_ids
 
     async def _admit_exclusively(
         self, topic: "Topic", node: str, incarnation: str, end: Position, last: tuple | None
@@ -1271,6 +1288,28 @@ class ClusterNode:
         self.sync_soon(topic)
         return {"end": list(log.written)}
 
+    def take_delayed_snapshot(self, topic: "Topic", delayed: dict, payload: bytes) -> None:
+        """Admitted into the ISR: drop the delay queue's entries before the leader's end at
+        admission that the leader no longer holds (finished or emptied while this node was
+        not in the ISR; a catch-up indexes every delayed record it copies)."""
+        held: dict[str, set[int]] = {}
+        at = 0
+        for channel, count in delayed["channels"]:
+            count = int(count)
+            held[str(channel)] = set(struct.unpack_from(f">{count}q", payload, at))
+            at += 8 * count
+        if at != len(payload):
+            raise ValueError(f"{len(payload)} bytes of delayed message IDs, expected {at}")
+        dropped = _log_queue(topic).delay_queue.keep_only(held, int(delayed["before"]))
+        if dropped:
+            self.nsqd.log.info(
+                "TOPIC(%s) partition %d: %d delayed messages the leader finished dropped",
+                topic.name,
+                topic.partition,
+                dropped,
+            )
+            self.sync_soon(topic)
+
     def sync_soon(self, topic: "Topic") -> None:
         if self.nursery is not None:
             _writer(topic).sync_soon(self.nursery)
@@ -1435,7 +1474,8 @@ class ClusterNode:
                 answer, data = self._answer_start(topic)
                 return encode_frame(REPLY, answer, data)
             if frame.op == JOIN:
-                return encode_frame(REPLY, await self._admit(topic, header))
+                answer, data = await self._admit(topic, header)
+                return encode_frame(REPLY, answer, data)
             raise ReplicaRefusal(error_header("E_INVALID", f"op {frame.op}"))
         except ReplicaRefusal as refusal:
             if frame.op in (PULL, START, JOIN):

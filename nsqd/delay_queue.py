@@ -287,6 +287,47 @@ class DelayQueue:
             self._changed = True
         return cursor.rowcount
 
+    def entries_before(self, offset: int) -> dict[str, list[int]]:
+        """Per channel, the IDs of the delayed messages whose records are before `offset`:
+        what a leader admitting a follower holds, so that the follower drops what was
+        finished or emptied here while it was not in the ISR (`keep_only`)."""
+        held: dict[str, list[int]] = {}
+        for channel, message_id in self._db.execute(
+            "SELECT channel, id FROM delayed WHERE offset < ?", (offset,)
+        ):
+            if (channel, message_id) not in self._done_pending:
+                held.setdefault(channel, []).append(message_id)
+        for (channel, message_id), entry in self._unstored.items():
+            if entry[0] < offset and (channel, message_id) not in self._done_pending:
+                held.setdefault(channel, []).append(message_id)
+        return held
+
+    def keep_only(self, held: dict[str, set[int]], before: int) -> int:
+        """Of the entries whose records are before `before`, drop those `held` lacks (its
+        leader's, `entries_before`): a follower's catch-up indexes every delayed record it
+        copies, finished or not. How many were dropped."""
+        rows = self._db.execute(
+            "SELECT channel, id FROM delayed WHERE offset < ?", (before,)
+        ).fetchall()
+        gone = [(channel, message_id) for channel, message_id in rows
+                if message_id not in held.get(channel, ())]  # fmt: skip
+        gone.extend(
+            key
+            for key, entry in self._unstored.items()
+            if entry[0] < before and key[1] not in held.get(key[0], ())
+        )
+        for key in gone:
+            self._out.discard(key)
+            self._unstored.pop(key, None)
+        try:
+            self._db.executemany("DELETE FROM delayed WHERE channel = ? AND id = ?", gone)
+        except sqlite3.Error as error:
+            self._refused("drop delayed messages its leader finished", error)
+            self._done_pending.update(gone)  # removed at the next commit
+        self._recount()
+        self._changed = True
+        return len(gone)
+
     def oldest_offset(self) -> int | None:
         """The lowest record offset any channel's delayed message is at (retention's floor)."""
         return self._db.execute("SELECT min(offset) FROM delayed").fetchone()[0]

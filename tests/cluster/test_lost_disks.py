@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from nsqpy.common.command import encode_dpub, encode_mpub_seq
+from nsqpy.common.command import encode_dpub, encode_mpub_seq, encode_rdy
 from tests.cluster.aging import (
     AGED_NSQD_ARGS,
     age_topic,
@@ -20,7 +20,7 @@ from tests.cluster.aging import (
     replace_disk,
 )
 from tests.cluster.local_cluster import LocalCluster
-from tests.cluster.traffic import check_replicas_identical, drain
+from tests.cluster.traffic import check_replicas_identical, drain, publish
 from tests.harness import V2Connection
 from tests.support.polling import poll
 
@@ -264,3 +264,53 @@ def test_a_replaced_disk_copies_the_delayed_messages_of_an_aged_topic(cluster):
     assert reply.status == 200, reply
     bodies = {b"delayed %d" % number for number in range(5)}
     assert bodies <= drain(follower, "t", bodies)
+
+
+def test_finished_delayed_messages_stay_finished_on_a_replaced_disk_of_an_aged_topic(cluster):
+    """On a topic whose retention has run: messages moved to the delay queue (a REQ past the
+    threshold) and finished (`/message/finish`) leave every replica's delay queue; a follower
+    whose disk is then replaced copies the log and the delay queue again and holds only what
+    is still delayed, not the finished ones, so it never gives them out once it leads."""
+    cluster.create_writable_topic("t", 1, 2)
+    leader = cluster.node_leading("t", 0)
+    follower = _follower_of(cluster, "t")
+    start = age_topic(cluster, "t")
+    connection = V2Connection(leader.tcp_port)
+    try:
+        connection.send(encode_dpub("t", 600_000, b"still delayed"))
+        assert connection.read_response().data == b"OK"
+    finally:
+        connection.close()
+    for number in range(5):
+        publish(cluster, "t", b"finished %d" % number)
+        consumer = V2Connection(leader.tcp_port, timeout=15)
+        try:
+            consumer.send(b"SUB t c 0\n")
+            assert consumer.read_response().data == b"OK"
+            consumer.send(encode_rdy(1))
+            (message,) = consumer.read_messages(1)
+            consumer.send(b"REQ " + message.id + b" 1000000\n")
+            msgid = int.from_bytes(message.id[:8], "big")
+            finish = f"/message/finish?topic=t&channel=c&partition=0&msgid={msgid}"
+            poll(
+                lambda finish=finish: leader.http("POST", finish).status == 200,
+                f"message {number} finished",
+            )
+        finally:
+            consumer.close()
+    poll(
+        lambda: (_delayed(leader, "t"), _delayed(follower, "t")) == (1, 1),
+        lambda: f"1 delayed on both: {_delayed(leader, 't')}, {_delayed(follower, 't')}",
+    )
+    replace_disk(cluster, follower)
+    poll_back_in_isr(cluster, follower, "t")
+    assert log_start(follower, "t") == start
+    poll(
+        lambda: _delayed(follower, "t") == 1,
+        lambda: f"the copied delay queue: {_delayed(follower, 't')}, not 1",
+    )
+    leader.kill()
+    poll(lambda: cluster.node_leading("t", 0) is follower, "the follower leading")
+    reply = follower.http("POST", "/channel/requeuedelayed?topic=t&channel=c&partition=0")
+    assert reply.status == 200, reply
+    assert drain(follower, "t", {b"still delayed"}) == {b"still delayed"}

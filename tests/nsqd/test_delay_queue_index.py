@@ -71,3 +71,26 @@ def test_emptying_a_channel_and_cutting_the_log_back(tmp_path):
     queue.cut_back(200)
     assert queue.count("b") == 1 and queue.applied == 0
     assert [r.message_id for r in queue.waiting_before(150, 10)] == [ID % 1]
+
+
+def test_a_follower_keeps_only_what_its_leader_holds_before_the_admission(tmp_path):
+    """A catch-up indexes every delayed record it copies; at its admission the follower drops
+    the entries before the leader's end that the leader no longer holds, and keeps the ones
+    past it (written after the admission)."""
+    leader = DelayQueue(str(tmp_path / "leader.sqlite"))
+    follower = DelayQueue(str(tmp_path / "follower.sqlite"))
+    records = [record("a", number, 10) for number in range(1, 5)]
+    records.append(DelayedRecord("b", ID % 5, 250, 1, 10))
+    for queue in (leader, follower):
+        queue.add(records, lambda: [])
+    assert leader.done("a", ID % 1) and leader.done("b", ID % 5)
+    held = leader.entries_before(400)
+    assert {channel: sorted(ids) for channel, ids in held.items()} == {"a": [2, 3]}
+    dropped = follower.keep_only({name: set(ids) for name, ids in held.items()}, before=400)
+    assert dropped == 2
+    assert (follower.count("a"), follower.count("b")) == (3, 0)
+    assert sorted(m.message_id for m in follower.take_due("a", 10, now_ms=100)) == [
+        ID % 2,
+        ID % 3,
+        ID % 4,
+    ]
