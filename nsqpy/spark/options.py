@@ -5,7 +5,9 @@ here goes through `get`, never through a camel-cased key.
 """
 
 import json
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from nsqpy.client.blocking import http_json
 from nsqpy.client.security import Security, SecurityError
@@ -74,6 +76,28 @@ def lookupd_producers(lookupd_http_addresses: list[str], topic: str | None) -> l
     return list(producers.values())
 
 
+def topic_names(
+    lookupd_http_addresses: list[str], nsqd_http_addresses: list[str], security: Security
+) -> set[str]:
+    """Every topic nsqlookupd knows (`/topics`), or, without nsqlookupd, every topic the nsqds
+    hold (`/stats`): what `subscribePattern` is matched against."""
+    names: set[str] = set()
+    for lookupd in lookupd_http_addresses:
+        try:
+            names.update((http_json(lookupd, "/topics") or {}).get("topics") or ())
+        except OSError:
+            continue  # another nsqlookupd may answer
+    if lookupd_http_addresses:
+        return names
+    for address in nsqd_http_addresses:
+        try:
+            stats = http_json(address, "/stats", security=security, format="json")
+        except OSError:
+            continue
+        names.update(topic["topic_name"] for topic in (stats or {}).get("topics") or ())
+    return names
+
+
 def producer_addresses(producer: dict) -> tuple[str, str]:
     """(TCP address, HTTP address) of one lookupd producer record."""
     host = producer["broadcast_address"]
@@ -131,6 +155,94 @@ def security(options: Mapping[str, str]) -> Security:
         raise ValueError(f"the nsq TLS options: {error}") from None
 
 
+# -- which topics a query reads (the Kafka source's subscribe, subscribePattern, assign) -----
+
+TOPIC_OPTIONS = ("topic", "subscribe", "subscribePattern", "assign")
+
+
+@dataclass(frozen=True)
+class TopicSelection:
+    """The topics a source reads: `topic` (nsqpy's, one topic), Kafka's `subscribe` (a
+    comma-separated list), `subscribePattern` (a regular expression matched against the
+    whole topic name, asked again at every trigger) or `assign` (JSON of partitions per
+    topic, `{"a": [0, 1]}`). Only with `topic` do offsets name partitions alone
+    (`{"0": 42}`); with the other three they are Kafka's `{"<topic>": {"0": 42}}`."""
+
+    topics: tuple[str, ...] = ()
+    pattern: "re.Pattern[str] | None" = None
+    # assign: the partitions of each topic read (no others, even when the topic has more).
+    assigned: "Mapping[str, frozenset[int]] | None" = None
+    # Offsets by topic (not with `topic`).
+    by_topic: bool = True
+
+    @property
+    def single(self) -> str | None:
+        """The topic when there is exactly one and it was not found by a pattern."""
+        return self.topics[0] if len(self.topics) == 1 and self.pattern is None else None
+
+    def takes(self, topic: str, partition: int) -> bool:
+        return self.assigned is None or partition in self.assigned.get(topic, ())
+
+    def describe(self) -> str:
+        if self.pattern is not None:
+            return f"the topics matching {self.pattern.pattern!r}"
+        return ", ".join(repr(topic) for topic in self.topics)
+
+
+def topic_selection(options: Mapping[str, str]) -> TopicSelection:
+    from nsqpy.common.names import is_valid_name
+
+    given = [name for name in TOPIC_OPTIONS if _get(options, name) is not None]
+    if len(given) != 1:
+        listed = ", ".join(f'"{name}"' for name in TOPIC_OPTIONS)
+        found = " and ".join(f'"{name}"' for name in given) or "none"
+        raise ValueError(f"the nsq source takes exactly one of the options {listed}, not {found}")
+    name = given[0]
+    value = str(_get(options, name))
+    if name == "subscribePattern":
+        try:
+            return TopicSelection(pattern=re.compile(value))
+        except re.error as error:
+            raise ValueError(
+                f'the nsq option "subscribePattern" is not a regular expression: {error}'
+            ) from None
+    if name == "assign":
+        assigned = _assignment(value)
+        return TopicSelection(topics=tuple(assigned), assigned=assigned)
+    topics = tuple(dict.fromkeys(address_list(value)))
+    for topic in topics:
+        if not is_valid_name(topic):
+            raise ValueError(f'the nsq option "{name}" names {topic!r}, not a valid topic name')
+    if not topics:
+        raise ValueError(f'the nsq option "{name}" names no topic')
+    if name == "topic" and len(topics) > 1:
+        raise ValueError('the nsq option "topic" names one topic: use "subscribe" for several')
+    return TopicSelection(topics=topics, by_topic=name != "topic")
+
+
+def _assignment(text: str) -> dict[str, frozenset[int]]:
+    try:
+        document = json.loads(text)
+    except ValueError:
+        document = None
+    if not isinstance(document, dict) or not document:
+        raise ValueError(
+            f'the nsq option "assign" is JSON of partitions per topic, such as'
+            f' {{"a": [0, 1]}}, not {text!r}'
+        )
+    assigned = {}
+    for topic, partitions in document.items():
+        if not isinstance(partitions, list) or not all(
+            isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in partitions
+        ):
+            raise ValueError(
+                f'the nsq option "assign" gives topic {topic!r} {partitions!r}, not a list of'
+                " partition numbers"
+            )
+        assigned[str(topic)] = frozenset(partitions)
+    return assigned
+
+
 # -- positions in log topics (the Kafka source's option names) --------------------------------
 
 EARLIEST = -2
@@ -138,19 +250,19 @@ LATEST = -1
 
 
 def position_spec(
-    options: Mapping[str, str], prefix: str, topic: str, default: str
+    options: Mapping[str, str], prefix: str, selection: TopicSelection, default: str
 ) -> tuple[str, object]:
     """How a read starts or ends (`prefix` "starting" or "ending"), as the Kafka source takes
     it:
 
     * `<prefix>Offsets`: "earliest", "latest", or JSON of virtual offsets per partition,
-      `{"0": 1234, "1": -2}` or Kafka's `{"<topic>": {"0": 1234}}`, -2 meaning earliest and -1
-      latest;
+      Kafka's `{"<topic>": {"0": 1234}}` or, for one topic, `{"0": 1234, "1": -2}`; -2
+      meaning earliest and -1 latest;
     * `<prefix>Timestamp`: milliseconds since the epoch, for every partition;
-    * `<prefix>OffsetsByTimestamp`: JSON of milliseconds per partition.
+    * `<prefix>OffsetsByTimestamp`: JSON of milliseconds per partition, as offsets are given.
 
-    Returns ("earliest"|"latest", None), ("offsets", {partition: offset}) or ("timestamps",
-    {partition or None for all: milliseconds})."""
+    Returns ("earliest"|"latest", None), ("offsets", {(topic, partition): offset}) or
+    ("timestamps", {(topic, partition) or None for all: milliseconds})."""
     offsets = _get(options, f"{prefix}Offsets")
     timestamp = _get(options, f"{prefix}Timestamp")
     by_timestamp = _get(options, f"{prefix}OffsetsByTimestamp")
@@ -169,7 +281,7 @@ def position_spec(
     if timestamp is not None:
         return "timestamps", {None: _non_negative(timestamp, f"{prefix}Timestamp")}
     if by_timestamp is not None:
-        values = _per_partition(by_timestamp, f"{prefix}OffsetsByTimestamp", topic)
+        values = _per_partition(by_timestamp, f"{prefix}OffsetsByTimestamp", selection)
         return "timestamps", {
             p: _non_negative(v, f"{prefix}OffsetsByTimestamp") for p, v in values.items()
         }
@@ -178,44 +290,57 @@ def position_spec(
         if prefix == "ending" and text.lower() == "earliest":
             raise ValueError('the nsq option "endingOffsets" cannot be "earliest"')
         return text.lower(), None
-    values = _per_partition(text, f"{prefix}Offsets", topic)
-    checked = {}
-    for partition, value in values.items():
+    values = _per_partition(text, f"{prefix}Offsets", selection)
+    checked: dict[tuple[str, int], int] = {}
+    for (topic, partition), value in values.items():
         number = int(value) if isinstance(value, int) and not isinstance(value, bool) else None
         if number is None or number < EARLIEST:
             raise ValueError(
-                f'the nsq option "{prefix}Offsets" gives partition {partition} {value!r}:'
-                " a virtual offset, -2 (earliest) or -1 (latest)"
+                f'the nsq option "{prefix}Offsets" gives partition {partition} of {topic!r}'
+                f" {value!r}: a virtual offset, -2 (earliest) or -1 (latest)"
             )
-        checked[partition] = number
+        checked[(topic, partition)] = number
     return "offsets", checked
 
 
-def _per_partition(text: str, name: str, topic: str) -> dict[int, object]:
+def _per_partition(
+    text: str, name: str, selection: TopicSelection
+) -> dict[tuple[str, int], object]:
     try:
         document = json.loads(text)
     except ValueError:
         raise ValueError(
-            f'the nsq option "{name}" is "earliest", "latest" or JSON such as {{"0": 42}},'
-            f" not {text!r}"
+            f'the nsq option "{name}" is "earliest", "latest" or JSON such as'
+            f' {{"<topic>": {{"0": 42}}}}, not {text!r}'
         ) from None
-    if (
-        isinstance(document, dict)
-        and set(document) == {topic}
-        and isinstance(document[topic], dict)
-    ):
-        document = document[topic]  # Kafka's {"<topic>": {"<partition>": offset}}
     if not isinstance(document, dict):
         raise ValueError(f'the nsq option "{name}" must be a JSON object, not {text!r}')
-    values = {}
-    for key, value in document.items():
-        try:
-            partition = int(key)
-        except ValueError:
+    if not document:
+        return {}
+    if all(isinstance(value, dict) for value in document.values()):
+        by_topic = document  # Kafka's {"<topic>": {"<partition>": value}}
+    elif selection.single is not None and not selection.by_topic:
+        by_topic = {selection.single: document}
+    else:
+        raise ValueError(
+            f'the nsq option "{name}" gives positions by topic, such as {{"<topic>": {{"0":'
+            f" 42}}}}, when the source reads {selection.describe()}; not {text!r}"
+        )
+    values: dict[tuple[str, int], object] = {}
+    for topic, partitions in by_topic.items():
+        if selection.pattern is None and topic not in selection.topics:
             raise ValueError(
-                f'the nsq option "{name}" has {key!r}, not a partition number'
-            ) from None
-        values[partition] = value
+                f'the nsq option "{name}" names topic {topic!r}, which the source does not'
+                f" read ({selection.describe()})"
+            )
+        for key, value in partitions.items():
+            try:
+                partition = int(key)
+            except ValueError:
+                raise ValueError(
+                    f'the nsq option "{name}" has {key!r}, not a partition number'
+                ) from None
+            values[(str(topic), partition)] = value
     return values
 
 

@@ -64,7 +64,14 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
     def __init__(self, options: Mapping[str, str], schema: StructType = SCHEMA) -> None:
         # No I/O here: Spark builds this object in several processes, and only the source
         # runner's copy ever reads (see docs/design.md §10).
-        self.topic = opts.required(options, "topic")
+        selection = opts.topic_selection(options)
+        if selection.single is None:
+            raise ValueError(
+                f"nsq: {selection.describe()} are classic topics, which a query reads one at a"
+                " time (the channel's consumers are the query's); log topics can be read"
+                " together"
+            )
+        self.topic = selection.single
         self.channel = opts.required(options, "channel")
         self.nsqd_addresses = opts.address_list(options.get("nsqd"))
         self.nsqd_http_addresses = opts.address_list(options.get("nsqd_http"))

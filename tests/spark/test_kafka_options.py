@@ -91,8 +91,8 @@ def test_min_offsets_per_trigger_waits_for_enough_or_the_max_trigger_delay(http)
     # 200 new messages, fewer than 300, within the delay: no batch.
     assert reader.latestOffset(start, ReadMinRows(300)) == start
     assert reader.reportLatestOffset() == {
-        "0": reader._known[0].end,
-        "1": reader._known[1].end,
+        "0": reader._known[("trickle", 0)].end,
+        "1": reader._known[("trickle", 1)].end,
     }
     publish(http, "trickle", 1, [b"c%d" % i for i in range(100)])
     enough = reader.latestOffset(start, ReadMinRows(300))

@@ -215,3 +215,37 @@ def test_without_a_channel_a_query_names_its_own_and_its_checkpoint_keeps_it(spa
     again = collect_available_now(stream(), tmp_path / "another")
     assert bodies_of(again) == sorted(first + second)
     assert len(query_channels(http, "own") - {channel}) == 1
+
+
+def test_a_stream_subscribed_to_several_topics_goes_on_from_its_checkpoint(spark, nsqd, tmp_path):
+    """Kafka's `subscribe`: two log topics in one query, its offsets by topic in Spark's
+    checkpoint, so the query started again reads only what came since."""
+    http = nsqd.addresses["HTTP"]
+    create_topic(http, "clicks", 2)
+    create_topic(http, "views", 1)
+    publish(http, "clicks", 0, [b"c0-%d" % i for i in range(50)])
+    publish(http, "clicks", 1, [b"c1-%d" % i for i in range(50)])
+    publish(http, "views", 0, [b"v-%d" % i for i in range(30)])
+
+    def stream():
+        return (
+            spark.readStream.format("nsq")
+            .option("nsqd_http", http)
+            .option("subscribe", "clicks,views")
+            .option("startingOffsets", "earliest")
+            .load()
+        )
+
+    checkpoint = tmp_path / "checkpoint"
+    first = collect_available_now(stream(), checkpoint)
+    assert sorted((row.topic, row.body) for row in first) == sorted(
+        [("clicks", b"c%d-%d" % (p, i)) for p in (0, 1) for i in range(50)]
+        + [("views", b"v-%d" % i) for i in range(30)]
+    )
+    publish(http, "views", 0, [b"later"])
+    second = collect_available_now(stream(), checkpoint)
+    assert [(row.topic, row.partition, row.body) for row in second] == [("views", 0, b"later")]
+    logs = (checkpoint / "offsets").iterdir()
+    offsets = sorted((p for p in logs if p.name.isdigit()), key=lambda path: int(path.name))
+    last = json.loads(offsets[-1].read_text().splitlines()[-1])
+    assert set(last) == {"clicks", "views", "#channel"} and set(last["clicks"]) == {"0", "1"}
