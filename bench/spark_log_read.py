@@ -53,6 +53,7 @@ def read(spark: SparkSession, lookupd_http: str, topic: str, checkpoint: Path, h
         spark.readStream.format("nsq")
         .option("lookupd", lookupd_http)
         .option("topic", topic)
+        .option("channel", "spark_bench")
         .option("startingOffsets", "earliest")
     )
     if headers:
@@ -84,7 +85,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         lookupd = DaemonProcess(
             "nsqlookupd",
-            ["-tcp-address=127.0.0.1:0", "-http-address=127.0.0.1:0", "-broadcast-address=127.0.0.1"],
+            [
+                "-tcp-address=127.0.0.1:0",
+                "-http-address=127.0.0.1:0",
+                "-broadcast-address=127.0.0.1",
+            ],
         ).start(wait_for=("TCP", "HTTP"))
         data = Path(scratch) / "nsqd"
         data.mkdir()
@@ -103,7 +108,9 @@ def main() -> None:
         register(spark)
         try:
             deadline = time.monotonic() + 30
-            while b'"producers":[]' in urllib.request.urlopen(f"http://{lookupd_http}/nodes").read():
+            while (
+                b'"producers":[]' in urllib.request.urlopen(f"http://{lookupd_http}/nodes").read()
+            ):
                 if time.monotonic() > deadline:
                     raise RuntimeError("nsqd did not register with nsqlookupd")
                 time.sleep(0.05)

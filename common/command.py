@@ -123,6 +123,34 @@ def encode_mpub_seq(
     )
 
 
+def encode_mpub_ext_seq(
+    topic: str,
+    partition: int,
+    producer_id: str,
+    first_sequence: int,
+    bodies: Iterable[bytes],
+    headers: Iterable[dict | bytes],
+) -> bytes:
+    """nsqpy's idempotent MPUB_EXT: each message with its JSON header, as MPUB_EXT's."""
+    messages = (encode_ext_body(header, body) for header, body in zip(headers, bodies, strict=True))
+    return encode_command(
+        b"MPUB_EXT_SEQ",
+        topic,
+        partition,
+        producer_id,
+        first_sequence,
+        body=encode_mpub_body(messages),
+    )
+
+
+def encode_mpub_ext(
+    topic: str, bodies: Iterable[bytes], headers: Iterable[dict | bytes], *partition: int
+) -> bytes:
+    """Youzan's MPUB_EXT: each message with its JSON header."""
+    messages = (encode_ext_body(header, body) for header, body in zip(headers, bodies, strict=True))
+    return encode_command(b"MPUB_EXT", topic, *partition, body=encode_mpub_body(messages))
+
+
 def encode_trace_body(trace_id: int, data: bytes) -> bytes:
     """The body of PUB_TRACE and each message of MPUB_TRACE: `[8 trace id][data]` (§3.6)."""
     return _TRACE_ID.pack(trace_id) + data

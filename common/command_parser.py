@@ -244,7 +244,8 @@ _MAX_SEQUENCE = (1 << 63) - 1
 
 
 def _check_sequenced_args(label: str, args: list[bytes]) -> None:
-    """`<topic> <partition> <producer id> <first sequence>` of PUB_SEQ and MPUB_SEQ."""
+    """`<topic> <partition> <producer id> <first sequence>` of PUB_SEQ, MPUB_SEQ and
+    MPUB_EXT_SEQ."""
     if len(args) != 4:
         raise ProtocolError(
             "E_INVALID", f"{label} needs <topic> <partition> <producer id> <sequence>"
@@ -278,6 +279,17 @@ class _MpubSeq(_Mpub):
         _check_sequenced_args("MPUB_SEQ", args)
 
 
+class _MpubExtSeq(_YouzanMpub):
+    """MPUB_EXT_SEQ: MPUB_EXT's messages (each `[2 json length][json][data]`) and texts, with
+    a producer and the first message's sequence."""
+
+    def __init__(self) -> None:
+        super().__init__("MPUB_EXT_SEQ")
+
+    def check_args(self, name, args, parser):
+        _check_sequenced_args(self.label, args)
+
+
 BODY_COMMANDS: dict[bytes, _BodyCommand] = {
     b"IDENTIFY": _IdentifyOrAuth("IDENTIFY"),
     b"AUTH": _IdentifyOrAuth("AUTH"),
@@ -290,6 +302,7 @@ BODY_COMMANDS: dict[bytes, _BodyCommand] = {
     b"MPUB_EXT": _YouzanMpub("MPUB_EXT"),
     b"PUB_SEQ": _PubSeq(),
     b"MPUB_SEQ": _MpubSeq(),
+    b"MPUB_EXT_SEQ": _MpubExtSeq(),
 }
 
 

@@ -80,6 +80,7 @@ PUBLISH_COMMANDS = frozenset(
         b"MPUB_EXT",
         b"PUB_SEQ",
         b"MPUB_SEQ",
+        b"MPUB_EXT_SEQ",
     )
 )
 TOPIC_COMMANDS = SUBSCRIBE_COMMANDS | PUBLISH_COMMANDS
@@ -1019,17 +1020,21 @@ class ProtocolV2:
         return self._publish_classic("MPUB", "E_MPUB_FAILED", command.args, command.messages)
 
     def pub_seq(self, command) -> bytes:
-        return self._publish_sequenced("PUB_SEQ", "E_PUB_FAILED", command.args, [command.body])
+        return self.publish_sequenced("PUB_SEQ", "E_PUB_FAILED", command.args, [command.body])
 
     def mpub_seq(self, command) -> bytes:
-        return self._publish_sequenced("MPUB_SEQ", "E_MPUB_FAILED", command.args, command.messages)
+        return self.publish_sequenced("MPUB_SEQ", "E_MPUB_FAILED", command.args, command.messages)
 
-    def _publish_sequenced(self, label: str, code: str, args: list[bytes], bodies) -> bytes:
+    def publish_sequenced(
+        self, label: str, code: str, args: list[bytes], bodies, topic=None, **extra
+    ) -> bytes:
         """An idempotent publish into a log topic's partition: stored when its first sequence
         is the producer's next one; a repeat of a stored one is answered OK without storing it
         again (once what holds it is written); a gap or a partial overlap is refused
-        (nsqd/idempotence.py). Partition forms are Youzan's, so the connection speaks it."""
-        topic = self.youzan.publish_target(args[:2])
+        (nsqd/idempotence.py). Partition forms are Youzan's, so the connection speaks it.
+        `extra`: the trace IDs and ext headers of MPUB_EXT_SEQ's messages."""
+        if topic is None:
+            topic = self.youzan.publish_target(args[:2])
         producers = getattr(topic.queue, "producers", None)
         if producers is None:
             raise ProtocolError(
@@ -1040,7 +1045,7 @@ class ProtocolV2:
         producer_id, first = args[2], int(args[3])
         repeat = producers.check(label, producer_id, first, len(bodies))
         if repeat is None:
-            self.publish(topic, label, code, bodies, producer=(producer_id, first))
+            self.publish(topic, label, code, bodies, producer=(producer_id, first), **extra)
         elif repeat.group is not None and not repeat.group.done:
             # Answered with the write that holds it, refused if that write fails.
             self._write_groups.append((len(self._replies), repeat.group, label, code))

@@ -68,6 +68,7 @@ class YouzanCommands:
             b"MPUB_TRACE": self.mpub_trace,
             b"PUB_EXT": self.pub_ext,
             b"MPUB_EXT": self.mpub_ext,
+            b"MPUB_EXT_SEQ": self.mpub_ext_seq,
             b"INTERNAL_CREATE_TOPIC": self.internal_create_topic,
         }
 
@@ -210,10 +211,34 @@ class YouzanCommands:
 
     def mpub_ext(self, command) -> bytes:
         topic = self.publish_target(command.args)
+        bodies, trace_ids, headers = self._ext_messages(command.messages, topic)
+        self.connection.publish(
+            topic, "MPUB", "E_MPUB_FAILED", bodies, trace_ids=trace_ids, ext_headers=headers
+        )
+        return OK_FRAME
+
+    def mpub_ext_seq(self, command) -> bytes:
+        """nsqpy's idempotent MPUB_EXT (docs/protocol.md §3.10)."""
+        topic = self.publish_target(command.args[:2])
+        bodies, trace_ids, headers = self._ext_messages(command.messages, topic)
+        return self.connection.publish_sequenced(
+            "MPUB_EXT_SEQ",
+            "E_MPUB_FAILED",
+            command.args,
+            bodies,
+            topic,
+            trace_ids=trace_ids,
+            ext_headers=headers,
+        )
+
+    def _ext_messages(
+        self, messages: list[bytes], topic
+    ) -> tuple[list[bytes], list[int], list[bytes]]:
+        """MPUB_EXT's messages split: their data, trace IDs and JSON headers, each checked."""
         bodies = []
         trace_ids = []
         headers = []
-        for body in command.messages:
+        for body in messages:
             if len(body) < 2 or len(body) <= 2 + int.from_bytes(body[:2], "big"):
                 raise ProtocolError(
                     "E_BAD_BODY", f"invalid body size {len(body)} in ext json header content length"
@@ -222,7 +247,4 @@ class YouzanCommands:
             trace_ids.append(self._ext_header(header, topic) or 0)
             headers.append(header)
             bodies.append(data)
-        self.connection.publish(
-            topic, "MPUB", "E_MPUB_FAILED", bodies, trace_ids=trace_ids, ext_headers=headers
-        )
-        return OK_FRAME
+        return bodies, trace_ids, headers

@@ -29,7 +29,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from nsqpy.common.command import encode_mpub, encode_mpub_seq, encode_pub, encode_pub_seq
+from nsqpy.common.command import (
+    encode_mpub,
+    encode_mpub_ext,
+    encode_mpub_ext_seq,
+    encode_mpub_seq,
+    encode_pub,
+    encode_pub_seq,
+)
 from nsqpy.common.errors import NON_FATAL_CODES
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, Frame, FrameDecoder
 from nsqpy.common.message import decode_message
@@ -674,16 +681,20 @@ class SequencedPublish:
     # stored, so it keeps its claim whatever later attempts are told, or a retry under a new
     # claim would store it twice.
     unanswered: bool = False
+    # An ext topic's messages: each one's JSON header (MPUB_EXT_SEQ, or MPUB_EXT).
+    ext_headers: list[bytes] | None = None
 
     def command(self, partition: int | None, identify_reply: dict) -> bytes:
         """The publish to send to `partition` (None: a classic topic's nsqd) on a connection
-        whose IDENTIFY answer is `identify_reply`: PUB_SEQ or MPUB_SEQ when the producer is
-        idempotent and the nsqd serves them, else PUB or MPUB."""
+        whose IDENTIFY answer is `identify_reply`: PUB_SEQ, MPUB_SEQ or MPUB_EXT_SEQ when the
+        producer is idempotent and the nsqd serves them, else PUB, MPUB or MPUB_EXT."""
         topic, bodies = self.topic, self.bodies
         sequences = self.sequences
         served = sequences.idempotent and bool(identify_reply.get("idempotent_publish"))
         if partition is None or not served or sequences.takes_plain(topic):
             extra = () if partition is None else (partition,)
+            if self.ext_headers is not None:
+                return encode_mpub_ext(topic, bodies, self.ext_headers, *extra)
             if len(bodies) == 1:
                 return encode_pub(topic, bodies[0], *extra)
             return encode_mpub(topic, bodies, *extra)
@@ -691,6 +702,10 @@ class SequencedPublish:
             self.claim = (partition, *self.sequences.claim(topic, partition, len(bodies)))
             self.attempts.partition = partition
         _partition, producer_id, first = self.claim
+        if self.ext_headers is not None:
+            return encode_mpub_ext_seq(
+                topic, partition, producer_id, first, bodies, self.ext_headers
+            )
         if len(bodies) == 1:
             return encode_pub_seq(topic, partition, producer_id, first, bodies[0])
         return encode_mpub_seq(topic, partition, producer_id, first, bodies)

@@ -540,12 +540,23 @@ class SmartProducer:
         *,
         key: Key | None = None,
         partition: int | None = None,
+        ext_headers: Iterable[dict | bytes] | None = None,
     ) -> Published:
-        """Publish several messages to one partition in one MPUB, atomically."""
+        """Publish several messages to one partition in one MPUB, atomically. `ext_headers`:
+        each message's JSON header, for an ext topic (MPUB_EXT, MPUB_EXT_SEQ when
+        idempotent)."""
         bodies = list(bodies)
         if not bodies:
             raise ValueError("multi_publish needs at least one message")
-        return self._publish(topic, bodies, key, partition)
+        headers = None
+        if ext_headers is not None:
+            headers = [
+                h if isinstance(h, bytes) else json.dumps(h, separators=(",", ":")).encode()
+                for h in ext_headers
+            ]
+            if len(headers) != len(bodies):
+                raise ValueError(f"{len(headers)} ext headers for {len(bodies)} messages")
+        return self._publish(topic, bodies, key, partition, headers)
 
     def refresh(self, topic: str) -> TopicLayout:
         """Look `topic` up now (writable partitions)."""
@@ -580,7 +591,12 @@ class SmartProducer:
         self.close()
 
     def _publish(
-        self, topic: str, bodies: list[bytes], key: Key | None, partition: int | None
+        self,
+        topic: str,
+        bodies: list[bytes],
+        key: Key | None,
+        partition: int | None,
+        ext_headers: list[bytes] | None = None,
     ) -> Published:
         if key is not None and partition is not None:
             raise ValueError("give key or partition, not both")
@@ -595,7 +611,12 @@ class SmartProducer:
             self.backoff_max,
         )
         sequenced = SequencedPublish(
-            self._sequences, topic, bodies, attempts, key is not None or partition is not None
+            self._sequences,
+            topic,
+            bodies,
+            attempts,
+            key is not None or partition is not None,
+            ext_headers=ext_headers,
         )
 
         def command(connection: Connection, partition: int | None) -> bytes:

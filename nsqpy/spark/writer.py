@@ -10,10 +10,14 @@
   holding each partition (no failover: use `lookupd` for a cluster).
 
 As Kafka's sink, a row goes to its `topic` column's topic unless the `topic` option is set
-(the option wins), and to its `partition` column's partition when it names one. Bodies go in
-chunks of at most `publishChunk` bodies and MAX_CHUNK_BYTES. On a partitioned topic, rows
-without a partition or a key go round-robin over the partitions, a chunk at a time. With a
-`key` column (string, binary or integer), each row goes to the partition of its key
+(the option wins), and to its `partition` column's partition when it names one. A `headers`
+column (Kafka's: an array of `key` string, `value` binary or string) becomes the JSON header
+of an ext topic's message, each value its UTF-8 text (a later entry of a key wins), written
+through `lookupd` with MPUB_EXT_SEQ (MPUB_EXT where idempotence is not served), so a job can
+route by Youzan's `##client_dispatch_tag`; a chunk whose rows have no headers goes as before.
+Bodies go in chunks of at most `publishChunk` bodies and MAX_CHUNK_BYTES. On a partitioned
+topic, rows without a partition or a key go round-robin over the partitions, a chunk at a
+time. With a `key` column (string, binary or integer), each row goes to the partition of its key
 (`partition_for_key`: CRC-32 of the key modulo the partition count), and a partition gets a
 Spark partition's rows in their order, as an ordered topic requires; a null key goes
 round-robin, which an ordered topic refuses. A key means nothing to a classic topic, and a
@@ -48,6 +52,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
     ByteType,
     IntegerType,
@@ -135,6 +140,11 @@ class _Publisher:
         self.partition_index = self._column(
             schema, names, "partition", _INTEGER_TYPES, "an integer"
         )
+        self.headers_index = self._column(
+            schema, names, "headers", (ArrayType,), "an array of (key, value) structs"
+        )
+        if self.headers_index is not None:
+            _check_headers_type(schema.fields[self.headers_index].dataType)
         if self.topic is None and self.topic_index is None:
             raise ValueError('the nsq sink needs the option "topic" or a "topic" column')
         if self.topic is not None:
@@ -230,20 +240,22 @@ class _Publisher:
 
     def groups(
         self, batch: pa.RecordBatch, topic: str, partition_num: int | None
-    ) -> Iterator[tuple[int | None, list[bytes]]]:
-        """The batch's bodies by partition, in row order: a row's `partition`, else its key's
-        (None: neither, to go round-robin). `partition_num` None: a classic topic, which has
-        no partitions to name."""
+    ) -> Iterator[tuple[int | None, list[bytes], list[bytes | None] | None]]:
+        """The batch's bodies by partition, in row order, with their ext headers (None when
+        no row has one): a row's `partition`, else its key's (None: neither, to go
+        round-robin). `partition_num` None: a classic topic, which has no partitions to
+        name."""
         bodies = self._bodies(batch)
+        headers = self._headers(batch)
         named = None
         if self.partition_index is not None:
             named = batch.column(self.partition_index).to_pylist()
         keys = None if self.key_index is None else batch.column(self.key_index).to_pylist()
         if named is None and (keys is None or partition_num is None):
-            yield None, bodies
+            yield None, bodies, headers
             return
-        groups: dict[int | None, list[bytes]] = {}
-        for index, body in enumerate(bodies):
+        groups: dict[int | None, list[int]] = {}
+        for index in range(len(bodies)):
             partition = None if named is None else named[index]
             if partition is not None and (
                 partition_num is None or not 0 <= partition < partition_num
@@ -254,8 +266,13 @@ class _Publisher:
                 )
             if partition is None and keys is not None and keys[index] is not None and partition_num:
                 partition = partition_for_key(keys[index], partition_num)
-            groups.setdefault(partition, []).append(body)
-        yield from groups.items()
+            groups.setdefault(partition, []).append(index)
+        for partition, rows in groups.items():
+            yield (
+                partition,
+                [bodies[row] for row in rows],
+                None if headers is None else [headers[row] for row in rows],
+            )
 
     # -- HTTP /mpub ---------------------------------------------------------------------------
 
@@ -333,9 +350,38 @@ class _Publisher:
             raise ValueError("E_BAD_MESSAGE nsq cannot publish an empty or null body")
         return column.to_pylist()
 
-    def chunks(self, bodies: list[bytes]) -> Iterator[list[bytes]]:
+    def _headers(self, batch: pa.RecordBatch) -> list[bytes | None] | None:
+        """Each row's ext header, the JSON of its `headers` entries (None: none); None when
+        no row has any (or there is no such column)."""
+        if self.headers_index is None:
+            return None
+        column = batch.column(self.headers_index)
+        if column.null_count == len(column) or not pc.max(pc.list_value_length(column)).as_py():
+            return None
+        headers: list[bytes | None] = []
+        for entries in column.to_pylist():
+            if not entries:
+                headers.append(None)
+                continue
+            fields = {}
+            for entry in entries:
+                key, value = entry["key"], entry["value"]
+                if key is None:
+                    raise ValueError("nsq: a row's headers hold an entry with a null key")
+                if isinstance(value, bytes):
+                    try:
+                        value = value.decode()
+                    except UnicodeDecodeError:
+                        raise ValueError(
+                            f"nsq: header {key!r} is not UTF-8 text: an ext topic's header is JSON"
+                        ) from None
+                fields[key] = value
+            headers.append(json.dumps(fields, separators=(",", ":")).encode())
+        return headers
+
+    def chunks(self, bodies: list[bytes]) -> Iterator[tuple[int, int]]:
         """`bodies` in order, cut into MPUBs of at most `publishChunk` bodies and, unless a
-        single body is larger, MAX_CHUNK_BYTES."""
+        single body is larger, MAX_CHUNK_BYTES: each chunk's start and end."""
         start = 0
         while start < len(bodies):
             end = min(start + self.chunk, len(bodies))
@@ -346,7 +392,7 @@ class _Publisher:
                     if size > MAX_CHUNK_BYTES:
                         end = max(index, start + 1)
                         break
-            yield bodies[start:end]
+            yield start, end
             start = end
 
 
@@ -371,10 +417,11 @@ class _HTTPRoute(_Route):
     def publish(self, batch: pa.RecordBatch) -> int:
         publisher = self.publisher
         count = 0
-        for _, bodies in publisher.groups(batch, self.topic, None):
-            for chunk in publisher.chunks(bodies):
-                http_mpub(self.target, self.topic, chunk, security=publisher.security)
-                count += len(chunk)
+        for _, bodies, headers in publisher.groups(batch, self.topic, None):
+            _refuse_headers(headers, self.topic)
+            for start, end in publisher.chunks(bodies):
+                http_mpub(self.target, self.topic, bodies[start:end], security=publisher.security)
+                count += end - start
         return count
 
 
@@ -391,8 +438,12 @@ class _HTTPPartitionedRoute(_Route):
     def publish(self, batch: pa.RecordBatch) -> int:
         publisher = self.publisher
         count = 0
-        for partition, bodies in publisher.groups(batch, self.topic, max(self.partitions) + 1):
-            for chunk in publisher.chunks(bodies):
+        for partition, bodies, headers in publisher.groups(
+            batch, self.topic, max(self.partitions) + 1
+        ):
+            _refuse_headers(headers, self.topic)
+            for start, end in publisher.chunks(bodies):
+                chunk = bodies[start:end]
                 target = partition
                 if target is None:
                     target = self.rotation[self.turn % len(self.rotation)]
@@ -428,15 +479,43 @@ class _SmartRoute(_Route):
     def publish(self, batch: pa.RecordBatch) -> int:
         publisher = self.publisher
         count = 0
-        for partition, bodies in publisher.groups(batch, self.topic, self.partition_num):
-            for chunk in publisher.chunks(bodies):
+        for partition, bodies, headers in publisher.groups(batch, self.topic, self.partition_num):
+            for start, end in publisher.chunks(bodies):
                 target = partition
                 if target is None:
                     target = self.turn % self.partition_num
                     self.turn += 1
-                self.producer.multi_publish(self.topic, chunk, partition=target)
+                ext = None if headers is None else headers[start:end]
+                if ext is not None and all(header is None for header in ext):
+                    ext = None
+                self.producer.multi_publish(
+                    self.topic,
+                    bodies[start:end],
+                    partition=target,
+                    ext_headers=None if ext is None else [h or b"{}" for h in ext],
+                )
             count += len(bodies)
         return count
+
+
+def _check_headers_type(found) -> None:
+    element = found.elementType
+    names = [field.name.lower() for field in getattr(element, "fields", ())]
+    if names != ["key", "value"] or not isinstance(element.fields[0].dataType, StringType):
+        raise ValueError(
+            'the nsq sink needs "headers" as Kafka\'s array of (key string, value binary or'
+            f" string) structs, not {found}"
+        )
+    if not isinstance(element.fields[1].dataType, BinaryType | StringType):
+        raise ValueError(f'the nsq sink needs a "headers" value as binary or string, not {found}')
+
+
+def _refuse_headers(headers: list[bytes | None] | None, topic: str) -> None:
+    if headers is not None:
+        raise ValueError(
+            f"nsq: rows for topic {topic!r} have headers, which are written to ext topics"
+            ' through "lookupd" (MPUB_EXT); this write goes over nsqd\'s HTTP /mpub'
+        )
 
 
 class NSQWriter(_Publisher, DataSourceArrowWriter):

@@ -97,6 +97,7 @@ def test_all_body_commands_are_known() -> None:
         b"MPUB_EXT",
         b"PUB_SEQ",
         b"MPUB_SEQ",
+        b"MPUB_EXT_SEQ",
     }
 
 

@@ -3,18 +3,26 @@ producer's next sequences, acknowledge a repeat without storing it, refuse a gap
 overlap, and remember the producers across a restart from the log itself."""
 
 import dataclasses
+import json
+import struct
 from types import SimpleNamespace
 
 import pytest
 import trio
 
-from nsqpy.common.command import encode_command, encode_mpub_seq, encode_pub_seq
+from nsqpy.common.command import (
+    encode_command,
+    encode_mpub_ext_seq,
+    encode_mpub_seq,
+    encode_pub_seq,
+)
 from nsqpy.common.frame import FRAME_TYPE_ERROR
 from nsqpy.nsqd.idempotence import ProducerSequences, Repeat
 from nsqpy.partition_log import PartitionLog, ProducerMark, Record
 from tests.nsqd.wire import Wire, consumer
 from tests.support.nsqd import running_nsqd
 from tests.support.polling import wait_until
+from tests.youzan.support import connect, create_partitions
 
 
 @pytest.fixture
@@ -272,3 +280,28 @@ async def test_a_repeat_of_a_publish_still_being_written_waits_for_that_write(lo
         await first.expect_ok()
         await second.expect_ok()
         assert message_count(nsqd) == 2
+
+
+async def test_mpub_ext_seq_stores_an_ext_topics_headers_once(nsqd_options):
+    """MPUB_EXT_SEQ: MPUB_EXT's messages, idempotent; a repeat stores nothing; a topic that
+    is not ext refuses it as MPUB_EXT is refused."""
+    async with running_nsqd(nsqd_options) as nsqd:
+        await create_partitions(nsqd, "ext", 0, ext="true")
+        await create_partitions(nsqd, "plain", 0)
+        reader = await connect(nsqd)
+        await reader.identify(extend_support=True)
+        await reader.subscribe_as("SUB", "ext", "c", 0, rdy=10)
+        wire = await producer(nsqd)
+        headers = [{"k": "a"}, {"##trace_id": "42", "k": "v"}]
+        publish = encode_mpub_ext_seq("ext", 0, "spark-q-b1-p0", 0, [b"m1", b"m2"], headers)
+        await wire.send(publish)
+        await wire.expect_ok()
+        await wire.send(publish)
+        await wire.expect_ok()
+        assert nsqd.get_topic("ext").message_count == 2
+        first, second = await reader.read_youzans(2)
+        tag = json.dumps(headers[0]).encode()
+        assert first.body == b"\x04" + struct.pack(">H", len(tag)) + tag + b"m1"
+        assert second.body.endswith(b"m2") and b'"##trace_id": "42"' in second.body
+        await wire.send(encode_mpub_ext_seq("plain", 0, "p", 0, [b"x"], [{"k": "v"}]))
+        await expect_refusal(wire, "E_EXT_NOT_SUPPORT ext content not supported in topic plain")
