@@ -3,11 +3,13 @@ topic's whole history (`--rows` messages of `--body-size` bytes, written before,
 the `noop` sink on local[2], through nsqlookupd, as issue 41's throughput item measures it.
 
     .venv/bin/python -m bench.spark_log_read [--rows 200000] [--body-size 100] [--runs 1]
-        [--headers]
+        [--ext] [--headers]
 
 Prints one line per run: rows, micro-batches, rows/s over the micro-batches (Spark's
 `triggerExecution` times, without the query's start) and over the wall clock. A warm-up query
-runs first (Spark's streaming classes, the Python workers). The checkout it runs from is the
+runs first (Spark's streaming classes, the Python workers). `--ext` makes the topics ext topics
+whose every message carries a JSON header (a tag and a trace ID), published with MPUB_EXT;
+`--headers` selects the `headers` column. The checkout it runs from is the
 one measured: copied into an older checkout, it measures that one (A/B).
 """
 
@@ -40,12 +42,24 @@ def publish(http: str, topic: str, partition: int, bodies: list[bytes]) -> None:
         response.read()
 
 
-def fill(http: str, topic: str, rows: int, body_size: int) -> None:
+def fill(http: str, topic: str, rows: int, body_size: int, lookupd_http: str, ext: bool) -> None:
     padding = b"x" * max(0, body_size - 10)
+    producer = None
+    if ext:
+        from nsqpy.client.smart import SmartProducer
+
+        producer = SmartProducer([lookupd_http])
     for first in range(0, rows, PUBLISH_BATCH):
         numbers = range(first, min(rows, first + PUBLISH_BATCH))
         bodies = [b"%010d" % n + padding for n in numbers]
-        publish(http, topic, first // PUBLISH_BATCH % PARTITIONS, bodies)
+        partition = first // PUBLISH_BATCH % PARTITIONS
+        if producer is None:
+            publish(http, topic, partition, bodies)
+        else:
+            headers = [{"##client_dispatch_tag": "blue", "##trace_id": str(n)} for n in numbers]
+            producer.multi_publish(topic, bodies, partition=partition, ext_headers=headers)
+    if producer is not None:
+        producer.close()
 
 
 def read(spark: SparkSession, lookupd_http: str, topic: str, checkpoint: Path, headers: bool):
@@ -79,6 +93,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--body-size", type=int, default=100)
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--ext", action="store_true", help="ext topics, a header per message")
     parser.add_argument("--headers", action="store_true", help="select the headers column")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -114,10 +129,11 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise RuntimeError("nsqd did not register with nsqlookupd")
                 time.sleep(0.05)
-            create_partitioned_topic(lookupd_http, http, "warmup", PARTITIONS, "bench")
-            create_partitioned_topic(lookupd_http, http, "bench", PARTITIONS, "bench")
-            fill(http, "warmup", 2000, args.body_size)
-            fill(http, "bench", args.rows, args.body_size)
+            flags = {"extend": "true"} if args.ext else {}
+            create_partitioned_topic(lookupd_http, http, "warmup", PARTITIONS, "bench", **flags)
+            create_partitioned_topic(lookupd_http, http, "bench", PARTITIONS, "bench", **flags)
+            fill(http, "warmup", 2000, args.body_size, lookupd_http, args.ext)
+            fill(http, "bench", args.rows, args.body_size, lookupd_http, args.ext)
             read(spark, lookupd_http, "warmup", Path(scratch) / "warmup", args.headers)
             for run in range(args.runs):
                 checkpoint = Path(scratch) / f"checkpoint-{run}"

@@ -10,15 +10,23 @@ there first. A delayed record flags `0x8` (`0x9` with an ext section after it) a
 copy a channel moved to the end of its delay (a channel named) is left out, as its message was
 read already. Offsets are virtual: a record's offset is the previous
 record's plus its size prefix and size, the same on every replica.
+
+A fetch without delayed records (most fetches) is converted column by column with numpy:
+Python only walks the size prefixes, and the fields, the hex IDs, the bodies and the headers
+are gathered in bulk (a header is parsed once per fetch). Delayed records take the record-by-
+record path, which also says what is wrong with bytes that are not whole records.
 """
 
 import json
 import struct
 from binascii import hexlify
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 _SIZED_HEADER = struct.Struct(">IqH8sQ")
+_SIZE = struct.Struct(">I")
 _BODY_START = _SIZED_HEADER.size  # 30
 _EXT_FLAG = 0xA000
 _PRODUCER_FLAG = 0xC000
@@ -49,18 +57,194 @@ def records_to_batch(
 ) -> pa.RecordBatch:
     """One record batch of the source's schema from a fetch's body that starts at
     `first_offset`; columns are found by name, so their order is the schema's."""
+    with_headers = schema.get_field_index("headers") >= 0
+    columns = _bulk_columns(data, first_offset, with_headers)
+    if columns is None:
+        columns = _record_columns(data, first_offset, with_headers)
+    rows = len(columns["id"])
+    columns["topic"] = pa.repeat(pa.scalar(topic, pa.string()), rows)
+    columns["nsqd"] = pa.repeat(pa.scalar(nsqd, pa.string()), rows)
+    columns["partition"] = pa.repeat(pa.scalar(partition, pa.int32()), rows)
+    columns["timestampType"] = pa.repeat(pa.scalar(LOG_APPEND_TIME, pa.int32()), rows)
+    if schema.get_field_index("value") >= 0:
+        columns["value"] = columns["body"]
+    arrays = [columns[field.name].cast(field.type) for field in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+class _HeaderColumn:
+    """Kafka's `headers` column as flat arrays (each record's entries from `ends[i]` to
+    `ends[i+1]`); a header is parsed once per fetch, as messages repeat them."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.values: list[bytes] = []
+        self.ends = [0]
+        self.parsed: dict[bytes, tuple[list[str], list[bytes]]] = {}
+
+    def add(self, header: bytes, trace_id: int) -> None:
+        entries = self.parsed.get(header)
+        if entries is None:
+            entries = self.parsed[header] = _header_entries(header)
+        self.keys += entries[0]
+        self.values += entries[1]
+        if trace_id and TRACE_ID_HEADER not in entries[0]:
+            self.keys.append(TRACE_ID_HEADER)
+            self.values.append(str(trace_id).encode())
+        self.ends.append(len(self.keys))
+
+    def array(self) -> pa.Array:
+        entries = pa.StructArray.from_arrays(
+            [pa.array(self.keys, pa.string()), pa.array(self.values, pa.binary())],
+            fields=list(HEADERS_TYPE.value_type),
+        )
+        return pa.ListArray.from_arrays(pa.array(self.ends, pa.int32()), entries, type=HEADERS_TYPE)
+
+
+def _bulk_columns(data: bytes, first_offset: int, with_headers: bool) -> dict | None:
+    """The columns of a fetch of whole records, plain, ext or with producer marks (no
+    delayed record), gathered in bulk; None for anything else."""
+    length = len(data)
+    if not length or length >= 1 << 31:
+        return None
+    starts: list[int] = []
+    append = starts.append
+    size_of = _SIZE.unpack_from
+    at = 0
+    try:
+        while at < length:
+            append(at)
+            at += 4 + size_of(data, at)[0]
+    except struct.error:
+        return None  # a truncated size prefix
+    if at != length:
+        return None  # a truncated record
+    buffer = np.frombuffer(data, dtype=np.uint8)
+    first = np.array(starts, dtype=np.int64)
+
+    def gather(offset: int, width: int, kind: str, rows: np.ndarray = first) -> np.ndarray:
+        """The big-endian field at `offset` from each of `rows` (positions in `data`)."""
+        return buffer[(rows + offset)[:, None] + np.arange(width)].view(kind).ravel()
+
+    sizes = gather(0, 4, ">u4").astype(np.int64)
+    ends = first + 4 + sizes
+    if (sizes < _BODY_START - 4).any():
+        return None
+    attempts = gather(12, 2, ">u2")
+    flags = attempts & 0xF000
+    body_starts = first + _BODY_START
+    header_bounds = None
+    if flags.any():
+        producer = (flags == _PRODUCER_FLAG) | (flags == _PRODUCER_EXT_FLAG)
+        ext = (flags == _EXT_FLAG) | (flags == _PRODUCER_EXT_FLAG)
+        if not (producer | ext | (flags == 0)).all():
+            return None  # delayed records
+        if producer.any():
+            # The producer mark first: `[1 length][producer id][8 sequence]`.
+            if (ends[producer] <= body_starts[producer]).any():
+                return None
+            marks = buffer[np.where(producer, body_starts, 0)].astype(np.int64)
+            body_starts = body_starts + producer * (1 + marks + 8)
+        # The ext section: `[1 version]`, and for version 4 `[2 length][header]`.
+        if (ends[ext] <= body_starts[ext]).any():
+            return None
+        with_header = np.zeros(len(starts), dtype=bool)
+        with_header[ext] = buffer[body_starts[ext]] == 4
+        if (ends[with_header] < body_starts[with_header] + 3).any():
+            return None
+        lengths = np.zeros(len(starts), dtype=np.int64)
+        lengths[with_header] = gather(1, 2, ">u2", body_starts[with_header])
+        # Records without a header have an empty one where their body starts.
+        header_starts = body_starts + 3 * with_header
+        header_bounds = (header_starts, header_starts + lengths * with_header)
+        body_starts = body_starts + ext + (2 + lengths) * with_header
+        if (body_starts > ends).any():
+            return None
+        attempts = attempts & 0x0FFF
+    count = len(starts)
+    hex_ids = buffer[first[:, None] + (14 + np.arange(8))].tobytes().hex().encode()
+    columns = {
+        "id": pa.StringArray.from_buffers(
+            count,
+            pa.py_buffer(np.arange(0, 16 * count + 1, 16, dtype=np.int32)),
+            pa.py_buffer(hex_ids),
+        ),
+        "body": _slices(data, body_starts, ends),
+        "attempts": pa.array(attempts.astype(np.int32)),
+        "timestamp": pa.array(gather(4, 8, ">i8") // 1000),
+        "offset": pa.array(first + first_offset),
+    }
+    if with_headers:
+        raw = (
+            pa.array([b""] * count, pa.binary())
+            if header_bounds is None
+            else _slices(data, *header_bounds)
+        )
+        columns["headers"] = _bulk_headers(raw, gather(22, 8, ">u8").astype(np.uint64))
+    return columns
+
+
+def _bulk_headers(raw: pa.Array, trace_ids: np.ndarray) -> pa.Array:
+    """The `headers` column of records whose JSON headers are `raw`: each distinct header is
+    parsed once, and each record's entries are its header's, then `##trace_id` when the
+    record has a trace ID its header does not name."""
+    encoded = pc.dictionary_encode(raw)
+    parsed = [_header_entries(header) for header in encoded.dictionary.to_pylist()]
+    which = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    counts = np.array([len(keys) for keys, _values in parsed], dtype=np.int64)
+    named = np.array([TRACE_ID_HEADER in keys for keys, _values in parsed], dtype=bool)
+    # The distinct headers' entries one after another, then the trace IDs' entries.
+    table_starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    traced = (trace_ids != 0) & ~named[which]
+    row_counts = counts[which] + traced
+    ends = np.concatenate(([0], np.cumsum(row_counts))).astype(np.int32)
+    total = int(ends[-1])
+    # For every entry of the column, the entry of the table it is: a record's header's
+    # entries in order, and its trace ID's last.
+    source = np.empty(total, dtype=np.int64)
+    base = counts[which]
+    within = np.arange(int(base.sum())) - np.repeat(np.cumsum(base) - base, base)
+    row_of_entry = np.repeat(np.arange(len(which)), base)
+    source[ends[:-1][row_of_entry] + within] = table_starts[which][row_of_entry] + within
+    table_size = int(counts.sum())
+    source[ends[1:][traced] - 1] = table_size + np.arange(int(traced.sum()))
+    keys = [key for header_keys, _values in parsed for key in header_keys]
+    values = [value for _keys, header_values in parsed for value in header_values]
+    trace_values = pa.array(trace_ids[traced]).cast(pa.string()).cast(pa.binary())
+    key_table = pa.concat_arrays(
+        [pa.array(keys, pa.string()), pa.repeat(pa.scalar(TRACE_ID_HEADER), len(trace_values))]
+    )
+    value_table = pa.concat_arrays([pa.array(values, pa.binary()), trace_values])
+    order = pa.array(source)
+    entries = pa.StructArray.from_arrays(
+        [key_table.take(order), value_table.take(order)], fields=list(HEADERS_TYPE.value_type)
+    )
+    return pa.ListArray.from_arrays(pa.array(ends), entries, type=HEADERS_TYPE)
+
+
+def _slices(data: bytes, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
+    """`data[starts[i]:ends[i]]` for each i (in order, not overlapping) as one binary array:
+    an array over the whole of `data` whose even values are the slices, taken into a buffer
+    of their own."""
+    count = len(starts)
+    bounds = np.empty(2 * count, dtype=np.int32)
+    bounds[0::2] = starts
+    bounds[1::2] = ends
+    spans = pa.BinaryArray.from_buffers(
+        pa.binary(), 2 * count - 1, [None, pa.py_buffer(bounds), pa.py_buffer(data)]
+    )
+    return spans.take(pa.array(np.arange(0, 2 * count - 1, 2)))
+
+
+def _record_columns(data: bytes, first_offset: int, with_headers: bool) -> dict:
+    """The columns record by record: producer marks, delayed records, and bytes that are
+    not whole records (RecordError)."""
     ids: list[bytes] = []
     bodies: list[bytes | memoryview] = []
     attempts_column: list[int] = []
     timestamps: list[int] = []
     offsets: list[int] = []
-    with_headers = schema.get_field_index("headers") >= 0
-    # The headers column as flat arrays (each record's entries from `header_ends[i]` to
-    # `header_ends[i+1]`); a header is parsed once per batch, as messages repeat them.
-    header_keys: list[str] = []
-    header_values: list[bytes] = []
-    header_ends = [0]
-    parsed: dict[bytes, tuple[list[str], list[bytes]]] = {}
+    headers = _HeaderColumn()
     unpack = _SIZED_HEADER.unpack_from
     view = memoryview(data)
     at, length = 0, len(data)
@@ -93,43 +277,23 @@ def records_to_batch(
                     header = data[body_at + 2 : body_at + 2 + header_length]
                 body_at += 2 + header_length
         if with_headers:
-            entries = parsed.get(header)
-            if entries is None:
-                entries = parsed[header] = _header_entries(header)
-            header_keys += entries[0]
-            header_values += entries[1]
-            if trace_id and TRACE_ID_HEADER not in entries[0]:
-                header_keys.append(TRACE_ID_HEADER)
-                header_values.append(str(trace_id).encode())
-            header_ends.append(len(header_keys))
+            headers.add(header, trace_id)
         ids.append(raw_id)
         bodies.append(view[body_at:end])
         attempts_column.append(attempts)
         timestamps.append(timestamp // 1000)
         offsets.append(first_offset + at)
         at = end
-    rows = len(ids)
     columns = {
         "id": pa.array([hexlify(raw).decode() for raw in ids], pa.string()),
         "body": pa.array(bodies, pa.binary()),
         "attempts": pa.array(attempts_column, pa.int32()),
         "timestamp": pa.array(timestamps, pa.int64()),
-        "topic": pa.repeat(pa.scalar(topic, pa.string()), rows),
-        "nsqd": pa.repeat(pa.scalar(nsqd, pa.string()), rows),
-        "partition": pa.repeat(pa.scalar(partition, pa.int32()), rows),
         "offset": pa.array(offsets, pa.int64()),
-        "timestampType": pa.repeat(pa.scalar(LOG_APPEND_TIME, pa.int32()), rows),
     }
     if with_headers:
-        entries_array = pa.StructArray.from_arrays(
-            [pa.array(header_keys, pa.string()), pa.array(header_values, pa.binary())],
-            fields=list(HEADERS_TYPE.value_type),
-        )
-        columns["headers"] = pa.ListArray.from_arrays(
-            pa.array(header_ends, pa.int32()), entries_array, type=HEADERS_TYPE
-        )
-    arrays = [columns[field.name].cast(field.type) for field in schema]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+        columns["headers"] = headers.array()
+    return columns
 
 
 def _header_entries(header: bytes) -> tuple[list[str], list[bytes]]:

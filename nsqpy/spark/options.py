@@ -189,6 +189,11 @@ class TopicSelection:
         return ", ".join(repr(topic) for topic in self.topics)
 
 
+def names_topics_as_kafka(options: Mapping[str, str]) -> bool:
+    """Whether the topics come from Kafka's options rather than `topic`."""
+    return any(_get(options, name) is not None for name in TOPIC_OPTIONS[1:])
+
+
 def topic_selection(options: Mapping[str, str]) -> TopicSelection:
     from nsqpy.common.names import is_valid_name
 

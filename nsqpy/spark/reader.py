@@ -400,6 +400,7 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
             "nsqd": pa.array(nsqds, pa.string()),
             "timestamptype": pa.repeat(pa.scalar(LOG_APPEND_TIME, pa.int32()), count),
         }
+        columns["value"] = columns["body"]
         arrays = []
         for field in self.arrow_schema:
             column = columns.get(field.name.lower())

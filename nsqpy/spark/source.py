@@ -31,6 +31,13 @@ SCHEMA = StructType(
     ]
 )
 
+# Kafka's name of the body, in the schema of a source that names its topics with Kafka's
+# options (`subscribe`, `subscribePattern`, `assign`), so that a job written for the Kafka
+# source (`CAST(value AS STRING)`) reads NSQ unchanged. Not otherwise: Spark copies every
+# column of every row, and a second copy of the body costs a read ~10 % of its rows/s
+# (bench/RESULTS.md).
+VALUE_FIELD = StructField("value", BinaryType())
+
 
 HEADERS_FIELD = StructField(
     "headers",
@@ -47,13 +54,17 @@ class NSQDataSource(DataSource):
         return "nsq"
 
     def schema(self) -> StructType:
-        """SCHEMA, and with `includeHeaders` Kafka's `headers` column (log topics: an ext
-        topic's JSON header entries and the trace ID; null on classic topics)."""
-        from nsqpy.spark.options import boolean
+        """SCHEMA; Kafka's `value` column when the topics are named with Kafka's options;
+        with `includeHeaders` Kafka's `headers` column (log topics: an ext topic's JSON
+        header entries and the trace ID; null on classic topics)."""
+        from nsqpy.spark.options import boolean, names_topics_as_kafka
 
+        fields = list(SCHEMA.fields)
+        if names_topics_as_kafka(self.options):
+            fields.append(VALUE_FIELD)
         if boolean(self.options, "includeHeaders", False):
-            return StructType([*SCHEMA.fields, HEADERS_FIELD])
-        return SCHEMA
+            fields.append(HEADERS_FIELD)
+        return SCHEMA if len(fields) == len(SCHEMA.fields) else StructType(fields)
 
     def streamReader(self, schema: StructType):
         """The replayable reader for log topics; for classic topics Spark falls back to

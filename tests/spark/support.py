@@ -71,10 +71,11 @@ SPARK_HOME = Path(pyspark.__file__).parent
 SINK_DRIVER = Path(__file__).with_name("exactly_once_sink_driver.py")
 
 
-def start_driver(arguments: list[str]) -> subprocess.Popen:
+def start_driver(arguments: list[str], **variables: str) -> subprocess.Popen:
     """`python ARGUMENTS` started from the checkout's root, its Spark workers on this
-    interpreter; its output (stdout and stderr) in one pipe."""
-    environment = dict(os.environ, PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
+    interpreter, with the environment `variables` too; its output (stdout and stderr) in
+    one pipe."""
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable, **variables)
     return subprocess.Popen(
         [sys.executable, *arguments],
         cwd=ROOT,

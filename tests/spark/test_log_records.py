@@ -1,12 +1,24 @@
 """The Spark source's reader of stored records (`nsqpy/spark/log_records.py`) against records
 the partition log wrote, its ext and producer sections included."""
 
+import json
+import struct
+
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from nsqpy.nsqd.message import Message
 from nsqpy.partition_log import PartitionLog, Position, ProducerMark
-from nsqpy.spark.log_records import records_to_batch
+from nsqpy.spark.log_records import (
+    RecordError,
+    _bulk_columns,
+    _record_columns,
+    records_to_batch,
+)
+from nsqpy.spark.source import SCHEMA as SPARK_SCHEMA
 
 SCHEMA = pa.schema([("body", pa.binary()), ("offset", pa.int64()), ("attempts", pa.int32())])
 
@@ -34,3 +46,96 @@ def test_bodies_come_without_the_producer_and_ext_sections(tmp_path, ext):
     assert batch.column("offset").to_pylist() == [m.offset for m in messages]
     assert batch.column("attempts").to_pylist() == [0, 0, 0]
     log.close()
+
+
+def stored_records(messages) -> bytes:
+    """Stored records: (timestamp ns, attempts, id, trace id, ext section or None, body,
+    producer or None) each; an ext section is `[1 version]` and, for version 4,
+    `[2 length][json]`; a producer `(id, sequence)` marks the last record of a publish."""
+    parts = []
+    for timestamp, attempts, raw_id, trace_id, ext, body, *mark in messages:
+        producer = mark[0] if mark else None
+        flag = (0xA000 if producer is None else 0xE000) if ext else 0
+        if producer is not None and not ext:
+            flag = 0xC000
+        rest = struct.pack(">qH8sQ", timestamp, attempts | flag, raw_id, trace_id)
+        if producer is not None:
+            rest += bytes([len(producer[0])]) + producer[0] + producer[1].to_bytes(8, "big")
+        rest += (ext or b"") + body
+        parts.append(len(rest).to_bytes(4, "big") + rest)
+    return b"".join(parts)
+
+
+def ext_section(version: int, header: dict) -> bytes:
+    if version != 4:
+        return bytes([version])
+    raw = json.dumps(header).encode()
+    return b"\x04" + len(raw).to_bytes(2, "big") + raw
+
+
+FULL_SCHEMA = to_arrow_schema(SPARK_SCHEMA, timezone="UTC")
+RECORDS = st.lists(
+    st.tuples(
+        st.integers(0, 1 << 62),
+        st.integers(0, 0x0FFF),
+        st.binary(min_size=8, max_size=8),
+        st.sampled_from([0, 0, 77, (1 << 64) - 1]),
+        st.one_of(
+            st.none(),
+            st.builds(
+                ext_section,
+                st.sampled_from([0, 4]),
+                st.dictionaries(
+                    st.sampled_from(["##client_dispatch_tag", "k", "##trace_id"]),
+                    st.sampled_from(["a", "5", ""]),
+                    max_size=2,
+                ),  # fmt: skip
+            ),
+        ),
+        st.binary(max_size=40),
+        st.one_of(
+            st.none(),
+            st.tuples(st.binary(min_size=1, max_size=64), st.integers(0, (1 << 63) - 1)),
+        ),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(RECORDS, st.integers(0, 1 << 40), st.booleans())
+def test_a_fetch_in_bulk_reads_as_record_by_record(messages, first_offset, with_headers):
+    """The bulk conversion of a fetch of plain and ext records gives every column the
+    record-by-record path gives, the headers column included."""
+    data = stored_records(messages)
+    bulk = _bulk_columns(data, first_offset, with_headers)
+    assert bulk is not None
+    one_by_one = _record_columns(data, first_offset, with_headers)
+    assert set(bulk) == set(one_by_one)
+    for name, column in bulk.items():
+        assert column.equals(one_by_one[name]), name
+    assert bulk["id"].to_pylist() == [message[2].hex() for message in messages]
+
+
+def test_a_fetch_with_a_delayed_record_is_read_record_by_record(tmp_path):
+    """A delayed record (a DPUB's, or a copy moved to a channel's delay) is not for the bulk
+    path; a DPUB reads as the publish it is."""
+    dpub = struct.pack(">qH8sQ", 5, 0x8000, b"12345678", 0) + (9).to_bytes(8, "big") + b"\x00"
+    data = (len(dpub) + 4).to_bytes(4, "big") + dpub + b"late"
+    assert _bulk_columns(data, 0, False) is None
+    batch = records_to_batch(data, 0, topic="t", partition=0, nsqd="n", schema=FULL_SCHEMA)
+    assert batch.column("body").to_pylist() == [b"late"]
+
+
+@pytest.mark.parametrize("cut", [1, 3, 31, 40])
+def test_bytes_that_are_not_whole_records_say_where(cut):
+    data = stored_records(
+        [
+            (1, 1, b"12345678", 0, None, b"body", None),
+            (2, 1, b"87654321", 0, None, b"next body", None),
+        ]
+    )
+    where = {"topic": "t", "partition": 0, "nsqd": "n", "schema": FULL_SCHEMA}
+    with pytest.raises(RecordError, match="at offset 10"):
+        records_to_batch(data[:-cut], 1000, **where)

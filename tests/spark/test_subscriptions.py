@@ -9,7 +9,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from nsqpy.client.blocking import http_json, http_request
 from nsqpy.spark.log_reader import NSQLogBatchReader, NSQLogStreamReader
 from nsqpy.spark.reader import NSQStreamReader
-from nsqpy.spark.source import SCHEMA
+from nsqpy.spark.source import SCHEMA, NSQDataSource
 from nsqpy.spark.topic_kind import reads_a_log
 from tests.harness import start_nsqd
 from tests.spark.support import create_topic, publish
@@ -33,6 +33,8 @@ def options(http: str, **given: str) -> dict[str, str]:
 def rows(reader, pieces) -> list[tuple[str, int, bytes]]:
     batches = [batch for piece in pieces for batch in reader.read(piece)]
     table = pa.Table.from_batches(batches, schema=reader.arrow_schema)
+    if "value" in table.column_names:
+        assert table.column("value").equals(table.column("body"))
     return sorted(
         zip(
             table.column("topic").to_pylist(),
@@ -57,7 +59,11 @@ def test_subscribe_reads_several_topics_with_offsets_by_topic(http):
     written = sorted(fill(http, "orders", 2, 30) + fill(http, "refunds", 1, 20))
     given = options(http, subscribe="orders,refunds", startingOffsets="earliest")
     assert reads_a_log(given)
-    reader = NSQLogStreamReader(given, SCHEMA)
+    # Kafka's options name the topics: Kafka's `value` column too, the body's bytes.
+    schema = NSQDataSource(given).schema()
+    assert schema.fieldNames()[-1] == "value"
+    assert "value" not in NSQDataSource(options(http, topic="orders")).schema().fieldNames()
+    reader = NSQLogStreamReader(given, schema)
     start = reader.initialOffset()
     assert set(start) == {"orders", "refunds", "#channel"}
     assert set(start["orders"]) == {"0", "1"} and start["refunds"] == {"0": 0}
