@@ -235,6 +235,22 @@ def _delayed(node, topic: str) -> int | None:
     return None
 
 
+def _replace_disk_then_lead(cluster, leader, follower, start: int, delayed: int) -> None:
+    """The follower's disk replaced: it copies the aged log from `start` and holds `delayed`
+    messages in its delay queue; then it leads (the old leader killed) and requeues them."""
+    replace_disk(cluster, follower)
+    poll_back_in_isr(cluster, follower, "t")
+    assert log_start(follower, "t") == start
+    poll(
+        lambda: _delayed(follower, "t") == delayed,
+        lambda: f"the copied delay queue: {_delayed(follower, 't')}, not {delayed}",
+    )
+    leader.kill()
+    poll(lambda: cluster.node_leading("t", 0) is follower, "the follower leading")
+    reply = follower.http("POST", "/channel/requeuedelayed?topic=t&channel=c&partition=0")
+    assert reply.status == 200, reply
+
+
 def test_a_replaced_disk_copies_the_delayed_messages_of_an_aged_topic(cluster):
     """DPUBs on a topic whose retention has run, then the follower's disk replaced: its
     catch-up copies the delayed records with the log, its delay queue holds them again, and
@@ -251,17 +267,7 @@ def test_a_replaced_disk_copies_the_delayed_messages_of_an_aged_topic(cluster):
     finally:
         connection.close()
     poll(lambda: _delayed(follower, "t") == 5, "the DPUBs in the follower's delay queue")
-    replace_disk(cluster, follower)
-    poll_back_in_isr(cluster, follower, "t")
-    assert log_start(follower, "t") == start
-    poll(
-        lambda: _delayed(follower, "t") == 5,
-        lambda: f"the copied delay queue: {_delayed(follower, 't')}",
-    )
-    leader.kill()
-    poll(lambda: cluster.node_leading("t", 0) is follower, "the follower leading")
-    reply = follower.http("POST", "/channel/requeuedelayed?topic=t&channel=c&partition=0")
-    assert reply.status == 200, reply
+    _replace_disk_then_lead(cluster, leader, follower, start, 5)
     bodies = {b"delayed %d" % number for number in range(5)}
     assert bodies <= drain(follower, "t", bodies)
 
@@ -302,15 +308,5 @@ def test_finished_delayed_messages_stay_finished_on_a_replaced_disk_of_an_aged_t
         lambda: (_delayed(leader, "t"), _delayed(follower, "t")) == (1, 1),
         lambda: f"1 delayed on both: {_delayed(leader, 't')}, {_delayed(follower, 't')}",
     )
-    replace_disk(cluster, follower)
-    poll_back_in_isr(cluster, follower, "t")
-    assert log_start(follower, "t") == start
-    poll(
-        lambda: _delayed(follower, "t") == 1,
-        lambda: f"the copied delay queue: {_delayed(follower, 't')}, not 1",
-    )
-    leader.kill()
-    poll(lambda: cluster.node_leading("t", 0) is follower, "the follower leading")
-    reply = follower.http("POST", "/channel/requeuedelayed?topic=t&channel=c&partition=0")
-    assert reply.status == 200, reply
+    _replace_disk_then_lead(cluster, leader, follower, start, 1)
     assert drain(follower, "t", {b"still delayed"}) == {b"still delayed"}
