@@ -38,6 +38,7 @@ from pyspark.sql.types import (
 )
 
 from nsqpy.client.blocking import http_json
+from nsqpy.client.security import Security
 from nsqpy.spark import options as opts
 from nsqpy.spark.log_records import LOG_APPEND_TIME
 from nsqpy.spark.source import SCHEMA
@@ -219,20 +220,10 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
                 expected = math.inf
                 continue
             try:
-                stats = http_json(
-                    http, "/stats", security=self.security, format="json", topic=self.topic
-                )
+                expected += channel_backlog(http, self.topic, self.channel, self.security)
             except OSError as error:
                 log.warning("nsq: no /stats from %s (%s); relying on idleTimeout", http, error)
                 expected = math.inf
-                continue
-            for topic in (stats or {}).get("topics") or []:
-                if topic["topic_name"] != self.topic:
-                    continue
-                expected += topic["depth"]
-                for channel in topic.get("channels") or []:
-                    if channel["channel_name"] == self.channel:
-                        expected += channel["depth"] + channel["in_flight_count"]
         self.available_now_remaining = expected
         self.last_message_at = time.monotonic()
 
@@ -244,7 +235,9 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
         if count:
             self.pending[seq + 1] = taken
             # A list iterator, not a generator: Spark copies it (copy.copy) to replay its cache.
-            return iter([self._record_batch(taken, count)]), {"seq": seq + 1}
+            chunks = [(subscription.address, chunk) for subscription, chunk in taken]
+            batch = deliveries_to_batch(chunks, self.topic, self.arrow_schema)
+            return iter([batch]), {"seq": seq + 1}
         if any(pending_seq <= seq for pending_seq in self.pending):
             # The flush batch: Spark commits batch n only when it plans batch n+1, so without
             # an (empty) batch n+1 the last messages would never be FINished.
@@ -370,44 +363,63 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
             if subscription.alive:
                 subscription.requeue(deliveries)
 
-    def _record_batch(
-        self, taken: list[tuple[Subscription, list[Delivery]]], count: int
-    ) -> pa.RecordBatch:
-        """One Arrow record batch of the source's schema; columns are found by name, and a
-        column a classic topic has no value for (partition, offset) is null."""
-        ids: list[bytes] = []
-        bodies: list[bytes] = []
-        attempts: list[int] = []
-        timestamps: list[int] = []
-        nsqds: list[str] = []
-        for subscription, chunk in taken:
-            chunk_ids, chunk_bodies, chunk_attempts, chunk_timestamps = zip(*chunk, strict=True)
-            ids += chunk_ids
-            bodies += chunk_bodies
-            attempts += chunk_attempts
-            timestamps += chunk_timestamps
-            nsqds += [subscription.address] * len(chunk)
-        columns = {
-            # nsqd's IDs are 16 ASCII hex digits; the cast to string checks they are UTF-8.
-            "id": pa.array(ids, pa.binary()),
-            "body": pa.array(bodies, pa.binary()),
-            "attempts": pa.array(attempts, pa.int32()),
-            # Spark keeps microseconds: drop the nanoseconds nsqd stamps.
-            "timestamp": pa.array(timestamps, pa.timestamp("ns", tz="UTC")).cast(
-                pa.timestamp("us", tz="UTC"), safe=False
-            ),
-            "topic": pa.repeat(pa.scalar(self.topic, pa.string()), count),
-            "nsqd": pa.array(nsqds, pa.string()),
-            "timestamptype": pa.repeat(pa.scalar(LOG_APPEND_TIME, pa.int32()), count),
-        }
-        columns["value"] = columns["body"]
-        arrays = []
-        for field in self.arrow_schema:
-            column = columns.get(field.name.lower())
-            if column is None:
-                arrays.append(pa.nulls(count, field.type))
-            elif column.type != field.type:
-                arrays.append(column.cast(field.type))
-            else:
-                arrays.append(column)
-        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+
+def deliveries_to_batch(
+    taken: list[tuple[str, list[Delivery]]], topic: str, schema: pa.Schema
+) -> pa.RecordBatch:
+    """One Arrow record batch of the source's `schema` from chunks of deliveries, each with
+    the nsqd it came from; columns are found by name, and a column a classic topic has no
+    value for (partition, offset) is null."""
+    ids: list[bytes] = []
+    bodies: list[bytes] = []
+    attempts: list[int] = []
+    timestamps: list[int] = []
+    nsqds: list[str] = []
+    for address, chunk in taken:
+        chunk_ids, chunk_bodies, chunk_attempts, chunk_timestamps = zip(*chunk, strict=True)
+        ids += chunk_ids
+        bodies += chunk_bodies
+        attempts += chunk_attempts
+        timestamps += chunk_timestamps
+        nsqds += [address] * len(chunk)
+    count = len(ids)
+    columns = {
+        # nsqd's IDs are 16 ASCII hex digits; the cast to string checks they are UTF-8.
+        "id": pa.array(ids, pa.binary()),
+        "body": pa.array(bodies, pa.binary()),
+        "attempts": pa.array(attempts, pa.int32()),
+        # Spark keeps microseconds: drop the nanoseconds nsqd stamps.
+        "timestamp": pa.array(timestamps, pa.timestamp("ns", tz="UTC")).cast(
+            pa.timestamp("us", tz="UTC"), safe=False
+        ),
+        "topic": pa.repeat(pa.scalar(topic, pa.string()), count),
+        "nsqd": pa.array(nsqds, pa.string()),
+        "timestamptype": pa.repeat(pa.scalar(LOG_APPEND_TIME, pa.int32()), count),
+    }
+    columns["value"] = columns["body"]
+    arrays = []
+    for field in schema:
+        column = columns.get(field.name.lower())
+        if column is None:
+            arrays.append(pa.nulls(count, field.type))
+        elif column.type != field.type:
+            arrays.append(column.cast(field.type))
+        else:
+            arrays.append(column)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def channel_backlog(http: str, topic: str, channel: str, security: Security) -> int:
+    """What the channel holds at the nsqd of `http` now: its depth and what is in flight (a
+    crashed reader's messages come back), and the topic's own depth (not yet copied to a new
+    channel); deferred messages are not due. OSError when the nsqd does not answer."""
+    stats = http_json(http, "/stats", security=security, format="json", topic=topic)
+    held = 0
+    for found in (stats or {}).get("topics") or []:
+        if found["topic_name"] != topic:
+            continue
+        held += found["depth"]
+        for entry in found.get("channels") or []:
+            if entry["channel_name"] == channel:
+                held += entry["depth"] + entry["in_flight_count"]
+    return held

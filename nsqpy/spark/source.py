@@ -81,15 +81,16 @@ class NSQDataSource(DataSource):
         return NSQLogStreamReader(self.options, schema)
 
     def reader(self, schema: StructType):
-        """`spark.read.format("nsq")`: a range of a log topic's history."""
-        from nsqpy.spark.log_reader import NSQLogBatchReader
+        """`spark.read.format("nsq")`: a range of a log topic's history, or what a classic
+        topic's channel holds when the read starts (drained, at-least-once)."""
         from nsqpy.spark.topic_kind import reads_a_log
 
         if not reads_a_log(self.options):
-            raise ValueError(
-                "nsq: batch reads need a log topic (a partitioned topic, or one nsqd's"
-                " --log-topic); a classic topic cannot be read by position. Use readStream."
-            )
+            from nsqpy.spark.classic_batch import NSQClassicBatchReader
+
+            return NSQClassicBatchReader(self.options, schema)
+        from nsqpy.spark.log_reader import NSQLogBatchReader
+
         return NSQLogBatchReader(self.options, schema)
 
     def simpleStreamReader(self, schema: StructType):

@@ -49,6 +49,17 @@ _NON_FATAL_ERRORS = (b"E_FIN_FAILED", b"E_REQ_FAILED", b"E_TOUCH_FAILED")
 _HEARTBEAT = b"_heartbeat_"
 
 
+class TooFewInFlight(ValueError):
+    """The nsqd caps a connection's RDY below what the reader must hold at once."""
+
+    def __init__(self, address: str, max_rdy_count: int, hold: int) -> None:
+        super().__init__(
+            f"nsq: nsqd {address} lets a connection hold {max_rdy_count} messages"
+            f" (--max-rdy-count), fewer than the {hold} a task holds until Spark took its rows"
+        )
+        self.max_rdy_count = max_rdy_count
+
+
 class Subscription:
     def __init__(
         self,
@@ -61,7 +72,11 @@ class Subscription:
         inbox: "queue.SimpleQueue[tuple[Subscription, list[Delivery]]]",
         http_address: str | None = None,
         security: Security | None = None,
+        hold: int | None = None,
     ) -> None:
+        """`hold`: how many messages the reader keeps in flight at once without finishing
+        any; an nsqd that lets a connection hold fewer is refused (TooFewInFlight) before
+        anything is sent to this connection."""
         self.address = address
         self.http_address = http_address
         self.inbox = inbox
@@ -77,6 +92,9 @@ class Subscription:
         self.max_rdy_count = int(
             self.consumer.identify_reply.get("max_rdy_count", DEFAULT_MAX_RDY_COUNT)
         )
+        if hold is not None and self.max_rdy_count < hold:
+            self.consumer.close()
+            raise TooFewInFlight(address, self.max_rdy_count, hold)
         self.max_in_flight = max(1, min(max_in_flight, self.max_rdy_count))
         self.touch_interval = msg_timeout / 2
         self.error: BaseException | None = None

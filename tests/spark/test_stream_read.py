@@ -146,3 +146,24 @@ def test_running_query_finishes_messages_while_it_waits_for_more(spark, nsqd, tm
         assert query.isActive and query.exception() is None
     finally:
         query.stop()
+
+
+def test_a_batch_read_of_a_classic_topic_drains_its_channel(spark, nsqd):
+    """`spark.read.format("nsq")` of a classic topic: what the channel holds, each once,
+    FINished once Spark took the rows."""
+    tcp, http = addresses(nsqd)
+    bodies = sorted(f"message-{i}".encode() for i in range(60))
+    http_publish(http, "drained", bodies)
+    rows = (
+        spark.read.format("nsq")
+        .option("nsqd", tcp)
+        .option("nsqd_http", http)
+        .option("topic", "drained")
+        .option("channel", "batch")
+        .option("maxRecordsPerPartition", "25")
+        .load()
+        .collect()
+    )
+    assert sorted(bytes(row.body) for row in rows) == bodies
+    channel = wait_channel_drained(http, "drained", "batch")
+    assert channel["message_count"] == 60 and channel["timeout_count"] == 0
