@@ -4,6 +4,8 @@ column, and `format("nsq")` found without `register(spark)` (PySpark's static re
 the `pyspark_nsq` module)."""
 
 import re
+import subprocess
+import sys
 import threading
 import time
 
@@ -83,3 +85,19 @@ def test_the_ported_kafka_word_count_counts_the_words_of_every_matching_topic(tm
     finally:
         nsqd.stop()
         lookupd.stop()
+
+
+def test_pyspark_finds_the_nsq_source_without_register(tmp_path):
+    """What PySpark's static registration does at a session's start
+    (`pyspark.sql.worker.lookup_data_sources`), in a Python started elsewhere, as Spark
+    starts its workers: the `DefaultSource` of each `pyspark_*` module it can list."""
+    program = (
+        "import importlib, pkgutil\n"
+        "found = {m.name: importlib.import_module(m.name) for m in pkgutil.iter_modules()"
+        " if m.name.startswith('pyspark_')}\n"
+        "print(found['pyspark_nsq'].DefaultSource.name())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert result.stdout.strip() == "nsq", result.stderr[-3000:]
