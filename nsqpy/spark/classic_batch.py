@@ -29,8 +29,8 @@ from pyspark.sql.types import StructType
 
 from nsqpy.spark import options as opts
 from nsqpy.spark.reader import (
-    DEFAULT_MAX_BATCH,
     FIN_FLUSH_TIMEOUT,
+    ClassicTopicOptions,
     channel_backlog,
     deliveries_to_batch,
 )
@@ -54,27 +54,10 @@ class ChannelShare(InputPartition):
         self.expected = expected
 
 
-class NSQClassicBatchReader(DataSourceReader):
+class NSQClassicBatchReader(ClassicTopicOptions, DataSourceReader):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        # No I/O here: Spark builds this object in several processes.
-        selection = opts.topic_selection(options)
-        if selection.single is None:
-            raise ValueError(
-                f"nsq: {selection.describe()} are classic topics, which a read takes one at a"
-                " time through its channel"
-            )
-        self.topic = selection.single
-        self.channel = opts.required(options, "channel")
-        self.nsqd_addresses = opts.address_list(options.get("nsqd"))
-        self.nsqd_http_addresses = opts.address_list(options.get("nsqd_http"))
-        self.lookupd_addresses = opts.address_list(options.get("lookupd"))
-        if not self.nsqd_addresses and not self.lookupd_addresses:
-            raise ValueError('the nsq source needs the option "nsqd" or "lookupd"')
-        self.max_batch = opts.positive_int(options, "maxBatch", DEFAULT_MAX_BATCH)
+        super().__init__(options)
         self.share = opts.positive_int(options, "maxRecordsPerPartition", DEFAULT_MAX_RDY_COUNT)
-        self.msg_timeout = opts.duration_seconds(options, "msgTimeout", opts.DEFAULT_MSG_TIMEOUT)
-        self.idle_timeout = opts.duration_seconds(options, "idleTimeout", opts.DEFAULT_IDLE_TIMEOUT)
-        self.security = opts.security(options)
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
 
     def partitions(self) -> list[ChannelShare]:

@@ -61,15 +61,18 @@ FLUSH_WAIT = 0.1
 FIN_FLUSH_TIMEOUT = 10.0
 
 
-class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: Mapping[str, str], schema: StructType = SCHEMA) -> None:
-        # No I/O here: Spark builds this object in several processes, and only the source
-        # runner's copy ever reads (see docs/design.md §10).
+class ClassicTopicOptions:
+    """What the readers of a classic topic (this stream reader, the batch reader of
+    nsqpy/spark/classic_batch.py) take: one topic, its channel, where its nsqds are, how
+    many rows a batch holds, the consumer's timeouts and TLS/AUTH. No I/O: Spark builds
+    readers in several processes (docs/design.md §10)."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
         selection = opts.topic_selection(options)
         if selection.single is None:
             raise ValueError(
-                f"nsq: {selection.describe()} are classic topics, which a query reads one at a"
-                " time (the channel's consumers are the query's); log topics can be read"
+                f"nsq: {selection.describe()} are classic topics, which are read one at a"
+                " time (the channel's consumers are the reader's); log topics can be read"
                 " together"
             )
         self.topic = selection.single
@@ -80,11 +83,19 @@ class NSQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
         if not self.nsqd_addresses and not self.lookupd_addresses:
             raise ValueError('the nsq source needs the option "nsqd" or "lookupd"')
         self.max_batch = opts.positive_int(options, "maxBatch", DEFAULT_MAX_BATCH)
-        # 0 when not given: as many as two batches need (see _connect).
-        self.connections_per_nsqd = opts.positive_int(options, "connectionsPerNsqd", 0)
         self.msg_timeout = opts.duration_seconds(options, "msgTimeout", opts.DEFAULT_MSG_TIMEOUT)
         self.idle_timeout = opts.duration_seconds(options, "idleTimeout", opts.DEFAULT_IDLE_TIMEOUT)
         self.security = opts.security(options)
+
+
+class NSQStreamReader(
+    ClassicTopicOptions, SimpleDataSourceStreamReader, SupportsTriggerAvailableNow
+):
+    def __init__(self, options: Mapping[str, str], schema: StructType = SCHEMA) -> None:
+        # Only the source runner's copy ever reads (see docs/design.md §10).
+        super().__init__(options)
+        # 0 when not given: as many as two batches need (see _connect).
+        self.connections_per_nsqd = opts.positive_int(options, "connectionsPerNsqd", 0)
         self.schema = schema
         self._started = False
 

@@ -143,5 +143,5 @@ def test_log_and_classic_topics_are_not_read_together(http):
     with pytest.raises(ValueError, match="'logged' are log topics, 'plain' classic"):
         reads_a_log(options(http, subscribe="logged,plain"))
     assert not reads_a_log(options(http, subscribe="plain"))
-    with pytest.raises(ValueError, match="classic topics, which a query reads one at a time"):
+    with pytest.raises(ValueError, match="classic topics, which are read one at a time"):
         NSQStreamReader(options(http, nsqd="127.0.0.1:1", subscribe="plain,other"), SCHEMA)
