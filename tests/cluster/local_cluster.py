@@ -217,6 +217,12 @@ class LocalCluster:
             done = [line for line in lookupd.log.splitlines() if "CLUSTER" in line]
             lines.append(f"nsqlookupd {index}, its last cluster lines:")
             lines.extend(done[-40:])
+        for node in self.nodes:
+            if node.process is None:
+                continue
+            kept = [line for line in node.process.log.splitlines() if "TOPIC(" in line]
+            lines.append(f"nsqd {node.node_id}, its last partition lines:")
+            lines.extend(kept[-25:])
         return "\n".join(lines)
 
     def master(self) -> DaemonProcess | None:
