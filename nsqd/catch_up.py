@@ -306,10 +306,12 @@ class CatchUps:
             )
         finally:
             self._joining.pop(key, None)
+        if topic.deleted:
+            return False  # the partition left this node while the leader answered
         session.take_info(topic.name, topic.partition, reply.header["info"], reply.header["epoch"])
         joined = topic.replication.info
         if joined is None or node.node_id not in joined.isr:
             return False
-        if "delayed" in reply.header:
+        if "delayed" in reply.header and not topic.deleted:
             node.take_delayed_snapshot(topic, reply.header["delayed"], reply.payload)
         return True

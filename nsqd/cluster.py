@@ -26,6 +26,7 @@ nsqlookupd writes it to etcd; this node follows it (`ClusterSession` watches the
 
 import logging
 import os
+import sqlite3
 import struct
 from collections.abc import Sequence
 from functools import partial
@@ -166,11 +167,18 @@ def _log_queue(topic: "Topic") -> LogTopicQueue:
     return queue
 
 
-def _delayed_snapshot(topic: "Topic") -> tuple[dict, bytes]:
+def _delayed_snapshot(topic: "Topic") -> tuple[dict | None, bytes]:
     """The delayed messages of the partition's delay queue whose records are before the
-    log's end: per channel how many (the header) and their IDs (8 bytes each, the payload)."""
+    log's end: per channel how many (the header) and their IDs (8 bytes each, the payload);
+    None when the index cannot be read (the follower then keeps what it copied)."""
     before = _log(topic).written.offset
-    held = _log_queue(topic).delay_queue.entries_before(before)
+    queue = _log_queue(topic).delay_queue
+    if queue.closed:
+        return None, b""
+    try:
+        held = queue.entries_before(before)
+    except sqlite3.Error:
+        return None, b""
     counts = [[channel, len(ids)] for channel, ids in held.items()]
     ids = [message_id for channel_ids in held.values() for message_id in channel_ids]
     return {"before": before, "channels": counts}, struct.pack(f">{len(ids)}q", *ids)
@@ -901,7 +909,9 @@ class ClusterNode:
             log.written.offset,
             joined.epoch_for_write,
         )
-        answer = {"info": joined.to_json().decode(), "epoch": joined.epoch, "delayed": delayed}
+        answer = {"info": joined.to_json().decode(), "epoch": joined.epoch}
+        if delayed is not None:
+            answer["delayed"] = delayed
         return answer, held_ids
 
     async def _admit_exclusively(
@@ -1294,13 +1304,31 @@ class ClusterNode:
         not in the ISR; a catch-up indexes every delayed record it copies)."""
         held: dict[str, set[int]] = {}
         at = 0
-        for channel, count in delayed["channels"]:
-            count = int(count)
-            held[str(channel)] = set(struct.unpack_from(f">{count}q", payload, at))
-            at += 8 * count
+        try:
+            before = int(delayed["before"])
+            for channel, count in delayed["channels"]:
+                count = int(count)
+                if count < 0 or at + 8 * count > len(payload):
+                    raise ValueError(f"{len(payload)} bytes of delayed message IDs, too few")
+                held[str(channel)] = set(struct.unpack_from(f">{count}q", payload, at))
+                at += 8 * count
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"the leader's delayed messages: {error!r}") from None
         if at != len(payload):
             raise ValueError(f"{len(payload)} bytes of delayed message IDs, expected {at}")
-        dropped = _log_queue(topic).delay_queue.keep_only(held, int(delayed["before"]))
+        try:
+            dropped = _log_queue(topic).delay_queue.keep_only(held, before)
+        except sqlite3.Error as error:
+            # Left as they are: the next catch-up (a new incarnation's, or after a failover)
+            # reconciles again; nothing of this node stops over it.
+            self.nsqd.log.error(
+                "TOPIC(%s) partition %d: the delayed messages the leader finished could not be"
+                " dropped - %s",
+                topic.name,
+                topic.partition,
+                error,
+            )
+            return
         if dropped:
             self.nsqd.log.info(
                 "TOPIC(%s) partition %d: %d delayed messages the leader finished dropped",

@@ -306,6 +306,8 @@ class DelayQueue:
         """Of the entries whose records are before `before`, drop those `held` lacks (its
         leader's, `entries_before`): a follower's catch-up indexes every delayed record it
         copies, finished or not. How many were dropped."""
+        if self.closed:
+            return 0
         rows = self._db.execute(
             "SELECT channel, id FROM delayed WHERE offset < ?", (before,)
         ).fetchall()
