@@ -132,14 +132,13 @@ def encode_mpub_ext_seq(
     headers: Iterable[dict | bytes],
 ) -> bytes:
     """nsqpy's idempotent MPUB_EXT: each message with its JSON header, as MPUB_EXT's."""
-    messages = (encode_ext_body(header, body) for header, body in zip(headers, bodies, strict=True))
     return encode_command(
         b"MPUB_EXT_SEQ",
         topic,
         partition,
         producer_id,
         first_sequence,
-        body=encode_mpub_body(messages),
+        body=_encode_mpub_ext_body(bodies, headers),
     )
 
 
@@ -147,8 +146,13 @@ def encode_mpub_ext(
     topic: str, bodies: Iterable[bytes], headers: Iterable[dict | bytes], *partition: int
 ) -> bytes:
     """Youzan's MPUB_EXT: each message with its JSON header."""
+    body = _encode_mpub_ext_body(bodies, headers)
+    return encode_command(b"MPUB_EXT", topic, *partition, body=body)
+
+
+def _encode_mpub_ext_body(bodies: Iterable[bytes], headers: Iterable[dict | bytes]) -> bytes:
     messages = (encode_ext_body(header, body) for header, body in zip(headers, bodies, strict=True))
-    return encode_command(b"MPUB_EXT", topic, *partition, body=encode_mpub_body(messages))
+    return encode_mpub_body(messages)
 
 
 def encode_trace_body(trace_id: int, data: bytes) -> bytes:

@@ -28,12 +28,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from nsqpy.spark import options as opts
-from nsqpy.spark.reader import (
-    FIN_FLUSH_TIMEOUT,
-    ClassicTopicOptions,
-    channel_backlog,
-    deliveries_to_batch,
-)
+from nsqpy.spark.reader import FIN_FLUSH_TIMEOUT, ClassicTopicOptions, deliveries_to_batch
 from nsqpy.spark.subscription import (
     DEFAULT_MAX_RDY_COUNT,
     Delivery,
@@ -74,15 +69,7 @@ class NSQClassicBatchReader(ClassicTopicOptions, DataSourceReader):
             http_addresses[tcp] = producer_http
         shares = []
         for address in addresses:
-            http = http_addresses.get(address)
-            expected: int | None = None
-            if http is None:
-                log.info("nsq: no nsqd_http for %s; its read ends after idleTimeout", address)
-            else:
-                try:
-                    expected = channel_backlog(http, self.topic, self.channel, self.security)
-                except OSError as error:
-                    log.warning("nsq: no /stats from %s (%s); relying on idleTimeout", http, error)
+            expected = self.backlog(address, http_addresses.get(address))
             if expected is None:
                 shares.append(ChannelShare(address, None))
                 continue

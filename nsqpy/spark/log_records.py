@@ -72,35 +72,6 @@ def records_to_batch(
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-class _HeaderColumn:
-    """Kafka's `headers` column as flat arrays (each record's entries from `ends[i]` to
-    `ends[i+1]`); a header is parsed once per fetch, as messages repeat them."""
-
-    def __init__(self) -> None:
-        self.keys: list[str] = []
-        self.values: list[bytes] = []
-        self.ends = [0]
-        self.parsed: dict[bytes, tuple[list[str], list[bytes]]] = {}
-
-    def add(self, header: bytes, trace_id: int) -> None:
-        entries = self.parsed.get(header)
-        if entries is None:
-            entries = self.parsed[header] = _header_entries(header)
-        self.keys += entries[0]
-        self.values += entries[1]
-        if trace_id and TRACE_ID_HEADER not in entries[0]:
-            self.keys.append(TRACE_ID_HEADER)
-            self.values.append(str(trace_id).encode())
-        self.ends.append(len(self.keys))
-
-    def array(self) -> pa.Array:
-        entries = pa.StructArray.from_arrays(
-            [pa.array(self.keys, pa.string()), pa.array(self.values, pa.binary())],
-            fields=list(HEADERS_TYPE.value_type),
-        )
-        return pa.ListArray.from_arrays(pa.array(self.ends, pa.int32()), entries, type=HEADERS_TYPE)
-
-
 def _bulk_columns(data: bytes, first_offset: int, with_headers: bool) -> dict | None:
     """The columns of a fetch of whole records, plain, ext or with producer marks (no
     delayed record), gathered in bulk; None for anything else."""
@@ -244,7 +215,8 @@ def _record_columns(data: bytes, first_offset: int, with_headers: bool) -> dict:
     attempts_column: list[int] = []
     timestamps: list[int] = []
     offsets: list[int] = []
-    headers = _HeaderColumn()
+    headers: list[bytes] = []
+    trace_ids: list[int] = []
     unpack = _SIZED_HEADER.unpack_from
     view = memoryview(data)
     at, length = 0, len(data)
@@ -277,7 +249,8 @@ def _record_columns(data: bytes, first_offset: int, with_headers: bool) -> dict:
                     header = data[body_at + 2 : body_at + 2 + header_length]
                 body_at += 2 + header_length
         if with_headers:
-            headers.add(header, trace_id)
+            headers.append(header)
+            trace_ids.append(trace_id)
         ids.append(raw_id)
         bodies.append(view[body_at:end])
         attempts_column.append(attempts)
@@ -292,7 +265,9 @@ def _record_columns(data: bytes, first_offset: int, with_headers: bool) -> dict:
         "offset": pa.array(offsets, pa.int64()),
     }
     if with_headers:
-        columns["headers"] = headers.array()
+        columns["headers"] = _bulk_headers(
+            pa.array(headers, pa.binary()), np.array(trace_ids, dtype=np.uint64)
+        )
     return columns
 
 

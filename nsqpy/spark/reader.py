@@ -87,6 +87,19 @@ class ClassicTopicOptions:
         self.idle_timeout = opts.duration_seconds(options, "idleTimeout", opts.DEFAULT_IDLE_TIMEOUT)
         self.security = opts.security(options)
 
+    def backlog(self, address: str, http: str | None) -> int | None:
+        """What the channel holds at the nsqd of TCP `address` now (`channel_backlog`); None
+        when that cannot be read (no `nsqd_http` for it, or no answer from its /stats): the
+        reader then reads until `idleTimeout` passes without a message."""
+        if http is None:
+            log.info("nsq: no nsqd_http for %s; reading it ends after idleTimeout", address)
+            return None
+        try:
+            return channel_backlog(http, self.topic, self.channel, self.security)
+        except OSError as error:
+            log.warning("nsq: no /stats from %s (%s); relying on idleTimeout", http, error)
+            return None
+
 
 class NSQStreamReader(
     ClassicTopicOptions, SimpleDataSourceStreamReader, SupportsTriggerAvailableNow
@@ -225,16 +238,8 @@ class NSQStreamReader(
         self._start()
         expected: float = 0
         for address in self.nsqd_addresses:
-            http = self.http_addresses.get(address)
-            if http is None:
-                log.info("nsq: no nsqd_http for %s; availableNow ends after idleTimeout", address)
-                expected = math.inf
-                continue
-            try:
-                expected += channel_backlog(http, self.topic, self.channel, self.security)
-            except OSError as error:
-                log.warning("nsq: no /stats from %s (%s); relying on idleTimeout", http, error)
-                expected = math.inf
+            held = self.backlog(address, self.http_addresses.get(address))
+            expected = math.inf if held is None else expected + held
         self.available_now_remaining = expected
         self.last_message_at = time.monotonic()
 

@@ -235,6 +235,17 @@ def _delayed(node, topic: str) -> int | None:
     return None
 
 
+def _dpub(node, bodies: list[bytes]) -> None:
+    """DPUBs of 10 minutes to topic "t" at `node`, each acknowledged."""
+    connection = V2Connection(node.tcp_port)
+    try:
+        for body in bodies:
+            connection.send(encode_dpub("t", 600_000, body))
+            assert connection.read_response().data == b"OK"
+    finally:
+        connection.close()
+
+
 def _replace_disk_then_lead(cluster, leader, follower, start: int, delayed: int) -> None:
     """The follower's disk replaced: it copies the aged log from `start` and holds `delayed`
     messages in its delay queue; then it leads (the old leader killed) and requeues them."""
@@ -259,13 +270,7 @@ def test_a_replaced_disk_copies_the_delayed_messages_of_an_aged_topic(cluster):
     leader = cluster.node_leading("t", 0)
     follower = _follower_of(cluster, "t")
     start = age_topic(cluster, "t")
-    connection = V2Connection(leader.tcp_port)
-    try:
-        for number in range(5):
-            connection.send(encode_dpub("t", 600_000, b"delayed %d" % number))
-            assert connection.read_response().data == b"OK"
-    finally:
-        connection.close()
+    _dpub(leader, [b"delayed %d" % number for number in range(5)])
     poll(lambda: _delayed(follower, "t") == 5, "the DPUBs in the follower's delay queue")
     _replace_disk_then_lead(cluster, leader, follower, start, 5)
     bodies = {b"delayed %d" % number for number in range(5)}
@@ -281,12 +286,7 @@ def test_finished_delayed_messages_stay_finished_on_a_replaced_disk_of_an_aged_t
     leader = cluster.node_leading("t", 0)
     follower = _follower_of(cluster, "t")
     start = age_topic(cluster, "t")
-    connection = V2Connection(leader.tcp_port)
-    try:
-        connection.send(encode_dpub("t", 600_000, b"still delayed"))
-        assert connection.read_response().data == b"OK"
-    finally:
-        connection.close()
+    _dpub(leader, [b"still delayed"])
     for number in range(5):
         publish(cluster, "t", b"finished %d" % number)
         consumer = V2Connection(leader.tcp_port, timeout=15)

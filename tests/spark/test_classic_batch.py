@@ -31,6 +31,13 @@ def reader_of(tcp: str, http: str, **given: str):
     return NSQDataSource(options).reader(SCHEMA)
 
 
+def fill(http: str, count: int) -> None:
+    """Topic "plain" with channel "c", holding `count` messages m00, m01, ..."""
+    http_request(http, "/topic/create", method="POST", topic="plain")
+    http_request(http, "/channel/create", method="POST", topic="plain", channel="c")
+    http_publish(http, "plain", [b"m%02d" % i for i in range(count)])
+
+
 def held(http: str) -> tuple[int, int]:
     stats = channel_stats(http, "plain", "c") or {}
     return stats.get("depth", 0), stats.get("in_flight_count", 0)
@@ -38,9 +45,7 @@ def held(http: str) -> tuple[int, int]:
 
 def test_a_batch_read_drains_what_the_channel_holds_when_it_starts(nsqd):
     tcp, http = nsqd
-    http_request(http, "/topic/create", method="POST", topic="plain")
-    http_request(http, "/channel/create", method="POST", topic="plain", channel="c")
-    http_publish(http, "plain", [b"m%02d" % i for i in range(25)])
+    fill(http, 25)
     reader = reader_of(tcp, http, maxBatch="10", idleTimeout="2s")
     (share,) = reader.partitions()
     assert share.expected == 25
@@ -61,9 +66,7 @@ def test_a_batch_read_drains_what_the_channel_holds_when_it_starts(nsqd):
 
 def test_a_task_stopped_early_finishes_nothing_and_its_messages_come_back(nsqd):
     tcp, http = nsqd
-    http_request(http, "/topic/create", method="POST", topic="plain")
-    http_request(http, "/channel/create", method="POST", topic="plain", channel="c")
-    http_publish(http, "plain", [b"m%02d" % i for i in range(20)])
+    fill(http, 20)
     reader = reader_of(tcp, http, maxBatch="5", msgTimeout="1s")
     (share,) = reader.partitions()
     rows = reader.read(share)
@@ -86,9 +89,7 @@ def test_shares_are_cut_to_what_a_connection_may_hold(tmp_path):
     daemon = start_nsqd(data, "-max-rdy-count=10")
     tcp, http = daemon.addresses["TCP"], daemon.addresses["HTTP"]
     try:
-        http_request(http, "/topic/create", method="POST", topic="plain")
-        http_request(http, "/channel/create", method="POST", topic="plain", channel="c")
-        http_publish(http, "plain", [b"m%02d" % i for i in range(25)])
+        fill(http, 25)
         too_large = reader_of(tcp, http, maxRecordsPerPartition="20")
         (first, _second) = too_large.partitions()
         with pytest.raises(ValueError, match="set the option maxRecordsPerPartition to 10 or"):
