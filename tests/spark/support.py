@@ -65,6 +65,24 @@ def publish(http: str, topic: str, partition: int, bodies: list[bytes]) -> None:
     )
 
 
+def aged_topic(http: str, topic: str) -> int:
+    """A 1-partition log topic of 400 messages m000..m399, its segments rolling between
+    writes of 50 (an nsqd with small segments), whose retention has run: its one channel
+    passed everything, and a greedy clean removed every full segment. How many messages
+    retention removed (more than none, fewer than all)."""
+    create_topic(http, topic, 1)
+    for first in range(0, 400, 50):
+        publish(http, topic, 0, [b"m%03d" % i for i in range(first, first + 50)])
+    where = {"topic": topic, "channel": "done", "partition": "0"}
+    http_request(http, "/channel/create", method="POST", **where)
+    http_request(http, "/channel/setoffset", method="POST", body=b"special:-1", **where)
+    http_request(http, "/topic/greedyclean", method="POST", topic=topic, partition="0")
+    offsets = http_json(http, "/partition/offsets", topic=topic)["partitions"][0]
+    removed = offsets["start"]["count"]
+    assert 0 < removed < 400, removed
+    return removed
+
+
 ROOT = Path(__file__).resolve().parents[2]
 # The Spark that pyspark ships: bin/spark-class, bin/spark-submit, its jars.
 SPARK_HOME = Path(pyspark.__file__).parent

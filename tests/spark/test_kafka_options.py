@@ -10,11 +10,11 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMinRows
 
-from nsqpy.client.blocking import http_json, http_request
+from nsqpy.client.blocking import http_request
 from nsqpy.spark.log_reader import NSQLogBatchReader, NSQLogStreamReader
 from nsqpy.spark.source import SCHEMA, NSQDataSource
 from tests.harness import start_nsqd
-from tests.spark.support import create_topic, publish
+from tests.spark.support import aged_topic, create_topic, publish
 from tests.support.polling import poll
 
 pytestmark = pytest.mark.spark
@@ -152,18 +152,7 @@ def test_max_records_per_partition_on_a_topic_whose_retention_has_run(tmp_path):
     daemon = start_nsqd(tmp_path / "nsqd", "-max-bytes-per-file=4096")
     try:
         http = daemon.addresses["HTTP"]
-        create_topic(http, "aged", 1)
-        for first in range(0, 400, 50):  # segments roll between writes
-            publish(http, "aged", 0, [b"m%03d" % i for i in range(first, first + 50)])
-        where = {"topic": "aged", "channel": "done", "partition": "0"}
-        http_request(http, "/channel/create", method="POST", **where)
-        http_request(http, "/channel/setoffset", method="POST", body=b"special:-1", **where)
-        http_request(http, "/topic/greedyclean", method="POST", topic="aged", partition="0")
-        kept = (
-            400
-            - http_json(http, "/partition/offsets", topic="aged")["partitions"][0]["start"]["count"]
-        )
-        assert 0 < kept < 400
+        kept = 400 - aged_topic(http, "aged")
         reader = NSQLogBatchReader(
             options(http, "aged", startingOffsets="earliest", maxRecordsPerPartition="60"), SCHEMA
         )

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from nsqpy.client.blocking import http_json, http_request
+from nsqpy.client.blocking import http_json
 from tests.harness import start_nsqd
-from tests.spark.support import collect_available_now, create_topic, publish
+from tests.spark.support import aged_topic, collect_available_now, create_topic, publish
 
 pytestmark = pytest.mark.spark
 
@@ -153,14 +153,7 @@ def test_an_available_now_stream_reads_everything_once_and_moves_its_channel(spa
 
 def test_data_removed_by_retention_fails_the_read_unless_failOnDataLoss_is_false(spark, nsqd):
     http = nsqd.addresses["HTTP"]
-    create_topic(http, "short", 1)
-    for first in range(0, 400, 50):  # segments roll between writes
-        publish(http, "short", 0, [b"m%03d" % i for i in range(first, first + 50)])
-    # The one channel has passed everything: a greedy clean removes every full segment.
-    where = {"topic": "short", "channel": "done", "partition": "0"}
-    http_request(http, "/channel/create", method="POST", **where)
-    http_request(http, "/channel/setoffset", method="POST", body=b"special:-1", **where)
-    http_request(http, "/topic/greedyclean", method="POST", topic="short", partition="0")
+    aged_topic(http, "short")
     start = partition_ends(http, "short")[0]["start"]
     assert start["count"] > 0
     reader = (

@@ -6,13 +6,13 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from nsqpy.client.blocking import http_json, http_request
+from nsqpy.client.blocking import http_request
 from nsqpy.spark.log_reader import NSQLogBatchReader, NSQLogStreamReader
 from nsqpy.spark.reader import NSQStreamReader
 from nsqpy.spark.source import SCHEMA, NSQDataSource
 from nsqpy.spark.topic_kind import reads_a_log
 from tests.harness import start_nsqd
-from tests.spark.support import create_topic, publish
+from tests.spark.support import aged_topic, create_topic, publish
 
 pytestmark = pytest.mark.spark
 
@@ -91,16 +91,7 @@ def test_subscribe_pattern_finds_a_new_topic_and_reads_it_from_its_start(http):
     end = reader.latestOffset(start, ReadAllAvailable())
     assert rows(reader, reader.partitions(start, end)) == first
     # A topic created later whose retention already ran: read from where its log starts.
-    create_topic(http, "metrics-mem", 1)
-    for first in range(0, 400, 50):  # segments roll between writes
-        publish(http, "metrics-mem", 0, [b"m%03d" % i for i in range(first, first + 50)])
-    where = {"topic": "metrics-mem", "channel": "done", "partition": "0"}
-    http_request(http, "/channel/create", method="POST", **where)
-    http_request(http, "/channel/setoffset", method="POST", body=b"special:-1", **where)
-    http_request(http, "/topic/greedyclean", method="POST", topic="metrics-mem", partition="0")
-    offsets = http_json(http, "/partition/offsets", topic="metrics-mem")["partitions"][0]
-    removed = offsets["start"]["count"]
-    assert 0 < removed < 400
+    removed = aged_topic(http, "metrics-mem")
     after = reader.latestOffset(end, ReadAllAvailable())
     assert set(after) == {"metrics-cpu", "metrics-mem", "#channel"}
     kept = [("metrics-mem", 0, b"m%03d" % i) for i in range(removed, 400)]
