@@ -95,7 +95,14 @@ class DelayQueue:
         self._uncommitted: dict[tuple[str, int], tuple[int, int, int]] = {}
         # How many `add`s the disk refused (a move whose copy was not indexed stays in memory).
         self.refused_adds = 0
+        # Entries to remove at the next commit: the disk refused their DELETE, or SQLite
+        # rolled it back with the transaction. Never given out meanwhile.
         self._done_pending: set[tuple[str, int]] = set()
+        # Channel -> below (None: all) for `/channel/emptydelayed`s SQLite rolled back.
+        self._empties_pending: dict[str, int | None] = {}
+        # What was removed since the last commit, to remove again should SQLite roll it back.
+        self._removed: set[tuple[str, int]] = set()
+        self._emptied: dict[str, int | None] = {}
         # When a refusal was last logged (one line a minute while the disk stays full).
         self._refusal_logged = -REFUSAL_LOG_INTERVAL
         # Autocommit off by hand: one transaction stays open between commits (`commit`).
@@ -170,9 +177,30 @@ class DelayQueue:
             self._refused("index delayed messages", error)
 
     def _recount(self) -> None:
-        self._counts = dict(
-            self._db.execute("SELECT channel, count(*) FROM delayed GROUP BY channel").fetchall()
-        )
+        db = self._db
+        counts = dict(db.execute("SELECT channel, count(*) FROM delayed GROUP BY channel"))
+        for channel, below in self._empties_pending.items():
+            if below is None:
+                counts.pop(channel, None)
+            elif channel in counts:
+                counts[channel] = db.execute(
+                    "SELECT count(*) FROM delayed WHERE channel = ? AND offset >= ?",
+                    (channel, below),
+                ).fetchone()[0]
+        for key in self._done_pending:
+            row = db.execute(
+                "SELECT offset FROM delayed WHERE channel = ? AND id = ?", key
+            ).fetchone()
+            if row is not None and not self._emptied_pending(key[0], row[0]):
+                counts[key[0]] -= 1
+        self._counts = counts
+
+    def _emptied_pending(self, channel: str, offset: int) -> bool:
+        """Whether an emptying SQLite rolled back covers the channel's entry at `offset`."""
+        if channel not in self._empties_pending:
+            return False
+        below = self._empties_pending[channel]
+        return below is None or offset < below
 
     def count(self, channel: str) -> int:
         unstored = (
@@ -191,14 +219,18 @@ class DelayQueue:
         if not self._counts.get(channel):
             return []
         out = self._out
+        skipped = out | self._done_pending if self._done_pending else out
         try:
             rows = self._db.execute(
                 "SELECT id, offset, count FROM delayed WHERE channel = ? AND due <= ?"
                 " ORDER BY due LIMIT ?",
-                (channel, now_ms, limit + len(out)),
+                (channel, now_ms, limit + len(skipped)),
             ).fetchall()
-            if out:
-                rows = [row for row in rows if (channel, row[0]) not in out][:limit]
+            if skipped:
+                rows = [row for row in rows if (channel, row[0]) not in skipped]
+            if channel in self._empties_pending:
+                rows = [row for row in rows if not self._emptied_pending(channel, row[1])]
+            rows = rows[:limit]
             if not rows:
                 return []
             self._db.executemany(
@@ -216,10 +248,11 @@ class DelayQueue:
 
     def _take_unstored(self, channel: str, limit: int, now_ms: int) -> list[DueMessage]:
         out = self._out
+        pending = self._done_pending
         due = sorted(
             (entry[2], key[1], entry[0], entry[1])
             for key, entry in self._unstored.items()
-            if key[0] == channel and entry[2] <= now_ms and key not in out
+            if key[0] == channel and entry[2] <= now_ms and key not in out and key not in pending
         )[:limit]
         out.update((channel, message_id) for _due, message_id, _offset, _count in due)
         return [
@@ -231,6 +264,7 @@ class DelayQueue:
         """A delayed message was finished: it leaves the queue. False if it was not in it."""
         key = (channel, _id(message_id))
         self._out.discard(key)
+        self._uncommitted.pop(key, None)
         if self._unstored.pop(key, None) is not None:
             self._done_pending.add(key)
             return True
@@ -245,6 +279,7 @@ class DelayQueue:
             return True
         if cursor.rowcount:
             self._changed = True
+            self._removed.add(key)
             self._counts[channel] -= 1
             return True
         return False
@@ -254,21 +289,24 @@ class DelayQueue:
         whose records are before the log offset `below` (a follower doing what its leader
         did, without the messages delayed since); how many."""
         try:
-            if below is None:
-                cursor = self._db.execute("DELETE FROM delayed WHERE channel = ?", (channel,))
-            else:
-                cursor = self._db.execute(
-                    "DELETE FROM delayed WHERE channel = ? AND offset < ?", (channel, below)
-                )
+            cursor = self._delete_channel(channel, below)
         except sqlite3.Error as error:
             self._refused("empty a channel's delayed messages", error)
             return 0
+        _merge_emptying(self._emptied, channel, below)
         if below is None:
             self._counts.pop(channel, None)
         else:
             self._counts[channel] = self._counts.get(channel, 0) - cursor.rowcount
         self._changed = True
         return cursor.rowcount
+
+    def _delete_channel(self, channel: str, below: int | None) -> sqlite3.Cursor:
+        if below is None:
+            return self._db.execute("DELETE FROM delayed WHERE channel = ?", (channel,))
+        return self._db.execute(
+            "DELETE FROM delayed WHERE channel = ? AND offset < ?", (channel, below)
+        )
 
     def requeue(self, channel: str, now_ms: int | None = None) -> int:
         """The channel's waiting delayed messages are due now (`/channel/requeuedelayed`);
@@ -321,11 +359,14 @@ class DelayQueue:
         for key in gone:
             self._out.discard(key)
             self._unstored.pop(key, None)
+            self._uncommitted.pop(key, None)
         try:
             self._db.executemany("DELETE FROM delayed WHERE channel = ? AND id = ?", gone)
         except sqlite3.Error as error:
             self._refused("drop delayed messages its leader finished", error)
             self._done_pending.update(gone)  # removed at the next commit
+        else:
+            self._removed.update(gone)
         self._recount()
         self._changed = True
         return len(gone)
@@ -352,6 +393,7 @@ class DelayQueue:
         return (
             self._changed
             or bool(self._done_pending)
+            or bool(self._empties_pending)
             or self.behind
             or log_end - self.applied > RECOVERY_BYTES
         )
@@ -370,6 +412,8 @@ class DelayQueue:
                 self._db.executemany(
                     "DELETE FROM delayed WHERE channel = ? AND id = ?", sorted(self._done_pending)
                 )
+            for channel, below in self._empties_pending.items():
+                self._delete_channel(channel, below)
             applied = self.applied if self.behind else log_end
             self._db.execute("UPDATE applied SET offset = ?", (applied,))
             self._db.execute("COMMIT")
@@ -378,8 +422,11 @@ class DelayQueue:
             return
         self._db.execute("BEGIN")
         self.applied = applied
-        if self._done_pending:
+        self._removed.clear()
+        self._emptied.clear()
+        if self._done_pending or self._empties_pending:
             self._done_pending.clear()
+            self._empties_pending.clear()
             self._recount()
         self._uncommitted.clear()
         self._changed = False
@@ -399,6 +446,12 @@ class DelayQueue:
             self.behind = True
             self._unstored.update(self._uncommitted)
             self._uncommitted.clear()
+            # What was removed since the last commit is back: removed again at the next one.
+            self._done_pending.update(self._removed)
+            self._removed.clear()
+            for channel, below in self._emptied.items():
+                _merge_emptying(self._empties_pending, channel, below)
+            self._emptied.clear()
             self._db.execute("BEGIN")
             self._recount()
 
@@ -439,3 +492,11 @@ class DelayQueue:
 
 def _id(message_id: bytes) -> int:
     return int(message_id, 16)
+
+
+def _merge_emptying(emptyings: dict[str, int | None], channel: str, below: int | None) -> None:
+    """Add an emptying of the channel (below an offset, or all of it: None) to `emptyings`."""
+    if below is None or (channel in emptyings and emptyings[channel] is None):
+        emptyings[channel] = None
+    else:
+        emptyings[channel] = max(below, emptyings.get(channel, below) or below)

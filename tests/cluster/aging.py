@@ -1,6 +1,6 @@
 """Old data and lost disks for the cluster tests: a topic whose retention has already run (its
 log starts past offset 0 on every replica), a node whose data directory is replaced, and the
-check that two replicas hold the same log from the leader's start on.
+check that two replicas hold the same log from the later of their starts on.
 
 A topic is aged by publishing messages of about 1 KiB into segments of 32 KiB
 (`AGED_NSQD_ARGS`), consuming them all on channel `c`, and running `/topic/greedyclean` on every

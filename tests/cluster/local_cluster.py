@@ -170,7 +170,10 @@ class LocalCluster:
                 self.nodes[-1].launch()
             for node in self.nodes:
                 node.wait_listening()
-            poll(lambda: len(self.stats().get("nsqd_nodes", [])) == nsqds, "nsqds registered")
+            poll(
+                lambda: len(self.stats().get("nsqd_nodes", [])) == nsqds,
+                lambda: f"nsqds registered: {self.stats()}\n{self._log_tails()}",
+            )
             poll(lambda: self.master() is not None, "a master nsqlookupd")
         except BaseException:
             self.close()  # what was started, and the disks mounted
@@ -223,6 +226,18 @@ class LocalCluster:
             kept = [line for line in node.process.log.splitlines() if "TOPIC(" in line]
             lines.append(f"nsqd {node.node_id}, its last partition lines:")
             lines.extend(kept[-25:])
+        return "\n".join(lines)
+
+    def _log_tails(self) -> str:
+        """Each daemon's last log lines, for a failure message."""
+        lines = []
+        for name, process in [
+            *((f"nsqlookupd {i}", lookupd.process) for i, lookupd in enumerate(self.lookupds)),
+            *((f"nsqd {node.index}", node.process) for node in self.nodes),
+        ]:
+            if process is not None:
+                lines.append(f"{name}, its last lines:")
+                lines.extend(process.log.splitlines()[-15:])
         return "\n".join(lines)
 
     def master(self) -> DaemonProcess | None:

@@ -10,8 +10,8 @@ run on every replica under load; a follower, then a leader, killed and started a
 its lease on an emptied data directory (a replaced disk); a leader's disk (a 16 MiB tmpfs, as
 every node's) filled until it gives the partition up, then freed. Afterwards the checker reads
 everything: every acknowledged message consumed at least once (0 lost), the log bytes
-identical on every ISR member from the leader's start, duplicates counted, and the write
-unavailability of each fault.
+identical on every ISR member from the later of its and the leader's start, duplicates
+counted, and the write unavailability of each fault.
 
 The default suite runs each fault once, and the four that replace a leader five times each
 (20 failovers: nothing lost, nothing stored twice); `-m slow` runs `test_chaos_long` with many

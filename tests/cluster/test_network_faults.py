@@ -7,8 +7,8 @@ space: no netem here); then retention on every replica under load, a follower st
 inside its lease on an emptied data directory, and the leader's disk (each node's is a 16 MiB
 tmpfs) filled, then freed. Smart-client producers and consumers run throughout (one topic
 consumed in order). Afterwards: nothing acknowledged lost, first deliveries of the ordered
-topic in publishing order, every replica byte-identical from the leader's start, and after
-each heal the writes resumed within 10 s."""
+topic in publishing order, every replica byte-identical from the later of its and its
+leader's start, and after each heal the writes resumed within 10 s."""
 
 import json
 import shutil
@@ -338,7 +338,7 @@ def test_writes_resume_after_every_network_fault_and_nothing_is_lost(net_cluster
                 lambda n=node_id, t=topic, e=expected: same_from(
                     retained_log(_Node(cluster, n), t, 0), e
                 ),
-                f"{topic} identical on {node_id} from the leader's start",
+                f"{topic} identical on {node_id} from the later start",
                 timeout=30.0,
             )
 

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from nsqpy.nsqd.delay_queue import DelayedRecord, DelayQueue
+from tests.support.tmpfs import Tmpfs
 
 ID = b"%016x"
 
@@ -52,6 +53,7 @@ def test_uncommitted_entries_are_gone_after_a_crash_and_applied_says_from_where(
     script = f"""
 import os
 from nsqpy.nsqd.delay_queue import DelayedRecord, DelayQueue
+from tests.support.tmpfs import Tmpfs
 queue = DelayQueue({path!r})
 queue.add([DelayedRecord("a", b"%016x" % 1, 100, 1, 10)], lambda: [])
 queue.commit(log_end=150)
@@ -94,3 +96,36 @@ def test_a_follower_keeps_only_what_its_leader_holds_before_the_admission(tmp_pa
         ID % 3,
         ID % 4,
     ]
+
+
+def test_what_a_full_disk_rolled_back_stays_removed(tmp_path):
+    """On a full disk (a real 2 MiB tmpfs) SQLite rolls the commit back, and with it what was
+    removed since the last one: the entries a follower dropped as its leader's finished ones,
+    a FIN, an emptied channel. None of them is counted or given out meanwhile, and the first
+    commit with space back removes them for good."""
+    disk = Tmpfs(tmp_path / "disk", "2m")
+    try:
+        path = str(disk.mount_point / "d.sqlite")
+        queue = DelayQueue(path)
+        queue.add([record("a", number, 10) for number in range(1, 2001)], lambda: [])
+        queue.add([record("b", number, 10) for number in range(2001, 2011)], lambda: [])
+        queue.commit(log_end=10**6)
+        disk.fill()
+        held = {"a": set(range(1001, 2001)), "b": set(range(2001, 2011))}
+        assert queue.keep_only(held, before=10**9) == 1000
+        assert queue.done("a", ID % 1500)
+        assert queue.empty("b") == 10
+        queue.commit(log_end=10**6 + 1)
+        assert queue.behind, "the commit was not refused: the disk is not full"
+        assert (queue.count("a"), queue.count("b")) == (999, 0)
+        given = {int(m.message_id, 16) for m in queue.take_due("a", 5000, now_ms=100)}
+        assert given == set(range(1001, 2001)) - {1500}
+        assert queue.take_due("b", 10, now_ms=100) == []
+        disk.free()
+        queue.commit(log_end=10**6 + 2)
+        queue.close(log_end=10**6 + 2)
+        reopened = DelayQueue(path)
+        assert (reopened.count("a"), reopened.count("b")) == (999, 0)
+        reopened.close(log_end=10**6 + 2)
+    finally:
+        disk.close()
