@@ -24,6 +24,7 @@ from binascii import hexlify
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.json as pa_json
 
 _SIZED_HEADER = struct.Struct(">IqH8sQ")
 _SIZE = struct.Struct(">I")
@@ -160,10 +161,14 @@ def _bulk_headers(raw: pa.Array, trace_ids: np.ndarray) -> pa.Array:
     parsed once, and each record's entries are its header's, then `##trace_id` when the
     record has a trace ID its header does not name."""
     encoded = pc.dictionary_encode(raw)
-    parsed = [_header_entries(header) for header in encoded.dictionary.to_pylist()]
+    distinct = encoded.dictionary
+    table = None
+    if len(distinct) > _PARSED_ONE_BY_ONE:
+        table = _header_table_in_bulk(distinct)
+    if table is None:
+        table = _header_table(distinct)
+    counts, named, keys, values = table
     which = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    counts = np.array([len(keys) for keys, _values in parsed], dtype=np.int64)
-    named = np.array([TRACE_ID_HEADER in keys for keys, _values in parsed], dtype=bool)
     # The distinct headers' entries one after another, then the trace IDs' entries.
     table_starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
     traced = (trace_ids != 0) & ~named[which]
@@ -179,18 +184,107 @@ def _bulk_headers(raw: pa.Array, trace_ids: np.ndarray) -> pa.Array:
     source[ends[:-1][row_of_entry] + within] = table_starts[which][row_of_entry] + within
     table_size = int(counts.sum())
     source[ends[1:][traced] - 1] = table_size + np.arange(int(traced.sum()))
-    keys = [key for header_keys, _values in parsed for key in header_keys]
-    values = [value for _keys, header_values in parsed for value in header_values]
     trace_values = pa.array(trace_ids[traced]).cast(pa.string()).cast(pa.binary())
-    key_table = pa.concat_arrays(
-        [pa.array(keys, pa.string()), pa.repeat(pa.scalar(TRACE_ID_HEADER), len(trace_values))]
-    )
-    value_table = pa.concat_arrays([pa.array(values, pa.binary()), trace_values])
+    key_table = pa.concat_arrays([keys, pa.repeat(pa.scalar(TRACE_ID_HEADER), len(trace_values))])
+    value_table = pa.concat_arrays([values, trace_values])
     order = pa.array(source)
     entries = pa.StructArray.from_arrays(
         [key_table.take(order), value_table.take(order)], fields=list(HEADERS_TYPE.value_type)
     )
     return pa.ListArray.from_arrays(pa.array(ends), entries, type=HEADERS_TYPE)
+
+
+# Up to this many distinct headers in a fetch are parsed one by one (`json.loads`); more (a
+# header per message, as a trace ID or a business key makes them) are parsed by Arrow's JSON
+# reader in one call.
+_PARSED_ONE_BY_ONE = 32
+
+# The distinct headers' entries: per header how many and whether one is `##trace_id`, then
+# every header's keys (string) and values (binary), one header after the other.
+_HeaderTable = tuple[np.ndarray, np.ndarray, pa.Array, pa.Array]
+
+
+def _header_table(headers: pa.Array) -> _HeaderTable:
+    """The entries of `headers`, parsed one by one."""
+    parsed = [_header_entries(header) for header in headers.to_pylist()]
+    counts = np.array([len(keys) for keys, _values in parsed], dtype=np.int64)
+    named = np.array([TRACE_ID_HEADER in keys for keys, _values in parsed], dtype=bool)
+    keys = [key for header_keys, _values in parsed for key in header_keys]
+    values = [value for _keys, header_values in parsed for value in header_values]
+    return counts, named, pa.array(keys, pa.string()), pa.array(values, pa.binary())
+
+
+def _header_table_in_bulk(headers: pa.Array) -> _HeaderTable | None:
+    """The entries of `headers` (JSON objects of string values, as Youzan's clients write
+    them) parsed by Arrow's JSON reader in one call, each header's in the order its keys
+    first appear in it; None where that reading could differ from `_header_entries` (a value
+    that is not a string or is `null`, a key written with escapes, bytes that are not one
+    JSON object a header), for the caller to parse them one by one."""
+    try:
+        text = headers.cast(pa.string())
+    except pa.ArrowInvalid:
+        return None  # not UTF-8
+    if pc.any(pc.match_substring(text, "null")).as_py():
+        return None  # maybe a `null` value, which Arrow reads as no entry
+    # One header a line: an empty one is no entry, and a raw line break (whitespace in JSON)
+    # would end it.
+    if pc.min(pc.binary_length(text)).as_py() == 0:
+        text = pc.if_else(pc.equal(pc.binary_length(text), 0), "{}", text)
+    document = _joined_lines(text)
+    bytes_ = np.frombuffer(document, dtype=np.uint8)
+    if np.count_nonzero(bytes_ == 10) != len(text) - 1 or (bytes_ == 13).any():
+        document = _joined_lines(pc.replace_substring_regex(text, "[\\r\\n]", " "))
+    try:
+        table = pa_json.read_json(
+            pa.BufferReader(document),
+            read_options=pa_json.ReadOptions(
+                use_threads=False, block_size=max(document.size + 1, 1 << 20)
+            ),
+            parse_options=pa_json.ParseOptions(newlines_in_values=False),
+        )
+    except pa.ArrowInvalid:
+        return None
+    if table.num_rows != len(headers):
+        return None
+    names = pa.array(table.column_names, pa.string())
+    columns = [column.combine_chunks() for column in table.columns]
+    if not all(pa.types.is_string(column.type) for column in columns):
+        return None  # `_header_entries` gives anything else as its JSON
+    # A value that is a key's name would be found as that key.
+    ordered = len(columns) > 1
+    if ordered and any(pc.any(pc.is_in(column, names)).as_py() for column in columns):
+        return None
+    rows_of, places_of, keys_of, values_of = [], [], [], []
+    for key_number, (key, column) in enumerate(zip(table.column_names, columns, strict=True)):
+        present = column.is_valid().to_numpy(zero_copy_only=False)
+        rows = np.flatnonzero(present)
+        if ordered:
+            places = pc.find_substring(text, json.dumps(key, ensure_ascii=False))
+            places = places.to_numpy(zero_copy_only=False)
+            if ((places >= 0) != present).any():
+                return None  # a key its JSON writes with escapes
+            places_of.append(places[rows])
+        rows_of.append(rows)
+        keys_of.append(np.full(len(rows), key_number, dtype=np.int64))
+        values_of.append(column.drop_null())
+    if not rows_of:
+        nothing = np.zeros(len(headers), dtype=np.int64)
+        return nothing, nothing.astype(bool), pa.array([], pa.string()), pa.array([], pa.binary())
+    rows = np.concatenate(rows_of)
+    order = np.lexsort((np.concatenate(places_of), rows)) if ordered else np.argsort(rows)
+    key_numbers = np.concatenate(keys_of)[order]
+    values = pa.concat_arrays(values_of).take(pa.array(order)).cast(pa.binary())
+    counts = np.bincount(rows, minlength=len(headers)).astype(np.int64)
+    named = np.zeros(len(headers), dtype=bool)
+    if TRACE_ID_HEADER in table.column_names:
+        named = table.column(TRACE_ID_HEADER).is_valid().to_numpy(zero_copy_only=False)
+    return counts, named, names.take(pa.array(key_numbers)), values
+
+
+def _joined_lines(text: pa.Array) -> pa.Buffer:
+    """The strings of `text` one a line."""
+    joined = pc.binary_join(pa.ListArray.from_arrays([0, len(text)], text), "\n")[0]
+    return joined.as_buffer()
 
 
 def _slices(data: bytes, starts: np.ndarray, ends: np.ndarray) -> pa.Array:

@@ -15,6 +15,8 @@ from nsqpy.partition_log import PartitionLog, Position, ProducerMark
 from nsqpy.spark.log_records import (
     RecordError,
     _bulk_columns,
+    _header_table,
+    _header_table_in_bulk,
     _record_columns,
     records_to_batch,
 )
@@ -116,6 +118,66 @@ def test_a_fetch_in_bulk_reads_as_record_by_record(messages, first_offset, with_
     for name, column in bulk.items():
         assert column.equals(one_by_one[name]), name
     assert bulk["id"].to_pylist() == [message[2].hex() for message in messages]
+
+
+_KEYS = st.sampled_from(["##client_dispatch_tag", "##trace_id", "k", "é", 'q"uote', ""])
+_VALUES = st.one_of(
+    st.text(max_size=6),
+    _KEYS,
+    st.sampled_from(["line\nbreak", "nullable", "2024-01-01"]),
+    st.none(),
+    st.integers(-5, 5),
+    st.just({"nested": "x"}),
+)
+_STRING_VALUES = st.one_of(st.text(max_size=6), st.just("line\nbreak"))
+# As Youzan's clients write headers: string values.
+_STRING_HEADER = st.builds(
+    lambda entries, indent: json.dumps(entries, ensure_ascii=False, indent=indent).encode(),
+    st.dictionaries(_KEYS, _STRING_VALUES, max_size=4),
+    st.sampled_from([None, None, 1]),
+)
+_HEADER = st.one_of(
+    st.builds(
+        lambda entries, ascii_only, indent: json.dumps(
+            entries, ensure_ascii=ascii_only, indent=indent
+        ).encode(),
+        st.dictionaries(_KEYS, _VALUES, max_size=4),
+        st.booleans(),
+        st.sampled_from([None, None, 1]),
+    ),
+    st.sampled_from([b"", b"[1]", b'"text"', b"{", b'{"a":"1"} {"b":"2"}', b"\xff"]),
+)
+
+
+def _table_as_lists(table) -> tuple:
+    counts, named, keys, values = table
+    return counts.tolist(), named.tolist(), keys.to_pylist(), values.to_pylist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_STRING_HEADER, min_size=1, max_size=12) | st.lists(_HEADER, max_size=12))
+def test_headers_parsed_in_bulk_read_as_one_by_one(headers):
+    """Arrow's reading of many headers at once gives each header's entries as `json.loads`
+    does, in the header's order, or declines (and the caller parses one by one)."""
+    distinct = pa.array(list(dict.fromkeys([b"{}", *headers])), pa.binary())
+    in_bulk = _header_table_in_bulk(distinct)
+    if in_bulk is not None:
+        assert _table_as_lists(in_bulk) == _table_as_lists(_header_table(distinct))
+
+
+def test_a_header_per_message_is_parsed_in_bulk():
+    """The usual case of many distinct headers (a trace ID or a business key in each, keys
+    in any order) takes the bulk path."""
+    headers = [
+        json.dumps({"##client_dispatch_tag": "blue", "##trace_id": str(n)}).encode()
+        if n % 2
+        else json.dumps({"order": f"o-{n}", "##client_dispatch_tag": "red"}).encode()
+        for n in range(100)
+    ]
+    distinct = pa.array([*headers, b""], pa.binary())
+    in_bulk = _header_table_in_bulk(distinct)
+    assert in_bulk is not None
+    assert _table_as_lists(in_bulk) == _table_as_lists(_header_table(distinct))
 
 
 def test_a_fetch_with_a_delayed_record_is_read_record_by_record(tmp_path):

@@ -20,6 +20,7 @@ from nsqpy.common.command import (
     encode_identify,
     encode_mpub_body,
     encode_pub,
+    encode_req,
 )
 from nsqpy.common.frame import FRAME_TYPE_RESPONSE
 from tests.support.http import HTTPReply, request
@@ -189,6 +190,31 @@ async def test_a_tag_no_consumer_has_goes_to_the_untagged_consumers(nsqd):
     await writer.command_ok(pub_ext("yz", {}, b"u2", 0))
     assert await bodies(green, 1) == [b"g2"]
     assert await bodies(plain, 1) == [b"u2"]
+
+
+async def test_a_tagged_message_falls_through_at_once_in_log_order_requeues_included(nsqd):
+    """An untagged consumer with `RDY 1` (as Youzan's Go client starts) takes a tagged message
+    whose tag no consumer has as soon as it reads it: in log order among the untagged ones,
+    and again at once when it requeues it."""
+    await create_partitions(nsqd, "yz", 0, ext="true")
+    plain = await tagged_consumer(nsqd, "yz", "c", "", rdy=1)
+    assert (await pub_ext_http(nsqd, "yz", {TAG: "thisIsTag1"}, b"t1")).status == 200
+    (first,) = await plain.read_youzans(1, timeout=2)
+    assert header_of(first.body) == ({TAG: "thisIsTag1"}, b"t1")
+    await plain.send(encode_req(first.id, 0))
+    (again,) = await plain.read_youzans(1, timeout=2)
+    assert (again.id, again.attempts) == (first.id, 2)
+    await plain.send(encode_fin(again.id))
+    writer = await connect(nsqd)
+    published = [b"t2", b"u1", b"t3", b"t4", b"u2"]
+    for body in published:
+        await writer.command_ok(pub_ext("yz", {TAG: "other"} if body[:1] == b"t" else {}, body, 0))
+    received = []
+    for _ in published:
+        (message,) = await plain.read_youzans(1, timeout=2)
+        received.append(header_of(message.body)[1])
+        await plain.send(encode_fin(message.id))
+    assert received == published
 
 
 async def test_a_leaving_tagged_consumers_messages_go_to_the_untagged_ones(nsqd):
