@@ -18,6 +18,7 @@ record path, which also says what is wrong with bytes that are not whole records
 """
 
 import json
+import re
 import struct
 from binascii import hexlify
 
@@ -162,10 +163,9 @@ def _bulk_headers(raw: pa.Array, trace_ids: np.ndarray) -> pa.Array:
     record has a trace ID its header does not name."""
     encoded = pc.dictionary_encode(raw)
     distinct = encoded.dictionary
-    table = None
     if len(distinct) > _PARSED_ONE_BY_ONE:
-        table = _header_table_in_bulk(distinct)
-    if table is None:
+        table = _header_table_by_shape(distinct)
+    else:
         table = _header_table(distinct)
     counts, named, keys, values = table
     which = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
@@ -212,6 +212,79 @@ def _header_table(headers: pa.Array) -> _HeaderTable:
     keys = [key for header_keys, _values in parsed for key in header_keys]
     values = [value for _keys, header_values in parsed for value in header_values]
     return counts, named, pa.array(keys, pa.string()), pa.array(values, pa.binary())
+
+
+# JSON's whitespace, and a string without escapes (nor the control characters JSON forbids).
+_SPACE = "[ \\t\\n\\r]*"
+_PLAIN_STRING = '"(?P<v%d>[^"\\\\\\x00-\\x1f]*)"'
+
+
+def _header_table_by_shape(headers: pa.Array) -> _HeaderTable:
+    """The entries of many distinct headers. Most share one shape (the same keys in the same
+    order, each value a string without escapes: a trace ID or a business key is what
+    differs): those are cut apart by one regular expression; the rest are read by Arrow's
+    JSON reader, or one by one."""
+    lengths = pc.binary_length(headers).to_numpy(zero_copy_only=False)
+    shape = _shape_of(headers[int(np.argmax(lengths > 0))].as_py())
+    try:
+        text = headers.cast(pa.string())
+    except pa.ArrowInvalid:
+        shape = None  # not UTF-8
+    if shape is None:
+        return _header_table_in_bulk(headers) or _header_table(headers)
+    keys, pattern = shape
+    cut = pc.extract_regex(text, pattern)
+    matched = cut.is_valid().to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(matched)
+    width = len(keys)
+    # Row by row, each row's values in the shape's order.
+    values = pa.concat_arrays([cut.field(f"v{n}").filter(matched) for n in range(width)])
+    by_row = np.arange(width * len(rows)).reshape(width, len(rows)).T.ravel()
+    parts = [
+        (
+            np.repeat(rows, width),
+            pa.array(keys, pa.string()).take(pa.array(np.tile(np.arange(width), len(rows)))),
+            values.take(pa.array(by_row)).cast(pa.binary()),
+        )
+    ]
+    named = np.zeros(len(headers), dtype=bool)
+    named[rows] = TRACE_ID_HEADER in keys
+    others = np.flatnonzero(~matched)
+    if len(others):
+        rest = headers.take(pa.array(others))
+        table = (
+            _header_table_in_bulk(rest) if len(rest) > _PARSED_ONE_BY_ONE else None
+        ) or _header_table(rest)
+        parts.append((np.repeat(others, table[0]), table[2], table[3]))
+        named[others] = table[1]
+    entry_rows = np.concatenate([part[0] for part in parts])
+    order = pa.array(np.argsort(entry_rows, kind="stable"))
+    return (
+        np.bincount(entry_rows, minlength=len(headers)).astype(np.int64),
+        named,
+        pa.concat_arrays([part[1] for part in parts]).take(order),
+        pa.concat_arrays([part[2] for part in parts]).take(order),
+    )
+
+
+def _shape_of(header: bytes) -> tuple[list[str], str] | None:
+    """The keys of `header` and a regular expression that matches exactly the headers of
+    those keys in that order whose values are strings without escapes (capturing them as
+    `v0`, `v1`, ...); None for a header of no such shape."""
+    try:
+        document = json.loads(header)
+    except ValueError:
+        return None
+    if not isinstance(document, dict) or not document:
+        return None
+    if not all(isinstance(value, str) for value in document.values()):
+        return None
+    entries = [
+        f"{re.escape(json.dumps(key, ensure_ascii=False))}{_SPACE}:{_SPACE}{_PLAIN_STRING % n}"
+        for n, key in enumerate(document)
+    ]
+    separator = f"{_SPACE},{_SPACE}"
+    return list(document), f"^{_SPACE}\\{{{_SPACE}{separator.join(entries)}{_SPACE}\\}}{_SPACE}$"
 
 
 def _header_table_in_bulk(headers: pa.Array) -> _HeaderTable | None:

@@ -16,6 +16,7 @@ from nsqpy.spark.log_records import (
     RecordError,
     _bulk_columns,
     _header_table,
+    _header_table_by_shape,
     _header_table_in_bulk,
     _record_columns,
     records_to_batch,
@@ -157,12 +158,15 @@ def _table_as_lists(table) -> tuple:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_STRING_HEADER, min_size=1, max_size=12) | st.lists(_HEADER, max_size=12))
 def test_headers_parsed_in_bulk_read_as_one_by_one(headers):
-    """Arrow's reading of many headers at once gives each header's entries as `json.loads`
-    does, in the header's order, or declines (and the caller parses one by one)."""
+    """The headers of the first one's shape cut apart by a regular expression, the others
+    read by Arrow's JSON reader: each header's entries as `json.loads` gives them, in the
+    header's order (the JSON reader may decline, and the caller parses one by one)."""
     distinct = pa.array(list(dict.fromkeys([b"{}", *headers])), pa.binary())
+    one_by_one = _table_as_lists(_header_table(distinct))
+    assert _table_as_lists(_header_table_by_shape(distinct)) == one_by_one
     in_bulk = _header_table_in_bulk(distinct)
     if in_bulk is not None:
-        assert _table_as_lists(in_bulk) == _table_as_lists(_header_table(distinct))
+        assert _table_as_lists(in_bulk) == one_by_one
 
 
 def test_a_header_per_message_is_parsed_in_bulk():
@@ -175,9 +179,11 @@ def test_a_header_per_message_is_parsed_in_bulk():
         for n in range(100)
     ]
     distinct = pa.array([*headers, b""], pa.binary())
+    one_by_one = _table_as_lists(_header_table(distinct))
+    assert _table_as_lists(_header_table_by_shape(distinct)) == one_by_one
     in_bulk = _header_table_in_bulk(distinct)
     assert in_bulk is not None
-    assert _table_as_lists(in_bulk) == _table_as_lists(_header_table(distinct))
+    assert _table_as_lists(in_bulk) == one_by_one
 
 
 def test_a_fetch_with_a_delayed_record_is_read_record_by_record(tmp_path):
