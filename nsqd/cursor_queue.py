@@ -692,6 +692,15 @@ class CursorQueue:
     # Youzan requeues a leaving consumer's in-flight messages at once.
     requeue_on_leave = True
 
+    def oldest_unconfirmed_ns(self) -> int:
+        if self.confirmed.offset >= self.log.end.offset:
+            return 0
+        try:
+            oldest = self.log.read(self.confirmed, 1)
+        except (LogCorruption, OSError):
+            return 0  # retention took it meanwhile, or the disk failed the read
+        return oldest[0].timestamp if oldest else 0
+
     def position_stats(self) -> dict[str, int]:
         return {
             "confirmed_offset": self.confirmed.offset,

@@ -368,7 +368,10 @@ class HTTPAPI:
         include_clients = _BOOL_PARAMS.get(_first(params, "include_clients") or "", True)
         include_mem = _BOOL_PARAMS.get(_first(params, "include_mem") or "", True)
         nsqd = self.nsqd
-        topics, producers = gather(nsqd, topic_name, channel_name, include_clients)
+        leader_only = _BOOL_PARAMS.get(_first(params, "leaderOnly") or "", False)
+        topics, producers = gather(
+            nsqd, topic_name, channel_name, include_clients, leader_only=leader_only
+        )
         memory = memory_stats() if include_mem else None
         if not json_format:
             return v1_response(200, text_report(nsqd, topics, producers, memory, nsqd.health))

@@ -103,6 +103,10 @@ class MessageQueue(Protocol):
         """Where the queue stands in a retained log, for `/stats` (a cursor's confirmed and
         read positions and lag); empty when it keeps no history."""
 
+    def oldest_unconfirmed_ns(self) -> int:
+        """When the oldest message not yet confirmed was published (ns since the epoch; 0
+        when none waits, or the queue keeps no history): Youzan's `depth_ts`."""
+
 
 class RetainedLog(Protocol):
     """What range readers (`/partition/*`, `/stats`) may ask of a topic's retained log."""
@@ -350,6 +354,9 @@ class BufferedDiskQueue:
 
     def position_stats(self) -> dict[str, int]:
         return {}
+
+    def oldest_unconfirmed_ns(self) -> int:
+        return 0
 
     def _write(self, messages: list[Message], *, deferrable: bool = False) -> None:
         """BackendWriteError (health NOK, logged) if the diskqueue write fails."""
@@ -830,6 +837,9 @@ class LogTopicQueue:
         snapshot = self.log.prepare_producer_snapshot()
         if snapshot is not None:
             await trio.to_thread.run_sync(snapshot)
+
+    def oldest_unconfirmed_ns(self) -> int:
+        return 0  # a topic's: its channels' cursors say theirs
 
     def position_stats(self) -> dict[str, int]:
         log = self.log

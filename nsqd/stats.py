@@ -158,6 +158,9 @@ def channel_stats(channel: "Channel", include_clients: bool, now: float) -> dict
         "paused": channel.paused,
         "e2e_processing_latency": channel.e2e_result(now),
     }
+    if channel.topic.partitioned:
+        # Youzan's: when the oldest message the channel has not confirmed was published.
+        stats["depth_ts"] = go_time_text(channel.queue.oldest_unconfirmed_ns())
     # A log topic's channel is a cursor (docs/design.md §13): where it stands in the log.
     stats.update(channel.queue.position_stats())
     limit = dead_letters.attempt_limit(channel)
@@ -189,14 +192,25 @@ def topic_stats(topic: "Topic", channels: list[dict], now: float) -> dict:
         # Youzan's /stats names each partition (docs/protocol.md §6.2).
         stats["topic_partition"] = topic.partition
         stats["topic_full_name"] = topic.full_name
+        stats["is_leader"] = not topic.replication.is_follower
+        stats["is_multi_ordered"] = topic.ordered
+        stats["is_ext"] = topic.ext
     # A log topic's retained range, and a cluster partition's replicas.
     stats.update(topic.queue.position_stats())
     stats.update(topic.replication.stats())
     return stats
 
 
-def gather(nsqd: StatsSource, topic_name: str, channel_name: str, include_clients: bool):
-    """Go's NSQD.GetStats: (topics, producers); topics None when the named topic is unknown."""
+def gather(
+    nsqd: StatsSource,
+    topic_name: str,
+    channel_name: str,
+    include_clients: bool,
+    *,
+    leader_only: bool = False,
+):
+    """Go's NSQD.GetStats: (topics, producers); topics None when the named topic is unknown.
+    `leader_only` (Youzan's `leaderOnly`): only the partitions this node writes."""
     now = trio.current_time()
     if topic_name:
         topics = [t for t in nsqd.all_partitions() if t.name == topic_name]
@@ -205,6 +219,8 @@ def gather(nsqd: StatsSource, topic_name: str, channel_name: str, include_client
             return None, None
     else:
         topics = nsqd.all_partitions()
+    if leader_only:
+        topics = [topic for topic in topics if not topic.replication.is_follower]
     topic_list = []
     for topic in topics:
         if channel_name:
@@ -276,6 +292,17 @@ def _replica_line(topic: dict) -> str:
     if topic["under_replicated"]:
         line += " UNDER-REPLICATED"
     return line + "\n"
+
+
+def go_time_text(ns: int) -> str:
+    """A time as Go's `time.Time.String` writes it in the local zone:
+    `2006-01-02 15:04:05.999999999 -0700 MST` (fraction without trailing zeros)."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    moment = datetime.datetime.fromtimestamp(seconds).astimezone()
+    text = moment.strftime("%Y-%m-%d %H:%M:%S")
+    if fraction:
+        text += f".{fraction:09d}".rstrip("0")
+    return text + moment.strftime(" %z %Z")
 
 
 def _rfc3339(seconds: int) -> str:

@@ -87,6 +87,10 @@ def test_every_replica_reports_the_partitions_state(cluster):
                 "cluster_replicas": replicas,
             }
             assert entry["under_replicated"] is False
+            # Youzan's: the leader alone writes, and `leaderOnly` keeps only what it writes.
+            assert entry["is_leader"] is (node is leader)
+            reply = node.http("GET", f"/stats?format=json&topic={topic}&leaderOnly=true")
+            assert len(json.loads(reply.body)["topics"]) == (node is leader)
             # After the keys Go and Youzan have, in this order.
             assert list(entry)[-9:-8] == ["log_end_count"]
             assert replica_line(node, topic) == (

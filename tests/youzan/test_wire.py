@@ -8,7 +8,9 @@ TOUCH failures, the fatality of each error (a fatal one closes the connection, a
 leaves it answering), `/disable/write`, and nsqd's Youzan HTTP endpoints.
 """
 
+import datetime
 import json
+import re
 import struct
 
 import pytest
@@ -32,6 +34,7 @@ from nsqpy.common.command import (
 from nsqpy.common.frame import FRAME_TYPE_RESPONSE
 from tests.nsqd.wire import Wire, with_options
 from tests.support.nsqd import tcp_port
+from tests.support.polling import wait_until
 from tests.youzan.support import (
     binary_id,
     command,
@@ -817,6 +820,45 @@ async def test_http_topic_create_partition_num_shows_in_stats(nsqd):
     # Each is a real partition: TCP reaches partition 3.
     wire = await connect(nsqd)
     assert (await wire.publish_traced("yzh", 1, b"x", 3)).offset == 0
+
+
+async def test_stats_of_a_partition_carry_youzans_fields(nsqd):
+    """`is_leader`, `is_multi_ordered`, `is_ext` per partition; per channel `depth_ts`, when
+    the oldest message it has not confirmed was published, in Go's `time.Time` text (the
+    epoch when none waits); `leaderOnly=true` keeps the partitions this node writes."""
+    await create_partitions(nsqd, "yzs", 0, ext="true")
+    consumer = await connect(nsqd)
+    await consumer.identify(extend_support=True)
+    await consumer.subscribe_as("SUB", "yzs", "c", 0, rdy=10)
+    writer = await connect(nsqd)
+    await writer.command_ok(pub_ext("yzs", {}, b"first", 0))
+    await writer.command_ok(pub_ext("yzs", {}, b"second", 0))
+    first, second = await consumer.read_youzans(2)
+
+    async def partition_stats(query: str = "") -> dict | None:
+        reply = await http(nsqd, "GET", f"/stats?format=json&topic=yzs{query}")
+        topics = reply.json()["topics"]
+        return topics[0] if topics else None
+
+    topic = await partition_stats("&leaderOnly=true")
+    assert (topic["is_leader"], topic["is_multi_ordered"], topic["is_ext"]) == (True, False, True)
+    (channel,) = topic["channels"]
+    assert _go_time_ns(channel["depth_ts"]) == first.timestamp
+    await consumer.send(encode_fin(first.id) + encode_fin(second.id))
+    epoch = datetime.datetime.fromtimestamp(0).astimezone().strftime("%Y-%m-%d %H:%M:%S %z %Z")
+
+    async def nothing_waits() -> bool:
+        return (await partition_stats())["channels"][0]["depth_ts"] == epoch
+
+    await wait_until(nothing_waits, "depth_ts at the epoch once both are finished")
+
+
+def _go_time_ns(text: str) -> int:
+    """Nanoseconds since the epoch from Go's `2006-01-02 15:04:05.999999999 -0700 MST`."""
+    match = re.fullmatch(r"(\S+ \d\d:\d\d:\d\d)(?:\.(\d{1,9}))? ([+-]\d{4}) \S+", text)
+    assert match, text
+    moment = datetime.datetime.strptime(f"{match[1]} {match[3]}", "%Y-%m-%d %H:%M:%S %z")
+    return int(moment.timestamp()) * 1_000_000_000 + int((match[2] or "0").ljust(9, "0"))
 
 
 async def test_http_pubtrace(nsqd):
