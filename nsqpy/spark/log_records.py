@@ -216,7 +216,8 @@ def _header_table(headers: pa.Array) -> _HeaderTable:
 
 # JSON's whitespace, and a string without escapes (nor the control characters JSON forbids).
 _SPACE = "[ \\t\\n\\r]*"
-_PLAIN_STRING = '"(?P<v%d>[^"\\\\\\x00-\\x1f]*)"'
+_PLAIN_VALUE = '(?P<v%d>[^"\\\\\\x00-\\x1f]*)'
+_PLAIN_STRING = f'"{_PLAIN_VALUE}"'
 
 
 def _header_table_by_shape(headers: pa.Array) -> _HeaderTable:
@@ -268,11 +269,13 @@ def _header_table_by_shape(headers: pa.Array) -> _HeaderTable:
 
 
 def _shape_of(header: bytes) -> tuple[list[str], str] | None:
-    """The keys of `header` and a regular expression that matches exactly the headers of
-    those keys in that order whose values are strings without escapes (capturing them as
-    `v0`, `v1`, ...); None for a header of no such shape."""
+    """The keys of `header` and a regular expression that matches exactly the headers
+    written as it is but for their values, strings without escapes (captured as `v0`,
+    `v1`, ...); None for a header of no such shape. (The same keys and spacing throughout:
+    one producer's headers, which is what a fetch usually holds.)"""
     try:
         document = json.loads(header)
+        text = header.decode()
     except ValueError:
         return None
     if not isinstance(document, dict) or not document:
@@ -284,7 +287,20 @@ def _shape_of(header: bytes) -> tuple[list[str], str] | None:
         for n, key in enumerate(document)
     ]
     separator = f"{_SPACE},{_SPACE}"
-    return list(document), f"^{_SPACE}\\{{{_SPACE}{separator.join(entries)}{_SPACE}\\}}{_SPACE}$"
+    written = re.fullmatch(
+        f"{_SPACE}\\{{{_SPACE}{separator.join(entries)}{_SPACE}\\}}{_SPACE}", text
+    )
+    if written is None:
+        return None  # a key written with escapes, or a value with them
+    # What lies between the values, as this header writes it (a literal pattern is a third
+    # faster to match than one that allows any spacing).
+    pattern, at = ["^"], 0
+    for n in range(len(document)):
+        pattern.append(re.escape(text[at : written.start(f"v{n}")]))
+        pattern.append(_PLAIN_VALUE % n)
+        at = written.end(f"v{n}")
+    pattern.append(re.escape(text[at:]) + "$")
+    return list(document), "".join(pattern)
 
 
 def _header_table_in_bulk(headers: pa.Array) -> _HeaderTable | None:
