@@ -22,7 +22,14 @@ TOPIC_ACTIONS = ("pause", "unpause", "empty")
 # A log topic's channel also empties its partitions' delay queues, or makes every delayed
 # message due now (nsqd's `/channel/emptydelayed`, `/channel/requeuedelayed`); a channel with
 # dead letters puts them back (`/channel/replaydeadletters`).
-CHANNEL_ACTIONS = (*TOPIC_ACTIONS, "emptydelayed", "requeuedelayed", "replaydeadletters")
+CHANNEL_ACTIONS = (
+    *TOPIC_ACTIONS,
+    "emptydelayed",
+    "requeuedelayed",
+    "replaydeadletters",
+    "skip",
+    "unskip",
+)
 
 
 def is_same_origin(request: web.Request) -> bool:
@@ -110,8 +117,8 @@ class Actions:
     async def channel_action(
         self, request: web.Request, action: str, topic: str, channel: str
     ) -> list[str]:
-        """pause, unpause, empty, emptydelayed, requeuedelayed or replaydeadletters a channel on
-        every nsqd that has its topic."""
+        """pause, unpause, empty, emptydelayed, requeuedelayed, replaydeadletters, skip or
+        unskip a channel on every nsqd that has its topic."""
         self.check_admin(request)
         if action not in CHANNEL_ACTIONS:
             raise ActionError(400, "INVALID_ACTION")

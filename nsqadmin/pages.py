@@ -128,6 +128,17 @@ _CONFIRMED_CHANNEL_ACTIONS = {
         "Replay dead letters",
         "Replayed the dead letters of {what}.",
     ),
+    "skip": (
+        "Skip {what}? What waits in it and what is published until it is unskipped is"
+        " dropped, its delayed messages too.",
+        "Skip channel",
+        "Skipped {what}: it drops what is published.",
+    ),
+    "unskip": (
+        "Unskip {what}? It delivers what is published from now on.",
+        "Unskip channel",
+        "Unskipped {what}.",
+    ),
 }
 
 

@@ -330,6 +330,8 @@ class ChannelStats:
     # partitions' delay queues, all partitions.
     lag: int | None = None
     delayed_queue_count: int | None = None
+    # Youzan's skip (nsqd's /channel/skip), on any partition; None where nsqd has no skip.
+    skipped: bool | None = None
     # Poison messages (nsqd's dead letters): the attempt limit, how many went to the
     # dead-letter topic and how many wait there to be replayed; None on a channel without.
     max_attempts: int | None = None
@@ -369,6 +371,7 @@ class ChannelStats:
             delayed_queue_count=(
                 int(body["delayed_queue_count"]) if "delayed_queue_count" in body else None
             ),
+            skipped=bool(body["skipped"]) if "skipped" in body else None,
             max_attempts=int(body["max_attempts"]) if "max_attempts" in body else None,
             dead_letter_topic=str(body.get("dead_letter_topic") or ""),
             dead_letter_count=(
@@ -393,6 +396,8 @@ class ChannelStats:
             self.lag = (self.lag or 0) + other.lag
         if other.delayed_queue_count is not None:
             self.delayed_queue_count = (self.delayed_queue_count or 0) + other.delayed_queue_count
+        if other.skipped is not None:
+            self.skipped = bool(self.skipped) or other.skipped
         if other.dead_letter_count is not None:
             self.max_attempts = max(self.max_attempts or 0, other.max_attempts or 0)
             self.dead_letter_topic = self.dead_letter_topic or other.dead_letter_topic
@@ -430,6 +435,7 @@ class ChannelStats:
             "paused": self.paused,
             "e2e_processing_latency": _e2e_json(self.e2e_processing_latency),
             **({} if self.lag is None else {"lag": self.lag}),
+            **({} if self.skipped is None else {"skipped": self.skipped}),
             **(
                 {}
                 if self.delayed_queue_count is None

@@ -88,6 +88,8 @@ class Channel:
         self.replaying: dict[bytes, tuple[Channel, Message]] = {}
         self.clients: dict[int, Client] = {}
         self.paused = False
+        # Youzan's skip (`/channel/skip`): what is published meanwhile is dropped, not held.
+        self.skipped = False
         self.deleted = False
         # Youzan ordered topics deliver in order to every channel; SUB_ORDERED switches one.
         self.delivery = ORDERED if topic.ordered else FIFO
@@ -186,6 +188,9 @@ class Channel:
             # None is left: what followed them goes now.
 
     def _take(self, max_count: int, tag: str) -> list[Message]:
+        if self.skipped:
+            self._skip_ahead()
+            return []
         count = self.delivery.room(len(self.in_flight), max_count)
         if not count:
             return []
@@ -229,6 +234,9 @@ class Channel:
         The woken pump takes what it can and, if messages remain, notifies again; so a burst
         spreads over as many clients as it needs and a lone message wakes only one.
         """
+        if self.skipped:
+            self._skip_ahead()
+            return
         waiting = self._waiting
         if not waiting or self.paused:
             return
@@ -529,6 +537,26 @@ class Channel:
 
     def pause(self) -> None:
         self.paused = True
+
+    def skip(self, skipped: bool = True) -> None:
+        """Youzan's `/channel/skip` and `/channel/unskip`: either way the channel starts again
+        at the end, its delayed messages dropped; while skipped it drops what arrives (and
+        what comes back: requeues, deferrals that come due), so it delivers nothing."""
+        self.skipped = skipped
+        self.queue.skip_to_end()
+        self._drop_held()
+        self.empty_delayed()
+        self.topic.replication.cursor_moved()
+        if not skipped:
+            self.notify_all()
+            for client in self.clients.values():
+                client.wake()
+
+    def _skip_ahead(self) -> None:
+        # A cluster follower's cursor goes where its leader's does.
+        if self.queue.has_messages() and not self.topic.replication.is_follower:
+            self.queue.skip_to_end()
+            self.topic.replication.cursor_moved()
 
     def unpause(self) -> None:
         self.paused = False

@@ -1072,8 +1072,10 @@ class ClusterNode:
         }
 
     def _channel_positions(self, topic: "Topic") -> dict[str, list[int]]:
+        """Each channel's confirmed position, `[offset, count]`, and `1` after them while the
+        channel is skipped (`/channel/skip`)."""
         return {
-            name: list(_cursor(channel).confirmed)
+            name: [*_cursor(channel).confirmed, *((1,) if channel.skipped else ())]
             for name, channel in topic.channels.items()
             if not channel.ephemeral
         }
@@ -1403,11 +1405,13 @@ class ClusterNode:
             if name not in channels:
                 # Deleted on the leader (`channels` is its whole set).
                 topic.delete_channel(name)
-        for name, (offset, count) in channels.items():
+        for name, (offset, count, *skipped) in channels.items():
             exists = name in topic.channels
             if exists and not move:
+                topic.channels[name].skipped = bool(skipped)
                 continue
             channel = topic.get_channel(name)
+            channel.skipped = bool(skipped)
             position = Position(int(offset), int(count))
             if position.offset > log.written.offset:
                 position = log.written

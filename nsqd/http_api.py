@@ -108,6 +108,8 @@ EVERY_OTHER_ROUTE = {
     ("POST", "/channel/empty"): ("admin", "channel"),
     ("POST", "/channel/pause"): ("admin", "channel"),
     ("POST", "/channel/unpause"): ("admin", "channel"),
+    ("POST", "/channel/skip"): ("admin", "channel"),
+    ("POST", "/channel/unskip"): ("admin", "channel"),
     ("POST", "/channel/setmaxattempts"): ("admin", "channel"),
     ("PUT", "/delayqueue/enable"): ("admin", "node"),
     ("GET", "/config/*"): ("admin", "node"),
@@ -201,6 +203,8 @@ class HTTPAPI:
         router.add("POST", "/channel/replaydeadletters", self.channel_replay_dead_letters)
         router.add("POST", "/channel/pause", self.channel_pause)
         router.add("POST", "/channel/unpause", self.channel_pause)
+        router.add("POST", "/channel/skip", self.channel_skip)
+        router.add("POST", "/channel/unskip", self.channel_skip)
         router.add("GET", "/config/*", self.config)
         router.add("PUT", "/config/*", self.config)
         router.add("POST", "/debug/freememory", self.free_memory)
@@ -645,6 +649,26 @@ class HTTPAPI:
             else:
                 channel.pause()
         self.nsqd.topology_changed()
+        await self.nsqd.persist_metadata()
+        return v1_response(200)
+
+    async def channel_skip(self, request: Request) -> Response:
+        """Youzan's `/channel/skip` and `/channel/unskip` (docs/protocol.md §6.2): the channel
+        moves to the end, its delayed messages go, and while skipped it drops what is
+        published. Kept across restarts, and a cluster leader's followers take it."""
+        found = self._led_channels(request)
+        skipped = not request.path.endswith("/unskip")
+        for topic, channel in found:
+            channel.skip(skipped)
+            self.nsqd.log.info(
+                "TOPIC(%s) partition %d channel %s: %s by %s",
+                topic.name,
+                topic.partition,
+                channel.name,
+                "skipped" if skipped else "no longer skipped",
+                request.remote,
+            )
+            await topic.replication.channels_changed()
         await self.nsqd.persist_metadata()
         return v1_response(200)
 

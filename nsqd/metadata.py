@@ -29,6 +29,8 @@ class ChannelMetadata:
     # the dead-letter topic it uses.
     max_attempts: int | None = None
     dead_letter_topic: str = ""
+    # Youzan's skip (`/channel/skip`), written only when set.
+    skipped: bool = False
 
     def encode(self) -> dict:
         entry: dict = {"name": self.name, "paused": self.paused}
@@ -36,6 +38,8 @@ class ChannelMetadata:
             entry["max_attempts"] = self.max_attempts
         if self.dead_letter_topic:
             entry["dead_letter_topic"] = self.dead_letter_topic
+        if self.skipped:
+            entry["skipped"] = True
         return entry
 
     @classmethod
@@ -49,6 +53,7 @@ class ChannelMetadata:
             bool(entry.get("paused", False)),
             None if max_attempts is None else int(max_attempts),
             dead_letter_topic,
+            bool(entry.get("skipped", False)),
         )
 
 

@@ -142,6 +142,9 @@ def render_metrics(nsqd: MetricsSource, topics: list[dict] | None = None) -> str
             family("nsq_channel_paused", "gauge", "1 while the channel is paused").add(
                 int(channel["paused"]), **labels
             )
+            family(
+                "nsq_channel_skipped", "gauge", "1 while the channel drops what is published"
+            ).add(int(channel.get("skipped", False)), **labels)
             _latency(family, "nsq_channel_e2e_processing_latency_seconds", channel, **labels)
             for client in channel["clients"] or []:
                 client_labels = {

@@ -389,7 +389,7 @@ class NSQD:
             if topic.ephemeral:
                 continue
             channels = [
-                ChannelMetadata(c.name, c.paused, c.max_attempts, c.dead_letter_topic)
+                ChannelMetadata(c.name, c.paused, c.max_attempts, c.dead_letter_topic, c.skipped)
                 for c in topic.channels.values()
                 if not c.ephemeral
             ]
@@ -474,6 +474,7 @@ class NSQD:
                         channel.paused = True
                     channel.max_attempts = channel_meta.max_attempts
                     channel.dead_letter_topic = channel_meta.dead_letter_topic
+                    channel.skipped = channel_meta.skipped
         finally:
             self._metadata_loading = False
 

@@ -161,6 +161,7 @@ def channel_stats(channel: "Channel", include_clients: bool, now: float) -> dict
     if channel.topic.partitioned:
         # Youzan's: when the oldest message the channel has not confirmed was published.
         stats["depth_ts"] = go_time_text(channel.queue.oldest_unconfirmed_ns())
+        stats["skipped"] = channel.skipped
     # A log topic's channel is a cursor (docs/design.md §13): where it stands in the log.
     stats.update(channel.queue.position_stats())
     limit = dead_letters.attempt_limit(channel)

@@ -498,3 +498,41 @@ def test_a_requeued_messages_delay_still_holds_on_the_new_leader(cluster):
     waited = time.monotonic() - requeued_at
     assert again.body == b"retry later"
     assert waited >= 5.5, f"delivered {waited:.1f} s after a 6 s REQ"
+
+
+def test_a_skipped_channel_stays_skipped_on_the_new_leader(cluster):
+    """Youzan's `/channel/skip` on the leader reaches its followers before the answer; the
+    node that leads after a `kill -9` drops what is published as the old one did, and an
+    unskip there delivers what comes after it."""
+    cluster.create_topic("t", 1, 3)
+    old = cluster.node_leading("t", 0)
+    assert old.http("POST", "/channel/create?topic=t&channel=c&partition=0").status == 200
+    reply = old.http("POST", "/channel/skip?topic=t&channel=c&partition=0")
+    assert reply.status == 200, reply
+    for follower in followers_of(cluster, old):
+        stats = follower.http("GET", "/stats?format=json&topic=t&channel=c")
+        assert json.loads(stats.body)["topics"][0]["channels"][0]["skipped"] is True
+    publish(cluster, "t", b"dropped before")
+    old.kill()
+    publish(cluster, "t", b"dropped after")
+    new = cluster.node_leading("t", 0)
+    assert new is not old
+
+    def channel_on_new() -> dict:
+        stats = new.http("GET", "/stats?format=json&topic=t&channel=c")
+        return json.loads(stats.body)["topics"][0]["channels"][0]
+
+    # Nobody consumes: only a skipped channel is at the end.
+    poll(
+        lambda: (c := channel_on_new())["skipped"] and c["depth"] == 0,
+        lambda: f"the new leader's channel skipped to the end: {channel_on_new()}",
+    )
+    reply = new.http("POST", "/channel/unskip?topic=t&channel=c&partition=0")
+    assert reply.status == 200, reply
+    publish(cluster, "t", b"kept")
+    consumer = subscribed(new, "t")
+    try:
+        (message,) = consumer.read_messages(1)
+        assert message.body == b"kept"
+    finally:
+        consumer.close()

@@ -452,6 +452,31 @@ def test_reset_a_log_topic_channel_to_a_time(cluster, browser, topic_name):
         assert field(browser, row, "log_end").split()[0] == "1"
 
 
+def test_skip_and_unskip_a_log_topic_channel(cluster, browser, topic_name):
+    """A log topic's channel page offers Youzan's skip: after a confirmation every nsqd's
+    channel is skipped (nsqd's /channel/skip) and the page says so; unskip turns it back."""
+    for nsqd in cluster.nsqds:
+        for path in (
+            f"topic/create?topic={topic_name}&partition_num=1",
+            f"channel/create?topic={topic_name}&channel=ch&partition=0",
+        ):
+            assert http("POST", f"{nsqd.url}/{path}").status == 200
+    cluster.wait_registered(topic_name)
+    browser.get(f"{cluster.url}/topics/{topic_name}/ch")
+    assert not browser.find_elements(By.ID, "skipped-badge")
+    click_action(browser, "skip", "#skip-form")
+    confirm(browser)
+    what = f"channel ch of topic {topic_name}"
+    assert flash(browser) == f"Skipped {what}: it drops what is published."
+    assert [n.channel(topic_name, "ch")["skipped"] for n in cluster.nsqds] == [True, True]
+    assert browser.find_element(By.ID, "skipped-badge").text == "skipped"
+    click_action(browser, "unskip", "#skip-form")
+    confirm(browser)
+    assert flash(browser) == f"Unskipped {what}."
+    assert [n.channel(topic_name, "ch")["skipped"] for n in cluster.nsqds] == [False, False]
+    assert not browser.find_elements(By.ID, "skipped-badge")
+
+
 def test_the_topic_page_shows_each_partitions_replicas(replicated, browser):
     """A cluster topic's page: each partition once, with its leader, ISR, catch-up nodes and
     write epoch; a follower killed, the partition is flagged under-replicated. The page's
