@@ -68,6 +68,11 @@ _OK_WRITTEN = CachedResponse(
 _JSON_NULL = b"null"
 # Go's boolParams for include_clients / include_mem and /mpub's binary.
 _BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
+# What Go's strconv.ParseBool takes (Youzan's `leaderOnly`).
+_GO_BOOLS = {
+    **dict.fromkeys(("1", "t", "T", "TRUE", "true", "True"), True),
+    **dict.fromkeys(("0", "f", "F", "FALSE", "false", "False"), False),
+}
 
 
 # How many distinct /pub query strings are remembered before the memory starts afresh.
@@ -371,10 +376,18 @@ class HTTPAPI:
         channel_name = _first(params, "channel") or ""
         include_clients = _BOOL_PARAMS.get(_first(params, "include_clients") or "", True)
         include_mem = _BOOL_PARAMS.get(_first(params, "include_mem") or "", True)
+        need_clients = _first(params, "needClients")
+        if need_clients is not None:
+            # Youzan's: the clients only when asked for (without it, Go's default stays).
+            include_clients = need_clients == "true"
         nsqd = self.nsqd
-        leader_only = _BOOL_PARAMS.get(_first(params, "leaderOnly") or "", False)
         topics, producers = gather(
-            nsqd, topic_name, channel_name, include_clients, leader_only=leader_only
+            nsqd,
+            topic_name,
+            channel_name,
+            include_clients,
+            leader_only=_GO_BOOLS.get(_first(params, "leaderOnly") or "", False),
+            partition=_first(params, "partition") or "",
         )
         memory = memory_stats() if include_mem else None
         if not json_format:

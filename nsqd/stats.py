@@ -209,9 +209,11 @@ def gather(
     include_clients: bool,
     *,
     leader_only: bool = False,
+    partition: str = "",
 ):
     """Go's NSQD.GetStats: (topics, producers); topics None when the named topic is unknown.
-    `leader_only` (Youzan's `leaderOnly`): only the partitions this node writes."""
+    Youzan's filters: `leader_only` (`leaderOnly`) keeps the partitions this node writes,
+    `partition` (its number as text) that partition."""
     now = trio.current_time()
     if topic_name:
         topics = [t for t in nsqd.all_partitions() if t.name == topic_name]
@@ -222,6 +224,8 @@ def gather(
         topics = nsqd.all_partitions()
     if leader_only:
         topics = [topic for topic in topics if not topic.replication.is_follower]
+    if partition:
+        topics = [topic for topic in topics if str(topic.partition) == partition]
     topic_list = []
     for topic in topics:
         if channel_name:

@@ -853,6 +853,26 @@ async def test_stats_of_a_partition_carry_youzans_fields(nsqd):
     await wait_until(nothing_waits, "depth_ts at the epoch once both are finished")
 
 
+async def test_stats_filter_by_partition_and_need_clients_as_youzans(nsqd):
+    """`partition=` keeps that partition; `needClients=true` lists clients and any other value
+    leaves them out (without it, Go's default: listed)."""
+    await create_partitions(nsqd, "yzf", 0, 1)
+    consumer = await connect(nsqd)
+    await consumer.subscribe_as("SUB", "yzf", "c", 1)
+
+    async def stats(query: str) -> list[dict]:
+        return (await http(nsqd, "GET", f"/stats?format=json&topic=yzf{query}")).json()["topics"]
+
+    assert [t["topic_partition"] for t in await stats("&partition=1")] == [1]
+    assert await stats("&partition=7") == []
+    (listed,) = await stats("&partition=1&needClients=true")
+    assert len(listed["channels"][0]["clients"]) == 1
+    (unlisted,) = await stats("&partition=1&needClients=false")
+    assert unlisted["channels"][0]["clients"] is None
+    (default,) = await stats("&partition=1")
+    assert len(default["channels"][0]["clients"]) == 1
+
+
 def _go_time_ns(text: str) -> int:
     """Nanoseconds since the epoch from Go's `2006-01-02 15:04:05.999999999 -0700 MST`."""
     match = re.fullmatch(r"(\S+ \d\d:\d\d:\d\d)(?:\.(\d{1,9}))? ([+-]\d{4}) \S+", text)
