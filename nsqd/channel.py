@@ -31,6 +31,11 @@ if TYPE_CHECKING:
     from nsqpy.nsqd.client import Client
     from nsqpy.nsqd.topic import Topic
 
+# A channel's controls as one number (`Channel.controls`): Youzan's skip, and delivery in
+# order on a topic that is not ordered (`/channel/setorder`, SUB_ORDERED).
+SKIPPED = 1
+IN_ORDER = 2
+
 
 # Delayed messages a queue scan releases from the delay queue per channel at most.
 _RELEASE_BATCH = 1000
@@ -158,6 +163,31 @@ class Channel:
     def deliver_in_order(self) -> None:
         """SUB_ORDERED: from now on the channel delivers in order (docs/protocol.md §3.5)."""
         self.delivery = ORDERED
+
+    @property
+    def controls(self) -> int:
+        """The channel's own controls as a cluster leader sends them with its position:
+        `SKIPPED`, and `IN_ORDER` when it delivers in order on a topic that does not."""
+        return (SKIPPED if self.skipped else 0) | (
+            IN_ORDER if self.delivery.ordered and not self.topic.ordered else 0
+        )
+
+    def take_controls(self, controls: int) -> None:
+        """A follower takes its leader's controls (`controls`)."""
+        self.skipped = bool(controls & SKIPPED)
+        self.delivery = ORDERED if controls & IN_ORDER or self.topic.ordered else FIFO
+
+    def set_order(self, ordered: bool) -> None:
+        """Youzan's `/channel/setorder`: in order from the next message on; back to FIFO, its
+        consumers are disconnected (they subscribe again as the consumers they are)."""
+        if ordered:
+            self.delivery = ORDERED
+            return
+        if not self.delivery.ordered:
+            return
+        self.delivery = FIFO
+        for client in list(self.clients.values()):
+            client.close_by_server()
 
     def has_messages(self) -> bool:
         if self.tags is not None and self.tags.count:

@@ -1072,10 +1072,10 @@ class ClusterNode:
         }
 
     def _channel_positions(self, topic: "Topic") -> dict[str, list[int]]:
-        """Each channel's confirmed position, `[offset, count]`, and `1` after them while the
-        channel is skipped (`/channel/skip`)."""
+        """Each channel's confirmed position, `[offset, count]`, and its controls after them
+        when it has any (`Channel.controls`: skipped, in order)."""
         return {
-            name: [*_cursor(channel).confirmed, *((1,) if channel.skipped else ())]
+            name: [*_cursor(channel).confirmed, *((flags,) if (flags := channel.controls) else ())]
             for name, channel in topic.channels.items()
             if not channel.ephemeral
         }
@@ -1405,13 +1405,13 @@ class ClusterNode:
             if name not in channels:
                 # Deleted on the leader (`channels` is its whole set).
                 topic.delete_channel(name)
-        for name, (offset, count, *skipped) in channels.items():
+        for name, (offset, count, *controls) in channels.items():
             exists = name in topic.channels
             if exists and not move:
-                topic.channels[name].skipped = bool(skipped)
+                topic.channels[name].take_controls(int(controls[0]) if controls else 0)
                 continue
             channel = topic.get_channel(name)
-            channel.skipped = bool(skipped)
+            channel.take_controls(int(controls[0]) if controls else 0)
             position = Position(int(offset), int(count))
             if position.offset > log.written.offset:
                 position = log.written

@@ -114,6 +114,7 @@ EVERY_OTHER_ROUTE = {
     ("POST", "/channel/pause"): ("admin", "channel"),
     ("POST", "/channel/unpause"): ("admin", "channel"),
     ("POST", "/channel/skip"): ("admin", "channel"),
+    ("POST", "/channel/setorder"): ("admin", "channel"),
     ("POST", "/channel/unskip"): ("admin", "channel"),
     ("POST", "/channel/setmaxattempts"): ("admin", "channel"),
     ("PUT", "/delayqueue/enable"): ("admin", "node"),
@@ -210,6 +211,7 @@ class HTTPAPI:
         router.add("POST", "/channel/unpause", self.channel_pause)
         router.add("POST", "/channel/skip", self.channel_skip)
         router.add("POST", "/channel/unskip", self.channel_skip)
+        router.add("POST", "/channel/setorder", self.channel_set_order)
         router.add("GET", "/config/*", self.config)
         router.add("PUT", "/config/*", self.config)
         router.add("POST", "/debug/freememory", self.free_memory)
@@ -679,6 +681,29 @@ class HTTPAPI:
                 topic.partition,
                 channel.name,
                 "skipped" if skipped else "no longer skipped",
+                request.remote,
+            )
+            await topic.replication.channels_changed()
+        await self.nsqd.persist_metadata()
+        return v1_response(200)
+
+    async def channel_set_order(self, request: Request) -> Response:
+        """Youzan's `/channel/setorder?topic=&channel=[&partition=]&order=true|false`: the
+        channel delivers in order, one message in flight, as SUB_ORDERED makes it, or FIFO
+        again (its consumers are disconnected, as Youzan's are); 400 `INVALID_OPTION` for
+        another `order`. Kept across restarts and sent to a cluster leader's followers."""
+        order = _first(_query(request), "order")
+        found = self._led_channels(request)
+        if order not in ("true", "false"):
+            raise HTTPError(400, "INVALID_OPTION")
+        for topic, channel in found:
+            channel.set_order(order == "true")
+            self.nsqd.log.info(
+                "TOPIC(%s) partition %d channel %s: %s by %s",
+                topic.name,
+                topic.partition,
+                channel.name,
+                "in order" if order == "true" else "FIFO",
                 request.remote,
             )
             await topic.replication.channels_changed()

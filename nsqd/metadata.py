@@ -29,8 +29,10 @@ class ChannelMetadata:
     # the dead-letter topic it uses.
     max_attempts: int | None = None
     dead_letter_topic: str = ""
-    # Youzan's skip (`/channel/skip`), written only when set.
+    # Youzan's skip (`/channel/skip`) and delivery in order (`/channel/setorder`,
+    # SUB_ORDERED) on a topic that is not ordered, written only when set.
     skipped: bool = False
+    in_order: bool = False
 
     def encode(self) -> dict:
         entry: dict = {"name": self.name, "paused": self.paused}
@@ -40,6 +42,8 @@ class ChannelMetadata:
             entry["dead_letter_topic"] = self.dead_letter_topic
         if self.skipped:
             entry["skipped"] = True
+        if self.in_order:
+            entry["in_order"] = True
         return entry
 
     @classmethod
@@ -54,6 +58,7 @@ class ChannelMetadata:
             None if max_attempts is None else int(max_attempts),
             dead_letter_topic,
             bool(entry.get("skipped", False)),
+            bool(entry.get("in_order", False)),
         )
 
 

@@ -389,7 +389,14 @@ class NSQD:
             if topic.ephemeral:
                 continue
             channels = [
-                ChannelMetadata(c.name, c.paused, c.max_attempts, c.dead_letter_topic, c.skipped)
+                ChannelMetadata(
+                    c.name,
+                    c.paused,
+                    c.max_attempts,
+                    c.dead_letter_topic,
+                    c.skipped,
+                    c.delivery.ordered and not topic.ordered,
+                )
                 for c in topic.channels.values()
                 if not c.ephemeral
             ]
@@ -475,6 +482,8 @@ class NSQD:
                     channel.max_attempts = channel_meta.max_attempts
                     channel.dead_letter_topic = channel_meta.dead_letter_topic
                     channel.skipped = channel_meta.skipped
+                    if channel_meta.in_order:
+                        channel.deliver_in_order()
         finally:
             self._metadata_loading = False
 

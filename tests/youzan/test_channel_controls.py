@@ -1,9 +1,10 @@
 """Youzan's channel controls on a log topic's partition (docs/protocol.md §6.2): `/channel/skip`
 drops what is published while it lasts (the channel moves to the end, its delayed messages
-go), `/channel/unskip` starts it again at the end; the state is kept across restarts and shows
-in `/stats` and `/metrics`. Clients are Youzan-style raw V2 connections."""
+go), `/channel/unskip` starts it again at the end; `/channel/setorder` switches delivery in
+order on and off. The state is kept across restarts; the skip shows in `/stats` and
+`/metrics`. Clients are Youzan-style raw V2 connections."""
 
-from nsqpy.common.command import encode_fin, encode_pub
+from nsqpy.common.command import encode_fin, encode_pub, encode_req
 from tests.support.nsqd import running_nsqd
 from tests.support.polling import wait_until
 from tests.youzan.support import YouzanWire, connect, create_partitions, http
@@ -103,3 +104,45 @@ async def test_skip_answers_as_pause_does_for_what_does_not_exist(nsqd):
     missing_topic = await http(nsqd, "POST", "/channel/unskip?topic=none&channel=c")
     paused = await http(nsqd, "POST", "/channel/pause?topic=none&channel=c")
     assert (missing_topic.status, missing_topic.body) == (paused.status, paused.body)
+
+
+async def set_order(nsqd, order: str) -> None:
+    target = f"/channel/setorder?topic=yz&channel=c&partition=0&order={order}"
+    reply = await http(nsqd, "POST", target)
+    assert reply.status == 200, reply
+
+
+async def assert_in_order(nsqd) -> None:
+    """One message in flight at a time: a requeued one comes again before the next, however
+    much RDY the consumer gives."""
+    writer = await connect(nsqd)
+    for body in (b"a", b"b", b"c"):
+        await writer.command_ok(encode_pub("yz", body, 0))
+    reader = await consumer(nsqd)
+    (first,) = await reader.read_youzans(1)
+    await reader.send(encode_req(first.id, 0))
+    (again,) = await reader.read_youzans(1)
+    assert (again.body, again.attempts) == (b"a", 2)
+    await reader.send(encode_fin(again.id))
+    assert [await next_body(reader) for _ in range(2)] == [b"b", b"c"]
+
+
+async def test_setorder_delivers_in_order_across_a_restart_and_back(nsqd_options):
+    async with running_nsqd(nsqd_options) as nsqd:
+        await create_partitions(nsqd, "yz", 0)
+        await create_channel(nsqd)
+        await set_order(nsqd, "true")
+        await assert_in_order(nsqd)
+    async with running_nsqd(nsqd_options) as nsqd:
+        await assert_in_order(nsqd)
+        reader = await consumer(nsqd)
+        # Back to FIFO: the channel's consumers are disconnected, as Youzan's are.
+        await set_order(nsqd, "false")
+        await reader.expect_closed()
+
+
+async def test_setorder_takes_only_true_or_false(nsqd):
+    await create_partitions(nsqd, "yz", 0)
+    await create_channel(nsqd)
+    reply = await http(nsqd, "POST", "/channel/setorder?topic=yz&channel=c&partition=0&order=1")
+    assert (reply.status, reply.json()) == (400, {"message": "INVALID_OPTION"})
