@@ -37,6 +37,12 @@ def parse_fields(header: bytes | str) -> dict:
     return fields
 
 
+def only_internal_keys(fields: dict) -> bool:
+    """Whether a header holds only keys Youzan's nsqd may drop on a topic that is not ext
+    (with --allow-ext-compatible): its own `##` keys, and `zan_test`."""
+    return all(key.startswith("##") or key == "zan_test" for key in fields)
+
+
 def trace_id_of(fields: dict) -> int | None:
     """The `##trace_id` a header carries: a decimal string below 2^64 (Youzan parses it with
     strconv.ParseUint(…, 10, 64)); None when absent; INVALID_TRACE_ID otherwise."""

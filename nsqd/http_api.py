@@ -42,6 +42,7 @@ from nsqpy.nsqd.ext_header import (
     TRACE_ID_KEY,
     ExtHeaderError,
     encode_fields,
+    only_internal_keys,
     parse_fields,
     trace_id_of,
     with_http_headers,
@@ -743,7 +744,9 @@ class HTTPAPI:
             trace_id = trace_id_of(fields)
         except ExtHeaderError as error:
             raise HTTPError(400, error.code) from None
-        if not topic.ext:
+        if not topic.ext and not (
+            self.nsqd.options.allow_ext_compatible and only_internal_keys(fields)
+        ):
             raise HTTPError(400, "E_EXT_NOT_SUPPORT")
         try:
             (message,) = publish_traced(

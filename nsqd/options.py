@@ -58,6 +58,13 @@ class Options:
     # Log topics (Youzan): a REQ with at least this delay moves the message to the partition's
     # delay queue (so do those made while the channel's window is full).
     req_to_end_threshold: float = 15 * 60.0
+    # Youzan's compatibility switches: a PUB_EXT to a topic that is not ext keeps its message
+    # and drops a header of only `##` keys (or `zan_test`); a client that did not IDENTIFY
+    # `extend_support` may subscribe to an ext topic (it gets the messages without headers).
+    allow_ext_compatible: bool = False
+    allow_sub_ext_compatible: bool = False
+    # Youzan's cap on TCP connections: one over it is told `too much client connections`.
+    max_conn_for_client: int = 500_000
     # Log topics: consumed segments are kept this many days, or up to this many bytes per day
     # of retention (Youzan's --retention-days and --retention-size-per-day).
     retention_days: int = 7
@@ -301,6 +308,25 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 "a channel's attempt limit (0: none): a message delivered this many times goes"
                 " to the channel's dead-letter topic <topic>.<channel>.dead instead of out again"
                 " (a channel's own with /channel/setmaxattempts)",
+            ),
+            Flag(
+                "allow-ext-compatible",
+                Kind.BOOL,
+                d.allow_ext_compatible,
+                "a PUB_EXT to a topic that is not ext publishes its message, dropping a header"
+                " of only '##' keys",
+            ),
+            Flag(
+                "allow-sub-ext-compatible",
+                Kind.BOOL,
+                d.allow_sub_ext_compatible,
+                "a client without extend_support may subscribe to an ext topic (no headers)",
+            ),
+            Flag(
+                "max-conn-for-client",
+                Kind.INT,
+                d.max_conn_for_client,
+                "TCP connections at most: one more is told 'too much client connections'",
             ),
             Flag(
                 "req-to-end-threshold",

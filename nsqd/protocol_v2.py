@@ -823,7 +823,11 @@ class ProtocolV2:
             raise ProtocolError(
                 "E_SUB_ORDER_IS_MUST", "this topic is configured only allow ordered sub"
             )
-        if topic.ext and not client.extend_support:
+        if (
+            topic.ext
+            and not client.extend_support
+            and not self.nsqd.options.allow_sub_ext_compatible
+        ):
             raise ProtocolError(
                 "E_SUB_EXTEND_NEED", "this topic is extended and should identify as extend support."
             )

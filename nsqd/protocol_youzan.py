@@ -19,7 +19,7 @@ from nsqpy.common.errors import ProtocolError
 from nsqpy.common.frame import OK_FRAME, encode_response
 from nsqpy.common.goformat import go_quote, go_text
 from nsqpy.common.names import is_valid_name
-from nsqpy.nsqd.ext_header import ExtHeaderError, parse_fields, trace_id_of
+from nsqpy.nsqd.ext_header import ExtHeaderError, only_internal_keys, parse_fields, trace_id_of
 from nsqpy.partition_log import record_size
 
 if TYPE_CHECKING:
@@ -187,10 +187,15 @@ class YouzanCommands:
     def _ext_header(self, header: bytes, topic) -> int | None:
         """Check a PUB_EXT JSON header; the `##trace_id` it carries, if any."""
         try:
-            trace_id = trace_id_of(parse_fields(header))
+            fields = parse_fields(header)
+            trace_id = trace_id_of(fields)
         except ExtHeaderError as error:
             raise ProtocolError(error.code, error.detail, fatal=False) from None
-        if not topic.ext:
+        if not topic.ext and not (
+            self.nsqd.options.allow_ext_compatible and only_internal_keys(fields)
+        ):
+            # (With --allow-ext-compatible a header of internal keys is dropped: a topic that
+            # is not ext stores none.)
             raise ProtocolError(
                 "E_EXT_NOT_SUPPORT", f"ext content not supported in topic {topic.name}", fatal=False
             )

@@ -17,6 +17,7 @@ from functools import partial
 
 import trio
 
+from nsqpy.common.frame import FRAME_TYPE_ERROR, encode_frame
 from nsqpy.common.names import is_ephemeral, is_valid_name
 from nsqpy.common.version import VERSION
 from nsqpy.daemon.http_server import RequestRouter, serve_http
@@ -620,8 +621,26 @@ class NSQD:
         except OSError:
             peer = "unknown"
         self.log.info("TCP: new client(%s)", peer)
+        if len(self._connections) >= self.options.max_conn_for_client:
+            await self._refuse_connection(stream, peer)
+            return
         await self._serve_connection(ProtocolV2(self, stream, peer))
         self.log.info("PROTOCOL(V2): [%s] exiting ioloop", peer)
+
+    async def _refuse_connection(self, stream: trio.SocketStream, peer: str) -> None:
+        """Youzan's --max-conn-for-client: after the client's magic, an error frame, closed.
+        (Closing before reading what the client sent could reset the connection and lose
+        the frame.)"""
+        self.log.warning("PROTOCOL(V2) too much clients: %s", peer)
+        with trio.move_on_after(5):
+            try:
+                await stream.receive_some(4)
+                await stream.send_all(
+                    encode_frame(FRAME_TYPE_ERROR, b"too much client connections")
+                )
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+        await stream.aclose()
 
     async def _handle_handed(self, sock: socket.socket, handoff: Handoff) -> None:
         """A connection another worker handed over (`nsqd/handoff.py`)."""
