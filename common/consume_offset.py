@@ -1,7 +1,7 @@
 """Youzan's consume offsets, `<type>:<int64>` (docs/protocol.md §3.8): SUB_ADVANCED's fourth
 word and the body of `/channel/setoffset`."""
 
-from nsqpy.common.goformat import go_quote
+from nsqpy.common.goformat import go_parse_int
 
 CONSUME_OFFSET_TYPES = ("timestamp", "special", "virtual_queue", "msgcount")
 
@@ -12,11 +12,4 @@ def parse_consume_offset(text: str) -> tuple[str, int]:
     parts = text.split(":")
     if len(parts) != 2 or parts[0] not in CONSUME_OFFSET_TYPES:
         raise ValueError(f"invalid consume offset:{text}")
-    digits = parts[1]
-    unsigned = digits[1:] if digits[:1] in ("+", "-") else digits
-    if not (unsigned.isascii() and unsigned.isdigit()):
-        raise ValueError(f"strconv.ParseInt: parsing {go_quote(digits)}: invalid syntax")
-    value = int(digits)
-    if not -(1 << 63) <= value < 1 << 63:
-        raise ValueError(f"strconv.ParseInt: parsing {go_quote(digits)}: value out of range")
-    return parts[0], value
+    return parts[0], go_parse_int(parts[1])

@@ -108,6 +108,17 @@ _GO_STRING_ESCAPES = str.maketrans(
 )
 
 
+def go_parse_int(text: str) -> int:
+    """Go's `strconv.ParseInt(text, 10, 64)`: the value, or ValueError with Go's text."""
+    unsigned = text[1:] if text[:1] in ("+", "-") else text
+    if not (unsigned.isascii() and unsigned.isdigit()):
+        raise ValueError(f"strconv.ParseInt: parsing {go_quote(text)}: invalid syntax")
+    value = int(text)
+    if not -(1 << 63) <= value < 1 << 63:
+        raise ValueError(f"strconv.ParseInt: parsing {go_quote(text)}: value out of range")
+    return value
+
+
 def go_json(value: Any, *, sort_keys: bool = False) -> bytes:
     """JSON as Go's encoding/json writes it: compact; `<`, `>`, `&`, U+2028 and U+2029
     escaped; invalid UTF-8 as `\\ufffd`; numbers as Go writes them (`1`, not `1.0`; `1e-7`).

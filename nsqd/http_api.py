@@ -16,7 +16,7 @@ import trio
 from nsqpy.common.command_parser import parse_http_mpub_body
 from nsqpy.common.consume_offset import parse_consume_offset
 from nsqpy.common.errors import ProtocolError
-from nsqpy.common.goformat import go_atoi
+from nsqpy.common.goformat import go_atoi, go_parse_int
 from nsqpy.common.names import is_valid_name
 from nsqpy.common.version import VERSION
 from nsqpy.daemon.http_access import HTTPAccess, NeedOf, cluster_route_needs, need_of
@@ -53,7 +53,7 @@ from nsqpy.nsqd.metrics import render_metrics
 from nsqpy.nsqd.options import MAX_ATTEMPTS
 from nsqpy.nsqd.publish import PublishError, publish, publish_traced
 from nsqpy.nsqd.stats import gather, memory_stats, text_report
-from nsqpy.partition_log import record_size
+from nsqpy.partition_log import ID_PARTITION_SHIFT, Position, record_size
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.server import NSQD
@@ -93,6 +93,7 @@ MESSAGE_ROUTES = {
     ("POST", "/channel/finishmemdelayed"): ("subscribe", "channel"),
     ("POST", "/channel/replaydeadletters"): ("subscribe", "channel"),
     ("POST", "/message/finish"): ("subscribe", "channel"),
+    ("GET", "/message/get"): ("subscribe", "topic"),
 }
 # With --http-auth-required besides: every other route but /ping and /info.
 EVERY_OTHER_ROUTE = {
@@ -205,6 +206,7 @@ class HTTPAPI:
         router.add("POST", "/channel/requeuedelayed", self.channel_requeue_delayed)
         router.add("POST", "/channel/finishmemdelayed", self.channel_finish_memory_delayed)
         router.add("POST", "/message/finish", self.message_finish)
+        router.add("GET", "/message/get", self.message_get)
         router.add("PUT", "/delayqueue/enable", self.delay_queue_enable)
         router.add("POST", "/channel/setmaxattempts", self.channel_set_max_attempts)
         router.add("POST", "/channel/replaydeadletters", self.channel_replay_dead_letters)
@@ -898,6 +900,56 @@ class HTTPAPI:
             ("X-NSQ-Next-Count", str(following.count)),
         ]
         return Response(200, data, headers)
+
+    def message_get(self, request: Request) -> Response:
+        """Youzan's `GET /message/get?topic=&partition=&search_mode=&search_pos=[&needext=true]`:
+        one message of a log topic's partition found by `count` (the one with that many
+        before it), `id` (Youzan's decimal ID; the partition is the ID's when not named),
+        `virtual_offset` (the first record at or after it) or, nsqpy's, `timestamp` (unix
+        seconds: the first published at or after it); its ID, trace ID, body, timestamp,
+        attempts, offset, count and, with `needext=true`, its ext header."""
+        params = _query(request)
+        try:
+            value = go_parse_int(_first(params, "search_pos") or "")
+        except ValueError as error:
+            raise HTTPError(400, str(error)) from None
+        mode = _first(params, "search_mode") or ""
+        if mode == "id" and not _first(params, "partition"):
+            partition = value >> ID_PARTITION_SHIFT
+            if not 0 <= partition < 1024:
+                raise HTTPError(400, "invalid message id")
+            params = {**params, "partition": [str(partition)]}
+        _topic, log = self._log_partition(params)
+        position: Position | None
+        if mode == "count":
+            inside = log.start.count <= value < log.end.count
+            position = log.position_of_count(value) if inside else None
+        elif mode == "id":
+            position = log.position_of_id(value)
+        elif mode == "virtual_offset":
+            position = log.position_at_or_after(value)
+        elif mode == "timestamp":
+            position = log.search_timestamp(value * 1_000_000_000)
+        else:
+            raise HTTPError(400, "search mode should be one of id/count/virtual_offset/timestamp")
+        found = log.read(position, 1) if position is not None else []
+        if not found:
+            raise HTTPError(404, f"no message at {mode} {value} in the partition's log")
+        (message,) = found
+        need_ext = _first(params, "needext") == "true"
+        return v1_response(
+            200,
+            {
+                "id": int(message.id, 16),
+                "trace_id": message.trace_id,
+                "body": message.body.decode("utf-8", "replace"),
+                "timestamp": message.timestamp,
+                "attempts": message.attempts,
+                "offset": message.offset,
+                "queue_cnt_index": message.count,
+                "ext": message.ext_header.decode("utf-8", "replace") if need_ext else "",
+            },
+        )
 
     def cluster_partitions(self, request: Request) -> Response:
         """Every cluster partition this node holds, as the master nsqlookupd reads them for

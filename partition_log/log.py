@@ -1060,6 +1060,16 @@ class PartitionLog(Generic[M]):
         entry = self._last_entry_where(lambda e: e[5] - 1 <= count)
         return self._scan_from(entry, lambda message: message.count >= count)
 
+    def position_of_id(self, message_id: int) -> Position | None:
+        """Where the message with this ID is (a partition's IDs grow with its log), or None
+        when the log does not hold it: removed by retention, or never written here."""
+        entry = self._last_entry_where(lambda e: e[3] < self.start.offset or e[0] <= message_id)
+        if entry is None or entry[3] < self.start.offset or entry[2] < message_id:
+            return None
+        position = self._scan_from(entry, lambda message: int(message.id, 16) >= message_id)
+        found = self.read(position, 1)
+        return position if found and int(found[0].id, 16) == message_id else None
+
     def position_at_or_after(self, offset: int) -> Position:
         """The first record boundary at or after a virtual offset."""
         if offset <= self.start.offset:
