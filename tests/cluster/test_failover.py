@@ -434,7 +434,7 @@ def test_a_message_finished_while_its_move_to_the_delay_queue_is_written_leaves_
         lambda: all(delayed_count(node, "t") == expected for node in [old, *followers]),
         lambda: (
             f"{expected} delayed on every replica, not"
-            f" {[delayed_count(node, 't') for node in [old, *followers]]}"
+            f" {[delayed_count(node, 't') for node in [old, *followers]]}\n{cluster.describe()}"
         ),
     )
 

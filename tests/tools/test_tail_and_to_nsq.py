@@ -132,7 +132,8 @@ def _create_ext_topic(nsqd, topic: str) -> None:
 
 def test_to_nsq_sets_and_nsq_tail_shows_ext_headers_and_tags(nsqd, topic):
     """to_nsq --ext-header publishes with a JSON header (PUB_EXT); nsq_tail --ext prints it,
-    and --desired-tag receives only its tag's messages, as a tag-dispatched consumer."""
+    and --desired-tag receives only its tag's messages, as a tag-dispatched consumer; an
+    untagged one gets every message of a tag no consumer of its channel has."""
     tcp = nsqd.addresses["TCP"]
     _create_ext_topic(nsqd, topic)
     for header, stdin in (
@@ -168,10 +169,16 @@ def test_to_nsq_sets_and_nsq_tail_shows_ext_headers_and_tags(nsqd, topic):
         "--channel=tags",
         "--ext",
         "-n",
-        "1",
+        "3",
     )
     assert plain.returncode == 0, plain.stderr.decode()
-    assert plain.stdout == b'{"k":"plain"} | u1\n'
+    # No consumer of channel `tags` has the tag blue: its messages fall through to the
+    # untagged consumer, in log order, as Youzan's messagePump sends them.
+    assert plain.stdout == (
+        b'{"##client_dispatch_tag":"blue","k":"v"} | b1\n'
+        b'{"##client_dispatch_tag":"blue","k":"v"} | b2\n'
+        b'{"k":"plain"} | u1\n'
+    )
 
 
 def test_to_nsq_refuses_an_ext_header_that_is_not_a_json_object():
