@@ -489,7 +489,7 @@ class CursorQueue:
         """A follower hears which delayed messages its leader's channel finished."""
         if self.delay_queue is not None:
             for message_id in message_ids:
-                self.delay_queue.done(self.channel, message_id)
+                self.delay_queue.forget(self.channel, message_id)
 
     def finish_delayed(self, message_id: bytes) -> bool:
         """A delayed message finished: it leaves the delay queue (and, released already, the

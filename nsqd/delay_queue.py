@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
+# A follower remembers at most this many finished delayed messages it has not indexed yet.
+FINISHED_UNSEEN_KEPT = 100_000
 # Added to a due time while the message is out (in flight, or waiting to be delivered again).
 OUT = 1 << 52
 # The index is committed at a sync once the log grew this much past it, changed or not, so
@@ -103,6 +105,9 @@ class DelayQueue:
         # What was removed since the last commit, to remove again should SQLite roll it back.
         self._removed: set[tuple[str, int]] = set()
         self._emptied: dict[str, int | None] = {}
+        # A follower's: delayed messages its leader finished before their records were indexed
+        # here (a catch-up copies them later), never to be indexed (`forget`). Bounded.
+        self._finished_unseen: dict[tuple[str, int], None] = {}
         # When a refusal was last logged (one line a minute while the disk stays full).
         self._refusal_logged = -REFUSAL_LOG_INTERVAL
         # Autocommit off by hand: one transaction stays open between commits (`commit`).
@@ -137,10 +142,13 @@ class DelayQueue:
         indexed already replaces its entry (a message delayed again, no longer out), unless
         the log's records are indexed `again` (what is out stays out)."""
         by_channel: dict[str, list[tuple]] = {}
+        unseen = self._finished_unseen
         for record in records:
             names = channels() if record.channel == "" else (record.channel,)
             row = (_id(record.message_id), record.offset, record.count, record.due_ms)
             for name in names:
+                if unseen and unseen.pop((name, row[0]), 0) is None:
+                    continue  # finished by the leader already
                 by_channel.setdefault(name, []).append(row)
         db = self._db
         try:
@@ -283,6 +291,17 @@ class DelayQueue:
             self._counts[channel] -= 1
             return True
         return False
+
+    def forget(self, channel: str, message_id: bytes) -> None:
+        """A follower hears its leader finished a delayed message: it leaves the queue, or,
+        when its record is not indexed here yet (a catch-up copies it later), it never
+        enters."""
+        if self.done(channel, message_id):
+            return
+        unseen = self._finished_unseen
+        unseen[(channel, _id(message_id))] = None
+        if len(unseen) > FINISHED_UNSEEN_KEPT:
+            del unseen[next(iter(unseen))]
 
     def empty(self, channel: str, below: int | None = None) -> int:
         """Drop the channel's delayed messages (`/channel/emptydelayed`): every one, or those

@@ -129,3 +129,16 @@ def test_what_a_full_disk_rolled_back_stays_removed(tmp_path):
         reopened.close(log_end=10**6 + 2)
     finally:
         disk.close()
+
+
+def test_what_the_leader_finished_before_its_record_came_is_never_indexed(tmp_path):
+    """A follower hears of a finished delayed message before it indexed the message's record
+    (a catch-up copies the record later): that record never enters its queue; one already
+    indexed leaves it."""
+    queue = DelayQueue(str(tmp_path / "d.sqlite"))
+    queue.add([record("a", 1, 10)], lambda: [])
+    queue.forget("a", ID % 1)
+    queue.forget("a", ID % 2)
+    queue.add([record("a", 2, 10), record("a", 3, 10), record("b", 2, 10)], lambda: [])
+    assert (queue.count("a"), queue.count("b")) == (1, 1)
+    assert [m.message_id for m in queue.take_due("a", 10, now_ms=100)] == [ID % 3]
