@@ -518,6 +518,13 @@ class Channel:
         self.topic.replication.cursor_moved()
         return True
 
+    def finish_unsent(self, messages: list[Message]) -> None:
+        """Messages taken for a consumer whose `ext_filter` leaves them out: finished for the
+        channel without going in flight (Youzan's ConfirmMsgWithoutGoInflight)."""
+        for message in messages:
+            self.queue.acknowledge(message)
+        self.topic.replication.cursor_moved()
+
     def finish_memory_delayed(self) -> list[bytes]:
         """Youzan's `/channel/finishmemdelayed`: the messages deferred in memory are
         finished; their IDs."""

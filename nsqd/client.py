@@ -7,6 +7,7 @@ import itertools
 import time
 from typing import TYPE_CHECKING
 
+from nsqpy.nsqd.ext_filter import ExtFilter
 from nsqpy.nsqd.wakeup import Wakeup
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ class Client:
         self.asked_for_youzan = False
         self.extend_support = False
         self.desired_tag = ""
+        # Youzan's `ext_filter` (nsqd/ext_filter.py): which ext topic messages it receives.
+        self.ext_filter: ExtFilter | None = None
 
         self.channel: Channel | None = None
         self.ready_count = 0

@@ -44,6 +44,7 @@ from nsqpy.nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Clien
 from nsqpy.nsqd.cluster import NotLedHere
 from nsqpy.nsqd.compression import CompressedStream, PrefixedStream
 from nsqpy.nsqd.dialect import CLASSIC, ClassicDialect, YouzanDialect
+from nsqpy.nsqd.ext_filter import parse_ext_filter
 from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.identify import Negotiated, decode_identify, negotiate
 from nsqpy.nsqd.message import Message, MessageBatch
@@ -575,6 +576,19 @@ class ProtocolV2:
                 messages = channel.take(room, client.desired_tag)
                 if messages and client.sample_rate:
                     messages = self._sample(messages)
+                if messages and client.ext_filter is not None and channel.topic.ext:
+                    accepts = client.ext_filter.accepts
+                    sent: list[Message] = []
+                    left_out: list[Message] = []
+                    for message in messages:
+                        (sent if accepts(message.ext_header) else left_out).append(message)
+                    if left_out:
+                        # Youzan's: what the filter leaves out is finished for the channel.
+                        channel.finish_unsent(left_out)
+                        if not sent:
+                            await trio.lowlevel.checkpoint()
+                            continue
+                    messages = sent
                 if messages:
                     now = trio.current_time()
                     channel.start_in_flight(messages, client.id, client.msg_timeout, now)
@@ -662,6 +676,11 @@ class ProtocolV2:
         )
         if client.asked_for_youzan:
             self.become_youzan()
+        try:
+            client.ext_filter = parse_ext_filter(data.get("_extra", {}).get("ext_filter"))
+        except ValueError as error:
+            # Youzan's nsqd logs a filter it cannot use and delivers unfiltered.
+            self.nsqd.log.warning("[%s] ext_filter %s ignored - %s", client, data, error)
         # The timers follow the new interval at once.
         self._arm_read_deadline()
         self.nsqd.log.info("[%s] IDENTIFY: %s", client, data)

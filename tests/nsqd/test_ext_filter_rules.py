@@ -1,0 +1,65 @@
+"""The rules of Youzan's `ext_filter` (nsqd/ext_filter.py) on their own: exact, regular
+expression, glob and multi, inverse, and the rules Youzan's nsqd cannot use."""
+
+import pytest
+
+from nsqpy.nsqd.ext_filter import parse_ext_filter
+
+
+@pytest.mark.parametrize(
+    "rule, header, accepted",
+    [
+        ({"type": 1, "filter_ext_key": "k", "filter_data": "a"}, b'{"k":"a"}', True),
+        ({"type": 1, "filter_ext_key": "k", "filter_data": "a"}, b'{"k":"ab"}', False),
+        ({"type": 1, "filter_ext_key": "k", "filter_data": "a"}, b"", False),
+        ({"type": 1, "filter_ext_key": "k", "filter_data": "1"}, b'{"k":1}', False),
+        ({"type": 2, "filter_ext_key": "k", "filter_data": "^a[0-9]+"}, b'{"k":"a12x"}', True),
+        ({"type": 2, "filter_ext_key": "k", "filter_data": "b"}, b'{"k":"abc"}', True),
+        ({"type": 2, "filter_ext_key": "k", "filter_data": "^b"}, b'{"k":"abc"}', False),
+        ({"type": 3, "filter_ext_key": "k", "filter_data": "a*"}, b'{"k":"abc"}', True),
+        ({"type": 3, "filter_ext_key": "k", "filter_data": "a?c"}, b'{"k":"abc"}', True),
+        ({"type": 3, "filter_ext_key": "k", "filter_data": "{x,a}b[!d]"}, b'{"k":"abc"}', True),
+        ({"type": 3, "filter_ext_key": "k", "filter_data": "a"}, b'{"k":"abc"}', False),
+        (
+            {
+                "type": 4,
+                "filter_ext_key": "any",
+                "filter_data_list": [
+                    {"filter_ext_key": "k", "filter_data": "x"},
+                    {"filter_ext_key": "j", "filter_data": "y"},
+                ],
+            },
+            b'{"k":"a","j":"y"}',
+            True,
+        ),
+        (
+            {
+                "type": 4,
+                "filter_ext_key": "all",
+                "filter_data_list": [
+                    {"filter_ext_key": "k", "filter_data": "x"},
+                    {"filter_ext_key": "j", "filter_data": "y"},
+                ],
+            },
+            b'{"k":"a","j":"y"}',
+            False,
+        ),
+        ({"type": 1, "filter_ext_key": "k", "filter_data": "a", "inverse": True}, b"", True),
+    ],
+)
+def test_each_kind_of_rule(rule, header, accepted):
+    assert parse_ext_filter(rule).accepts(header) is accepted
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"type": 1, "filter_ext_key": "", "filter_data": "a"},
+        {"type": 2, "filter_ext_key": "k", "filter_data": "("},
+        {"type": 4, "filter_ext_key": "any", "filter_data_list": []},
+        {"type": 9, "filter_ext_key": "k", "filter_data": "a"},
+    ],
+)
+def test_a_rule_youzan_cannot_use_is_refused(rule):
+    with pytest.raises(ValueError):
+        parse_ext_filter(rule)
