@@ -165,12 +165,16 @@ class Channel:
         self.delivery = ORDERED
 
     @property
+    def in_order(self) -> bool:
+        """Whether the channel delivers in order on a topic that does not (`/channel/setorder`,
+        SUB_ORDERED): its own choice, kept and replicated."""
+        return self.delivery.ordered and not self.topic.ordered
+
+    @property
     def controls(self) -> int:
         """The channel's own controls as a cluster leader sends them with its position:
-        `SKIPPED`, and `IN_ORDER` when it delivers in order on a topic that does not."""
-        return (SKIPPED if self.skipped else 0) | (
-            IN_ORDER if self.delivery.ordered and not self.topic.ordered else 0
-        )
+        `SKIPPED`, `IN_ORDER`."""
+        return (SKIPPED if self.skipped else 0) | (IN_ORDER if self.in_order else 0)
 
     def take_controls(self, controls: int) -> None:
         """A follower takes its leader's controls (`controls`)."""

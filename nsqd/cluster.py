@@ -1405,13 +1405,14 @@ class ClusterNode:
             if name not in channels:
                 # Deleted on the leader (`channels` is its whole set).
                 topic.delete_channel(name)
-        for name, (offset, count, *controls) in channels.items():
+        for name, (offset, count, *flags) in channels.items():
+            controls = int(flags[0]) if flags else 0
             exists = name in topic.channels
             if exists and not move:
-                topic.channels[name].take_controls(int(controls[0]) if controls else 0)
+                topic.channels[name].take_controls(controls)
                 continue
             channel = topic.get_channel(name)
-            channel.take_controls(int(controls[0]) if controls else 0)
+            channel.take_controls(controls)
             position = Position(int(offset), int(count))
             if position.offset > log.written.offset:
                 position = log.written

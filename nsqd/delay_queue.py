@@ -515,7 +515,5 @@ def _id(message_id: bytes) -> int:
 
 def _merge_emptying(emptyings: dict[str, int | None], channel: str, below: int | None) -> None:
     """Add an emptying of the channel (below an offset, or all of it: None) to `emptyings`."""
-    if below is None or (channel in emptyings and emptyings[channel] is None):
-        emptyings[channel] = None
-    else:
-        emptyings[channel] = max(below, emptyings.get(channel, below) or below)
+    current = emptyings.get(channel, below)
+    emptyings[channel] = None if below is None or current is None else max(below, current)

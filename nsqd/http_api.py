@@ -6,7 +6,7 @@ client or nsqadmin sees the same response from either daemon.
 
 import gc
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
@@ -56,6 +56,7 @@ from nsqpy.nsqd.stats import gather, memory_stats, text_report
 from nsqpy.partition_log import ID_PARTITION_SHIFT, Position, record_size
 
 if TYPE_CHECKING:
+    from nsqpy.nsqd.channel import Channel
     from nsqpy.nsqd.server import NSQD
     from nsqpy.nsqd.topic import Topic
 
@@ -674,21 +675,13 @@ class HTTPAPI:
         """Youzan's `/channel/skip` and `/channel/unskip` (docs/protocol.md §6.2): the channel
         moves to the end, its delayed messages go, and while skipped it drops what is
         published. Kept across restarts, and a cluster leader's followers take it."""
-        found = self._led_channels(request)
         skipped = not request.path.endswith("/unskip")
-        for topic, channel in found:
-            channel.skip(skipped)
-            self.nsqd.log.info(
-                "TOPIC(%s) partition %d channel %s: %s by %s",
-                topic.name,
-                topic.partition,
-                channel.name,
-                "skipped" if skipped else "no longer skipped",
-                request.remote,
-            )
-            await topic.replication.channels_changed()
-        await self.nsqd.persist_metadata()
-        return v1_response(200)
+        return await self._change_channels(
+            request,
+            self._led_channels(request),
+            lambda channel: channel.skip(skipped),
+            "skipped" if skipped else "no longer skipped",
+        )
 
     async def channel_set_order(self, request: Request) -> Response:
         """Youzan's `/channel/setorder?topic=&channel=[&partition=]&order=true|false`: the
@@ -699,14 +692,26 @@ class HTTPAPI:
         found = self._led_channels(request)
         if order not in ("true", "false"):
             raise HTTPError(400, "INVALID_OPTION")
+        return await self._change_channels(
+            request,
+            found,
+            lambda channel: channel.set_order(order == "true"),
+            "in order" if order == "true" else "FIFO",
+        )
+
+    async def _change_channels(
+        self, request: Request, found: list, change: Callable[["Channel"], None], done: str
+    ) -> Response:
+        """Change each channel a control route names, logged with `done`; a cluster leader's
+        followers take it before the answer, and `nsqd.dat` keeps it."""
         for topic, channel in found:
-            channel.set_order(order == "true")
+            change(channel)
             self.nsqd.log.info(
                 "TOPIC(%s) partition %d channel %s: %s by %s",
                 topic.name,
                 topic.partition,
                 channel.name,
-                "in order" if order == "true" else "FIFO",
+                done,
                 request.remote,
             )
             await topic.replication.channels_changed()

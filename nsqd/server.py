@@ -396,7 +396,7 @@ class NSQD:
                     c.max_attempts,
                     c.dead_letter_topic,
                     c.skipped,
-                    c.delivery.ordered and not topic.ordered,
+                    c.in_order,
                 )
                 for c in topic.channels.values()
                 if not c.ephemeral

@@ -6,6 +6,18 @@ import pytest
 from nsqpy.nsqd.ext_filter import parse_ext_filter
 
 
+def multi(relation: str) -> dict:
+    """A type 4 rule: k equals x, j equals y, under `relation` (`any` or `all`)."""
+    return {
+        "type": 4,
+        "filter_ext_key": relation,
+        "filter_data_list": [
+            {"filter_ext_key": "k", "filter_data": "x"},
+            {"filter_ext_key": "j", "filter_data": "y"},
+        ],
+    }
+
+
 @pytest.mark.parametrize(
     "rule, header, accepted",
     [
@@ -20,30 +32,8 @@ from nsqpy.nsqd.ext_filter import parse_ext_filter
         ({"type": 3, "filter_ext_key": "k", "filter_data": "a?c"}, b'{"k":"abc"}', True),
         ({"type": 3, "filter_ext_key": "k", "filter_data": "{x,a}b[!d]"}, b'{"k":"abc"}', True),
         ({"type": 3, "filter_ext_key": "k", "filter_data": "a"}, b'{"k":"abc"}', False),
-        (
-            {
-                "type": 4,
-                "filter_ext_key": "any",
-                "filter_data_list": [
-                    {"filter_ext_key": "k", "filter_data": "x"},
-                    {"filter_ext_key": "j", "filter_data": "y"},
-                ],
-            },
-            b'{"k":"a","j":"y"}',
-            True,
-        ),
-        (
-            {
-                "type": 4,
-                "filter_ext_key": "all",
-                "filter_data_list": [
-                    {"filter_ext_key": "k", "filter_data": "x"},
-                    {"filter_ext_key": "j", "filter_data": "y"},
-                ],
-            },
-            b'{"k":"a","j":"y"}',
-            False,
-        ),
+        (multi("any"), b'{"k":"a","j":"y"}', True),
+        (multi("all"), b'{"k":"a","j":"y"}', False),
         ({"type": 1, "filter_ext_key": "k", "filter_data": "a", "inverse": True}, b"", True),
     ],
 )
