@@ -310,3 +310,26 @@ def test_finished_delayed_messages_stay_finished_on_a_replaced_disk_of_an_aged_t
     )
     _replace_disk_then_lead(cluster, leader, follower, start, 1)
     assert drain(follower, "t", {b"still delayed"}) == {b"still delayed"}
+
+
+def test_a_replaced_disk_takes_the_channel_controls_of_an_aged_topic(cluster):
+    """Youzan's skip and setorder on a topic whose retention has run, then the follower's disk
+    replaced: its catch-up copies the channel with its controls, and once it leads (the old
+    leader killed) its channel is still skipped and in order."""
+    cluster.create_writable_topic("t", 1, 2)
+    leader = cluster.node_leading("t", 0)
+    follower = _follower_of(cluster, "t")
+    start = age_topic(cluster, "t")
+    for route in ("/channel/skip", "/channel/setorder"):
+        reply = leader.http("POST", f"{route}?topic=t&channel=c&partition=0&order=true")
+        assert reply.status == 200, reply
+    replace_disk(cluster, follower)
+    poll_back_in_isr(cluster, follower, "t")
+    assert log_start(follower, "t") == start
+    leader.kill()
+    poll(lambda: cluster.node_leading("t", 0) is follower, "the follower leading")
+    reply = follower.http("GET", "/stats?format=json&topic=t&channel=c&include_mem=false")
+    assert json.loads(reply.body)["topics"][0]["channels"][0]["skipped"] is True
+    dat = json.loads((follower.data_path / "nsqd.dat").read_bytes())
+    (channel,) = [c for t in dat["topics"] if t["name"] == "t" for c in t["channels"]]
+    assert (channel.get("skipped"), channel.get("in_order")) == (True, True)
