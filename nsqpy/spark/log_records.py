@@ -161,14 +161,30 @@ def _bulk_headers(raw: pa.Array, trace_ids: np.ndarray) -> pa.Array:
     """The `headers` column of records whose JSON headers are `raw`: each distinct header is
     parsed once, and each record's entries are its header's, then `##trace_id` when the
     record has a trace ID its header does not name."""
-    encoded = pc.dictionary_encode(raw)
-    distinct = encoded.dictionary
-    if len(distinct) > _PARSED_ONE_BY_ONE:
-        table = _header_table_by_shape(distinct)
+    # A header per record (its own trace ID or business key) is worth no dictionary: such
+    # headers are cut apart where they lie when one producer wrote them all.
+    each = None
+    if len(raw) > _PARSED_ONE_BY_ONE and raw[0] != raw[-1]:
+        each = _header_table_of_one_shape(raw)
+    if each is not None:
+        counts, named, keys, values = each
+        traced = (trace_ids != 0) & ~named
+        if not traced.any():
+            ends = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
+            entries = pa.StructArray.from_arrays(
+                [keys, values], fields=list(HEADERS_TYPE.value_type)
+            )
+            return pa.ListArray.from_arrays(pa.array(ends), entries, type=HEADERS_TYPE)
+        which = np.arange(len(raw), dtype=np.int64)
     else:
-        table = _header_table(distinct)
-    counts, named, keys, values = table
-    which = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        encoded = pc.dictionary_encode(raw)
+        distinct = encoded.dictionary
+        if len(distinct) > _PARSED_ONE_BY_ONE:
+            table = _header_table_by_shape(distinct)
+        else:
+            table = _header_table(distinct)
+        counts, named, keys, values = table
+        which = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     # The distinct headers' entries one after another, then the trace IDs' entries.
     table_starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
     traced = (trace_ids != 0) & ~named[which]
@@ -233,8 +249,8 @@ def _header_table_by_shape(headers: pa.Array) -> _HeaderTable:
         shape = None  # not UTF-8
     if shape is None:
         return _header_table_in_bulk(headers) or _header_table(headers)
-    keys, pattern = shape
-    cut = pc.extract_regex(text, pattern)
+    keys, pieces = shape
+    cut = pc.extract_regex(text, _pattern_of(pieces))
     matched = cut.is_valid().to_numpy(zero_copy_only=False)
     rows = np.flatnonzero(matched)
     width = len(keys)
@@ -268,11 +284,12 @@ def _header_table_by_shape(headers: pa.Array) -> _HeaderTable:
     )
 
 
-def _shape_of(header: bytes) -> tuple[list[str], str] | None:
-    """The keys of `header` and a regular expression that matches exactly the headers
-    written as it is but for their values, strings without escapes (captured as `v0`,
-    `v1`, ...); None for a header of no such shape. (The same keys and spacing throughout:
-    one producer's headers, which is what a fetch usually holds.)"""
+def _shape_of(header: bytes) -> tuple[list[str], list[str]] | None:
+    """The keys of `header` and the text around its values, strings without escapes: the
+    pieces before the first value, between each two and after the last (so a header of this
+    shape is `pieces[0] + v0 + pieces[1] + v1 + ... + pieces[-1]`); None for a header of no
+    such shape. (The same keys and spacing throughout: one producer's headers, which is what
+    a fetch usually holds.)"""
     try:
         document = json.loads(header)
         text = header.decode()
@@ -292,15 +309,90 @@ def _shape_of(header: bytes) -> tuple[list[str], str] | None:
     )
     if written is None:
         return None  # a key written with escapes, or a value with them
-    # What lies between the values, as this header writes it (a literal pattern is a third
-    # faster to match than one that allows any spacing).
-    pattern, at = ["^"], 0
+    pieces, at = [], 0
     for n in range(len(document)):
-        pattern.append(re.escape(text[at : written.start(f"v{n}")]))
-        pattern.append(_PLAIN_VALUE % n)
+        pieces.append(text[at : written.start(f"v{n}")])
         at = written.end(f"v{n}")
-    pattern.append(re.escape(text[at:]) + "$")
-    return list(document), "".join(pattern)
+    pieces.append(text[at:])
+    return list(document), pieces
+
+
+def _pattern_of(pieces: list[str]) -> str:
+    """The regular expression of the headers written as `pieces` around plain string values
+    (a literal pattern is a third faster to match than one that allows any spacing)."""
+    values = [_PLAIN_VALUE % n for n in range(len(pieces) - 1)]
+    between = [re.escape(piece) for piece in pieces]
+    return "^" + "".join(p + v for p, v in zip(between, [*values, ""], strict=True)) + "$"
+
+
+def _header_table_of_one_shape(headers: pa.Array) -> _HeaderTable | None:
+    """The entries of `headers`, one table row a header (no dictionary), when every one is
+    written as the first is but for its values (strings without escapes): each value ends
+    at the first quote after where the text before it ends, so Arrow's vectorized search
+    and comparison find them all; None when a header is written otherwise."""
+    if not len(headers) or headers.null_count:
+        return None
+    shape = _shape_of(headers[0].as_py())
+    if shape is None:
+        return None
+    keys, pieces = shape
+    width = len(keys)
+    rows = len(headers)
+    _validity, offsets_buffer, data_buffer = headers.buffers()
+    bounds = np.frombuffer(offsets_buffer, dtype=np.int32)[
+        headers.offset : headers.offset + rows + 1
+    ].astype(np.int64)
+    header_starts, header_ends = bounds[:-1], bounds[1:]
+    # Piece by piece: where it lies follows from where the value before it ends, the first
+    # quote after the value's start (the next piece starts with the value's closing quote).
+    value_starts = np.empty((rows, width), dtype=np.int64)
+    value_ends = np.empty((rows, width), dtype=np.int64)
+    at = header_starts
+    for number, piece in enumerate(pieces):
+        written = piece.encode()
+        if number == width:
+            if (header_ends - at != len(written)).any():
+                return None
+        elif (at + len(written) > header_ends).any():
+            return None
+        if not _all_written(data_buffer, at, at + len(written), written):
+            return None
+        if number == width:
+            break
+        at = value_starts[:, number] = at + len(written)
+        found = pc.find_substring(_spans(data_buffer, at, header_ends), '"')
+        closing = found.to_numpy(zero_copy_only=False)[0::2].astype(np.int64)
+        if (closing < 0).any():
+            return None
+        at = value_ends[:, number] = at + closing
+    values = _slices(data_buffer, value_starts.ravel(), value_ends.ravel())
+    # No escape nor control character in a value (JSON reads them otherwise).
+    _validity, value_bounds, value_bytes = values.buffers()
+    written_values = np.frombuffer(value_bytes, dtype=np.uint8)
+    written_values = written_values[: np.frombuffer(value_bounds, dtype=np.int32)[-1]]
+    if ((written_values == _BACKSLASH) | (written_values < 0x20)).any():
+        return None
+    try:
+        values.cast(pa.string())
+    except pa.ArrowInvalid:
+        return None  # not UTF-8
+    written_keys = [key.encode() for key in keys]
+    key_bounds = np.cumsum([0] + [len(key) for key in written_keys])
+    key_offsets = (key_bounds[-1] * np.arange(rows)[:, None] + key_bounds[1:]).ravel()
+    key_column = pa.StringArray.from_buffers(
+        rows * width,
+        pa.py_buffer(np.concatenate(([0], key_offsets)).astype(np.int32)),
+        pa.py_buffer(b"".join(written_keys) * rows),
+    )
+    return (
+        np.full(rows, width, dtype=np.int64),
+        np.full(rows, TRACE_ID_HEADER in keys),
+        key_column,
+        values,
+    )
+
+
+_BACKSLASH = ord("\\")
 
 
 def _header_table_in_bulk(headers: pa.Array) -> _HeaderTable | None:
@@ -376,18 +468,30 @@ def _joined_lines(text: pa.Array) -> pa.Buffer:
     return joined.as_buffer()
 
 
-def _slices(data: bytes, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
-    """`data[starts[i]:ends[i]]` for each i (in order, not overlapping) as one binary array:
-    an array over the whole of `data` whose even values are the slices, taken into a buffer
-    of their own."""
+def _slices(data: bytes | pa.Buffer, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
+    """`data[starts[i]:ends[i]]` for each i (in order, not overlapping) as one binary array
+    of its own."""
+    return _spans(data, starts, ends).take(pa.array(np.arange(0, 2 * len(starts) - 1, 2)))
+
+
+def _spans(data: bytes | pa.Buffer, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
+    """A binary array over `data` whose even values are `data[starts[i]:ends[i]]` (in order,
+    not overlapping) and odd values what lies between them; no byte is copied."""
     count = len(starts)
     bounds = np.empty(2 * count, dtype=np.int32)
     bounds[0::2] = starts
     bounds[1::2] = ends
-    spans = pa.BinaryArray.from_buffers(
+    return pa.BinaryArray.from_buffers(
         pa.binary(), 2 * count - 1, [None, pa.py_buffer(bounds), pa.py_buffer(data)]
     )
-    return spans.take(pa.array(np.arange(0, 2 * count - 1, 2)))
+
+
+def _all_written(data: pa.Buffer, starts: np.ndarray, ends: np.ndarray, text: bytes) -> bool:
+    """Whether every `data[starts[i]:ends[i]]` is `text`."""
+    if not text:
+        return True
+    same = pc.equal(_spans(data, starts, ends), pa.scalar(text, pa.binary()))
+    return bool(same.to_numpy(zero_copy_only=False)[0::2].all())
 
 
 def _record_columns(data: bytes, first_offset: int, with_headers: bool) -> dict:

@@ -18,6 +18,7 @@ from nsqpy.spark.log_records import (
     _header_table,
     _header_table_by_shape,
     _header_table_in_bulk,
+    _header_table_of_one_shape,
     _record_columns,
     records_to_batch,
 )
@@ -131,6 +132,10 @@ _VALUES = st.one_of(
     st.just({"nested": "x"}),
 )
 _STRING_VALUES = st.one_of(st.text(max_size=6), st.just("line\nbreak"))
+# Values JSON writes without escapes.
+_PLAIN_VALUES = st.text(
+    st.characters(blacklist_characters='"\\', blacklist_categories=("Cc", "Cs")), max_size=6
+)
 # As Youzan's clients write headers: string values.
 _STRING_HEADER = st.builds(
     lambda entries, indent: json.dumps(entries, ensure_ascii=False, indent=indent).encode(),
@@ -184,6 +189,55 @@ def test_a_header_per_message_is_parsed_in_bulk():
     in_bulk = _header_table_in_bulk(distinct)
     assert in_bulk is not None
     assert _table_as_lists(in_bulk) == one_by_one
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_headers_of_one_shape_read_as_one_by_one(data):
+    """Headers one producer wrote (the same keys, order and spacing, values of any text) are
+    cut apart record by record as `json.loads` reads them, or declined (a value written with
+    escapes, a header of another shape), from any slice of an array."""
+    keys = data.draw(st.lists(_KEYS, unique=True, min_size=1, max_size=3))
+    indent = data.draw(st.sampled_from([None, 1]))
+    text = data.draw(st.sampled_from([_PLAIN_VALUES, _PLAIN_VALUES, _STRING_VALUES]))
+    values = st.lists(text, min_size=len(keys), max_size=len(keys))
+    headers = [
+        json.dumps(dict(zip(keys, row, strict=True)), ensure_ascii=False, indent=indent).encode()
+        for row in data.draw(st.lists(values, min_size=1, max_size=12))
+    ]
+    headers += data.draw(st.sampled_from([[], [], [b'{"x": "y"}']]) | st.lists(_HEADER, max_size=2))
+    skipped = data.draw(st.integers(0, 2))
+    array = pa.array([b'{"x": "y"}'] * skipped + headers, pa.binary())[skipped:]
+    one_shape = _header_table_of_one_shape(array)
+    if one_shape is not None:
+        assert _table_as_lists(one_shape) == _table_as_lists(_header_table(array))
+
+
+@pytest.mark.parametrize("key", ["##trace_id", "order"])
+def test_a_header_per_message_of_one_producer_is_cut_apart_where_it_lies(key):
+    """A fetch whose every record has its own header, written by one producer, reads its
+    headers without a dictionary, and as record by record (the trace ID an entry of its
+    own where the header does not name one)."""
+    headers = [
+        json.dumps({"##client_dispatch_tag": "é", key: str(n)}, ensure_ascii=False).encode()
+        for n in range(100)
+    ]
+    messages = [
+        (n, 1, n.to_bytes(8, "big"), n + 1, b"\x04" + len(raw).to_bytes(2, "big") + raw, b"b")
+        for n, raw in enumerate(headers)
+    ]
+    assert _header_table_of_one_shape(pa.array(headers, pa.binary())) is not None
+    data = stored_records(messages)
+    bulk = _bulk_columns(data, 0, True)
+    assert bulk is not None
+    assert bulk["headers"].equals(_record_columns(data, 0, True)["headers"])
+    entries = [
+        {"key": "##client_dispatch_tag", "value": "é".encode()},
+        {"key": key, "value": b"7"},
+    ]
+    if key != "##trace_id":
+        entries.append({"key": "##trace_id", "value": b"8"})
+    assert bulk["headers"][7].as_py() == entries
 
 
 def test_a_fetch_with_a_delayed_record_is_read_record_by_record(tmp_path):
