@@ -271,6 +271,9 @@ class ClientStats:
     tls_version: str = ""
     tls_negotiated_protocol: str = ""
     tls_negotiated_protocol_is_mutual: bool = False
+    # Youzan's cap on its messages in flight (nsqd's `/channel/setclientlimit`); None where
+    # nsqd does not report one.
+    limited_rdy: int | None = None
 
     @classmethod
     def from_nsqd(cls, node: str, body: dict, now: float | None = None) -> "ClientStats":
@@ -291,7 +294,10 @@ class ClientStats:
         return f"{self.hostname}:{self.port}"
 
     def to_json(self) -> dict:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        if self.limited_rdy is None:
+            del fields["limited_rdy"]
+        return fields
 
 
 _COUNTERS = (
@@ -332,6 +338,9 @@ class ChannelStats:
     delayed_queue_count: int | None = None
     # Youzan's skip (nsqd's /channel/skip), on any partition; None where nsqd has no skip.
     skipped: bool | None = None
+    # Youzan's rate limit in KiB/s (nsqd's `/channel/ratelimit`, 0: none), the highest of
+    # the partitions'; None where nsqd reports none.
+    rate_limit_kb: int | None = None
     # Poison messages (nsqd's dead letters): the attempt limit, how many went to the
     # dead-letter topic and how many wait there to be replayed; None on a channel without.
     max_attempts: int | None = None
@@ -372,6 +381,7 @@ class ChannelStats:
                 int(body["delayed_queue_count"]) if "delayed_queue_count" in body else None
             ),
             skipped=bool(body["skipped"]) if "skipped" in body else None,
+            rate_limit_kb=int(body["rate_limit_kb"]) if "rate_limit_kb" in body else None,
             max_attempts=int(body["max_attempts"]) if "max_attempts" in body else None,
             dead_letter_topic=str(body.get("dead_letter_topic") or ""),
             dead_letter_count=(
@@ -398,6 +408,8 @@ class ChannelStats:
             self.delayed_queue_count = (self.delayed_queue_count or 0) + other.delayed_queue_count
         if other.skipped is not None:
             self.skipped = bool(self.skipped) or other.skipped
+        if other.rate_limit_kb is not None:
+            self.rate_limit_kb = max(self.rate_limit_kb or 0, other.rate_limit_kb)
         if other.dead_letter_count is not None:
             self.max_attempts = max(self.max_attempts or 0, other.max_attempts or 0)
             self.dead_letter_topic = self.dead_letter_topic or other.dead_letter_topic
@@ -436,6 +448,7 @@ class ChannelStats:
             "e2e_processing_latency": _e2e_json(self.e2e_processing_latency),
             **({} if self.lag is None else {"lag": self.lag}),
             **({} if self.skipped is None else {"skipped": self.skipped}),
+            **({} if self.rate_limit_kb is None else {"rate_limit_kb": self.rate_limit_kb}),
             **(
                 {}
                 if self.delayed_queue_count is None

@@ -11,6 +11,7 @@ nothing to take waits in `_waiting` and is woken when messages arrive (docs/desi
 import math
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import trio
@@ -24,6 +25,7 @@ from nsqpy.nsqd.e2e import LatencyStream, merged_result
 from nsqpy.nsqd.inflight import DeadlineQueue
 from nsqpy.nsqd.message import Message, MessageBatch
 from nsqpy.nsqd.message_queue import MessageQueue
+from nsqpy.nsqd.rate_limit import RateLimit
 from nsqpy.nsqd.replication import SINGLE_NODE
 from nsqpy.nsqd.tag_dispatch import TagDispatch
 
@@ -31,8 +33,8 @@ if TYPE_CHECKING:
     from nsqpy.nsqd.client import Client
     from nsqpy.nsqd.topic import Topic
 
-# A channel's controls as one number (`Channel.controls`): Youzan's skip, and delivery in
-# order on a topic that is not ordered (`/channel/setorder`, SUB_ORDERED).
+# A channel's flags (the first of `Channel.controls`): Youzan's skip, and delivery in order
+# on a topic that is not ordered (`/channel/setorder`, SUB_ORDERED).
 SKIPPED = 1
 IN_ORDER = 2
 
@@ -95,6 +97,14 @@ class Channel:
         self.paused = False
         # Youzan's skip (`/channel/skip`): what is published meanwhile is dropped, not held.
         self.skipped = False
+        # Youzan's `/channel/ratelimit`: the channel's own limit in KiB/s (None: the
+        # daemon's `--channel-ratelimit-kb`), and the bucket that enforces whichever applies.
+        self.rate_limit_kb: int | None = None
+        self.rate_limit: RateLimit | None = None
+        self._apply_rate_limit()
+        # Youzan's `/channel/setclientlimit`: a RDY cap for the consumers whose address starts
+        # with each prefix, in the order they were set (a later one wins).
+        self.client_limits: dict[str, int] = {}
         self.deleted = False
         # Youzan ordered topics deliver in order to every channel; SUB_ORDERED switches one.
         self.delivery = ORDERED if topic.ordered else FIFO
@@ -171,15 +181,54 @@ class Channel:
         return self.delivery.ordered and not self.topic.ordered
 
     @property
-    def controls(self) -> int:
-        """The channel's own controls as a cluster leader sends them with its position:
-        `SKIPPED`, `IN_ORDER`."""
-        return (SKIPPED if self.skipped else 0) | (IN_ORDER if self.in_order else 0)
+    def controls(self) -> list:
+        """The channel's own controls as a cluster leader sends them after its position:
+        none when it has none, else the flags (`SKIPPED`, `IN_ORDER`), then when set its
+        rate limit (-1: the daemon's) and its consumers' limits as `[prefix, ready]`."""
+        flags = (SKIPPED if self.skipped else 0) | (IN_ORDER if self.in_order else 0)
+        if self.rate_limit_kb is None and not self.client_limits:
+            return [flags] if flags else []
+        rate = -1 if self.rate_limit_kb is None else self.rate_limit_kb
+        return [flags, rate, [[prefix, ready] for prefix, ready in self.client_limits.items()]]
 
-    def take_controls(self, controls: int) -> None:
-        """A follower takes its leader's controls (`controls`)."""
-        self.skipped = bool(controls & SKIPPED)
-        self.delivery = ORDERED if controls & IN_ORDER or self.topic.ordered else FIFO
+    def take_controls(self, flags: int = 0, rate: int = -1, client_limits: Sequence = ()) -> None:
+        """A follower takes its leader's controls (as `controls` gives them)."""
+        self.skipped = bool(flags & SKIPPED)
+        self.delivery = ORDERED if flags & IN_ORDER or self.topic.ordered else FIFO
+        rate_limit_kb = None if rate < 0 else rate
+        if rate_limit_kb != self.rate_limit_kb:
+            self.set_rate_limit(rate_limit_kb)
+        self.client_limits = {}
+        for prefix, ready in client_limits:
+            self.limit_clients(str(prefix), int(ready))
+
+    def set_rate_limit(self, kilobytes: int | None) -> None:
+        """The channel's own delivery limit in KiB/s, or the daemon's again (None)."""
+        self.rate_limit_kb = kilobytes
+        self._apply_rate_limit()
+
+    def _apply_rate_limit(self) -> None:
+        kilobytes = self.rate_limit_kb
+        if kilobytes is None:
+            kilobytes = self.nsqd.options.channel_ratelimit_kb
+        if kilobytes <= 0:
+            self.rate_limit = None
+        elif self.rate_limit is None:
+            self.rate_limit = RateLimit(kilobytes, trio.current_time())
+        else:
+            self.rate_limit.change(kilobytes, trio.current_time())
+        for client in self.clients.values():
+            client.wakeup.set()
+
+    def limit_clients(self, prefix: str, ready: int) -> None:
+        """Youzan's `/channel/setclientlimit`: the consumers whose address starts with
+        `prefix` have at most `ready` messages in flight, whatever their RDY; kept for those
+        that subscribe later too."""
+        self.client_limits.pop(prefix, None)
+        self.client_limits[prefix] = ready
+        for client in self.clients.values():
+            if client.remote_address.startswith(prefix):
+                client.set_limited_ready(ready)
 
     def set_order(self, ordered: bool) -> None:
         """Youzan's `/channel/setorder`: in order from the next message on; back to FIFO, its
@@ -548,6 +597,9 @@ class Channel:
         self.clients[client.id] = client
         if self.tags is not None and client.desired_tag:
             self._client_tags[client.desired_tag] += 1
+        for prefix, ready in self.client_limits.items():
+            if client.remote_address.startswith(prefix):
+                client.set_limited_ready(ready)
 
     def remove_client(self, client: "Client") -> None:
         self.stop_waiting(client)

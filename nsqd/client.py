@@ -23,6 +23,8 @@ STATE_CLOSING = 4
 
 # Go nsqd's bufio default, the IDENTIFY default for output_buffer_size.
 DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
+# Youzan's limit on a consumer's messages in flight until `/channel/setclientlimit` sets one.
+DEFAULT_LIMITED_READY = 50_000
 
 _client_ids = itertools.count(1)
 
@@ -69,6 +71,8 @@ class Client:
 
         self.channel: Channel | None = None
         self.ready_count = 0
+        # Youzan's `/channel/setclientlimit` cap on messages in flight, whatever RDY says.
+        self.limited_ready = DEFAULT_LIMITED_READY
         self.in_flight_count = 0
         self.message_count = 0
         self.finish_count = 0
@@ -89,8 +93,17 @@ class Client:
             channel is not None
             and not channel.paused
             and self.in_flight_count < self.ready_count
+            and self.in_flight_count < self.limited_ready
             and self.state == STATE_SUBSCRIBED
         )
+
+    def room(self) -> int:
+        """How many more messages it may have in flight now."""
+        return min(self.ready_count, self.limited_ready) - self.in_flight_count
+
+    def set_limited_ready(self, count: int) -> None:
+        self.limited_ready = count
+        self.wakeup.set()
 
     def set_ready_count(self, count: int) -> None:
         self.ready_count = count

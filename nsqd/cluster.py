@@ -1073,9 +1073,9 @@ class ClusterNode:
 
     def _channel_positions(self, topic: "Topic") -> dict[str, list[int]]:
         """Each channel's confirmed position, `[offset, count]`, and its controls after them
-        when it has any (`Channel.controls`: skipped, in order)."""
+        when it has any (`Channel.controls`: skipped, in order, rate and consumer limits)."""
         return {
-            name: [*_cursor(channel).confirmed, *((flags,) if (flags := channel.controls) else ())]
+            name: [*_cursor(channel).confirmed, *channel.controls]
             for name, channel in topic.channels.items()
             if not channel.ephemeral
         }
@@ -1405,14 +1405,13 @@ class ClusterNode:
             if name not in channels:
                 # Deleted on the leader (`channels` is its whole set).
                 topic.delete_channel(name)
-        for name, (offset, count, *flags) in channels.items():
-            controls = int(flags[0]) if flags else 0
+        for name, (offset, count, *controls) in channels.items():
             exists = name in topic.channels
             if exists and not move:
-                topic.channels[name].take_controls(controls)
+                topic.channels[name].take_controls(*controls)
                 continue
             channel = topic.get_channel(name)
-            channel.take_controls(controls)
+            channel.take_controls(*controls)
             position = Position(int(offset), int(count))
             if position.offset > log.written.offset:
                 position = log.written

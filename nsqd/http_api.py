@@ -118,6 +118,8 @@ EVERY_OTHER_ROUTE = {
     ("POST", "/channel/unpause"): ("admin", "channel"),
     ("POST", "/channel/skip"): ("admin", "channel"),
     ("POST", "/channel/setorder"): ("admin", "channel"),
+    ("POST", "/channel/ratelimit"): ("admin", "channel"),
+    ("POST", "/channel/setclientlimit"): ("admin", "channel"),
     ("POST", "/channel/unskip"): ("admin", "channel"),
     ("POST", "/channel/setmaxattempts"): ("admin", "channel"),
     ("PUT", "/delayqueue/enable"): ("admin", "node"),
@@ -216,6 +218,8 @@ class HTTPAPI:
         router.add("POST", "/channel/skip", self.channel_skip)
         router.add("POST", "/channel/unskip", self.channel_skip)
         router.add("POST", "/channel/setorder", self.channel_set_order)
+        router.add("POST", "/channel/ratelimit", self.channel_rate_limit)
+        router.add("POST", "/channel/setclientlimit", self.channel_set_client_limit)
         router.add("GET", "/config/*", self.config)
         router.add("PUT", "/config/*", self.config)
         router.add("POST", "/debug/freememory", self.free_memory)
@@ -697,6 +701,47 @@ class HTTPAPI:
             found,
             lambda channel: channel.set_order(order == "true"),
             "in order" if order == "true" else "FIFO",
+        )
+
+    async def channel_rate_limit(self, request: Request) -> Response:
+        """Youzan's `/channel/ratelimit?topic=&channel=[&partition=]&ratekilobytes=N`: the
+        channel delivers bodies over 1 KiB at most N KiB a second (nsqd/rate_limit.py); 0 or
+        less gives it the daemon's `--channel-ratelimit-kb` again (Youzan ignores it). 400
+        `INVALID_OPTION` for what is not a number. Kept and sent to a leader's followers."""
+        text = _first(_query(request), "ratekilobytes") or ""
+        found = self._led_channels(request)
+        try:
+            kilobytes = go_atoi(text.encode())
+        except ValueError:
+            raise HTTPError(400, "INVALID_OPTION") from None
+        limit = kilobytes if kilobytes > 0 else None
+        return await self._change_channels(
+            request,
+            found,
+            lambda channel: channel.set_rate_limit(limit),
+            f"rate limited to {kilobytes} KiB/s" if limit else "rate limited as the daemon",
+        )
+
+    async def channel_set_client_limit(self, request: Request) -> Response:
+        """Youzan's `/channel/setclientlimit?topic=&channel=[&partition=]&ready=N
+        &client_prefix=P`: the channel's consumers whose address starts with P (all for an
+        empty one) have at most N messages in flight whatever their RDY (0: none). Kept for
+        consumers that subscribe later, across restarts and on a leader's followers (Youzan
+        sets it on the consumers connected then). 400 `INVALID_OPTION` for a bad N."""
+        params = _query(request)
+        found = self._led_channels(request)
+        try:
+            ready = go_atoi((_first(params, "ready") or "").encode())
+        except ValueError:
+            raise HTTPError(400, "INVALID_OPTION") from None
+        if not -(1 << 31) <= ready < 1 << 31:
+            raise HTTPError(400, "INVALID_OPTION")  # Youzan keeps an int32
+        prefix = _first(params, "client_prefix") or ""
+        return await self._change_channels(
+            request,
+            found,
+            lambda channel: channel.limit_clients(prefix, ready),
+            f"consumers at {prefix!r}... limited to {ready} in flight",
         )
 
     async def _change_channels(

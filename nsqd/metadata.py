@@ -33,6 +33,10 @@ class ChannelMetadata:
     # SUB_ORDERED) on a topic that is not ordered, written only when set.
     skipped: bool = False
     in_order: bool = False
+    # Youzan's `/channel/ratelimit` (KiB/s) and `/channel/setclientlimit` (address prefix to
+    # RDY cap, in the order set), written only when set.
+    rate_limit_kb: int | None = None
+    client_limits: dict[str, int] = field(default_factory=dict)
 
     def encode(self) -> dict:
         entry: dict = {"name": self.name, "paused": self.paused}
@@ -44,6 +48,12 @@ class ChannelMetadata:
             entry["skipped"] = True
         if self.in_order:
             entry["in_order"] = True
+        if self.rate_limit_kb is not None:
+            entry["rate_limit_kb"] = self.rate_limit_kb
+        if self.client_limits:
+            entry["client_limits"] = [
+                {"prefix": prefix, "ready": ready} for prefix, ready in self.client_limits.items()
+            ]
         return entry
 
     @classmethod
@@ -52,6 +62,10 @@ class ChannelMetadata:
         dead_letter_topic = entry.get("dead_letter_topic") or ""
         if not isinstance(dead_letter_topic, str):
             raise TypeError("cannot unmarshal dead_letter_topic: not a string")
+        rate_limit_kb = entry.get("rate_limit_kb")
+        client_limits = entry.get("client_limits") or []
+        if not isinstance(client_limits, list):
+            raise TypeError("cannot unmarshal client_limits: not a list")
         return cls(
             _name(entry),
             bool(entry.get("paused", False)),
@@ -59,6 +73,8 @@ class ChannelMetadata:
             dead_letter_topic,
             bool(entry.get("skipped", False)),
             bool(entry.get("in_order", False)),
+            None if rate_limit_kb is None else int(rate_limit_kb),
+            {str(limit["prefix"]): int(limit["ready"]) for limit in client_limits},
         )
 
 

@@ -145,6 +145,17 @@ def render_metrics(nsqd: MetricsSource, topics: list[dict] | None = None) -> str
             family(
                 "nsq_channel_skipped", "gauge", "1 while the channel drops what is published"
             ).add(int(channel.get("skipped", False)), **labels)
+            if "rate_limit_kb" in channel:
+                family(
+                    "nsq_channel_rate_limit_kilobytes",
+                    "gauge",
+                    "KiB/s the channel delivers of bodies over 1 KiB at most (0: no limit)",
+                ).add(channel["rate_limit_kb"], **labels)
+                family(
+                    "nsq_channel_rate_limited_total",
+                    "counter",
+                    "Times a consumer waited for the channel's rate limit",
+                ).add(channel["rate_limited_count"], **labels)
             _latency(family, "nsq_channel_e2e_processing_latency_seconds", channel, **labels)
             for client in channel["clients"] or []:
                 client_labels = {

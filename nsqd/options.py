@@ -65,6 +65,9 @@ class Options:
     allow_sub_ext_compatible: bool = False
     # Youzan's cap on TCP connections: one over it is told `too much client connections`.
     max_conn_for_client: int = 500_000
+    # Youzan's channel delivery limit in KiB/s of bodies over 1 KiB (nsqd/rate_limit.py); 0 is
+    # none (Youzan's default is 102400).
+    channel_ratelimit_kb: int = 0
     # Log topics: consumed segments are kept this many days, or up to this many bytes per day
     # of retention (Youzan's --retention-days and --retention-size-per-day).
     retention_days: int = 7
@@ -327,6 +330,12 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 Kind.INT,
                 d.max_conn_for_client,
                 "TCP connections at most: one more is told 'too much client connections'",
+            ),
+            Flag(
+                "channel-ratelimit-kb",
+                Kind.INT,
+                d.channel_ratelimit_kb,
+                "each channel delivers bodies over 1 KiB at most this many KiB/s (0: no limit)",
             ),
             Flag(
                 "req-to-end-threshold",
@@ -626,6 +635,8 @@ def options_from_values(values: dict) -> Options:
         raise OptionsError(f"--max-attempts must be between 0 and {MAX_ATTEMPTS}")
     if options.sync_every < 1:
         raise OptionsError("--sync-every must be >= 1")
+    if options.channel_ratelimit_kb < 0:
+        raise OptionsError("--channel-ratelimit-kb must be >= 0")
     workers = worker_count(options.workers)
     if workers > 1 and options.cluster_leadership_addresses:
         raise OptionsError(

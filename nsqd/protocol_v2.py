@@ -570,8 +570,12 @@ class ProtocolV2:
         client = self.client
         while True:
             channel = client.channel
-            if channel is not None and client.is_ready():
-                room = min(client.ready_count - client.in_flight_count, MAX_PUMP_BATCH)
+            # A rate-limited channel in debt sends nothing until its bucket refills.
+            held_for = 0.0
+            if channel is not None and channel.rate_limit is not None:
+                held_for = channel.rate_limit.wait(trio.current_time())
+            if channel is not None and not held_for and client.is_ready():
+                room = min(client.room(), MAX_PUMP_BATCH)
                 # The channel's delivery policy may let fewer go (ordered: one in flight).
                 messages = channel.take(room, client.desired_tag)
                 if messages and client.sample_rate:
@@ -592,6 +596,8 @@ class ProtocolV2:
                 if messages:
                     now = trio.current_time()
                     channel.start_in_flight(messages, client.id, client.msg_timeout, now)
+                    if channel.rate_limit is not None:
+                        channel.rate_limit.spend(messages, now)
                     client.sent_messages(len(messages))
                     if channel.has_messages():
                         channel.notify()
@@ -618,6 +624,10 @@ class ProtocolV2:
             if interval > 0 and now >= self._last_heartbeat + interval:
                 self._last_heartbeat = now
                 await self._send(HEARTBEAT_FRAME)
+                continue
+            if held_for:
+                with trio.move_on_after(held_for):
+                    await client.wakeup.wait()
                 continue
             await client.wakeup.wait()
 

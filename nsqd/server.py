@@ -397,6 +397,8 @@ class NSQD:
                     c.dead_letter_topic,
                     c.skipped,
                     c.in_order,
+                    c.rate_limit_kb,
+                    dict(c.client_limits),
                 )
                 for c in topic.channels.values()
                 if not c.ephemeral
@@ -485,6 +487,9 @@ class NSQD:
                     channel.skipped = channel_meta.skipped
                     if channel_meta.in_order:
                         channel.deliver_in_order()
+                    if channel_meta.rate_limit_kb is not None:
+                        channel.set_rate_limit(channel_meta.rate_limit_kb)
+                    channel.client_limits = dict(channel_meta.client_limits)
         finally:
             self._metadata_loading = False
 

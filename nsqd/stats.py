@@ -14,6 +14,7 @@ import trio
 from nsqpy.common.duration import format_duration
 from nsqpy.common.version import version_line
 from nsqpy.nsqd import dead_letters
+from nsqpy.nsqd.client import DEFAULT_LIMITED_READY
 from nsqpy.nsqd.e2e import merged_result
 
 if TYPE_CHECKING:
@@ -122,6 +123,11 @@ def client_stats(client: "Client", topic_filter: str = "") -> dict:
         "snappy": client.snappy,
         "user_agent": client.user_agent,
     }
+    channel = client.channel
+    if client.limited_ready != DEFAULT_LIMITED_READY or (
+        channel is not None and channel.topic.partitioned
+    ):
+        stats["limited_rdy"] = client.limited_ready  # Youzan's
     # omitempty fields, as Go's struct tags
     if client.auth_state is not None:
         stats["authed"] = True
@@ -162,6 +168,11 @@ def channel_stats(channel: "Channel", include_clients: bool, now: float) -> dict
         # Youzan's: when the oldest message the channel has not confirmed was published.
         stats["depth_ts"] = go_time_text(channel.queue.oldest_unconfirmed_ns())
         stats["skipped"] = channel.skipped
+    rate_limit = channel.rate_limit
+    if rate_limit is not None or channel.topic.partitioned:
+        # nsqpy's view of Youzan's rate limit: KiB/s (0: none), and how often it held back.
+        stats["rate_limit_kb"] = 0 if rate_limit is None else rate_limit.kilobytes
+        stats["rate_limited_count"] = 0 if rate_limit is None else rate_limit.limited_count
     # A log topic's channel is a cursor (docs/design.md §13): where it stands in the log.
     stats.update(channel.queue.position_stats())
     limit = dead_letters.attempt_limit(channel)

@@ -313,15 +313,22 @@ def test_finished_delayed_messages_stay_finished_on_a_replaced_disk_of_an_aged_t
 
 
 def test_a_replaced_disk_takes_the_channel_controls_of_an_aged_topic(cluster):
-    """Youzan's skip and setorder on a topic whose retention has run, then the follower's disk
-    replaced: its catch-up copies the channel with its controls, and once it leads (the old
-    leader killed) its channel is still skipped and in order."""
+    """Youzan's skip, setorder, ratelimit and setclientlimit on a topic whose retention has
+    run, then the follower's disk replaced: its catch-up copies the channel with its
+    controls, and once it leads (the old leader killed) its channel is still skipped, in
+    order and limited."""
     cluster.create_writable_topic("t", 1, 2)
     leader = cluster.node_leading("t", 0)
     follower = _follower_of(cluster, "t")
     start = age_topic(cluster, "t")
-    for route in ("/channel/skip", "/channel/setorder"):
-        reply = leader.http("POST", f"{route}?topic=t&channel=c&partition=0&order=true")
+    for route in (
+        "/channel/skip",
+        "/channel/setorder?order=true",
+        "/channel/ratelimit?ratekilobytes=640",
+        "/channel/setclientlimit?ready=7&client_prefix=127.",
+    ):
+        path, _, arguments = route.partition("?")
+        reply = leader.http("POST", f"{path}?topic=t&channel=c&partition=0&{arguments}")
         assert reply.status == 200, reply
     replace_disk(cluster, follower)
     poll_back_in_isr(cluster, follower, "t")
@@ -329,7 +336,10 @@ def test_a_replaced_disk_takes_the_channel_controls_of_an_aged_topic(cluster):
     leader.kill()
     poll(lambda: cluster.node_leading("t", 0) is follower, "the follower leading")
     reply = follower.http("GET", "/stats?format=json&topic=t&channel=c&include_mem=false")
-    assert json.loads(reply.body)["topics"][0]["channels"][0]["skipped"] is True
+    stats = json.loads(reply.body)["topics"][0]["channels"][0]
+    assert (stats["skipped"], stats["rate_limit_kb"]) == (True, 640)
     dat = json.loads((follower.data_path / "nsqd.dat").read_bytes())
     (channel,) = [c for t in dat["topics"] if t["name"] == "t" for c in t["channels"]]
     assert (channel.get("skipped"), channel.get("in_order")) == (True, True)
+    assert channel.get("rate_limit_kb") == 640
+    assert channel.get("client_limits") == [{"prefix": "127.", "ready": 7}]

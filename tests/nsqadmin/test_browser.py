@@ -454,7 +454,8 @@ def test_reset_a_log_topic_channel_to_a_time(cluster, browser, topic_name):
 
 def test_skip_and_unskip_a_log_topic_channel(cluster, browser, topic_name):
     """A log topic's channel page offers Youzan's skip: after a confirmation every nsqd's
-    channel is skipped (nsqd's /channel/skip) and the page says so; unskip turns it back."""
+    channel is skipped (nsqd's /channel/skip) and the page says so; unskip turns it back. A
+    rate limit shows as a badge."""
     for nsqd in cluster.nsqds:
         for path in (
             f"topic/create?topic={topic_name}&partition_num=1",
@@ -475,6 +476,13 @@ def test_skip_and_unskip_a_log_topic_channel(cluster, browser, topic_name):
     assert flash(browser) == f"Unskipped {what}."
     assert [n.channel(topic_name, "ch")["skipped"] for n in cluster.nsqds] == [False, False]
     assert not browser.find_elements(By.ID, "skipped-badge")
+    # A rate limit (nsqd's /channel/ratelimit) shows as a badge, the highest of the nodes'.
+    assert not browser.find_elements(By.ID, "rate-limit-badge")
+    for nsqd, kilobytes in zip(cluster.nsqds, (640, 2048), strict=True):
+        target = f"channel/ratelimit?topic={topic_name}&channel=ch&partition=0"
+        assert http("POST", f"{nsqd.url}/{target}&ratekilobytes={kilobytes}").status == 200
+    browser.get(f"{cluster.url}/topics/{topic_name}/ch")
+    assert browser.find_element(By.ID, "rate-limit-badge").text == "at most 2,048 KiB/s"
 
 
 def test_the_topic_page_shows_each_partitions_replicas(replicated, browser):
