@@ -576,6 +576,8 @@ class ProtocolV2:
                 held_for = channel.rate_limit.wait(trio.current_time())
             if channel is not None and not held_for and client.is_ready():
                 room = min(client.room(), MAX_PUMP_BATCH)
+                if channel.rate_limit is not None:
+                    room = channel.rate_limit.affordable(room)
                 # The channel's delivery policy may let fewer go (ordered: one in flight).
                 messages = channel.take(room, client.desired_tag)
                 if messages and client.sample_rate:
