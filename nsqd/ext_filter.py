@@ -17,24 +17,36 @@ without a header, or whose value is not a string, matches no rule but an empty o
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 EXACT, REGEXP, GLOB, MULTI = 1, 2, 3, 4
+
+
+# How many headers a filter remembers its verdict on (a producer's headers repeat: a tag,
+# a region); past that it forgets them all and starts again.
+REMEMBERED_HEADERS = 1024
 
 
 @dataclass(frozen=True)
 class ExtFilter:
     match: Callable[[dict], bool]
     inverse: bool
+    _verdicts: dict[bytes, bool] = field(default_factory=dict, compare=False, repr=False)
 
     def accepts(self, header: bytes) -> bool:
         """Whether a message with this JSON header goes to the consumer."""
-        try:
-            fields = json.loads(header) if header else None
-        except ValueError:
-            fields = None
-        matched = isinstance(fields, dict) and self.match(fields)
-        return matched != self.inverse
+        verdicts = self._verdicts
+        verdict = verdicts.get(header)
+        if verdict is None:
+            try:
+                fields = json.loads(header) if header else None
+            except ValueError:
+                fields = None
+            verdict = (isinstance(fields, dict) and self.match(fields)) != self.inverse
+            if len(verdicts) >= REMEMBERED_HEADERS:
+                verdicts.clear()
+            verdicts[header] = verdict
+        return verdict
 
 
 def parse_ext_filter(data: object) -> ExtFilter | None:

@@ -3,7 +3,7 @@ expression, glob and multi, inverse, and the rules Youzan's nsqd cannot use."""
 
 import pytest
 
-from nsqpy.nsqd.ext_filter import parse_ext_filter
+from nsqpy.nsqd.ext_filter import REMEMBERED_HEADERS, parse_ext_filter
 
 
 def multi(relation: str) -> dict:
@@ -53,3 +53,15 @@ def test_each_kind_of_rule(rule, header, accepted):
 def test_a_rule_youzan_cannot_use_is_refused(rule):
     with pytest.raises(ValueError):
         parse_ext_filter(rule)
+
+
+def test_a_filter_gives_the_same_verdict_on_a_header_it_remembers_and_past_its_memory():
+    """Verdicts are remembered by header (a producer's headers repeat); past
+    REMEMBERED_HEADERS distinct ones it forgets and decides again, the same."""
+    rule = parse_ext_filter(
+        {"type": 3, "filter_ext_key": "k", "filter_data": "*7", "inverse": True}
+    )
+    headers = [b'{"k":"%d"}' % n for n in range(REMEMBERED_HEADERS * 2 + 3)]
+    first = [rule.accepts(header) for header in headers]
+    assert first == [not header.endswith(b'7"}') for header in headers]
+    assert [rule.accepts(header) for header in reversed(headers)] == first[::-1]
