@@ -105,6 +105,24 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         ok="stats", errors={400: _QUERY},
     ),
     Endpoint(
+        "GET", "/message/stats",
+        "Youzan: how the channel stands, plain text for people",
+        (TOPIC_REQ, CHANNEL, PARTITION),
+        ok="text", errors={400: _CHANNEL_ERRORS[400], 404: ("TOPIC_NOT_FOUND",)},
+    ),
+    Endpoint(
+        "GET", "/message/historystats",
+        "Youzan: a partition's published bytes per hour (22 hours), or every partition's last "
+        "hour",
+        (Param("topic", "Topic name"), PARTITION),
+        ok="json", errors={400: ("INVALID_REQUEST",), 404: ("E_TOPIC_NOT_EXIST",)},
+    ),
+    Endpoint(
+        "GET", "/serverstats",
+        "Youzan: version, health, start time and publishes refused for a write the disk refused",
+        ok="json",
+    ),
+    Endpoint(
         "POST", "/topic/create", "Create a topic (Youzan: `partition_num` partitions)",
         (TOPIC_REQ, Param("partition_num", "Youzan: 1..255 partitions"),
          Param("partition", "Youzan: create this one partition, 0..254"),

@@ -6,6 +6,7 @@ client or nsqadmin sees the same response from either daemon.
 
 import gc
 import json
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
@@ -47,12 +48,13 @@ from nsqpy.nsqd.ext_header import (
     trace_id_of,
     with_http_headers,
 )
+from nsqpy.nsqd.hourly_bytes import HOURS
 from nsqpy.nsqd.message_queue import RetainedLog
 from nsqpy.nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from nsqpy.nsqd.metrics import render_metrics
 from nsqpy.nsqd.options import MAX_ATTEMPTS
 from nsqpy.nsqd.publish import PublishError, publish, publish_traced
-from nsqpy.nsqd.stats import gather, memory_stats, text_report
+from nsqpy.nsqd.stats import channel_debug_text, gather, memory_stats, text_report
 from nsqpy.partition_log import ID_PARTITION_SHIFT, Position, record_size
 
 if TYPE_CHECKING:
@@ -95,6 +97,7 @@ MESSAGE_ROUTES = {
     ("POST", "/channel/replaydeadletters"): ("subscribe", "channel"),
     ("POST", "/message/finish"): ("subscribe", "channel"),
     ("GET", "/message/get"): ("subscribe", "topic"),
+    ("GET", "/message/stats"): ("subscribe", "channel"),
 }
 # With --http-auth-required besides: every other route but /ping and /info.
 EVERY_OTHER_ROUTE = {
@@ -106,6 +109,8 @@ EVERY_OTHER_ROUTE = {
     ("POST", "/topic/create"): ("publish", "topic"),
     ("POST", "/channel/create"): ("subscribe", "channel"),
     ("GET", "/stats"): ("subscribe", "node"),
+    ("GET", "/serverstats"): ("subscribe", "node"),
+    ("GET", "/message/historystats"): ("subscribe", "node"),
     ("GET", "/metrics"): ("subscribe", "node"),
     ("POST", "/topic/delete"): ("admin", "topic"),
     ("POST", "/topic/empty"): ("admin", "topic"),
@@ -219,6 +224,9 @@ class HTTPAPI:
         router.add("POST", "/channel/unskip", self.channel_skip)
         router.add("POST", "/channel/setorder", self.channel_set_order)
         router.add("POST", "/channel/ratelimit", self.channel_rate_limit)
+        router.add("GET", "/serverstats", self.server_stats)
+        router.add("GET", "/message/stats", self.message_stats)
+        router.add("GET", "/message/historystats", self.message_history_stats)
         router.add("POST", "/channel/setclientlimit", self.channel_set_client_limit)
         router.add("GET", "/config/*", self.config)
         router.add("PUT", "/config/*", self.config)
@@ -253,6 +261,74 @@ class HTTPAPI:
         if health != "OK":
             return text_response(500, health)
         return text_response(200, "OK")
+
+    def server_stats(self, request: Request) -> Response:
+        """Youzan's `GET /serverstats`: the version, health, start time and how many
+        publishes nsqd refused because the disk refused their write."""
+        nsqd = self.nsqd
+        return v1_response(
+            200,
+            {
+                "version": VERSION,
+                "health": nsqd.health,
+                "start_time": nsqd.start_time,
+                "server_pub_failed": nsqd.storage.refused_publishes.total(),
+            },
+        )
+
+    def message_stats(self, request: Request) -> Response:
+        """Youzan's `GET /message/stats?topic=&channel=[&partition=]`: how the channel stands,
+        as plain text for people (empty when the channel does not exist)."""
+        topics, channel_name = self._topic_and_channel_name(_query(request))
+        text = "".join(
+            channel_debug_text(topic.channels[channel_name])
+            for topic in topics
+            if channel_name in topic.channels
+        )
+        return v1_response(200, text)
+
+    def message_history_stats(self, request: Request) -> Response:
+        """Youzan's `GET /message/historystats?topic=&partition=`: the bytes published to the
+        partition in each of the 22 hours before the last two, oldest first; without either,
+        every partition's bytes of the hour before this one."""
+        params = _query(request)
+        topic_name = _first(params, "topic") or ""
+        partition_text = _first(params, "partition") or ""
+        hour = time.localtime().tm_hour
+        if not topic_name and not partition_text:
+            latest = (hour + HOURS - 1) % HOURS
+            return v1_response(
+                200,
+                {
+                    "node_hourly_pub_size_stats": [
+                        {
+                            "topic_name": topic.name,
+                            "topic_partition": str(topic.partition),
+                            "hourly_pub_size": topic.hourly_bytes.current(topic.message_bytes)[
+                                latest
+                            ],
+                        }
+                        for topic in sorted(
+                            self.nsqd.all_partitions(), key=lambda t: (t.name, t.partition)
+                        )
+                    ]
+                    or None
+                },
+            )
+        try:
+            partition = go_atoi(partition_text.encode("utf-8", "surrogateescape"))
+        except ValueError:
+            if topic_name and partition_text:
+                raise HTTPError(400, "INVALID_REQUEST") from None
+            partition = 0
+        topic = self.nsqd.registry.get(topic_name, partition)
+        if topic is None:
+            raise HTTPError(404, "E_TOPIC_NOT_EXIST")
+        buckets = topic.hourly_bytes.current(topic.message_bytes)
+        oldest = hour + 2
+        return v1_response(
+            200, {"hourly_pub_size": [buckets[(oldest + n) % HOURS] for n in range(HOURS - 2)]}
+        )
 
     def info(self, request: Request) -> Response:
         nsqd = self.nsqd

@@ -47,7 +47,7 @@ class WriteGroup:
     wanted it), or failed: then `error` says why, for each of them. The topic counts its
     messages and keeps its DPUBs' due times here until it is written."""
 
-    __slots__ = ("writer", "done", "error", "count", "body_bytes", "delays")
+    __slots__ = ("writer", "done", "error", "count", "publishes", "body_bytes", "delays")
     # Written by the awaited commit, not when the HTTP poller's pass ends.
     ends_with_pass = False
 
@@ -56,6 +56,7 @@ class WriteGroup:
         self.done = False
         self.error: Exception | None = None
         self.count = 0
+        self.publishes = 0
         self.body_bytes = 0
         # Its delayed records (DPUBs, moves to a delay queue), indexed once it is written.
         self.delays: list[DelayedRecord] = []
@@ -272,6 +273,7 @@ class LogWriter:
                 "TOPIC(%s) ERROR: failed to write message to log - %s", log.topic, error
             )
             self.storage.health.write_done(error)
+            self.storage.refused(log.topic, log.partition, group.publishes)
             self._refusing = True
             if self.on_disk_state is not None:
                 self.on_disk_state(os_error)

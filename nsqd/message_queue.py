@@ -569,6 +569,7 @@ class LogTopicQueue:
         """Into the log's open group, which counts them once written."""
         group = self.storage.append_to_log(self.writer, messages, self.topic, producer)
         group.count += len(messages)
+        group.publishes += 1
         group.body_bytes += body_bytes
         return group
 

@@ -47,6 +47,7 @@ def publish(
     try:
         return topic.publish(bodies, defer, trace_ids, ext_headers, producer)
     except BackendWriteError as error:
+        topic.nsqd.storage.refused(topic.name, topic.partition)
         raise PublishError(str(error), exiting=False) from None
 
 

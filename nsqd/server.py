@@ -368,6 +368,14 @@ class NSQD:
             await trio.sleep(RETENTION_INTERVAL)
             await self.clean_logs()
 
+    async def _hour_timer(self) -> None:
+        """Closes each hour of the partitions' hourly published bytes at its end."""
+        while True:
+            await trio.sleep(3600 - time.time() % 3600 + 0.5)
+            hour = time.localtime().tm_hour
+            for topic in self.all_partitions():
+                topic.hourly_bytes.close_hours(hour, topic.message_bytes)
+
     async def _sync_timer(self) -> None:
         """Go's diskqueue syncs dirty queues every `--sync-timeout` even when writes stop."""
         while True:
@@ -590,6 +598,7 @@ class NSQD:
                     nursery.start_soon(self._metadata_writer)
                     nursery.start_soon(self._sync_timer)
                     nursery.start_soon(self._retention_timer)
+                    nursery.start_soon(self._hour_timer)
                     if self.cluster.enabled:
                         await nursery.start(self.cluster.serve)
                     nursery.start_soon(self.lookup_peers.run, options.lookupd_tcp_address)

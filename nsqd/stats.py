@@ -15,6 +15,7 @@ from nsqpy.common.duration import format_duration
 from nsqpy.common.version import version_line
 from nsqpy.nsqd import dead_letters
 from nsqpy.nsqd.client import DEFAULT_LIMITED_READY
+from nsqpy.nsqd.cursor_queue import CursorQueue
 from nsqpy.nsqd.e2e import merged_result
 
 if TYPE_CHECKING:
@@ -186,6 +187,28 @@ def channel_stats(channel: "Channel", include_clients: bool, now: float) -> dict
     return stats
 
 
+def channel_debug_text(channel: "Channel") -> str:
+    """Youzan's GetChannelDebugStats, for `/message/stats`: what the channel holds in flight,
+    deferred and delayed, and (a log topic's channel) where it stands in the log, with the
+    ranges acknowledged beyond its confirmed position."""
+    text = (
+        f"topic {channel.topic_name} channel {channel.name} \n"
+        f"inflight {len(channel.in_flight)}, deferred: {len(channel.deferred)}, "
+        f"depth: {channel.depth}\n"
+    )
+    queue = channel.queue
+    if isinstance(queue, CursorQueue):
+        end, confirmed, ranges = queue.log.end, queue.confirmed, queue.acknowledged_ranges()
+        text += (
+            f"channel end : {end.offset}:{end.count},"
+            f"current read:{queue.read_position.offset}, "
+            f"current confirm {confirmed.offset}:{confirmed.count}, "
+            f"confirmed {len(ranges)} messages: {ranges}\n"
+            f"delayed: {queue.delayed_count}\n"
+        )
+    return text + "\n"
+
+
 def topic_stats(topic: "Topic", channels: list[dict], now: float) -> dict:
     streams = [c.e2e for c in topic.channels.values() if c.e2e is not None]
     # Go merges the channels' streams; a topic without one reports no stream at all.
@@ -207,6 +230,8 @@ def topic_stats(topic: "Topic", channels: list[dict], now: float) -> dict:
         stats["is_leader"] = not topic.replication.is_follower
         stats["is_multi_ordered"] = topic.ordered
         stats["is_ext"] = topic.ext
+        # Youzan's: publishes refused because the disk refused their write.
+        stats["pub_failed_cnt"] = topic.nsqd.storage.refused_publishes[topic.name, topic.partition]
     # A log topic's retained range, and a cluster partition's replicas.
     stats.update(topic.queue.position_stats())
     stats.update(topic.replication.stats())

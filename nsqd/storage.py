@@ -18,6 +18,7 @@ diskqueue does not write at once: the pass's records for each diskqueue are writ
 import fnmatch
 import logging
 import os
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -43,13 +44,14 @@ class DeferredWrite:
     together when the pass ends; `done` then, and `error` says whether the write failed (its
     publishes are refused: nothing of them was kept in memory either)."""
 
-    __slots__ = ("backend", "records", "failure", "args", "done", "error")
+    __slots__ = ("backend", "records", "publishes", "failure", "args", "done", "error")
     # Written when the poller's pass ends, not by an (awaited) commit.
     ends_with_pass = True
 
     def __init__(self, backend: DiskQueue, failure: str, args: tuple) -> None:
         self.backend = backend
         self.records: list[bytes] = []
+        self.publishes = 0
         # The line a failed write logs, as the immediate write would have.
         self.failure = failure
         self.args = args
@@ -66,6 +68,9 @@ class Storage:
         self.log = log
         self.health = Health(log)
         self.data_path = options.effective_data_path()
+        # Publishes refused for a write the disk refused, by topic and partition (Youzan's
+        # pub_failed_cnt; their sum is /serverstats' server_pub_failed).
+        self.refused_publishes: Counter[tuple[str, int]] = Counter()
         # Diskqueues written since the last commit.
         self._written_backends: set[DiskQueue] = set()
         # Diskqueue fsyncs under way: a commit that finds its queues taken by another task's
@@ -162,6 +167,7 @@ class Storage:
             if deferred is None:
                 deferred = self._deferred[backend] = DeferredWrite(backend, failure, args)
             deferred.records += records
+            deferred.publishes += 1
             self._last_deferred = deferred
             return
         try:
@@ -201,6 +207,7 @@ class Storage:
                 )
                 self.log.error(write.failure + " - %s", *write.args, failed)
                 self.health.write_done(failed)
+                self.refused(backend.name, 0, write.publishes)
                 write.error = failed
             else:
                 self.health.write_done(None)
@@ -232,6 +239,10 @@ class Storage:
             )
         self._written_logs.add(writer)
         return group
+
+    def refused(self, topic: str, partition: int, publishes: int = 1) -> None:
+        """`publishes` to a topic's partition refused because the disk refused their write."""
+        self.refused_publishes[topic, partition] += publishes
 
     def _write_failed(self, error: BackendWriteError, failure: str, *args) -> None:
         """A failed write: logged as `failure % args - <error>`, health NOK, raised."""

@@ -16,6 +16,7 @@ import trio
 
 from nsqpy.common.names import is_ephemeral
 from nsqpy.nsqd.channel import Channel
+from nsqpy.nsqd.hourly_bytes import HourlyBytes
 from nsqpy.nsqd.message import Message, MessageBatch
 from nsqpy.nsqd.message_queue import LogTopicQueue, TopicQueue
 from nsqpy.nsqd.replication import SINGLE_NODE, Replication
@@ -113,6 +114,8 @@ class Topic:
         self.deleted = False
         self.message_count = 0
         self.message_bytes = 0
+        # Youzan's hourly published bytes (`/message/historystats`), closed by nsqd's clock.
+        self.hourly_bytes = HourlyBytes(time.localtime().tm_hour, 0)
         # Partitioned topics are log topics (docs/design.md §13): every message in the
         # partition's log, channels as cursors into it. Classic topics keep go-diskqueue,
         # unless `--log-topic` names them or their log is on disk already.

@@ -282,7 +282,8 @@ def test_a_log_topic_on_a_full_disk_stops_nothing_and_recovers(tmp_path):
     """A single node's log topic (`--log-topic`) on a disk that fills while a consumer
     finishes messages: publishes are refused with the error, `/ping` says NOK, the channel's
     cursor cannot be written (its sync fails, again and again), retention cannot write the
-    log's new start, and nsqd keeps running; once space returns everything works again, and
+    log's new start, and nsqd keeps running (`/serverstats` counts the refused publishes);
+    once space returns everything works again, and
     after a clean restart every acknowledged message not finished is delivered."""
     disk = Tmpfs(tmp_path / "disk", "2m")
     data_path = disk.mount_point / "data"
@@ -319,6 +320,9 @@ def test_a_log_topic_on_a_full_disk_stops_nothing_and_recovers(tmp_path):
                 refused += 1
                 assert reply.startswith(b"E_PUB_FAILED PUB failed write "), reply
         assert refused > 0
+        # Youzan's /serverstats counts them.
+        status, text = http(http_port, "GET", "/serverstats")
+        assert status == 200 and json.loads(text)["server_pub_failed"] == refused, text
         # The consumer finishes what it gets: the cursor moves, and its file cannot be written.
         finished = set()
         for _ in range(10):
