@@ -43,6 +43,9 @@ TOPIC = Param("topic", "Topic name: 1..64 of `[.a-zA-Z0-9_-]`, optionally ending
 TOPIC_REQ = Param(TOPIC.name, TOPIC.description, required=True)
 CHANNEL = Param("channel", "Channel name, same rules as topic names", required=True)
 PARTITION = Param("partition", "Youzan: one partition of the topic (default: all)")
+# A publish past --max-pub-waiting-size: `E_PUB_TOO_MUCH_WAITING pub too much waiting in the
+# queue: <bytes>`.
+_TOO_MUCH_WAITING = ("E_PUB_TOO_MUCH_WAITING",)
 _QUERY = ("INVALID_REQUEST",)  # an unparseable query string (bad `%` escape, `;`)
 # A publish refused: a cluster partition that cannot replicate, or /disable/write.
 _REFUSED_WRITES = ("E_FAILED_ON_NOT_WRITABLE", "E_FAILED_ON_NOT_LEADER")
@@ -67,7 +70,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         ok="text:OK",
         errors={400: ("MISSING_ARG_TOPIC", "INVALID_TOPIC", "MSG_EMPTY", "INVALID_DEFER",
                       "INVALID_ARG_TOPIC_PARTITION", *_REFUSED_WRITES, *_QUERY),
-                404: ("E_TOPIC_NOT_EXIST",),
+                404: ("E_TOPIC_NOT_EXIST",), 429: _TOO_MUCH_WAITING,
                 413: ("MSG_TOO_BIG",), 500: ("INTERNAL_ERROR",), 503: ("EXITING",)},
         documented_5xx="500 INTERNAL_ERROR when the write fails, 503 EXITING while stopping",
     ),
@@ -77,7 +80,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         body="The message", ok="text:OK",
         errors={400: ("MISSING_ARG_TOPIC", "INVALID_TOPIC", "MSG_EMPTY", "INVALID_DEFER",
                       "INVALID_ARG_TOPIC_PARTITION", *_REFUSED_WRITES, *_QUERY),
-                404: ("E_TOPIC_NOT_EXIST",),
+                404: ("E_TOPIC_NOT_EXIST",), 429: _TOO_MUCH_WAITING,
                 413: ("MSG_TOO_BIG",), 500: ("INTERNAL_ERROR",), 503: ("EXITING",)},
         documented_5xx="as /pub",
     ),
@@ -88,7 +91,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         body="The messages", ok="text:OK",
         errors={400: ("MISSING_ARG_TOPIC", "INVALID_TOPIC", "INVALID_ARG_TOPIC_PARTITION",
                       *_REFUSED_WRITES, *_QUERY),
-                404: ("E_TOPIC_NOT_EXIST",),
+                404: ("E_TOPIC_NOT_EXIST",), 429: _TOO_MUCH_WAITING,
                 413: ("BODY_TOO_BIG", "MSG_TOO_BIG", "BAD_BODY", "BAD_MESSAGE"),
                 500: ("INTERNAL_ERROR",), 503: ("EXITING",)},
         documented_5xx="as /pub",
@@ -248,7 +251,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         body="The message", ok="json",
         errors={400: ("MSG_EMPTY", "INVALID_TRACE_ID", "MISSING_ARG_TOPIC",
                       "INVALID_ARG_TOPIC_PARTITION", *_REFUSED_WRITES, *_QUERY),
-                404: ("E_TOPIC_NOT_EXIST",), 413: ("MSG_TOO_BIG",), 503: ("EXITING",)},
+                404: ("E_TOPIC_NOT_EXIST",), 429: _TOO_MUCH_WAITING, 413: ("MSG_TOO_BIG",),
+                503: ("EXITING",)},
         documented_5xx="503 EXITING while stopping",
     ),
     Endpoint(
@@ -262,7 +266,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         errors={400: ("MSG_EMPTY", "E_INVALID_JSON_HEADER", "INVALID_TRACE_ID",
                       "E_EXT_NOT_SUPPORT", "MISSING_ARG_TOPIC", "INVALID_ARG_TOPIC_PARTITION",
                       *_REFUSED_WRITES, *_QUERY),
-                404: ("E_TOPIC_NOT_EXIST",), 413: ("MSG_TOO_BIG",), 503: ("EXITING",)},
+                404: ("E_TOPIC_NOT_EXIST",), 429: _TOO_MUCH_WAITING, 413: ("MSG_TOO_BIG",),
+                503: ("EXITING",)},
         documented_5xx="503 EXITING while stopping",
     ),
     Endpoint("POST", "/disable/write", "Youzan: refuse writes (`all`, `ordered`) or allow them",

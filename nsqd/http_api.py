@@ -53,7 +53,7 @@ from nsqpy.nsqd.message_queue import RetainedLog
 from nsqpy.nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from nsqpy.nsqd.metrics import render_metrics
 from nsqpy.nsqd.options import MAX_ATTEMPTS
-from nsqpy.nsqd.publish import PublishError, publish, publish_traced
+from nsqpy.nsqd.publish import PublishError, TooMuchWaiting, publish, publish_traced
 from nsqpy.nsqd.stats import channel_debug_text, gather, memory_stats, text_report
 from nsqpy.partition_log import ID_PARTITION_SHIFT, Position, record_size
 
@@ -450,7 +450,7 @@ class HTTPAPI:
     def _publish(self, topic, bodies: list[bytes], defer: float) -> None:
         try:
             publish(self.nsqd, topic, bodies, defer=defer)
-        except PublishError as error:
+        except (PublishError, TooMuchWaiting) as error:
             raise _publish_refused(error) from None
 
     # -- stats ---------------------------------------------------------------------------
@@ -852,7 +852,7 @@ class HTTPAPI:
         trace_id = int(trace_text)
         try:
             (message,) = publish_traced(self.nsqd, topic, [body], trace_ids=[trace_id])
-        except PublishError as error:
+        except (PublishError, TooMuchWaiting) as error:
             raise _publish_refused(error) from None
         return _traced_reply(message, trace_text, topic)
 
@@ -884,7 +884,7 @@ class HTTPAPI:
                 trace_ids=[trace_id or 0],
                 ext_headers=[encode_fields(fields)],
             )
-        except PublishError as error:
+        except (PublishError, TooMuchWaiting) as error:
             raise _publish_refused(error) from None
         if trace_id is None:
             return _ok_written(topic)
@@ -1244,9 +1244,12 @@ def _port(address: str | None) -> int:
     return int(address.rsplit(":", 1)[1]) if address and ":" in address else 0
 
 
-def _publish_refused(error: PublishError) -> HTTPError:
+def _publish_refused(error: PublishError | TooMuchWaiting) -> HTTPError:
     """503 EXITING while nsqd exits. Go answers 503 EXITING to any PutMessage error; a full
-    disk is no exit, so it gets 500 INTERNAL_ERROR (which Go's /pub also answers)."""
+    disk is no exit, so it gets 500 INTERNAL_ERROR (which Go's /pub also answers). Youzan's
+    429 when too much waits in the topic."""
+    if isinstance(error, TooMuchWaiting):
+        return HTTPError(429, f"E_PUB_TOO_MUCH_WAITING {error}")
     return HTTPError(503, "EXITING") if error.exiting else HTTPError(500, "INTERNAL_ERROR")
 
 

@@ -105,6 +105,14 @@ class LogWriter:
         return group
 
     @property
+    def waiting_bytes(self) -> int:
+        """Body bytes of the groups appended and not yet acknowledged: the open one, those
+        written and waiting to be replicated or synced."""
+        waiting = self.group.body_bytes if self.group is not None else 0
+        waiting += sum(group.body_bytes for _record, group in self._unreplicated)
+        return waiting + sum(group.body_bytes for group in self._unsynced)
+
+    @property
     def dirty(self) -> bool:
         return self.log.dirty
 

@@ -161,6 +161,11 @@ class TopicQueue(MessageQueue, Protocol):
         None when a publish is durable once the commit syncs (a diskqueue)."""
 
     @property
+    def waiting_bytes(self) -> int:
+        """Body bytes of publishes taken but not yet acknowledged (a log's groups waiting to
+        be written, replicated or synced): Youzan's pub waiting bytes. 0 for a diskqueue."""
+
+    @property
     def seekable(self) -> bool:
         """Whether a channel may start anywhere in what is kept (SUB_ADVANCED)."""
 
@@ -412,6 +417,7 @@ class BufferedTopicQueue(BufferedDiskQueue):
 
     keeps_batches = True
     write_group = None
+    waiting_bytes = 0
     seekable = False
     retained = None
 
@@ -576,6 +582,10 @@ class LogTopicQueue:
     @property
     def write_group(self) -> "WriteGroup | None":
         return self.writer.group
+
+    @property
+    def waiting_bytes(self) -> int:
+        return self.writer.waiting_bytes
 
     @property
     def retained(self) -> RetainedLog:

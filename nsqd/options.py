@@ -68,6 +68,9 @@ class Options:
     # Youzan's channel delivery limit in KiB/s of bodies over 1 KiB (nsqd/rate_limit.py); 0 is
     # none (Youzan's default is 102400).
     channel_ratelimit_kb: int = 0
+    # Youzan's cap on a log topic's body bytes taken and not yet acknowledged: a publish that
+    # would pass it is refused E_PUB_TOO_MUCH_WAITING (HTTP 429).
+    max_pub_waiting_size: int = 200 * 1024 * 1024
     # Log topics: consumed segments are kept this many days, or up to this many bytes per day
     # of retention (Youzan's --retention-days and --retention-size-per-day).
     retention_days: int = 7
@@ -330,6 +333,13 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 Kind.INT,
                 d.max_conn_for_client,
                 "TCP connections at most: one more is told 'too much client connections'",
+            ),
+            Flag(
+                "max-pub-waiting-size",
+                Kind.INT64,
+                d.max_pub_waiting_size,
+                "a log topic refuses a publish that would leave more body bytes than this"
+                " waiting to be acknowledged (E_PUB_TOO_MUCH_WAITING)",
             ),
             Flag(
                 "channel-ratelimit-kb",
@@ -635,6 +645,8 @@ def options_from_values(values: dict) -> Options:
         raise OptionsError(f"--max-attempts must be between 0 and {MAX_ATTEMPTS}")
     if options.sync_every < 1:
         raise OptionsError("--sync-every must be >= 1")
+    if options.max_pub_waiting_size < 1:
+        raise OptionsError("--max-pub-waiting-size must be >= 1")
     if options.channel_ratelimit_kb < 0:
         raise OptionsError("--channel-ratelimit-kb must be >= 0")
     workers = worker_count(options.workers)

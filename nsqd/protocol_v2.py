@@ -49,7 +49,7 @@ from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.identify import Negotiated, decode_identify, negotiate
 from nsqpy.nsqd.message import Message, MessageBatch
 from nsqpy.nsqd.protocol_youzan import YouzanCommands, is_partition
-from nsqpy.nsqd.publish import PublishError, publish
+from nsqpy.nsqd.publish import PublishError, TooMuchWaiting, publish
 from nsqpy.nsqd.tls import connection_details
 
 if TYPE_CHECKING:
@@ -1032,6 +1032,8 @@ class ProtocolV2:
             raise ProtocolError(
                 code, f"{label} failed {error}", fatal=self.dialect.publish_errors_are_fatal
             ) from None
+        except TooMuchWaiting as error:
+            raise ProtocolError("E_PUB_TOO_MUCH_WAITING", str(error), fatal=True) from None
         group = topic.queue.write_group
         if group is not None:
             # Its reply goes next in the batch's replies; the commit may still refuse it.
