@@ -108,9 +108,13 @@ class LogWriter:
     def waiting_bytes(self) -> int:
         """Body bytes of the groups appended and not yet acknowledged: the open one, those
         written and waiting to be replicated or synced."""
-        waiting = self.group.body_bytes if self.group is not None else 0
-        waiting += sum(group.body_bytes for _record, group in self._unreplicated)
-        return waiting + sum(group.body_bytes for group in self._unsynced)
+        group = self.group
+        waiting = group.body_bytes if group is not None else 0
+        if self._unreplicated:
+            waiting += sum(group.body_bytes for _record, group in self._unreplicated)
+        if self._unsynced:
+            waiting += sum(group.body_bytes for group in self._unsynced)
+        return waiting
 
     @property
     def dirty(self) -> bool:
