@@ -219,6 +219,12 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              (TOPIC_REQ, CHANNEL, PARTITION, Param("order", "`true` or `false`", required=True)),
              errors={**_CHANNEL_ERRORS,
                      400: (*_CHANNEL_ERRORS[400], "E_FAILED_ON_NOT_LEADER", "INVALID_OPTION")}),
+    Endpoint("POST", "/channel/fixconfirmed",
+             "Youzan: a log topic's channel reads again from its confirmed position what it "
+             "neither holds nor has acknowledged",
+             (TOPIC_REQ, CHANNEL, PARTITION),
+             errors={**_CHANNEL_ERRORS,
+                     400: (*_CHANNEL_ERRORS[400], "E_FAILED_ON_NOT_LEADER")}),
     Endpoint("POST", "/channel/ratelimit",
              "Youzan: the channel delivers bodies over 1 KiB at most `ratekilobytes` KiB/s "
              "(0 or less: the daemon's `--channel-ratelimit-kb`)",

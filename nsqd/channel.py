@@ -220,6 +220,19 @@ class Channel:
         for client in self.clients.values():
             client.wakeup.set()
 
+    def fix_confirmed(self) -> None:
+        """Youzan's `/channel/fixconfirmed`: a log topic's channel reads again, from its
+        confirmed position, what it neither holds nor has acknowledged (nothing, unless it
+        lost track of a message); as Youzan's, not while paused, skipped or in order."""
+        queue = self.queue
+        if self.paused or self.skipped or self.ordered or not isinstance(queue, CursorQueue):
+            return
+        held = {message.id for message in self.in_flight}
+        held.update(message.id for message in self.deferred)
+        held.update(self._moving)
+        queue.reread(held)
+        self.notify()
+
     def limit_clients(self, prefix: str, ready: int) -> None:
         """Youzan's `/channel/setclientlimit`: the consumers whose address starts with
         `prefix` have at most `ready` messages in flight, whatever their RDY; kept for those

@@ -107,6 +107,9 @@ class CursorQueue:
         self.emptied_delayed_below: int | None = None
         self.closed = False
         self.redeliver: deque[Message] = deque()
+        # `/channel/fixconfirmed`: reading again from `confirmed` up to this offset, passing
+        # the messages the channel holds (in flight, deferred, to be delivered again).
+        self._rereading: tuple[int, set[bytes]] | None = None
         # Messages an earlier nsqpy kept for this channel in a diskqueue, before partitioned
         # topics were logs: delivered first, written back if still unacknowledged at a stop,
         # and the files removed once none is left.
@@ -423,6 +426,8 @@ class CursorQueue:
             self.read_position = Position(
                 last.offset + record_size(last, self.log.ext), last.count + 1
             )
+            if self._rereading is not None:
+                messages = self._not_held(messages)
             if self.log.read_delayed:
                 self.log.read_delayed = False
                 messages = self._pass_delayed(messages)
@@ -661,10 +666,27 @@ class CursorQueue:
     def seek(self, kind: str, value: int) -> None:
         self.set_position(self.log.position_for(kind, value))
 
+    def reread(self, held: set[bytes]) -> None:
+        """Youzan's fix of a channel's confirmed position: read again from it what is neither
+        acknowledged nor `held` (the IDs of what the channel holds in flight or deferred), so
+        nothing the channel lost track of stays undelivered and nothing it holds comes
+        twice."""
+        held.update(message.id for message in self.redeliver)
+        self._rereading = (self.read_position.offset, held)
+        self.read_position = self.confirmed
+
+    def _not_held(self, messages: list[Message]) -> list[Message]:
+        assert self._rereading is not None
+        until, held = self._rereading
+        if self.read_position.offset >= until:
+            self._rereading = None
+        return [message for message in messages if message.id not in held]
+
     def set_position(self, position: Position) -> None:
         """Replay or skip: deliver from `position` on; acknowledged ranges are forgotten."""
         self.confirmed = position
         self.read_position = position
+        self._rereading = None
         self.redeliver.clear()
         self._ranges_changed = self._ranges_changed or bool(self._ranges)
         self._ranges.clear()

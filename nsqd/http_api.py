@@ -96,6 +96,7 @@ MESSAGE_ROUTES = {
     ("POST", "/channel/finishmemdelayed"): ("subscribe", "channel"),
     ("POST", "/channel/replaydeadletters"): ("subscribe", "channel"),
     ("POST", "/message/finish"): ("subscribe", "channel"),
+    ("POST", "/channel/fixconfirmed"): ("subscribe", "channel"),
     ("GET", "/message/get"): ("subscribe", "topic"),
     ("GET", "/message/stats"): ("subscribe", "channel"),
 }
@@ -224,6 +225,7 @@ class HTTPAPI:
         router.add("POST", "/channel/unskip", self.channel_skip)
         router.add("POST", "/channel/setorder", self.channel_set_order)
         router.add("POST", "/channel/ratelimit", self.channel_rate_limit)
+        router.add("POST", "/channel/fixconfirmed", self.channel_fix_confirmed)
         router.add("GET", "/serverstats", self.server_stats)
         router.add("GET", "/message/stats", self.message_stats)
         router.add("GET", "/message/historystats", self.message_history_stats)
@@ -778,6 +780,21 @@ class HTTPAPI:
             lambda channel: channel.set_order(order == "true"),
             "in order" if order == "true" else "FIFO",
         )
+
+    def channel_fix_confirmed(self, request: Request) -> Response:
+        """Youzan's `/channel/fixconfirmed?topic=&channel=[&partition=]`: a log topic's
+        channel reads again from its confirmed position what it neither holds (in flight,
+        deferred) nor has acknowledged (`Channel.fix_confirmed`). 200, empty body."""
+        for topic, channel in self._led_channels(request):
+            channel.fix_confirmed()
+            self.nsqd.log.info(
+                "TOPIC(%s) partition %d channel %s: fix confirmed by %s",
+                topic.name,
+                topic.partition,
+                channel.name,
+                request.remote,
+            )
+        return v1_response(200)
 
     async def channel_rate_limit(self, request: Request) -> Response:
         """Youzan's `/channel/ratelimit?topic=&channel=[&partition=]&ratekilobytes=N`: the

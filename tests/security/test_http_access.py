@@ -41,6 +41,7 @@ ROUTES = {
     ("POST", "/channel/finishmemdelayed"): ("subscribe", "subscribe"),
     ("POST", "/channel/replaydeadletters"): ("subscribe", "subscribe"),
     ("POST", "/message/finish"): ("subscribe", "subscribe"),
+    ("POST", "/channel/fixconfirmed"): ("subscribe", "subscribe"),
     ("GET", "/message/get"): ("subscribe", "subscribe"),
     ("GET", "/message/stats"): ("subscribe", "subscribe"),
     ("POST", "/pub"): ("open", "publish"),
