@@ -427,13 +427,19 @@ class Channel:
         if delay > 0:
             self.deferred.push(message, now + delay)
             cursor = self.cursor
+            long_delay = delay >= self.nsqd.options.req_to_end_threshold
             if (
                 cursor is not None
                 and not self.delivery.ordered
                 and (
-                    delay >= self.nsqd.options.req_to_end_threshold
-                    or cursor.window_full
-                    or (message.attempts > MAX_MEMORY_REQUEUES and delay >= 1.0)
+                    (long_delay and self._delay_queue_takes(cursor, limit_reached=False))
+                    or (
+                        (
+                            cursor.window_full
+                            or (message.attempts > MAX_MEMORY_REQUEUES and delay >= 1.0)
+                        )
+                        and self._delay_queue_takes(cursor, limit_reached=True)
+                    )
                 )
             ):
                 # Youzan's requeue to the end: the message waits in the delay queue, and the
@@ -446,6 +452,17 @@ class Channel:
             self._redeliver([message])
         return True
 
+    def _delay_queue_takes(self, cursor: CursorQueue, *, limit_reached: bool) -> bool:
+        """Youzan's `--max-channel-delayed-qnum`: a long REQ goes to the delay queue while the
+        channel has fewer delayed messages than it; a move that keeps the cursor going (a
+        full window, a message requeued again and again) while it has at most ten times as
+        many; past that, deferrals stay in memory."""
+        limit = self.nsqd.options.max_channel_delayed_qnum
+        if not limit:
+            return True
+        count = cursor.delayed_count
+        return count <= 10 * limit if limit_reached else count < limit
+
     def _move_to_end(self, message: Message, delay: float) -> None:
         assert self.cursor is not None
         if message.id not in self._moving and self.cursor.move_to_end(message, delay):
@@ -454,7 +471,9 @@ class Channel:
     def _move_deferred_to_end(self) -> None:
         """The window filled: what waits in memory holds the cursor back, so it moves to the
         delay queue (an ordered channel keeps its order instead)."""
-        if self.delivery.ordered:
+        cursor = self.cursor
+        assert cursor is not None  # the cursor calls it
+        if self.delivery.ordered or not self._delay_queue_takes(cursor, limit_reached=True):
             return
         now = trio.current_time()
         for message in list(self.deferred):

@@ -71,6 +71,9 @@ class Options:
     # Youzan's cap on a log topic's body bytes taken and not yet acknowledged: a publish that
     # would pass it is refused E_PUB_TOO_MUCH_WAITING (HTTP 429).
     max_pub_waiting_size: int = 200 * 1024 * 1024
+    # Youzan's cap on a channel's messages in the delay queue: a long REQ moves there below it,
+    # a full window's or a much-requeued message's up to ten times it (0: no cap).
+    max_channel_delayed_qnum: int = 160_000
     # Log topics: consumed segments are kept this many days, or up to this many bytes per day
     # of retention (Youzan's --retention-days and --retention-size-per-day).
     retention_days: int = 7
@@ -333,6 +336,13 @@ def build_flags(defaults: Options | None = None) -> FlagSet:
                 Kind.INT,
                 d.max_conn_for_client,
                 "TCP connections at most: one more is told 'too much client connections'",
+            ),
+            Flag(
+                "max-channel-delayed-qnum",
+                Kind.INT64,
+                d.max_channel_delayed_qnum,
+                "a channel's messages in its partition's delay queue: a long REQ moves there"
+                " only below this, other moves up to ten times it (0: no cap)",
             ),
             Flag(
                 "max-pub-waiting-size",
@@ -647,6 +657,8 @@ def options_from_values(values: dict) -> Options:
         raise OptionsError("--sync-every must be >= 1")
     if options.max_pub_waiting_size < 1:
         raise OptionsError("--max-pub-waiting-size must be >= 1")
+    if options.max_channel_delayed_qnum < 0:
+        raise OptionsError("--max-channel-delayed-qnum must be >= 0")
     if options.channel_ratelimit_kb < 0:
         raise OptionsError("--channel-ratelimit-kb must be >= 0")
     workers = worker_count(options.workers)

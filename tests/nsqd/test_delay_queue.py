@@ -80,6 +80,37 @@ def test_a_dpub_is_delayed_through_kill_9_right_after_its_ok(tmp_path):
         daemon.stop()
 
 
+def test_past_the_channels_delayed_cap_a_long_req_stays_in_memory(tmp_path):
+    """Youzan's `--max-channel-delayed-qnum`: with a cap of 1, the first long REQ moves to the
+    delay queue, the second stays deferred in memory; both come when due."""
+    daemon = start_nsqd(
+        tmp_path, *FLAGS, "--req-to-end-threshold=1s", "--max-channel-delayed-qnum=1"
+    )
+    try:
+        create_channel(daemon)
+        mpub(daemon.port("TCP"), [b"a", b"b"])
+        connection = subscribe(daemon.port("TCP"), 10)
+        first, second = connection.read_messages(2)
+        connection.send(b"REQ " + first.id + b" 2000\n")
+        poll(
+            lambda: channel_stats(daemon)["delayed_queue_count"] == 1,
+            lambda: f"the first moved: {channel_stats(daemon)}",
+        )
+        connection.send(b"REQ " + second.id + b" 2000\n")
+        poll(
+            lambda: (
+                (c := channel_stats(daemon))["delayed_queue_count"] == 1
+                and c["deferred_count"] == 1
+                and c["in_flight_count"] == 0
+            ),
+            lambda: f"the second deferred in memory: {channel_stats(daemon)}",
+        )
+        again = connection.read_messages(2)
+        assert sorted(m.body for m in again) == [b"a", b"b"]
+    finally:
+        daemon.kill()
+
+
 def test_a_message_moved_to_the_end_comes_when_due_across_restarts_and_once(tmp_path):
     args = (*FLAGS, "--req-to-end-threshold=1s")
     daemon = start_nsqd(tmp_path, *args)
