@@ -340,7 +340,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                     required=True),
               Param("search_pos", "The count, decimal ID, offset or unix seconds",
                     required=True),
-              Param("needext", "`true`: the ext header too")),
+              Param("needext", "`true`: the ext header too"),
+              Param("delayed_queue", "`true`: a channel's message in the delay queue, by ID"),
+              Param("channel", "With `delayed_queue`: the channel")),
              ok="json", errors={400: (), 404: ()}),
 )  # fmt: skip
 

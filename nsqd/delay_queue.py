@@ -268,6 +268,23 @@ class DelayQueue:
             for _due, message_id, offset, count in due
         ]
 
+    def find(self, channel: str, message_id: int) -> tuple[int, int, int] | None:
+        """Where a channel's delayed message's record is and when it is due (unix ms):
+        `(offset, count, due)`, or None when the channel has no such delayed message."""
+        key = (channel, message_id)
+        if key in self._done_pending:
+            return None
+        entry = self._unstored.get(key)
+        if entry is not None:
+            return entry
+        row = self._db.execute(
+            "SELECT offset, count, due FROM delayed WHERE channel = ? AND id = ?", key
+        ).fetchone()
+        if row is None:
+            return None
+        offset, count, due = row
+        return offset, count, due - OUT if due >= OUT else due
+
     def done(self, channel: str, message_id: bytes) -> bool:
         """A delayed message was finished: it leaves the queue. False if it was not in it."""
         key = (channel, _id(message_id))

@@ -1062,7 +1062,10 @@ class HTTPAPI:
             if not 0 <= partition < 1024:
                 raise HTTPError(400, "invalid message id")
             params = {**params, "partition": [str(partition)]}
-        _topic, log = self._log_partition(params)
+        topic, log = self._log_partition(params)
+        need_ext = _first(params, "needext") == "true"
+        if _first(params, "delayed_queue") == "true":
+            return self._delayed_message(topic, log, params, mode, value, need_ext)
         position: Position | None
         if mode == "count":
             inside = log.start.count <= value < log.end.count
@@ -1079,7 +1082,6 @@ class HTTPAPI:
         if not found:
             raise HTTPError(404, f"no message at {mode} {value} in the partition's log")
         (message,) = found
-        need_ext = _first(params, "needext") == "true"
         return v1_response(
             200,
             {
@@ -1090,6 +1092,39 @@ class HTTPAPI:
                 "attempts": message.attempts,
                 "offset": message.offset,
                 "queue_cnt_index": message.count,
+                "ext": message.ext_header.decode("utf-8", "replace") if need_ext else "",
+            },
+        )
+
+    def _delayed_message(
+        self, topic, log: RetainedLog, params: dict, mode: str, value: int, need_ext: bool
+    ) -> Response:
+        """`/message/get?delayed_queue=true&search_mode=id&channel=`: a channel's message in
+        the partition's delay queue, by its ID, with Youzan's answer (`orig_id` the ID it
+        was published with: nsqpy's copy keeps it, so both are the same) and errors."""
+        delay_queue = getattr(topic.queue, "delay_queue", None)
+        if delay_queue is None:
+            raise HTTPError(404, "no delayed queue on the topic")
+        if mode != "id":
+            raise HTTPError(400, "delayed queue search mode must be id")
+        channel = _first(params, "channel") or ""
+        if not channel:
+            raise HTTPError(400, "delayed queue search channel must be given")
+        entry = delay_queue.find(channel, value)
+        found = log.read(Position(entry[0], entry[1]), 1) if entry is not None else []
+        if not found:
+            raise HTTPError(404, "no message found in delayed queue")
+        (message,) = found
+        return v1_response(
+            200,
+            {
+                "id": value,
+                "orig_id": value,
+                "trace_id": message.trace_id,
+                "body": message.body.decode("utf-8", "replace"),
+                "timestamp": message.timestamp,
+                "attempts": message.attempts,
+                "offset": message.offset,
                 "ext": message.ext_header.decode("utf-8", "replace") if need_ext else "",
             },
         )

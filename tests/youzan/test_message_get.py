@@ -3,6 +3,8 @@ found by count, ID, virtual offset or (nsqpy's) time, with Youzan's JSON and err
 
 import time
 
+from nsqpy.common.command import encode_command
+from tests.support.polling import wait_until
 from tests.youzan.support import connect, create_partitions, http, pub_ext
 
 
@@ -57,3 +59,33 @@ async def test_what_cannot_be_found_or_parsed_is_answered_as_youzans(nsqd):
     ):
         missing = await get(nsqd, query)
         assert missing.status == 404, (query, missing)
+
+
+async def test_a_channels_delayed_message_is_found_in_the_delay_queue_by_id(nsqd):
+    """`delayed_queue=true`: a DPUB waiting in the partition's delay queue, for a channel."""
+    await create_partitions(nsqd, "yz", 0)
+    created = await http(nsqd, "POST", "/channel/create?topic=yz&channel=c&partition=0")
+    assert created.status == 200, created
+    writer = await connect(nsqd)
+    await writer.command_ok(encode_command("DPUB", "yz", 60_000, 0, body=b"later"))
+    message_id = (await get(nsqd, "partition=0&search_mode=count&search_pos=0")).json()["id"]
+
+    async def found() -> bool:
+        query = f"partition=0&delayed_queue=true&search_mode=id&search_pos={message_id}"
+        return (await get(nsqd, f"{query}&channel=c")).status == 200
+
+    await wait_until(found, "the DPUB in the delay queue")
+    query = f"partition=0&delayed_queue=true&search_mode=id&search_pos={message_id}"
+    delayed = (await get(nsqd, f"{query}&channel=c")).json()
+    assert (delayed["id"], delayed["orig_id"], delayed["body"]) == (message_id, message_id, "later")
+    for extra, status, text in [
+        ("&channel=other", 404, "no message found in delayed queue"),
+        ("", 400, "delayed queue search channel must be given"),
+    ]:
+        reply = await get(nsqd, f"{query}{extra}")
+        assert (reply.status, reply.json()) == (status, {"message": text})
+    by_count = await get(nsqd, "partition=0&delayed_queue=true&search_mode=count&search_pos=0")
+    assert (by_count.status, by_count.json()) == (
+        400,
+        {"message": "delayed queue search mode must be id"},
+    )
