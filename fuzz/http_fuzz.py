@@ -72,6 +72,8 @@ class HTTPStats:
     responses: int = 0
     connections: int = 0
     status: Counter = field(default_factory=Counter)
+    # The routes that answered 5xx, and how often.
+    server_errors: Counter = field(default_factory=Counter)
     messages: Counter = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
     violation_count: int = 0
@@ -88,6 +90,7 @@ class HTTPStats:
         self.responses += other.responses
         self.connections += other.connections
         self.status.update(other.status)
+        self.server_errors.update(other.server_errors)
         self.messages.update(other.messages)
         self.violation_count += other.violation_count
         self.violations.extend(other.violations[: max(0, 50 - len(self.violations))])
@@ -369,6 +372,8 @@ def check_response(request: Request, response: Response, stats: HTTPStats) -> st
     """None when the response is one nsqd may give to this request, else what is wrong."""
     status = response.status
     stats.status[status] += 1
+    if status >= 500:
+        stats.server_errors[request.path] += 1
     if status == 400 and response.headers.get("content-type") == http_spec.TEXT:
         if request.method != "HEAD" and response.body != http_spec.BAD_REQUEST_TEXT:
             return f"bare 400 with body {response.body[:100]!r}"

@@ -121,6 +121,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         ok="json", errors={400: ("INVALID_REQUEST",), 404: ("E_TOPIC_NOT_EXIST",)},
     ),
     Endpoint(
+        "GET", "/coordinator/stats",
+        "Youzan: a cluster node's partitions of a topic with their ISR and catch-up nodes",
+        (Param("topic", "Topic name"), PARTITION),
+        ok="json", errors={400: ("INVALID_REQUEST",), 500: ("Coordinator is disabled.",)},
+        documented_5xx="500 `Coordinator is disabled.` outside a cluster",
+    ),
+    Endpoint(
         "GET", "/serverstats",
         "Youzan: version, health, start time and publishes refused for a write the disk refused",
         ok="json",

@@ -368,6 +368,35 @@ class ClusterNode:
             "disk_error": _held(topic).disk_error,
         }
 
+    def coordinator_stats(self, topic_name: str, partition: int) -> dict:
+        """Youzan's `/coordinator/stats`: the ISR and catch-up nodes of each partition of
+        `topic_name` this node holds (`partition` -1: all of them; no topic: none), a node's
+        own catch-up progress in percent of what its leader had when it started."""
+        stats = []
+        if topic_name:
+            for topic in self.nsqd.registry.partitions(topic_name):
+                if _replica_of(topic) is None or partition not in (-1, topic.partition):
+                    continue
+                info = _held(topic).info
+                progress = self.catch_ups.progress(topic)
+                stats.append(
+                    {
+                        "node": self.node_id,
+                        "name": topic.name,
+                        "partition": topic.partition,
+                        "isr_stats": [{"hostname": "", "node_id": node} for node in info.isr],
+                        "catchup_stats": [
+                            {
+                                "hostname": "",
+                                "node_id": node,
+                                "progress": _percent(progress) if node == self.node_id else 0,
+                            }
+                            for node in info.catchup
+                        ],
+                    }
+                )
+        return {"rpc_stats": None, "topic_coord_stats": stats}
+
     def log_of(self, topic: "Topic") -> PartitionLog[Message]:
         return _log(topic)
 
@@ -1550,3 +1579,12 @@ class ClusterNode:
 
 def _is_stale_leader(error: Exception) -> bool:
     return isinstance(error, ReplicaRefusal) and error.code == "E_FAILED_ON_NOT_LEADER"
+
+
+def _percent(progress: dict | None) -> int:
+    """How far a catch-up is, in percent of the bytes it had to copy when it started."""
+    if progress is None or progress["behind"] is None:
+        return 0
+    copied = progress["copied_bytes"]
+    total = copied + progress["behind"]["bytes"]
+    return 100 if not total else int(100 * copied / total)

@@ -111,6 +111,7 @@ EVERY_OTHER_ROUTE = {
     ("POST", "/channel/create"): ("subscribe", "channel"),
     ("GET", "/stats"): ("subscribe", "node"),
     ("GET", "/serverstats"): ("subscribe", "node"),
+    ("GET", "/coordinator/stats"): ("subscribe", "node"),
     ("GET", "/message/historystats"): ("subscribe", "node"),
     ("GET", "/metrics"): ("subscribe", "node"),
     ("POST", "/topic/delete"): ("admin", "topic"),
@@ -227,6 +228,7 @@ class HTTPAPI:
         router.add("POST", "/channel/ratelimit", self.channel_rate_limit)
         router.add("POST", "/channel/fixconfirmed", self.channel_fix_confirmed)
         router.add("GET", "/serverstats", self.server_stats)
+        router.add("GET", "/coordinator/stats", self.coordinator_stats)
         router.add("GET", "/message/stats", self.message_stats)
         router.add("GET", "/message/historystats", self.message_history_stats)
         router.add("POST", "/channel/setclientlimit", self.channel_set_client_limit)
@@ -277,6 +279,24 @@ class HTTPAPI:
                 "server_pub_failed": nsqd.storage.refused_publishes.total(),
             },
         )
+
+    def coordinator_stats(self, request: Request) -> Response:
+        """Youzan's `GET /coordinator/stats?topic=[&partition=]`: a cluster node's partitions
+        of the topic with their ISR and catch-up nodes (`ClusterNode.coordinator_stats`);
+        500 `Coordinator is disabled.` outside a cluster."""
+        cluster = self.nsqd.cluster
+        if not cluster.enabled:
+            raise HTTPError(500, "Coordinator is disabled.")
+        params = _query(request)
+        partition_text = _first(params, "partition") or ""
+        partition = -1
+        if partition_text:
+            try:
+                partition = go_atoi(partition_text.encode("utf-8", "surrogateescape"))
+            except ValueError:
+                raise HTTPError(400, "INVALID_REQUEST") from None
+        topic_name = _first(params, "topic") or ""
+        return v1_response(200, cluster.coordinator_stats(topic_name, partition))
 
     def message_stats(self, request: Request) -> Response:
         """Youzan's `GET /message/stats?topic=&channel=[&partition=]`: how the channel stands,

@@ -112,6 +112,32 @@ def test_every_replica_reports_the_partitions_state(cluster):
             }
 
 
+def test_coordinator_stats_give_each_partitions_isr(cluster):
+    """Youzan's `/coordinator/stats?topic=`: each node holding the topic's partition names its
+    ISR; without a topic, no partition; a node's `partition` that is not a number is refused."""
+    info = cluster.partition("two", 0)
+    for node in cluster.nodes:
+        reply = node.http("GET", "/coordinator/stats?topic=two&partition=0")
+        assert reply.status == 200, reply
+        entries = json.loads(reply.body)["topic_coord_stats"]
+        if node.node_id not in info["isr"]:
+            assert entries == []
+            continue
+        assert entries == [
+            {
+                "node": node.node_id,
+                "name": "two",
+                "partition": 0,
+                "isr_stats": [{"hostname": "", "node_id": n} for n in info["isr"]],
+                "catchup_stats": [],
+            }
+        ]
+        everything = json.loads(node.http("GET", "/coordinator/stats").body)
+        assert everything == {"rpc_stats": None, "topic_coord_stats": []}
+        bad = node.http("GET", "/coordinator/stats?topic=two&partition=x")
+        assert (bad.status, json.loads(bad.body)) == (400, {"message": "INVALID_REQUEST"})
+
+
 def test_metrics_name_each_family_once(cluster):
     # A node that holds both partitions ("three" is on every node).
     node = cluster.node(cluster.partition("two", 0)["leader"])

@@ -1,6 +1,7 @@
 """Youzan's stats routes beside `/stats` (docs/protocol.md §6.2): `/serverstats` (the version,
 health, start time and the publishes refused for a write the disk refused), `/message/stats`
-(how a channel stands, a text) and `/message/historystats` (bytes published per hour); and
+(how a channel stands, a text), `/message/historystats` (bytes published per hour) and
+`/coordinator/stats` outside a cluster (in one: tests/cluster/test_replica_stats.py); and
 `pub_failed_cnt` in a partition's `/stats`. (The refusals themselves are counted on a full
 disk: tests/reliability/test_disk_faults.py.)"""
 
@@ -92,3 +93,8 @@ async def test_an_hour_closed_by_the_clock_shows_in_the_history(nsqd):
     topic.hourly_bytes.close_hours(hour, topic.message_bytes)
     reply = await http(nsqd, "GET", "/message/historystats?topic=yz&partition=0")
     assert reply.json()["hourly_pub_size"] == [0] * 20 + [300, 0]
+
+
+async def test_coordinator_stats_outside_a_cluster_say_the_coordinator_is_disabled(nsqd):
+    reply = await http(nsqd, "GET", "/coordinator/stats?topic=yz")
+    assert (reply.status, reply.json()) == (500, {"message": "Coordinator is disabled."})
