@@ -72,6 +72,7 @@ from nsqpy.nsqd.partition_replica import UNKNOWN_REPLICA, PartitionReplica
 from nsqpy.nsqd.peer_link import PeerLink, PeerUnavailable
 from nsqpy.nsqd.tls import cluster_contexts
 from nsqpy.partition_log import PartitionLog, Position
+from nsqpy.partition_log.files import partitions_on_disk
 from nsqpy.partition_log.index import entry_end
 from nsqpy.partition_log.segments import read_pieces
 
@@ -367,6 +368,28 @@ class ClusterNode:
             "catch_up": self.catch_ups.progress(topic),
             "disk_error": _held(topic).disk_error,
         }
+
+    def unused_partitions(self, topic_names: list[str], partition: int) -> list[tuple[str, int]]:
+        """Youzan's `/topic/cleanunused`: of the partitions of `topic_names` whose logs are on
+        disk here (`partition` -1: all of them) and that this node does not serve, those the
+        cluster's metadata gives to other nodes or no longer has; none before this node read
+        the metadata (an unreachable etcd must not empty a disk)."""
+        session = self.session
+        if session is None or not session.loaded or not session.metas:
+            return []
+        unused = []
+        me = self.node_id
+        data_path = self.nsqd.data_path
+        for name in topic_names:
+            if not is_valid_name(name):
+                continue
+            for number in partitions_on_disk(data_path, name):
+                if partition not in (-1, number) or self.nsqd.registry.get(name, number):
+                    continue
+                info = session.infos.get((name, number))
+                if name not in session.metas or info is None or not info.holds(me):
+                    unused.append((name, number))
+        return unused
 
     def coordinator_stats(self, topic_name: str, partition: int) -> dict:
         """Youzan's `/coordinator/stats`: the ISR and catch-up nodes of each partition of

@@ -6,6 +6,7 @@ client or nsqadmin sees the same response from either daemon.
 
 import gc
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -56,6 +57,7 @@ from nsqpy.nsqd.options import MAX_ATTEMPTS
 from nsqpy.nsqd.publish import PublishError, TooMuchWaiting, publish, publish_traced
 from nsqpy.nsqd.stats import channel_debug_text, gather, memory_stats, text_report
 from nsqpy.partition_log import ID_PARTITION_SHIFT, Position, record_size
+from nsqpy.partition_log.files import LogFiles
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.channel import Channel
@@ -119,6 +121,7 @@ EVERY_OTHER_ROUTE = {
     ("POST", "/topic/pause"): ("admin", "topic"),
     ("POST", "/topic/unpause"): ("admin", "topic"),
     ("POST", "/topic/greedyclean"): ("admin", "topic"),
+    ("POST", "/topic/cleanunused"): ("admin", "node"),
     ("POST", "/channel/delete"): ("admin", "channel"),
     ("POST", "/channel/empty"): ("admin", "channel"),
     ("POST", "/channel/pause"): ("admin", "channel"),
@@ -241,6 +244,7 @@ class HTTPAPI:
         router.add("POST", "/disable/write", self.disable_write)
         router.add("POST", "/channel/setoffset", self.channel_setoffset)
         router.add("POST", "/topic/greedyclean", self.topic_greedyclean)
+        router.add("POST", "/topic/cleanunused", self.topic_clean_unused)
         router.add("GET", "/partition/offsets", self.partition_offsets)
         router.add("GET", "/partition/search", self.partition_search)
         router.add("GET", "/partition/fetch", self.partition_fetch)
@@ -981,6 +985,55 @@ class HTTPAPI:
             raise HTTPError(500, str(error)) from None
         return v1_response(200)
 
+    async def topic_clean_unused(self, request: Request) -> Response:
+        """Youzan's `POST /topic/cleanunused?topic=[&partition=][&checkall=true][&dryrun=false]`:
+        a cluster node removes the logs on its disk of partitions the cluster gives to other
+        nodes or no longer has (`ClusterNode.unused_partitions`); a dry run (the default, as
+        Youzan's) only says which. Outside a cluster there is nothing to do."""
+        params = _query(request)
+        partition = -1
+        partition_text = _first(params, "partition") or ""
+        if partition_text:
+            try:
+                partition = go_atoi(partition_text.encode("utf-8", "surrogateescape"))
+            except ValueError:
+                raise HTTPError(400, "INVALID_REQUEST") from None
+        cluster = self.nsqd.cluster
+        if not cluster.enabled:
+            return v1_response(200)
+        names = [_first(params, "topic") or ""]
+        if not names[0]:
+            names = []
+            if _first(params, "checkall") == "true":
+                names = sorted(
+                    entry.name
+                    for entry in os.scandir(self.nsqd.data_path)
+                    if entry.is_dir(follow_symlinks=False)
+                )
+        dry_run = _first(params, "dryrun") != "false"
+        unused = cluster.unused_partitions(names, partition)
+        for name, number in unused:
+            self.nsqd.log.info(
+                "TOPIC(%s) partition %d: %s the unused local data, by %s",
+                name,
+                number,
+                "would remove" if dry_run else "removing",
+                request.remote,
+            )
+            if not dry_run:
+                files = LogFiles(self.nsqd.data_path, name, number)
+                try:
+                    await trio.to_thread.run_sync(_remove_files, files.all_files())
+                except OSError as error:
+                    raise HTTPError(500, str(error)) from None
+        return v1_response(
+            200,
+            {
+                "dry_run": dry_run,
+                "partitions": [{"topic": name, "partition": number} for name, number in unused],
+            },
+        )
+
     # -- range reads of log topics (docs/protocol.md §6.3) ---------------------------------------
 
     def _log_partitions(self, params: dict[str, list[str]]) -> list[tuple["Topic", RetainedLog]]:
@@ -1344,3 +1397,8 @@ def _message_id_param(params: dict[str, list[str]]) -> bytes:
     if len(text) != 16 or not all(c in "0123456789abcdef" for c in text):
         raise HTTPError(400, "INVALID_REQUEST")
     return text.encode()
+
+
+def _remove_files(paths: list[str]) -> None:
+    for path in paths:
+        os.remove(path)

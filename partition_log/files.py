@@ -111,6 +111,16 @@ def index_file_name(topic: str, partition: int) -> str:
     return f"{topic}_{partition}.commit.log"
 
 
+def partitions_on_disk(data_path: str, topic: str) -> list[int]:
+    """The partitions of `topic` whose logs are on disk (their commit-log indexes)."""
+    pattern = re.compile(re.escape(topic) + r"_(\d+)\.commit\.log$")
+    try:
+        names = os.listdir(os.path.join(data_path, topic))
+    except OSError:
+        return []
+    return sorted(int(match.group(1)) for name in names if (match := pattern.match(name)))
+
+
 def log_exists(data_path: str, topic: str, partition: int) -> bool:
     """Whether a partition's log is on disk (its commit-log index)."""
     return os.path.exists(os.path.join(data_path, topic, index_file_name(topic, partition)))

@@ -138,6 +138,34 @@ def test_coordinator_stats_give_each_partitions_isr(cluster):
         assert (bad.status, json.loads(bad.body)) == (400, {"message": "INVALID_REQUEST"})
 
 
+def test_cleanunused_removes_the_logs_of_partitions_the_cluster_gives_elsewhere(cluster):
+    """Youzan's `/topic/cleanunused`: files of partition 0 of `two` left on the node that does
+    not hold it, and of a topic the cluster does not have, are listed by a dry run and
+    removed by `dryrun=false`; the nodes that hold `two` have nothing unused."""
+    info = cluster.partition("two", 0)
+    (outsider,) = [node for node in cluster.nodes if node.node_id not in info["isr"]]
+    leftovers = [
+        outsider.data_path / "two" / "two_0.commit.log",
+        outsider.data_path / "two" / "two-0.diskqueue.000000.dat",
+        outsider.data_path / "ghost" / "ghost_3.commit.log",
+    ]
+    for path in leftovers:
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"left over")
+    reply = outsider.http("POST", "/topic/cleanunused?checkall=true")
+    assert reply.status == 200, reply
+    listed = [{"topic": "ghost", "partition": 3}, {"topic": "two", "partition": 0}]
+    assert json.loads(reply.body) == {"dry_run": True, "partitions": listed}
+    assert all(path.exists() for path in leftovers)
+    reply = outsider.http("POST", "/topic/cleanunused?topic=two&dryrun=false")
+    assert json.loads(reply.body) == {"dry_run": False, "partitions": listed[1:]}
+    assert [path.exists() for path in leftovers] == [False, False, True]
+    for node in cluster.nodes:
+        if node is not outsider:
+            reply = node.http("POST", "/topic/cleanunused?topic=two&dryrun=false")
+            assert json.loads(reply.body)["partitions"] == []
+
+
 def test_metrics_name_each_family_once(cluster):
     # A node that holds both partitions ("three" is on every node).
     node = cluster.node(cluster.partition("two", 0)["leader"])

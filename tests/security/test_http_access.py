@@ -61,6 +61,7 @@ ROUTES = {
     ("POST", "/topic/pause"): ("open", "admin"),
     ("POST", "/topic/unpause"): ("open", "admin"),
     ("POST", "/topic/greedyclean"): ("open", "admin"),
+    ("POST", "/topic/cleanunused"): ("open", "admin"),
     ("POST", "/channel/delete"): ("open", "admin"),
     ("POST", "/channel/empty"): ("open", "admin"),
     ("POST", "/channel/pause"): ("open", "admin"),
