@@ -1,0 +1,205 @@
+"""A partition's log as its files on disk say, read only: for tools that inspect a data
+directory whether nsqd runs or not (`nsq_data_tool`). Nothing is written, cut or recovered:
+a torn tail is left as it is, and only what the commit-log index names is read.
+"""
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+
+from nsqpy.partition_log.files import LogFiles
+from nsqpy.partition_log.index import (
+    ENTRY,
+    IndexEntry,
+    IndexReader,
+    entry_end,
+    index_files,
+    read_current_number,
+)
+from nsqpy.partition_log.records import (
+    DELAYED_FLAGS,
+    EXT_FLAGS,
+    PRODUCER_FLAGS,
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    SIZE,
+    Position,
+    Record,
+    decode_flagged_record,
+)
+from nsqpy.partition_log.recovery import read_start
+from nsqpy.partition_log.segments import Segment, scan_segments
+
+FLAGGED = frozenset((*DELAYED_FLAGS, *EXT_FLAGS, *PRODUCER_FLAGS))
+
+
+class ChannelPosition:
+    """What a channel's files say: its confirmed position, the ranges it acknowledged beyond
+    it, and the messages it deferred in memory when it last wrote them (ID to due time)."""
+
+    def __init__(self, name: str, confirmed: Position | None, ranges: list, deferred: dict):
+        self.name = name
+        self.confirmed = confirmed
+        self.ranges = ranges
+        self.deferred = deferred
+
+
+class LogView:
+    """One partition's files: its retained start, its commit-log index, its segments."""
+
+    def __init__(self, data_path: str, topic: str, partition: int) -> None:
+        self.files = files = LogFiles(data_path, topic, partition)
+        if not os.path.exists(files.index()):
+            raise FileNotFoundError(
+                f"no commit log for {topic} partition {partition}: {files.index()}"
+            )
+        self.start = read_start(files)
+        self.index_number = read_current_number(files)
+        active = os.path.getsize(files.index()) // ENTRY.size
+        self.active_entries = active
+        self.index = IndexReader(index_files(files, self.index_number, active))
+        self.segments: list[Segment] = scan_segments(files, self.start)
+
+    def close(self) -> None:
+        self.index.__exit__(None, None, None)
+
+    @property
+    def last_entry(self) -> IndexEntry | None:
+        total = self.index.total
+        return self.index.entry(total - 1) if total else None
+
+    @property
+    def end(self) -> Position:
+        last = self.last_entry
+        return Position(*entry_end(last)) if last is not None else self.start
+
+    # -- the index ---------------------------------------------------------------------------
+
+    def entry_at(self, mode: str, value: int) -> int:
+        """The position in the index of the group holding the message that `mode` (`count`,
+        `id`, `virtual_offset`, `timestamp`: unix nanoseconds) names; ValueError when the
+        index holds none."""
+        index = self.index
+        if mode == "count":
+            position = index.count_where(lambda entry: entry[5] - 1 <= value) - 1
+        elif mode == "id":
+            position = index.count_where(lambda entry: entry[0] <= value) - 1
+        elif mode == "virtual_offset":
+            position = index.count_where(lambda entry: entry[3] <= value) - 1
+        elif mode == "timestamp":
+            position = index.count_where(lambda entry: self._first_timestamp(entry) < value)
+            position = max(position - 1, 0) if position == index.total else position
+        else:
+            raise ValueError(f"not supported search mode: {mode}")
+        if not 0 <= position < index.total:
+            raise ValueError(f"no message at {mode} {value} in the commit log")
+        return position
+
+    def _first_timestamp(self, entry: IndexEntry) -> int:
+        for message in self.records(Position(entry[3], entry[5] - 1), 1):
+            return message.timestamp
+        return 0
+
+    # -- records -------------------------------------------------------------------------------
+
+    def records(self, position: Position, limit: int) -> Iterator[Record]:
+        """Up to `limit` messages from `position` (a record's start) on, up to the index's
+        end; OSError when a file is shorter than the index says."""
+        offset, count = position
+        end = self.end.offset
+        for segment in self.segments:
+            if limit <= 0 or offset >= end:
+                return
+            if not segment.start <= offset < segment.start + segment.size:
+                continue
+            path = self.files.segment(segment.number)
+            with open(path, "rb") as file:
+                while limit > 0 and offset < min(end, segment.start + segment.size):
+                    file.seek(offset - segment.start)
+                    header = file.read(SIZE.size)
+                    if len(header) < SIZE.size:
+                        raise OSError(f"{path}: torn record at {offset}")
+                    (size,) = SIZE.unpack(header)
+                    record = file.read(size)
+                    if len(record) < size:
+                        raise OSError(f"{path}: torn record at {offset}")
+                    yield decode_record(record, offset, count)
+                    offset += SIZE.size + size
+                    count += 1
+                    limit -= 1
+
+    # -- channels and the delay queue ----------------------------------------------------------
+
+    def channels(self) -> list[ChannelPosition]:
+        """Every channel whose position file is beside the log."""
+        prefix, suffix = f"{self.files.name}:", ".diskqueue.meta.v2.reader.dat"
+        names = sorted(
+            name[len(prefix) : -len(suffix)]
+            for name in os.listdir(self.files.directory)
+            if name.startswith(prefix) and name.endswith(suffix)
+        )
+        return [self.channel(name) for name in names]
+
+    def channel(self, name: str) -> ChannelPosition:
+        confirmed = None
+        try:
+            with open(self.files.reader_meta(name), "rb") as file:
+                lines = file.read().split(b"\n")
+            confirmed = Position(int(lines[2].split(b",")[2]), int(lines[0]))
+        except (OSError, ValueError, IndexError):
+            pass
+        return ChannelPosition(
+            name,
+            confirmed,
+            _json_file(self.files.acked(name), []),
+            _json_file(self.files.delays(name), {}),
+        )
+
+    def delayed(self, channel: str, limit: int) -> tuple[dict[str, int], list[tuple]]:
+        """The delay queue's count per channel, and `channel`'s (every channel's when empty)
+        first `limit` entries by due time: (channel, ID, offset, count, due unix ms)."""
+        path = self.files.delay_queue
+        if not os.path.exists(path):
+            return {}, []
+        try:
+            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            counts = dict(db.execute("SELECT channel, count(*) FROM delayed GROUP BY channel"))
+        except sqlite3.Error:
+            # No WAL index to share (nsqd stopped): read the file as it is.
+            db = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+            counts = dict(db.execute("SELECT channel, count(*) FROM delayed GROUP BY channel"))
+        try:
+            where, arguments = ("WHERE channel = ?", (channel,)) if channel else ("", ())
+            rows = db.execute(
+                f"SELECT channel, id, offset, count, due FROM delayed {where}"
+                " ORDER BY due, id LIMIT ?",
+                (*arguments, limit),
+            ).fetchall()
+        finally:
+            db.close()
+        return counts, rows
+
+
+def decode_record(record: bytes, offset: int, count: int) -> Record:
+    """One record's message, whatever its kind (plain, ext, producer-marked, delayed)."""
+    timestamp, attempts, internal_id, trace_id = RECORD_HEADER.unpack_from(record)
+    if attempts & 0xF000 in FLAGGED:
+        return decode_flagged_record(record, offset, count, Record)
+    return Record(
+        b"%016x" % internal_id,
+        bytes(record[RECORD_HEADER_SIZE:]),
+        timestamp,
+        attempts,
+        offset,
+        trace_id,
+        count,
+    )
+
+
+def _json_file(path: str, empty):
+    try:
+        with open(path, "rb") as file:
+            return json.loads(file.read())
+    except (OSError, ValueError):
+        return empty
