@@ -19,6 +19,7 @@ from nsqpy.daemon.log import LOG_LEVELS, parse_log_level
 from nsqpy.nsqadmin.actions import ActionError, is_same_origin
 from nsqpy.nsqadmin.cluster import RequestError, UpstreamError
 from nsqpy.nsqadmin.options import build_flags
+from nsqpy.nsqadmin.statistics import FILTERS, rank_name, statistics
 from nsqpy.nsqadmin.stats import aggregate_topic, counter_stats, find_producer, warning_message
 
 if TYPE_CHECKING:
@@ -84,6 +85,12 @@ class API:
             web.get(f"{prefix}/api/nodes/{{node}}", self.node),
             web.delete(f"{prefix}/api/nodes/{{node}}", self.tombstone_node_for_topic),
             web.get(f"{prefix}/api/counter", self.counter),
+            web.get(f"{prefix}/api/statistics", self.statistics),
+            web.get(f"{prefix}/api/statistics/{{sort_by}}", self.statistics),
+            web.get(
+                f"{prefix}/api/coordinators/{{node}}/{{topic}}/{{partition}}", self.coordinator
+            ),
+            web.get(f"{prefix}/api/cluster/stats", self.cluster_stats),
             web.get(f"{prefix}/api/graphite", self.graphite),
             web.get(f"{prefix}/config/{{opt}}", self.config),
             web.put(f"{prefix}/config/{{opt}}", self.config),
@@ -195,6 +202,61 @@ class API:
         return v1_response(
             {"stats": counter_stats(stats.channels), "message": warning_message(messages + more)}
         )
+
+    async def statistics(self, request: web.Request) -> web.Response:
+        """Youzan's statistics: without a sort, the sorts there are; with one, its top ten
+        (nsqadmin/statistics.py)."""
+        sort_by = request.match_info.get("sort_by", "")
+        if not sort_by:
+            return v1_response({"filters": list(FILTERS)})
+        try:
+            top, messages = await statistics(
+                self.admin.cluster, self._lookupds, self._nsqds, sort_by
+            )
+        except UpstreamError as error:
+            return upstream_error(error)
+        return v1_response(
+            {
+                "rank_name": rank_name(sort_by),
+                "top10": [item.to_json() for item in top],
+                "message": warning_message(messages),
+            }
+        )
+
+    async def coordinator(self, request: web.Request) -> web.Response:
+        """Youzan's coordinator of a topic's partition on one node: its ISR and catch-up
+        nodes, as the node's `/coordinator/stats` says; 404 NODE_NOT_FOUND for a node that
+        does not produce the topic."""
+        node, topic = request.match_info["node"], request.match_info["topic"]
+        cluster = self.admin.cluster
+        try:
+            producers, messages = await cluster.get_topic_producers(
+                topic, self._lookupds, self._nsqds
+            )
+        except UpstreamError as error:
+            return upstream_error(error)
+        producer = find_producer(producers, node)
+        if producer is None:
+            return v1_error(404, "NODE_NOT_FOUND")
+        stats: dict = {}
+        try:
+            stats = await cluster.get_coordinator_stats(
+                producer, topic, request.match_info["partition"]
+            )
+        except RequestError as error:
+            messages = [*messages, str(error)]
+        return v1_response({**stats, "message": warning_message(messages)})
+
+    async def cluster_stats(self, request: web.Request) -> web.Response:
+        """Youzan's `/api/cluster/stats`: the master nsqlookupd's `/cluster/stats`; 503
+        `Service Unavailable` when no nsqlookupd given is the master of a cluster."""
+        try:
+            stats, _errors = await self.admin.cluster.get_cluster_stats(self._lookupds)
+        except UpstreamError as error:
+            return upstream_error(error)
+        if stats is None:
+            return v1_error(503, "Service Unavailable")
+        return v1_response(stats)
 
     async def graphite(self, request: web.Request) -> web.Response:
         """Go's graphiteHandler: a channel's rate over the last statsd interval, from

@@ -397,6 +397,29 @@ class ClusterInfo:
 
     # ---------------------------------------------------------------------------- clusters
 
+    async def get_message_histories(self, producers: list[Producer]) -> list[dict]:
+        """Every producer's `/message/historystats` (Youzan's: the last full hour of each
+        partition it holds); a node without the route (Go's nsqd) adds nothing."""
+
+        async def history(producer: Producer) -> dict:
+            return await self.get_json(endpoint(producer.http_address, "message/historystats"))
+
+        outcomes = await asyncio.gather(
+            *(history(producer) for producer in producers), return_exceptions=True
+        )
+        found = []
+        for outcome in outcomes:
+            if isinstance(outcome, dict):
+                found.append(outcome)
+            elif isinstance(outcome, BaseException) and not isinstance(outcome, RequestError):
+                raise outcome
+        return found
+
+    async def get_coordinator_stats(self, producer: Producer, topic: str, partition: str) -> dict:
+        """The node's `/coordinator/stats` for a topic's partition; RequestError as any."""
+        query = {"topic": topic, **({"partition": partition} if partition else {})}
+        return await self.get_json(endpoint(producer.http_address, "coordinator/stats", query))
+
     async def get_cluster_stats(self, lookupds: list[str]) -> tuple[dict | None, list[str]]:
         """The replicated cluster as its master nsqlookupd sees it (`/cluster/stats`), or
         None when no nsqlookupd given is in a cluster; the errors of those that failed."""

@@ -28,7 +28,8 @@ from markupsafe import Markup
 from nsqpy.common.version import VERSION
 from nsqpy.nsqadmin.actions import ActionError, is_same_origin, unix_seconds
 from nsqpy.nsqadmin.charts import render_chart, render_sparkline
-from nsqpy.nsqadmin.cluster import UpstreamError
+from nsqpy.nsqadmin.cluster import RequestError, UpstreamError
+from nsqpy.nsqadmin.statistics import FILTERS, rank_name, statistics
 from nsqpy.nsqadmin.stats import (
     E2eLatency,
     NodeStats,
@@ -183,6 +184,8 @@ class Pages:
             web.get(f"{p}/nodes/{{node}}", self.node),
             web.post(f"{p}/nodes/{{node}}", self.node_form),
             web.get(f"{p}/counter", self.counter),
+            web.get(f"{p}/statistics", self.statistics),
+            web.get(f"{p}/coordinators/{{node}}/{{topic}}/{{partition}}", self.coordinator),
             web.get(f"{p}/lookup", self.lookup),
             web.post(f"{p}/lookup", self.lookup_form),
         ]
@@ -419,6 +422,55 @@ class Pages:
         )
         total = sum(entry["message_count"] for entry in counter_stats(stats.channels).values())
         return self._render(request, "counter.html", problems=problems, nav="counter", total=total)
+
+    async def statistics(self, request: web.Request) -> web.Response:
+        """Youzan's Statistics page: the top ten topics or channels by the sort chosen."""
+        sort_by = request.query.get("sort", FILTERS[0])
+        problems = Problems()
+        top = await problems.get(
+            statistics(self.admin.cluster, self._lookupds, self._nsqds, sort_by), []
+        )
+        return self._render(
+            request,
+            "statistics.html",
+            problems=problems,
+            nav="statistics",
+            filters=FILTERS,
+            sort_by=sort_by,
+            rank_name=rank_name(sort_by),
+            top=top,
+        )
+
+    async def coordinator(self, request: web.Request) -> web.Response:
+        """Youzan's coordinator of a topic's partition, as one node's `/coordinator/stats`
+        says: its ISR and the nodes catching up."""
+        node, topic = request.match_info["node"], request.match_info["topic"]
+        partition = request.match_info["partition"]
+        problems = Problems()
+        cluster = self.admin.cluster
+        producers = await problems.get(
+            cluster.get_topic_producers(topic, self._lookupds, self._nsqds), []
+        )
+        producer = find_producer(producers, node)
+        coordinators: list[dict] = []
+        if producer is not None:
+            try:
+                stats = await cluster.get_coordinator_stats(producer, topic, partition)
+                coordinators = stats.get("topic_coord_stats") or []
+            except RequestError as error:
+                problems.errors.append(str(error))
+        return self._render(
+            request,
+            "coordinator.html",
+            status=200 if producer is not None else 404,
+            problems=problems,
+            nav="streams",
+            node=node,
+            topic=topic,
+            partition=partition,
+            producer=producer,
+            coordinators=coordinators,
+        )
 
     async def lookup(self, request: web.Request) -> web.Response:
         problems = Problems()

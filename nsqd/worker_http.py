@@ -43,6 +43,8 @@ _EVERY_WORKER = (
     ("POST", "/loglevel/set"),
     ("POST", "/debug/freememory"),
 )
+# Node-wide answers without a topic, each worker's joined (`WorkerRouter._collected`).
+_COLLECTED = ("/serverstats", "/message/historystats")
 _BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
 
 
@@ -69,7 +71,11 @@ class WorkerRouter:
         return self.worker.owner_elsewhere(topic.encode())
 
     def _gathers(self, request: Request) -> bool:
-        return request.method == "GET" and request.path in ("/stats", "/metrics")
+        if request.method != "GET":
+            return False
+        if request.path in _COLLECTED:
+            return "topic=" not in request.query_string
+        return request.path in ("/stats", "/metrics")
 
     def _on_every_worker(self, request: Request) -> bool:
         path = request.path
@@ -171,19 +177,11 @@ class WorkerRouter:
                     await self._at(index, request)
         return answer
 
-    async def _gathered(self, request: Request) -> Response:
-        """`/stats` or `/metrics` of the whole node: every worker's topics and producers."""
-        params = query_params(request)
-        wanted = {"format": "json", "include_mem": "false"}
-        for key in ("topic", "channel", "include_clients"):
-            value = first_param(params, key)
-            if value is not None:
-                wanted[key] = value
-        query = urllib.parse.urlencode(wanted)
+    async def _from_every_worker(self, asked: Request) -> list[dict]:
+        """Every worker's JSON answer to `asked` (those that answered 200)."""
         documents: list[dict] = []
 
         async def ask(index: int) -> None:
-            asked = Request("GET", f"/stats?{query}".encode(), request.headers, b"")
             if index == self.worker.index:
                 answer = await self.local.dispatch(asked)
             else:
@@ -194,6 +192,39 @@ class WorkerRouter:
         async with trio.open_nursery() as nursery:
             for index in range(self.worker.count):
                 nursery.start_soon(ask, index)
+        return documents
+
+    async def _collected(self, request: Request) -> Response:
+        """Youzan's node-wide `/serverstats` and `/message/historystats`: every worker's
+        partitions and refused publishes."""
+        documents = await self._from_every_worker(request)
+        if not documents:
+            return v1_response(500, "INTERNAL_ERROR")
+        if request.path == "/serverstats":
+            document = dict(documents[0])
+            document["server_pub_failed"] = sum(d["server_pub_failed"] for d in documents)
+            document["health"] = next(
+                (d["health"] for d in documents if d["health"] != "OK"), self.nsqd.health
+            )
+            return v1_response(200, document)
+        entries = _merged(documents, "node_hourly_pub_size_stats")
+        if entries is not None:
+            entries.sort(key=lambda entry: (entry["topic_name"], int(entry["topic_partition"])))
+        return v1_response(200, {"node_hourly_pub_size_stats": entries})
+
+    async def _gathered(self, request: Request) -> Response:
+        """`/stats` or `/metrics` of the whole node: every worker's topics and producers."""
+        if request.path in _COLLECTED:
+            return await self._collected(request)
+        params = query_params(request)
+        wanted = {"format": "json", "include_mem": "false"}
+        for key in ("topic", "channel", "include_clients"):
+            value = first_param(params, key)
+            if value is not None:
+                wanted[key] = value
+        query = urllib.parse.urlencode(wanted)
+        asked = Request("GET", f"/stats?{query}".encode(), request.headers, b"")
+        documents = await self._from_every_worker(asked)
         topics = _merged(documents, "topics")
         if topics is not None:
             topics.sort(key=lambda topic: (topic["topic_name"], topic.get("topic_partition", 0)))

@@ -123,17 +123,17 @@ def show(view: LogView, values: dict) -> None:
     if values["view"] == "channels":
         start, end = view.start, view.end
         out.write(f"log start {start.offset}:{start.count}, end {end.offset}:{end.count}\n")
-        for channel in view.channels():
-            if values["view_channel"] and channel.name != values["view_channel"]:
+        for kept in view.channels():
+            if values["view_channel"] and kept.name != values["view_channel"]:
                 continue
             confirmed = (
-                f"{channel.confirmed.offset}:{channel.confirmed.count}"
-                if channel.confirmed is not None
+                f"{kept.confirmed.offset}:{kept.confirmed.count}"
+                if kept.confirmed is not None
                 else "-"
             )
             out.write(
-                f"channel {channel.name} confirmed {confirmed},"
-                f" acknowledged ranges {channel.ranges}, deferred {len(channel.deferred)}\n"
+                f"channel {kept.name} confirmed {confirmed},"
+                f" acknowledged ranges {kept.ranges}, deferred {len(kept.deferred)}\n"
             )
         return
     mode, value = search_value(values)

@@ -821,3 +821,40 @@ def test_a_partition_no_complete_replica_can_lead_says_why(replicated):
     shown = poll(page, "the topic page saying partition 0 has no leader")
     assert "waiting for one to come back" in shown
     assert local.partition("two", 0)["leader"] == leader.node_id
+
+
+def test_statistics_rank_topics_and_channels_as_youzans(cluster, topic_name):
+    """Youzan's `/api/statistics`: its sorts, then the top ten by one, largest first."""
+    filters = get_json(f"{cluster.url}/api/statistics")
+    assert filters == {
+        "filters": [
+            "channel-depth",
+            "hourly-pubsize",
+            "channel-timeout",
+            "channel-requeue",
+            "channel-delayedqueue",
+        ]
+    }
+    _publish_on_both(cluster, topic_name, counts=(400, 600))
+    ranked = get_json(f"{cluster.url}/api/statistics/channel-depth")
+    assert (ranked["rank_name"], ranked["message"]) == ("Top10 topics in Total Channel Depth", "")
+    entry = next(item for item in ranked["top10"] if item["name"] == topic_name)
+    assert (entry["total_channel_depth"], entry["message_count"]) == (1000, 1000)
+    depths = [item.get("total_channel_depth", 0) for item in ranked["top10"]]
+    assert depths == sorted(depths, reverse=True)
+    hourly = get_json(f"{cluster.url}/api/statistics/hourly-pubsize")
+    assert hourly["rank_name"] == "Top10 topics in Hourly Pub Size(in bytes)"
+    requeues = get_json(f"{cluster.url}/api/statistics/channel-requeue")
+    assert requeues["rank_name"] == "Top10 channels in Requeue"
+    assert all(item.get("requeue_count", 0) > 0 for item in requeues["top10"])
+
+
+def test_coordinators_and_cluster_stats_outside_a_cluster(cluster, topic_name):
+    _publish_on_both(cluster, topic_name)
+    nsqd = cluster.nsqds[0]
+    missing = http("GET", f"{cluster.url}/api/coordinators/127.0.0.1:1/{topic_name}/0")
+    assert (missing.status, missing.json()) == (404, {"message": "NODE_NOT_FOUND"})
+    reply = get_json(f"{cluster.url}/api/coordinators/{nsqd.http_address}/{topic_name}/0")
+    assert "Coordinator is disabled." in reply["message"]
+    stats = http("GET", f"{cluster.url}/api/cluster/stats")
+    assert (stats.status, stats.json()) == (503, {"message": "Service Unavailable"})

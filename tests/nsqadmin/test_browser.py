@@ -485,10 +485,33 @@ def test_skip_and_unskip_a_log_topic_channel(cluster, browser, topic_name):
     assert browser.find_element(By.ID, "rate-limit-badge").text == "at most 2,048 KiB/s"
 
 
+def test_the_statistics_page_ranks_topics_and_channels(cluster, browser, topic_name):
+    """Youzan's Statistics page, from the menu: the topics by channel depth (a topic with
+    1,000 waiting among them, its depth and messages shown), and each sort a tab."""
+    for nsqd, count in zip(cluster.nsqds, (400, 600), strict=True):
+        nsqd.create_channel(topic_name, "ch")
+        nsqd.publish(topic_name, count)
+    cluster.wait_registered(topic_name)
+    cluster.wait_in_channels(topic_name)
+    browser.get(f"{cluster.url}/counter")
+    click_through(browser, browser.find_element(By.LINK_TEXT, "Statistics"))
+    assert browser.find_element(By.ID, "rank-name").text == "Top10 topics in Total Channel Depth"
+    row = f'#statistics-top tr[data-name="{topic_name}"]'
+    assert numbers(browser, row, "total_channel_depth", "message_count") == {
+        "total_channel_depth": 1000,
+        "message_count": 1000,
+    }
+    tab = '#statistics-filters a[data-filter="channel-requeue"]'
+    click_through(browser, browser.find_element(By.CSS_SELECTOR, tab))
+    assert browser.find_element(By.ID, "rank-name").text == "Top10 channels in Requeue"
+    assert "active" in browser.find_element(By.CSS_SELECTOR, tab).get_attribute("class")
+
+
 def test_the_topic_page_shows_each_partitions_replicas(replicated, browser):
     """A cluster topic's page: each partition once, with its leader, ISR, catch-up nodes and
-    write epoch; a follower killed, the partition is flagged under-replicated. The page's
-    screenshot goes to tests/nsqadmin/artifacts/replicas.png."""
+    write epoch, the partition leading to its coordinator page; a follower killed, the
+    partition is flagged under-replicated. The page's screenshot goes to
+    tests/nsqadmin/artifacts/replicas.png."""
     local = replicated.local
     local.create_topic("two", 1, 2)
     info = local.partition("two", 0)
@@ -517,6 +540,14 @@ def test_the_topic_page_shows_each_partitions_replicas(replicated, browser):
     # The leader's name leads to its node page.
     link = browser.find_element(By.CSS_SELECTOR, f'{row} [data-field="leader"] a')
     assert link.get_attribute("href").endswith(f"/nodes/127.0.0.1%3A{leader.http_port}")
+    # The partition leads to its coordinator, as the node that reported it sees it.
+    click_through(
+        browser, browser.find_element(By.CSS_SELECTOR, f'{row} [data-field="partition"] a')
+    )
+    coordinator = '#coordinators tr[data-partition="0"]'
+    isr = browser.find_elements(By.CSS_SELECTOR, f'{coordinator} [data-field="isr"] .chip')
+    assert [chip.get_attribute("data-node") for chip in isr] == info["isr"]
+    assert field(browser, coordinator, "catchup") == "–"
 
     victim.kill()
 

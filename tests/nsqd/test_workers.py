@@ -172,6 +172,20 @@ def test_settings_change_on_every_worker(nsqd):
         assert get_json(http, "/config/log_level") == 1
 
 
+def test_node_wide_youzan_stats_join_every_workers(nsqd):
+    """`/message/historystats` without a topic lists every worker's partitions, whichever
+    worker is asked; `/serverstats` adds up their refused publishes."""
+    http = nsqd.addresses["HTTP"]
+    topics = topics_on_both(4, prefix="hist")
+    for topic in topics:
+        post(http, f"/topic/create?topic={topic}&partition_num=1")
+    for _ in range(6):
+        document = get_json(http, "/message/historystats")
+        listed = [entry["topic_name"] for entry in document["node_hourly_pub_size_stats"]]
+        assert [name for name in listed if name in topics] == sorted(topics)
+        assert get_json(http, "/serverstats")["server_pub_failed"] == 0
+
+
 def test_one_nsqd_dat_holds_every_workers_topics_and_a_restart_keeps_the_messages(tmp_path):
     topics = topics_on_both(6)
     daemon = start_nsqd(tmp_path, f"-workers={WORKERS}")
