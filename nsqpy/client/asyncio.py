@@ -32,6 +32,7 @@ from nsqpy.client.core import (
     SubscriptionReader,
     Target,
     Targets,
+    consume_starts,
     ready_counts,
 )
 from nsqpy.client.security import auth_to_send
@@ -262,13 +263,16 @@ class Subscription:
         poll_interval: float,
         log: logging.Logger,
         auth_secret: str = "",
+        desired_tag: str = "",
+        start_from: str | dict[int, str] | None = None,
     ) -> None:
+        starts = consume_starts(start_from)
         self.topic = topic
         self.channel = channel
         self.max_in_flight = max_in_flight
         self.finished = 0
         self._discover = discover
-        self._identify = identify
+        self._identify = {**identify, **({"desired_tag": desired_tag} if desired_tag else {})}
         self._tls = tls
         self._auth_secret = auth_secret
         self._log = log
@@ -277,6 +281,7 @@ class Subscription:
             backoff_initial=RECONNECT_DELAY,
             backoff_max=RECONNECT_DELAY,
             idle_lookup_interval=IDLE_RETRY_INTERVAL,
+            start_from=starts,
         )
         self._links: dict[int | str, _Link] = {}
         self._pending: deque[Delivery] = deque()
@@ -449,7 +454,7 @@ class Subscription:
         learns it when nsqlookupd did not say)."""
         plan = self._plan
         for _attempt in range(3):
-            detail, extend = plan.sub_ordered, plan.extend
+            extend = plan.extend
             connection = await Connection.open(
                 target.address,
                 plan.identify(self._identify),
@@ -457,7 +462,7 @@ class Subscription:
                 auth_secret=self._auth_secret,
             )
             try:
-                command, args = plan.sub_command(target, self.topic, self.channel)
+                command, args, detail = plan.sub_command(target, self.topic, self.channel)
                 connection.send(encode_command(command, *args))
                 await connection.response()
             except NSQError as error:

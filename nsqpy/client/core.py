@@ -127,6 +127,11 @@ class SubscriptionPlan:
     idle_lookup_interval: float | None = None
     sub_ordered: bool = False
     extend: bool = False
+    # Youzan's consume start (SUB_ADVANCED, docs/protocol.md §3.8): `<type>:<value>` by
+    # partition (None: every partition), sent with each partition's first subscription only,
+    # so that a reconnect goes on where the channel is.
+    start_from: dict[int | None, str] = field(default_factory=dict)
+    started: set[int | str] = field(default_factory=set)
     lookup_requested: bool = False
     next_lookup: float = 0.0
     last_lookup: float = 0.0
@@ -241,6 +246,7 @@ class SubscriptionPlan:
             return False
         state.subscribed = target
         state.failures = 0
+        self.started.add(target.slot)
         return True
 
     def subscribe_failed(self, target: Target, now: float) -> float:
@@ -299,10 +305,22 @@ class SubscriptionPlan:
 
     # -- what a SUB says --
 
-    def sub_command(self, target: Target, topic: str, channel: str) -> tuple[str, list]:
-        """The command name and arguments that subscribe at `target`."""
+    def sub_command(self, target: Target, topic: str, channel: str) -> tuple[str, list, bool]:
+        """The command name and arguments that subscribe at `target`, and whether its
+        messages carry DETAIL (SUB_ORDERED, SUB_ADVANCED). A partition's first subscription
+        names its consume start, if any: SUB_ADVANCED (SUB_ORDERED with it, on an ordered
+        topic, which nsqpy's nsqd reads and Youzan's ignores)."""
         extra = [] if target.partition is None else [target.partition]
-        return ("SUB_ORDERED" if self.sub_ordered else "SUB"), [topic, channel, *extra]
+        start = None
+        if target.slot not in self.started:
+            start = self.start_from.get(target.partition, self.start_from.get(None))
+        if start is not None:
+            if target.partition is None:
+                extra = [-1]
+            command = "SUB_ORDERED" if self.sub_ordered else "SUB_ADVANCED"
+            return command, [topic, channel, *extra, start], True
+        command = "SUB_ORDERED" if self.sub_ordered else "SUB"
+        return command, [topic, channel, *extra], self.sub_ordered
 
     def identify(self, base: dict) -> dict:
         """The IDENTIFY body: an ext topic needs extend_support, a plain one must not have it
@@ -752,3 +770,23 @@ class SequencedPublish:
         assert self.claim is not None
         self.sequences.restart(self.topic, self.claim[0], self.claim[1])
         self.claim = None
+
+
+CONSUME_START_TYPES = ("timestamp", "virtual_queue", "msgcount", "special")
+
+
+def consume_starts(start_from: "str | dict[int, str] | None") -> dict[int | None, str]:
+    """A consumer's `start_from`: one consume start for every partition, or one per
+    partition, each `<type>:<value>` (`timestamp` unix seconds, `virtual_queue` a byte offset,
+    `msgcount` a message count, `special:-1` the end); ValueError for anything else."""
+    if start_from is None:
+        return {}
+    if isinstance(start_from, str):
+        starts: dict[int | None, str] = {None: start_from}
+    else:
+        starts = {int(partition): start for partition, start in start_from.items()}
+    for start in starts.values():
+        kind, _, value = start.partition(":")
+        if kind not in CONSUME_START_TYPES or not value.lstrip("-").isdigit():
+            raise ValueError(f"a consume start is <type>:<integer>, not {start!r}")
+    return starts

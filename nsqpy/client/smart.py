@@ -42,6 +42,7 @@ from nsqpy.client.core import (
     SubscriptionPlan,
     SubscriptionReader,
     Target,
+    consume_starts,
     partition_for_key,
     ready_counts,
     targets_of,
@@ -870,9 +871,12 @@ class SmartConsumer:
         http_timeout: float = 2.0,
         identify: dict | None = None,
         security: Security | None = None,
+        desired_tag: str = "",
+        start_from: str | dict[int, str] | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
+        starts = consume_starts(start_from)
         self.security = security
         self.topic = topic
         self.channel = channel
@@ -884,6 +888,8 @@ class SmartConsumer:
         )
         self._handler = handler
         self._identify = dict(identify or {})
+        if desired_tag:
+            self._identify["desired_tag"] = desired_tag
         self._lock = threading.Lock()
         self._rdy_lock = threading.Lock()
         # What to be subscribed to and when (`nsqpy.client.core`), under `_lock`.
@@ -892,6 +898,7 @@ class SmartConsumer:
             backoff_initial=backoff_initial,
             backoff_max=backoff_max,
             ordered=ordered,
+            start_from=starts,
         )
         self._subscriptions: dict[int | str, _Subscription] = {}
         self._messages: deque[SmartMessage] = deque()
@@ -1146,9 +1153,9 @@ class SmartConsumer:
 
     def _subscribe(self, target: Target) -> _Subscription:
         with self._lock:
-            command, args = self._plan.sub_command(target, self.topic, self.channel)
+            command, args, detail = self._plan.sub_command(target, self.topic, self.channel)
             identify = self._plan.identify(self._identify)
-            detail, extend = self._plan.sub_ordered, self._plan.extend
+            extend = self._plan.extend
         connection = Connection(
             target.address, timeout=self.timeout, identify=identify, security=self.security
         )

@@ -39,6 +39,7 @@ from nsqpy.client.core import (
     SubscriptionReader,
     Target,
     Targets,
+    consume_starts,
     ready_counts,
     targets_of,
 )
@@ -191,7 +192,10 @@ class Consumer:
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
         identify: dict | None = None,
+        desired_tag: str = "",
+        start_from: str | dict[int, str] | None = None,
     ) -> None:
+        starts = consume_starts(start_from)
         lookupds = list(lookupd_http_addresses)
         self._nsqds = list(nsqd_tcp_addresses)
         if not lookupds and not self._nsqds:
@@ -201,11 +205,14 @@ class Consumer:
         self.max_in_flight = max_in_flight
         self.discovery = LookupdDiscovery(lookupds) if lookupds else None
         self._identify = dict(identify or {})
+        if desired_tag:
+            self._identify["desired_tag"] = desired_tag
         self._plan = SubscriptionPlan(
             lookup_interval=lookup_interval,
             backoff_initial=backoff_initial,
             backoff_max=backoff_max,
             ordered=ordered,
+            start_from=starts,
         )
         self._links: dict[int | str, _Link] = {}
         self._send, self._receive = trio.open_memory_channel[Message](math.inf)
@@ -287,10 +294,10 @@ class Consumer:
 
     async def _subscribe(self, target: Target) -> None:
         plan = self._plan
-        detail, extend = plan.sub_ordered, plan.extend
+        extend = plan.extend
         connection = await _Connection.open(target.address, plan.identify(self._identify))
         try:
-            command, args = plan.sub_command(target, self.topic, self.channel)
+            command, args, detail = plan.sub_command(target, self.topic, self.channel)
             await connection.send(encode_command(command, *args))
             await connection.answer()
         except BaseException:

@@ -14,6 +14,7 @@ from nsqpy.client.core import (
     Target,
     Targets,
     backoff_delay,
+    consume_starts,
     decode_delivery,
     partition_for_key,
     ready_counts,
@@ -99,9 +100,9 @@ def test_a_lost_partition_no_lookup_lists_is_looked_for_again_after_a_backoff():
 
 def test_refusals_teach_ordered_and_ext_topics_once():
     plan = SubscriptionPlan()
-    assert plan.sub_command(Target(A, 3), "t", "c") == ("SUB", ["t", "c", 3])
+    assert plan.sub_command(Target(A, 3), "t", "c") == ("SUB", ["t", "c", 3], False)
     assert plan.refused("E_SUB_ORDER_IS_MUST") and not plan.refused("E_SUB_ORDER_IS_MUST")
-    assert plan.sub_command(Target(A, 3), "t", "c") == ("SUB_ORDERED", ["t", "c", 3])
+    assert plan.sub_command(Target(A, 3), "t", "c") == ("SUB_ORDERED", ["t", "c", 3], True)
     assert plan.refused("E_SUB_EXTEND_NEED")
     assert plan.identify({"client_id": "x"}) == {"extend_support": True, "client_id": "x"}
     assert not plan.refused("E_BAD_TOPIC")
@@ -230,3 +231,22 @@ def test_a_claimed_publish_moves_only_after_a_refusal_that_says_it_was_not_store
             assert sequenced.claim == claim and attempts.partition == target.partition
             sequenced.refused("E_FAILED_ON_NOT_WRITABLE", "E_FAILED_ON_NOT_WRITABLE ")
             assert sequenced.claim == claim
+
+
+def test_a_consume_start_goes_with_each_partitions_first_subscription_only():
+    """Youzan's SUB_ADVANCED: a partition's own start, else the one for every partition; a
+    reconnect goes on where the channel is."""
+    plan = SubscriptionPlan(start_from=consume_starts({1: "msgcount:5"}) | {None: "special:-1"})
+    plan.looked_up(Targets((Target(A, 0), Target(A, 1))), now=0)
+    assert plan.sub_command(Target(A, 1), "t", "c") == (
+        "SUB_ADVANCED",
+        ["t", "c", 1, "msgcount:5"],
+        True,
+    )
+    assert plan.sub_command(Target(A, 0), "t", "c")[1] == ["t", "c", 0, "special:-1"]
+    plan.due(0)
+    assert plan.subscribed(Target(A, 1))
+    assert plan.sub_command(Target(A, 1), "t", "c") == ("SUB", ["t", "c", 1], False)
+    for bad in ("msgcount", "offset:3", "timestamp:soon", ""):
+        with pytest.raises(ValueError, match="a consume start is <type>:<integer>"):
+            consume_starts(bad)

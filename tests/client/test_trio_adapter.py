@@ -2,11 +2,12 @@
 nsqlookupd over every partition of a topic, one reading nsqds directly, and the producer."""
 
 import itertools
+import json
 
 import pytest
 import trio
 
-from nsqpy.client.blocking import NSQError
+from nsqpy.client.blocking import NSQError, http_request
 from nsqpy.client.core import partition_for_key
 from nsqpy.client.trio import Producer, SmartProducer, open_consumer
 from tests.harness import start_nsqd
@@ -144,3 +145,34 @@ async def test_the_smart_producer_spreads_publishes_and_keeps_a_key_on_its_parti
     assert keyed == {partition_for_key("order-7", 4)}
     counts = cluster.message_counts(topic)
     assert sum(counts.values()) == 8 + 3 + 2 and counts[2] >= 4
+
+
+async def test_a_consumer_reads_its_tag_from_where_it_is_told(cluster, topic):
+    """`desired_tag` and `start_from` as the blocking smart consumer's: from each partition's
+    third message (a1), the messages tagged `a`."""
+    owners = cluster.create_topic(topic, partitions=2, channels=("d",), extend="true")
+    for partition, index in owners.items():
+        http = cluster.nsqds[index].addresses["HTTP"]
+        for n in range(3):
+            for tag in ("a", "b"):
+                http_request(
+                    http,
+                    "/pub_ext",
+                    method="POST",
+                    topic=topic,
+                    partition=str(partition),
+                    ext=json.dumps({"##client_dispatch_tag": tag}),
+                    body=f"{tag}{partition}-{n}".encode(),
+                )
+    async with open_consumer(
+        topic,
+        "d",
+        lookupd_http_addresses=cluster.lookupd_addresses,
+        max_in_flight=4,
+        desired_tag="a",
+        start_from="msgcount:2",
+    ) as consumer:
+        received = await receive(consumer, 4)
+    assert sorted(m.body for m in received) == sorted(
+        f"a{p}-{n}".encode() for p in owners for n in (1, 2)
+    )
