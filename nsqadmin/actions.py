@@ -127,6 +127,41 @@ class Actions:
             action, topic, channel, self._lookupds, self._nsqds
         )
 
+    async def channel_client_action(
+        self, request: web.Request, topic: str, channel: str, body: dict
+    ) -> list[str]:
+        """Youzan's client actions of a channel (see `API.channel_client_action`); Youzan's
+        refusals: 400 `INVALID_NSQD_NODE`, `INVALID_MSGID: <why>`, `INVALID_MSGID: Message
+        ID not in flight`, `INVALID_ACTION`."""
+        self.check_admin(request)
+        action = str(body.get("action") or "")
+        if action in ("sink", "sink_removal"):
+            self._notify(request, action, topic, channel)
+            return []
+        if action != "finish":
+            raise ActionError(400, "INVALID_ACTION")
+        node = str(body.get("node") or "")
+        if not node:
+            raise ActionError(400, "INVALID_NSQD_NODE")
+        text = str(body.get("msgid") or "")
+        try:
+            message_id = int(text, 10)
+        except ValueError:
+            raise ActionError(
+                400, f'INVALID_MSGID: strconv.ParseInt: parsing "{text}": invalid syntax'
+            ) from None
+        if message_id <= 0:
+            raise ActionError(400, "INVALID_MSGID")
+        try:
+            partition = int(body.get("partition") or 0)
+        except (TypeError, ValueError):
+            raise ActionError(400, "INVALID_ARG_TOPIC_PARTITION") from None
+        errors = await self.cluster.finish_message(topic, channel, node, partition, message_id)
+        if any("not in flight" in error for error in errors):
+            raise ActionError(400, "INVALID_MSGID: Message ID not in flight")
+        self._notify(request, "finish_message", topic, channel, node)
+        return errors
+
     async def reset_channel(
         self, request: web.Request, topic: str, channel: str, timestamp: object
     ) -> list[str]:

@@ -80,6 +80,9 @@ class API:
             web.delete(f"{prefix}/api/topics/{{topic}}", self.delete_topic),
             web.get(f"{prefix}/api/topics/{{topic}}/{{channel}}", self.channel),
             web.post(f"{prefix}/api/topics/{{topic}}/{{channel}}", self.channel_action),
+            web.post(
+                f"{prefix}/api/topics/{{topic}}/{{channel}}/client", self.channel_client_action
+            ),
             web.delete(f"{prefix}/api/topics/{{topic}}/{{channel}}", self.delete_channel),
             web.get(f"{prefix}/api/nodes", self.nodes),
             web.get(f"{prefix}/api/nodes/{{node}}", self.node),
@@ -329,6 +332,19 @@ class API:
                     request, topic, channel, body.get("timestamp")
                 )
             return await self.admin.actions.channel_action(request, action, topic, channel)
+
+        return await self._act(request, act)
+
+    async def channel_client_action(self, request: web.Request) -> web.Response:
+        """Youzan's channel client actions: `finish` one message by ID on a node's partition
+        (`{"action":"finish","node","partition","msgid"}`), and the `sink` and
+        `sink_removal` notifications (`{"action","order"}`)."""
+
+        async def act() -> list[str]:
+            body = await _json_body(request)
+            return await self.admin.actions.channel_client_action(
+                request, request.match_info["topic"], request.match_info["channel"], body
+            )
 
         return await self._act(request, act)
 

@@ -370,6 +370,19 @@ class ClusterInfo:
         )
         return errors
 
+    async def finish_message(
+        self, topic: str, channel: str, node: str, partition: int, message_id: int
+    ) -> list[str]:
+        """nsqd `node`'s `/message/finish` of one message of a channel's partition; the error
+        when it refused."""
+        query = {
+            "topic": topic,
+            "channel": channel,
+            "partition": str(partition),
+            "msgid": str(message_id),
+        }
+        return await self._post_all([endpoint(node, "message/finish", query)])
+
     async def reset_channel(
         self, topic: str, channel: str, timestamp: int, lookupds: list[str], nsqds: list[str]
     ) -> list[str]:

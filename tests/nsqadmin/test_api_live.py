@@ -858,3 +858,32 @@ def test_coordinators_and_cluster_stats_outside_a_cluster(cluster, topic_name):
     assert "Coordinator is disabled." in reply["message"]
     stats = http("GET", f"{cluster.url}/api/cluster/stats")
     assert (stats.status, stats.json()) == (503, {"message": "Service Unavailable"})
+
+
+def test_a_channel_client_action_finishes_a_message_by_id(cluster, topic_name):
+    """Youzan's `POST /api/topics/<t>/<c>/client` `finish`: one message a consumer holds in
+    flight is finished on its nsqd by its decimal ID; Youzan's refusals otherwise."""
+    nsqd = cluster.nsqds[0]
+    nsqd.create_channel(topic_name, "ch")
+    nsqd.publish(topic_name, 1)
+    consumer = subscribe(nsqd, topic_name, "ch", ready=1)
+    try:
+        (message,) = consumer.read_messages(1)
+        url = f"{cluster.url}/api/topics/{topic_name}/ch/client"
+        action = {"action": "finish", "node": nsqd.http_address, "partition": 0}
+        for body, message_text in [
+            (
+                {**action, "msgid": "x"},
+                'INVALID_MSGID: strconv.ParseInt: parsing "x": invalid syntax',
+            ),
+            ({**action, "msgid": "123456"}, "INVALID_MSGID: Message ID not in flight"),
+            ({**action, "node": "", "msgid": "1"}, "INVALID_NSQD_NODE"),
+            ({"action": "wipe"}, "INVALID_ACTION"),
+        ]:
+            refused = http("POST", url, body)
+            assert (refused.status, refused.json()) == (400, {"message": message_text})
+        done = http("POST", url, {**action, "msgid": str(int(message.id, 16))})
+        assert (done.status, done.json()) == (200, {"message": ""})
+        poll(lambda: nsqd.channel(topic_name, "ch")["in_flight_count"] == 0, "finished")
+    finally:
+        consumer.close()
