@@ -989,7 +989,8 @@ class HTTPAPI:
         """Youzan's `POST /topic/cleanunused?topic=[&partition=][&checkall=true][&dryrun=false]`:
         a cluster node removes the logs on its disk of partitions the cluster gives to other
         nodes or no longer has (`ClusterNode.unused_partitions`); a dry run (the default, as
-        Youzan's) only says which. Outside a cluster there is nothing to do."""
+        Youzan's) only logs which. Outside a cluster there is nothing to do. 200, empty body,
+        as Youzan's."""
         params = _query(request)
         partition = -1
         partition_text = _first(params, "partition") or ""
@@ -999,6 +1000,7 @@ class HTTPAPI:
             except ValueError:
                 raise HTTPError(400, "INVALID_REQUEST") from None
         cluster = self.nsqd.cluster
+        dry_run = _first(params, "dryrun") != "false"
         if not cluster.enabled:
             return v1_response(200)
         names = [_first(params, "topic") or ""]
@@ -1010,7 +1012,6 @@ class HTTPAPI:
                     for entry in os.scandir(self.nsqd.data_path)
                     if entry.is_dir(follow_symlinks=False)
                 )
-        dry_run = _first(params, "dryrun") != "false"
         unused = cluster.unused_partitions(names, partition)
         for name, number in unused:
             self.nsqd.log.info(
@@ -1026,13 +1027,7 @@ class HTTPAPI:
                     await trio.to_thread.run_sync(_remove_files, files.all_files())
                 except OSError as error:
                     raise HTTPError(500, str(error)) from None
-        return v1_response(
-            200,
-            {
-                "dry_run": dry_run,
-                "partitions": [{"topic": name, "partition": number} for name, number in unused],
-            },
-        )
+        return v1_response(200)
 
     # -- range reads of log topics (docs/protocol.md §6.3) ---------------------------------------
 

@@ -3,13 +3,11 @@ Youzan's tag and consume start, against a partitioned topic on real daemons; its
 behaviour is nsq_pubsub's (tests/tools/test_nsq_pubsub.py)."""
 
 import asyncio
-import json
 import logging
 
 import pytest
 
 from nsqpy.client.asyncio import Subscription
-from nsqpy.client.blocking import http_request
 from nsqpy.client.core import targets_of
 from nsqpy.client.smart import LookupdDiscovery
 from tests.support.partitioned import Cluster
@@ -24,18 +22,7 @@ def cluster(tmp_path_factory):
 
 def test_a_subscription_reads_its_tag_from_where_it_is_told(cluster):
     owners = cluster.create_topic("tagged", partitions=2, channels=("d",), extend="true")
-    for partition, index in owners.items():
-        for n in range(3):
-            for tag in ("a", "b"):
-                http_request(
-                    cluster.nsqds[index].addresses["HTTP"],
-                    "/pub_ext",
-                    method="POST",
-                    topic="tagged",
-                    partition=str(partition),
-                    ext=json.dumps({"##client_dispatch_tag": tag}),
-                    body=f"{tag}{partition}-{n}".encode(),
-                )
+    cluster.publish_tagged("tagged", owners)
     discovery = LookupdDiscovery(cluster.lookupd_addresses)
 
     async def discover(topic: str):

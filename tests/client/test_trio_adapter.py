@@ -2,12 +2,11 @@
 nsqlookupd over every partition of a topic, one reading nsqds directly, and the producer."""
 
 import itertools
-import json
 
 import pytest
 import trio
 
-from nsqpy.client.blocking import NSQError, http_request
+from nsqpy.client.blocking import NSQError
 from nsqpy.client.core import partition_for_key
 from nsqpy.client.trio import Producer, SmartProducer, open_consumer
 from tests.harness import start_nsqd
@@ -151,19 +150,7 @@ async def test_a_consumer_reads_its_tag_from_where_it_is_told(cluster, topic):
     """`desired_tag` and `start_from` as the blocking smart consumer's: from each partition's
     third message (a1), the messages tagged `a`."""
     owners = cluster.create_topic(topic, partitions=2, channels=("d",), extend="true")
-    for partition, index in owners.items():
-        http = cluster.nsqds[index].addresses["HTTP"]
-        for n in range(3):
-            for tag in ("a", "b"):
-                http_request(
-                    http,
-                    "/pub_ext",
-                    method="POST",
-                    topic=topic,
-                    partition=str(partition),
-                    ext=json.dumps({"##client_dispatch_tag": tag}),
-                    body=f"{tag}{partition}-{n}".encode(),
-                )
+    cluster.publish_tagged(topic, owners)
     async with open_consumer(
         topic,
         "d",

@@ -1,6 +1,7 @@
 """nsqlookupds and nsqds as processes, with partitioned topics created through nsqlookupd (no
 etcd): what the smart client adapters are tested against."""
 
+import json
 import urllib.error
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -93,6 +94,23 @@ class Cluster:
                 timeout=DEADLINE,
             )
         return owners
+
+    def publish_tagged(self, topic: str, owners: dict[int, int]) -> None:
+        """On each partition of an ext topic: a0 b0 a1 b1 a2 b2 (`a<partition>-<n>`), each
+        with its Youzan tag (`##client_dispatch_tag`)."""
+        for partition, index in owners.items():
+            http = self.nsqds[index].addresses["HTTP"]
+            for n in range(3):
+                for tag in ("a", "b"):
+                    http_request(
+                        http,
+                        "/pub_ext",
+                        method="POST",
+                        topic=topic,
+                        partition=str(partition),
+                        ext=json.dumps({"##client_dispatch_tag": tag}),
+                        body=f"{tag}{partition}-{n}".encode(),
+                    )
 
     def partition_stats(self, index: int, topic: str) -> dict[int, dict]:
         """topic_partition -> the /stats of that partition, on nsqd `index`."""

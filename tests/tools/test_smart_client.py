@@ -11,7 +11,6 @@ is a poll with a deadline.
 """
 
 import itertools
-import json
 import os
 import re
 import signal
@@ -556,30 +555,13 @@ def test_a_partition_is_followed_to_its_new_leader(tmp_path, topic):
             producer.close()
 
 
-def _publish_tagged(cluster, topic: str, owners: dict[int, int]) -> None:
-    """On each partition: a0 b0 a1 b1 a2 b2, each with its Youzan tag."""
-    for partition, index in owners.items():
-        http = cluster.nsqds[index].addresses["HTTP"]
-        for n in range(3):
-            for tag in ("a", "b"):
-                http_request(
-                    http,
-                    "/pub_ext",
-                    method="POST",
-                    topic=topic,
-                    partition=str(partition),
-                    ext=json.dumps({"##client_dispatch_tag": tag}),
-                    body=f"{tag}{partition}-{n}".encode(),
-                )
-
-
 def test_a_consumer_reads_its_tag_and_starts_where_it_is_told(cluster, topic):
     """`desired_tag` takes only the messages of its tag (no consumer has the others'); a
     consumer alone on its channel with `start_from="msgcount:4"` starts each partition at its
     fifth message (SUB_ADVANCED; only a partition's first subscription names it:
     tests/client/test_core.py)."""
     owners = cluster.create_topic(topic, partitions=2, channels=("c", "d"), extend="true")
-    _publish_tagged(cluster, topic, owners)
+    cluster.publish_tagged(topic, owners)
     tagged = {f"a{p}-{n}".encode() for p in owners for n in range(3)}
     with SmartConsumer(
         cluster.lookupd_addresses, topic, "c", desired_tag="a", max_in_flight=4
