@@ -169,6 +169,7 @@ def channel_stats(channel: "Channel", include_clients: bool, now: float) -> dict
         # Youzan's: when the oldest message the channel has not confirmed was published.
         stats["depth_ts"] = go_time_text(channel.queue.oldest_unconfirmed_ns())
         stats["skipped"] = channel.skipped
+        stats["backlogs"] = _backlogs(channel)
     rate_limit = channel.rate_limit
     if rate_limit is not None or channel.topic.partitioned:
         # nsqpy's view of Youzan's rate limit: KiB/s (0: none), and how often it held back.
@@ -185,6 +186,16 @@ def channel_stats(channel: "Channel", include_clients: bool, now: float) -> dict
         stats["dead_letter_count"] = channel.dead_letter_count
         stats["dead_letter_waiting"] = dead_letters.waiting(channel)
     return stats
+
+
+def _backlogs(channel: "Channel") -> int:
+    """Youzan's backlogs: what the channel has not read yet and what it defers in memory;
+    an ordered channel's depth."""
+    queue = channel.queue
+    if channel.ordered or not isinstance(queue, CursorQueue):
+        return channel.depth
+    unread = queue.log.end.count - queue.read_position.count
+    return len(channel.deferred) + max(unread, 0)
 
 
 def channel_debug_text(channel: "Channel") -> str:

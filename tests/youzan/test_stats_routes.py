@@ -7,7 +7,7 @@ disk: tests/reliability/test_disk_faults.py.)"""
 
 import time
 
-from nsqpy.common.command import encode_fin, encode_mpub
+from nsqpy.common.command import encode_fin, encode_mpub, encode_req
 from nsqpy.common.version import VERSION
 from nsqpy.nsqd.hourly_bytes import HourlyBytes
 from tests.support.polling import wait_until
@@ -98,3 +98,30 @@ async def test_an_hour_closed_by_the_clock_shows_in_the_history(nsqd):
 async def test_coordinator_stats_outside_a_cluster_say_the_coordinator_is_disabled(nsqd):
     reply = await http(nsqd, "GET", "/coordinator/stats?topic=yz")
     assert (reply.status, reply.json()) == (500, {"message": "Coordinator is disabled."})
+
+
+async def test_a_partitions_channel_reports_youzans_backlogs(nsqd):
+    """`backlogs`: what the channel has not read, and what it defers in memory."""
+    await create_partitions(nsqd, "yz", 0)
+    created = await http(nsqd, "POST", "/channel/create?topic=yz&channel=c&partition=0")
+    assert created.status == 200, created
+    writer = await connect(nsqd)
+    await writer.command_ok(encode_mpub("yz", [b"1", b"2", b"3"], 0))
+
+    async def backlogs() -> int:
+        stats = (await http(nsqd, "GET", "/stats?format=json&topic=yz&channel=c")).json()
+        return stats["topics"][0]["channels"][0]["backlogs"]
+
+    async def three() -> bool:
+        return await backlogs() == 3
+
+    await wait_until(three, "three messages not read")
+    reader = await connect(nsqd)
+    await reader.subscribe_as("SUB", "yz", "c", 0, rdy=3)
+    messages = await reader.read_youzans(3)
+    await reader.send(encode_req(messages[0].id, 60_000))
+
+    async def one_deferred() -> bool:
+        return await backlogs() == 1
+
+    await wait_until(one_deferred, "all read, one deferred")
