@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from nsqpy.common.names import MAX_NAME_LENGTH
 from nsqpy.nsqd.message import Message
-from nsqpy.nsqd.publish import PublishError, TooMuchWaiting, publish
+from nsqpy.nsqd.publish import PublishError, publish
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.channel import Channel
@@ -79,7 +79,7 @@ def send(channel: "Channel", messages: list[Message], limit: int) -> bool:
     topic = _dead_letter_topic(channel)
     try:
         publish(channel.nsqd, topic, [message.body for message in messages])
-    except (PublishError, TooMuchWaiting) as error:
+    except PublishError as error:
         channel.nsqd.log.error(
             "TOPIC(%s) channel %s: %d messages past %d attempts could not go to %s - %s",
             channel.topic_name,

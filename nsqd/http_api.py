@@ -292,15 +292,8 @@ class HTTPAPI:
         if not cluster.enabled:
             raise HTTPError(500, "Coordinator is disabled.")
         params = _query(request)
-        partition_text = _first(params, "partition") or ""
-        partition = -1
-        if partition_text:
-            try:
-                partition = go_atoi(partition_text.encode("utf-8", "surrogateescape"))
-            except ValueError:
-                raise HTTPError(400, "INVALID_REQUEST") from None
         topic_name = _first(params, "topic") or ""
-        return v1_response(200, cluster.coordinator_stats(topic_name, partition))
+        return v1_response(200, cluster.coordinator_stats(topic_name, _any_partition(params)))
 
     def message_stats(self, request: Request) -> Response:
         """Youzan's `GET /message/stats?topic=&channel=[&partition=]`: how the channel stands,
@@ -476,7 +469,7 @@ class HTTPAPI:
     def _publish(self, topic, bodies: list[bytes], defer: float) -> None:
         try:
             publish(self.nsqd, topic, bodies, defer=defer)
-        except (PublishError, TooMuchWaiting) as error:
+        except PublishError as error:
             raise _publish_refused(error) from None
 
     # -- stats ---------------------------------------------------------------------------
@@ -893,7 +886,7 @@ class HTTPAPI:
         trace_id = int(trace_text)
         try:
             (message,) = publish_traced(self.nsqd, topic, [body], trace_ids=[trace_id])
-        except (PublishError, TooMuchWaiting) as error:
+        except PublishError as error:
             raise _publish_refused(error) from None
         return _traced_reply(message, trace_text, topic)
 
@@ -925,7 +918,7 @@ class HTTPAPI:
                 trace_ids=[trace_id or 0],
                 ext_headers=[encode_fields(fields)],
             )
-        except (PublishError, TooMuchWaiting) as error:
+        except PublishError as error:
             raise _publish_refused(error) from None
         if trace_id is None:
             return _ok_written(topic)
@@ -992,13 +985,7 @@ class HTTPAPI:
         Youzan's) only logs which. Outside a cluster there is nothing to do. 200, empty body,
         as Youzan's."""
         params = _query(request)
-        partition = -1
-        partition_text = _first(params, "partition") or ""
-        if partition_text:
-            try:
-                partition = go_atoi(partition_text.encode("utf-8", "surrogateescape"))
-            except ValueError:
-                raise HTTPError(400, "INVALID_REQUEST") from None
+        partition = _any_partition(params)
         cluster = self.nsqd.cluster
         dry_run = _first(params, "dryrun") != "false"
         if not cluster.enabled:
@@ -1024,7 +1011,7 @@ class HTTPAPI:
             if not dry_run:
                 files = LogFiles(self.nsqd.data_path, name, number)
                 try:
-                    await trio.to_thread.run_sync(_remove_files, files.all_files())
+                    await trio.to_thread.run_sync(files.remove_all)
                 except OSError as error:
                     raise HTTPError(500, str(error)) from None
         return v1_response(200)
@@ -1323,6 +1310,18 @@ class TLSRequiredRouter:
         return Response(403, body, [NSQ_V1_HEADER, ("Content-Type", TEXT_CONTENT_TYPE)])
 
 
+def _any_partition(params: dict[str, list[str]]) -> int:
+    """Youzan's optional `partition=` of its node-wide routes: -1 (every one) when absent;
+    400 INVALID_REQUEST when it is not a number."""
+    text = _first(params, "partition") or ""
+    if not text:
+        return -1
+    try:
+        return go_atoi(text.encode("utf-8", "surrogateescape"))
+    except ValueError:
+        raise HTTPError(400, "INVALID_REQUEST") from None
+
+
 def _partition_number(text: str) -> int:
     """A `partition=` value as Go's strconv.Atoi reads it; 400 INVALID_ARG_TOPIC_PARTITION."""
     try:
@@ -1364,7 +1363,7 @@ def _port(address: str | None) -> int:
     return int(address.rsplit(":", 1)[1]) if address and ":" in address else 0
 
 
-def _publish_refused(error: PublishError | TooMuchWaiting) -> HTTPError:
+def _publish_refused(error: PublishError) -> HTTPError:
     """503 EXITING while nsqd exits. Go answers 503 EXITING to any PutMessage error; a full
     disk is no exit, so it gets 500 INTERNAL_ERROR (which Go's /pub also answers). Youzan's
     429 when too much waits in the topic."""
@@ -1392,8 +1391,3 @@ def _message_id_param(params: dict[str, list[str]]) -> bytes:
     if len(text) != 16 or not all(c in "0123456789abcdef" for c in text):
         raise HTTPError(400, "INVALID_REQUEST")
     return text.encode()
-
-
-def _remove_files(paths: list[str]) -> None:
-    for path in paths:
-        os.remove(path)

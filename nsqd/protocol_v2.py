@@ -1028,12 +1028,12 @@ class ProtocolV2:
         with `code`, fatal as the dialect says. Counted in the client's stats."""
         try:
             messages = publish(self.nsqd, topic, bodies, **kwargs)
+        except TooMuchWaiting as error:
+            raise ProtocolError("E_PUB_TOO_MUCH_WAITING", str(error), fatal=True) from None
         except PublishError as error:
             raise ProtocolError(
                 code, f"{label} failed {error}", fatal=self.dialect.publish_errors_are_fatal
             ) from None
-        except TooMuchWaiting as error:
-            raise ProtocolError("E_PUB_TOO_MUCH_WAITING", str(error), fatal=True) from None
         group = topic.queue.write_group
         if group is not None:
             # Its reply goes next in the batch's replies; the commit may still refuse it.

@@ -20,15 +20,6 @@ class Publishing(Protocol):
     def exiting(self) -> bool: ...
 
 
-class TooMuchWaiting(Exception):
-    """Youzan's E_PUB_TOO_MUCH_WAITING: the publish would leave more body bytes waiting to be
-    acknowledged in its topic than `--max-pub-waiting-size`. `waiting` is that total."""
-
-    def __init__(self, waiting: int) -> None:
-        super().__init__(f"pub too much waiting in the queue: {waiting}")
-        self.waiting = waiting
-
-
 class PublishError(Exception):
     """A publish nsqd read but refused. `str()` is Go's reason, `exiting` or a write error such
     as `write <file>: no space left on device`; `exiting` tells the two apart (HTTP answers 503
@@ -37,6 +28,15 @@ class PublishError(Exception):
     def __init__(self, reason: str, *, exiting: bool) -> None:
         super().__init__(reason)
         self.exiting = exiting
+
+
+class TooMuchWaiting(PublishError):
+    """Youzan's E_PUB_TOO_MUCH_WAITING: the publish would leave more body bytes waiting to be
+    acknowledged in its topic than `--max-pub-waiting-size`. `waiting` is that total."""
+
+    def __init__(self, waiting: int) -> None:
+        super().__init__(f"pub too much waiting in the queue: {waiting}", exiting=False)
+        self.waiting = waiting
 
 
 def publish(
@@ -53,12 +53,12 @@ def publish(
     `producer`: an idempotent publish's producer and first sequence, checked already."""
     if nsqd.exiting:
         raise PublishError("exiting", exiting=True)
-    waiting = topic.queue.waiting_bytes
-    waiting += len(bodies[0]) if len(bodies) == 1 else sum(map(len, bodies))
+    body_bytes = len(bodies[0]) if len(bodies) == 1 else sum(map(len, bodies))
+    waiting = topic.queue.waiting_bytes + body_bytes
     if waiting > topic.nsqd.options.max_pub_waiting_size:
         raise TooMuchWaiting(waiting)
     try:
-        return topic.publish(bodies, defer, trace_ids, ext_headers, producer)
+        return topic.publish(bodies, defer, trace_ids, ext_headers, producer, body_bytes)
     except BackendWriteError as error:
         topic.nsqd.storage.refused(topic.name, topic.partition)
         raise PublishError(str(error), exiting=False) from None

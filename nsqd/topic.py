@@ -158,6 +158,7 @@ class Topic:
         trace_ids: list[int] | None = None,
         ext_headers: list[bytes] | None = None,
         producer: tuple[bytes, int] | None = None,
+        body_bytes: int | None = None,
     ) -> "list[Message] | MessageBatch":
         """PUB, MPUB, DPUB and HTTP /pub: new messages with fresh IDs, all or nothing. A plain
         MPUB into a queue that `keeps_batches` stays one MessageBatch until the channels hand
@@ -175,7 +176,8 @@ class Topic:
             messages = MessageBatch(queue.next_ids(len(bodies)), bodies, timestamp)
         else:
             messages = self._new_messages(bodies, timestamp, defer, trace_ids, ext_headers)
-        body_bytes = len(bodies[0]) if len(bodies) == 1 else sum(map(len, bodies))
+        if body_bytes is None:  # the publish path has counted them already
+            body_bytes = len(bodies[0]) if len(bodies) == 1 else sum(map(len, bodies))
         if producer is not None:
             # The command checked the topic is a log (which keeps no MessageBatch).
             assert isinstance(queue, LogTopicQueue) and isinstance(messages, list)

@@ -96,6 +96,11 @@ class LogFiles:
     def magic_code(self) -> str:
         return os.path.join(self.directory, f"magic{self.partition}")
 
+    def remove_all(self) -> None:
+        """Remove every file of the partition."""
+        for path in self.all_files():
+            os.unlink(path)
+
     def all_files(self) -> list[str]:
         """Every file of the partition (not another partition's of the same topic)."""
         prefixes = (f"{self.name}.", f"{self.name}:", index_file_name(self.topic, self.partition))

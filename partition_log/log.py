@@ -1184,5 +1184,4 @@ class PartitionLog(Generic[M]):
             os.close(self._write_fd)
             os.close(self._index_fd)
             self._closed = True
-        for path in self.files.all_files():
-            os.unlink(path)
+        self.files.remove_all()
