@@ -37,6 +37,7 @@ from nsqpy.common.command import (
     encode_pub,
     encode_pub_seq,
 )
+from nsqpy.common.consume_offset import parse_consume_offset
 from nsqpy.common.errors import NON_FATAL_CODES
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, Frame, FrameDecoder
 from nsqpy.common.message import decode_message
@@ -772,9 +773,6 @@ class SequencedPublish:
         self.claim = None
 
 
-CONSUME_START_TYPES = ("timestamp", "virtual_queue", "msgcount", "special")
-
-
 def consume_starts(start_from: "str | dict[int, str] | None") -> dict[int | None, str]:
     """A consumer's `start_from`: one consume start for every partition, or one per
     partition, each `<type>:<value>` (`timestamp` unix seconds, `virtual_queue` a byte offset,
@@ -786,7 +784,8 @@ def consume_starts(start_from: "str | dict[int, str] | None") -> dict[int | None
     else:
         starts = {int(partition): start for partition, start in start_from.items()}
     for start in starts.values():
-        kind, _, value = start.partition(":")
-        if kind not in CONSUME_START_TYPES or not value.lstrip("-").isdigit():
-            raise ValueError(f"a consume start is <type>:<integer>, not {start!r}")
+        try:
+            parse_consume_offset(start)  # as nsqd reads SUB_ADVANCED's
+        except ValueError:
+            raise ValueError(f"a consume start is <type>:<integer>, not {start!r}") from None
     return starts
