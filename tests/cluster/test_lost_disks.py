@@ -343,3 +343,30 @@ def test_a_replaced_disk_takes_the_channel_controls_of_an_aged_topic(cluster):
     assert (channel.get("skipped"), channel.get("in_order")) == (True, True)
     assert channel.get("rate_limit_kb") == 640
     assert channel.get("client_limits") == [{"prefix": "127.", "ready": 7}]
+
+
+def test_fixconfirmed_on_an_aged_topic_delivers_nothing_twice(cluster):
+    """Youzan's `/channel/fixconfirmed` on a topic whose retention has run: the channel reads
+    again from its confirmed position (past the removed segments) and gives out neither the
+    messages a consumer holds in flight nor those it finished out of order; what is
+    published next is what comes next."""
+    cluster.create_writable_topic("t", 1, 2)
+    leader = cluster.node_leading("t", 0)
+    start = age_topic(cluster, "t")
+    held = publish_batch(leader, "t", "held", 3)
+    consumer = V2Connection(leader.tcp_port, timeout=15)
+    try:
+        consumer.send(b"SUB t c 0\n")
+        assert consumer.read_response().data == b"OK"
+        consumer.send(encode_rdy(3))
+        first, second, third = consumer.read_messages(3)
+        assert {first.body, second.body, third.body} == held
+        consumer.send(b"FIN " + second.id + b"\n")  # out of order: a range past confirmed
+        reply = leader.http("POST", "/channel/fixconfirmed?topic=t&channel=c&partition=0")
+        assert reply.status == 200, reply
+        (after,) = publish_batch(leader, "t", "after", 1)
+        (following,) = consumer.read_messages(1)
+        assert following.body == after
+        assert log_start(leader, "t") == start
+    finally:
+        consumer.close()
