@@ -488,6 +488,10 @@ class Channel:
         self._moving.discard(message.id)
         if self.deferred.get(message.id) is message:
             self.deferred.pop(message.id)
+            if self.cursor is not None and self.cursor.window_full:
+                # Acknowledged once this returns, the original may open the window: the
+                # pumps look again (no FIN or REQ may come to wake them).
+                self.notify()
             return True
         # Its copy leaves the delay queue (`CursorQueue`): the followers must hear of it.
         self.topic.replication.cursor_moved()

@@ -67,6 +67,10 @@ MAX_SEND_BYTES = 256 * 1024
 TLS_HANDSHAKE_TIMEOUT = 5.0
 # A TLS close_notify to a peer that stopped reading must not hold the connection's task.
 CLOSE_TIMEOUT = 1.0
+# After a fatal error nsqd reads and drops what the client still sends for this long before
+# it closes: closing a socket with unread bytes resets it, and a reset discards the error
+# reply on the client's side (a PUB refused as too big is refused before its body is read).
+REFUSED_LINGER = 1.0
 # The commands that name a topic (its name first): AUTH authorizes them, and `--workers`
 # route them to the topic's owner.
 SUBSCRIBE_COMMANDS = frozenset((b"SUB", b"SUB_ORDERED", b"SUB_ORDER", b"SUB_ADVANCED"))
@@ -132,6 +136,8 @@ class ProtocolV2:
         self._topic_bound = False
         self._identify_body: bytes | None = None
         self._muted = False
+        # A fatal error ended the connection: drain the client's input before closing.
+        self._refused = False
         self._internal = handoff is not None and handoff.internal
         # The batch's publishes sent to other workers: (reply index, command, answer).
         self._forwarded: list[tuple[int, Any, Forwarded]] = []
@@ -215,6 +221,10 @@ class ProtocolV2:
                     if self.handoff is None or await self._replay(self.handoff):
                         await self._read_loop()
                     nursery.cancel_scope.cancel()
+                if self._refused:
+                    self._leave()
+                    with trio.move_on_after(REFUSED_LINGER):
+                        await self._discard_input()
                 if self._moving is not None:
                     self.nsqd.heartbeats.forget(self)
                     relay = await self._move()
@@ -223,13 +233,33 @@ class ProtocolV2:
         finally:
             if relay is not None:
                 relay.socket.close()
-            self.nsqd.heartbeats.forget(self)
-            self.nsqd.remove_client(client)
-            if client.channel is not None:
-                client.channel.remove_client(client)
+            self._leave()
             with trio.CancelScope(shield=True) as closing:
                 closing.deadline = trio.current_time() + CLOSE_TIMEOUT
                 await self.stream.aclose()
+
+    def _leave(self) -> None:
+        """The client is gone from nsqd's view: no heartbeats, out of /stats, what it had in
+        flight back to its channel. Safe to repeat."""
+        client = self.client
+        self.nsqd.heartbeats.forget(self)
+        self.nsqd.remove_client(client)
+        if client.channel is not None:
+            client.channel.remove_client(client)
+
+    async def _discard_input(self) -> None:
+        """Read and drop what the client sends until it closes: its error reply reaches it
+        instead of a reset. A plain TCP client is told at once that nothing more comes."""
+        if isinstance(self.stream, trio.SocketStream):
+            try:
+                self.stream.socket.shutdown(socket.SHUT_WR)
+            except OSError:
+                return
+        try:
+            while await self.stream.receive_some(RECEIVE_SIZE):
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+            pass
 
     async def _replay(self, handoff: Handoff) -> bool:
         """Stand where the worker that handed the connection over stood: run the preamble
@@ -490,6 +520,7 @@ class ProtocolV2:
                 # only its own client, on the worker that forwarded it.
                 if error.fatal and not self._internal:
                     keep_open = False
+                    self._refused = True
                     break
                 continue
             if reply is not None:
@@ -530,6 +561,7 @@ class ProtocolV2:
             replies[index] = encode_error(text)
             if self.dialect.publish_errors_are_fatal and not self._internal:
                 del replies[index + 1 :]
+                self._refused = True
                 return False
         return True
 

@@ -55,6 +55,30 @@ def test_requeues_with_a_long_delay_never_stall_the_channel(tmp_path):
         daemon.stop()
 
 
+def test_a_full_window_opens_again_once_its_moves_are_written_with_nothing_in_flight(tmp_path):
+    """RDY 1: when the window fills, the consumer holds nothing and sends nothing more. The
+    pump that found it full waits; writing the moved messages is what opens it again, and
+    that alone must wake the pump."""
+    daemon = start_nsqd(tmp_path, *FLAGS, "--max-confirm-win=8")
+    try:
+        create_channel(daemon)
+        bodies = [b"m%03d" % n for n in range(100)]
+        mpub(daemon.port("TCP"), bodies)
+        connection = subscribe(daemon.port("TCP"), 1)
+        seen: list[bytes] = []
+        while len(seen) < len(bodies):
+            (message,) = connection.read_messages(1)
+            seen.append(message.body)
+            if int(message.body[1:]) % 2:
+                connection.send(b"FIN " + message.id + b"\n")
+            else:
+                connection.send(b"REQ " + message.id + b" 120000\n")
+        assert seen == bodies
+        connection.close()
+    finally:
+        daemon.stop()
+
+
 def test_a_dpub_is_delayed_through_kill_9_right_after_its_ok(tmp_path):
     daemon = start_nsqd(tmp_path, *FLAGS, "--max-req-timeout=2h")
     try:

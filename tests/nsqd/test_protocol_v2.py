@@ -32,6 +32,7 @@ from nsqpy.common.command import (
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
 from nsqpy.common.version import VERSION
 from tests.nsqd.wire import (
+    READ_TIMEOUT,
     UNKNOWN_ID,
     Wire,
     close_all_wires,
@@ -843,6 +844,22 @@ async def test_pub_limit_defaults_to_one_mebibyte(nsqd):
     wire = await connect(nsqd)
     await wire.send(b"PUB t\n" + size(1024 * 1024 + 1))
     await wire.expect_error("E_BAD_MESSAGE PUB message too big 1048577 > 1048576")
+
+
+async def test_a_refused_body_is_read_and_dropped_so_the_client_gets_the_error_not_a_reset(
+    nsqd,
+):
+    """A client still sending a body nsqd refused (too big) gets the error and then EOF: nsqd
+    stops writing, reads what comes and drops it, instead of closing on unread bytes (which
+    resets the connection, and a reset loses the error on the client's side)."""
+    wire = await connect(nsqd)
+    await wire.send(b"PUB t\n" + size(4 * 1024 * 1024))
+    frame = await wire.read_response()
+    assert frame.data == b"E_BAD_MESSAGE PUB message too big 4194304 > 1048576"
+    with trio.fail_after(READ_TIMEOUT):
+        assert await wire.stream.receive_some(65536) == b""
+        for _ in range(64):
+            await wire.stream.send_all(b"x" * 65536)
 
 
 @pytest.mark.parametrize(
