@@ -64,11 +64,19 @@ $(GNSQ_SUITE_INSTALLED): $(TEST_INSTALLED)
 	mv $(VENV)/gnsq-suite/gnsq-$$version $(VENV)/gnsq-suite/src
 	touch $(GNSQ_SUITE_INSTALLED)
 
+# Spark's classes in a class data sharing archive for the Spark tests' JVMs
+# (tests/spark/class_archive.py), made before the suite starts rather than by its first test.
+SPARK_CLASSES := $(VENV)/.spark-classes
+
+$(SPARK_CLASSES): $(TEST_INSTALLED) | java
+	$(BIN)/python -m tests.spark.class_archive
+	touch $(SPARK_CLASSES)
+
 ## The package alone: what `make run` needs.
 install: $(INSTALLED)
 
 ## Everything the test suite needs.
-install-test: $(TEST_INSTALLED) $(GNSQ_SUITE_INSTALLED) $(NODE_INSTALLED) browser etcd netns java
+install-test: $(TEST_INSTALLED) $(GNSQ_SUITE_INSTALLED) $(NODE_INSTALLED) browser etcd netns java $(SPARK_CLASSES)
 
 ## Start nsqlookupd, nsqd and nsqadmin on localhost and print their URLs.
 run: install

@@ -1,75 +1,31 @@
 """A session-wide local[2] SparkSession and a real nsqd subprocess per test; Spark's classes
 in a shared archive for every JVM the tests start."""
 
-import fcntl
-import importlib.metadata
 import os
 import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.harness import start_nsqd
+from tests.spark.class_archive import JAVA_OPTIONS, archive_options, make_archive
 from tests.spark.support import MSG_TIMEOUT
 
-# Every JVM these tests start (drivers, Spark Connect, a standalone master, workers and their
-# executors inherit it) runs for seconds on small data: the quick compiler alone and the serial
-# collector spend about a quarter less CPU on it than the server defaults, and CI has two cores.
-JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 os.environ.setdefault("JAVA_TOOL_OPTIONS", JAVA_OPTIONS)
-
-# Most of a Spark JVM's start is loading and verifying Spark's classes: a dynamic class data
-# sharing archive of them (JDK 13+), made once in the virtualenv by a short job, takes a driver's
-# session and first job from about 11 s to 6 s. A JVM whose class path differs (a standalone
-# master) uses only what matches, silently (the `cds` warnings off).
-CLASS_ARCHIVE = Path(sys.prefix) / f"spark-classes-{importlib.metadata.version('pyspark')}.jsa"
-_ARCHIVE_JOB = """
-from pyspark.sql import SparkSession
-spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
-spark.createDataFrame([(1, "a")], ["n", "s"]).groupBy("s").count().collect()
-spark.stop()
-"""
 
 
 def _with_class_archive() -> None:
     """Point JAVA_TOOL_OPTIONS at the class archive once it exists (the tests' own options
     untouched when they were given from outside)."""
-    if os.environ["JAVA_TOOL_OPTIONS"] == JAVA_OPTIONS and CLASS_ARCHIVE.exists():
-        os.environ["JAVA_TOOL_OPTIONS"] = (
-            f"{JAVA_OPTIONS} -XX:SharedArchiveFile={CLASS_ARCHIVE} -Xlog:cds=off"
-            " -Xlog:cds+dynamic=off"
-        )
+    if os.environ["JAVA_TOOL_OPTIONS"] == JAVA_OPTIONS:
+        os.environ["JAVA_TOOL_OPTIONS"] = archive_options()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def spark_class_archive() -> None:
-    """Make the class archive unless it exists or another test worker is making it (that
-    worker's JVMs use it from their next start, this one's once it is there)."""
-    if CLASS_ARCHIVE.exists() or os.environ["JAVA_TOOL_OPTIONS"] != JAVA_OPTIONS:
-        _with_class_archive()
-        return
-    if shutil.which("java") is None:
-        return
-    with open(CLASS_ARCHIVE.with_suffix(".lock"), "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return
-        if not CLASS_ARCHIVE.exists():
-            # Written as the JVM exits; renamed, so that no JVM ever opens half of it.
-            making = CLASS_ARCHIVE.with_suffix(f".{os.getpid()}.jsa")
-            options = f"{JAVA_OPTIONS} -XX:ArchiveClassesAtExit={making}"
-            subprocess.run(
-                [sys.executable, "-c", _ARCHIVE_JOB],
-                env={**os.environ, "JAVA_TOOL_OPTIONS": options},
-                capture_output=True,
-                timeout=300,
-                check=False,
-            )
-            if making.exists():
-                making.rename(CLASS_ARCHIVE)
+    """The archive `make install-test` makes; made here when pytest runs without it."""
+    if os.environ["JAVA_TOOL_OPTIONS"] == JAVA_OPTIONS:
+        make_archive()
     _with_class_archive()
 
 
