@@ -300,6 +300,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
               Param("dryrun", "`false` removes; anything else only logs")),
              errors={400: ("INVALID_REQUEST",), 500: ()},
              documented_5xx="500 with the reason when a file cannot be removed"),
+    Endpoint("POST", "/topic/fixdata",
+             "Youzan: check a partition's log against its commit-log index (every group with "
+             "`checkcorrupt=true`, else the first and the last) and repair what is wrong: from "
+             "another replica's copy in a cluster, else a corrupt tail is cut off and a corrupt "
+             "group skipped",
+             (TOPIC_REQ, PARTITION,
+              Param("checkcorrupt", "`true`: every group from the retained start")),
+             errors={**_TOPIC_ERRORS, 500: ()},
+             documented_5xx="500 with the reason when the files cannot be read or written"),
     Endpoint("POST", "/topic/greedyclean",
              "Youzan: remove every segment of a log topic all its channels consumed",
              (TOPIC_REQ, PARTITION), errors={**_TOPIC_ERRORS, 500: ()},

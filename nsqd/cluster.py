@@ -73,8 +73,9 @@ from nsqpy.nsqd.peer_link import PeerLink, PeerUnavailable
 from nsqpy.nsqd.tls import cluster_contexts
 from nsqpy.partition_log import PartitionLog, Position
 from nsqpy.partition_log.files import partitions_on_disk
-from nsqpy.partition_log.index import entry_end
+from nsqpy.partition_log.index import IndexEntry, entry_end
 from nsqpy.partition_log.segments import read_pieces
+from nsqpy.partition_log.view import group_fault
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.channel import Channel
@@ -1236,6 +1237,43 @@ class ClusterNode:
             header["end"] = list(log.written)
             header["last"] = list(log.entry_ending_at(log.written) or ())
         return header
+
+    async def copy_of_group(self, topic: "Topic", entry: IndexEntry) -> bytes | None:
+        """Another replica's stored bytes of a group this node's copy of which is corrupt
+        (`/topic/fixdata`): asked of the leader and the ISR's other members in turn, taken
+        from the first whose index holds the same entry and whose bytes hold its records."""
+        replica = _replica_of(topic)
+        info = replica.info if replica is not None else None
+        if info is None:
+            return None
+        peers = [info.leader, *info.isr]
+        for peer in dict.fromkeys(node for node in peers if node not in ("", "?", self.node_id)):
+            try:
+                reply = await self.link(peer).request(
+                    PULL,
+                    {
+                        "topic": topic.name,
+                        "partition": topic.partition,
+                        "offset": entry[3],
+                        "max_entries": 1,
+                        "max_bytes": entry[4],
+                    },
+                )
+            except (PeerUnavailable, ReplicaRefusal, ValueError) as error:
+                self.nsqd.log.warning(
+                    "TOPIC(%s) partition %d: no copy of the group at offset %d from %s - %s",
+                    topic.name,
+                    topic.partition,
+                    entry[3],
+                    peer,
+                    error,
+                )
+                continue
+            entries = reply.header.get("entries") or []
+            if entries and tuple(entries[0]) == tuple(entry):
+                if group_fault(entry, reply.payload) is None:
+                    return reply.payload
+        return None
 
     async def _answer_pull(self, topic: "Topic", header: dict) -> tuple[dict, bytes]:
         log = _log(topic)

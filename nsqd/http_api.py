@@ -40,6 +40,7 @@ from nsqpy.daemon.http_server import query_params as _query
 from nsqpy.daemon.log import parse_log_level, youzan_log_level
 from nsqpy.nsqd import dead_letters
 from nsqpy.nsqd.cluster import ClusterWriteError, NotLedHere
+from nsqpy.nsqd.data_fix import fix_partition
 from nsqpy.nsqd.ext_header import (
     TRACE_ID_KEY,
     ExtHeaderError,
@@ -122,6 +123,7 @@ EVERY_OTHER_ROUTE = {
     ("POST", "/topic/unpause"): ("admin", "topic"),
     ("POST", "/topic/greedyclean"): ("admin", "topic"),
     ("POST", "/topic/cleanunused"): ("admin", "node"),
+    ("POST", "/topic/fixdata"): ("admin", "topic"),
     ("POST", "/channel/delete"): ("admin", "channel"),
     ("POST", "/channel/empty"): ("admin", "channel"),
     ("POST", "/channel/pause"): ("admin", "channel"),
@@ -245,6 +247,7 @@ class HTTPAPI:
         router.add("POST", "/channel/setoffset", self.channel_setoffset)
         router.add("POST", "/topic/greedyclean", self.topic_greedyclean)
         router.add("POST", "/topic/cleanunused", self.topic_clean_unused)
+        router.add("POST", "/topic/fixdata", self.topic_fix_data)
         router.add("GET", "/partition/offsets", self.partition_offsets)
         router.add("GET", "/partition/search", self.partition_search)
         router.add("GET", "/partition/fetch", self.partition_fetch)
@@ -1014,6 +1017,32 @@ class HTTPAPI:
                     await trio.to_thread.run_sync(files.remove_all)
                 except OSError as error:
                     raise HTTPError(500, str(error)) from None
+        return v1_response(200)
+
+    async def topic_fix_data(self, request: Request) -> Response:
+        """Youzan's `POST /topic/fixdata?topic=[&partition=][&checkcorrupt=true]`: check the
+        partition's log against its index (every group with `checkcorrupt=true`, else its
+        first and last) and repair what is wrong (`nsqd/data_fix.py`); what was found and
+        done is logged. 200, empty body, as Youzan's."""
+        params = _query(request)
+        check_corrupt = _first(params, "checkcorrupt") == "true"
+        for topic in self._existing_topic(params, validate=False):
+            try:
+                fix = await fix_partition(self.nsqd, topic, check_corrupt=check_corrupt)
+            except OSError as error:
+                raise HTTPError(500, str(error)) from None
+            self.nsqd.log.info(
+                "TOPIC(%s) partition %d: fixdata by %s checked %d groups: %d corrupt, %d"
+                " written again from another replica, %d skipped%s",
+                topic.name,
+                topic.partition,
+                request.remote,
+                fix.checked,
+                len(fix.faults),
+                fix.repaired,
+                fix.skipped,
+                f", cut back to offset {fix.cut_back_to.offset}" if fix.cut_back_to else "",
+            )
         return v1_response(200)
 
     # -- range reads of log topics (docs/protocol.md §6.3) ---------------------------------------

@@ -151,6 +151,9 @@ class PartitionLog(Generic[M]):
         self.on_cut_back: Callable[[int], None] | None = None
         # The last chunk read from a segment: (segment number, position, bytes).
         self._read_cache: tuple[int, int, bytes] | None = None
+        # Groups found corrupt with no other copy (`/topic/fixdata`): (offset, end), sorted;
+        # a reader that meets one goes on right after it.
+        self._corrupt_groups: list[tuple[int, Position]] = []
         # Seconds an idempotent producer is remembered (nsqd's `--producer-id-expiration`,
         # read at each use); None: no producer snapshots are written (producer_snapshots.py).
         self.producer_expiration: Callable[[], float] | None = None
@@ -645,11 +648,40 @@ class PartitionLog(Generic[M]):
     def position_after_corruption(self, position: Position) -> Position:
         """Where reading goes on past an unreadable record at `position`: the start of the
         next segment, or the log's end in the last one."""
+        corrupt = self._corrupt_groups
+        at = bisect.bisect_right([group[0] for group in corrupt], position.offset) - 1
+        if at >= 0 and corrupt[at][0] <= position.offset < corrupt[at][1].offset:
+            return corrupt[at][1]
         index = bisect.bisect_right(self._segment_starts, position.offset)
         if index < len(self.segments):
             following = self.segments[index]
             return Position(following.start, following.start_count)
         return self.end
+
+    def repair_group(self, entry: IndexEntry, data: bytes) -> None:
+        """Write a committed group's bytes again where they are stored, from another
+        replica's copy (byte-identical: followers write their leader's groups as they are),
+        and sync them (`/topic/fixdata`)."""
+        offset, size = entry[3], entry[4]
+        inside = self.start.offset <= offset <= offset + size <= self.written.offset
+        if len(data) != size or not inside:
+            raise ValueError(f"the group at offset {offset} is not in the log")
+        number, pos = self.file_position(offset)
+        fd = os.open(self.segment_path(number), os.O_WRONLY)
+        try:
+            os.pwrite(fd, data, pos)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._read_cache = None
+        self._corrupt_groups = [group for group in self._corrupt_groups if group[0] != offset]
+
+    def skip_corrupt_group(self, entry: IndexEntry) -> None:
+        """A group no copy repairs: a reader that meets it goes on right after it (instead of
+        at the next segment)."""
+        group = (entry[3], Position(*entry_end(entry)))
+        if group not in self._corrupt_groups:
+            bisect.insort(self._corrupt_groups, group)
 
     def _chunk_at(self, segment: Segment, pos: int, wanted: int) -> tuple[bytes, int]:
         """Bytes of `segment` holding at least the whole record at `pos`, and where it starts in

@@ -6,7 +6,8 @@ a torn tail is left as it is, and only what the commit-log index names is read.
 import json
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 from nsqpy.partition_log.files import LogFiles
 from nsqpy.partition_log.index import (
@@ -43,6 +44,40 @@ class ChannelPosition:
         self.confirmed = confirmed
         self.ranges = ranges
         self.deferred = deferred
+
+
+class GroupFault(NamedTuple):
+    """An index entry (at `position` in the index) whose stored bytes do not hold its group."""
+
+    position: int
+    entry: IndexEntry
+    reason: str
+
+
+def group_fault(entry: IndexEntry, data: bytes) -> str | None:
+    """What is wrong with a group's stored bytes against its index entry; None when they hold
+    exactly its records: whole, as many as it counts, from its first ID to its last."""
+    if len(data) != entry[4]:
+        return f"{len(data)} bytes stored of the group's {entry[4]}"
+    at = count = 0
+    first_id = last_id = -1
+    while at < len(data):
+        offset = entry[3] + at
+        if at + SIZE.size + RECORD_HEADER_SIZE > len(data):
+            return f"a torn record at offset {offset}"
+        (size,) = SIZE.unpack_from(data, at)
+        if size < RECORD_HEADER_SIZE or at + SIZE.size + size > len(data):
+            return f"a record of {size} bytes at offset {offset}"
+        last_id = RECORD_HEADER.unpack_from(data, at + SIZE.size)[2]
+        if count == 0:
+            first_id = last_id
+        at += SIZE.size + size
+        count += 1
+    if count != entry[6]:
+        return f"{count} records where the index counts {entry[6]}"
+    if (first_id, last_id) != (entry[0], entry[2]):
+        return f"IDs {first_id} to {last_id} where the index has {entry[0]} to {entry[2]}"
+    return None
 
 
 class LogView:
@@ -100,6 +135,37 @@ class LogView:
         for message in self.records(Position(entry[3], entry[5] - 1), 1):
             return message.timestamp
         return 0
+
+    # -- checking the data against the index -------------------------------------------------
+
+    def group_bytes(self, entry: IndexEntry) -> bytes:
+        """The stored bytes of an entry's group (short when its file is); OSError when its
+        segment is gone or cannot be read."""
+        offset, size = entry[3], entry[4]
+        holding = [segment for segment in self.segments if segment.start <= offset]
+        if not holding:
+            raise FileNotFoundError(f"no segment holds offset {offset}")
+        segment = holding[-1]
+        with open(self.files.segment(segment.number), "rb") as file:
+            file.seek(offset - segment.start)
+            return file.read(size)
+
+    def faults(self, positions: Iterable[int] | None = None) -> Iterator[GroupFault]:
+        """The groups (by position in the index; every one from the retained start when not
+        given) whose stored bytes do not hold what their index entries say."""
+        if positions is None:
+            positions = range(self.index.total)
+        start = self.start.offset
+        for position in positions:
+            entry = self.index.entry(position)
+            if entry[3] < start:
+                continue  # before the retained start: retention removes it
+            try:
+                reason = group_fault(entry, self.group_bytes(entry))
+            except OSError as error:
+                reason = str(error)
+            if reason is not None:
+                yield GroupFault(position, entry, reason)
 
     # -- records -------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import json
 import shutil
 
 from nsqpy.common.command import encode_mpub
+from nsqpy.partition_log.view import LogView
 from tests.cluster.local_cluster import LocalCluster, Node
 from tests.cluster.traffic import drain
 from tests.harness import V2Connection
@@ -104,3 +105,29 @@ def poll_back_in_isr(cluster: LocalCluster, node: Node, topic: str, partition: i
         lambda: f"the new disk's replica back in the ISR\n{cluster.describe()}",
         timeout=30,
     )
+
+
+def zero_a_group(node: Node, topic: str, which: float, partition: int = 0) -> tuple:
+    """What a bad disk does to old data: the group `which` of the way into the partition's
+    retained log on `node` reads as zeros, its index entry intact; the entry."""
+    view = LogView(str(node.data_path), topic, partition)
+    try:
+        first = view.entry_at("virtual_offset", view.start.offset)
+        entry = view.index.entry(first + int((view.index.total - 1 - first) * which))
+        segment = [s for s in view.segments if s.start <= entry[3]][-1]
+        with open(view.files.segment(segment.number), "r+b") as data:
+            data.seek(entry[3] - segment.start)
+            data.write(bytes(entry[4]))
+        assert [fault.entry for fault in view.faults([view.entry_at("virtual_offset", entry[3])])]
+    finally:
+        view.close()
+    return entry
+
+
+def corrupt_groups(node: Node, topic: str, partition: int = 0) -> list[tuple]:
+    """The index entries of the groups on `node` whose bytes do not hold them."""
+    view = LogView(str(node.data_path), topic, partition)
+    try:
+        return [fault.entry for fault in view.faults()]
+    finally:
+        view.close()

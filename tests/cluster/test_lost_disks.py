@@ -14,10 +14,12 @@ from nsqpy.common.command import encode_dpub, encode_mpub_seq, encode_rdy
 from tests.cluster.aging import (
     AGED_NSQD_ARGS,
     age_topic,
+    corrupt_groups,
     log_start,
     poll_back_in_isr,
     publish_batch,
     replace_disk,
+    zero_a_group,
 )
 from tests.cluster.local_cluster import LocalCluster
 from tests.cluster.traffic import check_replicas_identical, drain, publish
@@ -370,3 +372,24 @@ def test_fixconfirmed_on_an_aged_topic_delivers_nothing_twice(cluster):
         assert log_start(leader, "t") == start
     finally:
         consumer.close()
+
+
+def test_fixdata_writes_corrupt_old_groups_again_from_another_replica(cluster):
+    """Old data gone bad on a disk (zeroed blocks), on the leader and on the follower, each in
+    a different group of a topic whose retention has run: `/topic/fixdata?checkcorrupt=true`
+    on each node writes its groups again from the other replica's copy, and every
+    acknowledged message is read, once."""
+    cluster.create_writable_topic("t", 1, 2)
+    leader = cluster.node_leading("t", 0)
+    follower = _follower_of(cluster, "t")
+    start = age_topic(cluster, "t")
+    acked = publish_batch(leader, "t", "kept", 200)
+    broken = {leader: zero_a_group(leader, "t", 0.25), follower: zero_a_group(follower, "t", 0.75)}
+    assert broken[leader][3] >= start
+    for node, entry in broken.items():
+        assert corrupt_groups(node, "t") == [entry]
+        reply = node.http("POST", "/topic/fixdata?topic=t&partition=0&checkcorrupt=true")
+        assert (reply.status, reply.body) == (200, b""), reply
+        assert corrupt_groups(node, "t") == []
+    check_replicas_identical(cluster, "t", 1)
+    assert drain(leader, "t", acked) == acked

@@ -20,6 +20,7 @@ from nsqpy.partition_log import (
     ProducerMark,
     record_size,
 )
+from nsqpy.partition_log.view import LogView, group_fault
 
 
 def _never_paused() -> bool:
@@ -587,3 +588,53 @@ def test_a_deleted_log_is_never_started_over(tmp_path):
     with pytest.raises(OSError):
         log.reset_to(Position(0, 0), 0, None, {})
     assert log.files.all_files() == []
+
+
+def zero_group(log_path, entry: tuple, segment: int = 0) -> None:
+    """What a crash or a bad disk leaves: the group's bytes as zeros, its index entry intact."""
+    with open(log_path / "t" / f"t-2.diskqueue.{segment:06d}.dat", "r+b") as data:
+        data.seek(entry[3])
+        data.write(bytes(entry[4]))
+
+
+def test_the_view_finds_each_group_whose_bytes_do_not_hold_its_index_entry(tmp_path):
+    log = open_log(tmp_path)
+    for n in range(5):
+        publish(log, b"a%d" % n, b"b%d" % n)  # a group of two each
+    groups = entries(log)
+    log.close()
+    zero_group(tmp_path, groups[1])
+    with open(tmp_path / "t" / "t-2.diskqueue.000000.dat", "r+b") as data:
+        data.seek(groups[3][3] + 4 + 10)  # the first record's attempts, then its ID
+        data.write(b"\xff" * 10)
+    view = LogView(str(tmp_path), "t", 2)
+    faults = list(view.faults())
+    view.close()
+    assert [(fault.position, fault.entry) for fault in faults] == [(1, groups[1]), (3, groups[3])]
+    assert faults[0].reason == f"a record of 0 bytes at offset {groups[1][3]}"
+    assert faults[1].reason.startswith("IDs ")
+    assert group_fault(groups[0], b"") == f"0 bytes stored of the group's {groups[0][4]}"
+
+
+def test_a_corrupt_group_with_no_copy_is_skipped_exactly_and_a_copy_repairs_it(tmp_path):
+    log = open_log(tmp_path)
+    bodies = [b"m%d" % n for n in range(8)]
+    for start in range(0, 8, 2):
+        publish(log, *bodies[start : start + 2])
+    groups = entries(log)
+    original = log.read_group_bytes([groups[1]])
+    log.close()
+    zero_group(tmp_path, groups[1])
+    reopened = open_log(tmp_path)
+    reopened.skip_corrupt_group(groups[1])
+    channel = cursor(reopened)
+    channel.set_position(reopened.start)
+    taken = channel.take(10) + channel.take(10)
+    # The group after the corrupt one is read, though it is in the same segment.
+    assert [m.body for m in taken] == bodies[:2] + bodies[4:]
+    reopened.repair_group(groups[1], original)
+    channel.set_position(reopened.start)
+    assert [m.body for m in channel.take(10)] == bodies
+    with pytest.raises(ValueError, match="not in the log"):
+        reopened.repair_group(groups[1], original[:-1])
+    reopened.close()

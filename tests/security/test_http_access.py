@@ -62,6 +62,7 @@ ROUTES = {
     ("POST", "/topic/unpause"): ("open", "admin"),
     ("POST", "/topic/greedyclean"): ("open", "admin"),
     ("POST", "/topic/cleanunused"): ("open", "admin"),
+    ("POST", "/topic/fixdata"): ("open", "admin"),
     ("POST", "/channel/delete"): ("open", "admin"),
     ("POST", "/channel/empty"): ("open", "admin"),
     ("POST", "/channel/pause"): ("open", "admin"),
