@@ -21,6 +21,20 @@ def dpub(port: int, body: bytes, delay_ms: int) -> None:
     connection.close()
 
 
+def finish_odd_requeue_even(connection: V2Connection, count: int) -> list[bytes]:
+    """Read `count` messages (`m<n>`), FIN the odd ones and REQ the even ones for 120 s, one
+    at a time; their bodies, as read."""
+    seen: list[bytes] = []
+    while len(seen) < count:
+        (message,) = connection.read_messages(1)
+        seen.append(message.body)
+        if int(message.body[1:]) % 2:
+            connection.send(b"FIN " + message.id + b"\n")
+        else:
+            connection.send(b"REQ " + message.id + b" 120000\n")
+    return seen
+
+
 def test_requeues_with_a_long_delay_never_stall_the_channel(tmp_path):
     """The issue's consumer: every even message REQ'd with 120 s, every odd one FINished. With
     the default window (500) every message is delivered once (before the delay queue: 1,500,
@@ -31,14 +45,7 @@ def test_requeues_with_a_long_delay_never_stall_the_channel(tmp_path):
         bodies = [b"m%05d" % n for n in range(3000)]
         mpub(daemon.port("TCP"), bodies)
         connection = subscribe(daemon.port("TCP"), 200)
-        seen: list[bytes] = []
-        while len(seen) < len(bodies):
-            for message in connection.read_messages(1):
-                seen.append(message.body)
-                if int(message.body[1:]) % 2:
-                    connection.send(b"FIN " + message.id + b"\n")
-                else:
-                    connection.send(b"REQ " + message.id + b" 120000\n")
+        seen = finish_odd_requeue_even(connection, len(bodies))
         assert sorted(seen) == bodies  # each once: none came back early
         # Every REQ waits: most in the delay queue (each time the window filled, what waited
         # in memory moved there), the latest ones in memory (120 s is below the threshold).
@@ -65,14 +72,7 @@ def test_a_full_window_opens_again_once_its_moves_are_written_with_nothing_in_fl
         bodies = [b"m%03d" % n for n in range(100)]
         mpub(daemon.port("TCP"), bodies)
         connection = subscribe(daemon.port("TCP"), 1)
-        seen: list[bytes] = []
-        while len(seen) < len(bodies):
-            (message,) = connection.read_messages(1)
-            seen.append(message.body)
-            if int(message.body[1:]) % 2:
-                connection.send(b"FIN " + message.id + b"\n")
-            else:
-                connection.send(b"REQ " + message.id + b" 120000\n")
+        seen = finish_odd_requeue_even(connection, len(bodies))
         assert seen == bodies
         connection.close()
     finally:
