@@ -31,6 +31,13 @@ CHANNEL_ACTIONS = (
     "unskip",
 )
 
+# A log topic's channel limits (nsqd's `/channel/ratelimit`, `/channel/setclientlimit`) and
+# the settings each takes.
+CHANNEL_LIMITS = {
+    "ratelimit": ("ratekilobytes",),
+    "setclientlimit": ("ready", "client_prefix"),
+}
+
 
 def is_same_origin(request: web.Request) -> bool:
     """A request that changes the cluster is ours unless its Origin names another host.
@@ -125,6 +132,32 @@ class Actions:
         self._notify(request, f"{action}_channel", topic, channel)
         return await self.cluster.topic_channel_action(
             action, topic, channel, self._lookupds, self._nsqds
+        )
+
+    async def channel_limit(
+        self, request: web.Request, topic: str, channel: str, settings: dict
+    ) -> list[str]:
+        """A channel's Youzan limits on every nsqd that has its topic: `ratelimit` with
+        `ratekilobytes` (0: the nsqd's own), `setclientlimit` with `ready` and
+        `client_prefix` (empty: every consumer). 400 `INVALID_OPTION` for a count that is
+        not a number."""
+        self.check_admin(request)
+        action = str(settings.get("action") or "")
+        names = CHANNEL_LIMITS.get(action)
+        if names is None:
+            raise ActionError(400, "INVALID_ACTION")
+        query = {}
+        for name in names:
+            value = str(settings.get(name) if settings.get(name) is not None else "").strip()
+            if name != "client_prefix":
+                try:
+                    value = str(int(value))
+                except ValueError:
+                    raise ActionError(400, "INVALID_OPTION") from None
+            query[name] = value
+        self._notify(request, f"{action}_channel", topic, channel)
+        return await self.cluster.topic_channel_action(
+            action, topic, channel, self._lookupds, self._nsqds, query
         )
 
     async def channel_client_action(

@@ -16,7 +16,7 @@ from aiohttp import web
 from nsqpy.common.flags import Kind
 from nsqpy.common.goformat import go_json
 from nsqpy.daemon.log import LOG_LEVELS, parse_log_level
-from nsqpy.nsqadmin.actions import ActionError, is_same_origin
+from nsqpy.nsqadmin.actions import CHANNEL_LIMITS, ActionError, is_same_origin
 from nsqpy.nsqadmin.cluster import RequestError, UpstreamError
 from nsqpy.nsqadmin.options import build_flags
 from nsqpy.nsqadmin.statistics import FILTERS, rank_name, statistics
@@ -331,6 +331,8 @@ class API:
                 return await self.admin.actions.reset_channel(
                     request, topic, channel, body.get("timestamp")
                 )
+            if action in CHANNEL_LIMITS:
+                return await self.admin.actions.channel_limit(request, topic, channel, body)
             return await self.admin.actions.channel_action(request, action, topic, channel)
 
         return await self._act(request, act)

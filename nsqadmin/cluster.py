@@ -358,13 +358,20 @@ class ClusterInfo:
         return errors
 
     async def topic_channel_action(
-        self, action: str, topic: str, channel: str, lookupds: list[str], nsqds: list[str]
+        self,
+        action: str,
+        topic: str,
+        channel: str,
+        lookupds: list[str],
+        nsqds: list[str],
+        settings: dict[str, str] | None = None,
     ) -> list[str]:
         """pause, unpause or empty a topic (channel "") or a channel on every nsqd that has
-        the topic (Go's actionHelper)."""
+        the topic (Go's actionHelper); `settings` go with it (a channel's limits)."""
         producers, errors = await self.get_topic_producers(topic, lookupds, nsqds)
         kind = "channel" if channel else "topic"
         query = {"topic": topic, "channel": channel} if channel else {"topic": topic}
+        query.update(settings or {})
         errors += await self._post_all(
             endpoint(p.http_address, f"{kind}/{action}", query) for p in producers
         )

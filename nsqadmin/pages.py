@@ -26,7 +26,7 @@ from aiohttp import web
 from markupsafe import Markup
 
 from nsqpy.common.version import VERSION
-from nsqpy.nsqadmin.actions import ActionError, is_same_origin, unix_seconds
+from nsqpy.nsqadmin.actions import CHANNEL_LIMITS, ActionError, is_same_origin, unix_seconds
 from nsqpy.nsqadmin.charts import render_chart, render_sparkline
 from nsqpy.nsqadmin.cluster import RequestError, UpstreamError
 from nsqpy.nsqadmin.statistics import FILTERS, rank_name, statistics
@@ -627,6 +627,25 @@ class Pages:
                 form,
                 run=lambda: actions.channel_action(request, action, topic, channel),
                 done=f"{'Paused' if action == 'pause' else 'Unpaused'} {what}.",
+                then=channel_page,
+            )
+        if action in CHANNEL_LIMITS:
+            names = ("action", *CHANNEL_LIMITS[action])
+            settings = {name: str(form.get(name, "")) for name in names}
+            if action == "ratelimit":
+                rate = settings["ratekilobytes"].strip()
+                done = f"{what} delivers at most {rate} KiB/s of bodies over 1 KiB."
+                if rate in ("0", ""):
+                    done = f"{what} is rate limited as each nsqd's --channel-ratelimit-kb says."
+            else:
+                prefix = settings["client_prefix"].strip()
+                consumers = f"consumers at {prefix}… hold" if prefix else "every consumer holds"
+                done = f"{what}: {consumers} at most {settings['ready'].strip()} in flight."
+            return await self._act(
+                request,
+                form,
+                run=lambda: actions.channel_limit(request, topic, channel, settings),
+                done=done[0].upper() + done[1:],
                 then=channel_page,
             )
         if action == "reset":

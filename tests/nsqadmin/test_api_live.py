@@ -887,3 +887,34 @@ def test_a_channel_client_action_finishes_a_message_by_id(cluster, topic_name):
         poll(lambda: nsqd.channel(topic_name, "ch")["in_flight_count"] == 0, "finished")
     finally:
         consumer.close()
+
+
+def test_a_log_channels_limits_are_set_on_every_nsqd_through_the_api(cluster, topic_name):
+    """`POST /api/topics/<t>/<c>` with `ratelimit` (`ratekilobytes`) or `setclientlimit`
+    (`ready`, `client_prefix`): nsqd's `/channel/ratelimit` and `/channel/setclientlimit` on
+    every nsqd with the topic; a count that is not a number is 400 `INVALID_OPTION`."""
+    for nsqd in cluster.nsqds:
+        for path in (
+            f"topic/create?topic={topic_name}&partition_num=1",
+            f"channel/create?topic={topic_name}&channel=ch&partition=0",
+        ):
+            assert http("POST", f"{nsqd.url}/{path}").status == 200
+    cluster.wait_registered(topic_name)
+    url = f"{cluster.url}/api/topics/{topic_name}/ch"
+    done = http("POST", url, {"action": "ratelimit", "ratekilobytes": 300})
+    assert (done.status, done.json()) == (200, {"message": ""})
+    assert [n.channel(topic_name, "ch")["rate_limit_kb"] for n in cluster.nsqds] == [300, 300]
+    consumer = subscribe(cluster.nsqds[1], topic_name, "ch", ready=20)
+    try:
+        limit = {"action": "setclientlimit", "ready": "2", "client_prefix": ""}
+        assert http("POST", url, limit).status == 200
+        (client,) = cluster.nsqds[1].channel(topic_name, "ch")["clients"]
+        assert client["limited_rdy"] == 2
+    finally:
+        consumer.close()
+    for body in (
+        {"action": "ratelimit", "ratekilobytes": "fast"},
+        {"action": "setclientlimit", "ready": "", "client_prefix": "10."},
+    ):
+        refused = http("POST", url, body)
+        assert (refused.status, refused.json()) == (400, {"message": "INVALID_OPTION"})

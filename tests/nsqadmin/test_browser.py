@@ -63,6 +63,13 @@ def confirm(driver) -> None:
     click_through(driver, driver.find_element(By.ID, "confirm"))
 
 
+def fill(driver, selector: str, text: str) -> None:
+    """Type `text` into the input `selector` names, in place of what it holds."""
+    element = driver.find_element(By.CSS_SELECTOR, selector)
+    element.clear()
+    element.send_keys(text)
+
+
 def flash(driver) -> str:
     return driver.find_element(By.ID, "flash").text
 
@@ -483,6 +490,28 @@ def test_skip_and_unskip_a_log_topic_channel(cluster, browser, topic_name):
         assert http("POST", f"{nsqd.url}/{target}&ratekilobytes={kilobytes}").status == 200
     browser.get(f"{cluster.url}/topics/{topic_name}/ch")
     assert browser.find_element(By.ID, "rate-limit-badge").text == "at most 2,048 KiB/s"
+    # The forms set both limits on every nsqd: the rate, and the client limit a connected
+    # consumer's RDY is held to.
+    fill(browser, "#ratelimit-form input[name=ratekilobytes]", "512")
+    click_action(browser, "ratelimit", "#ratelimit-form")
+    assert (
+        flash(browser)
+        == f"Channel ch of topic {topic_name} delivers at most 512 KiB/s of bodies over 1 KiB."
+    )
+    assert [n.channel(topic_name, "ch")["rate_limit_kb"] for n in cluster.nsqds] == [512, 512]
+    assert browser.find_element(By.ID, "rate-limit-badge").text == "at most 512 KiB/s"
+    consumer = subscribe(cluster.nsqds[0], topic_name, "ch", ready=50)
+    try:
+        fill(browser, "#setclientlimit-form input[name=client_prefix]", "127.0.0.1")
+        fill(browser, "#setclientlimit-form input[name=ready]", "3")
+        click_action(browser, "setclientlimit", "#setclientlimit-form")
+        assert flash(browser) == (
+            f"Channel ch of topic {topic_name}: consumers at 127.0.0.1… hold at most 3 in flight."
+        )
+        (client,) = cluster.nsqds[0].channel(topic_name, "ch")["clients"]
+        assert (client["ready_count"], client["limited_rdy"]) == (50, 3)
+    finally:
+        consumer.close()
 
 
 def test_the_statistics_page_ranks_topics_and_channels(cluster, browser, topic_name):
