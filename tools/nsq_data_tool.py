@@ -10,7 +10,10 @@ and prints, as Youzan's does:
 * `-view=delayedqueue`: the delay queue's count per channel, and the entries of
   `-view_channel` (every channel's without it) soonest due first;
 * `-view=channels` (nsqpy's): each channel's confirmed position, the ranges it acknowledged
-  beyond it and what it deferred in memory.
+  beyond it and what it deferred in memory;
+* `-view=check` (nsqpy's): every group of the retained log against its index entry, one line
+  per corrupt group (what nsqd's `/topic/fixdata?checkcorrupt=true` finds), and the exit
+  status 1 when there is one.
 """
 
 import sys
@@ -23,7 +26,7 @@ from nsqpy.partition_log.view import LogView
 from nsqpy.tools._common import fatal, make_logger, parse_args
 
 NAME = "nsq_data_tool"
-VIEWS = ("commitlog", "topicdata", "delayedqueue", "channels")
+VIEWS = ("commitlog", "topicdata", "delayedqueue", "channels", "check")
 MAX_VIEW_COUNT = 1_000_000
 
 
@@ -32,7 +35,12 @@ def flags() -> list[Flag]:
         Flag("topic", Kind.STRING, "", "NSQ topic"),
         Flag("partition", Kind.INT, -1, "NSQ topic partition"),
         Flag("data_path", Kind.STRING, "", "the data path of nsqd"),
-        Flag("view", Kind.STRING, "commitlog", "commitlog | topicdata | delayedqueue | channels"),
+        Flag(
+            "view",
+            Kind.STRING,
+            "commitlog",
+            "commitlog | topicdata | delayedqueue | channels | check",
+        ),
         Flag(
             "search_mode",
             Kind.STRING,
@@ -91,15 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:
         fatal(log, "loading commit log failed: %s", error)
     try:
-        show(view, values)
+        status = show(view, values)
     except (OSError, ValueError) as error:
         fatal(log, "%s", error)
     finally:
         view.close()
-    return 0
+    return status
 
 
-def show(view: LogView, values: dict) -> None:
+def show(view: LogView, values: dict) -> int:
     out = sys.stdout
     count = values["view_cnt"]
     last = view.last_entry
@@ -119,7 +127,14 @@ def show(view: LogView, values: dict) -> None:
             out.write(
                 f"peeked channel msg : {channel} {message_id} at {offset}:{record_count}, {state}\n"
             )
-        return
+        return 0
+    if values["view"] == "check":
+        corrupt = 0
+        for fault in view.faults():
+            corrupt += 1
+            out.write(f"corrupt group {go_entry(fault.entry)}: {fault.reason}\n")
+        out.write(f"checked {view.index.total} groups: {corrupt} corrupt\n")
+        return 1 if corrupt else 0
     if values["view"] == "channels":
         start, end = view.start, view.end
         out.write(f"log start {start.offset}:{start.count}, end {end.offset}:{end.count}\n")
@@ -135,7 +150,7 @@ def show(view: LogView, values: dict) -> None:
                 f"channel {kept.name} confirmed {confirmed},"
                 f" acknowledged ranges {kept.ranges}, deferred {len(kept.deferred)}\n"
             )
-        return
+        return 0
     mode, value = search_value(values)
     first = view.entry_at(mode, value)
     entry = view.index.entry(first)
@@ -143,7 +158,7 @@ def show(view: LogView, values: dict) -> None:
     if values["view"] == "commitlog":
         for entry in view.index.entries(first, count):
             out.write(go_entry(entry) + "\n")
-        return
+        return 0
     start = Position(entry[3], entry[5] - 1)
     if mode == "virtual_offset" and value != entry[3]:
         start = Position(value, entry[5] - 1)
@@ -161,7 +176,8 @@ def show(view: LogView, values: dict) -> None:
         )
         count -= 1
         if count <= 0:
-            return
+            break
+    return 0
 
 
 def _before(view: LogView, start: Position, mode: str, value: int) -> int:

@@ -6,6 +6,8 @@ import re
 
 from nsqpy.client.blocking import http_request
 from nsqpy.common.command import encode_command
+from nsqpy.partition_log.view import LogView
+from nsqpy.tools.nsq_data_tool import go_entry
 from tests.harness import V2Connection, start_nsqd
 from tests.support.polling import poll
 from tests.tools.support import run_tool
@@ -64,6 +66,21 @@ def test_the_tool_reads_a_partitions_log_delay_queue_and_channels(tmp_path):
     assert code == 0, err
     bodies = [line.rpartition(" body: ")[2] for line in out.splitlines() if " body: " in line]
     assert bodies == ["m0", "m1", "m2", "later"]
+    code, out, err = data_tool(tmp_path, "-view=check")
+    assert (code, out.splitlines()[1:]) == (0, ["checked 4 groups: 0 corrupt"]), err
+    # A group gone bad (zeros where its records were): the check names it and fails.
+    view = LogView(str(tmp_path), "t", 0)
+    second = view.index.entry(1)
+    with open(view.files.segment(0), "r+b") as data:
+        data.seek(second[3])
+        data.write(bytes(second[4]))
+    view.close()
+    code, out, err = data_tool(tmp_path, "-view=check")
+    assert code == 1, err
+    assert out.splitlines()[1:] == [
+        f"corrupt group {go_entry(second)}: a record of 0 bytes at offset {second[3]}",
+        "checked 4 groups: 1 corrupt",
+    ]
 
 
 def test_the_tool_says_what_it_needs(tmp_path):
