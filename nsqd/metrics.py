@@ -8,6 +8,7 @@ as `/stats` directly. Counters end in `_total`, label values are escaped as the 
 from typing import Protocol
 
 from nsqpy.nsqd.stats import StatsSource, gather, memory_stats
+from nsqpy.nsqd.stats_fields import CHANNEL_FIELDS, TOPIC_FIELDS, StatsField
 
 
 class MetricsSource(StatsSource, Protocol):
@@ -67,21 +68,7 @@ def render_metrics(nsqd: MetricsSource, topics: list[dict] | None = None) -> str
         where = {"topic": t}
         if "topic_partition" in topic:
             where["partition"] = str(topic["topic_partition"])
-        family("nsq_topic_depth", "gauge", "Messages queued in the topic").add(
-            topic["depth"], **where
-        )
-        family("nsq_topic_backend_depth", "gauge", "Topic messages on disk").add(
-            topic["backend_depth"], **where
-        )
-        family("nsq_topic_messages_total", "counter", "Messages published to the topic").add(
-            topic["message_count"], **where
-        )
-        family("nsq_topic_message_bytes_total", "counter", "Bytes published to the topic").add(
-            topic["message_bytes"], **where
-        )
-        family("nsq_topic_paused", "gauge", "1 while the topic is paused").add(
-            int(topic["paused"]), **where
-        )
+        _fields(family, TOPIC_FIELDS, topic, **where)
         _latency(family, "nsq_topic_e2e_processing_latency_seconds", topic, **where)
         if "log_end_offset" in topic:
             # Log topics (docs/design.md §13), per partition.
@@ -115,36 +102,7 @@ def render_metrics(nsqd: MetricsSource, topics: list[dict] | None = None) -> str
                     "counter",
                     "Messages past the channel's attempt limit sent to its dead-letter topic",
                 ).add(channel["dead_letter_count"], **labels)
-            family("nsq_channel_depth", "gauge", "Messages queued in the channel").add(
-                channel["depth"], **labels
-            )
-            family("nsq_channel_backend_depth", "gauge", "Channel messages on disk").add(
-                channel["backend_depth"], **labels
-            )
-            family("nsq_channel_in_flight", "gauge", "Messages delivered, not yet finished").add(
-                channel["in_flight_count"], **labels
-            )
-            family("nsq_channel_deferred", "gauge", "Messages deferred (DPUB, REQ)").add(
-                channel["deferred_count"], **labels
-            )
-            family("nsq_channel_messages_total", "counter", "Messages the channel received").add(
-                channel["message_count"], **labels
-            )
-            family("nsq_channel_requeues_total", "counter", "Messages requeued by clients").add(
-                channel["requeue_count"], **labels
-            )
-            family("nsq_channel_timeouts_total", "counter", "In-flight messages timed out").add(
-                channel["timeout_count"], **labels
-            )
-            family("nsq_channel_clients", "gauge", "Clients subscribed to the channel").add(
-                channel["client_count"], **labels
-            )
-            family("nsq_channel_paused", "gauge", "1 while the channel is paused").add(
-                int(channel["paused"]), **labels
-            )
-            family(
-                "nsq_channel_skipped", "gauge", "1 while the channel drops what is published"
-            ).add(int(channel.get("skipped", False)), **labels)
+            _fields(family, CHANNEL_FIELDS, channel, **labels)
             if "rate_limit_kb" in channel:
                 family(
                     "nsq_channel_rate_limit_kilobytes",
@@ -205,6 +163,12 @@ def _replicas(family, stats: dict, **labels: str) -> None:
     family(
         "nsq_partition_under_replicated", "gauge", "1 while the ISR is smaller than the replicas"
     ).add(int(stats["under_replicated"]), **labels)
+
+
+def _fields(family, fields: tuple[StatsField, ...], stats: dict, **labels: str) -> None:
+    for field in fields:
+        kind = "counter" if field.counter else "gauge"
+        family(field.metric, kind, field.help).add(field.value(stats), **labels)
 
 
 def _latency(family, name: str, stats: dict, **labels: str) -> None:

@@ -15,6 +15,7 @@ import trio
 
 from nsqpy.common.names import is_ephemeral
 from nsqpy.nsqd.stats import StatsSource, gather, memory_stats
+from nsqpy.nsqd.stats_fields import CHANNEL_FIELDS, TOPIC_FIELDS, StatsField
 
 
 class StatsdSource(StatsSource, Protocol):
@@ -33,6 +34,22 @@ def statsd_prefix(template: str, broadcast_address: str, http_port: int) -> str:
     host_key = f"{broadcast_address}:{http_port}".replace(".", "_").replace(":", "_")
     prefix = template.replace("%s", host_key)
     return prefix if prefix.endswith(".") else prefix + "."
+
+
+def _field_lines(
+    name: str, fields: tuple[StatsField, ...], stats: dict, last: dict
+) -> list[tuple[str, int, str]]:
+    """Go's lines of one topic or channel: counters as differences since `last` (its
+    previous stats), gauges as they stand."""
+    lines = []
+    for field in fields:
+        if field.statsd is None:
+            continue
+        value = field.value(stats)
+        if field.counter:
+            value -= field.value(last)
+        lines.append((f"{name}.{field.statsd}", value, "c" if field.counter else "g"))
+    return lines
 
 
 def _latency_lines(name: str, result: dict) -> list[tuple[str, int, str]]:
@@ -64,20 +81,7 @@ class StatsdPusher:
                 continue
             last = self._last_topics.get(topic_name, {})
             base = f"topic.{topic_name}"
-            metrics += [
-                (
-                    f"{base}.message_count",
-                    topic["message_count"] - last.get("message_count", 0),
-                    "c",
-                ),
-                (
-                    f"{base}.message_bytes",
-                    topic["message_bytes"] - last.get("message_bytes", 0),
-                    "c",
-                ),
-                (f"{base}.depth", topic["depth"], "g"),
-                (f"{base}.backend_depth", topic["backend_depth"], "g"),
-            ]
+            metrics += _field_lines(base, TOPIC_FIELDS, topic, last)
             metrics += _latency_lines(base, topic["e2e_processing_latency"])
             last_channels = {c["channel_name"]: c for c in last.get("channels", [])}
             for channel in topic["channels"]:
@@ -86,28 +90,7 @@ class StatsdPusher:
                     continue
                 previous = last_channels.get(channel_name, {})
                 name = f"{base}.channel.{channel_name}"
-                metrics += [
-                    (
-                        f"{name}.message_count",
-                        channel["message_count"] - previous.get("message_count", 0),
-                        "c",
-                    ),
-                    (f"{name}.depth", channel["depth"], "g"),
-                    (f"{name}.backend_depth", channel["backend_depth"], "g"),
-                    (f"{name}.in_flight_count", channel["in_flight_count"], "g"),
-                    (f"{name}.deferred_count", channel["deferred_count"], "g"),
-                    (
-                        f"{name}.requeue_count",
-                        channel["requeue_count"] - previous.get("requeue_count", 0),
-                        "c",
-                    ),
-                    (
-                        f"{name}.timeout_count",
-                        channel["timeout_count"] - previous.get("timeout_count", 0),
-                        "c",
-                    ),
-                    (f"{name}.clients", channel["client_count"], "g"),
-                ]
+                metrics += _field_lines(name, CHANNEL_FIELDS, channel, previous)
                 metrics += _latency_lines(name, channel["e2e_processing_latency"])
             seen[topic_name] = topic
         self._last_topics = seen
