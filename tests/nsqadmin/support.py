@@ -138,6 +138,17 @@ class Cluster:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.admin.port('HTTP')}"
 
+    def create_log_channel(self, topic: str, channel: str) -> None:
+        """A one-partition log topic and its channel on every nsqd, once nsqlookupd lists
+        them all."""
+        for nsqd in self.nsqds:
+            for path in (
+                f"topic/create?topic={topic}&partition_num=1",
+                f"channel/create?topic={topic}&channel={channel}&partition=0",
+            ):
+                assert http("POST", f"{nsqd.url}/{path}").status == 200
+        self.wait_registered(topic)
+
     def wait_registered(self, topic: str, count: int | None = None) -> None:
         """Until nsqlookupd lists `count` (default: all) nsqd as producers of `topic`."""
         wanted = len(self.nsqds) if count is None else count

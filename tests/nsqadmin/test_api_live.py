@@ -893,13 +893,7 @@ def test_a_log_channels_limits_are_set_on_every_nsqd_through_the_api(cluster, to
     """`POST /api/topics/<t>/<c>` with `ratelimit` (`ratekilobytes`) or `setclientlimit`
     (`ready`, `client_prefix`): nsqd's `/channel/ratelimit` and `/channel/setclientlimit` on
     every nsqd with the topic; a count that is not a number is 400 `INVALID_OPTION`."""
-    for nsqd in cluster.nsqds:
-        for path in (
-            f"topic/create?topic={topic_name}&partition_num=1",
-            f"channel/create?topic={topic_name}&channel=ch&partition=0",
-        ):
-            assert http("POST", f"{nsqd.url}/{path}").status == 200
-    cluster.wait_registered(topic_name)
+    cluster.create_log_channel(topic_name, "ch")
     url = f"{cluster.url}/api/topics/{topic_name}/ch"
     done = http("POST", url, {"action": "ratelimit", "ratekilobytes": 300})
     assert (done.status, done.json()) == (200, {"message": ""})

@@ -463,13 +463,7 @@ def test_skip_and_unskip_a_log_topic_channel(cluster, browser, topic_name):
     """A log topic's channel page offers Youzan's skip: after a confirmation every nsqd's
     channel is skipped (nsqd's /channel/skip) and the page says so; unskip turns it back. A
     rate limit shows as a badge."""
-    for nsqd in cluster.nsqds:
-        for path in (
-            f"topic/create?topic={topic_name}&partition_num=1",
-            f"channel/create?topic={topic_name}&channel=ch&partition=0",
-        ):
-            assert http("POST", f"{nsqd.url}/{path}").status == 200
-    cluster.wait_registered(topic_name)
+    cluster.create_log_channel(topic_name, "ch")
     browser.get(f"{cluster.url}/topics/{topic_name}/ch")
     assert not browser.find_elements(By.ID, "skipped-badge")
     click_action(browser, "skip", "#skip-form")
