@@ -114,13 +114,10 @@ class ClusterSession:
     # -- following the topics ----------------------------------------------------------------
 
     async def _load(self) -> int:
-        while True:
-            try:
-                kvs, revision = await self.client.get_prefix(self.keys.topics)
-                break
-            except EtcdError as error:
-                self.nsqd.log.error("CLUSTER: cannot read the topics - %s", error)
-                await trio.sleep(0.5)
+        kvs, revision = await self.client.read_prefix(
+            self.keys.topics,
+            lambda error: self.nsqd.log.error("CLUSTER: cannot read the topics - %s", error),
+        )
         # A load after the lease was lost starts again from what etcd holds now.
         self.metas.clear()
         self.infos.clear()
@@ -184,7 +181,7 @@ class ClusterSession:
     async def _watch_topics(self, revision: int) -> None:
         async with self.client.watch_prefix(self.keys.topics, revision) as watch:
             async for event in watch:
-                value = event.kv.value if event.kind == "PUT" else None
+                value = event.value
                 changed = self._take(event.kv.key, value, event.kv.mod_revision)
                 if changed is not None:
                     self._apply(*changed)
@@ -235,7 +232,7 @@ class ClusterSession:
                     revision = current + 1
                 async with self.client.watch_prefix(key, revision) as watch:
                     async for event in watch:
-                        self._take_master(event.kv.value if event.kind == "PUT" else None)
+                        self._take_master(event.value)
             except EtcdError as error:
                 self.nsqd.log.error("CLUSTER: watching the master - %s", error)
                 await trio.sleep(0.5)

@@ -160,13 +160,10 @@ class Coordinator:
     # -- following the cluster ---------------------------------------------------------------
 
     async def _load(self) -> int:
-        while True:
-            try:
-                kvs, revision = await self.client.get_prefix(self.keys.base)
-                break
-            except EtcdError as error:
-                self.lookupd.log.error("CLUSTER: cannot read the cluster - %s", error)
-                await trio.sleep(0.5)
+        kvs, revision = await self.client.read_prefix(
+            self.keys.base,
+            lambda error: self.lookupd.log.error("CLUSTER: cannot read the cluster - %s", error),
+        )
         for kv in kvs:
             self.learn(kv.key, kv.value, kv.mod_revision)
         return revision
@@ -174,8 +171,7 @@ class Coordinator:
     async def _follow(self, revision: int) -> None:
         async with self.client.watch_prefix(self.keys.base, revision) as watch:
             async for event in watch:
-                value = event.kv.value if event.kind == "PUT" else None
-                self.learn(event.kv.key, value, event.kv.mod_revision)
+                self.learn(event.kv.key, event.value, event.kv.mod_revision)
                 self.notify_changed()
 
     def learn(self, key: str, value: bytes | None, revision: int) -> None:

@@ -36,6 +36,7 @@ import os
 import select
 import ssl
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -126,6 +127,11 @@ class KeyValue:
 class WatchEvent:
     kind: Literal["PUT", "DELETE"]
     kv: KeyValue
+
+    @property
+    def value(self) -> bytes | None:
+        """The key's value after the event; None when it was deleted."""
+        return self.kv.value if self.kind == "PUT" else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -575,6 +581,18 @@ class EtcdClient:
                 raise
 
     # --- watch
+
+    async def read_prefix(
+        self, prefix: str, failed: Callable[["EtcdError"], None], retry: float = 0.5
+    ) -> tuple[list[KeyValue], int]:
+        """`get_prefix` until etcd answers, `failed` told of each error: the first read of
+        what a daemon then follows with `watch_prefix` from the revision + 1."""
+        while True:
+            try:
+                return await self.get_prefix(prefix)
+            except EtcdError as error:
+                failed(error)
+                await trio.sleep(retry)
 
     def watch_prefix(self, prefix: str, start_revision: int) -> "Watch":
         """Events on keys starting with `prefix` from `start_revision` on (0: from now), in
