@@ -126,13 +126,14 @@ java:
 	}
 
 ## Lint, then the whole default test suite.
-# Four workers (pytest-xdist), a test file each at a time: most tests wait on daemons, Spark
+# Three workers (pytest-xdist), a test file each at a time: most tests wait on daemons, Spark
 # or Chromium more than they compute. On two cores the suite took 842 s with two workers and
 # 735 s with three once Spark's Python workers stopped compiling pyspark from its zip
 # (nsqpy/spark/pyspark_first.pth); with Spark's class archive made before the suite, 733 s
-# with three and 677 s with four (2026-11-28).
+# with three, and 677 s and 767 s in two runs with four (load average 7): no clear gain for
+# more load (2026-11-28).
 test: install-test lint
-	$(BIN)/python -m pytest -n 4 --dist loadfile
+	$(BIN)/python -m pytest -n 3 --dist loadfile
 
 lint: $(TEST_INSTALLED)
 	$(BIN)/ruff check .
