@@ -489,3 +489,27 @@ def test_endpoints_must_be_http_or_https_urls():
     assert EtcdClient(["https://127.0.0.1:2379"]).endpoints == ["https://127.0.0.1:2379"]
     with pytest.raises(ValueError, match="at least one"):
         EtcdClient([])
+
+
+async def test_read_prefix_asks_again_until_etcd_answers_and_says_why_each_time(etcd_server):
+    """A daemon's first read of what it then watches: each failure goes to `failed`, and the
+    read is asked again; with etcd answering, the keys and their revision, no failure."""
+    failures: list[EtcdError] = []
+
+    class Enough(Exception):
+        pass
+
+    def failed(error: EtcdError) -> None:
+        failures.append(error)
+        if len(failures) == 2:
+            raise Enough
+
+    async with EtcdClient([dead_endpoint()], timeout=1) as client:
+        with pytest.raises(Enough):
+            await client.read_prefix("rp/", failed, retry=0.01)
+    assert len(failures) == 2 and all(isinstance(e, EtcdUnavailable) for e in failures)
+    async with EtcdClient([etcd_server.client_url], timeout=2) as client:
+        revision = await client.put("rp/a", "1")
+        kvs, read_at = await client.read_prefix("rp/", failed)
+        assert [(kv.key, kv.value) for kv in kvs] == [("rp/a", b"1")] and read_at >= revision
+    assert len(failures) == 2
