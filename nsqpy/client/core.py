@@ -621,6 +621,80 @@ class PublishAttempts:
         return now < self.deadline
 
 
+class PublishRun:
+    """One smart publish from its first attempt to its answer, the same for every front end
+    (the blocking and the trio producers drive it): it says where to send (`next`), what to
+    send there (`command`), and what an error reply or a lost answer means for the publish
+    (`answered_with_error`, `answer_lost`); the front end does the I/O and the waiting."""
+
+    def __init__(
+        self,
+        router: PublishRouter,
+        sequences: "ProducerSequences",
+        topic: str,
+        bodies: list[bytes],
+        key: Key | None,
+        partition: int | None,
+        now: float,
+        timeout: float,
+        backoff: tuple[float, float],
+        ext_headers: list[bytes] | None = None,
+    ) -> None:
+        if key is not None and partition is not None:
+            raise ValueError("give key or partition, not both")
+        self.topic = topic
+        self.started = now
+        self.attempts = PublishAttempts(
+            router, topic, key, partition, now + timeout, backoff[0], backoff[1]
+        )
+        self.sequenced = SequencedPublish(
+            sequences,
+            topic,
+            bodies,
+            self.attempts,
+            key is not None or partition is not None,
+            ext_headers=ext_headers,
+        )
+
+    def take_refresh(self) -> bool:
+        """Whether the next layout must be looked up afresh (asked once per round)."""
+        refresh, self.attempts.refresh = self.attempts.refresh, False
+        return refresh
+
+    def lookup_failed(self, error: BaseException) -> None:
+        self.attempts.lookup_failed(error)
+
+    def next(self, layout: WritableLayout | None, now: float) -> Target | float | None:
+        """`PublishAttempts.next`: a target, seconds to wait, or None: give up."""
+        return self.attempts.next(layout, now)
+
+    def command(self, partition: int | None, identify_reply: dict) -> bytes:
+        return self.sequenced.command(partition, identify_reply)
+
+    def answered_with_error(self, error: Exception, target: Target, now: float) -> str:
+        """An error reply from `target` (`error.code`, `error.text`: nsqd's): `resend` (the
+        sequences moved: send again now), `retry` (a refusal a new lookup may fix, recorded),
+        `give up` (so, and the deadline passed) or `raise` (no retry fixes it)."""
+        code, text = getattr(error, "code", ""), getattr(error, "text", str(error))
+        if self.sequenced.refused(code, text):
+            return "resend"
+        if code not in RETRYABLE_ERRORS:
+            return "raise"
+        return "retry" if self.attempts.failed(target, error, now) else "give up"
+
+    def answer_lost(self, error: BaseException, target: Target, now: float) -> bool:
+        """The attempt got no answer (a broken or silent connection): whether to go on."""
+        self.sequenced.answer_lost()
+        return self.attempts.failed(target, error, now)
+
+    def failure(self, now: float) -> tuple[str, BaseException, int, float]:
+        """The publish gives up: (topic, last error, attempts, seconds spent), for the front
+        end's `PublishFailed`."""
+        self.sequenced.gave_up()
+        attempts = self.attempts
+        return self.topic, attempts.last_error, attempts.attempts, now - self.started
+
+
 def targets_of(layout: TopicLayoutLike) -> Targets:
     """A smart lookup's layout as targets."""
     if layout.partitions:

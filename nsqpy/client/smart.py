@@ -36,9 +36,8 @@ from nsqpy.client.core import (
     Delivery,
     Key,
     ProducerSequences,
-    PublishAttempts,
     PublishRouter,
-    SequencedPublish,
+    PublishRun,
     SubscriptionPlan,
     SubscriptionReader,
     Target,
@@ -599,46 +598,37 @@ class SmartProducer:
         partition: int | None,
         ext_headers: list[bytes] | None = None,
     ) -> Published:
-        if key is not None and partition is not None:
-            raise ValueError("give key or partition, not both")
-        started = time.monotonic()
-        attempts = PublishAttempts(
+        run = PublishRun(
             self._router,
-            topic,
-            key,
-            partition,
-            started + self.publish_timeout,
-            self.backoff_initial,
-            self.backoff_max,
-        )
-        sequenced = SequencedPublish(
             self._sequences,
             topic,
             bodies,
-            attempts,
-            key is not None or partition is not None,
-            ext_headers=ext_headers,
+            key,
+            partition,
+            time.monotonic(),
+            self.publish_timeout,
+            (self.backoff_initial, self.backoff_max),
+            ext_headers,
         )
 
         def command(connection: Connection, partition: int | None) -> bytes:
-            return sequenced.command(partition, connection.identify_reply)
+            return run.command(partition, connection.identify_reply)
 
-        def give_up(error: BaseException) -> PublishFailed:
-            self._count_retries(attempts.attempts)
-            sequenced.gave_up()
-            return PublishFailed(topic, error, attempts.attempts, time.monotonic() - started)
+        def give_up() -> PublishFailed:
+            self._count_retries(run.attempts.attempts)
+            return PublishFailed(*run.failure(time.monotonic()))
 
         while True:
+            refresh = run.take_refresh()
             try:
-                layout: TopicLayout | None = self._layout(topic, attempts.refresh)
+                layout: TopicLayout | None = self._layout(topic, refresh)
             except LookupUnavailable as error:
-                attempts.lookup_failed(error)
+                run.lookup_failed(error)
                 layout = None
-            attempts.refresh = False
             with self._lock:
-                step = attempts.next(layout, time.monotonic())
+                step = run.next(layout, time.monotonic())
             if step is None:
-                raise give_up(attempts.last_error)
+                raise give_up()
             if not isinstance(step, Target):
                 time.sleep(step)
                 continue
@@ -646,21 +636,25 @@ class SmartProducer:
             try:
                 self._send(target.address, partial(command, partition=target.partition))
             except NSQError as error:
-                if sequenced.refused(error.code, error.text):
+                with self._lock:
+                    decision = run.answered_with_error(error, target, time.monotonic())
+                if decision == "resend":
                     continue
-                if error.code not in RETRYABLE_ERRORS:
-                    self._count_retries(attempts.attempts)
+                if decision == "raise":
+                    self._count_retries(run.attempts.attempts)
                     raise
                 failure: BaseException = error
+                going_on = decision == "retry"
             except OSError as error:
-                sequenced.answer_lost()
                 failure = error
+                with self._lock:
+                    going_on = run.answer_lost(error, target, time.monotonic())
             else:
                 with self._lock:
                     self._publishes += 1
                     self._messages += len(bodies)
-                    self._retries += attempts.attempts - 1
-                return Published(topic, target.partition, target.address, attempts.attempts)
+                    self._retries += run.attempts.attempts - 1
+                return Published(topic, target.partition, target.address, run.attempts.attempts)
             log.info(
                 "publish to %s partition %s at %s failed (%s); looking up again",
                 topic,
@@ -668,10 +662,8 @@ class SmartProducer:
                 target.address,
                 failure,
             )
-            with self._lock:
-                going_on = attempts.failed(target, failure, time.monotonic())
             if not going_on:
-                raise give_up(attempts.last_error)
+                raise give_up()
 
     def _count_retries(self, attempts: int) -> None:
         with self._lock:

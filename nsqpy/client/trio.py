@@ -31,9 +31,8 @@ from nsqpy.client.core import (
     RETRYABLE_ERRORS,
     Key,
     ProducerSequences,
-    PublishAttempts,
     PublishRouter,
-    SequencedPublish,
+    PublishRun,
     SubscriptionError,
     SubscriptionPlan,
     SubscriptionReader,
@@ -514,35 +513,27 @@ class SmartProducer:
     async def _publish(
         self, topic: str, bodies: list[bytes], key: Key | None, partition: int | None
     ) -> Target:
-        started = trio.current_time()
-        attempts = PublishAttempts(
+        run = PublishRun(
             self._router,
+            self._sequences,
             topic,
+            bodies,
             key,
             partition,
-            started + self.publish_timeout,
-            self.backoff_initial,
-            self.backoff_max,
+            trio.current_time(),
+            self.publish_timeout,
+            (self.backoff_initial, self.backoff_max),
         )
-        sequenced = SequencedPublish(
-            self._sequences, topic, bodies, attempts, key is not None or partition is not None
-        )
-
-        def give_up() -> PublishFailed:
-            sequenced.gave_up()
-            elapsed = trio.current_time() - started
-            return PublishFailed(topic, attempts.last_error, attempts.attempts, elapsed)
-
         while True:
+            refresh = run.take_refresh()
             try:
-                layout = await self._layout(topic, attempts.refresh)
+                layout = await self._layout(topic, refresh)
             except LookupUnavailable as error:
-                attempts.lookup_failed(error)
+                run.lookup_failed(error)
                 layout = None
-            attempts.refresh = False
-            step = attempts.next(layout, trio.current_time())
+            step = run.next(layout, trio.current_time())
             if step is None:
-                raise give_up()
+                raise PublishFailed(*run.failure(trio.current_time()))
             if not isinstance(step, Target):
                 await trio.sleep(step)
                 continue
@@ -552,20 +543,21 @@ class SmartProducer:
             try:
                 # An nsqd that stopped answering without closing: the attempt ends at the
                 # publish's deadline.
-                with trio.fail_after(max(attempts.deadline - trio.current_time(), 0.001)):
-                    await producer.request_with(partial(sequenced.command, step.partition))
+                deadline = run.attempts.deadline
+                with trio.fail_after(max(deadline - trio.current_time(), 0.001)):
+                    await producer.request_with(partial(run.command, step.partition))
                 return step
             except NSQError as error:
-                if sequenced.refused(error.code, error.text):
+                decision = run.answered_with_error(error, step, trio.current_time())
+                if decision == "resend":
                     continue
-                if error.code not in RETRYABLE_ERRORS:
+                if decision == "raise":
                     raise
-                failure: BaseException = error
+                going_on = decision == "retry"
             except (OSError, trio.BrokenResourceError, trio.TooSlowError) as error:
-                sequenced.answer_lost()
-                failure = error
-            if not attempts.failed(step, failure, trio.current_time()):
-                raise give_up()
+                going_on = run.answer_lost(error, step, trio.current_time())
+            if not going_on:
+                raise PublishFailed(*run.failure(trio.current_time()))
 
     async def _layout(self, topic: str, refresh: bool):
         fresh = None if refresh else self._router.cached(topic, trio.current_time())
