@@ -342,6 +342,31 @@ class Delivery:
     record_size: int | None = None
 
 
+@dataclass(eq=False)
+class DeliveredMessage:
+    """A delivered message as a consumer hands it over, the fields every front end's message
+    has: `id` is Youzan's 16 bytes `[8 internal id][8 trace id]` (echoed as they are);
+    `partition` and `address` where it came from; `offset` and `record_size` the queue
+    position a SUB_ORDERED subscription reports; `ext_header` the JSON header of an ext
+    topic's message (None without one); `responded` once it was finished, requeued or given
+    up on. Each front end adds how it answers."""
+
+    id: bytes
+    body: bytes
+    attempts: int
+    timestamp: int
+    partition: int | None
+    address: str
+    offset: int | None = None
+    record_size: int | None = None
+    ext_header: bytes | None = None
+    responded: bool = False
+
+    @property
+    def internal_id(self) -> int:
+        return int.from_bytes(self.id[:8], "big")
+
+
 def split_ext_section(body: bytes) -> tuple[bytes | None, bytes]:
     """A message body from an ext topic, to a consumer that IDENTIFYd `extend_support`:
     (its JSON header, None without one; the data) (docs/protocol.md §3.5)."""

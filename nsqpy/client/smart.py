@@ -33,6 +33,7 @@ from typing import cast
 from nsqpy.client.blocking import USER_AGENT, Connection, NSQError, http_request
 from nsqpy.client.core import (
     RETRYABLE_ERRORS,
+    DeliveredMessage,
     Delivery,
     Key,
     ProducerSequences,
@@ -725,29 +726,11 @@ class SmartProducer:
 
 
 @dataclass(eq=False)
-class SmartMessage:
-    """A delivered message, answered on the connection it came from.
+class SmartMessage(DeliveredMessage):
+    """A delivered message (`DeliveredMessage`), answered on the connection it came from."""
 
-    `id` is Youzan's 16 bytes `[8 internal id][8 trace id]` (echoed as they are); `offset`
-    and `record_size` are the queue position a SUB_ORDERED subscription reports;
-    `ext_header` the JSON header of an ext topic's message (None without one)."""
-
-    id: bytes
-    body: bytes
-    attempts: int
-    timestamp: int
-    partition: int | None
-    address: str
-    offset: int | None = None
-    record_size: int | None = None
-    ext_header: bytes | None = None
-    responded: bool = False
     _subscription: "_Subscription | None" = field(default=None, repr=False)
     _consumer: "SmartConsumer | None" = field(default=None, repr=False)
-
-    @property
-    def internal_id(self) -> int:
-        return int.from_bytes(self.id[:8], "big")
 
     def finish(self) -> bool:
         """FIN; False when its connection is gone (nsqd then delivers the message again)."""

@@ -29,6 +29,7 @@ from nsqpy.client.blocking import USER_AGENT, NSQError, split_address
 from nsqpy.client.core import (
     HEARTBEAT,
     RETRYABLE_ERRORS,
+    DeliveredMessage,
     Key,
     ProducerSequences,
     PublishRouter,
@@ -122,18 +123,9 @@ class _Connection:
 
 
 @dataclass(eq=False)
-class Message:
-    """A delivered message, answered on the connection it came from."""
+class Message(DeliveredMessage):
+    """A delivered message (`DeliveredMessage`), answered on the connection it came from."""
 
-    id: bytes
-    body: bytes
-    attempts: int
-    timestamp: int
-    partition: int | None
-    address: str
-    offset: int | None = None
-    ext_header: bytes | None = None
-    responded: bool = False
     _link: "_Link | None" = field(default=None, repr=False)
 
     async def finish(self) -> bool:
@@ -340,6 +332,7 @@ class Consumer:
                                 link.target.partition,
                                 link.target.address,
                                 delivery.offset,
+                                delivery.record_size,
                                 delivery.ext_header,
                                 _link=link,
                             )
