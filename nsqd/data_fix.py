@@ -22,6 +22,7 @@ import trio
 
 from nsqpy.nsqd.message_queue import LogTopicQueue
 from nsqpy.partition_log import Position
+from nsqpy.partition_log.index import entry_end
 from nsqpy.partition_log.view import GroupFault, LogView
 
 if TYPE_CHECKING:
@@ -52,10 +53,10 @@ async def fix_partition(nsqd: "NSQD", topic: "Topic", *, check_corrupt: bool) ->
     def check() -> tuple[list[GroupFault], int, Position]:
         view = LogView(nsqd.data_path, topic.name, topic.partition)
         try:
-            total = view.index.total
-            positions = range(total) if check_corrupt else sorted({0, max(total - 1, 0)})
-            if not total:
-                positions = range(0)
+            first, total = view.first_retained, view.index.total
+            positions: range | list[int] = range(first, total)
+            if not check_corrupt and total - first > 2:
+                positions = [first, total - 1]
             return list(view.faults(positions)), len(positions), view.end
         finally:
             view.close()
@@ -94,7 +95,7 @@ async def fix_partition(nsqd: "NSQD", topic: "Topic", *, check_corrupt: bool) ->
         return fix
     # The corrupt groups that run to the end of what was checked: the tail.
     tail = len(left)
-    if _ends_at(left[-1], checked_end):
+    if Position(*entry_end(left[-1].entry)) == checked_end:
         tail -= 1
         while tail > 0 and left[tail - 1].position == left[tail].position - 1:
             tail -= 1
@@ -120,8 +121,3 @@ async def fix_partition(nsqd: "NSQD", topic: "Topic", *, check_corrupt: bool) ->
         log.skip_corrupt_group(fault.entry)
         fix.skipped += 1
     return fix
-
-
-def _ends_at(fault: GroupFault, end: Position) -> bool:
-    entry = fault.entry
-    return entry[3] + entry[4] == end.offset

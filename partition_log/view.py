@@ -3,11 +3,12 @@ directory whether nsqd runs or not (`nsq_data_tool`). Nothing is written, cut or
 a torn tail is left as it is, and only what the commit-log index names is read.
 """
 
+import bisect
 import json
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from nsqpy.partition_log.files import LogFiles
 from nsqpy.partition_log.index import (
@@ -95,9 +96,22 @@ class LogView:
         self.active_entries = active
         self.index = IndexReader(index_files(files, self.index_number, active))
         self.segments: list[Segment] = scan_segments(files, self.start)
+        self._segment_starts = [segment.start for segment in self.segments]
+        # The segment file the last group was read from: (number, open file).
+        self._segment_file: tuple[int, BinaryIO] | None = None
 
     def close(self) -> None:
         self.index.__exit__(None, None, None)
+        if self._segment_file is not None:
+            self._segment_file[1].close()
+            self._segment_file = None
+
+    @property
+    def first_retained(self) -> int:
+        """The index position of the first group at or after the retained start (rolled
+        index files may still hold groups retention removed)."""
+        start = self.start.offset
+        return self.index.count_where(lambda entry: entry[3] < start)
 
     @property
     def last_entry(self) -> IndexEntry | None:
@@ -140,21 +154,26 @@ class LogView:
 
     def group_bytes(self, entry: IndexEntry) -> bytes:
         """The stored bytes of an entry's group (short when its file is); OSError when its
-        segment is gone or cannot be read."""
+        segment is gone or cannot be read. Groups read in order share one open file."""
         offset, size = entry[3], entry[4]
-        holding = [segment for segment in self.segments if segment.start <= offset]
-        if not holding:
+        index = bisect.bisect_right(self._segment_starts, offset) - 1
+        if index < 0:
             raise FileNotFoundError(f"no segment holds offset {offset}")
-        segment = holding[-1]
-        with open(self.files.segment(segment.number), "rb") as file:
-            file.seek(offset - segment.start)
-            return file.read(size)
+        segment = self.segments[index]
+        if self._segment_file is None or self._segment_file[0] != segment.number:
+            if self._segment_file is not None:
+                self._segment_file[1].close()
+                self._segment_file = None
+            self._segment_file = (segment.number, open(self.files.segment(segment.number), "rb"))
+        data = self._segment_file[1]
+        data.seek(offset - segment.start)
+        return data.read(size)
 
     def faults(self, positions: Iterable[int] | None = None) -> Iterator[GroupFault]:
         """The groups (by position in the index; every one from the retained start when not
         given) whose stored bytes do not hold what their index entries say."""
         if positions is None:
-            positions = range(self.index.total)
+            positions = range(self.first_retained, self.index.total)
         start = self.start.offset
         for position in positions:
             entry = self.index.entry(position)

@@ -112,7 +112,7 @@ def zero_a_group(node: Node, topic: str, which: float, partition: int = 0) -> tu
     retained log on `node` reads as zeros, its index entry intact; the entry."""
     view = LogView(str(node.data_path), topic, partition)
     try:
-        first = view.entry_at("virtual_offset", view.start.offset)
+        first = view.first_retained
         entry = view.index.entry(first + int((view.index.total - 1 - first) * which))
         segment = [s for s in view.segments if s.start <= entry[3]][-1]
         with open(view.files.segment(segment.number), "r+b") as data:

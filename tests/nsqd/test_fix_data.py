@@ -51,7 +51,7 @@ def zero(data_path, entries: list[tuple]) -> None:
 def index_entries(data_path) -> list[tuple]:
     view = LogView(str(data_path), "lt", 0)
     try:
-        first = view.entry_at("virtual_offset", view.start.offset)
+        first = view.first_retained
         return view.index.entries(first, view.index.total - first)
     finally:
         view.close()
@@ -76,6 +76,9 @@ def test_fixdata_cuts_a_corrupt_tail_and_skips_a_corrupt_group_of_an_aged_log(tm
         middle, tail = entries[-12 + 5], entries[-2:]
         zero(tmp_path, [middle, *tail])
         daemon = start_nsqd(tmp_path, *ARGS)
+        # Without checkcorrupt only the first and the last group are checked: the last goes.
+        assert http_request(daemon.port("HTTP"), "POST", "/topic/fixdata?topic=lt") == b""
+        assert index_entries(tmp_path)[-1] == entries[-2]
         fixdata = "/topic/fixdata?topic=lt&checkcorrupt=true"
         assert http_request(daemon.port("HTTP"), "POST", fixdata) == b""
         assert index_entries(tmp_path)[-1] == entries[-3]
