@@ -148,7 +148,8 @@ class Actions:
             raise ActionError(400, "INVALID_ACTION")
         query = {}
         for name in names:
-            value = str(settings.get(name) if settings.get(name) is not None else "").strip()
+            given = settings.get(name)
+            value = "" if given is None else str(given).strip()
             if name != "client_prefix":
                 try:
                     value = str(int(value))

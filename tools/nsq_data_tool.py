@@ -133,7 +133,8 @@ def show(view: LogView, values: dict) -> int:
         for fault in view.faults():
             corrupt += 1
             out.write(f"corrupt group {go_entry(fault.entry)}: {fault.reason}\n")
-        out.write(f"checked {view.index.total} groups: {corrupt} corrupt\n")
+        checked = view.index.total - view.first_retained
+        out.write(f"checked {checked} groups: {corrupt} corrupt\n")
         return 1 if corrupt else 0
     if values["view"] == "channels":
         start, end = view.start, view.end
