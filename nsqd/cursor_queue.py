@@ -29,6 +29,7 @@ import bisect
 import json
 import os
 import sqlite3
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -106,6 +107,10 @@ class CursorQueue:
         # (`/channel/emptydelayed`), for the followers too; None when they heard of it.
         self.emptied_delayed_below: int | None = None
         self.closed = False
+        # A sync job in a worker thread writes the cursor's files under this lock, and only
+        # while the cursor is open: one finishing after `close` or `delete` would write an
+        # older position over the last one, or files of a deleted channel.
+        self._file_jobs = threading.Lock()
         self.redeliver: deque[Message] = deque()
         # `/channel/fixconfirmed`: reading again from `confirmed` up to this offset, passing
         # the messages the channel holds (in flight, deferred, to be delivered again).
@@ -334,9 +339,12 @@ class CursorQueue:
                 # The ranges before `confirmed`: a crash between the two leaves the older
                 # `confirmed` with ranges no older than it, so a message may come again but
                 # none is skipped (a replay's empty ranges are written before its position).
-                _write_or_remove(acked_path, ranges, sync=True)
-                _write(path, meta, sync=True)
-                _write_or_remove(delays_path, delays, sync=True)
+                with self._file_jobs:
+                    if self.closed:
+                        return True
+                    _write_or_remove(acked_path, ranges, sync=True)
+                    _write(path, meta, sync=True)
+                    _write_or_remove(delays_path, delays, sync=True)
             except OSError as error:
                 self._failed_to_write(error)
                 return False
@@ -735,16 +743,17 @@ class CursorQueue:
     def close(self) -> None:
         """The confirmed position; the delays were written by `flush` while the channel still
         held its deferred messages."""
-        try:
-            self._commit_delay_queue()
-            _write_or_remove(self.acked_path, self._ranges_snapshot(), sync=False)
-            _write(self.meta_path, self._meta(), sync=False)
-            self._persisted = self.confirmed
-            self._ranges_changed = False
-        except (OSError, sqlite3.Error) as error:
-            self._failed_to_write(error)
+        with self._file_jobs:
+            try:
+                self._commit_delay_queue()
+                _write_or_remove(self.acked_path, self._ranges_snapshot(), sync=False)
+                _write(self.meta_path, self._meta(), sync=False)
+                self._persisted = self.confirmed
+                self._ranges_changed = False
+            except (OSError, sqlite3.Error) as error:
+                self._failed_to_write(error)
+            self.closed = True
         self._close_legacy()
-        self.closed = True
 
     def _close_legacy(self) -> None:
         legacy, self.legacy = self.legacy, None
@@ -757,7 +766,8 @@ class CursorQueue:
             legacy.delete()
 
     def delete(self) -> None:
-        self.closed = True
+        with self._file_jobs:
+            self.closed = True
         if self.legacy is not None:
             self.legacy.empty()
         self._close_legacy()

@@ -97,9 +97,12 @@ class LogFiles:
         return os.path.join(self.directory, f"magic{self.partition}")
 
     def remove_all(self) -> None:
-        """Remove every file of the partition."""
+        """Remove every file of the partition (one already gone is no error)."""
         for path in self.all_files():
-            os.unlink(path)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
     def all_files(self) -> list[str]:
         """Every file of the partition (not another partition's of the same topic)."""

@@ -13,6 +13,7 @@ import errno
 import json
 import logging
 import os
+import threading
 import time
 from binascii import hexlify, unhexlify
 from collections.abc import Callable
@@ -136,8 +137,11 @@ class PartitionLog(Generic[M]):
         self.rewrites = 0
         self._ops_since_sync = 0
         self._closed = False
-        # Deleted (`delete`): nothing writes its files again.
+        # Deleted (`delete`): nothing writes its files again. A sync or snapshot job in a
+        # worker thread writes its files under this lock, and only while the log is not
+        # deleted, so that a deletion meeting a job never leaves a file behind.
         self._deleted = False
+        self._file_jobs = threading.Lock()
         # The hot tail: the bytes of the latest appends, as written (whole records), with the
         # offset each starts at; read like a chunk of a segment.
         self._tail: list[bytes] = []
@@ -512,7 +516,9 @@ class PartitionLog(Generic[M]):
             try:
                 os.fsync(data_fd)
                 os.fsync(index_fd)
-                write_atomically(meta_path, meta + META_MAGIC)
+                with self._file_jobs:
+                    if not self._deleted:
+                        write_atomically(meta_path, meta + META_MAGIC)
                 return True
             except OSError as error:
                 logger.error("LOG(%s) failed to sync - %s", self.name, error)
@@ -551,9 +557,10 @@ class PartitionLog(Generic[M]):
             try:
                 for path, start, end in pieces:
                     fold(producers, file_marks(path, max(first.offset, start) - start, end - start))
-                write_snapshot(
-                    files, ProducerSnapshot(boundary, entry, seen_since(producers, since_ns))
-                )
+                snapshot = ProducerSnapshot(boundary, entry, seen_since(producers, since_ns))
+                with self._file_jobs:
+                    if not self._deleted:
+                        write_snapshot(files, snapshot)
             except OSError as error:
                 logger.warning("LOG(%s) wrote no producer snapshot - %s", name, error)
 
@@ -1211,7 +1218,8 @@ class PartitionLog(Generic[M]):
     def delete(self) -> None:
         """The partition's files go, and what was appended but not written with them."""
         self.discard_pending()
-        self._deleted = True
+        with self._file_jobs:
+            self._deleted = True
         if not self._closed:
             os.close(self._write_fd)
             os.close(self._index_fd)

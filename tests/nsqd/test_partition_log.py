@@ -590,6 +590,41 @@ def test_a_deleted_log_is_never_started_over(tmp_path):
     assert log.files.all_files() == []
 
 
+def test_a_sync_job_that_finishes_after_the_deletion_leaves_no_file(tmp_path):
+    """A sync runs in a worker thread: a partition deleted meanwhile (moved off the node)
+    must not get its writer metadata back, or the node keeps a piece of it for good."""
+    log = open_log(tmp_path, sync_every=1000)
+    channel = cursor(log)
+    publish(log, b"0", b"1")
+    channel.take(1)
+    log.commit()
+    log_job = log.prepare_sync()
+    channel_job = channel.prepare_sync()
+    channel.delete()
+    log.delete()
+    assert log_job() is True and channel_job() is True
+    assert log.files.all_files() == []
+    assert os.listdir(tmp_path / "t") == []
+
+
+def test_a_cursor_sync_job_never_writes_an_older_position_over_its_close(tmp_path):
+    log = open_log(tmp_path)
+    channel = cursor(log)
+    publish(log, b"0", b"1")
+    taken = channel.take(2)
+    stale_job = channel.prepare_sync()  # written before anything was acknowledged
+    for message in taken:
+        channel.acknowledge(message)
+    end = log.end
+    channel.close()
+    assert stale_job() is True
+    log.close()
+    reopened = open_log(tmp_path)
+    again = cursor(reopened)
+    assert again.confirmed == end and again.take(5) == []
+    reopened.close()
+
+
 def zero_group(log_path, entry: tuple, segment: int = 0) -> None:
     """What a crash or a bad disk leaves: the group's bytes as zeros, its index entry intact."""
     with open(log_path / "t" / f"t-2.diskqueue.{segment:06d}.dat", "r+b") as data:
