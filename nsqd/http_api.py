@@ -55,6 +55,7 @@ from nsqpy.nsqd.message_queue import RetainedLog
 from nsqpy.nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from nsqpy.nsqd.metrics import render_metrics
 from nsqpy.nsqd.options import MAX_ATTEMPTS
+from nsqpy.nsqd.placement import NOT_LEADER, Operation
 from nsqpy.nsqd.publish import PublishError, TooMuchWaiting, publish, publish_traced
 from nsqpy.nsqd.stats import channel_debug_text, gather, memory_stats, text_report
 from nsqpy.partition_log import ID_PARTITION_SHIFT, Position, record_size
@@ -395,11 +396,8 @@ class HTTPAPI:
             try:
                 topic = self.nsqd.topic_for_client(topic_name)
             except NotLedHere:
-                raise HTTPError(400, "E_FAILED_ON_NOT_LEADER") from None
-            refusal = self.nsqd.cluster_refusal(topic)
-            if refusal is not None:
-                raise HTTPError(400, refusal)
-            return topic
+                raise HTTPError(400, NOT_LEADER) from None
+            return self._placed(topic, Operation.PUBLISH)
         return self._writable_partition(topic_name, partition)
 
     def _writable_partition(self, topic_name: str, partition: int):
@@ -408,7 +406,12 @@ class HTTPAPI:
         topic = self.nsqd.get_partition(topic_name, partition)
         if topic is None:
             raise HTTPError(404, "E_TOPIC_NOT_EXIST")
-        refusal = self.nsqd.publish_refusal(topic)
+        return self._placed(topic, Operation.PUBLISH)
+
+    def _placed(self, topic, operation: Operation):
+        """`topic`, when this node serves `operation` on it (`nsqd/placement.py`); the
+        placement's error otherwise."""
+        refusal = self.nsqd.placement.refusal(topic, operation)
         if refusal is not None:
             raise HTTPError(400, refusal)
         return topic
@@ -628,14 +631,17 @@ class HTTPAPI:
         return found
 
     def _led_channels(self, request: Request):
-        """`_existing_channels`, refused on a cluster follower (`_refuse_on_followers`)."""
+        """`_existing_channels`, when this node may change them: a cluster partition's channels
+        are its leader's (a channel made on a follower would never reach the leader)."""
         found = self._existing_channels(request)
-        self._refuse_on_followers([topic for topic, _channel in found])
+        for topic, _channel in found:
+            self._placed(topic, Operation.CHANGE_CHANNELS)
         return found
 
     async def channel_create(self, request: Request) -> Response:
         topics, channel_name = self._topic_and_channel_name(_query(request))
-        self._refuse_on_followers(topics)
+        for topic in topics:
+            self._placed(topic, Operation.CHANGE_CHANNELS)
         for topic in topics:
             version = topic.channels_version
             topic.get_channel(channel_name)
@@ -650,13 +656,6 @@ class HTTPAPI:
             # A cluster's followers drop it before the answer, as they take a new one.
             await topic.replication.channels_changed()
         return v1_response(200)
-
-    @staticmethod
-    def _refuse_on_followers(topics) -> None:
-        """A cluster partition's channels are its leader's to change: the followers take
-        them from it (a channel made on a follower would never reach the leader)."""
-        if any(topic.is_cluster_follower for topic in topics):
-            raise HTTPError(400, "E_FAILED_ON_NOT_LEADER")
 
     def channel_empty(self, request: Request) -> Response:
         for _topic, channel in self._existing_channels(request):
@@ -705,7 +704,8 @@ class HTTPAPI:
         params = _query(request)
         found = self._existing_channels(request)
         message_id = _message_id_param(params)
-        self._refuse_on_followers([topic for topic, _channel in found])
+        for topic, _channel in found:
+            self._placed(topic, Operation.CONSUME)
         for topic, channel in found:
             if channel.finish_force(message_id):
                 self.nsqd.log.info(

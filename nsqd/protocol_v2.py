@@ -48,6 +48,7 @@ from nsqpy.nsqd.ext_filter import parse_ext_filter
 from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.identify import Negotiated, decode_identify, negotiate
 from nsqpy.nsqd.message import Message, MessageBatch
+from nsqpy.nsqd.placement import Operation
 from nsqpy.nsqd.protocol_youzan import YouzanCommands, is_partition
 from nsqpy.nsqd.publish import PublishError, TooMuchWaiting, publish
 from nsqpy.nsqd.tls import connection_details
@@ -474,6 +475,7 @@ class ProtocolV2:
         handlers = self._handlers
         parser = self.parser
         client = self.client
+        placement = self.nsqd.placement
         while True:
             try:
                 if client.state == STATE_SUBSCRIBED and not self._tls_gate:
@@ -488,17 +490,17 @@ class ProtocolV2:
                 name = command.name
                 if self._tls_gate:
                     self._enforce_tls_policy(name)
-                if name in TOPIC_COMMANDS and command.args and self.nsqd.worker is not None:
-                    owner = self.nsqd.worker.owner_elsewhere(command.args[0])
+                if name in TOPIC_COMMANDS and command.args:
+                    owner = placement.worker_for(command.args[0])
                     if owner is not None:
                         if client.state == STATE_INIT and (
                             name in SUBSCRIBE_COMMANDS or not self._topic_bound
                         ):
-                            self._move_to(owner, command)
+                            self._move_to(owner.index, command)
                             keep_open = False
                             break
                         if name in PUBLISH_COMMANDS:
-                            pending = await self._forward(owner, command)
+                            pending = await self._forward(owner.index, command)
                             self._forwarded.append((len(replies), command, pending))
                             replies.append(b"")  # the owner's answer, once it comes
                             continue
@@ -899,8 +901,9 @@ class ProtocolV2:
                 "E_SUB_EXTEND_FORBIDDON",
                 "this topic is not extended and should not identify as extend support.",
             )
-        if topic.is_cluster_follower:
-            raise ProtocolError("E_FAILED_ON_NOT_LEADER", "", fatal=True)
+        refusal = self.nsqd.placement.refusal(topic, Operation.CONSUME)
+        if refusal is not None:
+            raise ProtocolError(refusal, "", fatal=True)
         if ordered and client.sample_rate != 0:
             raise ProtocolError(
                 "E_INVALID", "order consume is not allowed while sample rate is not 0"
@@ -1048,7 +1051,7 @@ class ProtocolV2:
     def check_writable(self, topic) -> None:
         """`/disable/write` refuses publishes (Youzan's; docs/protocol.md §8 #4), and so does a
         cluster node that does not lead the partition or cannot replicate it now."""
-        refusal = self.nsqd.publish_refusal(topic)
+        refusal = self.nsqd.placement.refusal(topic, Operation.PUBLISH)
         if refusal is not None:
             # Not fatal for Youzan clients (they re-query lookupd), fatal for classic ones.
             raise ProtocolError(refusal, "", fatal=self.dialect.publish_errors_are_fatal)

@@ -41,6 +41,7 @@ from nsqpy.nsqd.metadata import (
     write_metadata,
 )
 from nsqpy.nsqd.options import Options, build_flags
+from nsqpy.nsqd.placement import placement_for
 from nsqpy.nsqd.protocol_v2 import ProtocolV2
 from nsqpy.nsqd.queue_scan import QueueScanner
 from nsqpy.nsqd.replication import Replication
@@ -85,6 +86,8 @@ class NSQD:
         if worker is not None:
             number_client_ids(first=worker.index + 1, step=worker.count)
         self.cluster = ClusterNode(self)
+        # Where a topic is served: here, by another worker, or refused (`nsqd/placement.py`).
+        self.placement = placement_for(self)
         self.tls_context = server_context(options)
         self.auth_enabled = bool(options.auth_http_address)
         self.https_address: str | None = None
@@ -108,9 +111,9 @@ class NSQD:
 
     def topic_for_client(self, name: str) -> Topic:
         """`get_topic` for a client's classic command; NotLedHere when this is a cluster node
-        that may not create it (`ClusterNode.refuses_to_create`)."""
+        that may not create it (`Placement.refuses_to_create`)."""
         topic = self.registry.default(name)
-        if topic is None and self.cluster.refuses_to_create(name):
+        if topic is None and self.placement.refuses_to_create(name):
             raise NotLedHere(name)
         return topic if topic is not None else self.get_topic(name)
 
@@ -216,20 +219,6 @@ class NSQD:
     def write_disabled_for(self, topic: Topic) -> bool:
         mode = self.write_disabled
         return mode == "all" or (mode == "ordered" and topic.ordered)
-
-    def publish_refusal(self, topic: Topic) -> str | None:
-        """Why a partition takes no publish here now: `/disable/write` (Youzan answers it as
-        it answers a node that is not the leader, docs/protocol.md §3.3), or the cluster
-        (`cluster_refusal`); None when it takes one."""
-        if self.write_disabled_for(topic):
-            return "E_FAILED_ON_NOT_LEADER"
-        return self.cluster_refusal(topic)
-
-    def cluster_refusal(self, topic: Topic) -> str | None:
-        """Why a cluster partition takes no publish here: `E_FAILED_ON_NOT_LEADER` on a
-        node that does not lead it, `E_FAILED_ON_NOT_WRITABLE` while its leader cannot
-        replicate; None when it does (and alone)."""
-        return topic.replication.refusal()
 
     def all_partitions(self) -> list[Topic]:
         """Every partition of every topic, by name then partition."""

@@ -30,7 +30,6 @@ import trio
 
 from nsqpy.common.command import MAGIC_V2, encode_identify
 from nsqpy.common.frame import FrameDecoder
-from nsqpy.common.names import is_valid_name
 from nsqpy.common.version import VERSION
 from nsqpy.nsqd.handoff import Handoff, receive, send, worker_socket_address
 from nsqpy.nsqd.lookup import LookupPeers
@@ -139,17 +138,9 @@ class Worker:
     def owns(self, topic: str) -> bool:
         return owner_of(topic, self.count) == self.index
 
-    def owner_elsewhere(self, raw_topic: bytes) -> int | None:
-        """The worker owning the topic a command names, when that is another one; None when
-        it is this one or the name is not valid (this worker answers it with the error)."""
-        try:
-            topic = raw_topic.decode()
-        except UnicodeDecodeError:
-            return None
-        if not is_valid_name(topic):
-            return None
-        owner = owner_of(topic, self.count)
-        return None if owner == self.index else owner
+    def owner(self, topic: str) -> int:
+        """The worker owning `topic` (`nsqd/placement.py` asks)."""
+        return owner_of(topic, self.count)
 
     def listener_socket(self, kind: str) -> socket.socket | None:
         """The supervisor's listener of `kind` ("TCP", "HTTP", "HTTPS"), None without one."""

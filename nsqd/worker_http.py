@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, cast
 
 import trio
 
-from nsqpy.common.names import is_valid_name
 from nsqpy.common.version import VERSION
 from nsqpy.daemon.http_forward import HTTPForwarder
 from nsqpy.daemon.http_server import (
@@ -60,15 +59,17 @@ class WorkerRouter:
         return self.local.body_limit(method, path)
 
     def _owner_elsewhere(self, request: Request) -> int | None:
+        """The other worker serving the topic the request names (`nsqd/placement.py`)."""
         if "topic=" not in request.query_string:
             return None
         try:
             topic = first_param(query_params(request), "topic")
         except ValueError:
             return None
-        if topic is None or not is_valid_name(topic):
+        if topic is None:
             return None
-        return self.worker.owner_elsewhere(topic.encode())
+        owner = self.nsqd.placement.worker_for(topic.encode())
+        return None if owner is None else owner.index
 
     def _gathers(self, request: Request) -> bool:
         if request.method != "GET":

@@ -59,3 +59,29 @@ def test_each_package_imports_what_the_design_says():
     packages = [import_name(folder) for folder in table]
     actual = {folder: imported(folder, packages) for folder in table}
     assert actual == table
+
+
+def calls_of(folder: str, method: str) -> dict[str, int]:
+    """How many calls of `.method(...)` each module under `folder` makes."""
+    counts = {}
+    for module in sorted((REPO / folder).rglob("*.py")):
+        found = sum(
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == method
+            for node in ast.walk(ast.parse(module.read_text()))
+        )
+        if found:
+            counts[module.name] = found
+    return counts
+
+
+def test_where_a_topic_is_served_is_asked_only_by_the_tcp_and_http_paths():
+    """docs/design.md §12, Placement: the placement is the one place that decides whether a
+    topic is served here, by another worker, or refused; nothing else asks a worker for a
+    topic's owner or a partition's replica for a publish refusal."""
+    assert set(calls_of("nsqd", "worker_for")) == {"protocol_v2.py", "worker_http.py"}
+    assert set(calls_of("nsqd", "refuses_to_create")) == {"server.py", "placement.py"}
+    refusals = calls_of("nsqd", "refusal")
+    assert set(refusals) == {"protocol_v2.py", "http_api.py", "placement.py"}
+    assert calls_of("nsqd", "owner") == {"placement.py": 1}

@@ -784,6 +784,10 @@ async def test_disable_write_all_refuses_publishes_not_fatally_on_youzan_connect
         await wire.expect_error(NOT_LEADER, fatal=False)
     reply = await http(nsqd, "POST", "/pubtrace?topic=yz&partition=0&trace_id=1", b"x")
     assert (reply.status, reply.json()) == (400, {"message": "E_FAILED_ON_NOT_LEADER"})
+    # HTTP publishes without a partition too, as the TCP ones are.
+    for target in ("/pub?topic=yz", "/mpub?topic=yz", "/pub?topic=new_topic"):
+        reply = await http(nsqd, "POST", target, b"x")
+        assert (reply.status, reply.json()) == (400, {"message": "E_FAILED_ON_NOT_LEADER"})
     # A classic connection gets the same error with official fatality (docs/protocol.md §8 #4).
     classic = await connect(nsqd)
     await classic.send(encode_pub("yz", b"x"))

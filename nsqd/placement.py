@@ -1,0 +1,127 @@
+"""Where a topic is served (docs/design.md, "Placement"): by this process, by another of
+`--workers`, or refused here with the NSQ error a client acts on.
+
+One interface answers it for the TCP and the HTTP paths, in the two steps a request meets:
+
+1. `worker_for(name)`, before anything is resolved: the process that serves the topic a
+   command or request names (another worker's connection is handed over, or its publish
+   forwarded, by the connection layer: `protocol_v2.py`, `worker_http.py`);
+2. `refusal(topic, operation)`, once the partition is resolved in the process that serves
+   it: None when this node serves the operation on it, else the error (a cluster follower,
+   a leader that cannot replicate, `/disable/write`). `refuses_to_create(name)` says whether
+   a client's command may create a topic here at all.
+
+Three implementations: `SingleNodePlacement` (an nsqd alone: everything here),
+`ClusterPlacement` (the partition's replica state decides), `WorkerPlacement` (one of
+`--workers`: a share of the topics here, the others' by name, each worker deciding its own
+partitions through the placement it wraps). Nothing else in nsqd asks these questions.
+"""
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from nsqpy.common.names import is_valid_name
+
+if TYPE_CHECKING:
+    from nsqpy.nsqd.cluster import ClusterNode
+    from nsqpy.nsqd.server import NSQD
+    from nsqpy.nsqd.topic import Topic
+    from nsqpy.nsqd.worker import Worker
+
+NOT_LEADER = "E_FAILED_ON_NOT_LEADER"
+
+
+class Operation(enum.Enum):
+    PUBLISH = "publish"
+    CONSUME = "consume"
+    # Creating, deleting or changing a channel: the leader's, which the followers copy.
+    CHANGE_CHANNELS = "change channels"
+
+
+@dataclass(frozen=True, slots=True)
+class OtherWorker:
+    """The topic is served by worker `index` of this nsqd's `--workers`."""
+
+    index: int
+
+
+class Placement(Protocol):
+    def worker_for(self, topic_name: bytes) -> OtherWorker | None:
+        """The other worker serving the topic a command names; None when this process
+        answers it (also for a name that is not valid: the handler refuses it)."""
+
+    def refusal(self, topic: "Topic", operation: Operation) -> str | None:
+        """The error for `operation` on a partition this process holds; None when this node
+        serves it."""
+
+    def refuses_to_create(self, topic_name: str) -> bool:
+        """Whether a client's command may not create the (classic) topic here."""
+
+
+class SingleNodePlacement:
+    """An nsqd alone: every topic is served here; only `/disable/write` refuses publishes
+    (Youzan answers it as it answers a node that does not lead, docs/protocol.md §3.3)."""
+
+    def __init__(self, nsqd: "NSQD") -> None:
+        self.nsqd = nsqd
+
+    def worker_for(self, topic_name: bytes) -> OtherWorker | None:
+        return None
+
+    def refusal(self, topic: "Topic", operation: Operation) -> str | None:
+        if operation is Operation.PUBLISH and self.nsqd.write_disabled_for(topic):
+            return NOT_LEADER
+        return None
+
+    def refuses_to_create(self, topic_name: str) -> bool:
+        return False
+
+
+class ClusterPlacement(SingleNodePlacement):
+    """A cluster node: a partition's leader serves it (a follower refuses, its clients look the
+    leader up again), and publishes only while the leader can replicate them."""
+
+    def __init__(self, nsqd: "NSQD", node: "ClusterNode") -> None:
+        super().__init__(nsqd)
+        self.node = node
+
+    def refusal(self, topic: "Topic", operation: Operation) -> str | None:
+        if operation is Operation.PUBLISH:
+            return super().refusal(topic, operation) or topic.replication.refusal()
+        return NOT_LEADER if topic.is_cluster_follower else None
+
+    def refuses_to_create(self, topic_name: str) -> bool:
+        return self.node.refuses_to_create(topic_name)
+
+
+class WorkerPlacement:
+    """One of `--workers`: a topic belongs to the worker its name hashes to
+    (`nsqd/worker.py`); this worker's own partitions are placed by `within`."""
+
+    def __init__(self, worker: "Worker", within: Placement) -> None:
+        self.worker = worker
+        self.within = within
+
+    def worker_for(self, topic_name: bytes) -> OtherWorker | None:
+        try:
+            name = topic_name.decode()
+        except UnicodeDecodeError:
+            return None
+        if not is_valid_name(name) or self.worker.owns(name):
+            return None
+        return OtherWorker(self.worker.owner(name))
+
+    def refusal(self, topic: "Topic", operation: Operation) -> str | None:
+        return self.within.refusal(topic, operation)
+
+    def refuses_to_create(self, topic_name: str) -> bool:
+        return self.within.refuses_to_create(topic_name)
+
+
+def placement_for(nsqd: "NSQD") -> Placement:
+    """The placement an nsqd's options call for."""
+    inner: Placement = (
+        ClusterPlacement(nsqd, nsqd.cluster) if nsqd.cluster.enabled else SingleNodePlacement(nsqd)
+    )
+    return inner if nsqd.worker is None else WorkerPlacement(nsqd.worker, inner)
