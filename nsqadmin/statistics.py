@@ -76,16 +76,14 @@ def ranking(sort_by: str, stats: NodeStats, hourly: dict[tuple[str, str], int]) 
             item.requeue_count += channel.requeue_count
             item.timeout_count += channel.timeout_count
             item.delayed_queue_count += channel.delayed_queue_count or 0
-        ranked = [
-            item
-            for item in channels.values()
-            if item.requeue_count or item.timeout_count or item.delayed_queue_count
-        ]
         key = {
             "channel-timeout": lambda item: item.timeout_count,
             "channel-requeue": lambda item: item.requeue_count,
             "channel-delayedqueue": lambda item: item.delayed_queue_count,
         }[sort_by]
+        # Only the channels the rank is about: one that timed out but never requeued is no
+        # entry among the requeues.
+        ranked = [item for item in channels.values() if key(item)]
     else:
         topics: dict[str, Ranked] = {}
         for topic in stats.topics:

@@ -9,6 +9,7 @@ Then the cases the captures do not show: several nodes, e2e percentiles, counter
 import copy
 
 from nsqpy.common.goformat import go_float, go_json
+from nsqpy.nsqadmin.statistics import ranking
 from nsqpy.nsqadmin.stats import (
     ChannelStats,
     E2eLatency,
@@ -421,3 +422,22 @@ def test_partitions_outside_a_cluster_stay_one_row_per_node():
     assert len(total.nodes) == 2
     assert "under_replicated_partitions" not in total.to_json()
     assert "cluster_role" not in total.nodes[0].to_json()
+
+
+def test_a_channel_rank_lists_only_the_channels_it_is_about():
+    """Youzan's `/api/statistics/channel-requeue`: a channel that timed out but never requeued
+    is no entry among the requeues, and the other way round."""
+    body = copy.deepcopy(reference("nsqd_stats_json.http").json())
+    [topic] = body["topics"][:1]
+    [channel] = topic["channels"][:1]
+    requeued = {**channel, "channel_name": "requeued", "requeue_count": 3, "timeout_count": 0}
+    timed_out = {**channel, "channel_name": "timed_out", "requeue_count": 0, "timeout_count": 2}
+    topic["channels"] = [requeued, timed_out]
+    body["topics"] = [topic]
+    stats = NodeStats()
+    stats.add_node(NSQD, "host", body)
+    stats.finish()
+    name = topic["topic_name"]
+    assert [item.name for item in ranking("channel-requeue", stats, {})] == [f"{name}/requeued"]
+    assert [item.name for item in ranking("channel-timeout", stats, {})] == [f"{name}/timed_out"]
+    assert ranking("channel-delayedqueue", stats, {}) == []
