@@ -13,7 +13,6 @@ ordered delivery (`nsqd/delivery.py`, the channel's policy). IDENTIFY's settings
 into the client by `nsqd/identify.py`; every publish goes through `nsqd/publish.py`.
 """
 
-import dataclasses
 import json
 import math
 import os
@@ -23,21 +22,18 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from nsqpy.common.command import MAGIC_V2, encode_command
 from nsqpy.common.command_parser import CommandParser
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.frame import (
     CLOSE_WAIT_FRAME,
-    FRAME_TYPE_ERROR,
     HEARTBEAT_FRAME,
     OK_FRAME,
     encode_error,
-    encode_frame,
     encode_response,
 )
 from nsqpy.common.goformat import go_base10, go_quote, go_text
 from nsqpy.common.names import is_valid_name
-from nsqpy.daemon.auth import AuthError, AuthState, ip_of, query_any
+from nsqpy.daemon.auth import AuthError, ip_of, query_any
 from nsqpy.daemon.net import peer_common_name
 from nsqpy.nsqd.channel import ChannelError
 from nsqpy.nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Client
@@ -47,17 +43,19 @@ from nsqpy.nsqd.dialect import CLASSIC, ClassicDialect, YouzanDialect
 from nsqpy.nsqd.ext_filter import parse_ext_filter
 from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.identify import Negotiated, decode_identify, negotiate
+from nsqpy.nsqd.idle_reads import IdleReads
 from nsqpy.nsqd.message import Message, MessageBatch
 from nsqpy.nsqd.placement import Operation
 from nsqpy.nsqd.protocol_youzan import YouzanCommands, is_partition
 from nsqpy.nsqd.publish import PublishError, TooMuchWaiting, publish
 from nsqpy.nsqd.tls import connection_details
+from nsqpy.nsqd.worker_hops import WorkerHops
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.server import NSQD
-    from nsqpy.nsqd.worker import Forwarded
 
 RECEIVE_SIZE = 64 * 1024
+NOP_LINE = b"NOP\n"
 # The most messages one pump pass sends; bounds one buffer and lets FINs interleave.
 MAX_PUMP_BATCH = 1024
 # The most message bytes one send carries (at least one message): a batch of big messages
@@ -90,8 +88,6 @@ PUBLISH_COMMANDS = frozenset(
     )
 )
 TOPIC_COMMANDS = SUBSCRIBE_COMMANDS | PUBLISH_COMMANDS
-# Identify settings a relayed connection's owner must not act on: its sender did.
-_SENDER_FEATURES = ("tls_v1", "snappy", "deflate", "deflate_level")
 
 
 def _split_by_size(messages: list, limit: int) -> list[list]:
@@ -129,19 +125,15 @@ class ProtocolV2:
         self.options = options
         self.stream = stream
         self.client = Client(options, remote_address)
-        # `--workers` (`nsqd/worker.py`): a connection handed over by another worker, what
-        # this one moves to another (owner, handoff, relayed) once its batch is answered, and
-        # whether it ran a topic command here (a later one for another worker is forwarded).
+        # `--workers` (`nsqd/worker_hops.py`): a connection handed over by another worker, and
+        # its moves and forwarded publishes to the others.
         self.handoff = handoff
-        self._moving: tuple[int, Handoff, bool] | None = None
-        self._topic_bound = False
+        self.hops = WorkerHops(self)
         self._identify_body: bytes | None = None
         self._muted = False
         # A fatal error ended the connection: drain the client's input before closing.
         self._refused = False
         self._internal = handoff is not None and handoff.internal
-        # The batch's publishes sent to other workers: (reply index, command, answer).
-        self._forwarded: list[tuple[int, Any, Forwarded]] = []
         self.parser = CommandParser(
             max_msg_size=options.max_msg_size,
             max_body_size=options.max_body_size,
@@ -226,11 +218,11 @@ class ProtocolV2:
                     self._leave()
                     with trio.move_on_after(REFUSED_LINGER):
                         await self._discard_input()
-                if self._moving is not None:
+                if self.hops.moving is not None:
                     self.nsqd.heartbeats.forget(self)
-                    relay = await self._move()
+                    relay = await self.hops.move(self._fd)
                     if relay is not None:
-                        await self._relay(relay)
+                        await self.hops.relay(self.stream, relay)
         finally:
             if relay is not None:
                 relay.socket.close()
@@ -266,18 +258,7 @@ class ProtocolV2:
         """Stand where the worker that handed the connection over stood: run the preamble
         (its replies were sent already), then what the client sent from its topic command
         on. False: the connection is to close."""
-        client = self.client
-        client.tls = handoff.tls
-        client.tls_common_name = handoff.tls_common_name
-        for key, value in handoff.tls_details.items():
-            setattr(client, key, value)
-        client.snappy = handoff.snappy
-        client.deflate = handoff.deflate
-        client.deflate_level = handoff.deflate_level
-        client.auth_secret = handoff.auth_secret
-        if handoff.auth_state is not None:
-            client.auth_state = AuthState.from_dict(handoff.auth_state)
-        self._topic_bound = True
+        self.hops.restore(self.client, handoff)
         self._muted = True
         try:
             self.parser.receive_data(handoff.preamble)
@@ -287,112 +268,6 @@ class ProtocolV2:
             self._muted = False
         self.parser.receive_data(handoff.pending)
         return await self._process_commands()
-
-    def _move_to(self, owner: int, command) -> None:
-        """Hand the connection to `owner` once this batch is answered: the descriptor itself
-        when the socket is plain, else a relay over a socket pair (`_move`)."""
-        client = self.client
-        identify = self._identify_body
-        relayed = self._fd < 0
-        if relayed and identify is not None:
-            settings = json.loads(identify)
-            for key in _SENDER_FEATURES:
-                settings.pop(key, None)
-            identify = json.dumps(settings).encode()
-        preamble = [MAGIC_V2]
-        if identify is not None:
-            preamble.append(encode_command(b"IDENTIFY", body=identify))
-        handoff = Handoff(
-            remote_address=client.remote_address,
-            preamble=b"".join(preamble),
-            pending=encode_command(command.name, *command.args, body=command.body)
-            + self.parser.take_buffered(),
-            tls=client.tls,
-            tls_common_name=client.tls_common_name,
-            tls_details=client.tls_stats(),
-            snappy=client.snappy,
-            deflate=client.deflate,
-            deflate_level=client.deflate_level,
-            auth_secret=client.auth_secret,
-            auth_state=dataclasses.asdict(client.auth_state) if client.auth_state else None,
-        )
-        self._moving = (owner, handoff, relayed)
-
-    async def _move(self) -> trio.SocketStream | None:
-        """Hand the connection over; the relay's end of the socket pair when it is relayed."""
-        assert self._moving is not None and self.nsqd.worker is not None
-        owner, handoff, relayed = self._moving
-        worker = self.nsqd.worker
-        self.nsqd.log.info(
-            "[%s] %s to worker %d, which owns its topic",
-            self.client,
-            "relayed" if relayed else "moved",
-            owner,
-        )
-        if not relayed:
-            await worker.hand_off(owner, self._fd, handoff)
-            return None
-        ours, theirs = socket.socketpair()
-        with theirs:
-            await worker.hand_off(owner, theirs.fileno(), handoff)
-        return trio.SocketStream(trio.socket.from_stdlib_socket(ours))
-
-    async def _relay(self, pair: trio.SocketStream) -> None:
-        """Carry the plain bytes both ways between the client (through its TLS or
-        compression) and the owner's end of the pair, until either side ends."""
-
-        async def carry(source, destination, done: trio.CancelScope) -> None:
-            try:
-                while data := await source.receive_some(RECEIVE_SIZE):
-                    await destination.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                pass
-            done.cancel()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(carry, self.stream, pair, nursery.cancel_scope)
-            nursery.start_soon(carry, pair, self.stream, nursery.cancel_scope)
-
-    async def _forward(self, owner: int, command) -> "Forwarded":
-        """Send a publish to another worker's topic to be run there; its answer, the owner's,
-        takes its place among the batch's replies (`_answer_forwarded`). The client's own
-        authorizations are checked here first."""
-        assert self.nsqd.worker is not None
-        if self.nsqd.auth_enabled:
-            await self._check_auth(command.name.decode(), go_text(command.args[0]), "")
-        try:
-            return await self.nsqd.worker.forward(
-                owner, encode_command(command.name, *command.args, body=command.body)
-            )
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
-            raise _worker_gone(command) from None
-
-    async def _answer_forwarded(self, replies: list[bytes]) -> bool:
-        """Put the owners' answers to the batch's forwarded publishes in their places; a
-        refused one is answered as a refusal here would be (closing, when that is fatal, with
-        nothing after it answered). False: close."""
-        forwarded, self._forwarded = self._forwarded, []
-        for index, command, pending in forwarded:
-            try:
-                try:
-                    frame_type, data = await pending.answer()
-                except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
-                    raise _worker_gone(command) from None
-                if frame_type == FRAME_TYPE_ERROR:
-                    text = data.decode("utf-8", "surrogateescape")
-                    code, separator, description = text.partition(" ")
-                    fatal = None if self.dialect.publish_errors_are_fatal else False
-                    raise ProtocolError(code, description if separator else None, fatal=fatal)
-            except ProtocolError as error:
-                self.nsqd.log.error("[%s] - %s", self.client, error.text)
-                replies[index] = encode_error(error.text)
-                if error.fatal:
-                    del replies[index + 1 :]
-                    return False
-                continue
-            self.client.published(go_text(command.args[0]), _message_count(command))
-            replies[index] = encode_frame(frame_type, data)
-        return True
 
     def close(self) -> None:
         """Server-side close (shutdown, channel deleted)."""
@@ -449,10 +324,15 @@ class ProtocolV2:
             self.client.wakeup.set()
 
     async def _read_loop(self) -> None:
+        idle_reads = self.nsqd.idle_reads
+        data: bytes | bytearray
         while True:
             try:
-                data = await self.stream.receive_some(RECEIVE_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                if self._fd >= 0 and idle_reads is not None:
+                    data = await self._receive_plain(idle_reads)
+                else:
+                    data = await self.stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return
             if not data:
                 try:
@@ -467,6 +347,28 @@ class ProtocolV2:
             if self._commands_run != commands_run:
                 self._arm_read_deadline()  # a command completed: the next one gets a fresh deadline
 
+    async def _receive_plain(self, idle_reads: IdleReads) -> bytes:
+        """What the client sent, read from the plain socket itself when it is there (a
+        checkpoint after, as trio's `receive_some` makes), else through the idle reads'
+        poller, which takes heartbeat answers without waking this task (`absorb_nops`)."""
+        try:
+            data = os.read(self._fd, RECEIVE_SIZE)
+        except BlockingIOError:
+            return await idle_reads.receive(self._fd, self)
+        await trio.lowlevel.checkpoint()
+        return data
+
+    def absorb_nops(self, data: bytes) -> bool:
+        """Take `data` when it is whole NOPs and nothing else, with nothing buffered before
+        it (`nsqd/idle_reads.py`): a NOP only gives the next command a fresh read deadline.
+        False: the read loop runs it."""
+        count, rest = divmod(len(data), len(NOP_LINE))
+        if rest or self._tls_gate or self.parser.buffered or data != NOP_LINE * count:
+            return False
+        self._commands_run += count
+        self._arm_read_deadline()
+        return True
+
     async def _process_commands(self) -> bool:
         """Run every complete command, then send all replies at once. False: close."""
         replies: list[bytes] = []
@@ -476,6 +378,7 @@ class ProtocolV2:
         parser = self.parser
         client = self.client
         placement = self.nsqd.placement
+        hops = self.hops
         while True:
             try:
                 if client.state == STATE_SUBSCRIBED and not self._tls_gate:
@@ -493,18 +396,14 @@ class ProtocolV2:
                 if name in TOPIC_COMMANDS and command.args:
                     owner = placement.worker_for(command.args[0])
                     if owner is not None:
-                        if client.state == STATE_INIT and (
-                            name in SUBSCRIBE_COMMANDS or not self._topic_bound
-                        ):
-                            self._move_to(owner.index, command)
+                        if hops.moves_for(name in SUBSCRIBE_COMMANDS, client):
+                            hops.move_to(owner.index, command, self._identify_body, self._fd)
                             keep_open = False
                             break
                         if name in PUBLISH_COMMANDS:
-                            pending = await self._forward(owner.index, command)
-                            self._forwarded.append((len(replies), command, pending))
-                            replies.append(b"")  # the owner's answer, once it comes
+                            await hops.forward(owner.index, command, replies)
                             continue
-                    self._topic_bound = True
+                    hops.topic_bound = True
                 handler = handlers.get(name)
                 if handler is None:
                     raise ProtocolError("E_INVALID", f"invalid command {go_text(name)}")
@@ -527,8 +426,9 @@ class ProtocolV2:
                 continue
             if reply is not None:
                 replies.append(reply)
-        if self._forwarded:
-            keep_open = await self._answer_forwarded(replies) and keep_open
+        if hops.forwarded:
+            fatal_errors = self.dialect.publish_errors_are_fatal
+            keep_open = await hops.answer_forwarded(replies, fatal_errors) and keep_open
         # Acknowledge publishes only once their writes reached the files.
         if self._write_groups:
             await self.nsqd.storage.commit([entry[1] for entry in self._write_groups])
@@ -813,7 +713,7 @@ class ProtocolV2:
             options.http_client_connect_timeout + options.http_client_request_timeout,
         )
 
-    async def _check_auth(self, label: str, topic: str, channel: str) -> None:
+    async def check_auth(self, label: str, topic: str, channel: str) -> None:
         """Go's CheckAuth: authorizations first, refreshed when their TTL ran out."""
         client = self.client
         state = client.auth_state
@@ -834,12 +734,12 @@ class ProtocolV2:
 
     async def sub_authorized(self, command) -> bytes:
         topic_name, channel_name = self.sub_names(command)
-        await self._check_auth("SUB", topic_name, channel_name)
+        await self.check_auth("SUB", topic_name, channel_name)
         return self._handlers_unchecked[command.name](command)
 
     async def pub_authorized(self, command) -> bytes:
         label = command.name.decode()
-        await self._check_auth(label, go_text(command.args[0]), "")
+        await self.check_auth(label, go_text(command.args[0]), "")
         return self._handlers_unchecked[command.name](command)
 
     def sub_names(self, command) -> tuple[str, str]:
@@ -1128,13 +1028,3 @@ class ProtocolV2:
         assert defer_ms is not None  # the parser refused a DPUB without a valid timeout
         defer = defer_ms / 1000
         return self._publish_classic("DPUB", "E_DPUB_FAILED", command.args, [command.body], defer)
-
-
-def _message_count(command) -> int:
-    return len(command.messages) if command.messages is not None else 1
-
-
-def _worker_gone(command) -> ProtocolError:
-    return ProtocolError(
-        "E_PUB_FAILED", f"{command.name.decode()} failed: the topic's worker is gone"
-    )

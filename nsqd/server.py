@@ -30,6 +30,7 @@ from nsqpy.nsqd.data_path import prepare_data_path
 from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.heartbeats import HeartbeatClock
 from nsqpy.nsqd.http_api import HTTPAPI, TLSRequiredRouter
+from nsqpy.nsqd.idle_reads import IdleReads, polls_idle_reads
 from nsqpy.nsqd.lookup import LookupChannelsError, LookupPeers, topic_channels
 from nsqpy.nsqd.metadata import (
     ChannelMetadata,
@@ -82,6 +83,8 @@ class NSQD:
         self.write_disabled: str | None = None
         self.queue_scanner = QueueScanner(self)
         self.heartbeats = HeartbeatClock()
+        # Idle plain connections' reads, polled together (`nsqd/idle_reads.py`).
+        self.idle_reads = IdleReads() if polls_idle_reads() else None
         self.lookup_peers = LookupPeers(self) if worker is None else WorkerLookup(self, worker)
         if worker is not None:
             number_client_ids(first=worker.index + 1, step=worker.count)
@@ -584,6 +587,8 @@ class NSQD:
                         )
                     nursery.start_soon(self.queue_scanner.run)
                     nursery.start_soon(self.heartbeats.run)
+                    if self.idle_reads is not None:
+                        nursery.start_soon(self.idle_reads.run)
                     nursery.start_soon(self._metadata_writer)
                     nursery.start_soon(self._sync_timer)
                     nursery.start_soon(self._retention_timer)

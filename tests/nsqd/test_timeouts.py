@@ -321,3 +321,22 @@ async def test_wire_client_answering_heartbeats_stays(nsqd, autojump_clock):
     assert wire.heartbeats >= 59
     await wire.send(NOP + encode_pub("t", b"x"))
     await wire.expect_ok()
+
+
+async def test_wire_nops_however_they_arrive_keep_the_connection_and_its_commands(nsqd):
+    """An idle connection's NOPs are taken without waking its read loop (nsqd/idle_reads.py);
+    NOPs cut across reads, and NOPs sent with a command, go the read loop's way: every one
+    still counts, and nothing after them is lost."""
+    wire = await Wire.connect(nsqd)
+    await wire.identify(heartbeat_interval=1000)
+    await wire.send(NOP * 3)
+    await wire.send(b"NO")
+    await wire.send(b"P\n" + NOP)
+    await wire.send(NOP + encode_pub("t", b"with a nop before it"))
+    await wire.expect_ok()
+    await wire.send(encode_pub("t", b"x")[:5])
+    await wire.send(encode_pub("t", b"x")[5:] + NOP + NOP)
+    await wire.expect_ok()
+    await wire.send(NOP)
+    await wire.send(encode_pub("t", b"after the last nop"))
+    await wire.expect_ok()

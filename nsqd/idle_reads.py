@@ -1,0 +1,97 @@
+"""Every idle plain V2 connection's reads, polled together (docs/design.md §2).
+
+A connection's read loop waiting in trio's `receive_some` costs, for each thing the client
+sends, an `epoll_ctl` to re-arm and a task switch to wake it. An idle consumer sends one
+thing a second: the NOP answering its heartbeat, which changes nothing but the connection's
+read deadline. With thousands of consumers that was most of what nsqd did (bench/RESULTS.md,
+"Many connections").
+
+Instead a waiting read loop hands its descriptor to this poller, which keeps every such
+descriptor in an epoll set of its own (level-triggered, registered once per wait) and waits
+on that one descriptor through trio. Each wakeup reads every ready connection; bytes that are
+only NOPs are taken there and then (`absorb_nops`: the read deadline moves on, nothing else
+happens), and the read loop is woken only with anything else: a command, the end of the
+stream, an error. The HTTP poller (`nsqpy/daemon/http_poller.py`) does the same for HTTP.
+"""
+
+import os
+import select
+from typing import Protocol
+
+import outcome
+import trio
+
+RECEIVE_SIZE = 64 * 1024
+_READABLE = select.EPOLLIN | select.EPOLLRDHUP
+_MAX_EVENTS = 512
+
+
+class IdleReader(Protocol):
+    def absorb_nops(self, data: bytes) -> bool:
+        """Take `data` if it is nothing but whole NOPs; False: the read loop must see it."""
+        ...
+
+
+def polls_idle_reads() -> bool:
+    """epoll is Linux's; elsewhere every read loop waits in trio."""
+    return hasattr(select, "epoll")
+
+
+class IdleReads:
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        # fd -> (the connection, its waiting read loop's task)
+        self._waiting: dict[int, tuple[IdleReader, trio.lowlevel.Task]] = {}
+        self._added = trio.Event()
+
+    async def receive(self, fd: int, reader: IdleReader) -> bytes:
+        """What the client sent on `fd` next that is not only NOPs (b"" at its end). OSError
+        as a read on the socket raises it."""
+        task = trio.lowlevel.current_task()
+        self._epoll.register(fd, _READABLE)
+        self._waiting[fd] = (reader, task)
+        self._added.set()
+
+        def abort(_raise_cancel) -> trio.lowlevel.Abort:
+            self._forget(fd)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        return await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def _forget(self, fd: int) -> None:
+        if self._waiting.pop(fd, None) is not None:
+            try:
+                self._epoll.unregister(fd)
+            except OSError:
+                pass
+
+    async def run(self) -> None:
+        epoll = self._epoll
+        waiting = self._waiting
+        reschedule = trio.lowlevel.reschedule
+        try:
+            while True:
+                if not waiting:
+                    self._added = trio.Event()
+                    await self._added.wait()
+                    continue
+                await trio.lowlevel.wait_readable(epoll.fileno())
+                for fd, _events in epoll.poll(0, _MAX_EVENTS):
+                    entry = waiting.get(fd)
+                    if entry is None:
+                        continue
+                    reader, task = entry
+                    try:
+                        data = os.read(fd, RECEIVE_SIZE)
+                    except BlockingIOError:
+                        continue
+                    except OSError as error:
+                        self._forget(fd)
+                        reschedule(task, outcome.Error(error))
+                        continue
+                    if data and reader.absorb_nops(data):
+                        continue
+                    self._forget(fd)
+                    reschedule(task, outcome.Value(data))
+        finally:
+            epoll.close()

@@ -1,0 +1,188 @@
+"""A TCP connection's hops between `--workers` (docs/design.md §15), apart from the V2
+commands: where the placement (`nsqd/placement.py`) names another worker for a topic command,
+the connection moves there (its first topic command, or any SUB before it subscribed) or the
+publish is forwarded to the owner and its answer takes its place among the batch's replies; a
+connection handed over here stands where its sender stood (`restore`).
+
+Moving hands the descriptor itself over when the socket is plain, else keeps the connection
+here and relays its plain bytes over a socket pair whose other end is handed over (TLS and
+compression state are this process's).
+"""
+
+import dataclasses
+import json
+import socket
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from nsqpy.common.command import MAGIC_V2, encode_command
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.frame import FRAME_TYPE_ERROR, encode_error, encode_frame
+from nsqpy.common.goformat import go_text
+from nsqpy.daemon.auth import AuthState
+from nsqpy.nsqd.client import STATE_INIT, Client
+from nsqpy.nsqd.handoff import Handoff
+
+if TYPE_CHECKING:
+    from nsqpy.nsqd.protocol_v2 import ProtocolV2
+    from nsqpy.nsqd.worker import Forwarded, Worker
+
+# Identify settings a relayed connection's owner must not act on: its sender did.
+_SENDER_FEATURES = ("tls_v1", "snappy", "deflate", "deflate_level")
+RELAY_RECEIVE_SIZE = 64 * 1024
+
+
+class WorkerHops:
+    def __init__(self, connection: "ProtocolV2") -> None:
+        self.connection = connection
+        # Where the connection moves once its batch is answered: (owner, handoff, relayed).
+        self.moving: tuple[int, Handoff, bool] | None = None
+        # Whether it ran a topic command here: a later one for another worker is forwarded.
+        self.topic_bound = False
+        # The batch's publishes sent to other workers: (reply index, command, answer).
+        self.forwarded: list[tuple[int, Any, Forwarded]] = []
+
+    @property
+    def worker(self) -> "Worker":
+        worker = self.connection.nsqd.worker
+        assert worker is not None  # only a worker's placement names another worker
+        return worker
+
+    def moves_for(self, subscribes: bool, client: Client) -> bool:
+        """Whether a topic command for another worker moves the connection (else a publish
+        is forwarded): before it subscribed, a SUB or a first topic command."""
+        return client.state == STATE_INIT and (subscribes or not self.topic_bound)
+
+    def restore(self, client: Client, handoff: Handoff) -> None:
+        """The client as the worker that handed it over negotiated and authorized it."""
+        client.tls = handoff.tls
+        client.tls_common_name = handoff.tls_common_name
+        for key, value in handoff.tls_details.items():
+            setattr(client, key, value)
+        client.snappy = handoff.snappy
+        client.deflate = handoff.deflate
+        client.deflate_level = handoff.deflate_level
+        client.auth_secret = handoff.auth_secret
+        if handoff.auth_state is not None:
+            client.auth_state = AuthState.from_dict(handoff.auth_state)
+        self.topic_bound = True
+
+    def move_to(self, owner: int, command, identify: bytes | None, fd: int) -> None:
+        """Hand the connection to `owner` once this batch is answered: the descriptor itself
+        when the socket is plain (`fd` ≥ 0), else a relay over a socket pair (`move`)."""
+        connection = self.connection
+        client = connection.client
+        relayed = fd < 0
+        if relayed and identify is not None:
+            settings = json.loads(identify)
+            for key in _SENDER_FEATURES:
+                settings.pop(key, None)
+            identify = json.dumps(settings).encode()
+        preamble = [MAGIC_V2]
+        if identify is not None:
+            preamble.append(encode_command(b"IDENTIFY", body=identify))
+        handoff = Handoff(
+            remote_address=client.remote_address,
+            preamble=b"".join(preamble),
+            pending=encode_command(command.name, *command.args, body=command.body)
+            + connection.parser.take_buffered(),
+            tls=client.tls,
+            tls_common_name=client.tls_common_name,
+            tls_details=client.tls_stats(),
+            snappy=client.snappy,
+            deflate=client.deflate,
+            deflate_level=client.deflate_level,
+            auth_secret=client.auth_secret,
+            auth_state=dataclasses.asdict(client.auth_state) if client.auth_state else None,
+        )
+        self.moving = (owner, handoff, relayed)
+
+    async def move(self, fd: int) -> trio.SocketStream | None:
+        """Hand the connection over; the relay's end of the socket pair when it is relayed."""
+        assert self.moving is not None
+        owner, handoff, relayed = self.moving
+        connection = self.connection
+        connection.nsqd.log.info(
+            "[%s] %s to worker %d, which owns its topic",
+            connection.client,
+            "relayed" if relayed else "moved",
+            owner,
+        )
+        if not relayed:
+            await self.worker.hand_off(owner, fd, handoff)
+            return None
+        ours, theirs = socket.socketpair()
+        with theirs:
+            await self.worker.hand_off(owner, theirs.fileno(), handoff)
+        return trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+
+    async def relay(self, stream: trio.abc.Stream, pair: trio.SocketStream) -> None:
+        """Carry the plain bytes both ways between the client (through its TLS or
+        compression) and the owner's end of the pair, until either side ends."""
+
+        async def carry(source, destination, done: trio.CancelScope) -> None:
+            try:
+                while data := await source.receive_some(RELAY_RECEIVE_SIZE):
+                    await destination.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+            done.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(carry, stream, pair, nursery.cancel_scope)
+            nursery.start_soon(carry, pair, stream, nursery.cancel_scope)
+
+    async def forward(self, owner: int, command, replies: list[bytes]) -> None:
+        """Send a publish to another worker's topic to be run there; its answer, the owner's,
+        takes its place among the batch's replies (`answer_forwarded`). The client's own
+        authorizations are checked here first."""
+        connection = self.connection
+        if connection.nsqd.auth_enabled:
+            await connection.check_auth(command.name.decode(), go_text(command.args[0]), "")
+        try:
+            pending = await self.worker.forward(
+                owner, encode_command(command.name, *command.args, body=command.body)
+            )
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+            raise _worker_gone(command) from None
+        self.forwarded.append((len(replies), command, pending))
+        replies.append(b"")  # the owner's answer, once it comes
+
+    async def answer_forwarded(self, replies: list[bytes], fatal_errors: bool) -> bool:
+        """Put the owners' answers to the batch's forwarded publishes in their places; a
+        refused one is answered as a refusal here would be (closing, when that is fatal, with
+        nothing after it answered). False: close."""
+        connection = self.connection
+        forwarded, self.forwarded = self.forwarded, []
+        for index, command, pending in forwarded:
+            try:
+                try:
+                    frame_type, data = await pending.answer()
+                except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+                    raise _worker_gone(command) from None
+                if frame_type == FRAME_TYPE_ERROR:
+                    text = data.decode("utf-8", "surrogateescape")
+                    code, separator, description = text.partition(" ")
+                    fatal = None if fatal_errors else False
+                    raise ProtocolError(code, description if separator else None, fatal=fatal)
+            except ProtocolError as error:
+                connection.nsqd.log.error("[%s] - %s", connection.client, error.text)
+                replies[index] = encode_error(error.text)
+                if error.fatal:
+                    del replies[index + 1 :]
+                    return False
+                continue
+            connection.client.published(go_text(command.args[0]), message_count(command))
+            replies[index] = encode_frame(frame_type, data)
+        return True
+
+
+def message_count(command) -> int:
+    return len(command.messages) if command.messages is not None else 1
+
+
+def _worker_gone(command) -> ProtocolError:
+    return ProtocolError(
+        "E_PUB_FAILED", f"{command.name.decode()} failed: the topic's worker is gone"
+    )
