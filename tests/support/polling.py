@@ -4,6 +4,11 @@
 asyncio, whichever runs it. Both return the condition's first true value and fail with an
 AssertionError naming `what` when the deadline passes: a deadline only bounds a failure, so
 it is generous and never a measurement.
+
+The pause between two checks starts short and grows to `MAX_INTERVAL`: a condition that holds
+at once is seen at once, and one that takes seconds (an election, a catch-up) is not asked
+hundreds of times meanwhile; each ask is often an HTTP request to a daemon, which on CI's two
+cores takes its time from the daemons the test waits for.
 """
 
 import inspect
@@ -17,6 +22,9 @@ T = TypeVar("T")
 
 # Seconds before a condition that never holds fails the test.
 DEFAULT_TIMEOUT = 20.0
+# The longest pause between two checks, and how the pause grows to it.
+MAX_INTERVAL = 0.1
+GROWTH = 1.25
 
 
 def poll(
@@ -26,7 +34,8 @@ def poll(
     timeout: float = DEFAULT_TIMEOUT,
     interval: float = 0.01,
 ) -> T:
-    """Call `check` every `interval` until it returns something true, and return that."""
+    """Call `check` until it returns something true, and return that: after `interval`, then
+    after pauses growing to `MAX_INTERVAL`."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -35,6 +44,7 @@ def poll(
         if time.monotonic() > deadline:
             raise AssertionError(_timed_out(check, what, timeout))
         time.sleep(interval)
+        interval = min(interval * GROWTH, max(interval, MAX_INTERVAL))
 
 
 async def wait_until(
@@ -64,6 +74,7 @@ async def wait_until(
         if clock() > deadline:
             raise AssertionError(_timed_out(check, what, timeout))
         await sleep(interval)
+        interval = min(interval * GROWTH, max(interval, MAX_INTERVAL))
 
 
 def _timed_out(check: Callable, what: str | Callable[[], str], timeout: float) -> str:
