@@ -3,6 +3,7 @@ are taken by the poller without waking the read loop; anything else, the end of 
 a cancelled wait reach the read loop as a read of its own would."""
 
 import socket
+from contextlib import asynccontextmanager
 
 import trio
 
@@ -31,6 +32,15 @@ def plain_pair() -> tuple[socket.socket, socket.socket]:
     return ours, theirs
 
 
+@asynccontextmanager
+async def running_poller():
+    async with trio.open_nursery() as nursery:
+        idle = IdleReads()
+        nursery.start_soon(idle.run)
+        yield idle, nursery
+        nursery.cancel_scope.cancel()
+
+
 async def wait_until(check) -> None:
     with trio.fail_after(5):
         while not check():
@@ -41,9 +51,7 @@ async def test_nops_are_absorbed_and_only_a_command_wakes_the_reader():
     ours, theirs = plain_pair()
     reader = Reader()
     received: list[bytes] = []
-    async with trio.open_nursery() as nursery:
-        idle = IdleReads()
-        nursery.start_soon(idle.run)
+    async with running_poller() as (idle, nursery):
 
         async def read_loop() -> None:
             received.append(await idle.receive(ours.fileno(), reader))
@@ -57,34 +65,27 @@ async def test_nops_are_absorbed_and_only_a_command_wakes_the_reader():
         theirs.sendall(b"NOP\nRDY 1\n")
         await wait_until(lambda: received)
         assert received == [b"NOP\nRDY 1\n"] and reader.absorbed == 4
-        nursery.cancel_scope.cancel()
     ours.close()
     theirs.close()
 
 
 async def test_the_end_of_the_stream_reaches_the_reader():
     ours, theirs = plain_pair()
-    async with trio.open_nursery() as nursery:
-        idle = IdleReads()
-        nursery.start_soon(idle.run)
+    async with running_poller() as (idle, _nursery):
         theirs.close()
         with trio.fail_after(5):
             assert await idle.receive(ours.fileno(), Reader()) == b""
-        nursery.cancel_scope.cancel()
     ours.close()
 
 
 async def test_a_cancelled_wait_leaves_the_descriptor_free_for_the_next_one():
     ours, theirs = plain_pair()
-    async with trio.open_nursery() as nursery:
-        idle = IdleReads()
-        nursery.start_soon(idle.run)
+    async with running_poller() as (idle, _nursery):
         with trio.move_on_after(0.05):
             await idle.receive(ours.fileno(), Reader())
         theirs.sendall(b"CLS\n")
         with trio.fail_after(5):
             assert await idle.receive(ours.fileno(), Reader()) == b"CLS\n"
-        nursery.cancel_scope.cancel()
     ours.close()
     theirs.close()
 
@@ -93,9 +94,7 @@ async def test_many_connections_are_served_by_one_poller():
     pairs = [plain_pair() for _ in range(200)]
     readers = [Reader() for _ in pairs]
     received: dict[int, bytes] = {}
-    async with trio.open_nursery() as nursery:
-        idle = IdleReads()
-        nursery.start_soon(idle.run)
+    async with running_poller() as (idle, nursery):
 
         async def read_loop(index: int) -> None:
             received[index] = await idle.receive(pairs[index][0].fileno(), readers[index])
@@ -109,7 +108,6 @@ async def test_many_connections_are_served_by_one_poller():
             theirs.sendall(b"FIN %d\n" % index)
         await wait_until(lambda: len(received) == len(pairs))
         assert received == {index: b"FIN %d\n" % index for index in range(len(pairs))}
-        nursery.cancel_scope.cancel()
     for ours, theirs in pairs:
         ours.close()
         theirs.close()
