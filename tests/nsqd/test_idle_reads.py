@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from nsqpy.nsqd.idle_reads import IdleReads
+from tests.support.polling import wait_until
 
 NOP = b"NOP\n"
 
@@ -39,12 +40,6 @@ async def running_poller():
         nursery.start_soon(idle.run)
         yield idle, nursery
         nursery.cancel_scope.cancel()
-
-
-async def wait_until(check) -> None:
-    with trio.fail_after(5):
-        while not check():
-            await trio.sleep(0.001)
 
 
 async def test_nops_are_absorbed_and_only_a_command_wakes_the_reader():
