@@ -326,14 +326,19 @@ class ProtocolV2:
     async def _read_loop(self) -> None:
         idle_reads = self.nsqd.idle_reads
         data: bytes | bytearray
+        # Whether the client's last bytes were only NOPs: an idle connection, whose next wait
+        # goes to the idle reads' poller. A busy one (FINs, publishes) waits in trio, which
+        # re-arms a descriptor with one call where the poller takes two.
+        idle = False
         while True:
             try:
-                if self._fd >= 0 and idle_reads is not None:
+                if idle and self._fd >= 0 and idle_reads is not None:
                     data = await self._receive_plain(idle_reads)
                 else:
                     data = await self.stream.receive_some(RECEIVE_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return
+            idle = data[:4] == NOP_LINE and _only_nops(data)
             if not data:
                 try:
                     self.parser.receive_eof()
@@ -362,10 +367,9 @@ class ProtocolV2:
         """Take `data` when it is whole NOPs and nothing else, with nothing buffered before
         it (`nsqd/idle_reads.py`): a NOP only gives the next command a fresh read deadline.
         False: the read loop runs it."""
-        count, rest = divmod(len(data), len(NOP_LINE))
-        if rest or self._tls_gate or self.parser.buffered or data != NOP_LINE * count:
+        if self._tls_gate or self.parser.buffered or not _only_nops(data):
             return False
-        self._commands_run += count
+        self._commands_run += len(data) // len(NOP_LINE)
         self._arm_read_deadline()
         return True
 
@@ -1028,3 +1032,8 @@ class ProtocolV2:
         assert defer_ms is not None  # the parser refused a DPUB without a valid timeout
         defer = defer_ms / 1000
         return self._publish_classic("DPUB", "E_DPUB_FAILED", command.args, [command.body], defer)
+
+
+def _only_nops(data: bytes | bytearray) -> bool:
+    count, rest = divmod(len(data), len(NOP_LINE))
+    return not rest and data == NOP_LINE * count
