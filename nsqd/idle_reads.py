@@ -14,6 +14,7 @@ happens), and the read loop is woken only with anything else: a command, the end
 stream, an error. The HTTP poller (`nsqpy/daemon/http_poller.py`) does the same for HTTP.
 """
 
+import errno
 import os
 import select
 from typing import Protocol
@@ -49,7 +50,11 @@ class IdleReads:
         """What the client sent on `fd` next that is not only NOPs (b"" at its end). OSError
         as a read on the socket raises it."""
         task = trio.lowlevel.current_task()
-        self._epoll.register(fd, _READABLE)
+        try:
+            self._epoll.register(fd, _READABLE)
+        except ValueError:
+            # The poller ended (nsqd is stopping): the connection ends as on a failed read.
+            raise OSError(errno.EBADF, "nsqd's idle reads have ended") from None
         self._waiting[fd] = (reader, task)
         self._added.set()
 
@@ -63,8 +68,8 @@ class IdleReads:
         if self._waiting.pop(fd, None) is not None:
             try:
                 self._epoll.unregister(fd)
-            except OSError:
-                pass
+            except (OSError, ValueError):
+                pass  # the descriptor closed already, or the poller ended (a shutdown)
 
     async def run(self) -> None:
         epoll = self._epoll

@@ -5,6 +5,7 @@ a cancelled wait reach the read loop as a read of its own would."""
 import socket
 from contextlib import asynccontextmanager
 
+import pytest
 import trio
 
 from nsqpy.nsqd.idle_reads import IdleReads
@@ -106,3 +107,15 @@ async def test_many_connections_are_served_by_one_poller():
     for ours, theirs in pairs:
         ours.close()
         theirs.close()
+
+
+async def test_a_wait_after_the_poller_ended_fails_as_a_read_would():
+    """nsqd stopping: a read loop that waits after the poller ended sees an OSError, which
+    ends its connection as a failed read does, instead of an error nothing expects."""
+    ours, theirs = plain_pair()
+    async with running_poller() as (idle, nursery):
+        nursery.cancel_scope.cancel()
+    with pytest.raises(OSError):
+        await idle.receive(ours.fileno(), Reader())
+    ours.close()
+    theirs.close()
