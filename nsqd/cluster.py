@@ -206,6 +206,10 @@ class ClusterWriteError(WriteRefused):
     """A replicated write that could not be made: `code` is Youzan's error for the publisher."""
 
 
+# How often a partition this node should be catching up for is checked for a catch-up.
+CATCH_UP_WATCH_INTERVAL = 1.0
+
+
 class ClusterNode:
     def __init__(self, nsqd: "NSQD") -> None:
         self.nsqd = nsqd
@@ -274,6 +278,7 @@ class ClusterNode:
             nursery.start_soon(partial(trio.serve_listeners, self._serve_peer, listeners))
             nursery.start_soon(self._cursor_timer)
             nursery.start_soon(self._push_moved_cursors)
+            nursery.start_soon(self._catch_up_watch)
             if self.enabled:
                 # Not waited for: joining the cluster waits on etcd, and a SIGTERM must stop
                 # the node even while etcd is away (docs/operations.md). Imported here: an
@@ -1516,6 +1521,25 @@ class ClusterNode:
         while True:
             await trio.sleep(self.nsqd.options.sync_timeout)
             await self.send_cursors()
+
+    async def _catch_up_watch(self) -> None:
+        """Every second, a catch-up for each partition the cluster lists this node as catching
+        up for while none runs: the metadata starts one when it lists the node, and this makes
+        sure a catch-up that ended early (its info changing under it, an answer for a copy
+        deleted and made again) is not the partition's last."""
+        while True:
+            await trio.sleep(CATCH_UP_WATCH_INTERVAL)
+            me = self.node_id
+            for topic in self.nsqd.all_partitions():
+                info = topic.replication.info
+                if (
+                    info is not None
+                    and me in info.catchup
+                    and info.leader not in ("", "?", me)
+                    and not topic.deleted
+                    and not self.catch_ups.running(topic)
+                ):
+                    self.catch_ups.start(topic)
 
     def cursor_moved(self, topic: "Topic") -> None:
         """A channel's cursor moved (a FIN), or a channel deferred a message (REQ with a
