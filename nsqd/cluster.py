@@ -1537,9 +1537,8 @@ class ClusterNode:
                     and me in info.catchup
                     and info.leader not in ("", "?", me)
                     and not topic.deleted
-                    and not self.catch_ups.running(topic)
                 ):
-                    self.catch_ups.start(topic)
+                    self.catch_ups.start(topic)  # nothing when one runs
 
     def cursor_moved(self, topic: "Topic") -> None:
         """A channel's cursor moved (a FIN), or a channel deferred a message (REQ with a

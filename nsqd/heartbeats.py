@@ -8,9 +8,8 @@ nsqd's work. Instead one task keeps the connections in lists by the tick they ar
 heap of ticks, one live entry per connection), and calls each when its tick comes
 (`ConnectionTimers.timers_due`): the connection writes its heartbeat then and there when it
 can (a plain socket, no send under way), wakes its pump when it cannot, and ends itself when
-its read deadline passed. One pass handles
-every connection that is due, without a task switch each (in slices, so that a request
-waits for no more than one slice of it).
+its read deadline passed. One pass handles every connection that is due, without a task
+switch each (in slices, so that a request waits for no more than one slice of it).
 
 The task wakes at most every `RESOLUTION` seconds (each timed wake-up is one Cancelled
 exception), so a heartbeat may go out, and a read deadline be enforced, up to that much late:

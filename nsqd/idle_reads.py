@@ -22,6 +22,7 @@ from typing import Protocol
 import outcome
 import trio
 
+# The most a V2 connection's read takes at once (the read loop's, the poller's, a relay's).
 RECEIVE_SIZE = 64 * 1024
 _READABLE = select.EPOLLIN | select.EPOLLRDHUP
 # Connections read per wakeup: the other tasks run between two.
@@ -44,7 +45,6 @@ class IdleReads:
         self._epoll = select.epoll()
         # fd -> (the connection, its waiting read loop's task)
         self._waiting: dict[int, tuple[IdleReader, trio.lowlevel.Task]] = {}
-        self._added = trio.Event()
 
     async def receive(self, fd: int, reader: IdleReader) -> bytes:
         """What the client sent on `fd` next that is not only NOPs (b"" at its end). OSError
@@ -56,7 +56,6 @@ class IdleReads:
             # The poller ended (nsqd is stopping): the connection ends as on a failed read.
             raise OSError(errno.EBADF, "nsqd's idle reads have ended") from None
         self._waiting[fd] = (reader, task)
-        self._added.set()
 
         def abort(_raise_cancel) -> trio.lowlevel.Abort:
             self._forget(fd)
@@ -77,10 +76,8 @@ class IdleReads:
         reschedule = trio.lowlevel.reschedule
         try:
             while True:
-                if not waiting:
-                    self._added = trio.Event()
-                    await self._added.wait()
-                    continue
+                # An epoll set with nothing in it is never readable: no wake-up while no
+                # connection waits.
                 await trio.lowlevel.wait_readable(epoll.fileno())
                 for fd, _events in epoll.poll(0, _MAX_EVENTS):
                     entry = waiting.get(fd)

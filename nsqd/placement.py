@@ -108,9 +108,10 @@ class WorkerPlacement:
             name = topic_name.decode()
         except UnicodeDecodeError:
             return None
-        if not is_valid_name(name) or self.worker.owns(name):
+        if not is_valid_name(name):
             return None
-        return OtherWorker(self.worker.owner(name))
+        owner = self.worker.owner(name)  # a hash of the name: once per command
+        return None if owner == self.worker.index else OtherWorker(owner)
 
     def refusal(self, topic: "Topic", operation: Operation) -> str | None:
         return self.within.refusal(topic, operation)

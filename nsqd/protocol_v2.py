@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from nsqpy.common.command import NOP
 from nsqpy.common.command_parser import CommandParser
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.frame import (
@@ -43,7 +44,7 @@ from nsqpy.nsqd.dialect import CLASSIC, ClassicDialect, YouzanDialect
 from nsqpy.nsqd.ext_filter import parse_ext_filter
 from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.identify import Negotiated, decode_identify, negotiate
-from nsqpy.nsqd.idle_reads import IdleReads
+from nsqpy.nsqd.idle_reads import RECEIVE_SIZE
 from nsqpy.nsqd.message import Message, MessageBatch
 from nsqpy.nsqd.placement import Operation
 from nsqpy.nsqd.protocol_youzan import YouzanCommands, is_partition
@@ -54,8 +55,6 @@ from nsqpy.nsqd.worker_hops import WorkerHops
 if TYPE_CHECKING:
     from nsqpy.nsqd.server import NSQD
 
-RECEIVE_SIZE = 64 * 1024
-NOP_LINE = b"NOP\n"
 # The most messages one pump pass sends; bounds one buffer and lets FINs interleave.
 MAX_PUMP_BATCH = 1024
 # The most message bytes one send carries (at least one message): a batch of big messages
@@ -333,12 +332,13 @@ class ProtocolV2:
         while True:
             try:
                 if idle and self._fd >= 0 and idle_reads is not None:
-                    data = await self._receive_plain(idle_reads)
+                    # Level-triggered: bytes already there are reported at once.
+                    data = await idle_reads.receive(self._fd, self)
                 else:
                     data = await self.stream.receive_some(RECEIVE_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return
-            idle = data[:4] == NOP_LINE and _only_nops(data)
+            idle = data[:4] == NOP and _only_nops(data)
             if not data:
                 try:
                     self.parser.receive_eof()
@@ -352,24 +352,13 @@ class ProtocolV2:
             if self._commands_run != commands_run:
                 self._arm_read_deadline()  # a command completed: the next one gets a fresh deadline
 
-    async def _receive_plain(self, idle_reads: IdleReads) -> bytes:
-        """What the client sent, read from the plain socket itself when it is there (a
-        checkpoint after, as trio's `receive_some` makes), else through the idle reads'
-        poller, which takes heartbeat answers without waking this task (`absorb_nops`)."""
-        try:
-            data = os.read(self._fd, RECEIVE_SIZE)
-        except BlockingIOError:
-            return await idle_reads.receive(self._fd, self)
-        await trio.lowlevel.checkpoint()
-        return data
-
     def absorb_nops(self, data: bytes) -> bool:
         """Take `data` when it is whole NOPs and nothing else, with nothing buffered before
         it (`nsqd/idle_reads.py`): a NOP only gives the next command a fresh read deadline.
         False: the read loop runs it."""
         if self._tls_gate or self.parser.buffered or not _only_nops(data):
             return False
-        self._commands_run += len(data) // len(NOP_LINE)
+        self._commands_run += len(data) // len(NOP)
         self._arm_read_deadline()
         return True
 
@@ -1035,5 +1024,5 @@ class ProtocolV2:
 
 
 def _only_nops(data: bytes | bytearray) -> bool:
-    count, rest = divmod(len(data), len(NOP_LINE))
-    return not rest and data == NOP_LINE * count
+    count, rest = divmod(len(data), len(NOP))
+    return not rest and data == NOP * count

@@ -23,6 +23,7 @@ from nsqpy.common.goformat import go_text
 from nsqpy.daemon.auth import AuthState
 from nsqpy.nsqd.client import STATE_INIT, Client
 from nsqpy.nsqd.handoff import Handoff
+from nsqpy.nsqd.idle_reads import RECEIVE_SIZE
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.protocol_v2 import ProtocolV2
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 
 # Identify settings a relayed connection's owner must not act on: its sender did.
 _SENDER_FEATURES = ("tls_v1", "snappy", "deflate", "deflate_level")
-RELAY_RECEIVE_SIZE = 64 * 1024
 
 
 class WorkerHops:
@@ -123,7 +123,7 @@ class WorkerHops:
 
         async def carry(source, destination, done: trio.CancelScope) -> None:
             try:
-                while data := await source.receive_some(RELAY_RECEIVE_SIZE):
+                while data := await source.receive_some(RECEIVE_SIZE):
                     await destination.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass
