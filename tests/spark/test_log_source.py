@@ -144,6 +144,13 @@ def test_an_available_now_stream_reads_everything_once_and_moves_its_channel(spa
     assert not query.isActive and query.exception() is None
     assert bodies_of(received) == sorted(published)
     assert [size for _, size in sorted(batches)] == [700, 700, 600]
+    # Each partition's end at the last look, as the Kafka source's progress reports it.
+    last = query.recentProgress[-1].sources[0]
+    ends = {
+        str(partition["partition"]): partition["end"]["offset"]
+        for partition in http_json(http, "/partition/offsets", topic="events")["partitions"]
+    }
+    assert json.loads(last.latestOffset) == ends
     # Spark commits a batch to the source when it plans the next one: the channel stands at the
     # end of the second batch, and shows the last one as lag, like any consumer's.
     cursors = channel_cursors(http, "events", "spark-query")
