@@ -138,7 +138,7 @@ test: install-test lint
 lint: $(TEST_INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(BIN)/python scripts/typecheck.py
 
 bench: install-test
 	$(BIN)/python -m bench

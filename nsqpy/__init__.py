@@ -10,8 +10,19 @@ Every import package of the distribution lives under this one name:
 * `nsqpy.spark`: the PySpark data source `nsq`;
 * `nsqpy.testing`: the pytest plugin whose fixtures run a real nsqd and nsqlookupd.
 
-In the source tree the daemons, `common`, `diskqueue` and `tools` keep their top-level
-folders; this folder links to each (`nsqpy/nsqd -> ../nsqd`).
+In the source tree the daemons, `common`, `diskqueue`, `partition_log` and `tools` keep their
+top-level folders, which pyproject.toml maps into this package (`[tool.setuptools.package-dir]`):
+a wheel holds them under `nsqpy/`, an editable install maps them with setuptools' import hook.
 """
 
 __version__ = "0.1.0"
+
+
+def refuse_bare_name(name: str) -> None:
+    """Called by each mapped folder's `__init__` with its `__name__`: from the repository's
+    root a folder also imports by its bare name (`common`), which would load every module a
+    second time, with state of its own, as `common.x` beside `nsqpy.common.x`."""
+    if not name.startswith("nsqpy."):
+        raise ImportError(
+            f"import nsqpy.{name}, not {name}: the folder {name}/ is the package nsqpy.{name}"
+        )

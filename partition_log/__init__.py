@@ -16,6 +16,7 @@ size prefixes included) and counts (messages since it was created). IDs are
 It imports nothing of nsqd: the messages it reads are made by the caller's `message_type`.
 """
 
+from nsqpy import refuse_bare_name
 from nsqpy.partition_log.files import META_MAGIC, index_file_name, log_exists
 from nsqpy.partition_log.index import ENTRY, IndexEntry
 from nsqpy.partition_log.log import HOT_TAIL_BYTES, READ_CHUNK, PartitionLog
@@ -52,3 +53,5 @@ __all__ = [
     "log_exists",
     "record_size",
 ]
+
+refuse_bare_name(__name__)
