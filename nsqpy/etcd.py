@@ -40,8 +40,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import httptools
 import trio
+
+from nsqpy.common.http_response import ResponseParser
 
 __all__ = [
     "EtcdClient",
@@ -311,42 +312,6 @@ def _grpc_error(text: str, code: Any) -> EtcdError:
     code = int(code) if isinstance(code, int | str) and str(code).isdigit() else None
     kind = EtcdUnavailable if code == GRPC_UNAVAILABLE else EtcdError
     return kind(f"{text} (gRPC code {code})", code)
-
-
-class ResponseParser:
-    """One HTTP/1.1 response, parsed by httptools as it arrives: `status` once the headers
-    are in, the body as it comes (`take_body`, for streams), `complete` at its end."""
-
-    __slots__ = ("_parser", "status", "complete", "keep_alive", "_body")
-
-    def __init__(self) -> None:
-        self._parser = httptools.HttpResponseParser(self)
-        self.status = 0
-        self.complete = False
-        self.keep_alive = False
-        self._body = bytearray()
-
-    def feed(self, data: bytes | bytearray) -> None:
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError as error:
-            raise EtcdError(f"bad HTTP answer: {error}") from None
-
-    def take_body(self) -> bytes:
-        body = bytes(self._body)
-        self._body.clear()
-        return body
-
-    # httptools callbacks
-    def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
-
-    def on_body(self, body: bytes) -> None:
-        self._body += body
-
-    def on_message_complete(self) -> None:
-        self.complete = True
-        self.keep_alive = self._parser.should_keep_alive()
 
 
 class LineSplitter:
@@ -714,7 +679,7 @@ class EtcdClient:
     ) -> dict[str, Any]:
         """One request and its answer on `connection`, which goes back to the pool after a
         clean keep-alive answer and is closed otherwise."""
-        parser = ResponseParser()
+        parser = ResponseParser(EtcdError)
         try:
             await connection.send_all(request)
             await _read_answer(connection, parser)
@@ -755,7 +720,7 @@ class Watch:
         self.revision = start_revision
         self._pending: collections.deque[WatchEvent] = collections.deque()
         self._connection: trio.abc.Stream | None = None
-        self._parser = ResponseParser()
+        self._parser = ResponseParser(EtcdError)
         self._lines: collections.deque[bytes] = collections.deque()
         self._splitter = LineSplitter()
         self._opened = False
@@ -929,7 +894,7 @@ class Watch:
         if self._connection is not None:
             _close(self._connection)
             self._connection = None
-        self._parser = ResponseParser()
+        self._parser = ResponseParser(EtcdError)
         self._splitter = LineSplitter()
         self._lines.clear()
         self._creating = False

@@ -19,6 +19,7 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass
 
+from nsqpy.client.discovery import HTTP_HEADERS, USER_AGENT
 from nsqpy.client.security import (
     NO_SECURITY,
     Security,
@@ -44,9 +45,7 @@ from nsqpy.common.command import (
 )
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
 from nsqpy.common.message import decode_message
-from nsqpy.common.version import VERSION
 
-USER_AGENT = f"nsqpy/{VERSION}"
 HEARTBEAT = b"_heartbeat_"
 
 
@@ -342,7 +341,7 @@ def http_request(
     security = security or NO_SECURITY
     query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
     data = body if body is not None else (b"" if method == "POST" else None)
-    headers = {"Accept": "application/vnd.nsq; version=1.0", "User-Agent": USER_AGENT}
+    headers = dict(HTTP_HEADERS)
     headers.update(security.http_headers())
     while True:
         base = nsqd_http_base(address, security)

@@ -24,13 +24,15 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import cast
 
-from nsqpy.client.blocking import USER_AGENT, Connection, NSQError, http_request
+import outcome
+
+from nsqpy.client.blocking import Connection, NSQError, http_request
 from nsqpy.client.core import (
     RETRYABLE_ERRORS,
     DeliveredMessage,
@@ -46,6 +48,17 @@ from nsqpy.client.core import (
     partition_for_key,
     ready_counts,
     targets_of,
+)
+from nsqpy.client.discovery import (
+    HTTP_HEADERS,
+    LookupdDirectory,
+    LookupdGet,
+    LookupUnavailable,
+    Round,
+    SmartClientError,
+    TopicLayout,
+    advance,
+    merge_lookups,
 )
 from nsqpy.client.security import Security
 from nsqpy.common.command import (
@@ -76,24 +89,6 @@ __all__ = [
 
 log = logging.getLogger("nsqpy.smart_client")
 
-# A lookupd that failed is skipped for 1 s, 2 s, 4 s ... up to this, as Youzan's client lowers
-# the priority of a lookupd that keeps failing.
-_LOOKUPD_REST_MAX = 30.0
-
-
-class SmartClientError(Exception):
-    """An error of the smart client itself; nsqd's refusals are `nsqpy.client.blocking.NSQError`."""
-
-
-class LookupUnavailable(SmartClientError):
-    """No nsqlookupd answered; `failures` maps each one asked to why."""
-
-    def __init__(self, topic: str, failures: dict[str, str]) -> None:
-        details = "; ".join(f"{url}: {reason}" for url, reason in failures.items())
-        super().__init__(f"no nsqlookupd answered for topic {topic!r} ({details})")
-        self.topic = topic
-        self.failures = failures
-
 
 class PublishFailed(SmartClientError):
     """A publish kept failing with retryable errors until the producer's deadline."""
@@ -113,253 +108,33 @@ class PublishFailed(SmartClientError):
 # -- discovery --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TopicLayout:
-    """A topic as every nsqlookupd that answered sees it, merged.
-
-    `partitions` maps a partition to its leader's TCP address (`host:port`); `classic_nodes`
-    lists nsqds of lookupds without partitions (Go's nsqlookupd), which take the classic
-    `PUB <topic>` and `SUB <topic> <channel>`."""
-
-    topic: str
-    access: str
-    partitions: dict[int, str]
-    partition_num: int = 0
-    ordered: bool = False
-    extend_support: bool = False
-    classic_nodes: tuple[str, ...] = ()
-    answered: tuple[str, ...] = ()
-    # Each partition's leader's HTTP address (`host:port`), for range reads of log topics.
-    http_addresses: dict[int, str] = field(default_factory=dict)
-    # The classic nodes' HTTP addresses.
-    classic_http_nodes: tuple[str, ...] = ()
-
-    @property
-    def complete(self) -> bool:
-        """Somewhere to go, and every partition the topic's meta announces has a leader here
-        (Youzan's client checks this with `meta.partition_num`)."""
-        has_nodes = bool(self.partitions or self.classic_nodes)
-        return has_nodes and len(self.partitions) >= self.partition_num
-
-
-def _lookupd_url(address: str) -> str:
-    address = address.strip().rstrip("/")
-    return address if address.startswith(("http://", "https://")) else f"http://{address}"
-
-
-def _peer_address(peer: dict, port: str = "tcp_port") -> str:
-    host = str(peer["broadcast_address"])
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{host}:{peer[port]}"
-
-
-def merge_lookups(topic: str, access: str, answers: list[tuple[str, dict | None]]) -> TopicLayout:
-    """Merge the `/lookup` documents of several lookupds (None: one that does not know the
-    topic, or has no writable partition of it). A partition the lookupds disagree on (one of
-    them has not seen a failover yet) goes to the leader most of them name, the first one's
-    on a tie; `partition_num` is the largest announced, and the topic is ordered or ext if
-    any lookupd says so."""
-    votes: dict[int, Counter[str]] = {}
-    http_of: dict[str, str] = {}
-    classic: dict[str, None] = {}
-    classic_http: dict[str, None] = {}
-    partition_num = 0
-    ordered = extend_support = False
-    for _url, document in answers:
-        if not document:
-            continue
-        meta = document.get("meta") or {}
-        ordered = ordered or bool(meta.get("ordered"))
-        extend_support = extend_support or bool(meta.get("extend_support"))
-        if _classic_topic(document):
-            for peer in document.get("producers") or []:
-                classic[_peer_address(peer)] = None
-                if peer.get("http_port"):
-                    classic_http[_peer_address(peer, "http_port")] = None
-            continue
-        partition_num = max(partition_num, int(meta.get("partition_num") or 0))
-        for key, peer in (document.get("partitions") or {}).items():
-            address = _peer_address(peer)
-            votes.setdefault(int(key), Counter())[address] += 1
-            if peer.get("http_port"):
-                http_of[address] = _peer_address(peer, "http_port")
-    partitions = {partition: votes[partition].most_common(1)[0][0] for partition in sorted(votes)}
-    if partitions:
-        partition_num = max(partition_num, max(partitions) + 1)
-    return TopicLayout(
-        topic,
-        access,
-        partitions,
-        partition_num,
-        ordered,
-        extend_support,
-        tuple(classic),
-        tuple(url for url, _document in answers),
-        {p: http_of[a] for p, a in partitions.items() if a in http_of},
-        tuple(classic_http),
-    )
-
-
-def _classic_topic(document: dict) -> bool:
-    """Whether a `/lookup` answer is of a classic topic: one without partitions (Go's
-    nsqlookupd), or whose only partition, 0, several nsqds registered. nsqpy's and Youzan's
-    nsqds register a classic topic as partition 0, and the answer names one of them there;
-    a partitioned topic's partition is registered by its leader alone. A classic topic is read
-    from, and may be written to, every nsqd that has it."""
-    if "partitions" not in document:
-        return True
-    partitions = document.get("partitions") or {}
-    if set(partitions) - {"0"}:
-        return False
-    named = {_peer_address(peer) for peer in partitions.values()}
-    return any(_peer_address(peer) not in named for peer in document.get("producers") or [])
-
-
-class LookupdDiscovery:
-    """The nsqlookupds of a cluster and what they say about topics; thread-safe.
-
-    Starts from the addresses given (`host:port` or URLs, always kept) and adds the ones their
-    `/listlookup` names, asked again every `rediscover_interval` seconds. A lookupd that fails
-    is skipped for a while (1 s, doubling up to 30 s) unless no other one answers.
-    """
-
-    def __init__(
-        self,
-        lookupd_http_addresses: str | Iterable[str],
-        *,
-        http_timeout: float = 2.0,
-        rediscover_interval: float = 60.0,
-    ) -> None:
-        given = (
-            [lookupd_http_addresses]
-            if isinstance(lookupd_http_addresses, str)
-            else list(lookupd_http_addresses)
-        )
-        if not given:
-            raise ValueError("at least one nsqlookupd HTTP address is needed")
-        self.http_timeout = http_timeout
-        self.rediscover_interval = rediscover_interval
-        self._given = list(dict.fromkeys(_lookupd_url(address) for address in given))
-        self._learnt: list[str] = []
-        self._discovered_at: float | None = None
-        self._failures: dict[str, int] = {}
-        self._resting_until: dict[str, float] = {}
-        self._lock = threading.Lock()
-        self._lookups = 0
-
-    @property
-    def lookupds(self) -> list[str]:
-        """Every lookupd known: the ones given, then the ones learnt."""
-        with self._lock:
-            return self._given + [url for url in self._learnt if url not in self._given]
-
-    @property
-    def lookups(self) -> int:
-        """How many `lookup` rounds (one `/lookup` to every lookupd) were made."""
-        with self._lock:
-            return self._lookups
+class LookupdDiscovery(LookupdDirectory):
+    """`LookupdDirectory` (nsqpy/client/discovery.py) asking its questions with urllib:
+    blocking and thread-safe."""
 
     def discover_lookupds(self) -> list[str]:
         """Ask every known lookupd for `/listlookup` and learn the lookupds they list; returns
         every lookupd known. When none answers, the list is kept as it was."""
-        learnt: list[str] = []
-        answered: list[str] = []
-        for url in self._to_ask(self.lookupds, lambda: bool(answered)):
-            try:
-                document = self._get(url, "/listlookup", {})
-                nodes = [
-                    (str(node["NodeIP"]), str(node["HttpPort"]))
-                    for node in (document or {}).get("lookupdnodes") or []
-                    if node.get("NodeIP") and node.get("HttpPort")
-                ]
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-                self._failed(url, error)
-                continue
-            self._answered(url)
-            answered.append(url)
-            for host, port in nodes:
-                host = f"[{host}]" if ":" in host else host
-                learnt.append(_lookupd_url(f"{host}:{port}"))
-        with self._lock:
-            if answered:
-                self._learnt = list(dict.fromkeys(learnt))
-            self._discovered_at = time.monotonic()
-        return self.lookupds
+        return self._run(self.discover_round())
 
     def lookup(self, topic: str, access: str = "r") -> TopicLayout:
         """`/lookup?topic=&access=&metainfo=true` on every lookupd, merged (`merge_lookups`).
         LookupUnavailable when none answers."""
-        if access not in ("r", "w"):
-            raise ValueError(f"access is 'r' (consumers) or 'w' (producers), not {access!r}")
-        with self._lock:
-            discovered_at = self._discovered_at
-        if discovered_at is None or time.monotonic() - discovered_at >= self.rediscover_interval:
-            self.discover_lookupds()
-        answers: list[tuple[str, dict | None]] = []
-        failures: dict[str, str] = {}
-        params = {"topic": topic, "access": access, "metainfo": "true"}
-        for url in self._to_ask(self.lookupds, lambda: bool(answers)):
-            try:
-                document = self._get(url, "/lookup", params)
-                # An answer that cannot be read counts as no answer.
-                merge_lookups(topic, access, [(url, document)])
-                answers.append((url, document))
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-                failures[url] = str(error)
-                self._failed(url, error)
-                continue
-            self._answered(url)
-        with self._lock:
-            self._lookups += 1
-        if not answers:
-            raise LookupUnavailable(topic, failures)
-        return merge_lookups(topic, access, answers)
+        return self._run(self.lookup_round(topic, access))
 
     def replicas(self, topic: str) -> dict[int, list[str]]:
         """The HTTP addresses of each partition's in-sync replicas, from the first lookupd that
         answers `/cluster/stats` (docs/protocol.md §5.6); empty outside a cluster."""
-        for url in self._to_ask(self.lookupds, lambda: False):
-            try:
-                document = self._get(url, "/cluster/stats", {}) or {}
-                return {
-                    int(entry["partition"]): [str(a) for a in entry.get("isr_http") or []]
-                    for entry in document.get("partitions") or []
-                    if entry.get("topic") == topic
-                }
-            except urllib.error.HTTPError as error:
-                if error.code == 400:
-                    return {}  # E_NOT_CLUSTER: a standalone lookupd
-                self._failed(url, error)
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-                self._failed(url, error)
-        return {}
+        return self._run(self.replicas_round(topic))
 
-    def _to_ask(self, urls: list[str], someone_answered: Callable[[], bool]) -> Iterator[str]:
-        """The lookupds that are not resting, then, if none of them answered, the resting
-        ones too."""
-        now = time.monotonic()
-        with self._lock:
-            resting = [url for url in urls if self._resting_until.get(url, 0.0) > now]
-        yield from (url for url in urls if url not in resting)
-        if not someone_answered():
-            yield from resting
+    def _run(self, round: Round):
+        step = advance(round, outcome.Value(None))
+        while isinstance(step, LookupdGet):
+            step = advance(round, outcome.capture(self._get, step))
+        return step.value
 
-    def _get(self, url: str, path: str, params: dict[str, str]) -> dict | None:
-        return lookupd_json(url, path, params, self.http_timeout)
-
-    def _failed(self, url: str, error: BaseException) -> None:
-        with self._lock:
-            failures = self._failures.get(url, 0) + 1
-            self._failures[url] = failures
-            rest = min(2.0 ** (failures - 1), _LOOKUPD_REST_MAX)
-            self._resting_until[url] = time.monotonic() + rest
-        log.warning("nsqlookupd %s failed (%s); skipped for %.0fs", url, error, rest)
-
-    def _answered(self, url: str) -> None:
-        with self._lock:
-            self._failures.pop(url, None)
-            self._resting_until.pop(url, None)
+    def _get(self, request: LookupdGet) -> dict | None:
+        return lookupd_json(request.url, request.path, request.params, self.http_timeout)
 
 
 def lookupd_json(url: str, path: str, params: dict[str, str], timeout: float) -> dict | None:
@@ -368,9 +143,7 @@ def lookupd_json(url: str, path: str, params: dict[str, str], timeout: float) ->
     `/listlookup`)."""
     query = urllib.parse.urlencode(params)
     request = urllib.request.Request(
-        f"{url}{path}" + (f"?{query}" if query else ""),
-        # Youzan's lookupd answers in the v1 form only to this Accept header (§5.1).
-        headers={"Accept": "application/vnd.nsq; version=1.0", "User-Agent": USER_AGENT},
+        f"{url}{path}" + (f"?{query}" if query else ""), headers=HTTP_HEADERS
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:

@@ -12,17 +12,20 @@ the client's sans-IO core (`nsqpy.client.core`) and the project's codec (`nsqpy.
 The consumer follows the core's `SubscriptionPlan`: every partition (or nsqd) a lookup lists,
 its leader followed when it moves, a lost connection made again after a backoff and a new
 lookup, `max_in_flight` spread as RDY. Its tasks live in the nursery `open_consumer` opens, so
-they end with the `async with`; lookups over HTTP run in a worker thread
-(`nsqpy.client.smart.LookupdDiscovery`, the same as the blocking adapter's).
+they end with the `async with`; lookups ask nsqlookupd over trio streams, in the rounds of
+the client's sans-IO discovery (`nsqpy.client.discovery`, the blocking adapter's too).
 """
 
 import json
 import math
+import ssl
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
+import outcome
 import trio
 
 from nsqpy.client.blocking import USER_AGENT, NSQError, split_address
@@ -43,7 +46,17 @@ from nsqpy.client.core import (
     ready_counts,
     targets_of,
 )
-from nsqpy.client.smart import LookupdDiscovery, LookupUnavailable, PublishFailed
+from nsqpy.client.discovery import (
+    HTTP_HEADERS,
+    LookupdDirectory,
+    LookupdGet,
+    LookupUnavailable,
+    Round,
+    TopicLayout,
+    advance,
+    read_lookupd_answer,
+)
+from nsqpy.client.smart import PublishFailed
 from nsqpy.common.command import (
     CLS,
     MAGIC_V2,
@@ -59,11 +72,59 @@ from nsqpy.common.command import (
 )
 from nsqpy.common.errors import NON_FATAL_CODES
 from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, Frame, FrameDecoder
+from nsqpy.common.http_response import ResponseParser
 
-__all__ = ["Consumer", "Message", "Producer", "SmartProducer", "open_consumer"]
+__all__ = ["Consumer", "LookupdDiscovery", "Message", "Producer", "SmartProducer", "open_consumer"]
 
 RECEIVE_SIZE = 256 * 1024
 CONNECT_TIMEOUT = 5.0
+
+
+class LookupdDiscovery(LookupdDirectory):
+    """`LookupdDirectory` (nsqpy/client/discovery.py) asking its questions on trio streams,
+    one connection a GET, each within `http_timeout`."""
+
+    async def lookup(self, topic: str, access: str = "r") -> TopicLayout:
+        """`/lookup?topic=&access=&metainfo=true` on every lookupd, merged. LookupUnavailable
+        when none answers."""
+        return await self._run(self.lookup_round(topic, access))
+
+    async def _run(self, round: Round):
+        step = advance(round, outcome.Value(None))
+        while isinstance(step, LookupdGet):
+            step = advance(round, await outcome.acapture(self._get, step))
+        return step.value
+
+    async def _get(self, request: LookupdGet) -> dict | None:
+        where = urllib.parse.urlsplit(request.url)
+        query = urllib.parse.urlencode(request.params)
+        target = where.path + request.path + (f"?{query}" if query else "")
+        head = [f"GET {target} HTTP/1.1", f"Host: {where.netloc}", "Connection: close"]
+        head += [f"{name}: {value}" for name, value in HTTP_HEADERS.items()]
+        parser = ResponseParser()
+        with trio.move_on_after(self.http_timeout):
+            try:
+                await self._ask(where, ("\r\n".join(head) + "\r\n\r\n").encode(), parser)
+            except trio.BrokenResourceError as error:
+                raise ConnectionError(f"{request.url}: {error}") from None
+            return read_lookupd_answer(request.url, parser.status, parser.take_body())
+        raise TimeoutError(f"{request.url} did not answer in {self.http_timeout}s")
+
+    @staticmethod
+    async def _ask(where: urllib.parse.SplitResult, head: bytes, parser: ResponseParser) -> None:
+        secure = where.scheme == "https"
+        port = where.port or (443 if secure else 80)
+        stream: trio.abc.Stream = await trio.open_tcp_stream(where.hostname or "", port)
+        if secure:
+            context = ssl.create_default_context()
+            stream = trio.SSLStream(stream, context, server_hostname=where.hostname)
+        async with stream:
+            await stream.send_all(head)
+            while not parser.complete:
+                data = await stream.receive_some(RECEIVE_SIZE)
+                if not data:
+                    raise ConnectionError("the connection closed before the whole answer")
+                parser.feed(data)
 
 
 class _Connection:
@@ -252,7 +313,7 @@ class Consumer:
     async def _lookup(self) -> Targets:
         if self.discovery is None:
             return Targets(tuple(Target(address) for address in self._nsqds))
-        layout = await trio.to_thread.run_sync(self.discovery.lookup, self.topic, "r")
+        layout = await self.discovery.lookup(self.topic, "r")
         return targets_of(layout)
 
     async def _follow_lookup(self) -> None:
@@ -557,7 +618,7 @@ class SmartProducer:
         if fresh is not None:
             return fresh
         try:
-            layout = await trio.to_thread.run_sync(self.discovery.lookup, topic, "w")
+            layout = await self.discovery.lookup(topic, "w")
         except LookupUnavailable:
             last = self._router.last(topic)
             if last is None:

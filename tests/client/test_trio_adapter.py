@@ -8,7 +8,8 @@ import trio
 
 from nsqpy.client.blocking import NSQError
 from nsqpy.client.core import partition_for_key
-from nsqpy.client.trio import Producer, SmartProducer, open_consumer
+from nsqpy.client.discovery import LookupUnavailable
+from nsqpy.client.trio import LookupdDiscovery, Producer, SmartProducer, open_consumer
 from tests.harness import start_nsqd
 from tests.support.partitioned import Cluster
 from tests.support.polling import wait_until
@@ -163,3 +164,23 @@ async def test_a_consumer_reads_its_tag_from_where_it_is_told(cluster, topic):
     assert sorted(m.body for m in received) == sorted(
         f"a{p}-{n}".encode() for p in owners for n in (1, 2)
     )
+
+
+async def test_lookups_ask_nsqlookupd_on_trio_streams_and_skip_a_silent_one(cluster, topic):
+    owners = cluster.create_topic(topic, partitions=2)
+    # A lookupd that takes connections and never answers.
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    silent = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    async with listeners[0]:
+        discovery = LookupdDiscovery([silent, *cluster.lookupd_addresses], http_timeout=0.5)
+        layout = await discovery.lookup(topic, "w")
+        assert layout.answered == tuple(f"http://{a}" for a in cluster.lookupd_addresses)
+        assert layout.partitions == {p: cluster.tcp_address(owners[p]) for p in range(2)}
+        with pytest.raises(LookupUnavailable, match="did not answer in 0.5s"):
+            await LookupdDiscovery([silent], http_timeout=0.5).lookup(topic)
+        # Waiting for an answer holds no thread: a cancelled lookup ends at once, not when its
+        # timeout would have.
+        started = trio.current_time()
+        with trio.move_on_after(0.2) as scope:
+            await LookupdDiscovery([silent], http_timeout=60).lookup(topic)
+        assert scope.cancelled_caught and trio.current_time() - started < 30

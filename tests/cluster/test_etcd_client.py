@@ -10,6 +10,7 @@ import httptools
 import pytest
 import trio
 
+from nsqpy.common.http_response import ResponseParser
 from nsqpy.etcd import (
     EtcdClient,
     EtcdCompacted,
@@ -18,7 +19,6 @@ from nsqpy.etcd import (
     KeyValue,
     LeaseLost,
     LineSplitter,
-    ResponseParser,
     WatchEvent,
     decode_answer,
     decode_kv,
