@@ -28,11 +28,11 @@ from nsqpy.client import core
 from nsqpy.client.blocking import USER_AGENT, NSQError, split_address
 from nsqpy.client.core import (
     HEARTBEAT,
-    SubscriptionPlan,
     SubscriptionReader,
     Target,
     Targets,
-    consume_starts,
+    consumer_identify,
+    consumer_plan,
     ready_counts,
 )
 from nsqpy.client.security import auth_to_send
@@ -266,22 +266,21 @@ class Subscription:
         desired_tag: str = "",
         start_from: str | dict[int, str] | None = None,
     ) -> None:
-        starts = consume_starts(start_from)
         self.topic = topic
         self.channel = channel
         self.max_in_flight = max_in_flight
         self.finished = 0
         self._discover = discover
-        self._identify = {**identify, **({"desired_tag": desired_tag} if desired_tag else {})}
         self._tls = tls
         self._auth_secret = auth_secret
         self._log = log
-        self._plan = SubscriptionPlan(
-            lookup_interval=poll_interval,
+        self._identify = consumer_identify(identify, desired_tag)
+        self._plan = consumer_plan(
+            start_from,
+            poll_interval,
             backoff_initial=RECONNECT_DELAY,
             backoff_max=RECONNECT_DELAY,
             idle_lookup_interval=IDLE_RETRY_INTERVAL,
-            start_from=starts,
         )
         self._links: dict[int | str, _Link] = {}
         self._pending: deque[Delivery] = deque()

@@ -888,3 +888,29 @@ def consume_starts(start_from: "str | dict[int, str] | None") -> dict[int | None
         except ValueError:
             raise ValueError(f"a consume start is <type>:<integer>, not {start!r}") from None
     return starts
+
+
+def consumer_identify(identify: dict | None, desired_tag: str) -> dict:
+    """A consumer's IDENTIFY settings: its own, with Youzan's `desired_tag` when it filters
+    by tag."""
+    return {**(identify or {}), **({"desired_tag": desired_tag} if desired_tag else {})}
+
+
+def consumer_plan(
+    start_from: "str | dict[int, str] | None",
+    lookup_interval: float,
+    backoff_initial: float,
+    backoff_max: float,
+    ordered: bool | None = None,
+    idle_lookup_interval: float | None = None,
+) -> SubscriptionPlan:
+    """A consumer front end's `SubscriptionPlan`, `start_from` read by `consume_starts`
+    (ValueError for a bad start)."""
+    return SubscriptionPlan(
+        lookup_interval,
+        backoff_initial,
+        backoff_max,
+        ordered,
+        idle_lookup_interval,
+        start_from=consume_starts(start_from),
+    )

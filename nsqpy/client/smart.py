@@ -41,10 +41,10 @@ from nsqpy.client.core import (
     ProducerSequences,
     PublishRouter,
     PublishRun,
-    SubscriptionPlan,
     SubscriptionReader,
     Target,
-    consume_starts,
+    consumer_identify,
+    consumer_plan,
     partition_for_key,
     ready_counts,
     targets_of,
@@ -624,7 +624,6 @@ class SmartConsumer:
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
-        starts = consume_starts(start_from)
         self.security = security
         self.topic = topic
         self.channel = channel
@@ -635,18 +634,12 @@ class SmartConsumer:
             lookupd_http_addresses, http_timeout=http_timeout, rediscover_interval=lookup_interval
         )
         self._handler = handler
-        self._identify = dict(identify or {})
-        if desired_tag:
-            self._identify["desired_tag"] = desired_tag
         self._lock = threading.Lock()
         self._rdy_lock = threading.Lock()
         # What to be subscribed to and when (`nsqpy.client.core`), under `_lock`.
-        self._plan = SubscriptionPlan(
-            lookup_interval=lookup_interval,
-            backoff_initial=backoff_initial,
-            backoff_max=backoff_max,
-            ordered=ordered,
-            start_from=starts,
+        self._identify = consumer_identify(identify, desired_tag)
+        self._plan = consumer_plan(
+            start_from, lookup_interval, backoff_initial, backoff_max, ordered
         )
         self._subscriptions: dict[int | str, _Subscription] = {}
         self._messages: deque[SmartMessage] = deque()

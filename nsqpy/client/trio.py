@@ -38,11 +38,11 @@ from nsqpy.client.core import (
     PublishRouter,
     PublishRun,
     SubscriptionError,
-    SubscriptionPlan,
     SubscriptionReader,
     Target,
     Targets,
-    consume_starts,
+    consumer_identify,
+    consumer_plan,
     ready_counts,
     targets_of,
 )
@@ -247,7 +247,6 @@ class Consumer:
         desired_tag: str = "",
         start_from: str | dict[int, str] | None = None,
     ) -> None:
-        starts = consume_starts(start_from)
         lookupds = list(lookupd_http_addresses)
         self._nsqds = list(nsqd_tcp_addresses)
         if not lookupds and not self._nsqds:
@@ -256,15 +255,9 @@ class Consumer:
         self.channel = channel
         self.max_in_flight = max_in_flight
         self.discovery = LookupdDiscovery(lookupds) if lookupds else None
-        self._identify = dict(identify or {})
-        if desired_tag:
-            self._identify["desired_tag"] = desired_tag
-        self._plan = SubscriptionPlan(
-            lookup_interval=lookup_interval,
-            backoff_initial=backoff_initial,
-            backoff_max=backoff_max,
-            ordered=ordered,
-            start_from=starts,
+        self._identify = consumer_identify(identify, desired_tag)
+        self._plan = consumer_plan(
+            start_from, lookup_interval, backoff_initial, backoff_max, ordered
         )
         self._links: dict[int | str, _Link] = {}
         self._send, self._receive = trio.open_memory_channel[Message](math.inf)
