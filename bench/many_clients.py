@@ -5,7 +5,9 @@ RDY 1, answering each heartbeat with NOP and each message with FIN; a publisher 
 ``--rate`` messages a second (100). Once every consumer is subscribed, `/ping` is asked
 ``--pings`` times a second for ``--duration`` seconds on a keep-alive connection of its own:
 its p50, p99 and max are the figures (the "every core" issue asks p99 ≤ 50 ms), with nsqd's
-GC pauses over the same window from `/stats`.
+GC pauses over the same window from `/stats`, and its memory per connection: the growth of its
+resident memory (VmRSS) from before the consumers connect to the end of the window, over the
+consumers subscribed.
 
 The consumers are asyncio connections in ``--client-processes`` processes (a few % of a core
 per 1,000 consumers); the benchmark raises its open-file limit, which nsqd inherits, to what
@@ -111,6 +113,7 @@ def _publisher(port: int, rate: int, stop) -> None:
 
 def measure(args, context) -> dict:
     with Nsqd(gc_mode=args.nsqd_gc) as nsqd:
+        rss_idle = nsqd.memory()["VmRSS"]
         stop = context.Event()
         readies = []
         processes = []
@@ -149,6 +152,7 @@ def measure(args, context) -> dict:
             next_at += interval
             time.sleep(max(0.0, next_at - time.monotonic()))
         cpu = nsqd.cpu_seconds() - cpu_before
+        rss_busy = nsqd.memory()["VmRSS"]
         nsqd.check_alive()
         stats = nsqd.stats(TOPIC)
         channel = stats["topics"][0]["channels"][0]
@@ -166,6 +170,7 @@ def measure(args, context) -> dict:
         "subscribe_s": subscribe_seconds,
         "nsqd_cpu": cpu / args.duration,
         "gc_pause_max_ms": stats.get("memory", {}).get("gc_pause_usec_100", 0) / 1000,
+        "kib_per_connection": (rss_busy - rss_idle) / 1024 / max(1, channel["client_count"]),
     }
 
 
@@ -213,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
             f"  /ping p50 {sample['p50']:.2f} ms, p99 {sample['p99']:.2f} ms, max"
             f" {sample['max']:.1f} ms; {sample['clients']:,} clients subscribed in"
             f" {sample['subscribe_s']:.1f} s; nsqd CPU/wall {sample['nsqd_cpu']:.2f};"
-            f" longest GC pause {sample['gc_pause_max_ms']:.1f} ms",
+            f" longest GC pause {sample['gc_pause_max_ms']:.1f} ms;"
+            f" {sample['kib_per_connection']:.1f} KiB a connection",
             flush=True,
         )
     workload = f"{args.consumers:,} consumers, 1 s heartbeats, {args.rate} publishes/s"
@@ -228,6 +234,15 @@ def main(argv: list[str] | None = None) -> None:
                 target="ping_p99" if figure == "p99" else None,
             )
         )
+    report.add(
+        Record(
+            "many_clients",
+            f"nsqd memory per connection (VmRSS growth / consumers), {workload}",
+            "KiB",
+            [sample["kib_per_connection"] for sample in samples],
+            loads,
+        )
+    )
     report.write()
 
 

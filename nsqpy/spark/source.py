@@ -41,7 +41,12 @@ VALUE_FIELD = StructField("value", BinaryType())
 
 HEADERS_FIELD = StructField(
     "headers",
-    ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])),
+    ArrayType(
+        StructType(
+            [StructField("key", StringType(), False), StructField("value", BinaryType(), False)]
+        ),
+        containsNull=False,
+    ),
 )
 
 

@@ -133,6 +133,12 @@ def test_include_headers_gives_an_ext_topics_header_and_trace_id_and_costs_nothi
     source = NSQDataSource(options(http, "tagged", includeHeaders="true"))
     schema = source.schema()
     assert schema.fieldNames()[-1] == "headers"
+    # Kafka's type, its entries, keys and values never null: Spark's row conversion then
+    # asks no null bit of them.
+    headers_type = schema["headers"].dataType
+    assert headers_type.simpleString() == "array<struct<key:string,value:binary>>"
+    assert not headers_type.containsNull
+    assert [field.nullable for field in headers_type.elementType.fields] == [False, False]
     table = read_all(NSQLogBatchReader(options(http, "tagged"), schema))
     bodies, headers = table.column("body").to_pylist(), table.column("headers").to_pylist()
     by_body = dict(zip(bodies, headers, strict=True))
