@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def package_dirs() -> dict[str, Path]:
     """Each package pyproject.toml maps to a folder of its own: import name -> folder."""
     with open(ROOT / "pyproject.toml", "rb") as file:
-        mapping = tomllib.load(file)["tool"]["setuptools"].get("package-dir", {})
-    return {name: ROOT / folder for name, folder in mapping.items() if name}
+        mapping = tomllib.load(file)["tool"]["setuptools"]["package-dir"]
+    return {name: ROOT / folder for name, folder in mapping.items()}
 
 
 def module_sources(package: str, folder: Path) -> list[BuildSource]:

@@ -907,10 +907,10 @@ def consumer_plan(
     """A consumer front end's `SubscriptionPlan`, `start_from` read by `consume_starts`
     (ValueError for a bad start)."""
     return SubscriptionPlan(
-        lookup_interval,
-        backoff_initial,
-        backoff_max,
-        ordered,
-        idle_lookup_interval,
+        lookup_interval=lookup_interval,
+        backoff_initial=backoff_initial,
+        backoff_max=backoff_max,
+        ordered=ordered,
+        idle_lookup_interval=idle_lookup_interval,
         start_from=consume_starts(start_from),
     )

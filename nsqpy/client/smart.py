@@ -59,6 +59,7 @@ from nsqpy.client.discovery import (
     TopicLayout,
     advance,
     merge_lookups,
+    read_lookupd_answer,
 )
 from nsqpy.client.security import Security
 from nsqpy.common.command import (
@@ -147,12 +148,11 @@ def lookupd_json(url: str, path: str, params: dict[str, str], timeout: float) ->
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            body = response.read()
+            return read_lookupd_answer(url, response.status, response.read())
     except urllib.error.HTTPError as error:
         if error.code == 404:
             return None
         raise
-    return json.loads(body) if body.strip() else None
 
 
 def _closed_by_peer(connection: Connection) -> bool:
