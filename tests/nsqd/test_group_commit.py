@@ -12,6 +12,7 @@ with ENOSPC (a full disk), as tests/reliability/test_disk_faults.py injects it.
 import dataclasses
 import errno
 import os
+import re
 import stat
 import threading
 
@@ -32,17 +33,21 @@ ENOSPC_TEXT = os.strerror(errno.ENOSPC).lower()
 
 
 class SlowDisk:
-    """`os.fsync` that waits, in its worker thread, until `release()`; `entered` once one
-    waits."""
+    """`os.fsync` of a queue's data files (`queue`: "t-0" for a log's partition, "classic:c" for
+    a channel's diskqueue) waits, in its worker thread, until `release()`; `entered` once one waits.
+    Other fsyncs (nsqd.dat, cursors, index and metadata files) are not slowed: one of them
+    setting `entered` would let a test publish before the commit it means to wait behind."""
 
-    def __init__(self, monkeypatch) -> None:
+    def __init__(self, monkeypatch, queue: str) -> None:
         self.entered = threading.Event()
         self._released = threading.Event()
+        data_file = re.compile(rf"{re.escape(queue)}\.diskqueue\.\d{{6}}\.dat")
         real_fsync = os.fsync
 
         def fsync(fd: int) -> None:
-            self.entered.set()
-            self._released.wait(10)
+            if data_file.fullmatch(os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))):
+                self.entered.set()
+                self._released.wait(10)
             real_fsync(fd)
 
         monkeypatch.setattr(os, "fsync", fsync)
@@ -105,7 +110,7 @@ async def test_publishes_waiting_behind_a_commit_are_written_as_one_group(
     options = dataclasses.replace(nsqd_options, log_topic=["*"], sync_every=1)
     async with running_nsqd(options) as nsqd:
         reader = await consumer(nsqd, "t", "c", rdy=10)
-        slow_disk = SlowDisk(monkeypatch)
+        slow_disk = SlowDisk(monkeypatch, "t-0")
         replies: dict = {}
         async with trio.open_nursery() as nursery:
             await publish_behind_a_slow_commit(
@@ -127,7 +132,7 @@ async def test_a_failed_group_write_refuses_every_publish_in_the_group(
     options = dataclasses.replace(nsqd_options, log_topic=["*"], sync_every=1)
     async with running_nsqd(options) as nsqd:
         reader = await consumer(nsqd, "t", "c", rdy=10)
-        slow_disk = SlowDisk(monkeypatch)
+        slow_disk = SlowDisk(monkeypatch, "t-0")
         replies: dict = {}
         async with trio.open_nursery() as nursery:
             await publish_behind_a_slow_commit(
@@ -165,7 +170,7 @@ async def test_a_commit_waits_for_an_fsync_another_commit_started_for_its_write(
     async with running_nsqd(options) as nsqd:
         topic = nsqd.get_topic("classic")
         topic.get_channel("c")
-        slow_disk = SlowDisk(monkeypatch)
+        slow_disk = SlowDisk(monkeypatch, "classic:c")
         # The first publisher's write, then a second publisher's, both before any commit.
         nsqd_publish(nsqd, topic, [b"first"])
         nsqd_publish(nsqd, topic, [b"second"])
