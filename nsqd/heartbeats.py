@@ -25,8 +25,10 @@ import trio
 from nsqpy.nsqd.wakeup import Wakeup
 
 RESOLUTION = 0.05
-# How many connections one slice of a pass calls before the other tasks get their turn.
-PASS_SLICE = 256
+# How many connections one slice of a pass calls before the other tasks get their turn. A
+# request that arrives meanwhile waits for the slice: 256 connections' heartbeats took 10-13 ms
+# of wall time on a busy 2-core machine, most of the `/ping` p99 (bench/RESULTS.md).
+PASS_SLICE = 64
 
 
 class ConnectionTimers(Protocol):

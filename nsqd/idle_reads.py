@@ -25,8 +25,9 @@ import trio
 # The most a V2 connection's read takes at once (the read loop's, the poller's, a relay's).
 RECEIVE_SIZE = 64 * 1024
 _READABLE = select.EPOLLIN | select.EPOLLRDHUP
-# Connections read per wakeup: the other tasks run between two.
-_MAX_EVENTS = 128
+# Connections read per wakeup: the other tasks run between two, so a request waits for at most
+# this many reads (128 took up to 14 ms of wall time on a busy machine, bench/RESULTS.md).
+_MAX_EVENTS = 32
 
 
 class IdleReader(Protocol):
