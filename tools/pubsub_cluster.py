@@ -5,7 +5,6 @@ every subscriber and publish, and the publisher behind `/pub` and `/mpub` (docs/
 
 import asyncio
 import itertools
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -29,8 +28,6 @@ __all__ = ["Layouts", "Publisher", "TopicView"]
 
 # nsqlookupd's `/nodes` (where a new topic is published) is asked again after this long.
 NODES_MAX_AGE = 5.0
-# How often the nsqlookupds of a cluster are asked for the others (`/listlookup`).
-LOOKUPDS_MAX_AGE = 60.0
 # A publish that gets no answer from an nsqd within this long fails over to the next one.
 PUBLISH_TIMEOUT = 5.0
 # An nsqd that refuses a publish with these could not take it (a failing disk, a partition
@@ -85,9 +82,10 @@ def _lookup_peer(peer: dict) -> str:
 
 class Layouts:
     """What every nsqlookupd says about topics, shared by the subscribers and publishes: one
-    lookup of a topic at a time, its answer kept `max_age` seconds. Lookups run in worker
-    threads (urllib), the nsqlookupds known and learnt from `/listlookup` by the smart
-    client's LookupdDiscovery."""
+    lookup of a topic at a time, its answer kept `max_age` seconds. Lookups are the client
+    core's lookup rounds (`nsqpy/client/discovery.py`: which nsqlookupds to ask, learnt from
+    `/listlookup` every minute, which rest after a failure), run with urllib in worker
+    threads by the smart client's LookupdDiscovery."""
 
     def __init__(self, lookupd_http_addresses: Iterable[str], http_timeout: float = 2.0) -> None:
         self.discovery = LookupdDiscovery(lookupd_http_addresses, http_timeout=http_timeout)
@@ -95,8 +93,6 @@ class Layouts:
         self._views: dict[str, tuple[float, TopicView]] = {}
         self._running: dict[str, asyncio.Task] = {}
         self._nodes: tuple[float, list[str]] | None = None
-        # When `/listlookup` was last asked (the nsqlookupds of a cluster), from a worker thread.
-        self._lookupds_found_at: float | None = None
 
     async def get(self, topic: str, max_age: float) -> TopicView:
         """The topic's view, looked up unless one younger than `max_age` is kept.
@@ -135,20 +131,7 @@ class Layouts:
             self._views[topic] = (asyncio.get_running_loop().time(), task.result())
 
     def _lookup(self, topic: str) -> TopicView:
-        params = {"topic": topic, "access": "r", "metainfo": "true"}
-        answers: list[tuple[str, dict | None]] = []
-        failures: dict[str, str] = {}
-        now = time.monotonic()
-        if self._lookupds_found_at is None or now - self._lookupds_found_at >= LOOKUPDS_MAX_AGE:
-            self.discovery.discover_lookupds()
-            self._lookupds_found_at = now
-        for url in self.discovery.lookupds:
-            try:
-                answers.append((url, self._get_json(url, "/lookup", params)))
-            except (OSError, ValueError) as error:
-                failures[url] = str(error)
-        if not answers:
-            raise LookupUnavailable(topic, failures)
+        answers = self.discovery.lookup_answers(topic, "r")
         producers: dict[str, None] = {}
         replica = 1
         for _url, document in answers:

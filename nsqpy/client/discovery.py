@@ -270,6 +270,13 @@ class LookupdDirectory:
     def lookup_round(self, topic: str, access: str = "r") -> Round:
         """`/lookup?topic=&access=&metainfo=true` on every lookupd, merged (`merge_lookups`)
         into the `TopicLayout` returned. LookupUnavailable when none answers."""
+        answers = yield from self.lookup_answers_round(topic, access)
+        return merge_lookups(topic, access, answers)
+
+    def lookup_answers_round(self, topic: str, access: str = "r") -> Round:
+        """`/lookup?topic=&access=&metainfo=true` on every lookupd: each answer that could be
+        read, as `(url, document)` pairs (a caller that needs more of them than the merged
+        layout: producers, `meta`). LookupUnavailable when none answers."""
         if access not in ("r", "w"):
             raise ValueError(f"access is 'r' (consumers) or 'w' (producers), not {access!r}")
         with self._lock:
@@ -294,7 +301,7 @@ class LookupdDirectory:
             self._lookups += 1
         if not answers:
             raise LookupUnavailable(topic, failures)
-        return merge_lookups(topic, access, answers)
+        return answers
 
     def replicas_round(self, topic: str) -> Round:
         """The HTTP addresses of each partition's in-sync replicas, from the first lookupd that

@@ -123,6 +123,11 @@ class LookupdDiscovery(LookupdDirectory):
         LookupUnavailable when none answers."""
         return self._run(self.lookup_round(topic, access))
 
+    def lookup_answers(self, topic: str, access: str = "r") -> list[tuple[str, dict | None]]:
+        """Every lookupd's `/lookup` answer that could be read, as `(url, document)` pairs.
+        LookupUnavailable when none answers."""
+        return self._run(self.lookup_answers_round(topic, access))
+
     def replicas(self, topic: str) -> dict[int, list[str]]:
         """The HTTP addresses of each partition's in-sync replicas, from the first lookupd that
         answers `/cluster/stats` (docs/protocol.md §5.6); empty outside a cluster."""

@@ -85,6 +85,23 @@ def test_a_lookupd_that_fails_is_asked_last_until_it_answers_again():
     assert caught.value.failures == {B: "no answer", A: "refused"}
 
 
+def test_a_lookup_of_the_answers_returns_each_readable_document():
+    """What nsq_pubsub needs beyond the merged layout (each answer's producers and `meta`):
+    the same round, before the merge; an answer that cannot be read is no answer."""
+    directory = LookupdDirectory([A, B, C])
+    leader = partition("10.0.1.1", 4150)
+    answers: dict = {(url, "/listlookup"): None for url in (A, B, C)}
+    answers[(A, "/lookup")] = lookup_answer(leader)
+    answers[(B, "/lookup")] = {"partitions": "not an object"}
+    answers[(C, "/lookup")] = None  # a lookupd that does not know the topic
+    _asked, documents = run(directory.lookup_answers_round("t"), answers)
+    assert documents == [(A, lookup_answer(leader)), (C, None)]
+    answers[(A, "/lookup")] = ConnectionRefusedError("refused")
+    answers[(C, "/lookup")] = TimeoutError("timed out")
+    with pytest.raises(LookupUnavailable):
+        run(directory.lookup_answers_round("t"), answers)
+
+
 def test_an_error_a_round_does_not_take_goes_to_its_driver():
     directory = LookupdDirectory([A])
     with pytest.raises(RuntimeError, match="a bug"):
