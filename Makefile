@@ -131,11 +131,9 @@ java:
 # 735 s with three once Spark's Python workers stopped compiling pyspark from its zip
 # (nsqpy/spark/pyspark_first.pth); with Spark's class archive made before the suite, 733 s
 # with three, and 677 s and 767 s in two runs with four (load average 7): no clear gain for
-# more load (2026-11-28). `--no-loadscope-reorder`: xdist otherwise hands out the files with
-# the most tests first, and the long files tests/conftest.py puts first (LONG_FIRST: Spark, the
-# fault runs, gnsq's suite) ran last, alone, at the end of the suite.
+# more load (2026-11-28).
 test: install-test lint
-	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -n 3 --dist loadfile
 
 lint: $(TEST_INSTALLED)
 	$(BIN)/ruff check .

@@ -67,9 +67,8 @@ def pytest_make_collect_report(collector):
 
 # The test files that take a minute or more of a CI core each (Spark's JVMs, the fault-injection
 # runs, third-party suites, packaging), by path under tests/. They are handed to the workers
-# first (`--dist loadfile --no-loadscope-reorder` gives out files in collection order; without
-# the second flag xdist orders them by their number of tests), so that the suite ends on short
-# files and no worker runs alone at the end.
+# first (`--dist loadfile` gives out files in collection order), so that the suite ends on short
+# files and neither worker runs alone at the end.
 LONG_FIRST = (
     "spark/",
     "cluster/test_network_faults.py",
