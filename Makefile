@@ -131,9 +131,21 @@ java:
 # 735 s with three once Spark's Python workers stopped compiling pyspark from its zip
 # (nsqpy/spark/pyspark_first.pth); with Spark's class archive made before the suite, 733 s
 # with three, and 677 s and 767 s in two runs with four (load average 7): no clear gain for
-# more load (2026-11-28).
+# more load (2026-11-28). Four again on 2026-11-29, with the bytecode below: 921 s against
+# 1,030 s with three, but a load average of 9 while the Spark files ran side by side at the
+# end, the Spark tests twice as slow, and a cluster test failed; three stay.
+# `--no-loadscope-reorder`: the files go out in the order tests/conftest.py sets (the long
+# files spread among the short ones instead of all at the end). Fresh clones, three workers,
+# 2026-11-29: 1,061 s before; 1,030 s with the bytecode; 823 s with the files spread too.
+#
+# Most tests start daemons, tools or Spark's Python workers as new processes, each importing
+# nsqpy. Where PYTHONDONTWRITEBYTECODE is set (this machine's environment sets it), Python
+# writes no bytecode of the sources it imports, so each of those processes compiled nsqpy's
+# sources anew: half of an nsqd's start (about 1.0 s -> 0.5 s on two cores). compileall writes
+# it once; a source changed later is compiled in memory as before.
 test: install-test lint
-	$(BIN)/python -m pytest -n 3 --dist loadfile
+	$(BIN)/python -m compileall -q -j0 -x "/\.venv/|/node_modules/|/\.git/" .
+	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
 lint: $(TEST_INSTALLED)
 	$(BIN)/ruff check .

@@ -66,12 +66,8 @@ def pytest_make_collect_report(collector):
 
 
 # The test files that take a minute or more of a CI core each (Spark's JVMs, the fault-injection
-# runs, third-party suites, packaging), by path under tests/. They are handed to the workers
-# first in collection order. Under `make test`, xdist's loadfile scheduling then orders the
-# files by their number of tests (most first), so this order decides only among files of
-# equal count. Making it decide (`--no-loadscope-reorder`) was measured: all the long files at
-# once made the suite slower (1,080 s against 962 s, one run each, 2026-11-28).
-LONG_FIRST = (
+# runs, third-party suites, packaging), by path under tests/.
+LONG = (
     "spark/",
     "cluster/test_network_faults.py",
     "cluster/test_chaos.py",
@@ -82,13 +78,36 @@ LONG_FIRST = (
 
 
 def pytest_collection_modifyitems(config, items) -> None:
+    """The order in which `make test` hands the test files to its workers (xdist's loadfile
+    scheduling with `--no-loadscope-reorder`): by number of tests, most first, as xdist orders
+    them itself, with the long files spread evenly over the first two thirds, one between every
+    few short ones.
+
+    xdist's own order put the long files, which have few tests, last: the suite ended on a few
+    workers each running Spark JVMs one after the other. All of them first made three Spark
+    JVMs and the fault runs compete at once (1,080 s against 962 s, 2026-11-28). Spread out,
+    each long file runs beside short ones."""
     root = config.rootpath / "tests"
 
-    def long_first(item) -> int:
+    def is_long(path) -> bool:
         try:
-            path = item.path.relative_to(root).as_posix()
+            return path.relative_to(root).as_posix().startswith(LONG)
         except ValueError:
-            return 1
-        return 0 if path.startswith(LONG_FIRST) else 1
+            return False
 
-    items.sort(key=long_first)  # stable: the order within each group stays
+    by_file: dict = {}
+    for item in items:
+        by_file.setdefault(item.path, []).append(item)
+    files = sorted(by_file, key=lambda path: -len(by_file[path]))  # stable
+    # The long files with the fewest tests first: those are the longest (a job killed and
+    # run again, a whole third-party suite).
+    long = sorted((path for path in files if is_long(path)), key=lambda path: len(by_file[path]))
+    short = [path for path in files if not is_long(path)]
+    gap = max(1, (2 * len(short) // 3) // max(1, len(long)))
+    order = []
+    for index, path in enumerate(short):
+        if index % gap == 0 and long:
+            order.append(long.pop(0))
+        order.append(path)
+    order.extend(long)
+    items[:] = [item for path in order for item in by_file[path]]
