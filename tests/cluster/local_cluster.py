@@ -205,7 +205,14 @@ class LocalCluster:
     # -- nsqlookupd -----------------------------------------------------------------------------
 
     def lookupd_http(self, method: str, target: str, index: int = 0) -> HTTPReply:
-        return request(self.lookupds[index].port("HTTP"), method, target, None, self.headers)
+        lookupd = self.lookupds[index]
+        # No test stops an nsqlookupd it asks: one that exited is a failure of its own, named
+        # with its last lines rather than as a refused connection.
+        exit_code = lookupd.process.poll()
+        if exit_code is not None:
+            last = "\n".join(lookupd.lines[-40:])
+            raise AssertionError(f"nsqlookupd {index} exited ({exit_code}), last lines:\n{last}")
+        return request(lookupd.port("HTTP"), method, target, None, self.headers)
 
     def stats(self, index: int = 0) -> dict:
         reply = self.lookupd_http("GET", "/cluster/stats", index)
