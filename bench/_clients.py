@@ -62,9 +62,9 @@ def expect_ok(sock: socket.socket) -> None:
                 raise RuntimeError(f"unexpected frame {frame}")
 
 
-def subscribe(port: int, topic: str, channel: str, identify: dict | None = None):
-    """Connect, IDENTIFY (when given, with feature negotiation) and SUB: the socket, and the
-    IDENTIFY reply (what nsqd granted) or None."""
+def subscribe(port: int, topic: str | tuple[str, int], channel: str, identify: dict | None = None):
+    """Connect, IDENTIFY (when given, with feature negotiation) and SUB to `topic` (a name, or
+    (name, partition)): the socket, and the IDENTIFY reply (what nsqd granted) or None."""
     sock = connect(port)
     sock.sendall(MAGIC_V2)
     if identify is not None:
@@ -80,9 +80,15 @@ def subscribe(port: int, topic: str, channel: str, identify: dict | None = None)
         granted = json.loads(reply)
     else:
         granted = None
-    sock.sendall(encode_sub(topic, channel))
+    name, *partition = _named(topic)
+    sock.sendall(encode_sub(name, channel, *partition))
     expect_ok(sock)
     return sock, granted
+
+
+def _named(topic: str | tuple[str, int]) -> tuple:
+    """A client's `topic`: a name, or (name, partition) for one of a topic's partitions."""
+    return (topic,) if isinstance(topic, str) else topic
 
 
 def create_channel(port: int, topic: str, channel: str) -> None:
@@ -97,9 +103,11 @@ def publisher(
     port, topic, batches, batch, size, window, barrier, results, printable: bool = False
 ) -> None:
     """MPUB `batches` batches of `batch` messages (random bytes, or `printable` ones: no
-    newline in them), `window` outstanding. Puts (messages, start, end, cpu, 0)."""
+    newline in them), `window` outstanding, to `topic` (a name, or (name, partition)). Puts
+    (messages, start, end, cpu, 0)."""
     bodies = [b"x" * size] * batch if printable else [os.urandom(size) for _ in range(batch)]
-    command = encode_mpub(topic, bodies)
+    name, *partition = _named(topic)
+    command = encode_mpub(name, bodies, *partition)
     sock = connect(port)
     sock.sendall(MAGIC_V2)
     decoder = FrameDecoder()

@@ -44,8 +44,8 @@ class Publisher:
 
 def main() -> None:
     address, form = sys.argv[1], sys.argv[2]
-    first = next(f"fa{i}" for i in range(100) if owner_of(f"fa{i}", 2) == 0)
-    second = next(f"fb{i}" for i in range(100) if owner_of(f"fb{i}", 2) == 1)
+    first = next(f"fa{i}" for i in range(100) if owner_of(f"fa{i}", 0, 2) == 0)
+    second = next(f"fb{i}" for i in range(100) if owner_of(f"fb{i}", 0, 2) == 1)
     topics = [first, second] if form == "both" else [first]
     commands = [encode_mpub(topic, BODIES) for topic in topics]
     publisher = Publisher(address)

@@ -230,6 +230,44 @@ def _check_youzan_pub_args(args: list[bytes]) -> None:
         parse_partition(args[1])
 
 
+def is_partition(raw: bytes) -> bool:
+    """Whether a SUB's third or PUB's second word is a partition number: an official
+    client's extra word that is no number is ignored, as official nsqd does (docs/protocol.md
+    §2.3)."""
+    digits = raw[1:] if raw[:1] in (b"-", b"+") else raw
+    return digits.isdigit()
+
+
+# Where a topic command names its partition: SUB's third word, a Youzan publish's second
+# (PUB and MPUB only when it is a number, DPUB's is its delay), the sequenced publishes'
+# second always. Values: (the word's position, the number of words the command then has, or
+# 0 for any number above the position).
+_PARTITION_WORD = {
+    **dict.fromkeys((b"SUB", b"SUB_ORDERED", b"SUB_ORDER", b"SUB_ADVANCED"), (2, 0)),
+    **dict.fromkeys(
+        (b"PUB", b"MPUB", b"PUB_TRACE", b"MPUB_TRACE", b"PUB_EXT", b"MPUB_EXT"), (1, 2)
+    ),
+    **dict.fromkeys((b"PUB_SEQ", b"MPUB_SEQ", b"MPUB_EXT_SEQ"), (1, 0)),
+}
+
+
+def named_partition(name: bytes, args: list[bytes]) -> int:
+    """The partition a topic command names, -1 for none (the topic's default partition, or
+    a word that is no partition number, which its handler refuses or ignores)."""
+    word = _PARTITION_WORD.get(name)
+    if word is None:
+        return -1
+    position, words = word
+    if len(args) <= position or (words and len(args) != words):
+        return -1
+    raw = args[position]
+    if raw.isdigit():
+        return int(raw)
+    if raw[:1] == b"+" and raw[1:].isdigit():
+        return int(raw[1:])
+    return -1
+
+
 def parse_partition(raw: bytes) -> int:
     """A partition argument as Youzan nsqd reads it (strconv.Atoi), or E_BAD_PARTITION."""
     try:

@@ -548,7 +548,8 @@ class HTTPAPI:
         sync_text = _first(params, "syncdisk") or ""
         if sync_text and (not _is_ascii_digits(sync_text) or int(sync_text) < 1):
             raise HTTPError(400, "INVALID_ARG_SYNCDISK")
-        for number in numbers:
+        # Under `--workers` every worker is asked for `partition_num` and makes its own share.
+        for number in self.nsqd.placement.partitions_here(topic_name, numbers):
             self.nsqd.create_partition(
                 topic_name,
                 number,
@@ -1349,6 +1350,56 @@ def _any_partition(params: dict[str, list[str]]) -> int:
         return go_atoi(text.encode("utf-8", "surrogateescape"))
     except ValueError:
         raise HTTPError(400, "INVALID_REQUEST") from None
+
+
+# The topic and channel endpoints that act on every partition of the topic when the request
+# names none (`HTTPAPI._partitions`). Under `--workers` a topic's partitions lie with several
+# workers: such a request is answered by each and their answers joined (`nsqd/worker_http.py`).
+EVERY_PARTITION_ROUTES = frozenset(
+    {
+        ("POST", "/topic/delete"),
+        ("POST", "/topic/empty"),
+        ("POST", "/topic/pause"),
+        ("POST", "/topic/unpause"),
+        ("POST", "/topic/greedyclean"),
+        ("POST", "/topic/fixdata"),
+        ("POST", "/channel/create"),
+        ("POST", "/channel/delete"),
+        ("POST", "/channel/empty"),
+        ("POST", "/channel/emptydelayed"),
+        ("POST", "/channel/requeuedelayed"),
+        ("POST", "/channel/finishmemdelayed"),
+        ("POST", "/channel/setmaxattempts"),
+        ("POST", "/channel/replaydeadletters"),
+        ("POST", "/channel/pause"),
+        ("POST", "/channel/unpause"),
+        ("POST", "/channel/skip"),
+        ("POST", "/channel/unskip"),
+        ("POST", "/channel/setorder"),
+        ("POST", "/channel/ratelimit"),
+        ("POST", "/channel/fixconfirmed"),
+        ("POST", "/channel/setclientlimit"),
+        ("POST", "/channel/setoffset"),
+        ("POST", "/message/finish"),
+        ("GET", "/message/stats"),
+        ("GET", "/partition/offsets"),
+    }
+)
+
+
+def partition_scope(method: str, path: str, params: dict[str, list[str]]) -> int | None:
+    """The partition a request about a topic is for: the one `partition=` names, -1 for the
+    topic's default partition (none named, or a value the handler refuses), or None for
+    every partition of the topic (`EVERY_PARTITION_ROUTES` without `partition=`, and
+    `/topic/create?partition_num=N`)."""
+    text = _first(params, "partition")
+    if text is not None and _is_ascii_digits(text):
+        return int(text)
+    if (method, path) in EVERY_PARTITION_ROUTES and text in (None, "", "-1"):
+        return None
+    if path == "/topic/create" and text is None and _first(params, "partition_num") is not None:
+        return None
+    return -1
 
 
 def _partition_number(text: str) -> int:

@@ -3,21 +3,25 @@
 
 One interface answers it for the TCP and the HTTP paths, in the two steps a request meets:
 
-1. `worker_for(name)`, before anything is resolved: the process that serves the topic a
-   command or request names (another worker's connection is handed over, or its publish
-   forwarded, by the connection layer: `protocol_v2.py`, `worker_http.py`);
+1. `worker_for(name, partition)`, before anything is resolved: the process that serves the
+   partition a command or request names (-1: the topic's default partition); another
+   worker's connection is handed over, or its publish forwarded, by the connection layer
+   (`protocol_v2.py`, `worker_http.py`);
 2. `refusal(topic, operation)`, once the partition is resolved in the process that serves
    it: None when this node serves the operation on it, else the error (a cluster follower,
    a leader that cannot replicate, `/disable/write`). `refuses_to_create(name)` says whether
-   a client's command may create a topic here at all.
+   a client's command may create a topic here at all, and `partitions_here(name, numbers)`
+   which of a topic's partitions a request creating them all makes in this process.
 
 Three implementations: `SingleNodePlacement` (an nsqd alone: everything here),
 `ClusterPlacement` (the partition's replica state decides), `WorkerPlacement` (one of
-`--workers`: a share of the topics here, the others' by name, each worker deciding its own
-partitions through the placement it wraps). Nothing else in nsqd asks these questions.
+`--workers`: a share of the partitions here, the others' by topic name and partition number,
+each worker deciding its own partitions through the placement it wraps). Nothing else in
+nsqd asks these questions.
 """
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -47,9 +51,10 @@ class OtherWorker:
 
 
 class Placement(Protocol):
-    def worker_for(self, topic_name: bytes) -> OtherWorker | None:
-        """The other worker serving the topic a command names; None when this process
-        answers it (also for a name that is not valid: the handler refuses it)."""
+    def worker_for(self, topic_name: bytes, partition: int) -> OtherWorker | None:
+        """The other worker serving the partition a command names (-1: the topic's default
+        partition); None when this process answers it (also for a name that is not valid:
+        the handler refuses it)."""
 
     def refusal(self, topic: "Topic", operation: Operation) -> str | None:
         """The error for `operation` on a partition this process holds; None when this node
@@ -57,6 +62,9 @@ class Placement(Protocol):
 
     def refuses_to_create(self, topic_name: str) -> bool:
         """Whether a client's command may not create the (classic) topic here."""
+
+    def partitions_here(self, topic_name: str, numbers: Iterable[int]) -> list[int]:
+        """Those of a topic's partitions `numbers` that this process holds."""
 
 
 class SingleNodePlacement:
@@ -66,7 +74,7 @@ class SingleNodePlacement:
     def __init__(self, nsqd: "NSQD") -> None:
         self.nsqd = nsqd
 
-    def worker_for(self, topic_name: bytes) -> OtherWorker | None:
+    def worker_for(self, topic_name: bytes, partition: int) -> OtherWorker | None:
         return None
 
     def refusal(self, topic: "Topic", operation: Operation) -> str | None:
@@ -76,6 +84,9 @@ class SingleNodePlacement:
 
     def refuses_to_create(self, topic_name: str) -> bool:
         return False
+
+    def partitions_here(self, topic_name: str, numbers: Iterable[int]) -> list[int]:
+        return list(numbers)
 
 
 class ClusterPlacement(SingleNodePlacement):
@@ -96,21 +107,23 @@ class ClusterPlacement(SingleNodePlacement):
 
 
 class WorkerPlacement:
-    """One of `--workers`: a topic belongs to the worker its name hashes to
-    (`nsqd/worker.py`); this worker's own partitions are placed by `within`."""
+    """One of `--workers`: a topic's partitions go round the workers from the one its name
+    hashes to (`nsqd/worker.py`), so partition 0, where a classic command and a topic's
+    default partition lead, is the name's; this worker's own partitions are placed by
+    `within`."""
 
     def __init__(self, worker: "Worker", within: Placement) -> None:
         self.worker = worker
         self.within = within
 
-    def worker_for(self, topic_name: bytes) -> OtherWorker | None:
+    def worker_for(self, topic_name: bytes, partition: int) -> OtherWorker | None:
         try:
             name = topic_name.decode()
         except UnicodeDecodeError:
             return None
         if not is_valid_name(name):
             return None
-        owner = self.worker.owner(name)  # a hash of the name: once per command
+        owner = self.worker.owner(name, partition)  # a hash of the name: once per command
         return None if owner == self.worker.index else OtherWorker(owner)
 
     def refusal(self, topic: "Topic", operation: Operation) -> str | None:
@@ -118,6 +131,13 @@ class WorkerPlacement:
 
     def refuses_to_create(self, topic_name: str) -> bool:
         return self.within.refuses_to_create(topic_name)
+
+    def partitions_here(self, topic_name: str, numbers: Iterable[int]) -> list[int]:
+        return [
+            number
+            for number in self.within.partitions_here(topic_name, numbers)
+            if self.worker.owns(topic_name, number)
+        ]
 
 
 def placement_for(nsqd: "NSQD") -> Placement:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from nsqpy.common.command import NOP
-from nsqpy.common.command_parser import CommandParser
+from nsqpy.common.command_parser import CommandParser, is_partition, named_partition
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.frame import (
     CLOSE_WAIT_FRAME,
@@ -47,7 +47,7 @@ from nsqpy.nsqd.identify import Negotiated, decode_identify, negotiate
 from nsqpy.nsqd.idle_reads import RECEIVE_SIZE
 from nsqpy.nsqd.message import Message, MessageBatch
 from nsqpy.nsqd.placement import Operation
-from nsqpy.nsqd.protocol_youzan import YouzanCommands, is_partition
+from nsqpy.nsqd.protocol_youzan import YouzanCommands
 from nsqpy.nsqd.publish import PublishError, TooMuchWaiting, publish
 from nsqpy.nsqd.tls import connection_details
 from nsqpy.nsqd.worker_hops import WorkerHops
@@ -387,7 +387,9 @@ class ProtocolV2:
                 if self._tls_gate:
                     self._enforce_tls_policy(name)
                 if name in TOPIC_COMMANDS and command.args:
-                    owner = placement.worker_for(command.args[0])
+                    owner = placement.worker_for(
+                        command.args[0], named_partition(name, command.args)
+                    )
                     if owner is not None:
                         if hops.moves_for(name in SUBSCRIBE_COMMANDS, client):
                             hops.move_to(owner.index, command, self._identify_body, self._fd)

@@ -34,14 +34,6 @@ def trace_reply(internal_id: int, trace_id: int, offset: int, size: int) -> byte
     return encode_response(_TRACE_REPLY.pack(b"OK", internal_id, trace_id, offset, size))
 
 
-def is_partition(raw: bytes) -> bool:
-    """Whether a SUB's third or PUB's second word is a partition number: an official
-    client's extra word that is no number is ignored, as official nsqd does (docs/protocol.md
-    §2.3)."""
-    digits = raw[1:] if raw[:1] in (b"-", b"+") else raw
-    return digits.isdigit()
-
-
 def _go_parse_bool(raw: bytes) -> bool:
     text = go_text(raw)
     if text in ("1", "t", "T", "TRUE", "true", "True"):

@@ -454,7 +454,9 @@ class NSQD:
         self._metadata_loading = True
         try:
             for topic_meta in topics:
-                if self.worker is not None and not self.worker.owns(topic_meta.name):
+                if self.worker is not None and not self.worker.owns(
+                    topic_meta.name, topic_meta.partition or 0
+                ):
                     continue
                 if not is_valid_name(topic_meta.name):
                     self.log.warning("skipping creation of invalid topic %s", topic_meta.name)

@@ -52,12 +52,14 @@ WORKER_ENVIRONMENT = "NSQPY_WORKER"
 FORWARD_TIMEOUT = 30.0
 
 
-def owner_of(topic: str, count: int) -> int:
-    """The worker that owns `topic`: the same on every worker and across restarts. BLAKE2b
-    rather than CRC-32, whose low bits barely change between `t_0`, `t_1`, ... (all four of
-    the benchmark's topics went to one of two workers)."""
+def owner_of(topic: str, partition: int, count: int) -> int:
+    """The worker that owns a topic's partition: the same on every worker and across
+    restarts. A topic's partitions go round the workers from the one its name hashes to, so
+    partition 0 (a classic topic, the default partition) stays where the name alone put it.
+    BLAKE2b rather than CRC-32, whose low bits barely change between `t_0`, `t_1`, ... (all
+    four of the benchmark's topics went to one of two workers)."""
     digest = hashlib.blake2b(topic.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % count
+    return (int.from_bytes(digest, "big") + max(partition, 0)) % count
 
 
 def die_with_parent() -> None:
@@ -135,12 +137,13 @@ class Worker:
 
     # -- topics --------------------------------------------------------------------------------
 
-    def owns(self, topic: str) -> bool:
-        return owner_of(topic, self.count) == self.index
+    def owns(self, topic: str, partition: int) -> bool:
+        return owner_of(topic, partition, self.count) == self.index
 
-    def owner(self, topic: str) -> int:
-        """The worker owning `topic` (`nsqd/placement.py` asks)."""
-        return owner_of(topic, self.count)
+    def owner(self, topic: str, partition: int) -> int:
+        """The worker owning the topic's partition (-1: the default one, where partition 0
+        is); `nsqd/placement.py` asks."""
+        return owner_of(topic, partition, self.count)
 
     def listener_socket(self, kind: str) -> socket.socket | None:
         """The supervisor's listener of `kind` ("TCP", "HTTP", "HTTPS"), None without one."""
@@ -249,7 +252,9 @@ class Worker:
                 existing = read_metadata(data_path)
             except MetadataError:
                 existing = []
-            others = [topic for topic in existing if not self.owns(topic.name)]
+            others = [
+                topic for topic in existing if not self.owns(topic.name, topic.partition or 0)
+            ]
             write_metadata(data_path, encode_metadata([*others, *own], VERSION))
         finally:
             os.close(directory)

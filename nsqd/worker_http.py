@@ -1,6 +1,8 @@
-"""The HTTP API of one of `--workers` (docs/design.md §15): a request about a topic is
-answered by the worker owning it, `/stats` and `/metrics` by all of them together, and a
-setting (`/config`, `/disable/write`, `/loglevel/set`) changes on every worker.
+"""The HTTP API of one of `--workers` (docs/design.md §15): a request about a topic's
+partition is answered by the worker owning it, a request about all of a topic's partitions
+by every worker for its own (their answers joined), `/stats` and `/metrics` by all of them
+together, and a setting (`/config`, `/disable/write`, `/loglevel/set`) changes on every
+worker.
 
 Every worker serves the shared HTTP listeners through this router, and its own topics'
 requests on a private port with the plain router (`nsqd/http_api.py`).
@@ -27,6 +29,7 @@ from nsqpy.daemon.http_server import (
     v1_response,
 )
 from nsqpy.nsqd.handoff import Handoff
+from nsqpy.nsqd.http_api import partition_scope
 from nsqpy.nsqd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from nsqpy.nsqd.metrics import render_metrics
 from nsqpy.nsqd.stats import memory_stats, text_report
@@ -45,6 +48,16 @@ _EVERY_WORKER = (
 # Node-wide answers without a topic, each worker's joined (`WorkerRouter._collected`).
 _COLLECTED = ("/serverstats", "/message/historystats")
 _BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
+# What a worker without the partitions (or the message) a request is about answers; when every
+# worker answers so, the most telling is the node's answer (a channel missing from a topic
+# that exists says more than a topic missing from a worker that has none of it).
+_NOT_HERE = (
+    "Message ID not in flight",
+    "NOT_A_LOG_TOPIC",
+    "CHANNEL_NOT_FOUND",
+    "TOPIC_NOT_FOUND",
+    "E_TOPIC_NOT_EXIST",
+)
 
 
 class WorkerRouter:
@@ -58,18 +71,31 @@ class WorkerRouter:
     def body_limit(self, method: str, path: str) -> int | None:
         return self.local.body_limit(method, path)
 
-    def _owner_elsewhere(self, request: Request) -> int | None:
-        """The other worker serving the topic the request names (`nsqd/placement.py`)."""
+    def _topic_scope(self, request: Request) -> tuple[str, int | None] | None:
+        """(topic, partition) a request is about (-1: the default partition, None: every
+        partition); None when it names no topic."""
         if "topic=" not in request.query_string:
             return None
         try:
-            topic = first_param(query_params(request), "topic")
+            params = query_params(request)
         except ValueError:
             return None
+        topic = first_param(params, "topic")
         if topic is None:
             return None
-        owner = self.nsqd.placement.worker_for(topic.encode())
+        return topic, partition_scope(request.method, request.path, params)
+
+    def _owner_elsewhere(self, request: Request) -> int | None:
+        """The other worker serving the partition the request names (`nsqd/placement.py`)."""
+        scope = self._topic_scope(request)
+        if scope is None or scope[1] is None:
+            return None
+        owner = self.nsqd.placement.worker_for(scope[0].encode(), scope[1])
         return None if owner is None else owner.index
+
+    def _on_every_partition(self, request: Request) -> bool:
+        scope = self._topic_scope(request)
+        return scope is not None and scope[1] is None
 
     def _gathers(self, request: Request) -> bool:
         if request.method != "GET":
@@ -90,6 +116,7 @@ class WorkerRouter:
         if (
             self._gathers(request)
             or self._on_every_worker(request)
+            or self._on_every_partition(request)
             or self._owner_elsewhere(request) is not None
         ):
             return False
@@ -101,8 +128,9 @@ class WorkerRouter:
     async def dispatch(self, request: Request) -> Response:
         gathers = self._gathers(request)
         everywhere = not gathers and self._on_every_worker(request)
-        owner = None if gathers or everywhere else self._owner_elsewhere(request)
-        if not gathers and not everywhere and owner is None:
+        spread = not gathers and not everywhere and self._on_every_partition(request)
+        owner = None if gathers or everywhere or spread else self._owner_elsewhere(request)
+        if not gathers and not everywhere and not spread and owner is None:
             return await self.local.dispatch(request)
         # Judged here, where the client's address is known; the other workers take this
         # worker's word for it.
@@ -114,13 +142,19 @@ class WorkerRouter:
             return await self._gathered(request)
         if everywhere:
             return await self._everywhere(request)
+        if spread:
+            return _joined(await self._each_worker(request))
         return await self._at(cast(int, owner), request)
 
     def mover(self, request: Request):
         """Where a plain connection goes instead of being answered here (`Mover`): to the
         owner of the topic its request names, where its later requests, most often for the
         same topic, are answered without a hop."""
-        if self._gathers(request) or self._on_every_worker(request):
+        if (
+            self._gathers(request)
+            or self._on_every_worker(request)
+            or self._on_every_partition(request)
+        ):
             return None
         owner = self._owner_elsewhere(request)
         if owner is None:
@@ -178,22 +212,28 @@ class WorkerRouter:
                     await self._at(index, request)
         return answer
 
-    async def _from_every_worker(self, asked: Request) -> list[dict]:
-        """Every worker's JSON answer to `asked` (those that answered 200)."""
-        documents: list[dict] = []
+    async def _each_worker(self, asked: Request) -> list[Response]:
+        """Every worker's answer to `asked`, in the workers' order."""
+        answers: list[Response | None] = [None] * self.worker.count
 
         async def ask(index: int) -> None:
             if index == self.worker.index:
-                answer = await self.local.dispatch(asked)
+                answers[index] = await self.local.dispatch(asked)
             else:
-                answer = await self._at(index, asked)
-            if answer.status == 200:
-                documents.append(json.loads(answer.body))
+                answers[index] = await self._at(index, asked)
 
         async with trio.open_nursery() as nursery:
             for index in range(self.worker.count):
                 nursery.start_soon(ask, index)
-        return documents
+        return [answer for answer in answers if answer is not None]
+
+    async def _from_every_worker(self, asked: Request) -> list[dict]:
+        """Every worker's JSON answer to `asked` (those that answered 200)."""
+        return [
+            json.loads(answer.body)
+            for answer in await self._each_worker(asked)
+            if answer.status == 200
+        ]
 
     async def _collected(self, request: Request) -> Response:
         """Youzan's node-wide `/serverstats` and `/message/historystats`: every worker's
@@ -259,3 +299,37 @@ def _merged(documents: list[dict], key: str) -> list | None:
     if not parts:
         return None
     return [entry for part in parts for entry in part]
+
+
+def _not_here(answer: Response) -> int | None:
+    """Where an answer stands in `_NOT_HERE`; None for any other answer."""
+    if answer.status not in (400, 404, 500):
+        return None
+    try:
+        text = json.loads(answer.body).get("message")
+    except (ValueError, AttributeError):
+        return None
+    return _NOT_HERE.index(text) if text in _NOT_HERE else None
+
+
+def _joined(answers: list[Response]) -> Response:
+    """One answer from every worker's to a request about all of a topic's partitions: the
+    answers of the workers holding some, as one (the first error among them, else their
+    partitions' entries or texts together); when none holds any, the most telling refusal."""
+    held = [answer for answer in answers if _not_here(answer) is None]
+    if not held:
+        return min(answers, key=lambda answer: cast(int, _not_here(answer)))
+    failed = [answer for answer in held if answer.status != 200]
+    if failed:
+        return failed[0]
+    if len(held) == 1 or all(answer.body == held[0].body for answer in held):
+        return held[0]
+    if held[0].body.startswith(b"{"):
+        documents = [json.loads(answer.body) for answer in held]
+        document = dict(documents[0])
+        document["partitions"] = sorted(
+            (entry for part in documents for entry in part.get("partitions") or []),
+            key=lambda entry: entry["partition"],
+        )
+        return v1_response(200, document)
+    return Response(200, b"".join(answer.body for answer in held), held[0].headers)

@@ -32,6 +32,7 @@ from nsqpy.common.command_parser import (
     BODY_COMMANDS,
     DEFAULT_MAX_LINE_LENGTH,
     CommandParser,
+    named_partition,
     parse_mpub_body,
     parse_partition,
 )
@@ -912,3 +913,28 @@ def test_over_long_line_is_refused_when_it_arrives_whole() -> None:
     wire = b"SUB " + b"t" * 60 + b" c\n"
     with pytest.raises(ProtocolError, match="longer than 40 bytes"):
         parse_all(wire, max_line_length=40)
+
+
+@pytest.mark.parametrize(
+    ("line", "partition"),
+    [
+        (b"SUB t c", -1),
+        (b"SUB t c 3", 3),
+        (b"SUB t c x", -1),
+        (b"SUB_ORDERED t c 2", 2),
+        (b"SUB_ADVANCED t c 1 timestamp:5", 1),
+        (b"PUB t", -1),
+        (b"PUB t 2", 2),
+        (b"PUB t extra words", -1),
+        (b"DPUB t 100", -1),
+        (b"MPUB_EXT t 7", 7),
+        (b"PUB_SEQ t 4 producer 9", 4),
+        (b"PUB t -1", -1),
+        (b"PUB t +5", 5),
+        (b"PUB t 1x", -1),
+        (b"NOP", -1),
+    ],
+)
+def test_the_partition_a_topic_command_names(line: bytes, partition: int):
+    name, *args = line.split(b" ")
+    assert named_partition(name, args) == partition

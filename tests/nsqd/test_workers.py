@@ -8,18 +8,21 @@ own their topic and are moved or relayed to the one that does (`nsqd/handoff.py`
 import asyncio
 import http.client
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import nsq
 import pytest
 
 from nsqpy.client.blocking import Consumer, NSQError, Producer
+from nsqpy.common.command import encode_command
 from nsqpy.nsqd.metadata import read_metadata
 from nsqpy.nsqd.worker import WORKER_ENVIRONMENT, owner_of
-from tests.harness import BIN, start_nsqd, start_nsqlookupd
+from tests.harness import BIN, V2Connection, start_nsqd, start_nsqlookupd
 from tests.security.support import Certificates, make_certificates
 from tests.support.http import get_json, post, request
 from tests.support.polling import poll
@@ -33,7 +36,7 @@ def topics_on_both(count: int, prefix: str = "w") -> list[str]:
     index = 0
     while min(len(names) for names in owned.values()) < count // 2:
         name = f"{prefix}{index}"
-        owned[owner_of(name, WORKERS)].append(name)
+        owned[owner_of(name, 0, WORKERS)].append(name)
         index += 1
     return [name for pair in zip(owned[0], owned[1], strict=False) for name in pair][:count]
 
@@ -245,6 +248,16 @@ def test_nsqlookupd_sees_one_node_with_every_topic(tmp_path):
             lambda: not get_json(lookupd_http, f"/lookup?topic={topics[0]}").get("producers"),
             "the deleted topic unregistered",
         )
+        # A topic's partitions, which both workers hold, are the one node's.
+        post(daemon.addresses["HTTP"], "/topic/create?topic=parts&partition_num=4")
+
+        def partitions() -> list[str]:
+            answer = request(lookupd_http, "GET", "/lookup?topic=parts")
+            return sorted(answer.json().get("partitions") or {}) if answer.status == 200 else []
+
+        poll(lambda: partitions() == ["0", "1", "2", "3"], "every partition registered")
+        (producer,) = get_json(lookupd_http, "/lookup?topic=parts")["producers"]
+        assert producer["tcp_port"] == daemon.port("TCP")
     finally:
         assert daemon.stop() == 0, daemon.log
         lookupd.stop()
@@ -341,7 +354,9 @@ def test_tls_and_compressed_connections_are_relayed_to_the_owner(tmp_path, certs
     # every connection, so each reader of a worker-0 topic must be relayed there.
     (stopped,) = [pid for pid in worker_pids(daemon) if worker_index(pid) == 0]
     try:
-        topics = [name for name in topics_on_both(4, prefix="tls") if owner_of(name, WORKERS) == 0]
+        topics = [
+            name for name in topics_on_both(4, prefix="tls") if owner_of(name, 0, WORKERS) == 0
+        ]
         received = asyncio.run(_pynsq_round_trip(daemon, topics, certs.ca, stopped))
         assert received == {topic: [b"over tls", b"and deflate"] for topic in topics}
     finally:
@@ -591,3 +606,100 @@ def test_nsqd_started_from_python_gives_its_workers_its_own_flags(tmp_path):
         assert process.wait(30) == 0
     assert sorted(topic.name for topic in read_metadata(str(data))) == sorted(topics)
     assert not (tmp_path / "nsqd.dat").exists()
+
+
+def partitions_open_in_each_worker(daemon, topic: str) -> dict[int, set[int]]:
+    """Worker number -> the partitions of `topic` whose queue files the worker has open."""
+    opened: dict[int, set[int]] = {}
+    pattern = re.compile(rf"/{re.escape(topic)}-(\d+)\.diskqueue\.")
+    for pid in worker_pids(daemon):
+        partitions = set()
+        for descriptor in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                found = pattern.search(os.readlink(descriptor))
+            except OSError:
+                continue  # closed while listed
+            if found:
+                partitions.add(int(found.group(1)))
+        opened[worker_index(pid)] = partitions
+    return opened
+
+
+def partition_stats(daemon, topic: str) -> dict[int, dict]:
+    return {
+        entry["topic_partition"]: entry
+        for entry in stats(daemon, topic=topic)["topics"] or []
+        if entry["topic_name"] == topic
+    }
+
+
+def test_a_topics_partitions_go_round_the_workers_and_each_is_served(nsqd):
+    http = nsqd.addresses["HTTP"]
+    post(http, "/topic/create?topic=spread&partition_num=4")
+    owned = {
+        worker: {p for p in range(4) if owner_of("spread", p, WORKERS) == worker}
+        for worker in range(WORKERS)
+    }
+    assert owned == {0: {0, 2}, 1: {1, 3}} or owned == {0: {1, 3}, 1: {0, 2}}
+    assert partitions_open_in_each_worker(nsqd, "spread") == owned
+    assert sorted(partition_stats(nsqd, "spread")) == [0, 1, 2, 3]
+    # A channel request that names no partition is for all four, on both workers.
+    post(http, "/channel/create?topic=spread&channel=all")
+    # Each partition takes Youzan's `PUB topic partition` on a connection whichever worker
+    # accepted it, and `/pub?partition=`.
+    for partition in range(4):
+        connection = V2Connection(nsqd.port("TCP"))
+        try:
+            for _ in range(3):
+                connection.send(encode_command("PUB", "spread", partition, body=b"tcp"))
+                assert connection.read_response().data == b"OK"
+        finally:
+            connection.close()
+        post(http, f"/pub?topic=spread&partition={partition}", b"http")
+    post(http, "/channel/pause?topic=spread&channel=all")
+    for entry in partition_stats(nsqd, "spread").values():
+        assert entry["message_count"] == 4
+        (channel,) = entry["channels"]
+        assert (channel["channel_name"], channel["paused"]) == ("all", True)
+    post(http, "/channel/unpause?topic=spread&channel=all")
+    for partition in range(4):
+        connection = V2Connection(nsqd.port("TCP"))
+        try:
+            connection.send(encode_command("SUB", "spread", "all", partition))
+            assert connection.read_response().data == b"OK"
+            connection.send(encode_command("RDY", 10))
+            bodies = sorted(message.body for message in connection.read_messages(4))
+            assert bodies == [b"http", b"tcp", b"tcp", b"tcp"], partition
+        finally:
+            connection.close()
+    # Refusals as one nsqd's: what no worker has is not found, a bad request is bad once.
+    missing = request(http, "POST", "/channel/delete?topic=spread&channel=none")
+    assert (missing.status, missing.json()) == (404, {"message": "CHANNEL_NOT_FOUND"})
+    missing = request(http, "POST", "/channel/delete?topic=none&channel=none")
+    assert (missing.status, missing.json()) == (404, {"message": "TOPIC_NOT_FOUND"})
+    post(http, "/topic/delete?topic=spread")
+    assert partition_stats(nsqd, "spread") == {}
+
+
+def test_a_partition_is_where_its_worker_left_it_after_a_restart(tmp_path):
+    daemon = start_nsqd(tmp_path, f"-workers={WORKERS}")
+    http = daemon.addresses["HTTP"]
+    post(http, "/topic/create?topic=kept&partition_num=4")
+    post(http, "/channel/create?topic=kept&channel=c")
+    for partition in range(4):
+        post(http, f"/pub?topic=kept&partition={partition}", b"%d" % partition)
+    assert daemon.stop() == 0, daemon.log
+    saved = [(t.name, t.partition) for t in read_metadata(str(tmp_path))]
+    assert sorted(saved) == [("kept", p) for p in range(4)]
+    restarted = start_nsqd(tmp_path, f"-workers={WORKERS}")
+    try:
+        kept = partition_stats(restarted, "kept")
+        assert {p: [c["depth"] for c in e["channels"]] for p, e in kept.items()} == {
+            p: [1] for p in range(4)
+        }
+        assert partitions_open_in_each_worker(restarted, "kept") == {
+            worker: {p for p in range(4) if owner_of("kept", p, WORKERS) == worker}
+            for worker in range(WORKERS)
+        }
+    finally:
+        assert restarted.stop() == 0, restarted.log

@@ -85,3 +85,50 @@ def test_where_a_topic_is_served_is_asked_only_by_the_tcp_and_http_paths():
     refusals = calls_of("nsqd", "refusal")
     assert set(refusals) == {"protocol_v2.py", "http_api.py", "placement.py"}
     assert calls_of("nsqd", "owner") == {"placement.py": 1}
+    assert set(calls_of("nsqd", "owns")) == {"placement.py", "server.py", "worker.py"}
+
+
+def test_every_endpoint_for_all_of_a_topics_partitions_is_known_to_the_worker_router():
+    """A topic or channel endpoint that acts on every partition when the request names none
+    (`HTTPAPI._partitions`) is in `EVERY_PARTITION_ROUTES`: under `--workers` a topic's
+    partitions lie with several workers, and only a listed route is answered by each of them
+    (`nsqd/worker_http.py`). `_log_partition` needs a named partition, so its routes go to
+    that partition's worker."""
+    from nsqpy.nsqd.http_api import EVERY_PARTITION_ROUTES
+
+    tree = ast.parse((REPO / "nsqd" / "http_api.py").read_text())
+    (api,) = [
+        node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "HTTPAPI"
+    ]
+    calls: dict[str, set[str]] = {}
+    for method in api.body:
+        if isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef):
+            calls[method.name] = {
+                node.func.attr
+                for node in ast.walk(method)
+                if isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "self"
+            }
+    every_partition = {"_partitions"}
+    while True:
+        more = {
+            name
+            for name, called in calls.items()
+            if name != "_log_partition" and called & every_partition
+        }
+        if more <= every_partition:
+            break
+        every_partition |= more
+    routes = {
+        (call.args[0].value, call.args[1].value)
+        for call in ast.walk(api)
+        if isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == "add"
+        and len(call.args) >= 3
+        and isinstance(call.args[2], ast.Attribute)
+        and call.args[2].attr in every_partition
+    }
+    assert routes == EVERY_PARTITION_ROUTES

@@ -58,3 +58,29 @@ def test_a_folder_imported_by_its_bare_name_from_the_root_is_refused():
         f"{name} import nsqpy.{name}, not {name}: the folder {name}/ is the package nsqpy.{name}"
         for name in names
     ]
+
+
+def test_another_tree_first_on_the_path_runs_its_own_folders(tmp_path):
+    """A worktree or an archive put first on `PYTHONPATH` (as the benchmarks run the tree they
+    compare with) imports its own `nsqpy.nsqd`, not the editable install's."""
+    other = tmp_path / "tree"
+    other.mkdir()
+    (other / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
+    for folder in ("nsqpy", *mapped_folders().values()):
+        subprocess.run(["cp", "-r", str(REPO / folder), str(other / folder)], check=True)
+    found = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import nsqpy.nsqd.server as s, nsqpy.common as c; print(s.__file__, c.__file__)",
+        ],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(other), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert found.stdout.split() == [
+        str(other / "nsqd" / "server.py"),
+        str(other / "common" / "__init__.py"),
+    ]
