@@ -532,13 +532,15 @@ class CommandParser:
         return command
 
     def take_fin_run(self) -> list[bytes]:
-        """The IDs of the `FIN <16 letters or digits>\n` lines at the front of what was
-        received, consumed as `next_command` would have read them one by one; [] when the next
-        command is any other (or needs more bytes). A consumer FINs in batches: read as a run,
-        each costs a slice instead of a parsed command. Hex IDs only (not `binary_ids`)."""
+        """The IDs of the `FIN <16 bytes>\n` lines at the front of what was received, consumed
+        as `next_command` would have read them one by one; [] when the next command is any
+        other (or needs more bytes). A consumer FINs in batches: read as a run, each costs a
+        slice instead of a parsed command. Hex IDs are 16 letters or digits; Youzan's binary
+        ones (`binary_ids`) any 16 bytes whose internal id (the first 8, a signed int64) is
+        positive, as Youzan's FIN asks."""
         if not self._gathered():
             return []
-        if self._pending is not None or self.binary_ids or not self.magic_received:
+        if self._pending is not None or not self.magic_received:
             return []
         data = self._data
         position = self._position
@@ -546,12 +548,17 @@ class CommandParser:
         ids: list[bytes] = []
         append = ids.append
         startswith = data.startswith
+        binary = self.binary_ids
         while position <= end and startswith(b"FIN ", position):
             if data[position + _FIN_LINE_SIZE - 1] != _NEWLINE:
                 break
             message_id = data[position + 4 : position + _FIN_LINE_SIZE - 1]
-            # Anything else (a space, a '\r') is left to next_command and its error texts.
-            if not message_id.isalnum():
+            if binary:
+                # One that is not positive is left to `next_command` and Youzan's error.
+                if message_id[0] >= 0x80 or not any(message_id[:8]):
+                    break
+            elif not message_id.isalnum():
+                # Anything else (a space, a '\r') is left to next_command and its error texts.
                 break
             append(message_id)
             position += _FIN_LINE_SIZE

@@ -40,6 +40,10 @@ class ClassicDialect:
         """The in-flight key a FIN, REQ or TOUCH names."""
         return _wire_id(args, label, "invalid message ID")
 
+    def message_keys(self, wire_ids: list[bytes]) -> list[bytes]:
+        """The in-flight keys of a run of FINs' IDs (`CommandParser.take_fin_run`)."""
+        return wire_ids
+
     def printed_id(self, wire_id: bytes) -> str:
         """The ID as failure texts print it: Go's %s of the hex ID."""
         return go_text(wire_id)
@@ -66,6 +70,11 @@ class YouzanDialect(ClassicDialect):
         if label == "FIN" and int.from_bytes(wire_id[:8], "big", signed=True) <= 0:
             raise ProtocolError("E_INVALID", "Invalid Message ID")
         return message_key(wire_id)
+
+    def message_keys(self, wire_ids: list[bytes]) -> list[bytes]:
+        # `message_key` of each: the internal ids' 16 hex digits, all in one conversion.
+        digits = b"".join([wire_id[:8] for wire_id in wire_ids]).hex().encode()
+        return [digits[start : start + 16] for start in range(0, len(digits), 16)]
 
     def printed_id(self, wire_id: bytes) -> str:
         """Youzan prints the ID as Go's %s of a byte slice."""

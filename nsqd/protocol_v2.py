@@ -865,18 +865,22 @@ class ProtocolV2:
         client.finished_message()
         return None
 
-    def _finish_run(self, message_ids: list[bytes], replies: list[bytes]) -> None:
+    def _finish_run(self, wire_ids: list[bytes], replies: list[bytes]) -> None:
         """A run of FINs read at once (`CommandParser.take_fin_run`): each as `fin` would,
         the failures answered in place, the client counted and woken once."""
-        self._commands_run += len(message_ids)
+        self._commands_run += len(wire_ids)
         client = self.client
         channel = client.channel
         assert channel is not None  # subscribed
+        dialect = self.dialect
+        message_ids = dialect.message_keys(wire_ids)
         failures = channel.finish_many(client.id, message_ids)
-        for message_id, error in failures:
-            text = f"E_FIN_FAILED FIN {self.dialect.printed_id(message_id)} failed {error}"
-            self.nsqd.log.error("[%s] - %s", client, text)
-            replies.append(encode_error(text))
+        if failures:
+            sent = dict(zip(message_ids, wire_ids, strict=True))
+            for message_id, error in failures:
+                text = f"E_FIN_FAILED FIN {dialect.printed_id(sent[message_id])} failed {error}"
+                self.nsqd.log.error("[%s] - %s", client, text)
+                replies.append(encode_error(text))
         finished = len(message_ids) - len(failures)
         if finished:
             client.finished_message(finished)

@@ -840,12 +840,26 @@ def test_a_fin_split_across_receives_waits_for_the_rest() -> None:
     assert parser.take_fin_run() == [b"0123456789abcdef"]
 
 
-def test_binary_ids_are_not_taken_as_a_fin_run() -> None:
+def test_a_run_of_youzan_fins_is_taken_as_their_binary_ids() -> None:
+    # Any bytes, a newline and a space among them; the internal id (the first 8) positive.
+    ids = [(n + 1).to_bytes(8, "big") + b"\n \x00trac\r" for n in range(3)]
     parser = make_parser()
     parser.binary_ids = True
-    parser.receive_data(encode_fin(BINARY_ID))
+    parser.receive_data(b"".join(encode_fin(i) for i in ids) + NOP)
+    assert parser.take_fin_run() == ids
     assert parser.take_fin_run() == []
-    assert parser.next_command() == Command(b"FIN", [BINARY_ID])
+    assert parser.next_command() == Command(b"NOP", [])
+
+
+def test_a_youzan_fin_run_leaves_an_id_that_is_not_positive_to_its_error() -> None:
+    good = (5).to_bytes(8, "big") + b"t" * 8
+    for bad in (bytes(8) + b"t" * 8, (-3).to_bytes(8, "big", signed=True) + b"t" * 8):
+        parser = make_parser()
+        parser.binary_ids = True
+        parser.receive_data(encode_fin(good) + encode_fin(bad))
+        assert parser.take_fin_run() == [good]
+        assert parser.take_fin_run() == []
+        assert parser.next_command() == Command(b"FIN", [bad])
 
 
 # -- helpers exported for nsqd ----------------------------------------------------------------
