@@ -111,6 +111,11 @@ class CursorQueue:
         # while the cursor is open: one finishing after `close` or `delete` would write an
         # older position over the last one, or files of a deleted channel.
         self._file_jobs = threading.Lock()
+        # The cursor's files are written from snapshots, each numbered when taken; a sync job
+        # that runs after a newer snapshot was written (jobs run in worker threads, `_persist`
+        # in trio's) leaves the files alone, so they never go back to an older position.
+        self._snapshots_taken = 0
+        self._snapshot_written = 0
         self.redeliver: deque[Message] = deque()
         # `/channel/fixconfirmed`: reading again from `confirmed` up to this offset, passing
         # the messages the channel holds (in flight, deferred, to be delivered again).
@@ -259,10 +264,13 @@ class CursorQueue:
         """Write the cursor's files now. A disk that refuses them leaves the cursor dirty,
         and the next sync tries again: a full disk never ends nsqd."""
         try:
-            self._commit_delay_queue()
-            _write_or_remove(self.acked_path, self._ranges_snapshot(), sync=False)
-            _write(self.meta_path, self._meta(), sync=False)
-            _write_or_remove(self.delays_path, self._delays_snapshot(), sync=False)
+            with self._file_jobs:
+                self._commit_delay_queue()
+                _write_or_remove(self.acked_path, self._ranges_snapshot(), sync=False)
+                _write(self.meta_path, self._meta(), sync=False)
+                _write_or_remove(self.delays_path, self._delays_snapshot(), sync=False)
+                self._snapshots_taken += 1
+                self._snapshot_written = self._snapshots_taken
         except (OSError, sqlite3.Error) as error:
             self._failed_to_write(error)
             return
@@ -333,6 +341,8 @@ class CursorQueue:
         path, delays_path, acked_path = self.meta_path, self.delays_path, self.acked_path
         self._persisted = self.confirmed
         self._ranges_changed = False
+        self._snapshots_taken += 1
+        snapshot = self._snapshots_taken
 
         def job() -> bool:
             try:
@@ -340,11 +350,12 @@ class CursorQueue:
                 # `confirmed` with ranges no older than it, so a message may come again but
                 # none is skipped (a replay's empty ranges are written before its position).
                 with self._file_jobs:
-                    if self.closed:
+                    if self.closed or snapshot < self._snapshot_written:
                         return True
                     _write_or_remove(acked_path, ranges, sync=True)
                     _write(path, meta, sync=True)
                     _write_or_remove(delays_path, delays, sync=True)
+                    self._snapshot_written = snapshot
             except OSError as error:
                 self._failed_to_write(error)
                 return False

@@ -625,6 +625,47 @@ def test_a_cursor_sync_job_never_writes_an_older_position_over_its_close(tmp_pat
     reopened.close()
 
 
+def reopened_confirmed(path) -> Position:
+    """The position a channel `c` of the log at `path` starts from when opened again."""
+    log = open_log(path)
+    try:
+        return cursor(log).confirmed
+    finally:
+        log.close()
+
+
+def test_cursor_sync_jobs_run_out_of_order_never_write_an_older_position(tmp_path):
+    """Sync jobs run in worker threads, a later one maybe first: the files keep the newest
+    position (the channel is never closed here, which would write it once more)."""
+    log = open_log(tmp_path)
+    channel = cursor(log)
+    publish(log, b"0", b"1", b"2")
+    first, second, _third = channel.take(3)
+    channel.acknowledge(first)
+    older = channel.prepare_sync()
+    channel.acknowledge(second)
+    acknowledged = channel.confirmed
+    newer = channel.prepare_sync()
+    assert newer() is True
+    assert older() is True  # too late: leaves the newer position
+    log.close()
+    assert reopened_confirmed(tmp_path) == acknowledged
+
+
+def test_a_cursor_sync_job_never_writes_an_older_position_over_a_flush(tmp_path):
+    log = open_log(tmp_path)
+    channel = cursor(log)
+    publish(log, b"0", b"1")
+    taken = channel.take(2)
+    stale = channel.prepare_sync()  # before anything was acknowledged
+    for message in taken:
+        channel.acknowledge(message)
+    channel.flush([])
+    assert stale() is True
+    log.close()
+    assert reopened_confirmed(tmp_path) == channel.confirmed
+
+
 def zero_group(log_path, entry: tuple, segment: int = 0) -> None:
     """What a crash or a bad disk leaves: the group's bytes as zeros, its index entry intact."""
     with open(log_path / "t" / f"t-2.diskqueue.{segment:06d}.dat", "r+b") as data:
