@@ -314,18 +314,21 @@ def _not_here(answer: Response) -> int | None:
 
 def _joined(answers: list[Response]) -> Response:
     """One answer from every worker's to a request about all of a topic's partitions: the
-    answers of the workers holding some, as one (the first error among them, else their
-    partitions' entries or texts together); when none holds any, the most telling refusal."""
+    answers of the workers holding some, as one (the first error among them, else the empty
+    answer of an action, or their partitions' entries or texts together); when none holds
+    any, the most telling refusal."""
     held = [answer for answer in answers if _not_here(answer) is None]
     if not held:
         return min(answers, key=lambda answer: cast(int, _not_here(answer)))
     failed = [answer for answer in held if answer.status != 200]
     if failed:
         return failed[0]
-    if len(held) == 1 or all(answer.body == held[0].body for answer in held):
+    if len(held) == 1 or not any(answer.body for answer in held):
         return held[0]
     if held[0].body.startswith(b"{"):
         documents = [json.loads(answer.body) for answer in held]
+        if "partitions" not in documents[0]:
+            return held[0]
         document = dict(documents[0])
         document["partitions"] = sorted(
             (entry for part in documents for entry in part.get("partitions") or []),

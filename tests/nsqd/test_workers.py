@@ -672,6 +672,12 @@ def test_a_topics_partitions_go_round_the_workers_and_each_is_served(nsqd):
             assert bodies == [b"http", b"tcp", b"tcp", b"tcp"], partition
         finally:
             connection.close()
+    # Answers about every partition joined as one nsqd's.
+    offsets = get_json(http, "/partition/offsets?topic=spread")
+    assert [entry["partition"] for entry in offsets["partitions"]] == [0, 1, 2, 3]
+    assert all(entry["end"]["count"] == 4 for entry in offsets["partitions"])
+    text = request(http, "GET", "/message/stats?topic=spread&channel=all").body.decode()
+    assert text.count("all") >= 4, text
     # Refusals as one nsqd's: what no worker has is not found, a bad request is bad once.
     missing = request(http, "POST", "/channel/delete?topic=spread&channel=none")
     assert (missing.status, missing.json()) == (404, {"message": "CHANNEL_NOT_FOUND"})
