@@ -470,6 +470,18 @@ class Report:
                 json.dump([asdict(record) for record in self.records], out, indent=1)
 
 
+def add_rates(report: Report, bench: str, name: str, samples: list) -> None:
+    """Record and print the published and consumed msgs/s of `samples` (each with
+    `published`, `consumed`, `nsqd_cpu`, `wall` and `load`), noting nsqd's CPU/wall."""
+    loads = [sample.load for sample in samples]
+    cpu = statistics.median(sample.nsqd_cpu / sample.wall for sample in samples)
+    for figure in ("published", "consumed"):
+        values = [getattr(sample, figure) for sample in samples]
+        notes = {"nsqd CPU/wall": f"{cpu:.2f}"}
+        report.add(Record(bench, f"{name}: {figure}", "msgs/s", values, loads, notes=notes))
+        print(f"  {figure}: {spread(values, ',.0f')} msgs/s, load {load_range(loads)}")
+
+
 def read_records(path: str) -> list[Record]:
     with open(path) as data:
         return [Record(**item) for item in json.load(data)]

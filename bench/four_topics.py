@@ -24,7 +24,6 @@ import argparse
 import datetime
 import os
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -33,14 +32,12 @@ from dataclasses import dataclass
 from bench._support import (
     REFERENCE_NSQD,
     Nsqd,
-    Record,
     Report,
     Window,
     add_common_arguments,
+    add_rates,
     banner,
-    load_range,
     runs_of,
-    spread,
 )
 
 # Where `python -m bench --reference DIR` says Go's bench_writer and bench_reader are.
@@ -178,23 +175,7 @@ def main() -> int:
         name += f", {args.split} independent nsqds"
     if args.name:
         name += f", {args.name}"
-    loads = [sample.load for sample in samples]
-    for figure, values in (
-        ("published", [sample.published for sample in samples]),
-        ("consumed", [sample.consumed for sample in samples]),
-    ):
-        cpu = statistics.median(sample.nsqd_cpu / sample.wall for sample in samples)
-        report.add(
-            Record(
-                "four_topics",
-                f"{name}: {figure}",
-                "msgs/s",
-                values,
-                loads,
-                notes={"nsqd CPU/wall": f"{cpu:.2f}"},
-            )
-        )
-        print(f"  {figure}: {spread(values, ',.0f')} msgs/s, load {load_range(loads)}")
+    add_rates(report, "four_topics", name, samples)
     report.write()
     return 0
 

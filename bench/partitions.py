@@ -15,7 +15,6 @@ supervisor and its workers) over the window.
 
 import argparse
 import multiprocessing
-import statistics
 import sys
 import urllib.request
 from dataclasses import dataclass
@@ -23,14 +22,12 @@ from dataclasses import dataclass
 from bench import _clients
 from bench._support import (
     Nsqd,
-    Record,
     Report,
     add_common_arguments,
+    add_rates,
     banner,
-    load_range,
     run_clients,
     runs_of,
-    spread,
 )
 
 TOPIC = "bench_partitions"
@@ -114,23 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     name = f"1 topic of {args.partitions} partitions, a publisher and a consumer each"
     if args.name:
         name += f", {args.name}"
-    loads = [sample.load for sample in samples]
-    cpu = statistics.median(sample.nsqd_cpu / sample.wall for sample in samples)
-    for figure, values in (
-        ("published", [sample.published for sample in samples]),
-        ("consumed", [sample.consumed for sample in samples]),
-    ):
-        report.add(
-            Record(
-                "partitions",
-                f"{name}: {figure}",
-                "msgs/s",
-                values,
-                loads,
-                notes={"nsqd CPU/wall": f"{cpu:.2f}"},
-            )
-        )
-        print(f"  {figure}: {spread(values, ',.0f')} msgs/s, load {load_range(loads)}")
+    add_rates(report, "partitions", name, samples)
     report.write()
     return 0
 
