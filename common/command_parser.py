@@ -239,15 +239,15 @@ def is_partition(raw: bytes) -> bool:
 
 
 # Where a topic command names its partition: SUB's third word, a Youzan publish's second
-# (PUB and MPUB only when it is a number, DPUB's is its delay), the sequenced publishes'
-# second always. Values: (the word's position, the number of words the command then has, or
-# 0 for any number above the position).
+# (PUB and MPUB only when it is a number, DPUB's is its delay), the sequenced publishes' and
+# INTERNAL_CREATE_TOPIC's second always. Values: (the word's position, the number of words
+# the command then has, or 0 for any number above the position).
 _PARTITION_WORD = {
     **dict.fromkeys((b"SUB", b"SUB_ORDERED", b"SUB_ORDER", b"SUB_ADVANCED"), (2, 0)),
     **dict.fromkeys(
         (b"PUB", b"MPUB", b"PUB_TRACE", b"MPUB_TRACE", b"PUB_EXT", b"MPUB_EXT"), (1, 2)
     ),
-    **dict.fromkeys((b"PUB_SEQ", b"MPUB_SEQ", b"MPUB_EXT_SEQ"), (1, 0)),
+    **dict.fromkeys((b"PUB_SEQ", b"MPUB_SEQ", b"MPUB_EXT_SEQ", b"INTERNAL_CREATE_TOPIC"), (1, 0)),
 }
 
 

@@ -86,7 +86,11 @@ PUBLISH_COMMANDS = frozenset(
         b"MPUB_EXT_SEQ",
     )
 )
-TOPIC_COMMANDS = SUBSCRIBE_COMMANDS | PUBLISH_COMMANDS
+# Under `--workers`, run by the worker owning the partition they name: a connection's first
+# topic command moves it there, a later one is forwarded (publishes, and Youzan's command
+# that creates a partition).
+FORWARDED_COMMANDS = PUBLISH_COMMANDS | {b"INTERNAL_CREATE_TOPIC"}
+TOPIC_COMMANDS = SUBSCRIBE_COMMANDS | FORWARDED_COMMANDS
 
 
 def _split_by_size(messages: list, limit: int) -> list[list]:
@@ -190,6 +194,7 @@ class ProtocolV2:
                 self._handlers[name] = self.sub_authorized
             for name in PUBLISH_COMMANDS:
                 self._handlers[name] = self.pub_authorized
+            self._handlers[b"INTERNAL_CREATE_TOPIC"] = self.youzan.internal_create_topic_authorized
             self._async_commands |= TOPIC_COMMANDS
         # Until the connection is on TLS, a TLS-requiring nsqd takes nothing but IDENTIFY.
         self._tls_gate = (
@@ -395,7 +400,7 @@ class ProtocolV2:
                             hops.move_to(owner.index, command, self._identify_body, self._fd)
                             keep_open = False
                             break
-                        if name in PUBLISH_COMMANDS:
+                        if name in FORWARDED_COMMANDS:
                             await hops.forward(owner.index, command, replies)
                             continue
                     hops.topic_bound = True

@@ -943,6 +943,7 @@ def test_over_long_line_is_refused_when_it_arrives_whole() -> None:
         (b"DPUB t 100", -1),
         (b"MPUB_EXT t 7", 7),
         (b"PUB_SEQ t 4 producer 9", 4),
+        (b"INTERNAL_CREATE_TOPIC t 6 true", 6),
         (b"PUB t -1", -1),
         (b"PUB t +5", 5),
         (b"PUB t 1x", -1),

@@ -709,3 +709,17 @@ def test_a_partition_is_where_its_worker_left_it_after_a_restart(tmp_path):
         }
     finally:
         assert restarted.stop() == 0, restarted.log
+
+
+def test_youzans_internal_create_topic_makes_each_partition_on_its_worker(nsqd):
+    connection = V2Connection(nsqd.port("TCP"))
+    try:
+        for partition in range(4):
+            connection.send(encode_command("INTERNAL_CREATE_TOPIC", "made", partition))
+            assert connection.read_response().data == b"OK"
+    finally:
+        connection.close()
+    assert partitions_open_in_each_worker(nsqd, "made") == {
+        worker: {p for p in range(4) if owner_of("made", p, WORKERS) == worker}
+        for worker in range(WORKERS)
+    }

@@ -15,7 +15,14 @@ import time
 import nsq
 import pytest
 
-from nsqpy.common.command import encode_auth, encode_dpub, encode_mpub, encode_pub, encode_sub
+from nsqpy.common.command import (
+    encode_auth,
+    encode_command,
+    encode_dpub,
+    encode_mpub,
+    encode_pub,
+    encode_sub,
+)
 from nsqpy.common.frame import FRAME_TYPE_RESPONSE
 from tests.security.support import CLIENT_COMMON_NAME, client_stats, connection, running_nsqd
 from tests.support.auth_server import answering
@@ -247,6 +254,7 @@ def test_full_url_auth_address_and_a_second_server_that_is_down(two_servers_nsqd
         ("PUB", encode_pub("allowed.t", b"x")),
         ("MPUB", encode_mpub("allowed.t", [b"x", b"y"])),
         ("DPUB", encode_dpub("allowed.t", 10, b"x")),
+        ("CREATE_TOPIC", encode_command("INTERNAL_CREATE_TOPIC", "allowed.t", 0)),
     ],
 )
 def test_commands_before_auth_are_refused(auth_nsqd, command, data):
@@ -268,6 +276,11 @@ def test_commands_before_auth_are_refused(auth_nsqd, command, data):
         ("narrow", encode_sub("orders", "shipping"), 'AUTH failed for SUB on "orders" "shipping"'),
         ("narrow", encode_pub("orders.eu", b"x"), 'AUTH failed for PUB on "orders.eu" ""'),
         ("nochannels", encode_pub("orders", b"x"), 'AUTH failed for PUB on "orders" ""'),
+        (
+            "subonly",
+            encode_command("INTERNAL_CREATE_TOPIC", "allowed.t", 1),
+            'AUTH failed for CREATE_TOPIC on "allowed.t" ""',
+        ),
     ],
     ids=[
         "pub",
@@ -279,6 +292,7 @@ def test_commands_before_auth_are_refused(auth_nsqd, command, data):
         "channel",
         "anchored",
         "no-channel-patterns",
+        "create-topic",
     ],
 )
 def test_unauthorized_commands(auth_nsqd, secret, data, text):
@@ -299,6 +313,24 @@ def test_what_the_narrow_authorization_allows(auth_nsqd):
         conn.expect_ok()
         conn.subscribe("orders", "billing", rdy=1)
         assert [m.body for m in conn.read_messages(1)] == [b"x"]
+
+
+def test_youzans_internal_create_topic_needs_publishing_rights(auth_nsqd):
+    """As Youzan's: its partition is parsed first (a bad one is refused before AUTH), then
+    the client must be allowed to publish to the topic."""
+    with connection(auth_nsqd.port("TCP")) as conn:
+        conn.negotiate()
+        conn.send(encode_command("INTERNAL_CREATE_TOPIC", "allowed.t", "x"))
+        conn.expect_error(
+            "E_BAD_PARTITION topic partition is not valid:"
+            ' strconv.Atoi: parsing "x": invalid syntax'
+        )
+    with connection(auth_nsqd.port("TCP")) as conn:
+        conn.negotiate()
+        conn.send(encode_auth("pubonly"))
+        assert conn.read_response().frame_type == FRAME_TYPE_RESPONSE
+        conn.send(encode_command("INTERNAL_CREATE_TOPIC", "allowed.made", 2))
+        conn.expect_ok()
 
 
 def test_no_authorizations(auth_nsqd):
