@@ -76,7 +76,7 @@ class YouzanCommands:
             raise ProtocolError("E_TOPIC_NOT_EXIST", "")
         return topic
 
-    def _create_topic_target(self, args: list[bytes]) -> tuple[str, int]:
+    def create_topic_target(self, args: list[bytes]) -> tuple[str, int]:
         """The topic and partition INTERNAL_CREATE_TOPIC names, checked in Youzan's order up to
         its authorization."""
         if len(args) < 2:
@@ -89,13 +89,13 @@ class YouzanCommands:
     async def internal_create_topic_authorized(self, command) -> bytes:
         """Under AUTH, as Youzan's: the command needs the client's authorization to publish
         to the topic (`CREATE_TOPIC`), checked once the partition parses."""
-        name, _partition = self._create_topic_target(command.args)
+        name, _partition = self.create_topic_target(command.args)
         await self.connection.check_auth("CREATE_TOPIC", name, "")
         return self.internal_create_topic(command)
 
     def internal_create_topic(self, command) -> bytes:
         args = command.args
-        name, partition = self._create_topic_target(args)
+        name, partition = self.create_topic_target(args)
         if partition < 0:
             raise ProtocolError("E_BAD_PARTITION", "partition should not less than 0")
         ext = False

@@ -527,10 +527,19 @@ def test_a_corrupt_nsqd_dat_is_recovered_once_for_every_worker(tmp_path):
     assert sorted(topic.name for topic in read_metadata(str(tmp_path))) == sorted(topics)
 
 
-def test_a_refused_forwarded_publish_closes_only_its_own_client(nsqd):
+def test_a_refused_forwarded_publish_closes_only_its_own_client(tmp_path):
     """The link between two workers carries every client's forwarded publishes: a publish the
     owner refuses is answered with the owner's error (and closes that client, as Go closes
     after a PUB error), and the link goes on serving the next client."""
+    # At debug, each IDENTIFY is logged: the links' show how many there were.
+    nsqd = start_nsqd(tmp_path, f"-workers={WORKERS}", "-log-level=debug")
+    try:
+        _refused_forwarded_publish(nsqd)
+    finally:
+        assert nsqd.stop() == 0, nsqd.log
+
+
+def _refused_forwarded_publish(nsqd) -> None:
     http = nsqd.addresses["HTTP"]
     first, second = topics_on_both(2)
     refused = Producer(tcp(nsqd))

@@ -329,8 +329,17 @@ def test_youzans_internal_create_topic_needs_publishing_rights(auth_nsqd):
         conn.negotiate()
         conn.send(encode_auth("pubonly"))
         assert conn.read_response().frame_type == FRAME_TYPE_RESPONSE
-        conn.send(encode_command("INTERNAL_CREATE_TOPIC", "allowed.made", 2))
-        conn.expect_ok()
+        # With two workers, the later partitions of another worker are forwarded to it.
+        for partition in range(4):
+            conn.send(encode_command("INTERNAL_CREATE_TOPIC", "allowed.made", partition))
+            conn.expect_ok()
+    with connection(auth_nsqd.port("TCP")) as conn:
+        conn.negotiate()
+        conn.send(encode_auth("subonly"))
+        assert conn.read_response().frame_type == FRAME_TYPE_RESPONSE
+        conn.subscribe("allowed.made", "c", rdy=0)
+        conn.send(encode_command("INTERNAL_CREATE_TOPIC", "allowed.made", 5))
+        conn.expect_error('E_UNAUTHORIZED AUTH failed for CREATE_TOPIC on "allowed.made" ""')
 
 
 def test_no_authorizations(auth_nsqd):
