@@ -24,6 +24,7 @@ from nsqpy.etcd import (
     EtcdAuthError,
     EtcdError,
     LeaseLost,
+    WatchEvent,
     etcd_client,
     keep_lease_alive,
     release_lease,
@@ -179,27 +180,34 @@ class ClusterSession:
             self._apply(topic, partition)
 
     async def _watch_topics(self, revision: int) -> None:
-        async with self.client.watch_prefix(self.keys.topics, revision) as watch:
-            async for event in watch:
-                value = event.value
-                changed = self._take(event.kv.key, value, event.kv.mod_revision)
-                if changed is not None:
-                    self._apply(*changed)
-                    continue
-                parsed = self.keys.parse_topic_key(event.kv.key)
-                if parsed is None:
-                    continue
-                topic, partition, what = parsed
-                if what == "ReplicaInfo" and value is None and partition is not None:
-                    # The partition is gone from the cluster (`/topic/delete`).
-                    self.node.forget(topic, partition, "the topic was deleted")
-                elif what == "TopicMeta" and value is not None:
-                    for known, number in list(self.infos):
-                        if known == topic:
-                            self._apply(known, number)
-                elif what == "TopicMeta":
-                    for local in self.nsqd.registry.partitions(topic):
-                        self.node.forget(topic, local.partition, "the topic was deleted")
+        await self.client.follow_prefix(
+            self.keys.topics,
+            revision,
+            self._take_event,
+            self._load,
+            lambda error: self.nsqd.log.error("CLUSTER: watching the topics - %s", error),
+        )
+
+    def _take_event(self, event: WatchEvent) -> None:
+        value = event.value
+        changed = self._take(event.kv.key, value, event.kv.mod_revision)
+        if changed is not None:
+            self._apply(*changed)
+            return
+        parsed = self.keys.parse_topic_key(event.kv.key)
+        if parsed is None:
+            return
+        topic, partition, what = parsed
+        if what == "ReplicaInfo" and value is None and partition is not None:
+            # The partition is gone from the cluster (`/topic/delete`).
+            self.node.forget(topic, partition, "the topic was deleted")
+        elif what == "TopicMeta" and value is not None:
+            for known, number in list(self.infos):
+                if known == topic:
+                    self._apply(known, number)
+        elif what == "TopicMeta":
+            for local in self.nsqd.registry.partitions(topic):
+                self.node.forget(topic, local.partition, "the topic was deleted")
 
     async def reload(self, topic: str, partition: int) -> bool:
         """Read one partition's replica info now (a peer knows a newer one than the watch

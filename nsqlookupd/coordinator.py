@@ -52,6 +52,7 @@ from nsqpy.etcd import (
     EtcdAuthError,
     EtcdError,
     LeaseLost,
+    WatchEvent,
     etcd_client,
     keep_lease_alive,
     release_lease,
@@ -169,10 +170,17 @@ class Coordinator:
         return revision
 
     async def _follow(self, revision: int) -> None:
-        async with self.client.watch_prefix(self.keys.base, revision) as watch:
-            async for event in watch:
-                self.learn(event.kv.key, event.value, event.kv.mod_revision)
-                self.notify_changed()
+        await self.client.follow_prefix(
+            self.keys.base,
+            revision,
+            self._take_event,
+            self._load,
+            lambda error: self.lookupd.log.error("CLUSTER: watching the cluster - %s", error),
+        )
+
+    def _take_event(self, event: WatchEvent) -> None:
+        self.learn(event.kv.key, event.value, event.kv.mod_revision)
+        self.notify_changed()
 
     def learn(self, key: str, value: bytes | None, revision: int) -> None:
         """Take what etcd holds at `key` (None: deleted) into this master's view."""

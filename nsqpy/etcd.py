@@ -36,7 +36,7 @@ import os
 import select
 import ssl
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -558,6 +558,35 @@ class EtcdClient:
             except EtcdError as error:
                 failed(error)
                 await trio.sleep(retry)
+
+    async def follow_prefix(
+        self,
+        prefix: str,
+        start_revision: int,
+        take: Callable[["WatchEvent"], None],
+        reload: Callable[[], Awaitable[int]],
+        failed: Callable[["EtcdError"], None],
+    ) -> None:
+        """Every event on keys starting with `prefix` from `start_revision` on, to `take`, for
+        as long as the caller runs (what a daemon does after `read_prefix`). A watch that
+        cannot be opened (etcd away past the client's timeout) is opened again, after telling
+        `failed`, from the revision it had reached; one etcd can no longer serve from there
+        (compacted, canceled) starts again from what `reload()` read (the revision it returns).
+        Neither ends the daemon."""
+        revision = start_revision
+        while True:
+            watch = self.watch_prefix(prefix, revision)
+            try:
+                async with watch:
+                    async for event in watch:
+                        take(event)
+            except EtcdUnavailable as error:
+                failed(error)
+                revision = watch.revision
+            except EtcdError as error:
+                failed(error)
+                revision = await reload() + 1
+            await trio.sleep(WATCH_RETRY_DELAY)
 
     def watch_prefix(self, prefix: str, start_revision: int) -> "Watch":
         """Events on keys starting with `prefix` from `start_revision` on (0: from now), in

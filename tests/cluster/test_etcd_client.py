@@ -406,6 +406,54 @@ async def test_watch_from_a_compacted_revision_raises(etcd, etcd_server):
     assert raised.value.compact_revision == latest
 
 
+async def test_following_a_prefix_outlives_an_etcd_away_when_the_watch_opens(etcd, etcd_server):
+    """A daemon follows its keys for good: an etcd away when the watch opens (nsqd exited
+    over it in a chaos run) is told to `failed` and the watch opened again from where it
+    was, so nothing in between is missed."""
+    seen: list[WatchEvent] = []
+    failures: list[EtcdError] = []
+
+    async def reload() -> int:
+        raise AssertionError("nothing was compacted: no read again")
+
+    revision = await etcd.put("fp/0", "a")
+    async with EtcdClient([etcd_server.client_url], timeout=1) as client:
+        etcd_server.kill()
+        async with trio.open_nursery() as nursery:
+            follow = client.follow_prefix
+            nursery.start_soon(follow, "fp/", revision + 1, seen.append, reload, failures.append)
+            await wait_until(lambda: len(failures) >= 2)
+            await trio.to_thread.run_sync(etcd_server.start)
+            await etcd.put("fp/1", "b")
+            await wait_until(lambda: len(seen) == 1)
+            nursery.cancel_scope.cancel()
+    assert summary(seen) == [("PUT", "fp/1", b"b")]
+    assert all(isinstance(failure, EtcdUnavailable) for failure in failures)
+
+
+async def test_following_a_compacted_prefix_reads_it_again_and_goes_on(etcd, etcd_server):
+    first = await etcd.put("fc/1", "a")
+    latest = await etcd.put("fc/1", "b")
+    post(etcd_server, "/v3/kv/compaction", {"revision": str(latest)})
+    seen: list[WatchEvent] = []
+    failures: list[EtcdError] = []
+    reads: list[int] = []
+
+    async def reload() -> int:
+        _kvs, revision = await etcd.get_prefix("fc/")
+        reads.append(revision)
+        return revision
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(etcd.follow_prefix, "fc/", first, seen.append, reload, failures.append)
+        await wait_until(lambda: reads)
+        await etcd.put("fc/1", "c")
+        await wait_until(lambda: len(seen) == 1)
+        nursery.cancel_scope.cancel()
+    assert summary(seen) == [("PUT", "fc/1", b"c")]
+    assert [type(failure) for failure in failures] == [EtcdCompacted]
+
+
 def post(server: EtcdServer, path: str, body: dict) -> dict:
     """A call the client does not offer (compaction), straight to the gateway."""
     connection = http.client.HTTPConnection("127.0.0.1", server.client_port, timeout=5)
