@@ -194,7 +194,7 @@ class ProtocolV2:
                 self._handlers[name] = self.sub_authorized
             for name in PUBLISH_COMMANDS:
                 self._handlers[name] = self.pub_authorized
-            self._handlers[b"INTERNAL_CREATE_TOPIC"] = self.youzan.internal_create_topic_authorized
+            self._handlers[b"INTERNAL_CREATE_TOPIC"] = self.pub_authorized
             self._async_commands |= TOPIC_COMMANDS
         # Until the connection is on TLS, a TLS-requiring nsqd takes nothing but IDENTIFY.
         self._tls_gate = (
@@ -740,9 +740,18 @@ class ProtocolV2:
         return self._handlers_unchecked[command.name](command)
 
     async def pub_authorized(self, command) -> bytes:
-        label = command.name.decode()
-        await self.check_auth(label, go_text(command.args[0]), "")
+        await self.authorize(command)
         return self._handlers_unchecked[command.name](command)
+
+    async def authorize(self, command) -> None:
+        """Go's CheckAuth for a publish or Youzan's INTERNAL_CREATE_TOPIC, whether it runs
+        here or on another of `--workers` (which takes this worker's word for it)."""
+        if command.name == b"INTERNAL_CREATE_TOPIC":
+            # Youzan's order: the partition is parsed before the authorization is asked.
+            name, _partition = self.youzan.create_topic_target(command.args)
+            await self.check_auth("CREATE_TOPIC", name, "")
+        else:
+            await self.check_auth(command.name.decode(), go_text(command.args[0]), "")
 
     def sub_names(self, command) -> tuple[str, str]:
         """The topic and channel a SUB-family command names, after Go's state and name checks."""

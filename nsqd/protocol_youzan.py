@@ -78,20 +78,14 @@ class YouzanCommands:
 
     def create_topic_target(self, args: list[bytes]) -> tuple[str, int]:
         """The topic and partition INTERNAL_CREATE_TOPIC names, checked in Youzan's order up to
-        its authorization."""
+        its authorization (under AUTH, the right to publish to the topic, as `CREATE_TOPIC`:
+        `ProtocolV2.authorize`)."""
         if len(args) < 2:
             raise ProtocolError("E_INVALID", "CREATE_TOPIC insufficient number of parameters")
         name = go_text(args[0])
         if not is_valid_name(name):
             raise ProtocolError("E_BAD_TOPIC", f"topic name {go_quote(args[0])} is not valid")
         return name, parse_partition(args[1])
-
-    async def internal_create_topic_authorized(self, command) -> bytes:
-        """Under AUTH, as Youzan's: the command needs the client's authorization to publish
-        to the topic (`CREATE_TOPIC`), checked once the partition parses."""
-        name, _partition = self.create_topic_target(command.args)
-        await self.connection.check_auth("CREATE_TOPIC", name, "")
-        return self.internal_create_topic(command)
 
     def internal_create_topic(self, command) -> bytes:
         args = command.args

@@ -135,17 +135,11 @@ class WorkerHops:
 
     async def forward(self, owner: int, command, replies: list[bytes]) -> None:
         """Send a publish (or Youzan's INTERNAL_CREATE_TOPIC) to another worker's partition to
-        be run there; its answer, the owner's,
-        takes its place among the batch's replies (`answer_forwarded`). The client's own
-        authorizations are checked here first."""
+        be run there; its answer, the owner's, takes its place among the batch's replies
+        (`answer_forwarded`). The client's own authorizations are checked here first."""
         connection = self.connection
         if connection.nsqd.auth_enabled:
-            label = command.name.decode()
-            if command.name == b"INTERNAL_CREATE_TOPIC":
-                # Youzan's order: the partition is parsed before the authorization is asked.
-                connection.youzan.create_topic_target(command.args)
-                label = "CREATE_TOPIC"
-            await connection.check_auth(label, go_text(command.args[0]), "")
+            await connection.authorize(command)
         try:
             pending = await self.worker.forward(
                 owner, encode_command(command.name, *command.args, body=command.body)
