@@ -51,6 +51,9 @@ _BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
 # What a worker without the partitions (or the message) a request is about answers; when every
 # worker answers so, the most telling is the node's answer (a channel missing from a topic
 # that exists says more than a topic missing from a worker that has none of it).
+# `WorkerRouter._topic_route` of a request every worker answers for its own partitions (a
+# worker's index is never negative).
+_EVERY_PARTITION = -1
 _NOT_HERE = (
     "Message ID not in flight",
     "NOT_A_LOG_TOPIC",
@@ -85,17 +88,18 @@ class WorkerRouter:
             return None
         return topic, partition_scope(request.method, request.path, params)
 
-    def _owner_elsewhere(self, request: Request) -> int | None:
-        """The other worker serving the partition the request names (`nsqd/placement.py`)."""
+    def _topic_route(self, request: Request) -> int | None:
+        """Where a request about a topic goes, its query read once: the other worker serving
+        the partition it names (`nsqd/placement.py`), `_EVERY_PARTITION` (each worker for its
+        own), or None (answered here)."""
         scope = self._topic_scope(request)
-        if scope is None or scope[1] is None:
+        if scope is None:
             return None
-        owner = self.nsqd.placement.worker_for(scope[0].encode(), scope[1])
+        topic, partition = scope
+        if partition is None:
+            return _EVERY_PARTITION
+        owner = self.nsqd.placement.worker_for(topic.encode(), partition)
         return None if owner is None else owner.index
-
-    def _on_every_partition(self, request: Request) -> bool:
-        scope = self._topic_scope(request)
-        return scope is not None and scope[1] is None
 
     def _gathers(self, request: Request) -> bool:
         if request.method != "GET":
@@ -116,8 +120,7 @@ class WorkerRouter:
         if (
             self._gathers(request)
             or self._on_every_worker(request)
-            or self._on_every_partition(request)
-            or self._owner_elsewhere(request) is not None
+            or self._topic_route(request) is not None
         ):
             return False
         return self.local.answers_inline(request)
@@ -128,9 +131,8 @@ class WorkerRouter:
     async def dispatch(self, request: Request) -> Response:
         gathers = self._gathers(request)
         everywhere = not gathers and self._on_every_worker(request)
-        spread = not gathers and not everywhere and self._on_every_partition(request)
-        owner = None if gathers or everywhere or spread else self._owner_elsewhere(request)
-        if not gathers and not everywhere and not spread and owner is None:
+        route = None if gathers or everywhere else self._topic_route(request)
+        if not gathers and not everywhere and route is None:
             return await self.local.dispatch(request)
         # Judged here, where the client's address is known; the other workers take this
         # worker's word for it.
@@ -142,22 +144,18 @@ class WorkerRouter:
             return await self._gathered(request)
         if everywhere:
             return await self._everywhere(request)
-        if spread:
+        if route == _EVERY_PARTITION:
             return _joined(await self._each_worker(request))
-        return await self._at(cast(int, owner), request)
+        return await self._at(cast(int, route), request)
 
     def mover(self, request: Request):
         """Where a plain connection goes instead of being answered here (`Mover`): to the
         owner of the topic its request names, where its later requests, most often for the
         same topic, are answered without a hop."""
-        if (
-            self._gathers(request)
-            or self._on_every_worker(request)
-            or self._on_every_partition(request)
-        ):
+        if self._gathers(request) or self._on_every_worker(request):
             return None
-        owner = self._owner_elsewhere(request)
-        if owner is None:
+        owner = self._topic_route(request)
+        if owner is None or owner == _EVERY_PARTITION:
             return None
         return partial(self._move_connection, owner, request.remote)
 
