@@ -19,7 +19,7 @@ APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y
 # import finder (`nsqpy/` sits beside the top-level folders it links to): not for users.
 PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet
 
-.PHONY: install install-test browser etcd netns java node run run-cluster test test-prepared \
+.PHONY: install install-test system-packages spark-classes browser etcd netns java node run run-cluster test test-prepared \
 	bytecode lint bench clean
 
 $(INSTALLED): pyproject.toml
@@ -40,16 +40,7 @@ $(TEST_INSTALLED): $(INSTALLED)
 		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/pyspark_nsq.py"
 	touch $(TEST_INSTALLED)
 
-## Node.js and npm for the nsqjs interop tests.
-node:
-	@command -v npm >/dev/null 2>&1 || { \
-		command -v apt-get >/dev/null 2>&1 || { \
-			echo "error: npm not found and apt-get is not available: the nsqjs interop tests ($(NODE_DIR)) need Node.js and npm (Debian: apt-get install nodejs npm)" >&2; \
-			exit 1; }; \
-		apt-get update && $(APT_INSTALL) nodejs npm; \
-	}
-
-$(NODE_INSTALLED): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json | node
+$(NODE_INSTALLED): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json | system-packages
 	npm ci --prefix $(NODE_DIR) --no-audit --no-fund --loglevel=error
 	touch $(NODE_INSTALLED)
 
@@ -66,18 +57,17 @@ $(GNSQ_SUITE_INSTALLED): $(TEST_INSTALLED)
 	touch $(GNSQ_SUITE_INSTALLED)
 
 # Spark's classes in a class data sharing archive for the Spark tests' JVMs
-# (tests/spark/class_archive.py), made before the suite starts rather than by its first test.
-SPARK_CLASSES := $(VENV)/.spark-classes
-
-$(SPARK_CLASSES): $(TEST_INSTALLED) | java
+# (tests/spark/class_archive.py), made before the suite starts rather than by its first test;
+# asked each time (it does nothing when the archive of this JVM and pyspark exists), since a
+# Java update needs another.
+spark-classes: $(TEST_INSTALLED) | system-packages
 	$(BIN)/python -m tests.spark.class_archive
-	touch $(SPARK_CLASSES)
 
 ## The package alone: what `make run` needs.
 install: $(INSTALLED)
 
 ## Everything the test suite needs.
-install-test: $(TEST_INSTALLED) $(GNSQ_SUITE_INSTALLED) $(NODE_INSTALLED) browser etcd netns java $(SPARK_CLASSES)
+install-test: $(TEST_INSTALLED) $(GNSQ_SUITE_INSTALLED) $(NODE_INSTALLED) system-packages spark-classes
 
 ## Start nsqlookupd, nsqd and nsqadmin on localhost and print their URLs.
 run: install
@@ -89,42 +79,34 @@ CLUSTER_ARGS ?=
 run-cluster: install etcd
 	$(BIN)/python -m nsqpy.tools.local_cluster --replicated $(CLUSTER_ARGS)
 
-## Debian's headless Chromium and its driver, for the nsqadmin browser tests.
+## Debian's packages for the tests, where their programs are missing (scripts/system-packages.sh:
+## one apt-get update and one install for all, as root): headless Chromium and its driver (the
+## nsqadmin browser tests), etcd-server 3.4 (the cluster tests, which start a local etcd),
+## iproute2 and nftables (the network fault tests, tests/cluster/test_network_faults.py, which
+## join namespaces of their own through a bridge), Java 17 (the Spark connector tests, marker
+## `spark`) and Node.js with npm (the nsqjs interop tests). `make browser`, `etcd`, `netns`,
+## `java` and `node` install one of them alone.
+SYSTEM_PACKAGES := sh scripts/system-packages.sh
+NEED_BROWSER := "/usr/bin/chromium|chromium chromium-driver|the nsqadmin browser tests (tests/nsqadmin/test_browser.py) need Chromium and chromedriver" \
+	"/usr/bin/chromedriver|chromium chromium-driver|the nsqadmin browser tests (tests/nsqadmin/test_browser.py) need Chromium and chromedriver"
+NEED_ETCD := "/usr/bin/etcd|etcd-server|the cluster tests (tests/cluster) need etcd 3.4"
+NEED_NETNS := "ip|iproute2|the network fault tests (tests/cluster/test_network_faults.py) need iproute2 and nftables" \
+	"nft|nftables|the network fault tests (tests/cluster/test_network_faults.py) need iproute2 and nftables"
+NEED_JAVA := "java|openjdk-17-jre-headless|the Spark connector tests (tests/spark, marker spark) need Java 17"
+NEED_NODE := "npm|nodejs npm|the nsqjs interop tests ($(NODE_DIR)) need Node.js and npm"
+
+system-packages:
+	@$(SYSTEM_PACKAGES) $(NEED_BROWSER) $(NEED_ETCD) $(NEED_NETNS) $(NEED_JAVA) $(NEED_NODE)
 browser:
-	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
-		command -v apt-get >/dev/null 2>&1 || { \
-			echo "error: /usr/bin/chromium not found and apt-get is not available: the nsqadmin browser tests (tests/nsqadmin/test_browser.py) need Chromium and chromedriver (Debian: apt-get install chromium chromium-driver)" >&2; \
-			exit 1; }; \
-		apt-get update && $(APT_INSTALL) chromium chromium-driver; \
-	fi
-
-## Debian's etcd-server (etcd 3.4) for the cluster tests, which start a local etcd.
+	@$(SYSTEM_PACKAGES) $(NEED_BROWSER)
 etcd:
-	@if [ ! -x /usr/bin/etcd ]; then \
-		command -v apt-get >/dev/null 2>&1 || { \
-			echo "error: /usr/bin/etcd not found and apt-get is not available: the cluster tests (tests/cluster) need etcd 3.4 (Debian: apt-get install etcd-server)" >&2; \
-			exit 1; }; \
-		apt-get update && $(APT_INSTALL) etcd-server; \
-	fi
-
-## iproute2 (`ip netns`) and Debian's nftables for the network fault tests
-## (tests/cluster/test_network_faults.py), which join namespaces of their own through a bridge.
+	@$(SYSTEM_PACKAGES) $(NEED_ETCD)
 netns:
-	@if ! command -v ip >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1; then \
-		command -v apt-get >/dev/null 2>&1 || { \
-			echo "error: ip or nft not found and apt-get is not available: the network fault tests (tests/cluster/test_network_faults.py) need iproute2 and nftables (Debian: apt-get install iproute2 nftables)" >&2; \
-			exit 1; }; \
-		apt-get update && $(APT_INSTALL) iproute2 nftables; \
-	fi
-
-## Java 17 for the Spark connector tests (marker `spark`), which start a local JVM.
+	@$(SYSTEM_PACKAGES) $(NEED_NETNS)
 java:
-	@command -v java >/dev/null 2>&1 || { \
-		command -v apt-get >/dev/null 2>&1 || { \
-			echo "error: java not found and apt-get is not available: the Spark connector tests (tests/spark, marker spark) need Java 17 (Debian: apt-get install openjdk-17-jre-headless)" >&2; \
-			exit 1; }; \
-		apt-get update && $(APT_INSTALL) openjdk-17-jre-headless; \
-	}
+	@$(SYSTEM_PACKAGES) $(NEED_JAVA)
+node:
+	@$(SYSTEM_PACKAGES) $(NEED_NODE)
 
 ## Lint, then the whole default test suite.
 # Three workers (pytest-xdist), a test file each at a time: most tests wait on daemons, Spark
@@ -145,12 +127,13 @@ java:
 # sources anew: half of an nsqd's start (about 1.0 s -> 0.5 s on two cores). compileall writes
 # it once; a source changed later is compiled in memory as before.
 #
-# The system packages first, one after another (apt holds a lock); then what the suite needs is
-# made side by side (`-j4`): after pip, Spark's class archive (47 s on two cores), mypy (24 s
+# What the suite needs is made side by side (`-j4`): the system packages (one apt-get for all)
+# beside the virtualenv and pip, then Spark's class archive (47 s on two cores), mypy (24 s
 # without a cache), the bytecode, npm and the gnsq sources beside one another (41.6 s against
 # 75 s one after another). A fresh clone on 2026-11-29: 15 m 49 s in all, 822.6 s of pytest.
+# On a machine without Chromium and Java, installing them (about 30 s or more) overlapped pip
+# (69 s) instead of coming first.
 test:
-	$(MAKE) --no-print-directory browser etcd netns java node
 	$(MAKE) --no-print-directory -j4 test-prepared
 	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
