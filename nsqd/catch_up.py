@@ -119,68 +119,80 @@ class CatchUps:
         info = topic.replication.info
         if key in self._running or nursery is None or info is None:
             return
-        self._running[key] = Progress(info.leader, trio.current_time())
-        nursery.start_soon(self._run, topic)
+        progress = Progress(info.leader, trio.current_time())
+        self._running[key] = progress
+        nursery.start_soon(self._run, topic, progress)
 
-    async def _run(self, topic: "Topic") -> None:
+    async def _run(self, topic: "Topic", progress: Progress) -> None:
         """Catch up until this node is a proven member of the ISR (joining it when it is on
-        the catch-up list), or holds the partition no more."""
-        node = self.node
+        the catch-up list), or holds the partition no more.
+
+        The partition may have been forgotten (moved off this node) before this task began:
+        its `progress` is then no longer the running one, and it ends at once."""
         key = (topic.name, topic.partition)
-        progress = self._running[key]
-        delay = RETRY_DELAY
         try:
-            # Until forgotten (the partition left this node): a catch-up started for it
-            # afterwards (it came back) has a progress of its own.
-            while not topic.deleted and self._running.get(key) is progress:
-                info = topic.replication.info
-                if info is None or info.leader in ("", "?", node.node_id):
-                    return
-                progress.leader = info.leader
-                try:
-                    await self._once(topic, info, progress)
-                except (
-                    PeerUnavailable,
-                    ReplicaRefusal,
-                    ValueError,
-                    OSError,
-                    LogCorruption,
-                ) as error:
-                    if topic.deleted:
-                        return  # the partition left this node while an answer was awaited
-                    if isinstance(error, OSError):
-                        node.disk_failed(topic, error)  # `/ping` says so until it writes again
-                    self._failed(topic, info, progress, error)
-                    await trio.sleep(delay * (1 + random.random()))
-                    delay = min(delay * 2, RETRY_MAX_DELAY)
-                    continue
-                progress.error = ""
-                node.disk_recovered(topic)
-                if topic.replication.info is not info:
-                    continue  # the info changed meanwhile: catch up with what it says now
-                if node.node_id in info.isr:
-                    if info.proven(node.node_id, node.incarnation):
-                        return
-                    # In the ISR in an incarnation that lost the data: the master moves this
-                    # node to the catch-up list (it saw the incarnation change).
-                    progress.phase = "waiting to leave the ISR"
-                    await trio.sleep(delay)
-                    delay = min(delay * 2, RETRY_MAX_DELAY)
-                    continue
-                if node.node_id not in info.catchup or node.session is None:
-                    return
-                progress.phase = "joining"
-                try:
-                    if await self._join(topic, info):
-                        return
-                except (PeerUnavailable, ReplicaRefusal, ValueError) as error:
-                    self._failed(topic, info, progress, error)
-                await trio.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, RETRY_MAX_DELAY)
+            await self._catch_up(topic, progress)
+        except Exception:
+            # A bug must cost the catch-up it met, never the node and every other partition.
+            self.node.nsqd.log.exception(
+                "TOPIC(%s) partition %d: internal error catching up", topic.name, topic.partition
+            )
         finally:
             if self._running.get(key) is progress:
                 del self._running[key]
                 self._joining.pop(key, None)
+
+    async def _catch_up(self, topic: "Topic", progress: Progress) -> None:
+        node = self.node
+        key = (topic.name, topic.partition)
+        delay = RETRY_DELAY
+        # Until forgotten (the partition left this node): a catch-up started for it
+        # afterwards (it came back) has a progress of its own.
+        while not topic.deleted and self._running.get(key) is progress:
+            info = topic.replication.info
+            if info is None or info.leader in ("", "?", node.node_id):
+                return
+            progress.leader = info.leader
+            try:
+                await self._once(topic, info, progress)
+            except (
+                PeerUnavailable,
+                ReplicaRefusal,
+                ValueError,
+                OSError,
+                LogCorruption,
+            ) as error:
+                if topic.deleted:
+                    return  # the partition left this node while an answer was awaited
+                if isinstance(error, OSError):
+                    node.disk_failed(topic, error)  # `/ping` says so until it writes again
+                self._failed(topic, info, progress, error)
+                await trio.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, RETRY_MAX_DELAY)
+                continue
+            progress.error = ""
+            node.disk_recovered(topic)
+            if topic.replication.info is not info:
+                continue  # the info changed meanwhile: catch up with what it says now
+            if node.node_id in info.isr:
+                if info.proven(node.node_id, node.incarnation):
+                    return
+                # In the ISR in an incarnation that lost the data: the master moves this
+                # node to the catch-up list (it saw the incarnation change).
+                progress.phase = "waiting to leave the ISR"
+                await trio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_DELAY)
+                continue
+            if node.node_id not in info.catchup or node.session is None:
+                return
+            progress.phase = "joining"
+            try:
+                if await self._join(topic, info):
+                    return
+            except (PeerUnavailable, ReplicaRefusal, ValueError) as error:
+                self._failed(topic, info, progress, error)
+            await trio.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, RETRY_MAX_DELAY)
 
     def _failed(
         self, topic: "Topic", info: ReplicaInfo, progress: Progress, error: Exception

@@ -230,8 +230,14 @@ class LocalCluster:
         for node in self.nodes:
             if node.process is None:
                 continue
-            kept = [line for line in node.process.log.splitlines() if "TOPIC(" in line]
-            lines.append(f"nsqd {node.node_id}, its last partition lines:")
+            # A partition's own lines, and what the node could not do with one ("CLUSTER:
+            # cannot hold t/0 ...", an internal error and its traceback).
+            kept = [
+                line
+                for line in node.process.log.splitlines()
+                if "TOPIC(" in line or "CLUSTER" in line or not line.startswith("[")
+            ]
+            lines.append(f"nsqd {node.node_id}, its last partition and cluster lines:")
             lines.extend(kept[-25:])
         return "\n".join(lines)
 

@@ -24,7 +24,6 @@ from pathlib import Path
 JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
-
 def _jvm_identity() -> str:
     """A digest of the JVM library pyspark starts (JAVA_HOME's, else the `java` on PATH): its
     path, size and modification time, which an update of the JVM changes."""
