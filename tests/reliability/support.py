@@ -15,13 +15,21 @@ def http(port: int, method: str, path: str, body: bytes | None = None) -> tuple[
     return reply.status, reply.body
 
 
-def receive_all(port: int, topic: str, channel: str, wanted: set[bytes], limit: set[bytes]):
+def receive_all(
+    port: int,
+    topic: str,
+    channel: str,
+    wanted: set[bytes],
+    limit: set[bytes],
+    *partition: int,
+):
     """Subscribe and FIN until every body of `wanted` came; everything received must be in
-    `limit` (what was ever published)."""
+    `limit` (what was ever published). With a `partition`, as a Youzan consumer of it (its
+    message IDs binary)."""
     connection = V2Connection(port)
     received: set[bytes] = set()
     try:
-        connection.send(encode_sub(topic, channel))
+        connection.send(encode_sub(topic, channel, *partition))
         assert connection.read_response().data == b"OK"
         connection.send(encode_rdy(100))
         deadline = time.monotonic() + 10

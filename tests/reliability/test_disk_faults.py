@@ -31,7 +31,14 @@ from pathlib import Path
 
 import pytest
 
-from nsqpy.common.command import encode_dpub, encode_mpub, encode_pub, encode_rdy, encode_sub
+from nsqpy.common.command import (
+    encode_dpub,
+    encode_fin,
+    encode_mpub,
+    encode_pub,
+    encode_rdy,
+    encode_sub,
+)
 from nsqpy.common.frame import FRAME_TYPE_ERROR
 from tests.harness import DaemonProcess, V2Connection
 from tests.reliability.support import http, receive_all
@@ -344,5 +351,124 @@ def test_a_log_topic_on_a_full_disk_stops_nothing_and_recovers(tmp_path):
         receive_all(daemon.port(), "lt", "c", acked - finished, tried)
         assert "Traceback" not in daemon.log
     finally:
+        daemon.kill()
+        disk.close()
+
+
+def youzan_reply(port: int, data: bytes) -> tuple[bool, bytes]:
+    """(ok, the response or error text) for one of Youzan's commands (a publish naming its
+    partition) on a fresh connection."""
+    connection = V2Connection(port)
+    try:
+        connection.send(data)
+        frame = connection.read_response()
+        return frame.frame_type != FRAME_TYPE_ERROR, frame.data
+    finally:
+        connection.close()
+
+
+def test_youzan_consumers_of_aged_partitions_on_two_workers_ride_out_a_full_disk(tmp_path):
+    """A log topic of 4 partitions on an nsqd of two workers (each owns two), each partition
+    aged first (retention removed what a channel had passed). Youzan consumers, one a
+    partition (`SUB lt c p`, binary IDs), finish messages ten FINs at a time (read by nsqd as a
+    run) while the disk fills: every partition's publishes are refused with the error, the
+    cursors cannot be written, and no worker exits. Once space returns every partition takes
+    publishes again; after a clean restart each partition delivers every acknowledged message
+    it had not finished."""
+    partitions = range(4)
+    disk = Tmpfs(tmp_path / "disk", "2m")
+    data_path = disk.mount_point / "data"
+    data_path.mkdir()
+    args = [
+        "-tcp-address=127.0.0.1:0",
+        "-http-address=127.0.0.1:0",
+        f"-data-path={data_path}",
+        "-workers=2",
+        "-sync-every=1",
+        "-sync-timeout=50ms",
+        "-max-bytes-per-file=16384",
+    ]
+    daemon = DaemonProcess("nsqd", args, cwd=data_path).start(wait_for=("TCP", "HTTP"))
+    consumers: list[V2Connection] = []
+    try:
+        tcp, http_port = daemon.port(), daemon.port("HTTP")
+        assert http(http_port, "POST", "/topic/create?topic=lt&partition_num=4")[0] == 200
+        tried: dict[int, set[bytes]] = {}
+        for partition in partitions:
+            aged = [body(f"aged{partition}", n) for n in range(150)]
+            for at in range(0, len(aged), 50):
+                reply = youzan_reply(tcp, encode_mpub("lt", aged[at : at + 50], partition))
+                assert reply == (True, b"OK"), reply
+            where = f"topic=lt&channel=old&partition={partition}"
+            assert http(http_port, "POST", f"/channel/create?{where}")[0] == 200
+            assert http(http_port, "POST", f"/channel/setoffset?{where}", b"special:-1")[0] == 200
+            clean = f"/topic/greedyclean?topic=lt&partition={partition}"
+            assert http(http_port, "POST", clean)[0] == 200
+            tried[partition] = set(aged)
+        offsets = json.loads(http(http_port, "GET", "/partition/offsets?topic=lt")[1])
+        starts = {entry["partition"]: entry["start"]["count"] for entry in offsets["partitions"]}
+        assert sorted(starts) == list(partitions) and all(starts.values()), starts
+        assert http(http_port, "POST", "/channel/create?topic=lt&channel=c")[0] == 200
+
+        acked: dict[int, set[bytes]] = {}
+        for partition in partitions:
+            bodies = [body(f"lt{partition}", n) for n in range(60)]
+            for data in bodies:
+                assert youzan_reply(tcp, encode_pub("lt", data, partition)) == (True, b"OK")
+            acked[partition] = set(bodies)
+            tried[partition] |= set(bodies)
+        for partition in partitions:
+            consumer = V2Connection(tcp)
+            consumer.send(encode_sub("lt", "c", partition))
+            assert consumer.read_response().data == b"OK"
+            consumer.send(encode_rdy(10))
+            consumers.append(consumer)
+
+        disk.fill()
+        for partition in partitions:
+            refused = 0
+            for n in range(60, 90):
+                data = body(f"lt{partition}", n)
+                tried[partition].add(data)
+                ok, reply = youzan_reply(tcp, encode_pub("lt", data, partition))
+                if ok:
+                    acked[partition].add(data)  # a last page the disk still had
+                else:
+                    refused += 1
+                    # Not fatal for a Youzan client (nsqd keeps its connection).
+                    assert reply.startswith(b"E_PUB_FAILED PUB failed write "), reply
+            assert refused > 0, f"partition {partition} took every publish on a full disk"
+        finished: dict[int, set[bytes]] = {}
+        for partition, consumer in zip(partitions, consumers, strict=True):
+            messages = consumer.read_messages(10)
+            assert all(len(message.id) == 16 for message in messages)
+            assert {message.body for message in messages} <= tried[partition]
+            consumer.send(b"".join(encode_fin(message.id) for message in messages))
+            finished[partition] = {message.body for message in messages}
+        poll(lambda: "failed to write its cursor" in daemon.log, "a cursor sync refused")
+        status, text = http(http_port, "GET", "/ping")
+        assert status == 500 and text.startswith(b"NOK - "), text
+        assert daemon.process.poll() is None
+        assert "Traceback" not in daemon.log
+        for consumer in consumers:
+            consumer.close()
+        consumers.clear()
+
+        disk.free()
+        for partition in partitions:
+            data = b"after %d" % partition
+            assert youzan_reply(tcp, encode_pub("lt", data, partition)) == (True, b"OK")
+            acked[partition].add(data)
+            tried[partition].add(data)
+        poll(lambda: http(http_port, "GET", "/ping") == (200, b"OK"), "/ping OK again")
+        assert daemon.stop() == 0
+        daemon = DaemonProcess("nsqd", args, cwd=data_path).start(wait_for=("TCP", "HTTP"))
+        for partition in partitions:
+            wanted = acked[partition] - finished[partition]
+            receive_all(daemon.port(), "lt", "c", wanted, tried[partition], partition)
+        assert "Traceback" not in daemon.log
+    finally:
+        for consumer in consumers:
+            consumer.close()
         daemon.kill()
         disk.close()
