@@ -350,7 +350,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", "/partition/fetch",
              "nsqpy: the stored records of `[offset, end)`, as written",
              (TOPIC_REQ, PARTITION, Param("offset", "Virtual offset of a record", required=True),
-              Param("end", "Virtual offset to stop at"), Param("max_bytes", "Default 1 MiB")),
+              Param("end", "Virtual offset to stop at"), Param("max_bytes", "Default 1 MiB"),
+              Param("starts", "`true`: the body begins with each record's start, 4 bytes each "
+                    "(as many as X-NSQ-Record-Starts)")),
              ok="binary",
              errors={400: ("MISSING_ARG_TOPIC", "MISSING_ARG_PARTITION",
                            "INVALID_ARG_TOPIC_PARTITION", "NOT_A_LOG_TOPIC", "INVALID_ARG_OFFSET",

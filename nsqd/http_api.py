@@ -4,9 +4,11 @@ Handlers check their arguments in Go's order and fail with Go's status and messa
 client or nsqadmin sees the same response from either daemon.
 """
 
+import array
 import gc
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -1107,7 +1109,9 @@ class HTTPAPI:
         """The stored records of `[offset, end)`, as written (`[4 size][record]...`), at most
         `max_bytes` (1 MiB by default) but at least one record; headers say where the first
         one stands and where the next fetch starts. Stateless and the same bytes on every
-        replica, so a reader can repeat it anywhere."""
+        replica, so a reader can repeat it anywhere. With `starts=true` (nsqpy's Spark
+        reader), the body begins with where each record starts in the records, 4 bytes
+        big-endian each, as many as `X-NSQ-Record-Starts` says."""
         params = _query(request)
         _topic, log = self._log_partition(params)
         offset = _int_arg(_first(params, "offset") or "0", "INVALID_ARG_OFFSET")
@@ -1119,7 +1123,8 @@ class HTTPAPI:
         start = log.position_at_or_after(offset)
         if start.offset != offset:
             raise HTTPError(400, "OFFSET_NOT_A_RECORD_BOUNDARY")
-        data, following = log.read_raw(start, end, max(max_bytes, 1))
+        starts: list[int] | None = [] if _first(params, "starts") == "true" else None
+        data, following = log.read_raw(start, end, max(max_bytes, 1), starts=starts)
         headers = [
             NSQ_V1_HEADER,
             ("Content-Type", "application/octet-stream"),
@@ -1127,6 +1132,14 @@ class HTTPAPI:
             ("X-NSQ-Next-Offset", str(following.offset)),
             ("X-NSQ-Next-Count", str(following.count)),
         ]
+        if starts is not None:
+            # Where each record starts, ahead of the records: a reader need not walk them
+            # again to find out.
+            table = array.array("I", starts)
+            if sys.byteorder == "little":
+                table.byteswap()
+            headers.append(("X-NSQ-Record-Starts", str(len(starts))))
+            data = table.tobytes() + data
         return Response(200, data, headers)
 
     def message_get(self, request: Request) -> Response:

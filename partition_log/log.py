@@ -725,12 +725,19 @@ class PartitionLog(Generic[M]):
         return chunk, 0
 
     def read_raw(
-        self, position: Position, end: int, max_bytes: int, *, bound: Position | None = None
+        self,
+        position: Position,
+        end: int,
+        max_bytes: int,
+        *,
+        bound: Position | None = None,
+        starts: list[int] | None = None,
     ) -> tuple[bytes, Position]:
         """The stored bytes of whole records from `position` (a record boundary) up to `end`
         (at most the log's end, or `bound`), at most `max_bytes` of them but at least one
         record: the records exactly as written, `[4 size][record]...`, and the position after
-        them."""
+        them. With `starts`, where each record starts in those bytes is appended to it (the
+        walk that finds the last whole record passes every start)."""
         end = min(end, (bound or self.end).offset)
         if position.offset >= end:
             return b"", position
@@ -766,6 +773,8 @@ class PartitionLog(Generic[M]):
                             chunk = os.pread(fd, 4 + size, pos)
                             continue
                         break
+                    if starts is not None:
+                        starts.append(offset - position.offset + at)
                     at += 4 + size
                     count += 1
             finally:

@@ -36,6 +36,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -310,7 +311,7 @@ class _LogReading:
                         fetched = self._fetch(connections, address, piece, position)
                     except _PositionRemoved as removed:
                         position = self._after_data_loss(piece, position, removed.start)
-                        fetched = (b"", position)
+                        fetched = (b"", position, None)
                         break
                     except (OSError, http.client.HTTPException, _ReplicaBehind) as error:
                         failures[address] = str(error) or type(error).__name__
@@ -331,7 +332,7 @@ class _LogReading:
                     time.sleep(_RETRY_PAUSE)
                     replicas = self._replicas_now(piece) or replicas
                     continue
-                data, following = fetched
+                data, following, starts = fetched
                 if data:
                     yield records_to_batch(
                         data,
@@ -340,6 +341,7 @@ class _LogReading:
                         partition=piece.partition,
                         nsqd=address,
                         schema=self.arrow_schema,
+                        starts=starts,
                     )
                 position = following
         finally:
@@ -364,7 +366,7 @@ class _LogReading:
         address: str,
         piece: LogRange,
         position: int,
-    ) -> tuple[bytes, int]:
+    ) -> tuple[bytes, int, np.ndarray | None]:
         connection = connections.get(address)
         if connection is None:
             connection = connections[address] = http_connection(
@@ -373,7 +375,7 @@ class _LogReading:
         connection.request(
             "GET",
             f"/partition/fetch?topic={quote(piece.topic)}&partition={piece.partition}"
-            f"&offset={position}&end={piece.end}&max_bytes={self.fetch_max_bytes}",
+            f"&offset={position}&end={piece.end}&max_bytes={self.fetch_max_bytes}&starts=true",
             headers=self.security.http_headers(),
         )
         response = connection.getresponse()
@@ -393,7 +395,13 @@ class _LogReading:
         following = int(response.getheader("X-NSQ-Next-Offset") or position)
         if not body and following < piece.end:
             raise _ReplicaBehind(f"its log ends at {following}")
-        return body, following
+        # Where each record starts, ahead of them (an nsqd older than that option sends the
+        # records alone, and they are walked here instead).
+        counted = response.getheader("X-NSQ-Record-Starts")
+        if counted:
+            table = 4 * int(counted)
+            return body[table:], following, np.frombuffer(body, ">u4", int(counted))
+        return body, following, None
 
     def _retained_start(self, address: str, piece: LogRange) -> int:
         return self.directory(piece.topic).search((address,), piece.partition, offset=0)

@@ -56,11 +56,13 @@ def records_to_batch(
     partition: int,
     nsqd: str,
     schema: pa.Schema,
+    starts: np.ndarray | None = None,
 ) -> pa.RecordBatch:
     """One record batch of the source's schema from a fetch's body that starts at
-    `first_offset`; columns are found by name, so their order is the schema's."""
+    `first_offset` (`starts`: where each record starts in it, as nsqd found them); columns
+    are found by name, so their order is the schema's."""
     with_headers = schema.get_field_index("headers") >= 0
-    columns = _bulk_columns(data, first_offset, with_headers)
+    columns = _bulk_columns(data, first_offset, with_headers, starts)
     if columns is None:
         columns = _record_columns(data, first_offset, with_headers)
     rows = len(columns["id"])
@@ -74,26 +76,19 @@ def records_to_batch(
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _bulk_columns(data: bytes, first_offset: int, with_headers: bool) -> dict | None:
+def _bulk_columns(
+    data: bytes, first_offset: int, with_headers: bool, known_starts: np.ndarray | None = None
+) -> dict | None:
     """The columns of a fetch of whole records, plain, ext or with producer marks (no
-    delayed record), gathered in bulk; None for anything else."""
+    delayed record), gathered in bulk; None for anything else. `known_starts`: where each
+    record starts, checked against the records' sizes instead of walking them."""
     length = len(data)
     if not length or length >= 1 << 31:
         return None
-    starts: list[int] = []
-    append = starts.append
-    size_of = _SIZE.unpack_from
-    at = 0
-    try:
-        while at < length:
-            append(at)
-            at += 4 + size_of(data, at)[0]
-    except struct.error:
-        return None  # a truncated size prefix
-    if at != length:
-        return None  # a truncated record
     buffer = np.frombuffer(data, dtype=np.uint8)
-    first = np.array(starts, dtype=np.int64)
+    first = _record_starts(data, known_starts)
+    if first is None:
+        return None
 
     def gather(offset: int, width: int, kind: str, rows: np.ndarray = first) -> np.ndarray:
         """The big-endian field at `offset` from each of `rows` (positions in `data`)."""
@@ -103,6 +98,8 @@ def _bulk_columns(data: bytes, first_offset: int, with_headers: bool) -> dict | 
     ends = first + 4 + sizes
     if (sizes < _BODY_START - 4).any():
         return None
+    if known_starts is not None and ((ends[:-1] != first[1:]).any() or ends[-1] != length):
+        return None  # not where the records start: walked one by one instead
     attempts = gather(12, 2, ">u2")
     flags = attempts & 0xF000
     body_starts = first + _BODY_START
@@ -121,11 +118,11 @@ def _bulk_columns(data: bytes, first_offset: int, with_headers: bool) -> dict | 
         # The ext section: `[1 version]`, and for version 4 `[2 length][header]`.
         if (ends[ext] <= body_starts[ext]).any():
             return None
-        with_header = np.zeros(len(starts), dtype=bool)
+        with_header = np.zeros(len(first), dtype=bool)
         with_header[ext] = buffer[body_starts[ext]] == 4
         if (ends[with_header] < body_starts[with_header] + 3).any():
             return None
-        lengths = np.zeros(len(starts), dtype=np.int64)
+        lengths = np.zeros(len(first), dtype=np.int64)
         lengths[with_header] = gather(1, 2, ">u2", body_starts[with_header])
         # Records without a header have an empty one where their body starts.
         header_starts = body_starts + 3 * with_header
@@ -134,7 +131,7 @@ def _bulk_columns(data: bytes, first_offset: int, with_headers: bool) -> dict | 
         if (body_starts > ends).any():
             return None
         attempts = attempts & 0x0FFF
-    count = len(starts)
+    count = len(first)
     hex_ids = buffer[first[:, None] + (14 + np.arange(8))].tobytes().hex().encode()
     columns = {
         "id": pa.StringArray.from_buffers(
@@ -155,6 +152,32 @@ def _bulk_columns(data: bytes, first_offset: int, with_headers: bool) -> dict | 
         )
         columns["headers"] = _bulk_headers(raw, gather(22, 8, ">u8").astype(np.uint64))
     return columns
+
+
+def _record_starts(data: bytes, known: np.ndarray | None) -> np.ndarray | None:
+    """Where each record of `data` starts: `known` (each checked by the caller) or found by
+    walking the size prefixes; None when the last record is cut short."""
+    length = len(data)
+    if known is not None:
+        first = known.astype(np.int64)
+        if not len(first) or first[0] != 0 or first[-1] + 4 > length:
+            return None
+        if (first[1:] <= first[:-1]).any():
+            return None  # each inside `data` only when they ascend
+        return first
+    starts: list[int] = []
+    append = starts.append
+    size_of = _SIZE.unpack_from
+    at = 0
+    try:
+        while at < length:
+            append(at)
+            at += 4 + size_of(data, at)[0]
+    except struct.error:
+        return None  # a truncated size prefix
+    if at != length:
+        return None  # a truncated record
+    return np.array(starts, dtype=np.int64)
 
 
 def _bulk_headers(raw: pa.Array, trace_ids: np.ndarray) -> pa.Array:

@@ -4,6 +4,7 @@ the partition log wrote, its ext and producer sections included."""
 import json
 import struct
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -261,3 +262,37 @@ def test_bytes_that_are_not_whole_records_say_where(cut):
     where = {"topic": "t", "partition": 0, "nsqd": "n", "schema": FULL_SCHEMA}
     with pytest.raises(RecordError, match="at offset 10"):
         records_to_batch(data[:-cut], 1000, **where)
+
+
+def test_the_record_starts_nsqd_found_give_the_batch_of_walking_the_records(tmp_path):
+    """`read_raw(starts=...)` (what `/partition/fetch?starts=true` sends ahead of the records)
+    across rolled segments, ext sections and producer marks: the batch built from those starts
+    is the batch built by walking the size prefixes; starts that are not the records' are
+    checked, and the records walked instead."""
+    log = PartitionLog(
+        str(tmp_path),
+        "t",
+        0,
+        message_type=Message,
+        max_bytes_per_file=300,
+        sync_every=1,
+        ext=True,
+    )
+    for number in range(12):
+        messages = [Message(mid, b"body %d" % number, 5) for mid in log.next_ids(3)]
+        messages[1].ext_header = json.dumps({"##trace_id": str(number)}).encode()
+        log.append(messages, ProducerMark(b"p", number) if number % 2 else None)
+        log.commit()
+    starts: list[int] = []
+    data, _end = log.read_raw(Position(0, 0), log.end.offset, 1 << 20, starts=starts)
+    log.close()
+    assert len(log.segments) > 1 and len(starts) == 36
+    where = {"topic": "t", "partition": 0, "nsqd": "n", "schema": FULL_SCHEMA}
+    walked = records_to_batch(data, 0, **where)
+    known = np.array(starts, dtype=">u4")
+    assert records_to_batch(data, 0, starts=known, **where).equals(walked)
+    inside = known.copy()
+    inside[5] += 1  # ascending, within the data, but not where a record starts
+    for wrong in (known[1:], np.roll(known, 1), known + 1, np.zeros(36, dtype=">u4"), inside):
+        assert _bulk_columns(data, 0, True, wrong) is None
+        assert records_to_batch(data, 0, starts=wrong, **where).equals(walked)

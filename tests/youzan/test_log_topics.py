@@ -238,6 +238,13 @@ async def test_range_reads_return_the_stored_records(nsqd):
     ]
     done = await http(nsqd, "GET", f"/partition/fetch?topic=lt&partition=0&offset={end}")
     assert (done.status, done.body, done.headers["X-NSQ-Next-Offset"]) == (200, b"", str(end))
+    # With `starts=true`: where each record starts, ahead of the same records.
+    both = await http(nsqd, "GET", "/partition/fetch?topic=lt&partition=0&offset=0&starts=true")
+    assert both.headers["X-NSQ-Record-Starts"] == "3"
+    table, data = both.body[:12], both.body[12:]
+    assert data == first.body + rest.body
+    assert list(struct.unpack(">3I", table)) == [0, replies[1].offset, replies[2].offset]
+    assert "X-NSQ-Record-Starts" not in first.headers
 
 
 @pytest.mark.parametrize(
