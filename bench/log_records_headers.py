@@ -1,13 +1,15 @@
 """What the Spark source's `headers` column costs: `records_to_batch` over one fetch of an ext
 topic's records (each with a JSON header and a trace ID), with and without the column.
 
-    python -m bench.log_records_headers with|without|distinct [RECORDS]
+    python -m bench.log_records_headers with|without|distinct [RECORDS] [starts]
 
 Builds RECORDS stored records of 100-byte bodies in memory, as nsqd's `/partition/fetch`
 returns them (`with` and `without`: one header for every record; `distinct`: each record's
 header names its own trace ID, as `bench.spark_log_read --ext` publishes them), and turns
-them into record batches of the source's schema 20 times; prints rows/s. Run the modes
-against each other with farm-bench (bench/RESULTS.md).
+them into record batches of the source's schema 20 times; prints rows/s. With `starts`, each
+conversion is given where the records start, as nsqd's `/partition/fetch?starts=true` sends
+them (found once, before the timing). Run the modes against each other with farm-bench
+(bench/RESULTS.md).
 """
 
 import json
@@ -15,6 +17,7 @@ import struct
 import sys
 import time
 
+import numpy as np
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
@@ -47,9 +50,18 @@ def main() -> None:
     fields = SCHEMA.fields if mode == "without" else [*SCHEMA.fields, HEADERS_FIELD]
     schema = to_arrow_schema(StructType(fields), timezone="UTC")
     data = ext_records(count, distinct=mode == "distinct")
+    starts = None
+    if sys.argv[3:] == ["starts"]:
+        at, found = 0, []
+        while at < len(data):
+            found.append(at)
+            at += 4 + int.from_bytes(data[at : at + 4], "big")
+        starts = np.array(found, dtype=">u4")
     started = time.perf_counter()
     for _ in range(ROUNDS):
-        batch = records_to_batch(data, 0, topic="t", partition=0, nsqd="n", schema=schema)
+        batch = records_to_batch(
+            data, 0, topic="t", partition=0, nsqd="n", schema=schema, starts=starts
+        )
         assert batch.num_rows == count
     elapsed = time.perf_counter() - started
     print(f"{mode}: {count * ROUNDS / elapsed:,.0f} rows/s")

@@ -755,6 +755,10 @@ class PartitionLog(Generic[M]):
                 index += 1
                 continue
             fd = os.open(self.segment_path(segment.number), os.O_RDONLY)
+            # Where each whole record of the chunk starts: counts them, and is `starts`'s
+            # share (an append a record costs about what counting them one by one did).
+            found: list[int] = []
+            note = found.append
             try:
                 want = min(segment.size - pos, end - offset, max(budget, 0))
                 chunk = os.pread(fd, want, pos) if want > 0 else b""
@@ -773,14 +777,16 @@ class PartitionLog(Generic[M]):
                             chunk = os.pread(fd, 4 + size, pos)
                             continue
                         break
-                    if starts is not None:
-                        starts.append(offset - position.offset + at)
+                    note(at)
                     at += 4 + size
-                    count += 1
             finally:
                 os.close(fd)
             if at == 0:
                 break
+            count += len(found)
+            if starts is not None:
+                taken = offset - position.offset
+                starts.extend([taken + start for start in found] if taken else found)
             parts.append(chunk[:at])
             offset += at
             budget -= at

@@ -4,9 +4,13 @@ their channel cursor, positions by offset and by timestamp, and data lost to ret
 import json
 import time
 
+import numpy as np
 import pytest
 
 from nsqpy.client.blocking import http_json
+from nsqpy.spark.log_reader import LogRange, NSQLogBatchReader
+from nsqpy.spark.log_records import records_to_batch
+from nsqpy.spark.source import SCHEMA
 from tests.harness import start_nsqd
 from tests.spark.support import aged_topic, collect_available_now, create_topic, publish
 
@@ -249,3 +253,26 @@ def test_a_stream_subscribed_to_several_topics_goes_on_from_its_checkpoint(spark
     offsets = sorted((p for p in logs if p.name.isdigit()), key=lambda path: int(path.name))
     last = json.loads(offsets[-1].read_text().splitlines()[-1])
     assert set(last) == {"clicks", "views", "#channel"} and set(last["clicks"]) == {"0", "1"}
+
+
+def test_a_fetch_brings_where_each_record_starts_and_reads_as_without(nsqd):
+    """The executors' fetch asks nsqd for where each record starts (`starts=true`), across the
+    segments of an aged partition, and builds the same batch as from the records alone."""
+    http = nsqd.addresses["HTTP"]
+    removed = aged_topic(http, "aged")
+    reader = NSQLogBatchReader({"topic": "aged", "nsqd_http": http}, SCHEMA)
+    start = partition_ends(http, "aged")[0]["start"]["offset"]
+    end = partition_ends(http, "aged")[0]["end"]["offset"]
+    piece = LogRange("aged", 0, start, end, (http,))
+    data, following, starts = reader._fetch({}, http, piece, start)
+    assert following == end and starts is not None and len(starts) == 400 - removed
+    walked, at = [], 0
+    while at < len(data):
+        walked.append(at)
+        at += 4 + int.from_bytes(data[at : at + 4], "big")
+    assert starts.tolist() == walked
+    where = {"topic": "aged", "partition": 0, "nsqd": http, "schema": reader.arrow_schema}
+    with_starts = records_to_batch(data, start, starts=starts, **where)
+    assert with_starts.equals(records_to_batch(data, start, **where))
+    assert with_starts.column("body").to_pylist() == [b"m%03d" % i for i in range(removed, 400)]
+    assert np.all(np.diff(with_starts.column("offset").to_numpy()) > 0)
