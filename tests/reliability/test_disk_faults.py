@@ -285,6 +285,16 @@ def run_scenario(disk, daemon: DaemonProcess, args: list[str]) -> None:
         restarted.stop()
 
 
+def small_disk_nsqd(tmp_path: Path, *flags: str) -> tuple[Tmpfs, Path, list[str]]:
+    """A real 2 MiB tmpfs, the data directory on it, and the arguments of an nsqd keeping its
+    data there with `flags`."""
+    disk = Tmpfs(tmp_path / "disk", "2m")
+    data_path = disk.mount_point / "data"
+    data_path.mkdir()
+    addresses = ["-tcp-address=127.0.0.1:0", "-http-address=127.0.0.1:0"]
+    return disk, data_path, [*addresses, f"-data-path={data_path}", *flags]
+
+
 def test_a_log_topic_on_a_full_disk_stops_nothing_and_recovers(tmp_path):
     """A single node's log topic (`--log-topic`) on a disk that fills while a consumer
     finishes messages: publishes are refused with the error, `/ping` says NOK, the channel's
@@ -292,18 +302,13 @@ def test_a_log_topic_on_a_full_disk_stops_nothing_and_recovers(tmp_path):
     log's new start, and nsqd keeps running (`/serverstats` counts the refused publishes);
     once space returns everything works again, and
     after a clean restart every acknowledged message not finished is delivered."""
-    disk = Tmpfs(tmp_path / "disk", "2m")
-    data_path = disk.mount_point / "data"
-    data_path.mkdir()
-    args = [
-        "-tcp-address=127.0.0.1:0",
-        "-http-address=127.0.0.1:0",
-        f"-data-path={data_path}",
+    disk, data_path, args = small_disk_nsqd(
+        tmp_path,
         "-log-topic=lt",
         "-sync-every=1",
         "-sync-timeout=50ms",
         "-max-bytes-per-file=65536",
-    ]
+    )
     daemon = DaemonProcess("nsqd", args, cwd=data_path).start(wait_for=("TCP", "HTTP"))
     try:
         tcp, http_port = daemon.port(), daemon.port("HTTP")
@@ -376,18 +381,9 @@ def test_youzan_consumers_of_aged_partitions_on_two_workers_ride_out_a_full_disk
     publishes again; after a clean restart each partition delivers every acknowledged message
     it had not finished."""
     partitions = range(4)
-    disk = Tmpfs(tmp_path / "disk", "2m")
-    data_path = disk.mount_point / "data"
-    data_path.mkdir()
-    args = [
-        "-tcp-address=127.0.0.1:0",
-        "-http-address=127.0.0.1:0",
-        f"-data-path={data_path}",
-        "-workers=2",
-        "-sync-every=1",
-        "-sync-timeout=50ms",
-        "-max-bytes-per-file=16384",
-    ]
+    disk, data_path, args = small_disk_nsqd(
+        tmp_path, "-workers=2", "-sync-every=1", "-sync-timeout=50ms", "-max-bytes-per-file=16384"
+    )
     daemon = DaemonProcess("nsqd", args, cwd=data_path).start(wait_for=("TCP", "HTTP"))
     consumers: list[V2Connection] = []
     try:
