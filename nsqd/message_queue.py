@@ -127,7 +127,9 @@ class RetainedLog(Protocol):
 
     def search_timestamp(self, timestamp_ns: int) -> Position: ...
 
-    def read_raw(self, start: Position, end: int, max_bytes: int) -> tuple[bytes, Position]: ...
+    def read_raw(
+        self, start: Position, end: int, max_bytes: int, *, starts: list[int] | None = None
+    ) -> tuple[bytes, Position]: ...
 
 
 class TopicQueue(MessageQueue, Protocol):
