@@ -83,10 +83,14 @@ def test_the_parquet_output_holds_every_message_once_after_the_driver_is_killed(
         nsqd.stop()
 
 
+@pytest.mark.slow
 def test_a_task_run_again_after_publishing_part_of_its_rows_stores_each_row_once(tmp_path):
     """Log topic → Spark → log topic through lookupd, on local[2,3]: one task fails after the
     sink published some of its rows and Spark runs it again; the output topic holds every
-    input message once (the retried task's repeats are acknowledged, not stored)."""
+    input message once (the retried task's repeats are acknowledged, not stored).
+
+    Slow (40-odd seconds of Spark): the default suite runs the same driver and check through
+    Spark Connect, in tests/spark/test_spark_connect.py."""
     check_exactly_once_sink(tmp_path)
 
 
