@@ -28,9 +28,9 @@ import logging
 import os
 import sqlite3
 import struct
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -743,7 +743,22 @@ class ClusterNode:
             reasons,
         )
         if self.nursery is not None:
-            self.nursery.start_soon(self._restore_writes, topic, info)
+            self.nursery.start_soon(self._contained, self._restore_writes, topic, info)
+
+    async def _contained(
+        self, task: Callable[..., Awaitable[None]], topic: "Topic", *args: Any
+    ) -> None:
+        """Run a partition's background `task`; an unexpected error is logged and costs that
+        task, never the node and every other partition (as a catch-up's does)."""
+        try:
+            await task(topic, *args)
+        except Exception:
+            self.nsqd.log.exception(
+                "TOPIC(%s) partition %d: internal error in %s",
+                topic.name,
+                topic.partition,
+                task.__name__.lstrip("_").replace("_", " "),
+            )
 
     async def _restore_writes(self, topic: "Topic", info: ReplicaInfo) -> None:
         """Probe the ISR followers until every one is at this leader's end again, then take
@@ -841,7 +856,7 @@ class ClusterNode:
             _held(topic).handing_over = False
             raise
         if self.nursery is not None:
-            self.nursery.start_soon(self._end_handover, topic, info)
+            self.nursery.start_soon(self._contained, self._end_handover, topic, info)
         return _log(topic).written
 
     async def _end_handover(self, topic: "Topic", info: ReplicaInfo) -> None:
@@ -1059,7 +1074,7 @@ class ClusterNode:
         replica.disk_error = str(error)
         if self.nursery is not None and self.session is not None and not replica.resigning:
             replica.resigning = True
-            self.nursery.start_soon(self._resign, topic)
+            self.nursery.start_soon(self._contained, self._resign, topic)
 
     async def _resign(self, topic: "Topic") -> None:
         replica = _held(topic)
