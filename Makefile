@@ -14,7 +14,6 @@ TEST_INSTALLED := $(VENV)/.installed-test
 # node_modules so that a missing node_modules reinstalls too.
 NODE_DIR := tests/interop/node
 NODE_INSTALLED := $(NODE_DIR)/node_modules/.installed
-APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y
 # An editable install of a layout other than src/ makes setuptools print a notice about its
 # import finder (`nsqpy/` sits beside the top-level folders it links to): not for users.
 PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet

@@ -17,11 +17,10 @@ import struct
 import sys
 import time
 
-import numpy as np
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from nsqpy.spark.log_records import records_to_batch
+from nsqpy.spark.log_records import _record_starts, records_to_batch
 from nsqpy.spark.source import HEADERS_FIELD, SCHEMA
 
 _EXT_FLAG = 0xA000
@@ -52,11 +51,7 @@ def main() -> None:
     data = ext_records(count, distinct=mode == "distinct")
     starts = None
     if sys.argv[3:] == ["starts"]:
-        at, found = 0, []
-        while at < len(data):
-            found.append(at)
-            at += 4 + int.from_bytes(data[at : at + 4], "big")
-        starts = np.array(found, dtype=">u4")
+        starts = _record_starts(data, None)
     started = time.perf_counter()
     for _ in range(ROUNDS):
         batch = records_to_batch(

@@ -121,9 +121,9 @@ class CatchUps:
             return
         progress = Progress(info.leader, trio.current_time())
         self._running[key] = progress
-        nursery.start_soon(self._run, topic, progress)
+        nursery.start_soon(self.node.contained, self._catch_up, topic, progress)
 
-    async def _run(self, topic: "Topic", progress: Progress) -> None:
+    async def _catch_up(self, topic: "Topic", progress: Progress) -> None:
         """Catch up until this node is a proven member of the ISR (joining it when it is on
         the catch-up list), or holds the partition no more.
 
@@ -131,18 +131,13 @@ class CatchUps:
         its `progress` is then no longer the running one, and it ends at once."""
         key = (topic.name, topic.partition)
         try:
-            await self._catch_up(topic, progress)
-        except Exception:
-            # A bug must cost the catch-up it met, never the node and every other partition.
-            self.node.nsqd.log.exception(
-                "TOPIC(%s) partition %d: internal error catching up", topic.name, topic.partition
-            )
+            await self._until_caught_up(topic, progress)
         finally:
             if self._running.get(key) is progress:
                 del self._running[key]
                 self._joining.pop(key, None)
 
-    async def _catch_up(self, topic: "Topic", progress: Progress) -> None:
+    async def _until_caught_up(self, topic: "Topic", progress: Progress) -> None:
         node = self.node
         key = (topic.name, topic.partition)
         delay = RETRY_DELAY

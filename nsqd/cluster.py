@@ -743,13 +743,14 @@ class ClusterNode:
             reasons,
         )
         if self.nursery is not None:
-            self.nursery.start_soon(self._contained, self._restore_writes, topic, info)
+            self.nursery.start_soon(self.contained, self._restore_writes, topic, info)
 
-    async def _contained(
+    async def contained(
         self, task: Callable[..., Awaitable[None]], topic: "Topic", *args: Any
     ) -> None:
-        """Run a partition's background `task`; an unexpected error is logged and costs that
-        task, never the node and every other partition (as a catch-up's does)."""
+        """Run a partition's background task (a catch-up, restoring writes, ending a handover,
+        resigning); an unexpected error is logged and costs that task, never the node and
+        every other partition."""
         try:
             await task(topic, *args)
         except Exception:
@@ -856,7 +857,7 @@ class ClusterNode:
             _held(topic).handing_over = False
             raise
         if self.nursery is not None:
-            self.nursery.start_soon(self._contained, self._end_handover, topic, info)
+            self.nursery.start_soon(self.contained, self._end_handover, topic, info)
         return _log(topic).written
 
     async def _end_handover(self, topic: "Topic", info: ReplicaInfo) -> None:
@@ -1074,7 +1075,7 @@ class ClusterNode:
         replica.disk_error = str(error)
         if self.nursery is not None and self.session is not None and not replica.resigning:
             replica.resigning = True
-            self.nursery.start_soon(self._contained, self._resign, topic)
+            self.nursery.start_soon(self.contained, self._resign, topic)
 
     async def _resign(self, topic: "Topic") -> None:
         replica = _held(topic)

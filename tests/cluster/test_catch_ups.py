@@ -7,6 +7,7 @@ background tasks (restoring writes, ending a handover, resigning) are contained 
 an unexpected error costs the task, not the node."""
 
 import logging
+from functools import partial
 from types import SimpleNamespace
 
 import trio
@@ -24,13 +25,15 @@ def _follower_partition() -> SimpleNamespace:
     )
 
 
-def _node(nursery: trio.Nursery) -> SimpleNamespace:
-    return SimpleNamespace(
+def _node(nursery: trio.Nursery | None = None) -> SimpleNamespace:
+    node = SimpleNamespace(
         nursery=nursery,
         node_id="me",
         session=None,
         nsqd=SimpleNamespace(log=logging.getLogger("test_catch_ups")),
     )
+    node.contained = partial(ClusterNode.contained, node)
+    return node
 
 
 async def test_a_catch_up_forgotten_before_its_task_began_ends_without_harm():
@@ -48,8 +51,7 @@ async def test_an_unexpected_error_in_a_partitions_background_task_is_logged_not
     async def _restore_writes(topic, info):
         raise RuntimeError("a bug")
 
-    node = SimpleNamespace(nsqd=SimpleNamespace(log=logging.getLogger("test_catch_ups")))
     topic = _follower_partition()
-    await ClusterNode._contained(node, _restore_writes, topic, topic.replication.info)
+    await _node().contained(_restore_writes, topic, topic.replication.info)
     assert "TOPIC(t) partition 0: internal error in restore writes" in caplog.text
     assert "RuntimeError: a bug" in caplog.text
