@@ -28,13 +28,14 @@ $(INSTALLED): pyproject.toml
 	touch $(INSTALLED)
 
 # Spark's Python workers would compile pyspark from its zip in every process they start
-# (nsqpy/spark/pyspark_first.pth says why): the installed pyspark goes first. PySpark finds
+# (nsqpy/spark/pyspark_first.pth says why): the zips leave the path, so the installed pyspark
+# is imported; the file's name sorts before the other .pth files, which import. PySpark finds
 # data sources to register by listing modules, which an editable install does not list:
 # pyspark_nsq.py goes beside them.
 $(TEST_INSTALLED): $(INSTALLED)
 	$(PIP_INSTALL) -e '.[test,spark]'
 	cp nsqpy/spark/pyspark_first.pth \
-		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nsqpy-pyspark-first.pth"
+		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/00-nsqpy-pyspark-first.pth"
 	cp pyspark_nsq.py \
 		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/pyspark_nsq.py"
 	touch $(TEST_INSTALLED)
