@@ -91,12 +91,17 @@ def run_daemon(
     except OSError as error:  # e.g. a TLS certificate or key that cannot be loaded
         log.critical("failed to instantiate %s - %s", name, error)
         sys.exit(1)
+    unstarted: BaseException | None = None
     try:
         trio.run(_serve_until_signal, server)
     except* unstartable as group:
         # A listener that cannot bind, a data path that cannot be created, metadata that
-        # cannot be read: one line, exit 1.
-        log.critical("%s", first_leaf(group))
+        # cannot be read: one line, exit 1. Not exited from here: before 3.11.4 (Debian 12 has
+        # 3.11.2), an exception raised in an `except*` clause left it wrapped in a group with
+        # the one handled, and SystemExit printed both as a traceback.
+        unstarted = first_leaf(group)
+    if unstarted is not None:
+        log.critical("%s", unstarted)
         sys.exit(1)
 
 
