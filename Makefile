@@ -49,7 +49,7 @@ $(INSTALLED): pyproject.toml | $(VENV_MADE)
 # pyspark_nsq.py goes beside them. The package comes with its extras in one install (it is
 # `make install`'s too); pip compiles nothing, one file after another (half of its 72 s on two
 # cores): `make bytecode` compiles them on every core.
-$(TEST_INSTALLED): pyproject.toml | $(VENV_MADE)
+$(TEST_INSTALLED): pyproject.toml | $(SPARK_INSTALLED)
 	$(PIP_INSTALL) --no-compile -e '.[test,spark]'
 	cp nsqpy/spark/pyspark_first.pth \
 		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/00-nsqpy-pyspark-first.pth"
@@ -73,11 +73,23 @@ $(GNSQ_SUITE_INSTALLED): $(TEST_INSTALLED)
 	mv $(VENV)/gnsq-suite/gnsq-$$version $(VENV)/gnsq-suite/src
 	touch $(GNSQ_SUITE_INSTALLED)
 
+# PySpark alone (the version the spark extra names), installed before the rest so that Spark's
+# class archive is made while pip installs the others: the archive, the longest step of
+# `make test-prepared`, then no longer waits for all of pip (one process on one core).
+SPARK_INSTALLED := $(VENV)/.installed-spark
+
+$(SPARK_INSTALLED): pyproject.toml | $(VENV_MADE)
+	$(PIP_INSTALL) --no-compile "$$($(BIN)/python -c 'import tomllib; \
+		extra = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]; \
+		print(next(d for d in extra["spark"] if d.startswith("pyspark")))')"
+	touch $(SPARK_INSTALLED)
+
 # Spark's classes in a class data sharing archive for the Spark tests' JVMs
 # (tests/spark/class_archive.py), made before the suite starts rather than by its first test;
 # asked each time (it does nothing when the archive of this JVM and pyspark exists), since a
-# Java update needs another.
-spark-classes: $(TEST_INSTALLED) | system-packages
+# Java update needs another. It needs only pyspark, which pip leaves alone while it installs
+# the rest beside it.
+spark-classes: $(SPARK_INSTALLED) | system-packages
 	$(BIN)/python -m tests.spark.class_archive
 
 ## The package alone: what `make run` needs.
