@@ -19,6 +19,8 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 # The package with the test and spark extras.
 TEST_INSTALLED := $(VENV)/.installed-test
+# PySpark alone, installed before those.
+SPARK_INSTALLED := $(VENV)/.installed-spark
 # nsqjs for the interop tests, from the committed lock file; the stamp is inside
 # node_modules so that a missing node_modules reinstalls too.
 NODE_DIR := tests/interop/node
@@ -76,8 +78,6 @@ $(GNSQ_SUITE_INSTALLED): $(TEST_INSTALLED)
 # PySpark alone (the version the spark extra names), installed before the rest so that Spark's
 # class archive is made while pip installs the others: the archive, the longest step of
 # `make test-prepared`, then no longer waits for all of pip (one process on one core).
-SPARK_INSTALLED := $(VENV)/.installed-spark
-
 $(SPARK_INSTALLED): pyproject.toml | $(VENV_MADE)
 	$(PIP_INSTALL) --no-compile "$$($(BIN)/python -c 'import tomllib; \
 		extra = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]; \
