@@ -163,8 +163,9 @@ node:
 # On a machine without Chromium and Java, installing them (about 30 s or more) overlapped pip
 # (69 s) instead of coming first. One pip install of the package with its extras instead of
 # two, with the bytecode compiled by `make bytecode` on every core rather than by pip: pip done
-# at 51 s instead of 96 s, `make test-prepared` of a fresh clone in 128 s instead of 157 s
-# (2026-11-29; Spark's class archive, made beside mypy and the bytecode, is the longest step).
+# at 51 s instead of 96 s, `make test-prepared` of a fresh clone in 128 s instead of 157 s;
+# with Debian's Python and PySpark installed first (the class archive made beside pip), 84 s
+# (2026-11-29).
 test:
 	$(MAKE) --no-print-directory -j4 test-prepared
 	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder
