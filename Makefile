@@ -21,6 +21,9 @@ INSTALLED := $(VENV)/.installed
 TEST_INSTALLED := $(VENV)/.installed-test
 # PySpark alone, installed before those.
 SPARK_INSTALLED := $(VENV)/.installed-spark
+# The virtualenv's site-packages, asked of its Python when a recipe runs (it may not exist yet
+# when make reads this file).
+SITE_PACKAGES = $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # nsqjs for the interop tests, from the committed lock file; the stamp is inside
 # node_modules so that a missing node_modules reinstalls too.
 NODE_DIR := tests/interop/node
@@ -53,10 +56,8 @@ $(INSTALLED): pyproject.toml | $(VENV_MADE)
 # cores): `make bytecode` compiles them on every core.
 $(TEST_INSTALLED): pyproject.toml | $(SPARK_INSTALLED)
 	$(PIP_INSTALL) --no-compile -e '.[test,spark]'
-	cp nsqpy/spark/pyspark_first.pth \
-		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/00-nsqpy-pyspark-first.pth"
-	cp pyspark_nsq.py \
-		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/pyspark_nsq.py"
+	cp nsqpy/spark/pyspark_first.pth "$(SITE_PACKAGES)/00-nsqpy-pyspark-first.pth"
+	cp pyspark_nsq.py "$(SITE_PACKAGES)/pyspark_nsq.py"
 	touch $(INSTALLED) $(TEST_INSTALLED)
 
 $(NODE_INSTALLED): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json | system-packages
@@ -174,8 +175,7 @@ test-prepared: install-test lint bytecode
 
 bytecode: $(TEST_INSTALLED)
 	$(BIN)/python -m compileall -q -j0 -x "/\.venv/|/node_modules/|/\.git/" .
-	$(BIN)/python -m compileall -q -j0 -x "/site-packages/.*/tests/" \
-		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+	$(BIN)/python -m compileall -q -j0 -x "/site-packages/.*/tests/" "$(SITE_PACKAGES)"
 
 lint: $(TEST_INSTALLED)
 	$(BIN)/ruff check .
