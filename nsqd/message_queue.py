@@ -481,6 +481,7 @@ class LogTopicQueue:
         # Every replica writes producer snapshots as its segments roll: a new leader starts
         # from them.
         log.producer_expiration = expiration
+        self._snapshot_writing = trio.Lock()
         # Where the partition's diskqueues were (`Topic.backend_name`): an earlier nsqpy's.
         self.backend_name = backend_name
         self._paused = paused
@@ -770,16 +771,15 @@ class LogTopicQueue:
         self, *, keep_bytes: float, older_than: float, move_delayed: bool = True
     ) -> int:
         """A partition without channels is never cleaned. The producer snapshot a roll made
-        due is written first (in a worker thread): the log removes only segments one covers.
+        due is written first, or the one a periodic sync is writing is waited for: the log
+        removes only segments one covers.
         Delayed messages whose records would go are written again at the end first
         (`move_delayed`: where this node writes the partition), so a delay never holds
         retention back; one out for delivery does until it is finished."""
         cursors = self.open_cursors()
         if not cursors:
             return 0
-        snapshot = self.log.prepare_producer_snapshot()
-        if snapshot is not None:
-            await trio.to_thread.run_sync(snapshot)
+        await self._write_due_snapshot()
         floor = min(cursor.confirmed.offset for cursor in self.open_cursors() or cursors)
         if move_delayed:
             start = self.log.start_after_clean(floor, keep_bytes=keep_bytes, older_than=older_than)
@@ -851,9 +851,16 @@ class LogTopicQueue:
         if self.delay_queue.due_to_commit(self.log.end.offset):
             self.delay_queue.commit(self.log.end.offset)
         # Here, not in a sync that publishes wait for: the job reads a whole segment.
-        snapshot = self.log.prepare_producer_snapshot()
-        if snapshot is not None:
-            await trio.to_thread.run_sync(snapshot)
+        await self._write_due_snapshot()
+
+    async def _write_due_snapshot(self) -> None:
+        """The producer snapshot a roll made due, written in a worker thread. One at a time:
+        a clean waits for the one a periodic sync is writing, since the log removes only
+        segments a snapshot on disk covers."""
+        async with self._snapshot_writing:
+            snapshot = self.log.prepare_producer_snapshot()
+            if snapshot is not None:
+                await trio.to_thread.run_sync(snapshot)
 
     def oldest_unconfirmed_ns(self) -> int:
         return 0  # a topic's: its channels' cursors say theirs

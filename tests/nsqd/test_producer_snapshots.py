@@ -2,13 +2,20 @@
 its segments roll, and a rebuild of the idempotent producers' sequences starts from the newest
 that still matches the log, reading only the records after it."""
 
+import dataclasses
 import math
 import os
 import time
 
+import trio
+import trio.testing
+
+from nsqpy.common.command import encode_pub
 from nsqpy.nsqd.message import Message
 from nsqpy.partition_log import PartitionLog, Position, ProducerMark
 from nsqpy.partition_log.producer_snapshots import read_snapshot
+from tests.nsqd.wire import Wire
+from tests.support.nsqd import running_nsqd
 
 # Records of 46 bytes: five publishes fill a segment of 200 bytes, the sixth rolls it (a full
 # segment is rolled before the next write).
@@ -196,3 +203,44 @@ def test_a_log_started_over_at_another_ones_start_keeps_its_producers(tmp_path):
     assert reopened.producer_state(since) == expected
     reopened.close()
     leader.close()
+
+
+async def test_a_greedy_clean_waits_for_the_snapshot_a_periodic_sync_is_writing(nsqd_options):
+    """Retention removes only segments a snapshot on disk covers. When the periodic sync has
+    taken the due snapshot and is still writing it, a clean (`/topic/greedyclean`) waits for
+    it and then removes what it covers, instead of finding none and removing nothing."""
+    # The periodic sync is the test's own call (its timer waits an hour).
+    options = dataclasses.replace(
+        nsqd_options,
+        log_topic=["lt"],
+        max_bytes_per_file=SEGMENT_BYTES,
+        sync_every=1,
+        sync_timeout=3600.0,
+    )
+    async with running_nsqd(options) as nsqd:
+        wire = await Wire.connect(nsqd)
+        for n in range(12):  # a full segment rolls before the next write
+            await wire.send(encode_pub("lt", b"body %d" % n))
+            await wire.expect_ok()
+        await wire.aclose()
+        topic = nsqd.get_topic("lt")
+        topic.get_channel("c").seek("special", -1)
+        log = topic.queue.log
+        assert len(log.segments) > 1 and not log.files.producer_snapshot_offsets()
+        removed: list[int] = []
+
+        async def greedy_clean() -> None:
+            removed.append(await nsqd.clean_logs([topic], greedy=True))
+
+        # A slow disk: the snapshot's write waits until the test lets it go.
+        log._file_jobs.acquire()
+        async with trio.open_nursery() as nursery:
+            try:
+                nursery.start_soon(topic.queue.sync_dirty)
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(greedy_clean)
+                await trio.testing.wait_all_tasks_blocked()
+                assert removed == []
+            finally:
+                log._file_jobs.release()
+        assert removed[0] > 0 and log.start.offset > 0
