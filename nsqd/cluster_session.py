@@ -232,13 +232,11 @@ class ClusterSession:
         key = self.keys.lookupd_leader
         while True:
             try:
-                kv = await self.client.get(key)
-                self._take_master(kv.value if kv is not None else None)
-                revision = kv.mod_revision + 1 if kv is not None else 0
-                if revision == 0:
-                    _kvs, current = await self.client.get_prefix(key)
-                    revision = current + 1
-                async with self.client.watch_prefix(key, revision) as watch:
+                # The key and the revision it was read at, in one answer: a master elected
+                # between two reads would be missed by a watch from the second's.
+                kvs, current = await self.client.get_prefix(key)
+                self._take_master(next((kv.value for kv in kvs if kv.key == key), None))
+                async with self.client.watch_prefix(key, current + 1) as watch:
                     async for event in watch:
                         self._take_master(event.value)
             except EtcdError as error:
