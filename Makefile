@@ -33,7 +33,7 @@ NODE_INSTALLED := $(NODE_DIR)/node_modules/.installed
 PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet
 
 .PHONY: install install-test system-packages spark-classes browser etcd netns java node run run-cluster test test-prepared \
-	bytecode lint bench clean
+	test-cluster-workers bytecode lint bench clean
 
 # The virtualenv with a current pip.
 VENV_MADE := $(VENV)/.made
@@ -172,6 +172,11 @@ test:
 	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
 test-prepared: install-test lint bytecode
+
+# Every cluster suite (network faults and chaos included) with `-workers=2` on every node;
+# tests/cluster/test_workers_in_cluster.py keeps the combination in `make test`.
+test-cluster-workers: test-prepared
+	NSQPY_TEST_CLUSTER_NSQD_ARGS=-workers=2 $(BIN)/python -m pytest -n 3 --dist loadfile tests/cluster
 
 bytecode: $(TEST_INSTALLED)
 	$(BIN)/python -m compileall -q -j0 -x "/\.venv/|/node_modules/|/\.git/" .

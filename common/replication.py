@@ -110,6 +110,10 @@ class FrameReader:
             del buffer[:at]
         return frames
 
+    def unread(self) -> bytes:
+        """What came after the last whole frame (the start of the next)."""
+        return bytes(self._buffer)
+
 
 class ReplicaRefusal(Exception):
     """An `ERROR` answer: `code` (Youzan's names where they exist, such as

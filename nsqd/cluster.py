@@ -26,6 +26,7 @@ nsqlookupd writes it to etcd; this node follows it (`ClusterSession` watches the
 
 import logging
 import os
+import socket
 import sqlite3
 import struct
 from collections.abc import Awaitable, Callable, Sequence
@@ -53,6 +54,7 @@ from nsqpy.common.replication import (
     PUT,
     REPLY,
     START,
+    Frame,
     FrameReader,
     ReplicaRefusal,
     ReplicationProtocolError,
@@ -65,11 +67,12 @@ from nsqpy.nsqd.catch_up import PULL_MAX_BYTES, PULL_MAX_ENTRIES, CatchUps
 from nsqpy.nsqd.cursor_queue import CursorQueue
 from nsqpy.nsqd.data_path import data_incarnation
 from nsqpy.nsqd.delay_queue import DelayedRecord
+from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.log_writer import LogWriter, WriteRefused
 from nsqpy.nsqd.message import Message
 from nsqpy.nsqd.message_queue import LogTopicQueue
 from nsqpy.nsqd.partition_replica import UNKNOWN_REPLICA, PartitionReplica
-from nsqpy.nsqd.peer_link import PeerLink, PeerUnavailable
+from nsqpy.nsqd.peer_link import PeerLink, PeerUnavailable, WorkerPeerLink
 from nsqpy.nsqd.tls import cluster_contexts
 from nsqpy.partition_log import PartitionLog, Position
 from nsqpy.partition_log.files import partitions_on_disk
@@ -80,6 +83,7 @@ from nsqpy.partition_log.view import group_fault
 if TYPE_CHECKING:
     from nsqpy.nsqd.channel import Channel
     from nsqpy.nsqd.cluster_session import ClusterSession
+    from nsqpy.nsqd.options import Options
     from nsqpy.nsqd.server import NSQD
     from nsqpy.nsqd.topic import Topic
 
@@ -97,6 +101,9 @@ UNWRITABLE_REPORT_AFTER = 2.0
 HANDOVER_TIMEOUT = 3.0
 # A replication peer has this long to finish the TLS handshake.
 PEER_HANDSHAKE_TIMEOUT = 5.0
+# A peer's request relayed to the worker owning its partition is answered within this (the
+# peer's own link gives up sooner and asks again).
+WORKER_LINK_TIMEOUT = 60.0
 # Channel cursors moved by FINs reach the followers at most this long after the previous push
 # (plus the push's round trip): what a failover redelivers beyond the messages in flight.
 CURSOR_PUSH_INTERVAL = 0.005
@@ -210,6 +217,14 @@ class ClusterWriteError(WriteRefused):
 CATCH_UP_WATCH_INTERVAL = 1.0
 
 
+async def open_rpc_listeners(options: "Options") -> list[trio.SocketListener]:
+    """The replication listeners `--rpc-port` names (`host:port`; without a host, the
+    broadcast address's)."""
+    host, _, port = options.rpc_port.rpartition(":")
+    host = host.strip("[]") or options.broadcast_address
+    return await trio.open_tcp_listeners(int(port), host=host)
+
+
 class ClusterNode:
     def __init__(self, nsqd: "NSQD") -> None:
         self.nsqd = nsqd
@@ -235,6 +250,10 @@ class ClusterNode:
         self._moved: set = set()
         self._moved_wakeup = trio.Event()
         self._refusals_logged: dict[tuple, float] = {}
+        # With `--workers`: links to the other workers, for peers' requests about their
+        # partitions that reached this one (`_answer_elsewhere`).
+        self._worker_links: dict[int, WorkerPeerLink] = {}
+        self._serving = trio.Event()
 
     # -- serving ---------------------------------------------------------------------------
 
@@ -245,15 +264,18 @@ class ClusterNode:
         for topic in nsqd.all_partitions():
             if topic.partitioned and _replica_of(topic) is None:
                 _hold(self, topic, UNKNOWN_REPLICA)
-        host, _, port = options.rpc_port.rpartition(":")
-        host = host.strip("[]") or options.broadcast_address
-        listeners = await trio.open_tcp_listeners(int(port), host=host)
+        worker = nsqd.worker
+        listeners = worker.rpc_listeners() if worker is not None else []
+        if not listeners:
+            listeners = await open_rpc_listeners(options)
         # The node's ID carries the port its peers connect to, which a proxy may front.
         self.rpc_port = options.broadcast_rpc_port or listeners[0].socket.getsockname()[1]
         self.node_id = node_id(
             options.broadcast_address, self.rpc_port, nsqd.tcp_port, options.node_id
         )
-        nsqd.log.info("RPC: listening on %s:%d", host, listeners[0].socket.getsockname()[1])
+        # A worker serves the listener its supervisor bound (and logged).
+        listening = nsqd.log.info if worker is None else nsqd.log.debug
+        listening("RPC: listening on %s", format_address(listeners[0].socket.getsockname()))
         try:
             self.incarnation = data_incarnation(nsqd.data_path)
         except OSError as error:
@@ -266,7 +288,7 @@ class ClusterNode:
                 nsqd.data_path,
                 error,
             )
-        if self.server_tls is None and self.enabled:
+        if self.server_tls is None and self.enabled and (worker is None or worker.index == 0):
             nsqd.log.warning(
                 "RPC: the replication links are not authenticated or encrypted: whoever reaches"
                 " the rpc port can read and write the partitions' logs; give"
@@ -287,6 +309,7 @@ class ClusterNode:
 
                 self.session = ClusterSession(self)
                 nursery.start_soon(self.session.run)
+            self._serving.set()
             task_status.started()
 
     async def leave(self) -> None:
@@ -379,7 +402,8 @@ class ClusterNode:
         """Youzan's `/topic/cleanunused`: of the partitions of `topic_names` whose logs are on
         disk here (`partition` -1: all of them) and that this node does not serve, those the
         cluster's metadata gives to other nodes or no longer has; none before this node read
-        the metadata (an unreachable etcd must not empty a disk)."""
+        the metadata (an unreachable etcd must not empty a disk). With `--workers`, each
+        worker answers for the partitions it would own (every worker is asked)."""
         session = self.session
         if session is None or not session.loaded or not session.metas:
             return []
@@ -391,6 +415,8 @@ class ClusterNode:
                 continue
             for number in partitions_on_disk(data_path, name):
                 if partition not in (-1, number) or self.nsqd.registry.get(name, number):
+                    continue
+                if not self.nsqd.placement.partitions_here(name, [number]):
                     continue
                 info = session.infos.get((name, number))
                 if name not in session.metas or info is None or not info.holds(me):
@@ -469,6 +495,8 @@ class ClusterNode:
             raise ClusterMetadataError(problem)
         if partition < 0:
             raise ClusterMetadataError(f"partition {partition} is not a partition number")
+        if not nsqd.placement.partitions_here(topic_name, [partition]):
+            return  # another of this node's workers holds it
         topic = nsqd.registry.get(topic_name, partition)
         if not info.holds(me):
             if topic is not None and topic.replication.info is not None:
@@ -1601,19 +1629,98 @@ class ClusterNode:
             peer_stream: trio.abc.Stream = tls
         else:
             peer_stream = stream
+        # A plain connection moves to the worker owning the partition its first request
+        # names; with the same `--workers` on every node, the rest of its requests are about
+        # that worker's partitions too (a leader's worker links to the same worker).
+        await self._answer_peer(peer_stream, movable=stream if peer_stream is stream else None)
+
+    async def serve_handed_peer(self, sock: socket.socket, handoff: Handoff) -> None:
+        """A peer's replication connection another worker handed over (`rpc`), its first
+        request in `pending`; or that worker's own link (`WorkerPeerLink`)."""
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        await self._serving.wait()
+        await self._answer_peer(stream, pending=handoff.pending)
+
+    async def _answer_peer(
+        self,
+        peer_stream: trio.abc.Stream,
+        *,
+        pending: bytes = b"",
+        movable: trio.SocketStream | None = None,
+    ) -> None:
         reader = FrameReader()
         async with peer_stream:
             try:
+                data: bytes | bytearray = pending
                 while True:
-                    data = await peer_stream.receive_some(256 * 1024)
                     if not data:
-                        return
-                    for frame in reader.receive_data(bytes(data)):
-                        await peer_stream.send_all(await self._answer(frame))
+                        data = await peer_stream.receive_some(256 * 1024)
+                        if not data:
+                            return
+                    frames = reader.receive_data(data)
+                    data = b""
+                    for at, frame in enumerate(frames):
+                        owner = self._worker_of(frame)
+                        if owner is not None and movable is not None:
+                            rest = b"".join(encode_frame(*later) for later in frames[at:])
+                            await self._move_peer(movable, owner, rest + reader.unread())
+                            return
+                        movable = None
+                        if owner is None:
+                            reply = await self._answer(frame)
+                        else:
+                            reply = await self._answer_elsewhere(owner, frame)
+                        await peer_stream.send_all(reply)
             except ReplicationProtocolError as error:
                 self.nsqd.log.error("RPC: bad frame from a peer - %s", error)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return
+
+    def _worker_of(self, frame: Frame) -> int | None:
+        """The other worker of this node owning the partition a request names; None when
+        this process answers it (also a request that names none: `_answer` refuses it)."""
+        header = frame.header
+        try:
+            partition = int(header["partition"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        other = self.nsqd.placement.worker_for(str(header.get("topic")).encode(), partition)
+        return None if other is None else other.index
+
+    async def _move_peer(self, stream: trio.SocketStream, owner: int, pending: bytes) -> None:
+        worker = self.nsqd.worker
+        assert worker is not None
+        try:
+            peer = format_address(stream.socket.getpeername())
+        except OSError:
+            peer = "unknown"
+        handoff = Handoff(remote_address=peer, pending=pending, rpc=True)
+        try:
+            await worker.hand_off(owner, stream.socket.fileno(), handoff)
+        except OSError as error:
+            # The owner is starting again (it died): the peer's link connects again.
+            self.nsqd.log.error(
+                "RPC: worker %d did not take a peer's connection (%s) - %s", owner, peer, error
+            )
+
+    async def _answer_elsewhere(self, owner: int, frame: Frame) -> bytes:
+        """The answer of the worker owning the partition a request names, asked over a
+        link to it."""
+        worker = self.nsqd.worker
+        assert worker is not None
+        link = self._worker_links.get(owner)
+        if link is None:
+            link = self._worker_links[owner] = WorkerPeerLink(
+                worker, owner, timeout=WORKER_LINK_TIMEOUT
+            )
+        try:
+            answer = await link.request(frame.op, frame.header, frame.payload)
+        except ReplicaRefusal as refusal:
+            return encode_frame(ERROR, refusal.details)
+        except PeerUnavailable as error:
+            text = f"the partition's worker {owner} did not answer - {error}"
+            return encode_frame(ERROR, error_header("E_IO", text))
+        return encode_frame(REPLY, answer.header, answer.payload)
 
     async def _answer(self, frame) -> bytes:
         header = frame.header

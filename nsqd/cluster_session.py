@@ -51,6 +51,9 @@ class ClusterSession:
         self.infos = self.view.infos
         self.master: dict | None = None
         self.lease = 0
+        # With `--workers`, worker 0 holds the node's registration and lease; every worker
+        # follows the topics and applies what its own partitions are told.
+        self.registers = node.nsqd.worker is None or node.nsqd.worker.index == 0
         self._nursery: trio.Nursery | None = None
         # Metadata this node could not apply, said once each.
         self._refused: set[tuple[str, int, str]] = set()
@@ -69,7 +72,7 @@ class ClusterSession:
     async def _run(self, task_status) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            while True:
+            while self.registers:
                 try:
                     await self._register()
                     break
@@ -78,7 +81,8 @@ class ClusterSession:
                     self.nsqd.log.error("CLUSTER: cannot register with etcd yet - %s", error)
                     await trio.sleep(0.5)
             revision = await self._load()
-            nursery.start_soon(self._keep_registered)
+            if self.registers:
+                nursery.start_soon(self._keep_registered)
             nursery.start_soon(self._watch_topics, revision + 1)
             nursery.start_soon(self._watch_master)
             task_status.started()

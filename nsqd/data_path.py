@@ -6,6 +6,7 @@ and says in words what is wrong.
 """
 
 import errno
+import fcntl
 import os
 
 
@@ -51,8 +52,19 @@ def data_incarnation(path: str) -> str:
     """The data directory's identity, made (at random) the first time it is asked for and kept
     in it: a cluster node's incarnation (docs/design.md §14). A directory that lost it (a new
     disk, emptied, or the file unreadable) gets a new one, and with it counts as holding
-    none of the partitions' data it held before. OSError when it cannot be written."""
-    file = os.path.join(path, INCARNATION_FILE)
+    none of the partitions' data it held before. OSError when it cannot be written.
+
+    Read and made under a lock on the directory: the `--workers` of one node, starting side
+    by side, all find the one identity."""
+    directory = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(directory, fcntl.LOCK_EX)
+        return _read_or_make_incarnation(os.path.join(path, INCARNATION_FILE))
+    finally:
+        os.close(directory)
+
+
+def _read_or_make_incarnation(file: str) -> str:
     try:
         with open(file, "rb") as handle:
             text = handle.read().decode("ascii").strip()

@@ -11,7 +11,8 @@ AUTH granted comes as it is (the auth server is not asked twice).
 A connection that negotiated TLS or compression cannot move (its cipher and compressor state
 live in the sender); its sender keeps it and relays the plain bytes over a socket pair whose
 other end is handed over the same way (`relayed`). Workers also hand each other socket pairs
-for their own links (`internal`: publishes forwarded to a topic's owner).
+for their own links (`internal`: publishes forwarded to a topic's owner). A cluster peer's
+replication connection moves the same way once its first request names a partition (`rpc`).
 
 `encode` and `decode` are the message; `send` and `receive` move it with the descriptor.
 """
@@ -44,6 +45,9 @@ class Handoff:
     internal: bool = False
     # An HTTP connection (`pending`: the requests it sent and was not answered).
     http: bool = False
+    # A cluster peer's replication connection (`pending`: its first request, which names a
+    # partition the receiver owns).
+    rpc: bool = False
     # The client's AUTH: its secret and what the auth server granted (`AuthState` as a
     # dict), carried over rather than asked again.
     auth_secret: str = ""

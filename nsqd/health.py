@@ -5,6 +5,7 @@ counts too, until the next one succeeds.
 """
 
 import logging
+from collections.abc import Callable
 
 
 class Health:
@@ -15,6 +16,8 @@ class Health:
         self.text = "OK"
         self._write_error: str | None = None
         self._sync_error: str | None = None
+        # Told each new text (a worker tells the others through its supervisor).
+        self.on_change: Callable[[str], None] | None = None
 
     @property
     def ok(self) -> bool:
@@ -44,3 +47,5 @@ class Health:
         else:
             self.log.error("NSQ: health %s", text)
         self.text = text
+        if self.on_change is not None:
+            self.on_change(text)

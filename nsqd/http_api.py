@@ -1396,6 +1396,7 @@ EVERY_PARTITION_ROUTES = frozenset(
         ("POST", "/message/finish"),
         ("GET", "/message/stats"),
         ("GET", "/partition/offsets"),
+        ("GET", "/coordinator/stats"),
     }
 )
 

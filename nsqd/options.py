@@ -662,11 +662,6 @@ def options_from_values(values: dict) -> Options:
     if options.channel_ratelimit_kb < 0:
         raise OptionsError("--channel-ratelimit-kb must be >= 0")
     workers = worker_count(options.workers)
-    if workers > 1 and options.cluster_leadership_addresses:
-        raise OptionsError(
-            "--workers above 1 does not combine with --cluster-leadership-addresses:"
-            " a cluster node runs in one process"
-        )
     if workers > 1 and split_address(options.tcp_address) is None:
         raise OptionsError("--workers above 1 needs a TCP host:port, not a unix socket")
     cluster_tls = (

@@ -2,8 +2,10 @@
 time, its answer read before the next goes out, reconnected on the next request after a
 failure. A leader holds one per follower and sends each group to all of them side by side."""
 
+import socket
 import ssl
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -16,6 +18,10 @@ from nsqpy.common.replication import (
     ReplicationProtocolError,
     encode_frame,
 )
+from nsqpy.nsqd.handoff import Handoff
+
+if TYPE_CHECKING:
+    from nsqpy.nsqd.worker import Worker
 
 RECEIVE_SIZE = 256 * 1024
 
@@ -131,3 +137,22 @@ class PeerLink:
     async def aclose(self) -> None:
         async with self._lock:
             await self._drop()
+
+
+class WorkerPeerLink(PeerLink):
+    """A link to another of this node's `--workers`, for a peer's requests about partitions
+    that worker owns which reached this one (a TLS link, which cannot move, or a peer whose
+    links mix the workers' partitions): a socket pair whose other end is handed to the owner
+    as a replication connection (`nsqd/handoff.py`)."""
+
+    def __init__(self, worker: "Worker", owner: int, *, timeout: float) -> None:
+        super().__init__(("worker", owner), timeout=timeout)
+        self.worker = worker
+        self.owner = owner
+
+    async def _connect(self) -> trio.abc.Stream:
+        ours, theirs = socket.socketpair()
+        with theirs:
+            handoff = Handoff(remote_address=f"worker {self.worker.index}", internal=True, rpc=True)
+            await self.worker.hand_off(self.owner, theirs.fileno(), handoff)
+        return trio.SocketStream(trio.socket.from_stdlib_socket(ours))

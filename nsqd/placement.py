@@ -1,17 +1,19 @@
 """Where a topic is served (docs/design.md, "Placement"): by this process, by another of
 `--workers`, or refused here with the NSQ error a client acts on.
 
-One interface answers it for the TCP and the HTTP paths, in the two steps a request meets:
+One interface answers it for the TCP, the HTTP and a cluster peer's replication paths, in the
+two steps a request meets:
 
 1. `worker_for(name, partition)`, before anything is resolved: the process that serves the
    partition a command or request names (-1: the topic's default partition); another
-   worker's connection is handed over, or its publish forwarded, by the connection layer
-   (`protocol_v2.py`, `worker_http.py`);
+   worker's connection is handed over, or its publish (a peer's request) forwarded, by the
+   connection layer (`protocol_v2.py`, `worker_http.py`, `ClusterNode._worker_of`);
 2. `refusal(topic, operation)`, once the partition is resolved in the process that serves
    it: None when this node serves the operation on it, else the error (a cluster follower,
    a leader that cannot replicate, `/disable/write`). `refuses_to_create(name)` says whether
    a client's command may create a topic here at all, and `partitions_here(name, numbers)`
-   which of a topic's partitions a request creating them all makes in this process.
+   which of a topic's partitions this process holds (a request creating them all, the
+   cluster's metadata applied).
 
 Three implementations: `SingleNodePlacement` (an nsqd alone: everything here),
 `ClusterPlacement` (the partition's replica state decides), `WorkerPlacement` (one of

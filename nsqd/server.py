@@ -88,6 +88,7 @@ class NSQD:
         self.lookup_peers = LookupPeers(self) if worker is None else WorkerLookup(self, worker)
         if worker is not None:
             number_client_ids(first=worker.index + 1, step=worker.count)
+            self.storage.health.on_change = lambda text: worker.tell({"health": text})
         self.cluster = ClusterNode(self)
         # Where a topic is served: here, by another worker, or refused (`nsqd/placement.py`).
         self.placement = placement_for(self)
@@ -276,8 +277,12 @@ class NSQD:
 
     @property
     def health(self) -> str:
-        """`OK`, or `NOK - <why>` while the disk refuses writes (`nsqd/health.py`)."""
-        return self.storage.health.text
+        """`OK`, or `NOK - <why>` while the disk refuses writes (`nsqd/health.py`); with
+        `--workers`, the node's: a worker's NOK is every worker's."""
+        text = self.storage.health.text
+        if text != "OK" or self.worker is None:
+            return text
+        return self.worker.peers_health()
 
     def set_options(self, **changes) -> None:
         """PUT /config: swap in new options (Go's swapOpts)."""
@@ -654,6 +659,9 @@ class NSQD:
 
     async def _handle_handed(self, sock: socket.socket, handoff: Handoff) -> None:
         """A connection another worker handed over (`nsqd/handoff.py`)."""
+        if handoff.rpc:
+            await self.cluster.serve_handed_peer(sock, handoff)
+            return
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
         await self._serve_connection(ProtocolV2(self, stream, handoff.remote_address, handoff))
 

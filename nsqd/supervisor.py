@@ -21,6 +21,7 @@ import trio
 
 from nsqpy.common.version import VERSION
 from nsqpy.daemon.net import format_address, open_listener
+from nsqpy.nsqd.cluster import open_rpc_listeners
 from nsqpy.nsqd.data_path import prepare_data_path
 from nsqpy.nsqd.lookup import LookupPeers
 from nsqpy.nsqd.metadata import (
@@ -58,6 +59,9 @@ class Supervisor:
         self.secret = secrets.token_urlsafe(24)
         self.tcp_address = ""
         self.http_address = ""
+        self.rpc_fds: list[int] = []
+        # Each worker's health, as it last said (`nsqd/health.py`): `/ping` is the node's.
+        self._health: dict[int, str] = {}
         self.lookup_peers = LookupPeers(self)
         self.peers_http: dict[int, str] = {}
         self._registrations: dict[int, set[Registration]] = {}
@@ -100,9 +104,13 @@ class Supervisor:
         https = None
         if options.tls_cert:
             https = await open_listener(options.https_address)
+        # A cluster node's replication port: its peers' connections are handed to the worker
+        # that owns the partition they are about (`ClusterNode.serve_peer`).
+        rpc = await open_rpc_listeners(options) if options.cluster_leadership_addresses else []
         self.tcp_address = format_address(tcp.socket.getsockname())
         self.http_address = format_address(http.socket.getsockname())
         fds = (tcp.socket.fileno(), http.socket.fileno(), https.socket.fileno() if https else -1)
+        self.rpc_fds = [listener.socket.fileno() for listener in rpc]
         try:
             async with trio.open_nursery() as workers:
                 for index in range(self.count):
@@ -116,6 +124,9 @@ class Supervisor:
                 if https is not None:
                     address = format_address(https.socket.getsockname())
                     self.log.info("HTTPS: listening on %s", address)
+                if rpc:
+                    address = format_address(rpc[0].socket.getsockname())
+                    self.log.info("RPC: listening on %s", address)
                 self.log.info("WORKERS: %d processes share the topics", self.count)
                 async with trio.open_nursery() as services:
                     services.start_soon(self.lookup_peers.run, options.lookupd_tcp_address)
@@ -124,7 +135,7 @@ class Supervisor:
                     services.cancel_scope.cancel()
                 self._stop_workers()
         finally:
-            for listener in (tcp, http, https):
+            for listener in (tcp, http, https, *rpc):
                 if listener is not None:
                     with trio.CancelScope(shield=True):
                         await listener.aclose()
@@ -157,10 +168,10 @@ class Supervisor:
     async def _run_worker(self, index: int, fds: tuple[int, int, int]) -> int:
         ours, theirs = socket.socketpair()
         setup = WorkerSetup.encode(
-            index, self.count, self.token, (theirs.fileno(), *fds), self.secret
+            index, self.count, self.token, (theirs.fileno(), *fds), self.secret, self.rpc_fds
         )
         environment = {**os.environ, WORKER_ENVIRONMENT: setup}
-        keep = [theirs.fileno(), *(fd for fd in fds if fd >= 0)]
+        keep = [theirs.fileno(), *(fd for fd in fds if fd >= 0), *self.rpc_fds]
         with theirs:
             # Started from this thread, not trio's thread pool: a worker asks to die with
             # the thread that started it (`die_with_parent`), and pool threads come and go.
@@ -190,6 +201,8 @@ class Supervisor:
             self.peers_http.pop(index, None)
             with trio.CancelScope(shield=True):
                 await control.aclose()
+                if self._health.pop(index, "OK") != "OK":
+                    await self._tell_all({"health": {str(i): t for i, t in self._health.items()}})
         return status
 
     async def _read_control(self, index: int, control: trio.SocketStream) -> None:
@@ -218,6 +231,9 @@ class Supervisor:
             addresses = list(message["lookupd"])
             self.options = self.options.replace(lookupd_tcp_address=addresses)
             self.lookup_peers.set_addresses(addresses)
+        if "health" in message:
+            self._health[index] = message["health"]
+            await self._tell_all({"health": {str(i): text for i, text in self._health.items()}})
         if "http" in message:
             self.peers_http[index] = message["http"]
             if len(self.peers_http) == self.count:

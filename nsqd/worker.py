@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from nsqpy.nsqd.server import NSQD
 
 # The environment variable that makes an nsqd process a worker: "index,count,token,control fd,
-# tcp fd,http fd,https fd" (-1: none).
+# tcp fd,http fd,https fd,secret,rpc fd" (-1: none).
 WORKER_ENVIRONMENT = "NSQPY_WORKER"
 # A forwarded publish gets its owner's answer within this, or fails.
 FORWARD_TIMEOUT = 30.0
@@ -110,12 +110,20 @@ class WorkerSetup:
         # What a worker's HTTP request to another carries once it checked the client's
         # credential itself (`Authorization: Bearer`): the client's address is its own.
         self.secret = fields[7]
+        # A cluster node's replication listeners (`--rpc-port`), ";" between them.
+        self.rpc_fds = [int(fd) for fd in fields[8].split(";") if fd]
 
     @staticmethod
     def encode(
-        index: int, count: int, token: str, fds: tuple[int, int, int, int], secret: str
+        index: int,
+        count: int,
+        token: str,
+        fds: tuple[int, int, int, int],
+        secret: str,
+        rpc_fds: list[int],
     ) -> str:
-        return ",".join(map(str, (index, count, token, *fds, secret)))
+        rpc = ";".join(map(str, rpc_fds))
+        return ",".join(map(str, (index, count, token, *fds, secret, rpc)))
 
 
 class Worker:
@@ -128,6 +136,8 @@ class Worker:
         # Each worker's private HTTP address, for requests routed to a topic's owner.
         self.peers_http: dict[int, str] = {}
         self.lookupd_http: list[str] = []
+        # The workers' health as each last told the supervisor (`NSQD.health`).
+        self.health: dict[int, str] = {}
         self._peers_known = trio.Event()
         self._links: dict[int, ForwardLink] = {}
         self._nursery: trio.Nursery | None = None
@@ -150,6 +160,13 @@ class Worker:
         setup = self.setup
         fds = {"TCP": setup.tcp_fd, "HTTP": setup.http_fd, "HTTPS": setup.https_fd}
         return None if fds[kind] < 0 else socket.socket(fileno=fds[kind])
+
+    def rpc_listeners(self) -> list[trio.SocketListener]:
+        """The supervisor's replication listeners (a cluster node's `--rpc-port`)."""
+        return [
+            trio.SocketListener(trio.socket.from_stdlib_socket(socket.socket(fileno=fd)))
+            for fd in self.setup.rpc_fds
+        ]
 
     # -- the supervisor ------------------------------------------------------------------------
 
@@ -199,6 +216,12 @@ class Worker:
                 self._peers_known.set()
         if "lookupd_http" in message:
             self.lookupd_http = list(message["lookupd_http"])
+        if "health" in message:
+            self.health = {int(index): text for index, text in message["health"].items()}
+
+    def peers_health(self) -> str:
+        """The first other worker's health that is not OK, else OK."""
+        return next((text for _, text in sorted(self.health.items()) if text != "OK"), "OK")
 
     async def _accept_handoffs(self, listener, handle_handed, nursery: trio.Nursery) -> None:
         with listener:

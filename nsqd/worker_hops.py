@@ -109,13 +109,25 @@ class WorkerHops:
             "relayed" if relayed else "moved",
             owner,
         )
-        if not relayed:
-            await self.worker.hand_off(owner, fd, handoff)
+        ours, theirs = socket.socketpair() if relayed else (None, None)
+        try:
+            await self.worker.hand_off(owner, fd if theirs is None else theirs.fileno(), handoff)
+        except OSError as error:
+            # The owner is starting again (it died): the client connects again, as to an
+            # nsqd that restarted.
+            connection.nsqd.log.error(
+                "[%s] worker %d did not take the connection - %s; closing it",
+                connection.client,
+                owner,
+                error,
+            )
+            if ours is not None:
+                ours.close()
             return None
-        ours, theirs = socket.socketpair()
-        with theirs:
-            await self.worker.hand_off(owner, theirs.fileno(), handoff)
-        return trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+        finally:
+            if theirs is not None:
+                theirs.close()
+        return None if ours is None else trio.SocketStream(trio.socket.from_stdlib_socket(ours))
 
     async def relay(self, stream: trio.abc.Stream, pair: trio.SocketStream) -> None:
         """Carry the plain bytes both ways between the client (through its TLS or

@@ -44,9 +44,11 @@ _EVERY_WORKER = (
     ("POST", "/disable/write"),
     ("POST", "/loglevel/set"),
     ("POST", "/debug/freememory"),
+    # Each worker removes the unused partitions it would own (`ClusterNode.unused_partitions`).
+    ("POST", "/topic/cleanunused"),
 )
 # Node-wide answers without a topic, each worker's joined (`WorkerRouter._collected`).
-_COLLECTED = ("/serverstats", "/message/historystats")
+_COLLECTED = ("/serverstats", "/message/historystats", "/cluster/partitions")
 _BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
 # What a worker without the partitions (or the message) a request is about answers; when every
 # worker answers so, the most telling is the node's answer (a channel missing from a topic
@@ -246,6 +248,13 @@ class WorkerRouter:
                 (d["health"] for d in documents if d["health"] != "OK"), self.nsqd.health
             )
             return v1_response(200, document)
+        if request.path == "/cluster/partitions":
+            document = dict(documents[0])
+            reports = _merged(documents, "partitions") or []
+            document["partitions"] = sorted(
+                reports, key=lambda entry: (entry["topic"], entry["partition"])
+            )
+            return v1_response(200, document)
         entries = _merged(documents, "node_hourly_pub_size_stats")
         if entries is not None:
             entries.sort(key=lambda entry: (entry["topic_name"], int(entry["topic_partition"])))
@@ -257,7 +266,14 @@ class WorkerRouter:
             return await self._collected(request)
         params = query_params(request)
         wanted = {"format": "json", "include_mem": "false"}
-        for key in ("topic", "channel", "include_clients"):
+        for key in (
+            "topic",
+            "channel",
+            "include_clients",
+            "needClients",
+            "leaderOnly",
+            "partition",
+        ):
             value = first_param(params, key)
             if value is not None:
                 wanted[key] = value
@@ -325,11 +341,13 @@ def _joined(answers: list[Response]) -> Response:
         return held[0]
     if held[0].body.startswith(b"{"):
         documents = [json.loads(answer.body) for answer in held]
-        if "partitions" not in documents[0]:
+        # `/partition/offsets`' partitions; `/coordinator/stats`' partitions' replicas.
+        key = next((key for key in ("partitions", "topic_coord_stats") if key in documents[0]), "")
+        if not key:
             return held[0]
         document = dict(documents[0])
-        document["partitions"] = sorted(
-            (entry for part in documents for entry in part.get("partitions") or []),
+        document[key] = sorted(
+            (entry for part in documents for entry in part.get(key) or []),
             key=lambda entry: entry["partition"],
         )
         return v1_response(200, document)

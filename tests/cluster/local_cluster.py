@@ -8,6 +8,7 @@ Everything that depends on the cluster reacting is polled with a deadline (`wait
 """
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -20,6 +21,11 @@ from tests.support.ports import restartable_port
 from tests.support.tmpfs import Tmpfs
 
 DEADLINE = 20.0
+
+
+# What every cluster nsqd of a run gets besides its own flags: `make test-cluster-workers`
+# runs the cluster suites with `-workers=2` on every node.
+SUITE_NSQD_ARGS = tuple(os.environ.get("NSQPY_TEST_CLUSTER_NSQD_ARGS", "").split())
 
 
 class Node:
@@ -85,6 +91,8 @@ class Node:
             "-sync-timeout=200ms",
             *[f"-lookupd-tcp-address=127.0.0.1:{ld.port('TCP')}" for ld in cluster.lookupds],
             *cluster.nsqd_args,
+            *cluster.node_args.get(self.index, ()),
+            *SUITE_NSQD_ARGS,
         ]
         self.process = DaemonProcess("nsqd", args, cwd=self.data_path).launch()
         return self
@@ -109,10 +117,26 @@ class Node:
         self.process.stop()
 
     def pause(self) -> None:
-        self.process.process.send_signal(signal.SIGSTOP)
+        """SIGSTOP to the node's processes (with `--workers`, the supervisor's too), as a
+        frozen machine: the workers first, so none sees its supervisor stand still first."""
+        for pid in [*self.worker_pids(), self.process.process.pid]:
+            os.kill(pid, signal.SIGSTOP)
 
     def resume(self) -> None:
-        self.process.process.send_signal(signal.SIGCONT)
+        for pid in [self.process.process.pid, *self.worker_pids()]:
+            os.kill(pid, signal.SIGCONT)
+
+    def worker_pids(self) -> list[int]:
+        """The node's worker processes (`--workers`): its process's children."""
+        pid = self.process.process.pid
+        children: list[int] = []
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as listed:
+                    children.extend(int(child) for child in listed.read().split())
+        except OSError:
+            return []  # the process is gone
+        return children
 
     @property
     def running(self) -> bool:
@@ -129,6 +153,7 @@ class LocalCluster:
         lookupds: int = 1,
         ttl: float = 2.0,
         nsqd_args: tuple[str, ...] = (),
+        node_args: dict[int, tuple[str, ...]] | None = None,
         lookupd_args: tuple[str, ...] = (),
         etcd_urls: dict[int, str] | None = None,
         rpc_proxies: bool = False,
@@ -148,6 +173,8 @@ class LocalCluster:
         self.cluster_id = "test"
         self.ttl = ttl
         self.nsqd_args = nsqd_args
+        # A node's own flags besides `nsqd_args`, by node index.
+        self.node_args = node_args or {}
         self.lookupds: list[DaemonProcess] = []
         for index in range(lookupds):
             directory = root / f"lookupd{index}"
@@ -293,7 +320,8 @@ class LocalCluster:
         for partition in range(partitions):
             leader = self.node_leading(topic, partition)
             target = f"/channel/create?topic={topic}&channel={channel}&partition={partition}"
-            assert leader.http("POST", target).status == 200
+            reply = leader.http("POST", target)
+            assert reply.status == 200, reply
 
         def writable() -> bool:
             reply = self.lookupd_http("GET", f"/lookup?topic={topic}&access=w")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.local_cluster import SUITE_NSQD_ARGS
 from tests.cluster.netns import Network, set_delay
 from tests.cluster.traffic import log_files, retained_log, same_from
 from tests.harness import DaemonProcess
@@ -148,6 +149,7 @@ class NetCluster:
                     "-sync-every=1",
                     "-sync-timeout=200ms",
                     *cluster,
+                    *SUITE_NSQD_ARGS,
                 ],
                 cwd=data,
                 prefix=network.prefix_for(host),

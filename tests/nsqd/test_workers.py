@@ -429,10 +429,6 @@ def test_bad_workers_values_are_refused_in_one_line(tmp_path):
             f"invalid value \"{value}\" for flag -workers: must be a number >= 1 or 'auto',"
             f" not '{value}'"
         )
-    finished = _run_nsqd(tmp_path, "-workers=2", "-cluster-leadership-addresses=http://127.0.0.1:1")
-    assert finished.returncode == 1
-    (line,) = [line for line in finished.stderr.splitlines() if "FATAL" in line]
-    assert "--workers above 1 does not combine with --cluster-leadership-addresses" in line
 
 
 def test_a_config_file_may_give_the_workers_as_a_number(tmp_path):

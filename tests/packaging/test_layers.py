@@ -79,8 +79,10 @@ def calls_of(folder: str, method: str) -> dict[str, int]:
 def test_where_a_topic_is_served_is_asked_only_by_the_tcp_and_http_paths():
     """docs/design.md §12, Placement: the placement is the one place that decides whether a
     topic is served here, by another worker, or refused; nothing else asks a worker for a
-    topic's owner or a partition's replica for a publish refusal."""
-    assert set(calls_of("nsqd", "worker_for")) == {"protocol_v2.py", "worker_http.py"}
+    topic's owner or a partition's replica for a publish refusal. The connection paths that
+    ask: TCP clients, HTTP, and a cluster peer's replication connection (`cluster.py`)."""
+    assert set(calls_of("nsqd", "worker_for")) == {"protocol_v2.py", "worker_http.py", "cluster.py"}
+    assert calls_of("nsqd", "worker_for")["cluster.py"] == 1
     assert set(calls_of("nsqd", "refuses_to_create")) == {"server.py", "placement.py"}
     refusals = calls_of("nsqd", "refusal")
     assert set(refusals) == {"protocol_v2.py", "http_api.py", "placement.py"}
@@ -131,4 +133,6 @@ def test_every_endpoint_for_all_of_a_topics_partitions_is_known_to_the_worker_ro
         and isinstance(call.args[2], ast.Attribute)
         and call.args[2].attr in every_partition
     }
-    assert routes == EVERY_PARTITION_ROUTES
+    # `/coordinator/stats` reads `partition=` itself (`_any_partition`): every partition of
+    # the topic when it names none.
+    assert routes | {("GET", "/coordinator/stats")} == EVERY_PARTITION_ROUTES

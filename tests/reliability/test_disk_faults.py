@@ -468,3 +468,32 @@ def test_youzan_consumers_of_aged_partitions_on_two_workers_ride_out_a_full_disk
             consumer.close()
         daemon.kill()
         disk.close()
+
+
+def test_every_worker_answers_nok_while_one_workers_topic_cannot_write(tmp_path):
+    """`/ping` is the node's health: with `--workers=2`, a full disk refusing the writes of one
+    worker's topic makes every worker answer NOK (each says it to the supervisor, which tells
+    the others), and every worker answers OK again once that worker's writes succeed."""
+    disk, data_path, args = small_disk_nsqd(tmp_path, "-workers=2", "-mem-queue-size=0")
+    daemon = DaemonProcess("nsqd", args, cwd=data_path).start(wait_for=("TCP", "HTTP"))
+    try:
+        http_port = daemon.port("HTTP")
+        assert http(http_port, "POST", "/pub?topic=t", b"before")[0] == 200
+        disk.fill()
+        # The diskqueue file's last page may still take a few.
+        statuses = [http(http_port, "POST", "/pub?topic=t", b"x" * 1000)[0] for _ in range(50)]
+        assert 500 in statuses, statuses
+
+        def every_ping(status: int) -> bool:
+            # Fresh connections, which the kernel gives to either worker.
+            return all(http(http_port, "GET", "/ping")[0] == status for _ in range(20))
+
+        poll(lambda: every_ping(500), "every worker's /ping NOK")
+        disk.free()
+        assert http(http_port, "POST", "/pub?topic=t", b"after")[0] == 200
+        poll(lambda: every_ping(200), "every worker's /ping OK again")
+        assert daemon.process.poll() is None
+        assert "Traceback" not in daemon.log
+    finally:
+        daemon.kill()
+        disk.close()

@@ -1,0 +1,124 @@
+"""A cluster node on every core (docs/design.md §15, "Workers in a cluster"): with `--workers`
+each worker holds the node's partitions it owns, replicates them and pushes their cursors; a
+peer's replication connection moves to the worker owning the partition its first request
+names, or (TLS, or a peer with another worker count) each request is answered by that worker
+over a link of this node's own. The node keeps one identity and one lease (worker 0's), and
+answers `/stats`, `/cluster/partitions` and `/coordinator/stats` for all of its workers.
+
+`make test-cluster-workers` runs every cluster suite with `-workers=2` on every node; these
+tests keep the combination in the default suite."""
+
+import json
+import os
+import signal
+
+import pytest
+import trustme
+
+from nsqpy.nsqd.worker import owner_of
+from tests.cluster.local_cluster import LocalCluster
+from tests.cluster.traffic import Traffic, check_replicas_identical
+from tests.support.polling import poll
+
+PARTITIONS = 4
+
+
+def test_partitions_hash_to_both_workers():
+    """The topic these tests use has partitions on each of two workers, so both the moved
+    connections and the links between workers carry its replication."""
+    assert {owner_of("t", partition, 2) for partition in range(PARTITIONS)} == {0, 1}
+    assert {owner_of("t", partition, 3) for partition in range(PARTITIONS)} == {0, 1, 2}
+
+
+def test_nodes_on_two_workers_replicate_fail_over_and_lose_nothing(tmp_path, etcd_server):
+    """Three nodes of two workers each, a topic of 4 partitions on 3 replicas under smart
+    producers and a consumer: a leader node is killed (`kill -9`: its workers die with it) and
+    started again, and one worker of another node is killed and started again by its
+    supervisor. Every acknowledged message is consumed, and every replica of every partition
+    is its leader's log byte for byte."""
+    with LocalCluster(tmp_path, etcd_server, nsqd_args=("-workers=2", "-sync-every=1")) as cluster:
+        cluster.create_writable_topic("t", PARTITIONS, 3)
+        node = cluster.nodes[0]
+        # One node's view holds every partition, whichever worker holds it.
+        reply = node.http("GET", "/stats?format=json&topic=t")
+        held = sorted(int(entry["topic_partition"]) for entry in json.loads(reply.body)["topics"])
+        assert held == list(range(PARTITIONS))
+        reports = json.loads(node.http("GET", "/cluster/partitions").body)
+        assert reports["node"] == node.node_id
+        assert [entry["partition"] for entry in reports["partitions"]] == list(range(PARTITIONS))
+        coordinator = json.loads(node.http("GET", "/coordinator/stats?topic=t").body)
+        assert [entry["partition"] for entry in coordinator["topic_coord_stats"]] == list(
+            range(PARTITIONS)
+        )
+        traffic = Traffic(cluster, "t")
+        try:
+            traffic.wait_acked(200)
+            leader = cluster.node_leading("t", 0)
+            leader.kill()
+            poll(
+                lambda: cluster.partition("t", 0)["leader"] != leader.node_id,
+                lambda: f"t/0 led by another node\n{cluster.describe()}",
+            )
+            traffic.wait_acked(len(traffic.acked) + 200)
+            leader.start()
+            other = next(node for node in cluster.nodes if node is not leader)
+            (worker, *_rest) = other.worker_pids()
+            os.kill(worker, signal.SIGKILL)
+            traffic.wait_acked(len(traffic.acked) + 200)
+            poll(lambda: len(other.worker_pids()) == 2, "the killed worker started again")
+            traffic.stop_producing()
+            traffic.check_all_consumed()
+        finally:
+            traffic.close()
+        check_replicas_identical(cluster, "t", PARTITIONS)
+
+
+@pytest.fixture
+def cluster_identity(tmp_path) -> tuple[str, ...]:
+    """The cluster's mutual TLS flags: a CA and one certificate every node presents."""
+    authority = trustme.CA()
+    directory = tmp_path / "tls"
+    directory.mkdir()
+    ca = directory / "ca.pem"
+    authority.cert_pem.write_to_path(ca)
+    identity = authority.issue_cert("nsqd", "127.0.0.1")
+    cert, key = directory / "nsqd.pem", directory / "nsqd-key.pem"
+    identity.cert_chain_pems[0].write_to_path(cert)
+    identity.private_key_pem.write_to_path(key)
+    return (
+        f"-cluster-tls-cert={cert}",
+        f"-cluster-tls-key={key}",
+        f"-cluster-tls-root-ca-file={ca}",
+    )
+
+
+def test_nodes_of_different_worker_counts_over_tls_replicate_every_partition(
+    tmp_path, etcd_server, cluster_identity
+):
+    """One node in one process, one of two workers, one of three, over the cluster's mutual
+    TLS: no connection can move, and no two nodes share how partitions map to workers, so
+    each request reaches its partition's worker over the node's own links. Publishes to every
+    partition reach every replica byte for byte, and a clean stop of the three-worker node
+    hands what it leads over first."""
+    with LocalCluster(
+        tmp_path,
+        etcd_server,
+        nsqd_args=("-sync-every=1", *cluster_identity),
+        node_args={1: ("-workers=2",), 2: ("-workers=3",)},
+    ) as cluster:
+        cluster.create_writable_topic("t", PARTITIONS, 3)
+        traffic = Traffic(cluster, "t")
+        try:
+            traffic.wait_acked(300)
+            stopping = cluster.nodes[2]
+            stopping.stop()
+            assert "CLUSTER: leaving the cluster: " in stopping.process.log
+            for partition in range(PARTITIONS):
+                assert cluster.partition("t", partition)["leader"] != stopping.node_id
+            traffic.wait_acked(len(traffic.acked) + 100)
+            stopping.start()
+            traffic.stop_producing()
+            traffic.check_all_consumed()
+        finally:
+            traffic.close()
+        check_replicas_identical(cluster, "t", PARTITIONS)
