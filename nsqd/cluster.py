@@ -26,7 +26,6 @@ nsqlookupd writes it to etcd; this node follows it (`ClusterSession` watches the
 
 import logging
 import os
-import socket
 import sqlite3
 import struct
 from collections.abc import Awaitable, Callable, Sequence
@@ -54,10 +53,7 @@ from nsqpy.common.replication import (
     PUT,
     REPLY,
     START,
-    Frame,
-    FrameReader,
     ReplicaRefusal,
-    ReplicationProtocolError,
     encode_frame,
     error_header,
 )
@@ -67,12 +63,12 @@ from nsqpy.nsqd.catch_up import PULL_MAX_BYTES, PULL_MAX_ENTRIES, CatchUps
 from nsqpy.nsqd.cursor_queue import CursorQueue
 from nsqpy.nsqd.data_path import data_incarnation
 from nsqpy.nsqd.delay_queue import DelayedRecord
-from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.log_writer import LogWriter, WriteRefused
 from nsqpy.nsqd.message import Message
 from nsqpy.nsqd.message_queue import LogTopicQueue
 from nsqpy.nsqd.partition_replica import UNKNOWN_REPLICA, PartitionReplica
-from nsqpy.nsqd.peer_link import PeerLink, PeerUnavailable, WorkerPeerLink
+from nsqpy.nsqd.peer_link import PeerLink, PeerUnavailable
+from nsqpy.nsqd.peer_server import PeerServer
 from nsqpy.nsqd.tls import cluster_contexts
 from nsqpy.partition_log import PartitionLog, Position
 from nsqpy.partition_log.files import partitions_on_disk
@@ -99,11 +95,6 @@ HEAL_PROBE_MAX_DELAY = 1.0
 UNWRITABLE_REPORT_AFTER = 2.0
 # How long a leader waits for the master to name the follower it handed a partition to.
 HANDOVER_TIMEOUT = 3.0
-# A replication peer has this long to finish the TLS handshake.
-PEER_HANDSHAKE_TIMEOUT = 5.0
-# A peer's request relayed to the worker owning its partition is answered within this (the
-# peer's own link gives up sooner and asks again).
-WORKER_LINK_TIMEOUT = 60.0
 # Channel cursors moved by FINs reach the followers at most this long after the previous push
 # (plus the push's round trip): what a failover redelivers beyond the messages in flight.
 CURSOR_PUSH_INTERVAL = 0.005
@@ -250,10 +241,8 @@ class ClusterNode:
         self._moved: set = set()
         self._moved_wakeup = trio.Event()
         self._refusals_logged: dict[tuple, float] = {}
-        # With `--workers`: links to the other workers, for peers' requests about their
-        # partitions that reached this one (`_answer_elsewhere`).
-        self._worker_links: dict[int, WorkerPeerLink] = {}
-        self._serving = trio.Event()
+        # The replication port's connections (`nsqd/peer_server.py`).
+        self.peers = PeerServer(nsqd, self._answer, self.server_tls)
 
     # -- serving ---------------------------------------------------------------------------
 
@@ -297,7 +286,7 @@ class ClusterNode:
             )
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
-            nursery.start_soon(partial(trio.serve_listeners, self._serve_peer, listeners))
+            nursery.start_soon(partial(trio.serve_listeners, self.peers.serve, listeners))
             nursery.start_soon(self._cursor_timer)
             nursery.start_soon(self._push_moved_cursors)
             nursery.start_soon(self._catch_up_watch)
@@ -309,7 +298,7 @@ class ClusterNode:
 
                 self.session = ClusterSession(self)
                 nursery.start_soon(self.session.run)
-            self._serving.set()
+            self.peers.ready.set()
             task_status.started()
 
     async def leave(self) -> None:
@@ -1610,117 +1599,6 @@ class ClusterNode:
             await self.push_channels(topic)
 
     # -- the replication port ------------------------------------------------------------------
-
-    async def _serve_peer(self, stream: trio.SocketStream) -> None:
-        if self.server_tls is not None:
-            tls = trio.SSLStream(stream, self.server_tls, server_side=True)
-            try:
-                with trio.fail_after(PEER_HANDSHAKE_TIMEOUT):
-                    await tls.do_handshake()
-            except (trio.BrokenResourceError, trio.TooSlowError, OSError) as error:
-                try:
-                    peer = format_address(stream.socket.getpeername())
-                except OSError:
-                    peer = "unknown"
-                reason = str(error.__cause__ or error) or "no TLS handshake in time"
-                self.nsqd.log.warning("RPC: refused a peer (%s) - %s", peer, reason)
-                await trio.aclose_forcefully(stream)
-                return
-            peer_stream: trio.abc.Stream = tls
-        else:
-            peer_stream = stream
-        # A plain connection moves to the worker owning the partition its first request
-        # names; with the same `--workers` on every node, the rest of its requests are about
-        # that worker's partitions too (a leader's worker links to the same worker).
-        await self._answer_peer(peer_stream, movable=stream if peer_stream is stream else None)
-
-    async def serve_handed_peer(self, sock: socket.socket, handoff: Handoff) -> None:
-        """A peer's replication connection another worker handed over (`rpc`), its first
-        request in `pending`; or that worker's own link (`WorkerPeerLink`)."""
-        stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-        await self._serving.wait()
-        await self._answer_peer(stream, pending=handoff.pending)
-
-    async def _answer_peer(
-        self,
-        peer_stream: trio.abc.Stream,
-        *,
-        pending: bytes = b"",
-        movable: trio.SocketStream | None = None,
-    ) -> None:
-        reader = FrameReader()
-        async with peer_stream:
-            try:
-                data: bytes | bytearray = pending
-                while True:
-                    if not data:
-                        data = await peer_stream.receive_some(256 * 1024)
-                        if not data:
-                            return
-                    frames = reader.receive_data(data)
-                    data = b""
-                    for at, frame in enumerate(frames):
-                        owner = self._worker_of(frame)
-                        if owner is not None and movable is not None:
-                            rest = b"".join(encode_frame(*later) for later in frames[at:])
-                            await self._move_peer(movable, owner, rest + reader.unread())
-                            return
-                        movable = None
-                        if owner is None:
-                            reply = await self._answer(frame)
-                        else:
-                            reply = await self._answer_elsewhere(owner, frame)
-                        await peer_stream.send_all(reply)
-            except ReplicationProtocolError as error:
-                self.nsqd.log.error("RPC: bad frame from a peer - %s", error)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                return
-
-    def _worker_of(self, frame: Frame) -> int | None:
-        """The other worker of this node owning the partition a request names; None when
-        this process answers it (also a request that names none: `_answer` refuses it)."""
-        header = frame.header
-        try:
-            partition = int(header["partition"])
-        except (KeyError, TypeError, ValueError):
-            return None
-        other = self.nsqd.placement.worker_for(str(header.get("topic")).encode(), partition)
-        return None if other is None else other.index
-
-    async def _move_peer(self, stream: trio.SocketStream, owner: int, pending: bytes) -> None:
-        worker = self.nsqd.worker
-        assert worker is not None
-        try:
-            peer = format_address(stream.socket.getpeername())
-        except OSError:
-            peer = "unknown"
-        handoff = Handoff(remote_address=peer, pending=pending, rpc=True)
-        try:
-            await worker.hand_off(owner, stream.socket.fileno(), handoff)
-        except OSError as error:
-            # The owner is starting again (it died): the peer's link connects again.
-            self.nsqd.log.error(
-                "RPC: worker %d did not take a peer's connection (%s) - %s", owner, peer, error
-            )
-
-    async def _answer_elsewhere(self, owner: int, frame: Frame) -> bytes:
-        """The answer of the worker owning the partition a request names, asked over a
-        link to it."""
-        worker = self.nsqd.worker
-        assert worker is not None
-        link = self._worker_links.get(owner)
-        if link is None:
-            link = self._worker_links[owner] = WorkerPeerLink(
-                worker, owner, timeout=WORKER_LINK_TIMEOUT
-            )
-        try:
-            answer = await link.request(frame.op, frame.header, frame.payload)
-        except ReplicaRefusal as refusal:
-            return encode_frame(ERROR, refusal.details)
-        except PeerUnavailable as error:
-            text = f"the partition's worker {owner} did not answer - {error}"
-            return encode_frame(ERROR, error_header("E_IO", text))
-        return encode_frame(REPLY, answer.header, answer.payload)
 
     async def _answer(self, frame) -> bytes:
         header = frame.header

@@ -660,7 +660,7 @@ class NSQD:
     async def _handle_handed(self, sock: socket.socket, handoff: Handoff) -> None:
         """A connection another worker handed over (`nsqd/handoff.py`)."""
         if handoff.rpc:
-            await self.cluster.serve_handed_peer(sock, handoff)
+            await self.cluster.peers.serve_handed(sock, handoff)
             return
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
         await self._serve_connection(ProtocolV2(self, stream, handoff.remote_address, handoff))

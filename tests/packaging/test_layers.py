@@ -80,9 +80,13 @@ def test_where_a_topic_is_served_is_asked_only_by_the_tcp_and_http_paths():
     """docs/design.md §12, Placement: the placement is the one place that decides whether a
     topic is served here, by another worker, or refused; nothing else asks a worker for a
     topic's owner or a partition's replica for a publish refusal. The connection paths that
-    ask: TCP clients, HTTP, and a cluster peer's replication connection (`cluster.py`)."""
-    assert set(calls_of("nsqd", "worker_for")) == {"protocol_v2.py", "worker_http.py", "cluster.py"}
-    assert calls_of("nsqd", "worker_for")["cluster.py"] == 1
+    ask: TCP clients, HTTP, and a cluster peer's replication connection (`peer_server.py`)."""
+    assert set(calls_of("nsqd", "worker_for")) == {
+        "protocol_v2.py",
+        "worker_http.py",
+        "peer_server.py",
+    }
+    assert calls_of("nsqd", "worker_for")["peer_server.py"] == 1
     assert set(calls_of("nsqd", "refuses_to_create")) == {"server.py", "placement.py"}
     refusals = calls_of("nsqd", "refusal")
     assert set(refusals) == {"protocol_v2.py", "http_api.py", "placement.py"}
