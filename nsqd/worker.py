@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 # The environment variable that makes an nsqd process a worker: "index,count,token,control fd,
 # tcp fd,http fd,https fd,secret,rpc fd" (-1: none).
 WORKER_ENVIRONMENT = "NSQPY_WORKER"
+# How many (topic, partition) owners a worker keeps computed (`Worker.owner`).
+_OWNERS_KEPT = 100_000
 # A forwarded publish gets its owner's answer within this, or fails.
 FORWARD_TIMEOUT = 30.0
 
@@ -144,16 +146,27 @@ class Worker:
         self.http_poller: HTTPPoller | None = None
         self._http_poller_ready = trio.Event()
         self._outbox_send, self._outbox = trio.open_memory_channel[dict](math.inf)
+        self._owners: dict[tuple[str, int], int] = {}
 
     # -- topics --------------------------------------------------------------------------------
 
     def owns(self, topic: str, partition: int) -> bool:
-        return owner_of(topic, partition, self.count) == self.index
+        return self._owner_of(topic, partition) == self.index
 
     def owner(self, topic: str, partition: int) -> int:
         """The worker owning the topic's partition (-1: the default one, where partition 0
-        is); `nsqd/placement.py` asks."""
-        return owner_of(topic, partition, self.count)
+        is); `nsqd/placement.py` asks, for every command and request naming a topic, so the
+        hash is kept."""
+        return self._owner_of(topic, partition)
+
+    def _owner_of(self, topic: str, partition: int) -> int:
+        key = (topic, partition)
+        owner = self._owners.get(key)
+        if owner is None:
+            if len(self._owners) >= _OWNERS_KEPT:
+                self._owners.clear()
+            owner = self._owners[key] = owner_of(topic, partition, self.count)
+        return owner
 
     def listener_socket(self, kind: str) -> socket.socket | None:
         """The supervisor's listener of `kind` ("TCP", "HTTP", "HTTPS"), None without one."""

@@ -21,6 +21,7 @@ import trio
 from nsqpy.common.version import VERSION
 from nsqpy.daemon.http_forward import HTTPForwarder
 from nsqpy.daemon.http_server import (
+    UNPLACED,
     CommitWait,
     Request,
     Response,
@@ -50,6 +51,8 @@ _EVERY_WORKER = (
 # Node-wide answers without a topic, each worker's joined (`WorkerRouter._collected`).
 _COLLECTED = ("/serverstats", "/message/historystats", "/cluster/partitions")
 _BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
+# How many request lines' routes a worker keeps (`WorkerRouter._topic_route`).
+_ROUTES_KEPT = 10_000
 # What a worker without the partitions (or the message) a request is about answers; when every
 # worker answers so, the most telling is the node's answer (a channel missing from a topic
 # that exists says more than a topic missing from a worker that has none of it).
@@ -72,6 +75,7 @@ class WorkerRouter:
         self.worker = nsqd.worker
         self.local = http_api.router
         self.forwarder = HTTPForwarder()
+        self._routes: dict[tuple[str, str, str], object] = {}
 
     def body_limit(self, method: str, path: str) -> int | None:
         return self.local.body_limit(method, path)
@@ -93,15 +97,29 @@ class WorkerRouter:
     def _topic_route(self, request: Request) -> int | None:
         """Where a request about a topic goes, its query read once: the other worker serving
         the partition it names (`nsqd/placement.py`), `_EVERY_PARTITION` (each worker for its
-        own), or None (answered here)."""
-        scope = self._topic_scope(request)
-        if scope is None:
-            return None
-        topic, partition = scope
-        if partition is None:
-            return _EVERY_PARTITION
-        owner = self.nsqd.placement.worker_for(topic.encode(), partition)
-        return None if owner is None else owner.index
+        own), or None (answered here). Kept on the request: the poller asks it for the move,
+        the inline answer and the dispatch."""
+        placed = request.placed
+        if placed is not UNPLACED:
+            return cast("int | None", placed)
+        # Publishers repeat the same request line: remember where each goes.
+        key = (request.method, request.path, request.query_string)
+        route = self._routes.get(key, UNPLACED)
+        if route is UNPLACED:
+            route = None
+            scope = self._topic_scope(request)
+            if scope is not None:
+                topic, partition = scope
+                if partition is None:
+                    route = _EVERY_PARTITION
+                else:
+                    owner = self.nsqd.placement.worker_for(topic.encode(), partition)
+                    route = None if owner is None else owner.index
+            if len(self._routes) >= _ROUTES_KEPT:
+                self._routes.clear()
+            self._routes[key] = route
+        request.placed = route
+        return cast("int | None", route)
 
     def _gathers(self, request: Request) -> bool:
         if request.method != "GET":

@@ -93,6 +93,8 @@ def first_param(params: dict[str, list[str]], key: str) -> str | None:
     return values[0] if values else None
 
 
+# A request's place before a router placed it (`Request.placed`).
+UNPLACED = object()
 # A request's verdict before the router judged it.
 _UNJUDGED = object()
 
@@ -112,6 +114,7 @@ class Request:
         "tls",
         "common_name",
         "verdict",
+        "placed",
     )
 
     def __init__(self, method: str, url: bytes, headers: dict[str, str], body: bytes) -> None:
@@ -132,6 +135,9 @@ class Request:
         self.common_name = ""
         # The router's access verdict once judged (`Router._verdict`), so it is judged once.
         self.verdict: object = _UNJUDGED
+        # Where a worker's router placed the request (`WorkerRouter._topic_route`), once it
+        # did: asked for the move, the inline answer and the dispatch of each request.
+        self.placed: object = UNPLACED
         # The declared Content-Length (Go's req.ContentLength; -1 when not given), which
         # handlers check before the body, as Go's do.
         try:
