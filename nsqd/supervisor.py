@@ -71,6 +71,8 @@ class Supervisor:
         self._all_ready = trio.Event()
         self._shutdown = trio.Event()
         self._exiting = False
+        # The workers sent SIGTERM since the stop began.
+        self._stopped: set[int] = set()
 
     # -- what nsqlookupd is told (`nsqd/lookup.py` LookupHost) --------------------------------
 
@@ -148,10 +150,23 @@ class Supervisor:
 
     def _stop_workers(self) -> None:
         """Each worker writes its messages and its share of nsqd.dat, then exits; its task
-        ends with it."""
+        ends with it. In a cluster, worker 0 holds the node's lease and stops last
+        (`_stop_lease_holder`), so the master moves no worker's partitions for a lease
+        released before that worker's hand-overs end."""
         self._exiting = True
-        for process in list(self._processes.values()):
-            process.send_signal(signal.SIGTERM)
+        holder = 0 if self.options.cluster_leadership_addresses else None
+        for index, process in list(self._processes.items()):
+            if index != holder or len(self._processes) == 1:
+                self._stopped.add(index)
+                process.send_signal(signal.SIGTERM)
+
+    def _stop_lease_holder(self) -> None:
+        """Once the other workers are gone, the last one left stops too."""
+        if self._exiting and len(self._processes) == 1:
+            ((index, process),) = self._processes.items()
+            if index not in self._stopped:
+                self._stopped.add(index)
+                process.send_signal(signal.SIGTERM)
 
     async def _keep_worker(self, index: int, fds: tuple[int, int, int]) -> None:
         while not self._exiting:
@@ -198,6 +213,7 @@ class Supervisor:
             os.close(exited)
             self._controls.pop(index, None)
             self._processes.pop(index, None)
+            self._stop_lease_holder()
             self.peers_http.pop(index, None)
             with trio.CancelScope(shield=True):
                 await control.aclose()

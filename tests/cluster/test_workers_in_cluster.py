@@ -15,7 +15,7 @@ import signal
 import pytest
 import trustme
 
-from nsqpy.nsqd.worker import owner_of
+from nsqpy.nsqd.worker import WORKER_ENVIRONMENT, owner_of
 from tests.cluster.local_cluster import LocalCluster
 from tests.cluster.traffic import Traffic, check_replicas_identical
 from tests.support.polling import poll
@@ -33,9 +33,9 @@ def test_partitions_hash_to_both_workers():
 def test_nodes_on_two_workers_replicate_fail_over_and_lose_nothing(tmp_path, etcd_server):
     """Three nodes of two workers each, a topic of 4 partitions on 3 replicas under smart
     producers and a consumer: a leader node is killed (`kill -9`: its workers die with it) and
-    started again, and one worker of another node is killed and started again by its
-    supervisor. Every acknowledged message is consumed, and every replica of every partition
-    is its leader's log byte for byte."""
+    started again, and worker 0 of another node (the one holding the node's lease) is killed
+    and started again by its supervisor. Every acknowledged message is consumed, and every
+    replica of every partition is its leader's log byte for byte."""
     with LocalCluster(tmp_path, etcd_server, nsqd_args=("-workers=2", "-sync-every=1")) as cluster:
         cluster.create_writable_topic("t", PARTITIONS, 3)
         node = cluster.nodes[0]
@@ -62,7 +62,8 @@ def test_nodes_on_two_workers_replicate_fail_over_and_lose_nothing(tmp_path, etc
             traffic.wait_acked(len(traffic.acked) + 200)
             leader.start()
             other = next(node for node in cluster.nodes if node is not leader)
-            (worker, *_rest) = other.worker_pids()
+            # Worker 0: the one holding the node's registration and lease.
+            (worker,) = [pid for pid in other.worker_pids() if worker_index(pid) == 0]
             os.kill(worker, signal.SIGKILL)
             traffic.wait_acked(len(traffic.acked) + 200)
             poll(lambda: len(other.worker_pids()) == 2, "the killed worker started again")
@@ -71,6 +72,15 @@ def test_nodes_on_two_workers_replicate_fail_over_and_lose_nothing(tmp_path, etc
         finally:
             traffic.close()
         check_replicas_identical(cluster, "t", PARTITIONS)
+
+
+def worker_index(pid: int) -> int:
+    """Which of its node's workers a process is (`NSQPY_WORKER`: "index,count,...")."""
+    with open(f"/proc/{pid}/environ", "rb") as environment:
+        for entry in environment.read().split(b"\0"):
+            if entry.startswith(WORKER_ENVIRONMENT.encode() + b"="):
+                return int(entry.split(b"=", 1)[1].split(b",")[0])
+    raise AssertionError(f"process {pid} is not a worker")
 
 
 @pytest.fixture
