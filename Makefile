@@ -173,10 +173,14 @@ test:
 
 test-prepared: install-test lint bytecode
 
-# Every cluster suite (network faults and chaos included) with `-workers=2` on every node;
+# Every suite that runs a cluster (tests/cluster with its network faults and chaos, the Spark
+# failovers, the smart client, nsqadmin) with `-workers=2` on every node;
 # tests/cluster/test_workers_in_cluster.py keeps the combination in `make test`.
+CLUSTER_SUITES := tests/cluster tests/spark/test_exactly_once_failover.py \
+	tests/spark/test_log_failover.py tests/tools/test_smart_client.py tests/nsqadmin
 test-cluster-workers: test-prepared
-	NSQPY_TEST_CLUSTER_NSQD_ARGS=-workers=2 $(BIN)/python -m pytest -n 3 --dist loadfile tests/cluster
+	NSQPY_TEST_CLUSTER_NSQD_ARGS=-workers=2 $(BIN)/python -m pytest -n 3 --dist loadfile \
+		$(CLUSTER_SUITES)
 
 bytecode: $(TEST_INSTALLED)
 	$(BIN)/python -m compileall -q -j0 -x "/\.venv/|/node_modules/|/\.git/" .

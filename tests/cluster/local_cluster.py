@@ -24,7 +24,7 @@ DEADLINE = 20.0
 
 
 # What every cluster nsqd of a run gets besides its own flags: `make test-cluster-workers`
-# runs the cluster suites with `-workers=2` on every node.
+# runs the suites that run a cluster with `-workers=2` on every node.
 SUITE_NSQD_ARGS = tuple(os.environ.get("NSQPY_TEST_CLUSTER_NSQD_ARGS", "").split())
 
 

@@ -5,8 +5,8 @@ names, or (TLS, or a peer with another worker count) each request is answered by
 over a link of this node's own. The node keeps one identity and one lease (worker 0's), and
 answers `/stats`, `/cluster/partitions` and `/coordinator/stats` for all of its workers.
 
-`make test-cluster-workers` runs every cluster suite with `-workers=2` on every node; these
-tests keep the combination in the default suite."""
+`make test-cluster-workers` runs every suite that runs a cluster with `-workers=2` on every
+node; these tests keep the combination in the default suite."""
 
 import json
 import os
