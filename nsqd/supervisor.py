@@ -107,7 +107,7 @@ class Supervisor:
         if options.tls_cert:
             https = await open_listener(options.https_address)
         # A cluster node's replication port: its peers' connections are handed to the worker
-        # that owns the partition they are about (`ClusterNode.serve_peer`).
+        # that owns the partition they are about (`nsqd/peer_server.py`).
         rpc = await open_rpc_listeners(options) if options.cluster_leadership_addresses else []
         self.tcp_address = format_address(tcp.socket.getsockname())
         self.http_address = format_address(http.socket.getsockname())

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from nsqpy.nsqd.server import NSQD
 
 # The environment variable that makes an nsqd process a worker: "index,count,token,control fd,
-# tcp fd,http fd,https fd,secret,rpc fd" (-1: none).
+# tcp fd,http fd,https fd,secret,rpc fds" (-1: none; the rpc fds ";" between them).
 WORKER_ENVIRONMENT = "NSQPY_WORKER"
 # How many (topic, partition) owners a worker keeps computed (`Worker.owner`).
 _OWNERS_KEPT = 100_000
@@ -233,7 +233,7 @@ class Worker:
             self.health = {int(index): text for index, text in message["health"].items()}
 
     def peers_health(self) -> str:
-        """The first other worker's health that is not OK, else OK."""
+        """The first worker's health that is not OK, as the supervisor last told, else OK."""
         return next((text for _, text in sorted(self.health.items()) if text != "OK"), "OK")
 
     async def _accept_handoffs(self, listener, handle_handed, nursery: trio.Nursery) -> None:
