@@ -43,6 +43,8 @@ from nsqpy.nsqd.worker import (
 RESTART_DELAY = 1.0
 # How often the workers hear which nsqlookupds answer (for a new topic's channels).
 LOOKUPD_REFRESH = 1.0
+# How often a cluster node's supervisor looks for a worker whose event loop stood still.
+WATCH_INTERVAL = 0.25
 
 Registration = tuple[str, str | None, int]
 
@@ -73,6 +75,8 @@ class Supervisor:
         self._exiting = False
         # The workers sent SIGTERM since the stop began.
         self._stopped: set[int] = set()
+        # When each worker last said anything (it beats every `BEAT_INTERVAL`).
+        self._heard: dict[int, float] = {}
 
     # -- what nsqlookupd is told (`nsqd/lookup.py` LookupHost) --------------------------------
 
@@ -133,6 +137,8 @@ class Supervisor:
                 async with trio.open_nursery() as services:
                     services.start_soon(self.lookup_peers.run, options.lookupd_tcp_address)
                     services.start_soon(self._tell_lookupd_addresses)
+                    if options.cluster_leadership_addresses:
+                        services.start_soon(self._watch_workers, options.cluster_node_ttl)
                     await self._shutdown.wait()
                     services.cancel_scope.cancel()
                 self._stop_workers()
@@ -213,6 +219,7 @@ class Supervisor:
             os.close(exited)
             self._controls.pop(index, None)
             self._processes.pop(index, None)
+            self._heard.pop(index, None)
             self._stop_lease_holder()
             self.peers_http.pop(index, None)
             with trio.CancelScope(shield=True):
@@ -223,7 +230,32 @@ class Supervisor:
 
     async def _read_control(self, index: int, control: trio.SocketStream) -> None:
         async for message in control_messages(control):
+            self._heard[index] = trio.current_time()
             await self._apply(index, message)
+
+    async def _watch_workers(self, limit: float) -> None:
+        """In a cluster, a worker whose event loop stands still for longer than the node's
+        TTL is killed, and started again as a dead one is: the node's lease says that of a
+        process that freezes, and only worker 0's event loop keeps the lease alive."""
+        checked = trio.current_time()
+        while True:
+            await trio.sleep(WATCH_INTERVAL)
+            now = trio.current_time()
+            if now - checked > limit / 2:
+                # This process stood still too (the whole node was frozen): the workers'
+                # silence says nothing of them.
+                self._heard = dict.fromkeys(self._heard, now)
+            checked = now
+            for index, heard in list(self._heard.items()):
+                process = self._processes.get(index)
+                if process is not None and now - heard > limit:
+                    self.log.error(
+                        "WORKER(%d): its event loop stood still for %.1f s; killing it",
+                        index,
+                        now - heard,
+                    )
+                    self._heard.pop(index, None)
+                    process.kill()
 
     async def _apply(self, index: int, message: dict) -> None:
         if "registrations" in message:

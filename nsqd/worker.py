@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 WORKER_ENVIRONMENT = "NSQPY_WORKER"
 # How many (topic, partition) owners a worker keeps computed (`Worker.owner`).
 _OWNERS_KEPT = 100_000
+# How often a worker tells its supervisor that its event loop runs.
+BEAT_INTERVAL = 0.5
 # A forwarded publish gets its owner's answer within this, or fails.
 FORWARD_TIMEOUT = 30.0
 
@@ -207,9 +209,16 @@ class Worker:
             self._nursery = nursery
             nursery.start_soon(self._write_control, control)
             nursery.start_soon(self._read_control, nsqd, control)
+            nursery.start_soon(self._beat)
             nursery.start_soon(self._accept_handoffs, listener, handle_handed, nursery)
             await self._peers_known.wait()
             task_status.started()
+
+    async def _beat(self) -> None:
+        """Tell the supervisor this worker's event loop runs (`Supervisor._watch_workers`)."""
+        while True:
+            self.tell({"beat": True})
+            await trio.sleep(BEAT_INTERVAL)
 
     async def _write_control(self, control: trio.SocketStream) -> None:
         async for message in self._outbox:

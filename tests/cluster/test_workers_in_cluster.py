@@ -33,9 +33,10 @@ def test_partitions_hash_to_both_workers():
 def test_nodes_on_two_workers_replicate_fail_over_and_lose_nothing(tmp_path, etcd_server):
     """Three nodes of two workers each, a topic of 4 partitions on 3 replicas under smart
     producers and a consumer: a leader node is killed (`kill -9`: its workers die with it) and
-    started again, and worker 0 of another node (the one holding the node's lease) is killed
-    and started again by its supervisor. Every acknowledged message is consumed, and every
-    replica of every partition is its leader's log byte for byte."""
+    started again, worker 0 of another node (the one holding the node's lease) is killed and
+    started again by its supervisor, and worker 1 of the third is frozen (SIGSTOP), which its
+    supervisor kills past the node's TTL and starts again. Every acknowledged message is
+    consumed, and every replica of every partition is its leader's log byte for byte."""
     with LocalCluster(tmp_path, etcd_server, nsqd_args=("-workers=2", "-sync-every=1")) as cluster:
         cluster.create_writable_topic("t", PARTITIONS, 3)
         node = cluster.nodes[0]
@@ -67,6 +68,17 @@ def test_nodes_on_two_workers_replicate_fail_over_and_lose_nothing(tmp_path, etc
             os.kill(worker, signal.SIGKILL)
             traffic.wait_acked(len(traffic.acked) + 200)
             poll(lambda: len(other.worker_pids()) == 2, "the killed worker started again")
+            # A worker that freezes (not worker 0, so the lease lives on): its supervisor
+            # kills it once it was silent past the node's TTL, and starts it again.
+            third = next(node for node in cluster.nodes if node not in (leader, other))
+            (frozen,) = [pid for pid in third.worker_pids() if worker_index(pid) == 1]
+            os.kill(frozen, signal.SIGSTOP)
+            poll(
+                lambda: frozen not in third.worker_pids() and len(third.worker_pids()) == 2,
+                "the frozen worker killed and started again",
+            )
+            assert "WORKER(1): its event loop stood still for " in third.process.log
+            traffic.wait_acked(len(traffic.acked) + 200)
             traffic.stop_producing()
             traffic.check_all_consumed()
         finally:
