@@ -3,6 +3,7 @@ nsqlookupd, three nsqds, nsqadmin; its documented ports moved by a free offset),
 docs/operations.md's walkthrough and the README's failover demo, every shell block in order,
 with the same ports moved."""
 
+import contextlib
 import os
 import re
 import signal
@@ -59,15 +60,24 @@ class Runner:
         return cluster_stats(self.lookupd)
 
     def run(self, block: str) -> str:
-        result = subprocess.run(
+        """The block's output; in a session of its own, so a block that overruns is stopped
+        with everything it started (a pipeline's `nsq_tail`), not only its shell."""
+        shell = subprocess.Popen(
             ["bash", "-euo", "pipefail", "-c", shift(block, self.offset)],
             cwd=REPO,
-            capture_output=True,
-            timeout=90,
-            check=False,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
-        assert result.returncode == 0, (block, result.stderr.decode())
-        return result.stdout.decode()
+        try:
+            out, err = shell.communicate(timeout=90)
+        finally:
+            # Whatever of it is still running (all of it, after a timeout).
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(shell.pid, signal.SIGKILL)
+            shell.wait()
+        assert shell.returncode == 0, (block, err.decode())
+        return out.decode()
 
     def type(self, line: str) -> None:
         self.process.stdin.write(line + "\n")
