@@ -51,14 +51,17 @@ _EVERY_WORKER = (
 # Node-wide answers without a topic, each worker's joined (`WorkerRouter._collected`).
 _COLLECTED = ("/serverstats", "/message/historystats", "/cluster/partitions")
 _BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
-# How many request lines' routes a worker keeps (`WorkerRouter._topic_route`).
+# How many request lines' routes a worker keeps (`WorkerRouter._route`).
 _ROUTES_KEPT = 10_000
 # What a worker without the partitions (or the message) a request is about answers; when every
 # worker answers so, the most telling is the node's answer (a channel missing from a topic
 # that exists says more than a topic missing from a worker that has none of it).
-# `WorkerRouter._topic_route` of a request every worker answers for its own partitions (a
-# worker's index is never negative).
+# `WorkerRouter._route` of a request every worker answers for its own partitions, of one
+# whose answers are merged, and of a setting every worker applies (a worker's index is never
+# negative).
 _EVERY_PARTITION = -1
+_GATHERED = -2
+_EVERYWHERE = -3
 _NOT_HERE = (
     "Message ID not in flight",
     "NOT_A_LOG_TOPIC",
@@ -94,11 +97,12 @@ class WorkerRouter:
             return None
         return topic, partition_scope(request.method, request.path, params)
 
-    def _topic_route(self, request: Request) -> int | None:
-        """Where a request about a topic goes, its query read once: the other worker serving
-        the partition it names (`nsqd/placement.py`), `_EVERY_PARTITION` (each worker for its
-        own), or None (answered here). Kept on the request: the poller asks it for the move,
-        the inline answer and the dispatch."""
+    def _route(self, request: Request) -> int | None:
+        """Where a request goes, worked out once per request line: `_GATHERED` (every
+        worker's answer merged), `_EVERYWHERE` (a setting every worker applies),
+        `_EVERY_PARTITION` (each worker for its own partitions), the other worker serving the
+        partition it names (`nsqd/placement.py`), or None (answered here). Kept on the request
+        too: the poller asks for the move, the inline answer and the dispatch."""
         placed = request.placed
         if placed is not UNPLACED:
             return cast("int | None", placed)
@@ -106,20 +110,29 @@ class WorkerRouter:
         key = (request.method, request.path, request.query_string)
         route = self._routes.get(key, UNPLACED)
         if route is UNPLACED:
-            route = None
-            scope = self._topic_scope(request)
-            if scope is not None:
-                topic, partition = scope
-                if partition is None:
-                    route = _EVERY_PARTITION
-                else:
-                    owner = self.nsqd.placement.worker_for(topic.encode(), partition)
-                    route = None if owner is None else owner.index
+            if self._gathers(request):
+                route = _GATHERED
+            elif self._on_every_worker(request):
+                route = _EVERYWHERE
+            else:
+                route = self._topic_route(request)
             if len(self._routes) >= _ROUTES_KEPT:
                 self._routes.clear()
             self._routes[key] = route
         request.placed = route
         return cast("int | None", route)
+
+    def _topic_route(self, request: Request) -> int | None:
+        """Where a request about a topic goes, its query read once: the other worker serving
+        the partition it names, `_EVERY_PARTITION`, or None (answered here)."""
+        scope = self._topic_scope(request)
+        if scope is None:
+            return None
+        topic, partition = scope
+        if partition is None:
+            return _EVERY_PARTITION
+        owner = self.nsqd.placement.worker_for(topic.encode(), partition)
+        return None if owner is None else owner.index
 
     def _gathers(self, request: Request) -> bool:
         if request.method != "GET":
@@ -137,22 +150,14 @@ class WorkerRouter:
         )
 
     def answers_inline(self, request: Request) -> bool:
-        if (
-            self._gathers(request)
-            or self._on_every_worker(request)
-            or self._topic_route(request) is not None
-        ):
-            return False
-        return self.local.answers_inline(request)
+        return self._route(request) is None and self.local.answers_inline(request)
 
     def respond(self, request: Request) -> Response:
         return self.local.respond(request)
 
     async def dispatch(self, request: Request) -> Response:
-        gathers = self._gathers(request)
-        everywhere = not gathers and self._on_every_worker(request)
-        route = None if gathers or everywhere else self._topic_route(request)
-        if not gathers and not everywhere and route is None:
+        route = self._route(request)
+        if route is None:
             return await self.local.dispatch(request)
         # Judged here, where the client's address is known; the other workers take this
         # worker's word for it.
@@ -160,22 +165,20 @@ class WorkerRouter:
         if refusal is not None:
             return refusal
         request.headers = {**request.headers, "authorization": f"Bearer {self.worker.secret}"}
-        if gathers:
+        if route == _GATHERED:
             return await self._gathered(request)
-        if everywhere:
+        if route == _EVERYWHERE:
             return await self._everywhere(request)
         if route == _EVERY_PARTITION:
             return _joined(await self._each_worker(request))
-        return await self._at(cast(int, route), request)
+        return await self._at(route, request)
 
     def mover(self, request: Request):
         """Where a plain connection goes instead of being answered here (`Mover`): to the
         owner of the topic its request names, where its later requests, most often for the
         same topic, are answered without a hop."""
-        if self._gathers(request) or self._on_every_worker(request):
-            return None
-        owner = self._topic_route(request)
-        if owner is None or owner == _EVERY_PARTITION:
+        owner = self._route(request)
+        if owner is None or owner < 0:
             return None
         return partial(self._move_connection, owner, request.remote)
 

@@ -135,7 +135,7 @@ class Request:
         self.common_name = ""
         # The router's access verdict once judged (`Router._verdict`), so it is judged once.
         self.verdict: object = _UNJUDGED
-        # Where a worker's router placed the request (`WorkerRouter._topic_route`), once it
+        # Where a worker's router placed the request (`WorkerRouter._route`), once it
         # did: asked for the move, the inline answer and the dispatch of each request.
         self.placed: object = UNPLACED
         # The declared Content-Length (Go's req.ContentLength; -1 when not given), which
