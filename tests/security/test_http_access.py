@@ -126,6 +126,8 @@ def secured(request, auth_server, certs, tmp_path_factory):
     if request.param == "all":
         flags.append("-http-auth-required")
     with running_nsqd(tmp_path_factory.mktemp(request.param), *flags) as daemon:
+        # Here, not only in `prepare`: a test that reads it may run first, or alone.
+        as_cluster(daemon, "POST", "/topic/create?topic=t")
         yield request.param, daemon
 
 
