@@ -2,7 +2,6 @@
 time, its answer read before the next goes out, reconnected on the next request after a
 failure. A leader holds one per follower and sends each group to all of them side by side."""
 
-import socket
 import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -151,8 +150,5 @@ class WorkerPeerLink(PeerLink):
         self.owner = owner
 
     async def _connect(self) -> trio.abc.Stream:
-        ours, theirs = socket.socketpair()
-        with theirs:
-            handoff = Handoff(remote_address=f"worker {self.worker.index}", internal=True, rpc=True)
-            await self.worker.hand_off(self.owner, theirs.fileno(), handoff)
-        return trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+        handoff = Handoff(remote_address=f"worker {self.worker.index}", internal=True, rpc=True)
+        return await self.worker.hand_off_pair(self.owner, handoff)

@@ -28,9 +28,9 @@ from nsqpy.common.replication import (
     encode_frame,
     error_header,
 )
-from nsqpy.daemon.net import format_address
+from nsqpy.daemon.net import peer_address
 from nsqpy.nsqd.handoff import Handoff
-from nsqpy.nsqd.peer_link import PeerUnavailable, WorkerPeerLink
+from nsqpy.nsqd.peer_link import RECEIVE_SIZE, PeerUnavailable, WorkerPeerLink
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.server import NSQD
@@ -40,7 +40,6 @@ PEER_HANDSHAKE_TIMEOUT = 5.0
 # A peer's request relayed to the worker owning its partition is answered within this (the
 # peer's own link gives up sooner and asks again).
 WORKER_LINK_TIMEOUT = 60.0
-RECEIVE_SIZE = 256 * 1024
 
 
 class PeerServer:
@@ -70,7 +69,7 @@ class PeerServer:
                 await tls.do_handshake()
         except (trio.BrokenResourceError, trio.TooSlowError, OSError) as error:
             reason = str(error.__cause__ or error) or "no TLS handshake in time"
-            self.nsqd.log.warning("RPC: refused a peer (%s) - %s", _peer_of(stream), reason)
+            self.nsqd.log.warning("RPC: refused a peer (%s) - %s", peer_address(stream), reason)
             await trio.aclose_forcefully(stream)
             return
         await self._answer_peer(tls)
@@ -134,7 +133,7 @@ class PeerServer:
     async def _move(self, stream: trio.SocketStream, owner: int, pending: bytes) -> None:
         worker = self.nsqd.worker
         assert worker is not None
-        peer = _peer_of(stream)
+        peer = peer_address(stream)
         handoff = Handoff(remote_address=peer, pending=pending, rpc=True)
         try:
             await worker.hand_off(owner, stream.socket.fileno(), handoff)
@@ -162,10 +161,3 @@ class PeerServer:
             text = f"the partition's worker {owner} did not answer - {error}"
             return encode_frame(ERROR, error_header("E_IO", text))
         return encode_frame(REPLY, answer.header, answer.payload)
-
-
-def _peer_of(stream: trio.SocketStream) -> str:
-    try:
-        return format_address(stream.socket.getpeername())
-    except OSError:
-        return "unknown"

@@ -22,7 +22,7 @@ from nsqpy.common.names import is_ephemeral, is_valid_name
 from nsqpy.common.version import VERSION
 from nsqpy.daemon.http_server import RequestRouter, serve_http
 from nsqpy.daemon.log import keep_printable
-from nsqpy.daemon.net import accept_forever, format_address, open_listener
+from nsqpy.daemon.net import accept_forever, format_address, open_listener, peer_address
 from nsqpy.nsqd.channel import Channel
 from nsqpy.nsqd.client import Client, number_client_ids
 from nsqpy.nsqd.cluster import ClusterNode, NotLedHere
@@ -631,10 +631,7 @@ class NSQD:
         self._shutdown.set()
 
     async def _handle_connection(self, stream: trio.SocketStream) -> None:
-        try:
-            peer = format_address(stream.socket.getpeername())
-        except OSError:
-            peer = "unknown"
+        peer = peer_address(stream)
         self.log.info("TCP: new client(%s)", peer)
         if len(self._connections) >= self.options.max_conn_for_client:
             await self._refuse_connection(stream, peer)

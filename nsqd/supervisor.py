@@ -225,7 +225,7 @@ class Supervisor:
             with trio.CancelScope(shield=True):
                 await control.aclose()
                 if self._health.pop(index, "OK") != "OK":
-                    await self._tell_all({"health": {str(i): t for i, t in self._health.items()}})
+                    await self._tell_health()
         return status
 
     async def _read_control(self, index: int, control: trio.SocketStream) -> None:
@@ -281,7 +281,7 @@ class Supervisor:
             self.lookup_peers.set_addresses(addresses)
         if "health" in message:
             self._health[index] = message["health"]
-            await self._tell_all({"health": {str(i): text for i, text in self._health.items()}})
+            await self._tell_health()
         if "http" in message:
             self.peers_http[index] = message["http"]
             if len(self.peers_http) == self.count:
@@ -292,6 +292,10 @@ class Supervisor:
                         "lookupd_http": self.lookup_peers.http_addresses(),
                     }
                 )
+
+    async def _tell_health(self) -> None:
+        """Every worker's health, as each last said it, to every worker (`NSQD.health`)."""
+        await self._tell_all({"health": {str(i): text for i, text in self._health.items()}})
 
     async def _tell_all(self, message: dict) -> None:
         line = encode_control(message)

@@ -276,6 +276,18 @@ class Worker:
     async def hand_off(self, owner: int, descriptor: int, handoff: Handoff) -> None:
         await send(worker_socket_address(self.token, owner), descriptor, handoff)
 
+    async def hand_off_pair(self, owner: int, handoff: Handoff) -> trio.SocketStream:
+        """This end of a socket pair whose other end worker `owner` took as `handoff` says
+        (a relayed client, or a link of the workers' own)."""
+        ours, theirs = socket.socketpair()
+        try:
+            with theirs:
+                await self.hand_off(owner, theirs.fileno(), handoff)
+        except BaseException:
+            ours.close()
+            raise
+        return trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+
     async def forward(self, owner: int, command: bytes) -> "Forwarded":
         """Send a publish to the worker owning its topic; its answer comes later."""
         link = self._links.get(owner)
@@ -350,18 +362,15 @@ class ForwardLink:
         self._waiting: collections.deque[Forwarded] = collections.deque()
 
     async def _connect(self) -> trio.SocketStream:
-        ours, theirs = socket.socketpair()
-        with theirs:
-            identify = encode_identify(
-                {"client_id": f"nsqd-worker-{self.worker.index}", "heartbeat_interval": -1}
-            )
-            handoff = Handoff(
-                remote_address=f"worker {self.worker.index}",
-                preamble=MAGIC_V2 + identify,
-                internal=True,
-            )
-            await self.worker.hand_off(self.owner, theirs.fileno(), handoff)
-        stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+        identify = encode_identify(
+            {"client_id": f"nsqd-worker-{self.worker.index}", "heartbeat_interval": -1}
+        )
+        handoff = Handoff(
+            remote_address=f"worker {self.worker.index}",
+            preamble=MAGIC_V2 + identify,
+            internal=True,
+        )
+        stream = await self.worker.hand_off_pair(self.owner, handoff)
         self._nursery.start_soon(self._read_answers, stream)
         return stream
 

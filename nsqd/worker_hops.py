@@ -11,7 +11,6 @@ compression state are this process's).
 
 import dataclasses
 import json
-import socket
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -109,9 +108,10 @@ class WorkerHops:
             "relayed" if relayed else "moved",
             owner,
         )
-        ours, theirs = socket.socketpair() if relayed else (None, None)
         try:
-            await self.worker.hand_off(owner, fd if theirs is None else theirs.fileno(), handoff)
+            if relayed:
+                return await self.worker.hand_off_pair(owner, handoff)
+            await self.worker.hand_off(owner, fd, handoff)
         except OSError as error:
             # The owner is starting again (it died): the client connects again, as to an
             # nsqd that restarted.
@@ -121,13 +121,7 @@ class WorkerHops:
                 owner,
                 error,
             )
-            if ours is not None:
-                ours.close()
-            return None
-        finally:
-            if theirs is not None:
-                theirs.close()
-        return None if ours is None else trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+        return None
 
     async def relay(self, stream: trio.abc.Stream, pair: trio.SocketStream) -> None:
         """Carry the plain bytes both ways between the client (through its TLS or

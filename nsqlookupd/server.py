@@ -24,7 +24,7 @@ from nsqpy.common.names import is_ephemeral
 from nsqpy.common.version import VERSION
 from nsqpy.daemon.http_server import serve_http
 from nsqpy.daemon.log import keep_printable
-from nsqpy.daemon.net import accept_forever, format_address, open_listener
+from nsqpy.daemon.net import accept_forever, format_address, open_listener, peer_address
 from nsqpy.nsqlookupd.options import Options
 from nsqpy.nsqlookupd.registry import ANY, PeerInfo, RegistrationDB
 
@@ -109,10 +109,7 @@ class NSQLookupd:
     # -- TCP: nsqd peers -----------------------------------------------------------------
 
     async def _serve_peer(self, stream: trio.SocketStream) -> None:
-        try:
-            remote = format_address(stream.socket.getpeername())
-        except OSError:
-            remote = "unknown"
+        remote = peer_address(stream)
         self.log.info("TCP: new client(%s)", remote)
         connection = LookupServerConnection()
         peer: PeerInfo | None = None

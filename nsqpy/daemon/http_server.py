@@ -22,7 +22,7 @@ import httptools
 import trio
 
 from nsqpy.common.goformat import go_json
-from nsqpy.daemon.net import accept_forever, format_address, peer_common_name
+from nsqpy.daemon.net import accept_forever, peer_address, peer_common_name
 
 if TYPE_CHECKING:
     from nsqpy.daemon.http_access import HTTPAccess, Need, NeedOf
@@ -926,10 +926,7 @@ async def serve_http(
             on_poller(poller)
 
     async def serve(stream: trio.SocketStream) -> None:
-        try:
-            remote = format_address(stream.socket.getpeername())
-        except OSError:
-            remote = ""
+        remote = peer_address(stream, unknown="")
         if poller is not None and isinstance(stream, trio.SocketStream):
             poller.add(stream, remote)
             return

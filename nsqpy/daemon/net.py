@@ -28,6 +28,14 @@ def format_address(sockname) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def peer_address(stream: trio.SocketStream, unknown: str = "unknown") -> str:
+    """The address a connected stream's peer connects from; `unknown` once it is gone."""
+    try:
+        return format_address(stream.socket.getpeername())
+    except OSError:
+        return unknown
+
+
 async def open_listener(address: str) -> trio.SocketListener:
     """A listener on `host:port` (port 0 binds an ephemeral port) or on a unix socket path."""
     try:

@@ -19,6 +19,7 @@ from tests.cluster.aging import (
     publish_batch,
     replace_disk,
 )
+from tests.cluster.cluster_tls import cluster_tls_flags, write_identity
 from tests.cluster.etcd_server import EtcdServer, EtcdTLS
 from tests.cluster.local_cluster import LocalCluster
 from tests.cluster.raw_rpc import frames_of, raw_exchange
@@ -30,33 +31,9 @@ from tests.support.http import HTTPReply, request
 from tests.support.polling import poll
 
 
-def write_identity(authority: trustme.CA, directory, name: str) -> tuple[str, str]:
-    identity = authority.issue_cert(name, "127.0.0.1")
-    cert, key = directory / f"{name}.pem", directory / f"{name}-key.pem"
-    identity.cert_chain_pems[0].write_to_path(cert)
-    identity.private_key_pem.write_to_path(key)
-    return str(cert), str(key)
-
-
-@pytest.fixture
-def cluster_ca(tmp_path):
-    authority = trustme.CA()
-    directory = tmp_path / "cluster-tls"
-    directory.mkdir()
-    ca = directory / "cluster-ca.pem"
-    authority.cert_pem.write_to_path(ca)
-    cert, key = write_identity(authority, directory, "nsqd")
-    return {"ca": str(ca), "cert": cert, "key": key, "authority": authority, "dir": directory}
-
-
 @pytest.fixture
 def tls_cluster(tmp_path, etcd_server, cluster_ca):
-    flags = (
-        f"-cluster-tls-cert={cluster_ca['cert']}",
-        f"-cluster-tls-key={cluster_ca['key']}",
-        f"-cluster-tls-root-ca-file={cluster_ca['ca']}",
-        "-sync-every=1",
-    )
+    flags = (*cluster_tls_flags(cluster_ca), "-sync-every=1")
     with LocalCluster(tmp_path, etcd_server, nsqd_args=flags) as cluster:
         cluster.create_topic("t", 1, 3)
         yield cluster

@@ -12,10 +12,8 @@ import json
 import os
 import signal
 
-import pytest
-import trustme
-
 from nsqpy.nsqd.worker import WORKER_ENVIRONMENT, owner_of
+from tests.cluster.cluster_tls import cluster_tls_flags
 from tests.cluster.local_cluster import LocalCluster
 from tests.cluster.traffic import Traffic, check_replicas_identical
 from tests.support.polling import poll
@@ -95,27 +93,8 @@ def worker_index(pid: int) -> int:
     raise AssertionError(f"process {pid} is not a worker")
 
 
-@pytest.fixture
-def cluster_identity(tmp_path) -> tuple[str, ...]:
-    """The cluster's mutual TLS flags: a CA and one certificate every node presents."""
-    authority = trustme.CA()
-    directory = tmp_path / "tls"
-    directory.mkdir()
-    ca = directory / "ca.pem"
-    authority.cert_pem.write_to_path(ca)
-    identity = authority.issue_cert("nsqd", "127.0.0.1")
-    cert, key = directory / "nsqd.pem", directory / "nsqd-key.pem"
-    identity.cert_chain_pems[0].write_to_path(cert)
-    identity.private_key_pem.write_to_path(key)
-    return (
-        f"-cluster-tls-cert={cert}",
-        f"-cluster-tls-key={key}",
-        f"-cluster-tls-root-ca-file={ca}",
-    )
-
-
 def test_nodes_of_different_worker_counts_over_tls_replicate_every_partition(
-    tmp_path, etcd_server, cluster_identity
+    tmp_path, etcd_server, cluster_ca
 ):
     """One node in one process, one of two workers, one of three, over the cluster's mutual
     TLS: no connection can move, and no two nodes share how partitions map to workers, so
@@ -125,7 +104,7 @@ def test_nodes_of_different_worker_counts_over_tls_replicate_every_partition(
     with LocalCluster(
         tmp_path,
         etcd_server,
-        nsqd_args=("-sync-every=1", *cluster_identity),
+        nsqd_args=("-sync-every=1", *cluster_tls_flags(cluster_ca)),
         node_args={1: ("-workers=2",), 2: ("-workers=3",)},
     ) as cluster:
         cluster.create_writable_topic("t", PARTITIONS, 3)
