@@ -13,9 +13,17 @@ import os
 import signal
 
 from nsqpy.nsqd.worker import WORKER_ENVIRONMENT, owner_of
+from tests.cluster.aging import (
+    AGED_NSQD_ARGS,
+    age_topic,
+    log_start,
+    poll_back_in_isr,
+    publish_batch,
+    replace_disk,
+)
 from tests.cluster.cluster_tls import cluster_tls_flags
 from tests.cluster.local_cluster import LocalCluster
-from tests.cluster.traffic import Traffic, check_replicas_identical
+from tests.cluster.traffic import Traffic, check_replicas_identical, drain
 from tests.support.polling import poll
 
 PARTITIONS = 4
@@ -123,3 +131,36 @@ def test_nodes_of_different_worker_counts_over_tls_replicate_every_partition(
         finally:
             traffic.close()
         check_replicas_identical(cluster, "t", PARTITIONS)
+
+
+def test_a_replaced_disk_under_two_workers_copies_both_workers_aged_partitions(
+    tmp_path, etcd_server
+):
+    """Nodes of two workers, a topic of 2 partitions (one on each worker) whose retention has
+    run on every replica. A follower node's disk is replaced (`kill -9`, its data directory
+    emptied, started again): both of its workers come back in the one new incarnation, each
+    starts its partition's log over at the leader's aged start and rejoins the ISR, and every
+    acknowledged message is there, on every replica byte for byte."""
+    assert {owner_of("t", partition, 2) for partition in range(2)} == {0, 1}
+    with LocalCluster(tmp_path, etcd_server, nsqd_args=("-workers=2", *AGED_NSQD_ARGS)) as cluster:
+        cluster.create_writable_topic("t", 2, 2)
+        starts = {partition: age_topic(cluster, "t", partition) for partition in range(2)}
+        acked: dict[int, set[bytes]] = {}
+        for partition in range(2):
+            leader = cluster.node_leading("t", partition)
+            acked[partition] = publish_batch(leader, "t", f"kept{partition}", 100, partition)
+        follower_ids = set(cluster.partition("t", 0)["isr"]) & set(cluster.partition("t", 1)["isr"])
+        leaders = {cluster.partition("t", partition)["leader"] for partition in range(2)}
+        follower = cluster.node(
+            next(iter(follower_ids - leaders), None) or next(iter(follower_ids))
+        )
+        replace_disk(cluster, follower)
+        for partition in range(2):
+            poll_back_in_isr(cluster, follower, "t", partition)
+            if cluster.partition("t", partition)["leader"] != follower.node_id:
+                assert log_start(follower, "t", partition) == starts[partition]
+        for partition in range(2):
+            leader = cluster.node_leading("t", partition)
+            acked[partition] |= publish_batch(leader, "t", f"after{partition}", 20, partition)
+            assert acked[partition] <= drain(leader, "t", acked[partition], partition=partition)
+        check_replicas_identical(cluster, "t", 2)
