@@ -7,7 +7,8 @@ two steps a request meets:
 1. `worker_for(name, partition)`, before anything is resolved: the process that serves the
    partition a command or request names (-1: the topic's default partition); another
    worker's connection is handed over, or its publish (a peer's request) forwarded, by the
-   connection layer (`protocol_v2.py`, `worker_http.py`, `peer_server.py`);
+   connection layer (asked by the V2 interpreter `protocol_v2.py`, whose connection
+   `connection.py` does the hop; `worker_http.py`; `peer_server.py`);
 2. `refusal(topic, operation)`, once the partition is resolved in the process that serves
    it: None when this node serves the operation on it, else the error (a cluster follower,
    a leader that cannot replicate, `/disable/write`). `refuses_to_create(name)` says whether

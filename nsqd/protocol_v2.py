@@ -1,10 +1,15 @@
-"""The V2 protocol over one TCP connection: read loop, command handlers, message pump.
+"""The V2 protocol as a command interpreter: bytes in, replies and effects out.
 
-Go's protocol_v2.go, on trio. The connection owns a cancel scope with two tasks: the read loop
-(parse every complete command in each receive, answer them with one send) and the message
-pump (take as many messages as RDY allows, encode them into one buffer, one send). Either
-task ends the connection by cancelling the scope: a fatal error, EOF, a missed heartbeat or a
-dead socket.
+Go's protocol_v2.go `Exec`, without the I/O (as h11 is HTTP without it). The connection
+(`nsqd/connection.py`) feeds what it reads to `receive_data` and drives `batches`, a
+generator that runs every complete command and yields what needs the connection
+(`nsqd/effects.py`): asking the auth server, upgrading the stream, moving to or forwarding a
+publish to another of `--workers`, waiting for the batch's writes; at `BatchDone` the
+batch's replies are the connection's to send. The pump's side is `deliveries`: the frames
+of the messages RDY lets out now.
+
+Where a topic command is served is asked here once, of the placement (`nsqd/placement.py`):
+here, another worker (the connection moves or forwards), or refused (the NSQ error).
 
 This file is Go NSQ's V2. What a Youzan client changes is elsewhere: the dialect the connection
 speaks (`nsqd/dialect.py`, switched by `become_youzan`), Youzan's commands
@@ -14,10 +19,7 @@ into the client by `nsqd/identify.py`; every publish goes through `nsqd/publish.
 """
 
 import json
-import math
-import os
-import socket
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -25,32 +27,34 @@ import trio
 from nsqpy.common.command import NOP
 from nsqpy.common.command_parser import CommandParser, is_partition, named_partition
 from nsqpy.common.errors import ProtocolError
-from nsqpy.common.frame import (
-    CLOSE_WAIT_FRAME,
-    HEARTBEAT_FRAME,
-    OK_FRAME,
-    encode_error,
-    encode_response,
-)
+from nsqpy.common.frame import CLOSE_WAIT_FRAME, OK_FRAME, encode_error, encode_response
 from nsqpy.common.goformat import go_base10, go_quote, go_text
 from nsqpy.common.names import is_valid_name
-from nsqpy.daemon.auth import AuthError, ip_of, query_any
-from nsqpy.daemon.net import peer_common_name
+from nsqpy.daemon.auth import AuthError
 from nsqpy.nsqd.channel import ChannelError
 from nsqpy.nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Client
 from nsqpy.nsqd.cluster import NotLedHere
-from nsqpy.nsqd.compression import CompressedStream, PrefixedStream
 from nsqpy.nsqd.dialect import CLASSIC, ClassicDialect, YouzanDialect
+from nsqpy.nsqd.effects import (
+    CLOSE,
+    COMMIT_CLOSE,
+    COMMIT_KEEP_OPEN,
+    KEEP_OPEN,
+    AnswerForwarded,
+    Commit,
+    Effect,
+    Forward,
+    MoveTo,
+    QueryAuth,
+    ReplicateChannels,
+    Upgrade,
+)
 from nsqpy.nsqd.ext_filter import parse_ext_filter
-from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.identify import Negotiated, decode_identify, negotiate
-from nsqpy.nsqd.idle_reads import RECEIVE_SIZE
 from nsqpy.nsqd.message import Message, MessageBatch
 from nsqpy.nsqd.placement import Operation
 from nsqpy.nsqd.protocol_youzan import YouzanCommands
 from nsqpy.nsqd.publish import PublishError, TooMuchWaiting, publish
-from nsqpy.nsqd.tls import connection_details
-from nsqpy.nsqd.worker_hops import WorkerHops
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.server import NSQD
@@ -61,14 +65,6 @@ MAX_PUMP_BATCH = 1024
 # goes out in pieces, so a connection's output buffer stays bounded (Go's is the client's
 # output_buffer_size) instead of a copy of everything RDY let out at once.
 MAX_SEND_BYTES = 256 * 1024
-# Go gives the TLS handshake 5 s.
-TLS_HANDSHAKE_TIMEOUT = 5.0
-# A TLS close_notify to a peer that stopped reading must not hold the connection's task.
-CLOSE_TIMEOUT = 1.0
-# After a fatal error nsqd reads and drops what the client still sends for this long before
-# it closes: closing a socket with unread bytes resets it, and a reset discards the error
-# reply on the client's side (a PUB refused as too big is refused before its body is read).
-REFUSED_LINGER = 1.0
 # The commands that name a topic (its name first): AUTH authorizes them, and `--workers`
 # route them to the topic's owner.
 SUBSCRIBE_COMMANDS = frozenset((b"SUB", b"SUB_ORDERED", b"SUB_ORDER", b"SUB_ADVANCED"))
@@ -92,8 +88,13 @@ PUBLISH_COMMANDS = frozenset(
 FORWARDED_COMMANDS = PUBLISH_COMMANDS | {b"INTERNAL_CREATE_TOPIC"}
 TOPIC_COMMANDS = SUBSCRIBE_COMMANDS | FORWARDED_COMMANDS
 
+# Batches' steps: effects out, their outcomes in, for the connection's life.
+Batches = Generator[Effect, Any, None]
+# A command that needs effects (AUTH, an authorized one): its reply at the end.
+CommandSteps = Generator[Effect, Any, Any]
 
-def _split_by_size(messages: list, limit: int) -> list[list]:
+
+def split_by_size(messages: list, limit: int) -> list[list]:
     """`messages` in consecutive pieces of at most `limit` body bytes, at least one message
     each; the batch itself when it fits (small messages: one send per batch)."""
     total = 0
@@ -116,47 +117,29 @@ def _split_by_size(messages: list, limit: int) -> list[list]:
 
 
 class ProtocolV2:
-    def __init__(
-        self,
-        nsqd: "NSQD",
-        stream: trio.abc.Stream,
-        remote_address: str,
-        handoff: Handoff | None = None,
-    ) -> None:
+    def __init__(self, nsqd: "NSQD", remote_address: str, *, internal: bool = False) -> None:
+        """`internal`: another worker's link, carrying its clients' forwarded publishes (they
+        were authorized there, and one refused closes only its own client there)."""
         options = nsqd.options
         self.nsqd = nsqd
         self.options = options
-        self.stream = stream
         self.client = Client(options, remote_address)
-        # `--workers` (`nsqd/worker_hops.py`): a connection handed over by another worker, and
-        # its moves and forwarded publishes to the others.
-        self.handoff = handoff
-        self.hops = WorkerHops(self)
-        self._identify_body: bytes | None = None
-        self._muted = False
-        # A fatal error ended the connection: drain the client's input before closing.
-        self._refused = False
-        self._internal = handoff is not None and handoff.internal
+        self.internal = internal
+        # IDENTIFY's body, for a move to another worker to replay.
+        self.identify_body: bytes | None = None
+        # Whether the connection ran a topic command here: under `--workers`, a later one for
+        # another worker's topic is forwarded instead of moving the connection.
+        self.topic_bound = False
+        # A fatal error ended the connection: the connection drains the client's input before
+        # closing.
+        self.refused = False
+        self.commands_run = 0
         self.parser = CommandParser(
             max_msg_size=options.max_msg_size,
             max_body_size=options.max_body_size,
             max_req_timeout_ms=int(options.max_req_timeout * 1000),
             before_body=self._check_body_command,
         )
-        self._send_lock = trio.Lock()
-        # The descriptor `_send` writes to directly while the connection is a plain socket
-        # (-1 once TLS or compression wraps it).
-        self._fd = stream.socket.fileno() if type(stream) is trio.SocketStream else -1
-        self._cancel_scope = trio.CancelScope()
-        self._commands_run = 0
-        # The connection's timers (`nsqd/heartbeats.py`): when the clock calls it next, when
-        # the command being read must have arrived (Go's read deadline: two heartbeat
-        # intervals), when the last heartbeat went out, and what of a heartbeat the clock
-        # wrote did not fit the socket (sent first by the next `_send`).
-        self.timers_at = math.inf
-        self._read_deadline = math.inf
-        self._last_heartbeat = 0.0
-        self._owed = b""
         # The replies of the batch being run, and where the log publishes among them wait for
         # their group's write: (reply index, group, label, error code).
         self._replies: list[bytes] = []
@@ -167,7 +150,7 @@ class ProtocolV2:
         self.dialect: ClassicDialect | YouzanDialect = CLASSIC
         self.youzan = YouzanCommands(self)
         # Each returns the reply (None: none), or a Negotiated upgrade; AUTH and the
-        # authorized wrappers are coroutines (`_async_commands`).
+        # authorized wrappers are generators of effects (`_effectful_commands`).
         self._handlers: dict[bytes, Callable[[Any], Any]] = {
             b"FIN": self.fin,
             b"RDY": self.rdy,
@@ -187,263 +170,141 @@ class ProtocolV2:
             # Youzan's commands (docs/protocol.md §3.1).
             **self.youzan.handlers(),
         }
-        self._async_commands = {b"AUTH"}
+        self._effectful_commands = {b"AUTH"}
         self._handlers_unchecked = dict(self._handlers)
-        if nsqd.auth_enabled and not self._internal:
+        if nsqd.auth_enabled and not internal:
             for name in SUBSCRIBE_COMMANDS:
                 self._handlers[name] = self.sub_authorized
             for name in PUBLISH_COMMANDS:
                 self._handlers[name] = self.pub_authorized
             self._handlers[b"INTERNAL_CREATE_TOPIC"] = self.pub_authorized
-            self._async_commands |= TOPIC_COMMANDS
+            self._effectful_commands |= TOPIC_COMMANDS
         # Until the connection is on TLS, a TLS-requiring nsqd takes nothing but IDENTIFY.
-        self._tls_gate = (
-            options.tls_required != "false" and nsqd.tls_context is not None and not self._internal
+        self.tls_gate = (
+            options.tls_required != "false" and nsqd.tls_context is not None and not internal
         )
 
-    # -- connection life ----------------------------------------------------------------------
+    # -- bytes in -----------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Serve the connection until it ends, from the protocol magic on."""
-        client = self.client
-        if not self._internal:
-            self.nsqd.add_client(client)
-        self._last_heartbeat = trio.current_time()
-        self._arm_read_deadline()
-        relay: trio.SocketStream | None = None
+    def receive_data(self, data: bytes | bytearray) -> None:
+        self.parser.receive_data(data)
+
+    def receive_eof(self) -> bytes | None:
+        """The client closed: the error reply for a command it left unfinished, if any."""
         try:
-            with self._cancel_scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._message_pump)
-                    if self.handoff is None or await self._replay(self.handoff):
-                        await self._read_loop()
-                    nursery.cancel_scope.cancel()
-                if self._refused:
-                    self._leave()
-                    with trio.move_on_after(REFUSED_LINGER):
-                        await self._discard_input()
-                if self.hops.moving is not None:
-                    self.nsqd.heartbeats.forget(self)
-                    relay = await self.hops.move(self._fd)
-                    if relay is not None:
-                        await self.hops.relay(self.stream, relay)
-        finally:
-            if relay is not None:
-                relay.socket.close()
-            self._leave()
-            with trio.CancelScope(shield=True) as closing:
-                closing.deadline = trio.current_time() + CLOSE_TIMEOUT
-                await self.stream.aclose()
-
-    def _leave(self) -> None:
-        """The client is gone from nsqd's view: no heartbeats, out of /stats, what it had in
-        flight back to its channel. Safe to repeat."""
-        client = self.client
-        self.nsqd.heartbeats.forget(self)
-        self.nsqd.remove_client(client)
-        if client.channel is not None:
-            client.channel.remove_client(client)
-
-    async def _discard_input(self) -> None:
-        """Read and drop what the client sends until it closes: its error reply reaches it
-        instead of a reset. A plain TCP client is told at once that nothing more comes."""
-        if isinstance(self.stream, trio.SocketStream):
-            try:
-                self.stream.socket.shutdown(socket.SHUT_WR)
-            except OSError:
-                return
-        try:
-            while await self.stream.receive_some(RECEIVE_SIZE):
-                pass
-        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
-            pass
-
-    async def _replay(self, handoff: Handoff) -> bool:
-        """Stand where the worker that handed the connection over stood: run the preamble
-        (its replies were sent already), then what the client sent from its topic command
-        on. False: the connection is to close."""
-        self.hops.restore(self.client, handoff)
-        self._muted = True
-        try:
-            self.parser.receive_data(handoff.preamble)
-            if not await self._process_commands():
-                return False
-        finally:
-            self._muted = False
-        self.parser.receive_data(handoff.pending)
-        return await self._process_commands()
-
-    def close(self) -> None:
-        """Server-side close (shutdown, channel deleted)."""
-        self._cancel_scope.cancel()
-
-    def _arm_read_deadline(self) -> None:
-        """Go sets a read deadline of twice the heartbeat interval before it reads each
-        command, and reads the whole command (line and body) under it: a client dribbling one
-        command a byte at a time (slowloris) is cut off, however often a byte arrives. The
-        clock enforces it (`timers_due`)."""
-        heartbeat = self.client.heartbeat_interval
-        if heartbeat > 0:
-            now = trio.current_time()
-            self._read_deadline = now + heartbeat * 2
-            self.nsqd.heartbeats.book(
-                self, min(self._read_deadline, self._last_heartbeat + heartbeat)
-            )
-        else:
-            self._read_deadline = math.inf
-
-    def timers_due(self, now: float) -> float:
-        """The clock's call (`nsqd/heartbeats.py`): end the connection if its read deadline
-        passed; send the heartbeat if it is due, from here when the socket is plain and no
-        send is under way, else by waking the pump. Returns when to be called next."""
-        if now >= self._read_deadline:
-            self.nsqd.log.error("[%s] IOLoop error - read deadline exceeded", self.client)
-            self._cancel_scope.cancel()
-            return math.inf
-        interval = self.client.heartbeat_interval
-        if interval <= 0:
-            return self._read_deadline
-        due = self._last_heartbeat + interval
-        if now >= due:
-            if self._fd >= 0 and not self._send_lock.locked() and not self._owed:
-                self._last_heartbeat = now
-                self._write_heartbeat()
-            else:
-                self.client.wakeup.set()
-            due = now + interval
-        return min(self._read_deadline, due)
-
-    def _write_heartbeat(self) -> None:
-        """Write a heartbeat at once; what the socket does not take is owed to the next send,
-        which the pump is woken to make."""
-        try:
-            sent = os.write(self._fd, HEARTBEAT_FRAME)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            self._cancel_scope.cancel()
-            return
-        if sent < len(HEARTBEAT_FRAME):
-            self._owed = HEARTBEAT_FRAME[sent:]
-            self.client.wakeup.set()
-
-    async def _read_loop(self) -> None:
-        idle_reads = self.nsqd.idle_reads
-        data: bytes | bytearray
-        # Whether the client's last bytes were only NOPs: an idle connection, whose next wait
-        # goes to the idle reads' poller. A busy one (FINs, publishes) waits in trio, which
-        # re-arms a descriptor with one call where the poller takes two.
-        idle = False
-        while True:
-            try:
-                if idle and self._fd >= 0 and idle_reads is not None:
-                    # Level-triggered: bytes already there are reported at once.
-                    data = await idle_reads.receive(self._fd, self)
-                else:
-                    data = await self.stream.receive_some(RECEIVE_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                return
-            idle = data[:4] == NOP and _only_nops(data)
-            if not data:
-                try:
-                    self.parser.receive_eof()
-                except ProtocolError as error:
-                    await self._send(encode_error(error.text))
-                return
-            self.parser.receive_data(data)
-            commands_run = self._commands_run
-            if not await self._process_commands():
-                return
-            if self._commands_run != commands_run:
-                self._arm_read_deadline()  # a command completed: the next one gets a fresh deadline
+            self.parser.receive_eof()
+        except ProtocolError as error:
+            return encode_error(error.text)
+        return None
 
     def absorb_nops(self, data: bytes) -> bool:
         """Take `data` when it is whole NOPs and nothing else, with nothing buffered before
         it (`nsqd/idle_reads.py`): a NOP only gives the next command a fresh read deadline.
-        False: the read loop runs it."""
-        if self._tls_gate or self.parser.buffered or not _only_nops(data):
+        False: the connection runs it as any other read."""
+        if self.tls_gate or self.parser.buffered or not only_nops(data):
             return False
-        self._commands_run += len(data) // len(NOP)
-        self._arm_read_deadline()
+        self.commands_run += len(data) // len(NOP)
         return True
 
-    async def _process_commands(self) -> bool:
-        """Run every complete command, then send all replies at once. False: close."""
-        replies: list[bytes] = []
-        self._replies = replies
-        keep_open = True
-        handlers = self._handlers
+    # -- a batch of commands ------------------------------------------------------------------
+
+    def batches(self) -> Batches:
+        """The connection's batches of commands, one after another, for its whole life (made
+        once: a generator a batch would cost every round trip). Send None to run every
+        complete command received so far; each effect yielded needs the connection, and
+        `BatchDone` ends the batch: its replies are then `replies()`, and `keep_open` False
+        closes the connection once they are sent."""
         parser = self.parser
         client = self.client
-        placement = self.nsqd.placement
-        hops = self.hops
+        handlers = self._handlers
         while True:
-            try:
-                if client.state == STATE_SUBSCRIBED and not self._tls_gate:
-                    fin_ids = parser.take_fin_run()
-                    if fin_ids:
-                        self._finish_run(fin_ids, replies)
-                        continue
-                command = parser.next_command()
-                if command is None:
-                    break
-                self._commands_run += 1
-                name = command.name
-                if self._tls_gate:
-                    self._enforce_tls_policy(name)
-                if name in TOPIC_COMMANDS and command.args:
-                    owner = placement.worker_for(
-                        command.args[0], named_partition(name, command.args)
-                    )
-                    if owner is not None:
-                        if hops.moves_for(name in SUBSCRIBE_COMMANDS, client):
-                            hops.move_to(owner.index, command, self._identify_body, self._fd)
-                            keep_open = False
-                            break
-                        if name in FORWARDED_COMMANDS:
-                            await hops.forward(owner.index, command, replies)
+            placement = self.nsqd.placement
+            replies: list[bytes] = []
+            self._replies = replies
+            keep_open = True
+            forwarded = False
+            while True:
+                try:
+                    if client.state == STATE_SUBSCRIBED and not self.tls_gate:
+                        fin_ids = parser.take_fin_run()
+                        if fin_ids:
+                            self._finish_run(fin_ids, replies)
                             continue
-                    hops.topic_bound = True
-                handler = handlers.get(name)
-                if handler is None:
-                    raise ProtocolError("E_INVALID", f"invalid command {go_text(name)}")
-                if name in self._async_commands:
-                    reply = await handler(command)
-                else:
-                    reply = handler(command)
-                if type(reply) is Negotiated:
-                    await self._upgrade(reply, replies)
+                    command = parser.next_command()
+                    if command is None:
+                        break
+                    self.commands_run += 1
+                    name = command.name
+                    if self.tls_gate:
+                        self._enforce_tls_policy(name)
+                    if name in TOPIC_COMMANDS and command.args:
+                        owner = placement.worker_for(
+                            command.args[0], named_partition(name, command.args)
+                        )
+                        if owner is not None:
+                            # Before it subscribed, a SUB or a first topic command moves the
+                            # connection to the topic's worker; a later publish is forwarded.
+                            if client.state == STATE_INIT and (
+                                name in SUBSCRIBE_COMMANDS or not self.topic_bound
+                            ):
+                                yield MoveTo(owner.index, command)
+                                keep_open = False
+                                break
+                            if name in FORWARDED_COMMANDS:
+                                if self.nsqd.auth_enabled:
+                                    # The owner takes this worker's word for the authorization.
+                                    yield from self.authorize(command)
+                                yield Forward(owner.index, command, len(replies))
+                                replies.append(b"")  # the owner's answer, once it comes
+                                forwarded = True
+                                continue
+                        self.topic_bound = True
+                    handler = handlers.get(name)
+                    if handler is None:
+                        raise ProtocolError("E_INVALID", f"invalid command {go_text(name)}")
+                    if name in self._effectful_commands:
+                        reply = yield from handler(command)
+                    else:
+                        reply = handler(command)
+                    if type(reply) is Negotiated:
+                        yield Upgrade(reply, replies)
+                        continue
+                except ProtocolError as error:
+                    self.nsqd.log.error("[%s] - %s", client, error.text)
+                    replies.append(encode_error(error.text))
+                    # Another worker's link carries many clients' publishes: one refused closes
+                    # only its own client, on the worker that forwarded it.
+                    if error.fatal and not self.internal:
+                        keep_open = False
+                        self.refused = True
+                        break
                     continue
-            except ProtocolError as error:
-                self.nsqd.log.error("[%s] - %s", self.client, error.text)
-                replies.append(encode_error(error.text))
-                # Another worker's link carries many clients' publishes: one refused closes
-                # only its own client, on the worker that forwarded it.
-                if error.fatal and not self._internal:
-                    keep_open = False
-                    self._refused = True
-                    break
+                if reply is not None:
+                    replies.append(reply)
+            if forwarded:
+                fatal_errors = self.dialect.publish_errors_are_fatal
+                keep_open = (yield AnswerForwarded(replies, fatal_errors)) and keep_open
+            # Acknowledge publishes only once their writes reached the files.
+            groups = self._write_groups
+            if not groups and not self._new_channels:
+                yield COMMIT_KEEP_OPEN if keep_open else COMMIT_CLOSE
                 continue
-            if reply is not None:
-                replies.append(reply)
-        if hops.forwarded:
-            fatal_errors = self.dialect.publish_errors_are_fatal
-            keep_open = await hops.answer_forwarded(replies, fatal_errors) and keep_open
-        # Acknowledge publishes only once their writes reached the files.
-        if self._write_groups:
-            await self.nsqd.storage.commit([entry[1] for entry in self._write_groups])
-            keep_open = self._refuse_unwritten(replies) and keep_open
-        else:
-            await self.nsqd.storage.commit()
-        if self._new_channels:
-            topics, self._new_channels = self._new_channels, []
-            for topic in topics:
-                await topic.replication.channels_changed()
-        if replies and not self._muted:
-            await self._send(b"".join(replies) if len(replies) > 1 else replies[0])
-        if self.client.closed_by_server:
-            return False
-        return keep_open
+            yield Commit([entry[1] for entry in groups])
+            if groups:
+                keep_open = self._refuse_unwritten(replies) and keep_open
+            if self._new_channels:
+                topics, self._new_channels = self._new_channels, []
+                yield ReplicateChannels(topics)
+            yield KEEP_OPEN if keep_open else CLOSE
+
+    def replies(self) -> bytes:
+        """The replies of the batch just run, in one buffer."""
+        replies = self._replies
+        return b"".join(replies) if len(replies) > 1 else replies[0] if replies else b""
+
+    def forwarded_refused(self, error: ProtocolError) -> None:
+        """A forwarded publish's owner refused it: logged as a refusal here is."""
+        self.nsqd.log.error("[%s] - %s", self.client, error.text)
 
     def _refuse_unwritten(self, replies: list[bytes]) -> bool:
         """A publish whose log group failed to be written gets Go's `<label> failed <error>`
@@ -461,111 +322,66 @@ class ProtocolV2:
                 text = f"{cluster_code} MAYBE_STORED sent to followers before the leader gave up"
             self.nsqd.log.error("[%s] - %s", self.client, text)
             replies[index] = encode_error(text)
-            if self.dialect.publish_errors_are_fatal and not self._internal:
+            if self.dialect.publish_errors_are_fatal and not self.internal:
                 del replies[index + 1 :]
-                self._refused = True
+                self.refused = True
                 return False
         return True
 
-    async def _send(self, data: bytes) -> None:
-        if self._owed:
-            data, self._owed = self._owed + data, b""
-        fd = self._fd
-        if fd >= 0 and not self._send_lock.locked():
-            # A plain socket and no send under way: write at once, without trio's socket
-            # wrappers and their two scheduler round trips; the socket buffer almost always
-            # takes it all. Only what is left waits, under the lock and the write deadline.
-            try:
-                sent = os.write(fd, data)
-            except BlockingIOError:
-                sent = 0
-            except OSError:
-                self._cancel_scope.cancel()
-                return
-            if sent == len(data):
-                return
-            data = data[sent:]
-        client = self.client
-        try:
-            async with self._send_lock:
-                # Go sets a write deadline of one heartbeat interval on every write.
-                timeout = client.heartbeat_interval if client.heartbeat_interval > 0 else math.inf
-                with trio.move_on_after(timeout) as deadline:
-                    await self.stream.send_all(data)
-                if deadline.cancelled_caught:
-                    self.nsqd.log.error("[%s] write deadline exceeded", client)
-                    self._cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self._cancel_scope.cancel()
+    # -- messages out -------------------------------------------------------------------------
 
-    # -- the message pump -----------------------------------------------------------------
-
-    async def _message_pump(self) -> None:
+    def deliveries(self, now: float) -> tuple[Iterator[bytes] | None, float]:
+        """What the pump sends now: the frames of the messages RDY lets out (in pieces of at
+        most the client's output buffer, encoded as they are sent), an empty iterator when
+        the channel's filter left every one out (look again), or None when there is nothing
+        to send; and how long a rate-limited channel in debt holds the client."""
         client = self.client
-        while True:
-            channel = client.channel
-            # A rate-limited channel in debt sends nothing until its bucket refills.
-            held_for = 0.0
-            if channel is not None and channel.rate_limit is not None:
-                held_for = channel.rate_limit.wait(trio.current_time())
-            if channel is not None and not held_for and client.is_ready():
-                room = min(client.room(), MAX_PUMP_BATCH)
-                if channel.rate_limit is not None:
-                    room = channel.rate_limit.affordable(room)
-                # The channel's delivery policy may let fewer go (ordered: one in flight).
-                messages = channel.take(room, client.desired_tag)
-                if messages and client.sample_rate:
-                    messages = self._sample(messages)
-                if messages and client.ext_filter is not None and channel.topic.ext:
-                    accepts = client.ext_filter.accepts
-                    sent: list[Message] = []
-                    left_out: list[Message] = []
-                    for message in messages:
-                        (sent if accepts(message.ext_header) else left_out).append(message)
-                    if left_out:
-                        # Youzan's: what the filter leaves out is finished for the channel.
-                        channel.finish_unsent(left_out)
-                        if not sent:
-                            await trio.lowlevel.checkpoint()
-                            continue
-                    messages = sent
-                if messages:
-                    now = trio.current_time()
-                    channel.start_in_flight(messages, client.id, client.msg_timeout, now)
-                    if channel.rate_limit is not None:
-                        channel.rate_limit.spend(messages, now)
-                    client.sent_messages(len(messages))
-                    if channel.has_messages():
-                        channel.notify()
-                    limit = max(client.output_buffer_size, MAX_SEND_BYTES)
-                    encode_frames = self.dialect.encode_frames
-                    for piece in _split_by_size(messages, limit):
-                        frames = encode_frames(piece, client, channel.topic)
-                        await self._send(frames)
-                        del frames
-                    # A send that fit the socket buffer did not yield: let others run.
-                    await trio.lowlevel.checkpoint()
-                    continue
-                channel.wait_for_messages(client)
-            if client.closed_by_server:
-                self._cancel_scope.cancel()
-                return
-            # The clock (`timers_due`) wakes the pump for a heartbeat it could not write, or
-            # could write only part of (`_send` sends the rest first).
-            if self._owed:
-                await self._send(b"")
-                continue
-            interval = client.heartbeat_interval
-            now = trio.current_time()
-            if interval > 0 and now >= self._last_heartbeat + interval:
-                self._last_heartbeat = now
-                await self._send(HEARTBEAT_FRAME)
-                continue
+        channel = client.channel
+        if channel is None:
+            return None, 0.0
+        # A rate-limited channel in debt sends nothing until its bucket refills.
+        rate_limit = channel.rate_limit
+        if rate_limit is not None:
+            held_for = rate_limit.wait(now)
             if held_for:
-                with trio.move_on_after(held_for):
-                    await client.wakeup.wait()
-                continue
-            await client.wakeup.wait()
+                return None, held_for
+        if not client.is_ready():
+            return None, 0.0
+        room = min(client.room(), MAX_PUMP_BATCH)
+        if rate_limit is not None:
+            room = rate_limit.affordable(room)
+        # The channel's delivery policy may let fewer go (ordered: one in flight).
+        messages = channel.take(room, client.desired_tag)
+        if messages and client.sample_rate:
+            messages = self._sample(messages)
+        if messages and client.ext_filter is not None and channel.topic.ext:
+            accepts = client.ext_filter.accepts
+            sent: list[Message] = []
+            left_out: list[Message] = []
+            for message in messages:
+                (sent if accepts(message.ext_header) else left_out).append(message)
+            if left_out:
+                # Youzan's: what the filter leaves out is finished for the channel.
+                channel.finish_unsent(left_out)
+                if not sent:
+                    return iter(()), 0.0
+            messages = sent
+        if not messages:
+            channel.wait_for_messages(client)
+            return None, 0.0
+        channel.start_in_flight(messages, client.id, client.msg_timeout, now)
+        if rate_limit is not None:
+            rate_limit.spend(messages, now)
+        client.sent_messages(len(messages))
+        if channel.has_messages():
+            channel.notify()
+        limit = max(client.output_buffer_size, MAX_SEND_BYTES)
+        encode_frames = self.dialect.encode_frames
+        topic = channel.topic
+        pieces = split_by_size(messages, limit)
+        if len(pieces) == 1:
+            return iter((encode_frames(messages, client, topic),)), 0.0
+        return (encode_frames(piece, client, topic) for piece in pieces), 0.0
 
     def _sample(self, messages: list) -> list:
         """Go skips (and so drops for this client) a message when rand(100) > sample_rate."""
@@ -577,7 +393,7 @@ class ProtocolV2:
 
     def _enforce_tls_policy(self, name: bytes) -> None:
         if self.client.tls:
-            self._tls_gate = False
+            self.tls_gate = False
         elif name != b"IDENTIFY":
             raise ProtocolError(
                 "E_INVALID", f"cannot {go_text(name)} in current state (TLS required)"
@@ -585,7 +401,7 @@ class ProtocolV2:
 
     def _check_body_command(self, name: bytes) -> None:
         """Go checks the TLS policy and IDENTIFY's and AUTH's state before reading bodies."""
-        if self._tls_gate:
+        if self.tls_gate:
             self._enforce_tls_policy(name)
         if name == b"IDENTIFY" and self.client.state != STATE_INIT:
             raise ProtocolError("E_INVALID", "cannot IDENTIFY in current state")
@@ -612,7 +428,7 @@ class ProtocolV2:
     def identify(self, command) -> "bytes | Negotiated":
         client = self.client
         data = decode_identify(command.body)
-        self._identify_body = command.body
+        self.identify_body = command.body
         negotiated = negotiate(
             client,
             data,
@@ -627,8 +443,6 @@ class ProtocolV2:
         except ValueError as error:
             # Youzan's nsqd logs a filter it cannot use and delivers unfiltered.
             self.nsqd.log.warning("[%s] ext_filter %s ignored - %s", client, data, error)
-        # The timers follow the new interval at once.
-        self._arm_read_deadline()
         # Go nsqd logs IDENTIFY at debug: at info, a line per connection cost 10,000 clients
         # connecting at once a sixth of nsqd's CPU.
         self.nsqd.log.debug("PROTOCOL(V2): [%s] %s", client, data)
@@ -638,49 +452,7 @@ class ProtocolV2:
             return negotiated
         return encode_response(negotiated.reply)
 
-    async def _upgrade(self, upgrade: Negotiated, replies: list[bytes]) -> None:
-        """After the IDENTIFY reply: TLS, then compression, each confirmed by an `OK` sent
-        through the new layer (docs/protocol.md §2.1)."""
-        client = self.client
-        async with self._send_lock:
-            self._fd = -1
-            await self.stream.send_all(b"".join(replies) + encode_response(upgrade.reply))
-            replies.clear()
-            stream = self.stream
-            leftover = self.parser.take_buffered()
-            if leftover:
-                stream = PrefixedStream(stream, leftover)
-            try:
-                if upgrade.tls:
-                    # Negotiated only when nsqd has a TLS context (`tls_available`).
-                    assert self.nsqd.tls_context is not None
-                    ssl_stream = trio.SSLStream(stream, self.nsqd.tls_context, server_side=True)
-                    with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
-                        await ssl_stream.do_handshake()
-                    client.tls = True
-                    details = connection_details(ssl_stream)
-                    client.tls_version = details["tls_version"]
-                    client.tls_cipher_suite = details["tls_cipher_suite"]
-                    client.tls_negotiated_protocol = details["tls_negotiated_protocol"]
-                    client.tls_negotiated_protocol_is_mutual = True
-                    client.tls_common_name = peer_common_name(ssl_stream)
-                    stream = ssl_stream
-                    await stream.send_all(OK_FRAME)
-                if upgrade.snappy:
-                    stream = CompressedStream.snappy(stream)
-                    client.snappy = True
-                    await stream.send_all(OK_FRAME)
-                if upgrade.deflate_level:
-                    stream = CompressedStream.deflate(stream, upgrade.deflate_level)
-                    client.deflate = True
-                    client.deflate_level = upgrade.deflate_level
-                    await stream.send_all(OK_FRAME)
-            except (trio.TooSlowError, trio.BrokenResourceError, OSError) as error:
-                raise ProtocolError("E_IDENTIFY_FAILED", f"IDENTIFY failed {error}") from None
-            finally:
-                self.stream = stream
-
-    async def auth(self, command) -> bytes:
+    def auth(self, command) -> CommandSteps:
         client = self.client
         if client.auth_state is not None and client.auth_state.authorizations:
             raise ProtocolError("E_INVALID", "AUTH already set")
@@ -688,7 +460,7 @@ class ProtocolV2:
             raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
         client.auth_secret = command.body.decode("utf-8", "surrogateescape")
         try:
-            await self._query_auth()
+            yield QueryAuth()
         except AuthError as error:
             # Go does not leak auth server errors to untrusted clients; it logs them.
             self.nsqd.log.warning("PROTOCOL(V2): [%s] AUTH failed %s", client, error)
@@ -703,19 +475,7 @@ class ProtocolV2:
         }
         return encode_response(json.dumps(reply, separators=(",", ":")).encode())
 
-    async def _query_auth(self) -> None:
-        client = self.client
-        options = self.options
-        client.auth_state = await query_any(
-            options.auth_http_address,
-            ip_of(client.remote_address),
-            client.tls,
-            client.auth_secret,
-            client.tls_common_name,
-            options.http_client_connect_timeout + options.http_client_request_timeout,
-        )
-
-    async def check_auth(self, label: str, topic: str, channel: str) -> None:
+    def check_auth(self, label: str, topic: str, channel: str) -> Generator[Effect, Any, None]:
         """Go's CheckAuth: authorizations first, refreshed when their TTL ran out."""
         client = self.client
         state = client.auth_state
@@ -723,7 +483,7 @@ class ProtocolV2:
             raise ProtocolError("E_AUTH_FIRST", f"AUTH required before {label}")
         if state.is_expired():
             try:
-                await self._query_auth()
+                yield QueryAuth()
             except AuthError as error:
                 self.nsqd.log.warning("PROTOCOL(V2): [%s] Auth Failed %s", client, error)
                 raise ProtocolError("E_AUTH_FAILED", "AUTH failed") from None
@@ -734,24 +494,24 @@ class ProtocolV2:
                 f"AUTH failed for {label} on {go_quote(topic)} {go_quote(channel)}",
             )
 
-    async def sub_authorized(self, command) -> bytes:
+    def sub_authorized(self, command) -> CommandSteps:
         topic_name, channel_name = self.sub_names(command)
-        await self.check_auth("SUB", topic_name, channel_name)
+        yield from self.check_auth("SUB", topic_name, channel_name)
         return self._handlers_unchecked[command.name](command)
 
-    async def pub_authorized(self, command) -> bytes:
-        await self.authorize(command)
+    def pub_authorized(self, command) -> CommandSteps:
+        yield from self.authorize(command)
         return self._handlers_unchecked[command.name](command)
 
-    async def authorize(self, command) -> None:
+    def authorize(self, command) -> Generator[Effect, Any, None]:
         """Go's CheckAuth for a publish or Youzan's INTERNAL_CREATE_TOPIC, whether it runs
         here or on another of `--workers` (which takes this worker's word for it)."""
         if command.name == b"INTERNAL_CREATE_TOPIC":
             # Youzan's order: the partition is parsed before the authorization is asked.
             name, _partition = self.youzan.create_topic_target(command.args)
-            await self.check_auth("CREATE_TOPIC", name, "")
+            yield from self.check_auth("CREATE_TOPIC", name, "")
         else:
-            await self.check_auth(command.name.decode(), go_text(command.args[0]), "")
+            yield from self.check_auth(command.name.decode(), go_text(command.args[0]), "")
 
     def sub_names(self, command) -> tuple[str, str]:
         """The topic and channel a SUB-family command names, after Go's state and name checks."""
@@ -884,7 +644,7 @@ class ProtocolV2:
     def _finish_run(self, wire_ids: list[bytes], replies: list[bytes]) -> None:
         """A run of FINs read at once (`CommandParser.take_fin_run`): each as `fin` would,
         the failures answered in place, the client counted and woken once."""
-        self._commands_run += len(wire_ids)
+        self.commands_run += len(wire_ids)
         client = self.client
         channel = client.channel
         assert channel is not None  # subscribed
@@ -1045,6 +805,7 @@ class ProtocolV2:
         return self._publish_classic("DPUB", "E_DPUB_FAILED", command.args, [command.body], defer)
 
 
-def _only_nops(data: bytes | bytearray) -> bool:
+def only_nops(data: bytes | bytearray) -> bool:
+    """Whether `data` is whole NOPs and nothing else."""
     count, rest = divmod(len(data), len(NOP))
     return not rest and data == NOP * count

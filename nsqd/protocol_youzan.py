@@ -1,8 +1,8 @@
 """Youzan's commands on a V2 connection (docs/protocol.md §3, §8).
 
-`YouzanCommands` is an extension a connection (`ProtocolV2`) is built with: it adds Youzan's
-command names to the connection's table, and takes over the classic SUB, PUB and MPUB when they
-name a partition. It works through the connection's small API (`become_youzan`,
+`YouzanCommands` is an extension the V2 interpreter (`ProtocolV2`) is built with: it adds
+Youzan's command names to the interpreter's table, and takes over the classic SUB, PUB and MPUB
+when they name a partition. It works through the interpreter's small API (`become_youzan`,
 `check_subscription`, `subscribe`, `check_writable`, `publish`), never its internals; the
 dialect the connection then speaks (binary IDs, DETAIL and EXT sections, which failures are
 fatal) is `nsqd/dialect.py`.
@@ -46,9 +46,9 @@ def _go_parse_bool(raw: bytes) -> bool:
 class YouzanCommands:
     """Youzan's commands for one connection."""
 
-    def __init__(self, connection: "ProtocolV2") -> None:
-        self.connection = connection
-        self.nsqd = connection.nsqd
+    def __init__(self, protocol: "ProtocolV2") -> None:
+        self.protocol = protocol
+        self.nsqd = protocol.nsqd
 
     def handlers(self) -> dict[bytes, Callable]:
         """The command names Youzan adds; SUB_ORDER is the name Youzan's article uses."""
@@ -106,17 +106,17 @@ class YouzanCommands:
     def sub(self, command) -> bytes:
         """SUB with a partition, SUB_ORDERED (and its alias SUB_ORDER), SUB_ADVANCED."""
         name = command.name
-        connection = self.connection
+        protocol = self.protocol
         ordered = name in (b"SUB_ORDERED", b"SUB_ORDER")
         advanced = name == b"SUB_ADVANCED"
         args = command.args
-        topic_name, channel_name = connection.sub_names(command)
+        topic_name, channel_name = protocol.sub_names(command)
         # The partition is parsed whenever it is there (Youzan ignores it when a SUB_ADVANCED
         # start follows, a bug docs/protocol.md §3.3 says not to copy).
         raw_partition = args[2] if len(args) >= 3 else None
-        dialect = connection.become_youzan()
+        dialect = protocol.become_youzan()
         topic = self._partition(topic_name, raw_partition)
-        connection.check_subscription(topic, ordered=ordered)
+        protocol.check_subscription(topic, ordered=ordered)
         start = None
         if advanced and len(args) >= 4:
             try:
@@ -129,8 +129,8 @@ class YouzanCommands:
                     f"consume start {go_text(args[3])} is not supported yet (only special:-1)",
                 )
         dialect.detail = ordered or advanced
-        reply = connection.subscribe(topic, channel_name)
-        channel = connection.client.channel
+        reply = protocol.subscribe(topic, channel_name)
+        channel = protocol.client.channel
         assert channel is not None  # subscribed
         if ordered:
             channel.deliver_in_order()
@@ -147,20 +147,20 @@ class YouzanCommands:
         """The partition a Youzan publish names: `t p`, or `t` for the default partition,
         which an ordered topic does not have (docs/protocol.md §3.3). Youzan's publishes never
         create a topic, and their topic names are not even validated."""
-        self.connection.become_youzan()
+        self.protocol.become_youzan()
         raw = args[1] if len(args) == 2 else None
         topic = self._partition(go_text(args[0]), raw)
         if topic.ordered and raw is None:
             raise ProtocolError(
                 "E_BAD_PARTITION", "topic partition is not valid for multi partition: -1"
             )
-        self.connection.check_writable(topic)
+        self.protocol.check_writable(topic)
         return topic
 
     def pub_trace(self, command) -> bytes:
         topic = self.publish_target(command.args)
         trace_id, data = split_trace_body(command.body)
-        (message,) = self.connection.publish_traced(
+        (message,) = self.protocol.publish_traced(
             topic, "PUB", "E_PUB_FAILED", [data], trace_ids=[trace_id]
         )
         return trace_reply(
@@ -170,7 +170,7 @@ class YouzanCommands:
     def mpub_trace(self, command) -> bytes:
         topic = self.publish_target(command.args)
         traced = [split_trace_body(body) for body in command.messages]
-        messages = self.connection.publish_traced(
+        messages = self.protocol.publish_traced(
             topic,
             "MPUB",
             "E_MPUB_FAILED",
@@ -203,7 +203,7 @@ class YouzanCommands:
         topic = self.publish_target(command.args)
         header, data = split_ext_body(command.body)
         trace_id = self._ext_header(header, topic)
-        (message,) = self.connection.publish_traced(
+        (message,) = self.protocol.publish_traced(
             topic, "PUB", "E_PUB_FAILED", [data], trace_ids=[trace_id or 0], ext_headers=[header]
         )
         if trace_id is None:
@@ -215,7 +215,7 @@ class YouzanCommands:
     def mpub_ext(self, command) -> bytes:
         topic = self.publish_target(command.args)
         bodies, trace_ids, headers = self._ext_messages(command.messages, topic)
-        self.connection.publish(
+        self.protocol.publish(
             topic, "MPUB", "E_MPUB_FAILED", bodies, trace_ids=trace_ids, ext_headers=headers
         )
         return OK_FRAME
@@ -224,7 +224,7 @@ class YouzanCommands:
         """nsqpy's idempotent MPUB_EXT (docs/protocol.md §3.10)."""
         topic = self.publish_target(command.args[:2])
         bodies, trace_ids, headers = self._ext_messages(command.messages, topic)
-        return self.connection.publish_sequenced(
+        return self.protocol.publish_sequenced(
             "MPUB_EXT_SEQ",
             "E_MPUB_FAILED",
             command.args,

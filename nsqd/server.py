@@ -26,6 +26,7 @@ from nsqpy.daemon.net import accept_forever, format_address, open_listener, peer
 from nsqpy.nsqd.channel import Channel
 from nsqpy.nsqd.client import Client, number_client_ids
 from nsqpy.nsqd.cluster import ClusterNode, NotLedHere
+from nsqpy.nsqd.connection import V2Connection
 from nsqpy.nsqd.data_path import prepare_data_path
 from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.heartbeats import HeartbeatClock
@@ -43,7 +44,6 @@ from nsqpy.nsqd.metadata import (
 )
 from nsqpy.nsqd.options import Options, build_flags
 from nsqpy.nsqd.placement import placement_for
-from nsqpy.nsqd.protocol_v2 import ProtocolV2
 from nsqpy.nsqd.queue_scan import QueueScanner
 from nsqpy.nsqd.replication import Replication
 from nsqpy.nsqd.stats import gc_pauses
@@ -96,7 +96,7 @@ class NSQD:
         self.auth_enabled = bool(options.auth_http_address)
         self.https_address: str | None = None
         gc_pauses.install()
-        self._connections: set[ProtocolV2] = set()
+        self._connections: set[V2Connection] = set()
         self._metadata_wakeup = Wakeup()
         self._metadata_lock = trio.Lock()
         self._metadata_loading = False
@@ -636,7 +636,7 @@ class NSQD:
         if len(self._connections) >= self.options.max_conn_for_client:
             await self._refuse_connection(stream, peer)
             return
-        await self._serve_connection(ProtocolV2(self, stream, peer))
+        await self._serve_connection(V2Connection(self, stream, peer))
         self.log.info("PROTOCOL(V2): [%s] exiting ioloop", peer)
 
     async def _refuse_connection(self, stream: trio.SocketStream, peer: str) -> None:
@@ -660,9 +660,9 @@ class NSQD:
             await self.cluster.peers.serve_handed(sock, handoff)
             return
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-        await self._serve_connection(ProtocolV2(self, stream, handoff.remote_address, handoff))
+        await self._serve_connection(V2Connection(self, stream, handoff.remote_address, handoff))
 
-    async def _serve_connection(self, connection: ProtocolV2) -> None:
+    async def _serve_connection(self, connection: V2Connection) -> None:
         self._connections.add(connection)
         try:
             await connection.run()

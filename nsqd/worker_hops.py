@@ -1,8 +1,9 @@
-"""A TCP connection's hops between `--workers` (docs/design.md §15), apart from the V2
-commands: where the placement (`nsqd/placement.py`) names another worker for a topic command,
-the connection moves there (its first topic command, or any SUB before it subscribed) or the
-publish is forwarded to the owner and its answer takes its place among the batch's replies; a
-connection handed over here stands where its sender stood (`restore`).
+"""A TCP connection's hops between `--workers` (docs/design.md §15), the I/O of two effects
+the V2 interpreter yields (`nsqd/effects.py`) when the placement (`nsqd/placement.py`) names
+another worker for a topic command: the connection moves there (`MoveTo`: its first topic
+command, or any SUB before it subscribed), or the publish is forwarded to the owner and its
+answer takes its place among the batch's replies (`Forward`, `AnswerForwarded`); a connection
+handed over here stands where its sender stood (`restore`).
 
 Moving hands the descriptor itself over when the socket is plain, else keeps the connection
 here and relays its plain bytes over a socket pair whose other end is handed over (TLS and
@@ -20,11 +21,12 @@ from nsqpy.common.errors import ProtocolError
 from nsqpy.common.frame import FRAME_TYPE_ERROR, encode_error, encode_frame
 from nsqpy.common.goformat import go_text
 from nsqpy.daemon.auth import AuthState
-from nsqpy.nsqd.client import STATE_INIT, Client
+from nsqpy.nsqd.client import Client
 from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.idle_reads import RECEIVE_SIZE
 
 if TYPE_CHECKING:
+    from nsqpy.nsqd.connection import V2Connection
     from nsqpy.nsqd.protocol_v2 import ProtocolV2
     from nsqpy.nsqd.worker import Forwarded, Worker
 
@@ -33,12 +35,10 @@ _SENDER_FEATURES = ("tls_v1", "snappy", "deflate", "deflate_level")
 
 
 class WorkerHops:
-    def __init__(self, connection: "ProtocolV2") -> None:
+    def __init__(self, connection: "V2Connection") -> None:
         self.connection = connection
         # Where the connection moves once its batch is answered: (owner, handoff, relayed).
         self.moving: tuple[int, Handoff, bool] | None = None
-        # Whether it ran a topic command here: a later one for another worker is forwarded.
-        self.topic_bound = False
         # The batch's publishes sent to other workers: (reply index, command, answer).
         self.forwarded: list[tuple[int, Any, Forwarded]] = []
 
@@ -47,11 +47,6 @@ class WorkerHops:
         worker = self.connection.nsqd.worker
         assert worker is not None  # only a worker's placement names another worker
         return worker
-
-    def moves_for(self, subscribes: bool, client: Client) -> bool:
-        """Whether a topic command for another worker moves the connection (else a publish
-        is forwarded): before it subscribed, a SUB or a first topic command."""
-        return client.state == STATE_INIT and (subscribes or not self.topic_bound)
 
     def restore(self, client: Client, handoff: Handoff) -> None:
         """The client as the worker that handed it over negotiated and authorized it."""
@@ -65,13 +60,12 @@ class WorkerHops:
         client.auth_secret = handoff.auth_secret
         if handoff.auth_state is not None:
             client.auth_state = AuthState.from_dict(handoff.auth_state)
-        self.topic_bound = True
 
-    def move_to(self, owner: int, command, identify: bytes | None, fd: int) -> None:
+    def move_to(self, owner: int, command, protocol: "ProtocolV2", fd: int) -> None:
         """Hand the connection to `owner` once this batch is answered: the descriptor itself
         when the socket is plain (`fd` ≥ 0), else a relay over a socket pair (`move`)."""
-        connection = self.connection
-        client = connection.client
+        client = protocol.client
+        identify = protocol.identify_body
         relayed = fd < 0
         if relayed and identify is not None:
             settings = json.loads(identify)
@@ -85,7 +79,7 @@ class WorkerHops:
             remote_address=client.remote_address,
             preamble=b"".join(preamble),
             pending=encode_command(command.name, *command.args, body=command.body)
-            + connection.parser.take_buffered(),
+            + protocol.parser.take_buffered(),
             tls=client.tls,
             tls_common_name=client.tls_common_name,
             tls_details=client.tls_stats(),
@@ -139,21 +133,17 @@ class WorkerHops:
             nursery.start_soon(carry, stream, pair, nursery.cancel_scope)
             nursery.start_soon(carry, pair, stream, nursery.cancel_scope)
 
-    async def forward(self, owner: int, command, replies: list[bytes]) -> None:
+    async def forward(self, owner: int, command, index: int) -> None:
         """Send a publish (or Youzan's INTERNAL_CREATE_TOPIC) to another worker's partition to
-        be run there; its answer, the owner's, takes its place among the batch's replies
-        (`answer_forwarded`). The client's own authorizations are checked here first."""
-        connection = self.connection
-        if connection.nsqd.auth_enabled:
-            await connection.authorize(command)
+        be run there; its answer, the owner's, takes the batch's reply at `index`
+        (`answer_forwarded`). The interpreter checked the client's authorizations."""
         try:
             pending = await self.worker.forward(
                 owner, encode_command(command.name, *command.args, body=command.body)
             )
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
             raise _worker_gone(command) from None
-        self.forwarded.append((len(replies), command, pending))
-        replies.append(b"")  # the owner's answer, once it comes
+        self.forwarded.append((index, command, pending))
 
     async def answer_forwarded(self, replies: list[bytes], fatal_errors: bool) -> bool:
         """Put the owners' answers to the batch's forwarded publishes in their places; a

@@ -43,15 +43,6 @@ async def close_connections():
     close_all_wires()
 
 
-@pytest.fixture
-def standalone(nsqd_options):
-    """An nsqd that is never served: topics, channels and the queue-scan driven directly."""
-    server = NSQD(nsqd_options)
-    yield server
-    for topic in server.topics.values():
-        topic.close()
-
-
 def in_flight_message(server: NSQD, timeout: float, *, channels: int = 1):
     """Publish one message to `channels` ephemeral channels and put each copy in flight."""
     topic = server.get_topic("t#ephemeral")

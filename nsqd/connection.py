@@ -1,0 +1,424 @@
+"""One V2 client connection's I/O: its reads, its sends, its message pump, its timers, and
+the effects its commands ask for.
+
+What the client's commands mean is the interpreter's (`nsqd/protocol_v2.py`, which does no
+I/O); this file feeds it the bytes read, does what a batch yields (`nsqd/effects.py`) and sends
+the replies. The connection owns a cancel scope with two tasks: the read loop (run every
+complete command in each receive, answer them with one send) and the message pump (send the
+frames the interpreter's `deliveries` gives, one send a piece). Either task ends the
+connection by cancelling the scope: a fatal error, EOF, a missed heartbeat or a dead socket.
+
+The I/O the effects need lives here too: TLS and compression upgrades, the auth server, and
+under `--workers` moving the connection to another worker, relaying it there, or forwarding a
+publish (`nsqd/worker_hops.py`).
+"""
+
+import math
+import os
+import socket
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from nsqpy.common.command import NOP
+from nsqpy.common.errors import ProtocolError
+from nsqpy.common.frame import HEARTBEAT_FRAME, OK_FRAME, encode_response
+from nsqpy.daemon.auth import AuthError, ip_of, query_any
+from nsqpy.daemon.net import peer_common_name
+from nsqpy.nsqd import effects
+from nsqpy.nsqd.compression import CompressedStream, PrefixedStream
+from nsqpy.nsqd.effects import BatchDone, Commit
+from nsqpy.nsqd.handoff import Handoff
+from nsqpy.nsqd.idle_reads import RECEIVE_SIZE
+from nsqpy.nsqd.protocol_v2 import ProtocolV2, only_nops
+from nsqpy.nsqd.tls import connection_details
+from nsqpy.nsqd.worker_hops import WorkerHops
+
+if TYPE_CHECKING:
+    from nsqpy.nsqd.server import NSQD
+
+# Go gives the TLS handshake 5 s.
+TLS_HANDSHAKE_TIMEOUT = 5.0
+# A TLS close_notify to a peer that stopped reading must not hold the connection's task.
+CLOSE_TIMEOUT = 1.0
+# After a fatal error nsqd reads and drops what the client still sends for this long before
+# it closes: closing a socket with unread bytes resets it, and a reset discards the error
+# reply on the client's side (a PUB refused as too big is refused before its body is read).
+REFUSED_LINGER = 1.0
+
+
+class V2Connection:
+    def __init__(
+        self,
+        nsqd: "NSQD",
+        stream: trio.abc.Stream,
+        remote_address: str,
+        handoff: Handoff | None = None,
+    ) -> None:
+        self.nsqd = nsqd
+        self.stream = stream
+        # `--workers` (`nsqd/worker_hops.py`): a connection handed over by another worker, and
+        # its moves and forwarded publishes to the others.
+        self.handoff = handoff
+        self.protocol = ProtocolV2(
+            nsqd, remote_address, internal=handoff is not None and handoff.internal
+        )
+        self.client = self.protocol.client
+        self._batches = self.protocol.batches()
+        self.hops = WorkerHops(self)
+        self._muted = False
+        self._send_lock = trio.Lock()
+        # The descriptor `_send` writes to directly while the connection is a plain socket
+        # (-1 once TLS or compression wraps it).
+        self._fd = stream.socket.fileno() if type(stream) is trio.SocketStream else -1
+        self._cancel_scope = trio.CancelScope()
+        # The connection's timers (`nsqd/heartbeats.py`): when the clock calls it next, when
+        # the command being read must have arrived (Go's read deadline: two heartbeat
+        # intervals), when the last heartbeat went out, and what of a heartbeat the clock
+        # wrote did not fit the socket (sent first by the next `_send`).
+        self.timers_at = math.inf
+        self._read_deadline = math.inf
+        self._last_heartbeat = 0.0
+        self._owed = b""
+
+    # -- connection life ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the connection until it ends, from the protocol magic on."""
+        client = self.client
+        protocol = self.protocol
+        if not protocol.internal:
+            self.nsqd.add_client(client)
+        self._last_heartbeat = trio.current_time()
+        self._arm_read_deadline()
+        relay: trio.SocketStream | None = None
+        try:
+            with self._cancel_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._message_pump)
+                    if self.handoff is None or await self._replay(self.handoff):
+                        await self._read_loop()
+                    nursery.cancel_scope.cancel()
+                if protocol.refused:
+                    self._leave()
+                    with trio.move_on_after(REFUSED_LINGER):
+                        await self._discard_input()
+                if self.hops.moving is not None:
+                    self.nsqd.heartbeats.forget(self)
+                    relay = await self.hops.move(self._fd)
+                    if relay is not None:
+                        await self.hops.relay(self.stream, relay)
+        finally:
+            if relay is not None:
+                relay.socket.close()
+            self._leave()
+            with trio.CancelScope(shield=True) as closing:
+                closing.deadline = trio.current_time() + CLOSE_TIMEOUT
+                await self.stream.aclose()
+
+    def _leave(self) -> None:
+        """The client is gone from nsqd's view: no heartbeats, out of /stats, what it had in
+        flight back to its channel. Safe to repeat."""
+        client = self.client
+        self.nsqd.heartbeats.forget(self)
+        self.nsqd.remove_client(client)
+        if client.channel is not None:
+            client.channel.remove_client(client)
+
+    async def _discard_input(self) -> None:
+        """Read and drop what the client sends until it closes: its error reply reaches it
+        instead of a reset. A plain TCP client is told at once that nothing more comes."""
+        if isinstance(self.stream, trio.SocketStream):
+            try:
+                self.stream.socket.shutdown(socket.SHUT_WR)
+            except OSError:
+                return
+        try:
+            while await self.stream.receive_some(RECEIVE_SIZE):
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+            pass
+
+    async def _replay(self, handoff: Handoff) -> bool:
+        """Stand where the worker that handed the connection over stood: run the preamble
+        (its replies were sent already), then what the client sent from its topic command
+        on. False: the connection is to close."""
+        self.hops.restore(self.client, handoff)
+        self.protocol.topic_bound = True
+        self._muted = True
+        try:
+            self.protocol.receive_data(handoff.preamble)
+            if not await self._run_commands():
+                return False
+        finally:
+            self._muted = False
+        self.protocol.receive_data(handoff.pending)
+        return await self._run_commands()
+
+    def close(self) -> None:
+        """Server-side close (shutdown, channel deleted)."""
+        self._cancel_scope.cancel()
+
+    # -- timers -------------------------------------------------------------------------------
+
+    def _arm_read_deadline(self) -> None:
+        """Go sets a read deadline of twice the heartbeat interval before it reads each
+        command, and reads the whole command (line and body) under it: a client dribbling one
+        command a byte at a time (slowloris) is cut off, however often a byte arrives. The
+        clock enforces it (`timers_due`)."""
+        heartbeat = self.client.heartbeat_interval
+        if heartbeat > 0:
+            now = trio.current_time()
+            self._read_deadline = now + heartbeat * 2
+            self.nsqd.heartbeats.book(
+                self, min(self._read_deadline, self._last_heartbeat + heartbeat)
+            )
+        else:
+            self._read_deadline = math.inf
+
+    def timers_due(self, now: float) -> float:
+        """The clock's call (`nsqd/heartbeats.py`): end the connection if its read deadline
+        passed; send the heartbeat if it is due, from here when the socket is plain and no
+        send is under way, else by waking the pump. Returns when to be called next."""
+        if now >= self._read_deadline:
+            self.nsqd.log.error("[%s] IOLoop error - read deadline exceeded", self.client)
+            self._cancel_scope.cancel()
+            return math.inf
+        interval = self.client.heartbeat_interval
+        if interval <= 0:
+            return self._read_deadline
+        due = self._last_heartbeat + interval
+        if now >= due:
+            if self._fd >= 0 and not self._send_lock.locked() and not self._owed:
+                self._last_heartbeat = now
+                self._write_heartbeat()
+            else:
+                self.client.wakeup.set()
+            due = now + interval
+        return min(self._read_deadline, due)
+
+    def _write_heartbeat(self) -> None:
+        """Write a heartbeat at once; what the socket does not take is owed to the next send,
+        which the pump is woken to make."""
+        try:
+            sent = os.write(self._fd, HEARTBEAT_FRAME)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._cancel_scope.cancel()
+            return
+        if sent < len(HEARTBEAT_FRAME):
+            self._owed = HEARTBEAT_FRAME[sent:]
+            self.client.wakeup.set()
+
+    # -- reads and commands -------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        idle_reads = self.nsqd.idle_reads
+        protocol = self.protocol
+        data: bytes | bytearray
+        # Whether the client's last bytes were only NOPs: an idle connection, whose next wait
+        # goes to the idle reads' poller. A busy one (FINs, publishes) waits in trio, which
+        # re-arms a descriptor with one call where the poller takes two.
+        idle = False
+        while True:
+            try:
+                if idle and self._fd >= 0 and idle_reads is not None:
+                    # Level-triggered: bytes already there are reported at once.
+                    data = await idle_reads.receive(self._fd, self)
+                else:
+                    data = await self.stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return
+            idle = data[:4] == NOP and only_nops(data)
+            if not data:
+                reply = protocol.receive_eof()
+                if reply is not None:
+                    await self._send(reply)
+                return
+            protocol.receive_data(data)
+            if not await self._run_commands():
+                return
+
+    def absorb_nops(self, data: bytes) -> bool:
+        """The idle reads' call (`nsqd/idle_reads.py`): whole NOPs are taken there and then,
+        and the next command gets a fresh read deadline. False: the read loop runs it."""
+        if not self.protocol.absorb_nops(data):
+            return False
+        self._arm_read_deadline()
+        return True
+
+    async def _run_commands(self) -> bool:
+        """Run every complete command, doing the effects they ask for, then send all replies
+        at once. False: close."""
+        protocol = self.protocol
+        commands_run = protocol.commands_run
+        batches = self._batches
+        commit = self.nsqd.storage.commit
+        outcome: Any = None
+        error: Exception | None = None
+        while True:
+            if error is None:
+                effect = batches.send(outcome)
+            else:
+                effect, error = batches.throw(error), None
+            kind = type(effect)
+            if kind is BatchDone:
+                if effect.commit:  # type: ignore[union-attr]
+                    await commit()
+                break
+            if kind is Commit:
+                # Every batch's effect: done here, not through `_perform`.
+                await commit(effect.groups)  # type: ignore[union-attr]
+                outcome = None
+                continue
+            try:
+                outcome = await self._perform(effect)
+            except (ProtocolError, AuthError) as raised:
+                outcome, error = None, raised
+        replies = protocol.replies()
+        if replies and not self._muted:
+            await self._send(replies)
+        if protocol.commands_run != commands_run:
+            self._arm_read_deadline()  # a command completed: the next one gets a fresh deadline
+        return effect.keep_open and not self.client.closed_by_server  # type: ignore[union-attr]
+
+    async def _perform(self, effect: effects.Effect) -> Any:
+        """Do what a batch asked for; its outcome goes back to the interpreter."""
+        match effect:
+            case effects.Forward(owner=owner, command=command, index=index):
+                await self.hops.forward(owner, command, index)
+            case effects.AnswerForwarded(replies=replies, fatal_errors=fatal_errors):
+                return await self.hops.answer_forwarded(replies, fatal_errors)
+            case effects.QueryAuth():
+                await self._query_auth()
+            case effects.Upgrade():
+                await self._upgrade(effect)
+            case effects.MoveTo(owner=owner, command=command):
+                self.hops.move_to(owner, command, self.protocol, self._fd)
+            case effects.ReplicateChannels(topics=topics):
+                for topic in topics:
+                    await topic.replication.channels_changed()
+        return None
+
+    async def _query_auth(self) -> None:
+        client = self.client
+        options = self.nsqd.options
+        client.auth_state = await query_any(
+            options.auth_http_address,
+            ip_of(client.remote_address),
+            client.tls,
+            client.auth_secret,
+            client.tls_common_name,
+            options.http_client_connect_timeout + options.http_client_request_timeout,
+        )
+
+    async def _upgrade(self, upgrade: effects.Upgrade) -> None:
+        """After the IDENTIFY reply: TLS, then compression, each confirmed by an `OK` sent
+        through the new layer (docs/protocol.md §2.1)."""
+        client = self.client
+        negotiated = upgrade.negotiated
+        async with self._send_lock:
+            self._fd = -1
+            await self.stream.send_all(
+                b"".join(upgrade.replies) + encode_response(negotiated.reply)
+            )
+            upgrade.replies.clear()
+            stream = self.stream
+            leftover = self.protocol.parser.take_buffered()
+            if leftover:
+                stream = PrefixedStream(stream, leftover)
+            try:
+                if negotiated.tls:
+                    # Negotiated only when nsqd has a TLS context (`tls_available`).
+                    assert self.nsqd.tls_context is not None
+                    ssl_stream = trio.SSLStream(stream, self.nsqd.tls_context, server_side=True)
+                    with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+                        await ssl_stream.do_handshake()
+                    client.tls = True
+                    details = connection_details(ssl_stream)
+                    client.tls_version = details["tls_version"]
+                    client.tls_cipher_suite = details["tls_cipher_suite"]
+                    client.tls_negotiated_protocol = details["tls_negotiated_protocol"]
+                    client.tls_negotiated_protocol_is_mutual = True
+                    client.tls_common_name = peer_common_name(ssl_stream)
+                    stream = ssl_stream
+                    await stream.send_all(OK_FRAME)
+                if negotiated.snappy:
+                    stream = CompressedStream.snappy(stream)
+                    client.snappy = True
+                    await stream.send_all(OK_FRAME)
+                if negotiated.deflate_level:
+                    stream = CompressedStream.deflate(stream, negotiated.deflate_level)
+                    client.deflate = True
+                    client.deflate_level = negotiated.deflate_level
+                    await stream.send_all(OK_FRAME)
+            except (trio.TooSlowError, trio.BrokenResourceError, OSError) as error:
+                raise ProtocolError("E_IDENTIFY_FAILED", f"IDENTIFY failed {error}") from None
+            finally:
+                self.stream = stream
+
+    # -- sends --------------------------------------------------------------------------------
+
+    async def _send(self, data: bytes) -> None:
+        if self._owed:
+            data, self._owed = self._owed + data, b""
+        fd = self._fd
+        if fd >= 0 and not self._send_lock.locked():
+            # A plain socket and no send under way: write at once, without trio's socket
+            # wrappers and their two scheduler round trips; the socket buffer almost always
+            # takes it all. Only what is left waits, under the lock and the write deadline.
+            try:
+                sent = os.write(fd, data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                self._cancel_scope.cancel()
+                return
+            if sent == len(data):
+                return
+            data = data[sent:]
+        client = self.client
+        try:
+            async with self._send_lock:
+                # Go sets a write deadline of one heartbeat interval on every write.
+                timeout = client.heartbeat_interval if client.heartbeat_interval > 0 else math.inf
+                with trio.move_on_after(timeout) as deadline:
+                    await self.stream.send_all(data)
+                if deadline.cancelled_caught:
+                    self.nsqd.log.error("[%s] write deadline exceeded", client)
+                    self._cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._cancel_scope.cancel()
+
+    async def _message_pump(self) -> None:
+        client = self.client
+        deliveries = self.protocol.deliveries
+        while True:
+            pieces, held_for = deliveries(trio.current_time())
+            if pieces is not None:
+                for frames in pieces:
+                    await self._send(frames)
+                    del frames
+                # A send that fit the socket buffer did not yield: let others run.
+                await trio.lowlevel.checkpoint()
+                continue
+            if client.closed_by_server:
+                self._cancel_scope.cancel()
+                return
+            # The clock (`timers_due`) wakes the pump for a heartbeat it could not write, or
+            # could write only part of (`_send` sends the rest first).
+            if self._owed:
+                await self._send(b"")
+                continue
+            interval = client.heartbeat_interval
+            now = trio.current_time()
+            if interval > 0 and now >= self._last_heartbeat + interval:
+                self._last_heartbeat = now
+                await self._send(HEARTBEAT_FRAME)
+                continue
+            if held_for:
+                with trio.move_on_after(held_for):
+                    await client.wakeup.wait()
+                continue
+            await client.wakeup.wait()
