@@ -394,8 +394,9 @@ class V2Connection:
     async def _message_pump(self) -> None:
         client = self.client
         deliveries = self.protocol.deliveries
+        clock = trio.current_time
         while True:
-            pieces, held_for = deliveries(trio.current_time())
+            pieces, held_for = deliveries(clock)
             if pieces is not None:
                 for frames in pieces:
                     await self._send(frames)

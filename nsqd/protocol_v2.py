@@ -19,7 +19,7 @@ into the client by `nsqd/identify.py`; every publish goes through `nsqd/publish.
 """
 
 import json
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -330,11 +330,12 @@ class ProtocolV2:
 
     # -- messages out -------------------------------------------------------------------------
 
-    def deliveries(self, now: float) -> tuple[Iterator[bytes] | None, float]:
+    def deliveries(self, clock: Callable[[], float]) -> tuple[Iterable[bytes] | None, float]:
         """What the pump sends now: the frames of the messages RDY lets out (in pieces of at
-        most the client's output buffer, encoded as they are sent), an empty iterator when
-        the channel's filter left every one out (look again), or None when there is nothing
-        to send; and how long a rate-limited channel in debt holds the client."""
+        most the client's output buffer, encoded as they are sent), nothing when the
+        channel's filter left every one out (look again), or None when there is nothing to
+        send; and how long a rate-limited channel in debt holds the client. `clock` is read
+        only when the time matters (a message goes out, a rate limit)."""
         client = self.client
         channel = client.channel
         if channel is None:
@@ -342,7 +343,7 @@ class ProtocolV2:
         # A rate-limited channel in debt sends nothing until its bucket refills.
         rate_limit = channel.rate_limit
         if rate_limit is not None:
-            held_for = rate_limit.wait(now)
+            held_for = rate_limit.wait(clock())
             if held_for:
                 return None, held_for
         if not client.is_ready():
@@ -364,11 +365,12 @@ class ProtocolV2:
                 # Youzan's: what the filter leaves out is finished for the channel.
                 channel.finish_unsent(left_out)
                 if not sent:
-                    return iter(()), 0.0
+                    return (), 0.0
             messages = sent
         if not messages:
             channel.wait_for_messages(client)
             return None, 0.0
+        now = clock()
         channel.start_in_flight(messages, client.id, client.msg_timeout, now)
         if rate_limit is not None:
             rate_limit.spend(messages, now)
@@ -380,7 +382,7 @@ class ProtocolV2:
         topic = channel.topic
         pieces = split_by_size(messages, limit)
         if len(pieces) == 1:
-            return iter((encode_frames(messages, client, topic),)), 0.0
+            return (encode_frames(messages, client, topic),), 0.0
         return (encode_frames(piece, client, topic) for piece in pieces), 0.0
 
     def _sample(self, messages: list) -> list:

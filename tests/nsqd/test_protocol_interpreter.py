@@ -150,11 +150,11 @@ async def test_deliveries_are_the_frames_rdy_lets_out(standalone):
     _, _, replies = driven.run(MAGIC_V2 + encode_sub("t", "c") + encode_rdy(1))
     assert replies == [(0, b"OK")]
     standalone.topics["t"].publish([b"first", b"second"])
-    pieces, held_for = driven.protocol.deliveries(0.0)
+    pieces, held_for = driven.protocol.deliveries(lambda: 0.0)
     assert pieces is not None and held_for == 0.0
     [(frame_type, message)] = frames_of(b"".join(pieces))
     assert frame_type == 2 and message.endswith(b"first")
-    assert driven.protocol.deliveries(0.0) == (None, 0.0)  # RDY 1, one in flight
+    assert driven.protocol.deliveries(lambda: 0.0) == (None, 0.0)  # RDY 1, one in flight
 
 
 async def test_a_log_publish_is_answered_by_its_groups_write(nsqd_options):
