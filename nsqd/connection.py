@@ -262,14 +262,14 @@ class V2Connection:
                 effect = batches.send(outcome)
             else:
                 effect, error = batches.throw(error), None
-            kind = type(effect)
-            if kind is BatchDone:
-                if effect.commit:  # type: ignore[union-attr]
+            if isinstance(effect, BatchDone):
+                if effect.commit:
                     await commit()
                 break
-            if kind is Commit:
-                # Every batch's effect: done here, not through `_perform`.
-                await commit(effect.groups)  # type: ignore[union-attr]
+            if isinstance(effect, Commit):
+                # A log publish's batch: its commit is done here, as the commit of the other
+                # batches is, rather than through `_perform`.
+                await commit(effect.groups)
                 outcome = None
                 continue
             try:
@@ -281,7 +281,7 @@ class V2Connection:
             await self._send(replies)
         if protocol.commands_run != commands_run:
             self._arm_read_deadline()  # a command completed: the next one gets a fresh deadline
-        return effect.keep_open and not self.client.closed_by_server  # type: ignore[union-attr]
+        return effect.keep_open and not self.client.closed_by_server
 
     async def _perform(self, effect: effects.Effect) -> Any:
         """Do what a batch asked for; its outcome goes back to the interpreter."""

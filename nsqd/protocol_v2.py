@@ -302,10 +302,6 @@ class ProtocolV2:
         replies = self._replies
         return b"".join(replies) if len(replies) > 1 else replies[0] if replies else b""
 
-    def forwarded_refused(self, error: ProtocolError) -> None:
-        """A forwarded publish's owner refused it: logged as a refusal here is."""
-        self.nsqd.log.error("[%s] - %s", self.client, error.text)
-
     def _refuse_unwritten(self, replies: list[bytes]) -> bool:
         """A publish whose log group failed to be written gets Go's `<label> failed <error>`
         in place of its OK; when that is fatal, nothing after it is answered. False: close."""
