@@ -61,7 +61,10 @@ class V2Connection:
         # its moves and forwarded publishes to the others.
         self.handoff = handoff
         self.protocol = ProtocolV2(
-            nsqd, remote_address, internal=handoff is not None and handoff.internal
+            nsqd,
+            remote_address,
+            trio.current_time,
+            internal=handoff is not None and handoff.internal,
         )
         self.client = self.protocol.client
         self._batches = self.protocol.batches()
@@ -394,9 +397,8 @@ class V2Connection:
     async def _message_pump(self) -> None:
         client = self.client
         deliveries = self.protocol.deliveries
-        clock = trio.current_time
         while True:
-            pieces, held_for = deliveries(clock)
+            pieces, held_for = deliveries()
             if pieces is not None:
                 for frames in pieces:
                     await self._send(frames)

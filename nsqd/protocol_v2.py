@@ -22,8 +22,6 @@ import json
 from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any
 
-import trio
-
 from nsqpy.common.command import NOP
 from nsqpy.common.command_parser import CommandParser, is_partition, named_partition
 from nsqpy.common.errors import ProtocolError
@@ -117,11 +115,21 @@ def split_by_size(messages: list, limit: int) -> list[list]:
 
 
 class ProtocolV2:
-    def __init__(self, nsqd: "NSQD", remote_address: str, *, internal: bool = False) -> None:
-        """`internal`: another worker's link, carrying its clients' forwarded publishes (they
-        were authorized there, and one refused closes only its own client there)."""
+    def __init__(
+        self,
+        nsqd: "NSQD",
+        remote_address: str,
+        clock: Callable[[], float],
+        *,
+        internal: bool = False,
+    ) -> None:
+        """`clock`: the time in the channels' timeouts (the connection's event loop's, read
+        only when a message goes out or its timeout changes). `internal`: another worker's
+        link, carrying its clients' forwarded publishes (they were authorized there, and one
+        refused closes only its own client there)."""
         options = nsqd.options
         self.nsqd = nsqd
+        self._clock = clock
         self.options = options
         self.client = Client(options, remote_address)
         self.internal = internal
@@ -326,12 +334,13 @@ class ProtocolV2:
 
     # -- messages out -------------------------------------------------------------------------
 
-    def deliveries(self, clock: Callable[[], float]) -> tuple[Iterable[bytes] | None, float]:
+    def deliveries(self) -> tuple[Iterable[bytes] | None, float]:
         """What the pump sends now: the frames of the messages RDY lets out (in pieces of at
         most the client's output buffer, encoded as they are sent), nothing when the
         channel's filter left every one out (look again), or None when there is nothing to
-        send; and how long a rate-limited channel in debt holds the client. `clock` is read
+        send; and how long a rate-limited channel in debt holds the client. The clock is read
         only when the time matters (a message goes out, a rate limit)."""
+        clock = self._clock
         client = self.client
         channel = client.channel
         if channel is None:
@@ -674,7 +683,7 @@ class ProtocolV2:
         channel = client.channel
         assert channel is not None  # _require_message_state: subscribed
         try:
-            requeued = channel.requeue(client.id, message_id, delay, trio.current_time())
+            requeued = channel.requeue(client.id, message_id, delay, self._clock())
         except ChannelError as error:
             raise ProtocolError(
                 "E_REQ_FAILED", f"REQ {self.dialect.printed_id(args[0])} failed {error}"
@@ -690,7 +699,7 @@ class ProtocolV2:
         channel = client.channel
         assert channel is not None  # _require_message_state: subscribed
         try:
-            channel.touch(client.id, message_id, client.msg_timeout, trio.current_time())
+            channel.touch(client.id, message_id, client.msg_timeout, self._clock())
         except ChannelError as error:
             raise ProtocolError(
                 "E_TOUCH_FAILED", f"TOUCH {self.dialect.printed_id(command.args[0])} failed {error}"

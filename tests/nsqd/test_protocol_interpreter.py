@@ -10,6 +10,8 @@ import dataclasses
 import json
 import time
 
+import trio
+
 from nsqpy.common.command import (
     MAGIC_V2,
     encode_auth,
@@ -29,7 +31,7 @@ class Driven:
     """An interpreter and its batches, driven as its connection drives them."""
 
     def __init__(self, nsqd: NSQD) -> None:
-        self.protocol = ProtocolV2(nsqd, "127.0.0.1:1")
+        self.protocol = ProtocolV2(nsqd, "127.0.0.1:1", trio.current_time)
         self.client = self.protocol.client
         self.batches = self.protocol.batches()
 
@@ -150,11 +152,11 @@ async def test_deliveries_are_the_frames_rdy_lets_out(standalone):
     _, _, replies = driven.run(MAGIC_V2 + encode_sub("t", "c") + encode_rdy(1))
     assert replies == [(0, b"OK")]
     standalone.topics["t"].publish([b"first", b"second"])
-    pieces, held_for = driven.protocol.deliveries(lambda: 0.0)
+    pieces, held_for = driven.protocol.deliveries()
     assert pieces is not None and held_for == 0.0
     [(frame_type, message)] = frames_of(b"".join(pieces))
     assert frame_type == 2 and message.endswith(b"first")
-    assert driven.protocol.deliveries(lambda: 0.0) == (None, 0.0)  # RDY 1, one in flight
+    assert driven.protocol.deliveries() == (None, 0.0)  # RDY 1, one in flight
 
 
 async def test_a_log_publish_is_answered_by_its_groups_write(nsqd_options):

@@ -140,3 +140,19 @@ def test_every_endpoint_for_all_of_a_topics_partitions_is_known_to_the_worker_ro
     # `/coordinator/stats` reads `partition=` itself (`_any_partition`): every partition of
     # the topic when it names none.
     assert routes | {("GET", "/coordinator/stats")} == EVERY_PARTITION_ROUTES
+
+
+def test_the_v2_interpreter_does_no_io():
+    """docs/design.md §12, Connection and interpreter: the V2 commands' files import nothing
+    that reads, writes, waits or reads the clock; `nsqd/connection.py` does all of that for
+    them through the effects they yield."""
+    io_modules = {"trio", "socket", "ssl", "select", "os", "asyncio", "threading", "time"}
+    for name in ("protocol_v2.py", "protocol_youzan.py", "effects.py", "dialect.py"):
+        tree = ast.parse((REPO / "nsqd" / name).read_text())
+        imported_modules = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported_modules |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported_modules.add(node.module.split(".")[0])
+        assert not imported_modules & io_modules, name
