@@ -1033,6 +1033,10 @@ class HTTPAPI:
             try:
                 fix = await fix_partition(self.nsqd, topic, check_corrupt=check_corrupt)
             except OSError as error:
+                if topic.deleted:
+                    # `/topic/delete` removed its files while they were read: gone, as it
+                    # would have been a moment earlier.
+                    raise HTTPError(404, "TOPIC_NOT_FOUND") from None
                 raise HTTPError(500, str(error)) from None
             self.nsqd.log.info(
                 "TOPIC(%s) partition %d: fixdata by %s checked %d groups: %d corrupt, %d"

@@ -3,13 +3,21 @@ retention has run, with old groups gone bad on its disk (zeroed blocks, as a cra
 disk leaves them, the index intact). With no other replica to copy from, a corrupt tail is
 cut off and a corrupt group inside the log is skipped exactly: its channel reads everything
 else, and the partition takes and delivers publishes as before. Real nsqd processes,
-`--log-topic=lt`, channel `c`."""
+`--log-topic=lt`, channel `c`; the race with `/topic/delete` on an in-process nsqd."""
+
+import dataclasses
+
+import trio
+import trio.testing
 
 from nsqpy.common.command import encode_mpub
+from nsqpy.daemon.http_server import HTTPError, Request
+from nsqpy.nsqd.http_api import HTTPAPI
+from nsqpy.nsqd.server import NSQD
 from nsqpy.partition_log.view import LogView
 from tests.harness import V2Connection, http_request, start_nsqd
 from tests.nsqd.log_topic_client import FLAGS, channel_stats, create_channel, subscribe
-from tests.support.polling import poll
+from tests.support.polling import poll, wait_until
 
 ARGS = (*FLAGS, "--max-bytes-per-file=2048")
 
@@ -92,3 +100,39 @@ def test_fixdata_cuts_a_corrupt_tail_and_skips_a_corrupt_group_of_an_aged_log(tm
         connection.close()
     finally:
         daemon.stop()
+
+
+async def test_fixdata_on_a_topic_deleted_while_its_files_are_read_is_topic_not_found(
+    nsqd_options, nursery
+):
+    """The check reads the log's files in a thread; a `/topic/delete` that removes them first
+    makes fixdata Go's 404 TOPIC_NOT_FOUND, not a 500 (the HTTP fuzz found the race)."""
+    server = NSQD(dataclasses.replace(nsqd_options, log_topic=["lt"]))
+    await nursery.start(server.serve)
+    topic = server.get_topic("lt")
+    topic.publish([b"kept"])
+    await server.storage.commit()
+    api = HTTPAPI(server)
+    request = Request("POST", b"/topic/fixdata?topic=lt", {}, b"")
+    outcome: list = []
+
+    async def fix_data() -> None:
+        try:
+            outcome.append(await api.topic_fix_data(request))
+        except HTTPError as error:
+            outcome.append(error)
+
+    threads = trio.to_thread.current_default_thread_limiter()
+    # The check waits for a thread while the topic is deleted, then reads no files.
+    async with threads:
+        saved, threads.total_tokens = threads.total_tokens, 1
+        try:
+            nursery.start_soon(fix_data)
+            await trio.testing.wait_all_tasks_blocked()
+            server.delete_topic("lt")
+        finally:
+            threads.total_tokens = saved
+    await wait_until(lambda: outcome)
+    [error] = outcome
+    assert isinstance(error, HTTPError)
+    assert (error.status, error.message) == (404, "TOPIC_NOT_FOUND")
