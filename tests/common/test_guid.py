@@ -7,6 +7,8 @@ import re
 import zlib
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nsqpy.common.guid import MAX_NODE_ID, TWEPOCH, GUIDFactory, default_node_id, guid_fields
 
@@ -165,3 +167,37 @@ def test_clock_before_twepoch_still_gives_16_hex_digits() -> None:
     assert ids[0] == b"%016x" % ((((0 - TWEPOCH) << 22) | 5 << 12) & (2**64 - 1))
     assert guid_fields(ids[0]) == (0, 5, 0)
     assert guid_fields(ids[-1]) == (1, 5, 903)
+
+
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(-2, 3), st.sampled_from([0, 1, 1, 1, 7, 4095, 4096, 5000])),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_single_and_batch_ids_are_the_layout_of_a_clock_that_never_goes_back(steps) -> None:
+    """However single IDs (`next_id`, which keeps the pseudo-millisecond's hex prefix) and
+    batches interleave, with a clock that stands, steps on or goes back, every ID is the
+    layout of (the latest timestamp so far, borrowed ahead when a sequence runs out, node,
+    sequence): what Go's factory gives, without its waits."""
+    now = [NOW_NS]
+    factory = GUIDFactory(77, clock=lambda: now[0])
+    timestamp, sequence = -1, -1
+    for tick, count in steps:
+        now[0] += tick * PSEUDO_MS
+        if count == 1:
+            got = [factory.next_id()]
+        else:
+            got = factory.next_ids(count)
+        expected = []
+        for _ in range(count):
+            clock = now[0] >> 20
+            if clock > timestamp:
+                timestamp, sequence = clock, 0
+            elif sequence == 4095:
+                timestamp, sequence = timestamp + 1, 0
+            else:
+                sequence += 1
+            expected.append(b"%016x" % (((timestamp - TWEPOCH) << 22) | 77 << 12 | sequence))
+        assert got == expected
