@@ -291,8 +291,8 @@ class V2Connection:
         match effect:
             case effects.Forward(owner=owner, command=command, index=index):
                 await self.hops.forward(owner, command, index)
-            case effects.AnswerForwarded(replies=replies, fatal_errors=fatal_errors):
-                return await self.hops.answer_forwarded(replies, fatal_errors)
+            case effects.AnswerForwarded():
+                return await self.hops.forwarded_answers()
             case effects.QueryAuth():
                 await self._query_auth()
             case effects.Upgrade():
@@ -323,10 +323,7 @@ class V2Connection:
         negotiated = upgrade.negotiated
         async with self._send_lock:
             self._fd = -1
-            await self.stream.send_all(
-                b"".join(upgrade.replies) + encode_response(negotiated.reply)
-            )
-            upgrade.replies.clear()
+            await self.stream.send_all(upgrade.before + encode_response(negotiated.reply))
             stream = self.stream
             leftover = self.protocol.parser.take_buffered()
             if leftover:

@@ -22,11 +22,12 @@ class QueryAuth:
 
 @dataclasses.dataclass(slots=True)
 class Upgrade:
-    """Send `replies` and the IDENTIFY reply, then wrap the stream in TLS and compression as
-    negotiated. Raises `ProtocolError` (E_IDENTIFY_FAILED) into the interpreter."""
+    """Send `before` (the batch's replies so far) and the IDENTIFY reply, then wrap the stream
+    in TLS and compression as negotiated. Raises `ProtocolError` (E_IDENTIFY_FAILED) into the
+    interpreter."""
 
     negotiated: Negotiated
-    replies: list[bytes]
+    before: bytes
 
 
 @dataclasses.dataclass(slots=True)
@@ -48,21 +49,19 @@ class Forward:
     index: int
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, frozen=True)
 class AnswerForwarded:
-    """Wait for the owners' answers to the batch's forwarded publishes and put them in
-    `replies`. The outcome: False when an answer is a fatal refusal (the connection closes)."""
-
-    replies: list[bytes]
-    fatal_errors: bool
+    """Wait for the owners' answers to the batch's forwarded publishes. The outcome: (reply
+    index, command, (frame type, data) or the ProtocolError of an owner that is gone) each,
+    which the interpreter puts in the batch's replies."""
 
 
 @dataclasses.dataclass(slots=True)
 class Commit:
-    """Wait until the batch's publishes reached their files (`groups`: their log groups, or
-    none for the classic queues' writes)."""
+    """Wait until the batch's publishes reached their files (`groups`: the log groups its
+    replies wait for; the classic queues' writes are synced too)."""
 
-    groups: "list | tuple"
+    groups: list
 
 
 @dataclasses.dataclass(slots=True)
@@ -82,6 +81,7 @@ class BatchDone:
     commit: bool = False
 
 
+ANSWER_FORWARDED = AnswerForwarded()
 KEEP_OPEN = BatchDone(True)
 CLOSE = BatchDone(False)
 COMMIT_KEEP_OPEN = BatchDone(True, commit=True)

@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any
 from nsqpy.common.command import NOP
 from nsqpy.common.command_parser import CommandParser, is_partition, named_partition
 from nsqpy.common.errors import ProtocolError
-from nsqpy.common.frame import CLOSE_WAIT_FRAME, OK_FRAME, encode_error, encode_response
+from nsqpy.common.frame import (
+    CLOSE_WAIT_FRAME,
+    FRAME_TYPE_ERROR,
+    OK_FRAME,
+    encode_error,
+    encode_frame,
+    encode_response,
+)
 from nsqpy.common.goformat import go_base10, go_quote, go_text
 from nsqpy.common.names import is_valid_name
 from nsqpy.daemon.auth import AuthError
@@ -34,11 +41,11 @@ from nsqpy.nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Clien
 from nsqpy.nsqd.cluster import NotLedHere
 from nsqpy.nsqd.dialect import CLASSIC, ClassicDialect, YouzanDialect
 from nsqpy.nsqd.effects import (
+    ANSWER_FORWARDED,
     CLOSE,
     COMMIT_CLOSE,
     COMMIT_KEEP_OPEN,
     KEEP_OPEN,
-    AnswerForwarded,
     Commit,
     Effect,
     Forward,
@@ -275,7 +282,9 @@ class ProtocolV2:
                     else:
                         reply = handler(command)
                     if type(reply) is Negotiated:
-                        yield Upgrade(reply, replies)
+                        before = b"".join(replies)
+                        replies.clear()
+                        yield Upgrade(reply, before)
                         continue
                 except ProtocolError as error:
                     self.nsqd.log.error("[%s] - %s", client, error.text)
@@ -290,8 +299,8 @@ class ProtocolV2:
                 if reply is not None:
                     replies.append(reply)
             if forwarded:
-                fatal_errors = self.dialect.publish_errors_are_fatal
-                keep_open = (yield AnswerForwarded(replies, fatal_errors)) and keep_open
+                answers = yield ANSWER_FORWARDED
+                keep_open = self._place_forwarded(replies, answers) and keep_open
             # Acknowledge publishes only once their writes reached the files.
             groups = self._write_groups
             if not groups and not self._new_channels:
@@ -309,6 +318,33 @@ class ProtocolV2:
         """The replies of the batch just run, in one buffer."""
         replies = self._replies
         return b"".join(replies) if len(replies) > 1 else replies[0] if replies else b""
+
+    def _place_forwarded(self, replies: list[bytes], answers: list) -> bool:
+        """Put the owners' answers to the batch's forwarded publishes (`AnswerForwarded`) in
+        their places; a refused one is answered as a refusal here would be (closing, when
+        that is fatal, with nothing after it answered). False: close."""
+        fatal_errors = self.dialect.publish_errors_are_fatal
+        for index, command, answer in answers:
+            try:
+                if isinstance(answer, ProtocolError):
+                    raise answer
+                frame_type, data = answer
+                if frame_type == FRAME_TYPE_ERROR:
+                    text = data.decode("utf-8", "surrogateescape")
+                    code, separator, description = text.partition(" ")
+                    fatal = None if fatal_errors else False
+                    raise ProtocolError(code, description if separator else None, fatal=fatal)
+            except ProtocolError as error:
+                self.nsqd.log.error("[%s] - %s", self.client, error.text)
+                replies[index] = encode_error(error.text)
+                if error.fatal:
+                    del replies[index + 1 :]
+                    return False
+                continue
+            count = len(command.messages) if command.messages is not None else 1
+            self.client.published(go_text(command.args[0]), count)
+            replies[index] = encode_frame(frame_type, data)
+        return True
 
     def _refuse_unwritten(self, replies: list[bytes]) -> bool:
         """A publish whose log group failed to be written gets Go's `<label> failed <error>`

@@ -18,8 +18,6 @@ import trio
 
 from nsqpy.common.command import MAGIC_V2, encode_command
 from nsqpy.common.errors import ProtocolError
-from nsqpy.common.frame import FRAME_TYPE_ERROR, encode_error, encode_frame
-from nsqpy.common.goformat import go_text
 from nsqpy.daemon.auth import AuthState
 from nsqpy.nsqd.client import Client
 from nsqpy.nsqd.handoff import Handoff
@@ -30,6 +28,9 @@ if TYPE_CHECKING:
     from nsqpy.nsqd.protocol_v2 import ProtocolV2
     from nsqpy.nsqd.worker import Forwarded, Worker
 
+# A forwarded publish's answer: (reply index, command, (frame type, data) or the error of an
+# owner that is gone).
+ForwardedAnswer = tuple[int, Any, "tuple[int, bytes] | ProtocolError"]
 # Identify settings a relayed connection's owner must not act on: its sender did.
 _SENDER_FEATURES = ("tls_v1", "snappy", "deflate", "deflate_level")
 
@@ -145,37 +146,18 @@ class WorkerHops:
             raise _worker_gone(command) from None
         self.forwarded.append((index, command, pending))
 
-    async def answer_forwarded(self, replies: list[bytes], fatal_errors: bool) -> bool:
-        """Put the owners' answers to the batch's forwarded publishes in their places; a
-        refused one is answered as a refusal here would be (closing, when that is fatal, with
-        nothing after it answered). False: close."""
-        connection = self.connection
+    async def forwarded_answers(self) -> list[ForwardedAnswer]:
+        """The owners' answers to the batch's forwarded publishes: (reply index, command,
+        (frame type, data)), or a ProtocolError for one whose owner is gone. The interpreter
+        puts them in their places (`ProtocolV2._place_forwarded`)."""
         forwarded, self.forwarded = self.forwarded, []
+        answers: list[ForwardedAnswer] = []
         for index, command, pending in forwarded:
             try:
-                try:
-                    frame_type, data = await pending.answer()
-                except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
-                    raise _worker_gone(command) from None
-                if frame_type == FRAME_TYPE_ERROR:
-                    text = data.decode("utf-8", "surrogateescape")
-                    code, separator, description = text.partition(" ")
-                    fatal = None if fatal_errors else False
-                    raise ProtocolError(code, description if separator else None, fatal=fatal)
-            except ProtocolError as error:
-                connection.nsqd.log.error("[%s] - %s", connection.client, error.text)
-                replies[index] = encode_error(error.text)
-                if error.fatal:
-                    del replies[index + 1 :]
-                    return False
-                continue
-            connection.client.published(go_text(command.args[0]), message_count(command))
-            replies[index] = encode_frame(frame_type, data)
-        return True
-
-
-def message_count(command) -> int:
-    return len(command.messages) if command.messages is not None else 1
+                answers.append((index, command, await pending.answer()))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+                answers.append((index, command, _worker_gone(command)))
+        return answers
 
 
 def _worker_gone(command) -> ProtocolError:
