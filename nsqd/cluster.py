@@ -28,7 +28,7 @@ import logging
 import os
 import sqlite3
 import struct
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +139,15 @@ def _held(topic: "Topic") -> PartitionReplica:
             f"{topic.name}/{topic.partition} is not a cluster partition here"
         )
     return replication
+
+
+def untold_finished(finished: list[bytes], told: Sequence[Iterable[str]]) -> list[bytes]:
+    """The finished delayed messages of a channel (`CursorQueue.finished_delayed`) that not
+    every follower was told of, given the IDs each follower's cursor push named."""
+    if not told:
+        return finished
+    everywhere = set(told[0]).intersection(*told[1:])
+    return [message_id for message_id in finished if message_id.decode() not in everywhere]
 
 
 def _hold(node: "ClusterNode", topic: "Topic", info: ReplicaInfo) -> PartitionReplica:
@@ -1201,25 +1210,29 @@ class ClusterNode:
         if info is None or info.leader != self.node_id or not info.followers():
             return
         version = topic.channels_version
-        # The delayed messages finished so far: forgotten here once every follower has them.
-        finished: dict[CursorQueue, int] = {}
         emptied: dict[CursorQueue, int] = {}
         for channel in topic.channels.values():
             cursor = _cursor(channel)
             if cursor.finished_delayed is None:
                 cursor.finished_delayed = []  # kept from now on, for the followers
-            elif cursor.finished_delayed:
-                finished[cursor] = len(cursor.finished_delayed)
             if cursor.emptied_delayed_below is not None:
                 emptied[cursor] = cursor.emptied_delayed_below
+        # The delayed messages finished that each follower's header named (it is made as the
+        # request goes on the link, so it may name more than were finished now): forgotten
+        # here once every follower has them. Another push may run meanwhile and finish first.
+        told: list[dict[str, list[str]]] = []
+
+        def header() -> dict:
+            made = self._cursors_header(topic, info)
+            told.append(made.get("delayed_done", {}))
+            return made
+
         failed = False
 
         async def push(follower: str) -> None:
             nonlocal failed
             try:
-                await self.link(follower).request(
-                    CURSORS, partial(self._cursors_header, topic, info), timeout=CURSOR_PUSH_TIMEOUT
-                )
+                await self.link(follower).request(CURSORS, header, timeout=CURSOR_PUSH_TIMEOUT)
             except (PeerUnavailable, ReplicaRefusal) as error:
                 failed = True
                 self.nsqd.log.warning(
@@ -1235,8 +1248,12 @@ class ClusterNode:
                 pushing.start_soon(push, follower)
         topic.replicated_channels = version
         if not failed:
-            for cursor, count in finished.items():
-                del (cursor.finished_delayed or [])[:count]
+            for name, channel in topic.channels.items():
+                cursor = _cursor(channel)
+                if cursor.finished_delayed:
+                    cursor.finished_delayed = untold_finished(
+                        cursor.finished_delayed, [named.get(name, ()) for named in told]
+                    )
             for cursor, below in emptied.items():
                 if cursor.emptied_delayed_below == below:
                     cursor.emptied_delayed_below = None

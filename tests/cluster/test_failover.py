@@ -9,6 +9,7 @@ import pytest
 
 from nsqpy.common.command import encode_command, encode_dpub, encode_rdy
 from nsqpy.common.frame import FRAME_TYPE_ERROR
+from nsqpy.nsqd.cluster import untold_finished
 from tests.cluster.aging import AGED_NSQD_ARGS, age_topic, log_start
 from tests.cluster.local_cluster import LocalCluster
 from tests.cluster.traffic import check_replicas_identical, drain, publish, publish_numbered
@@ -437,6 +438,27 @@ def test_a_message_finished_while_its_move_to_the_delay_queue_is_written_leaves_
             f" {[delayed_count(node, 't') for node in [old, *followers]]}\n{cluster.describe()}"
         ),
     )
+
+
+def test_a_cursor_push_that_ends_after_a_later_one_keeps_what_it_did_not_tell():
+    """Two cursor pushes of a partition at once (the `--sync-timeout` timer's and a FIN's).
+    The first's header named x; y was finished, the second's header named x and y, and the
+    second ended first; z was finished since. The first, ending now, forgets nothing but x:
+    z stays for the next push (forgotten by a count, z went and a follower kept it)."""
+    finished = [b"x"]
+    first = ["x"]
+    finished.append(b"y")
+    second = ["x", "y"]
+    finished = untold_finished(finished, [second, second])
+    assert finished == []
+    finished.append(b"z")
+    assert untold_finished(finished, [first, first]) == [b"z"]
+
+
+def test_a_finished_delayed_message_is_forgotten_once_every_follower_was_told():
+    # One follower's header was made before y was finished, the other's after.
+    assert untold_finished([b"x", b"y"], [["x"], ["x", "y"]]) == [b"y"]
+    assert untold_finished([b"x"], []) == [b"x"]
 
 
 def test_a_replica_gone_for_good_is_placed_on_another_node_which_catches_up(tmp_path, etcd_server):
