@@ -165,7 +165,7 @@ def run_wrk(nsqd: Nsqd, workload: Workload, args) -> Sample:
             "wrk",
             f"-t{args.wrk_threads}",
             f"-c{args.connections}",
-            f"-d{args.duration}s",
+            f"-d{args.duration:g}s",  # wrk takes no "5.0s"
             "--latency",
             "-s",
             script_path,

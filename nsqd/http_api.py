@@ -1332,11 +1332,8 @@ class TLSRequiredRouter:
     def body_limit(self, method: str, path: str) -> int | None:
         return None  # every request gets the 403, whatever its body
 
-    def answers_inline(self, request: Request) -> bool:
-        return True
-
     async def dispatch(self, request: Request) -> Response:
-        return self.respond(request)
+        return self.respond_inline(request)
 
     async def commit(self, write_groups: Sequence[CommitWait] = ()) -> None:
         pass  # nothing here writes
@@ -1350,7 +1347,7 @@ class TLSRequiredRouter:
     def write_pass(self) -> AbstractContextManager[None]:
         return nullcontext()
 
-    def respond(self, request: Request) -> Response:
+    def respond_inline(self, request: Request) -> Response:
         port = _port(self.nsqd.https_address)
         # Go writes this body by hand, spaces and all, and sets no Content-Type.
         body = f'{{"message": "TLS_REQUIRED", "https_port": {port}}}'.encode()

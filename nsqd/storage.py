@@ -40,17 +40,18 @@ if TYPE_CHECKING:
 
 
 class DeferredWrite:
-    """The records that publishes of one HTTP poller pass appended to one diskqueue, written
-    together when the pass ends; `done` then, and `error` says whether the write failed (its
-    publishes are refused: nothing of them was kept in memory either)."""
+    """The messages that publishes of one HTTP poller pass appended to one diskqueue, written
+    together (as records made in one go) when the pass ends; `done` then, and `error` says
+    whether the write failed (its publishes are refused: nothing of them was kept in memory
+    either)."""
 
-    __slots__ = ("backend", "records", "publishes", "failure", "args", "done", "error")
+    __slots__ = ("backend", "messages", "publishes", "failure", "args", "done", "error")
     # Written when the poller's pass ends, not by an (awaited) commit.
     ends_with_pass = True
 
     def __init__(self, backend: DiskQueue, failure: str, args: tuple) -> None:
         self.backend = backend
-        self.records: list[bytes] = []
+        self.messages: list[Message] = []
         self.publishes = 0
         # The line a failed write logs, as the immediate write would have.
         self.failure = failure
@@ -161,17 +162,16 @@ class Storage:
         logged as `failure % args` and ` - <error>`, turns health NOK and raises
         BackendWriteError. `deferrable` (the publish keeps nothing of the messages elsewhere):
         inside `deferring_writes`, the write is made when the pass ends."""
-        records = list(map(Message.to_record, messages))
         if deferrable and self._deferring and isinstance(backend, DiskQueue):
             deferred = self._deferred.get(backend)
             if deferred is None:
                 deferred = self._deferred[backend] = DeferredWrite(backend, failure, args)
-            deferred.records += records
+            deferred.messages += messages
             deferred.publishes += 1
             self._last_deferred = deferred
             return
         try:
-            backend.put_many(records)
+            backend.put_many(list(map(Message.to_record, messages)))
         except OSError as os_error:
             self._write_failed(write_error(backend, os_error), failure, *args)
         self.health.write_done(None)
@@ -198,7 +198,7 @@ class Storage:
         deferred, self._deferred = self._deferred, {}
         for backend, write in deferred.items():
             try:
-                backend.put_many(write.records)
+                backend.put_many(list(map(Message.to_record, write.messages)))
             except Exception as error:  # every failure (a closed queue too) refuses the publishes
                 failed = (
                     write_error(backend, error)

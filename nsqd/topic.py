@@ -172,7 +172,11 @@ class Topic:
         timestamp = time.time_ns()
         queue = self.queue
         messages: list[Message] | MessageBatch
-        if len(bodies) > 1 and queue.keeps_batches and not (defer or trace_ids or ext_headers):
+        plain = not (defer or trace_ids or ext_headers)
+        if plain and len(bodies) == 1:
+            # PUB and HTTP /pub: one message, no batch machinery.
+            messages = [Message(queue.next_id(), bodies[0], timestamp)]
+        elif plain and len(bodies) > 1 and queue.keeps_batches:
             messages = MessageBatch(queue.next_ids(len(bodies)), bodies, timestamp)
         else:
             messages = self._new_messages(bodies, timestamp, defer, trace_ids, ext_headers)
@@ -205,15 +209,8 @@ class Topic:
         ext_headers: list[bytes] | None,
     ) -> list[Message]:
         """A publish as one `Message` per body, with its delay, trace ids and ext headers."""
-        queue = self.queue
-        if len(bodies) == 1:
-            # PUB and HTTP /pub: one message, no batch machinery.
-            messages = [Message(queue.next_id(), bodies[0], timestamp)]
-        else:
-            ids = queue.next_ids(len(bodies))
-            messages = [
-                Message(mid, body, timestamp) for mid, body in zip(ids, bodies, strict=True)
-            ]
+        ids = self.queue.next_ids(len(bodies))
+        messages = [Message(mid, body, timestamp) for mid, body in zip(ids, bodies, strict=True)]
         if trace_ids is not None:
             for message, trace_id in zip(messages, trace_ids, strict=True):
                 message.trace_id = trace_id
@@ -273,7 +270,9 @@ class Topic:
     def _store(self, messages: "list[Message] | MessageBatch") -> None:
         """Keep a publish until the topic has channels; a failed write keeps nothing of it."""
         self.queue.append(messages, strict=True)
-        self._pump_wakeup.set()
+        if self.channels:
+            # Without a channel the pump has nowhere to move it: the first channel wakes it.
+            self._pump_wakeup.set()
 
     def has_backlog(self) -> bool:
         return self.queue.has_messages()

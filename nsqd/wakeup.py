@@ -16,6 +16,10 @@ class Wakeup:
         self._lot = trio.lowlevel.ParkingLot()
 
     def set(self) -> None:
+        # While set, no task is parked (`wait` parks only when not set): a publish that sets
+        # it again costs one test, not a look at the parking lot.
+        if self._is_set:
+            return
         self._is_set = True
         if self._lot:
             self._lot.unpark_all()

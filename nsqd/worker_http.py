@@ -149,11 +149,8 @@ class WorkerRouter:
             for method, route in _EVERY_WORKER
         )
 
-    def answers_inline(self, request: Request) -> bool:
-        return self._route(request) is None and self.local.answers_inline(request)
-
-    def respond(self, request: Request) -> Response:
-        return self.local.respond(request)
+    def respond_inline(self, request: Request) -> Response | None:
+        return self.local.respond_inline(request) if self._route(request) is None else None
 
     async def dispatch(self, request: Request) -> Response:
         route = self._route(request)

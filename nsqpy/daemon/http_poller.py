@@ -152,14 +152,16 @@ class HTTPPoller:
         requests = state.take_requests()
         out: list[bytes] = []
         close = False
-        answers_inline = self._router.answers_inline
         after_commit = False
         after_pass = False
         # Answers that the commit may still refuse: (index in `out`, request, write group).
         groups: list[tuple] = []
-        while requests and answers_inline(requests[0]):
+        while requests:
+            answered = state.answer_inline(requests[0])
+            if answered is None:
+                break
             request = requests.pop(0)
-            answer, close, needs_commit = state.answer_now(request)
+            answer, close, needs_commit = answered
             if needs_commit is True:
                 after_commit = True
             elif needs_commit:

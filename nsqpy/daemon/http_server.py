@@ -287,9 +287,7 @@ class RequestRouter(Protocol):
 
     def body_limit(self, method: str, path: str) -> int | None: ...
 
-    def answers_inline(self, request: Request) -> bool: ...
-
-    def respond(self, request: Request) -> Response: ...
+    def respond_inline(self, request: Request) -> Response | None: ...
 
     async def dispatch(self, request: Request) -> Response: ...
 
@@ -415,18 +413,21 @@ class Router:
                 return prefix + "*", prefixed
         return None
 
-    def answers_inline(self, request: Request) -> bool:
-        """Whether the HTTP poller may answer `request` itself: an inline handler, or an
-        unknown path or method (answered without a handler). A request whose credential the
-        auth servers must first be asked about is not."""
+    def respond_inline(self, request: Request) -> Response | None:
+        """The answer the HTTP poller sends itself, at once: an inline handler's, or an unknown
+        path's or method's (answered without a handler). None when the request must be
+        answered by a task (`dispatch`): its handler may wait, or its credential must first
+        be asked about at the auth servers."""
         found = self._handler(request)
         if isinstance(found, Response):
-            return True
+            return found
         handler, key = found
         if key in self._waiting:
-            return False
+            return None
         verdict = self._verdict(request, key)
-        return verdict is None or isinstance(verdict, Response)
+        if verdict is None:
+            return self._call(handler, request)
+        return verdict if isinstance(verdict, Response) else None
 
     def _verdict(self, request: Request, key: tuple[str, str]) -> "Response | object | None":
         """The access's verdict on a request to the route `key` (method, pattern): None
@@ -440,17 +441,6 @@ class Router:
         verdict = None if need is None else self.access.verdict(request, need)
         request.verdict = verdict
         return verdict
-
-    def respond(self, request: Request) -> Response:
-        """The answer of an inline route (see `answers_inline`), at once."""
-        found = self._handler(request)
-        if isinstance(found, Response):
-            return found
-        handler, key = found
-        refusal = self._verdict(request, key)
-        if refusal is not None:
-            return cast(Response, refusal)
-        return self._call(handler, request)
 
     def _call(self, handler: Handler, request: Request) -> Response:
         """An inline handler's answer to an allowed request."""
@@ -546,12 +536,12 @@ class CachedResponse(Response):
     """A response that never changes (`200 OK` to a publish): its bytes are encoded once per
     second (the `Date` header) instead of once per request."""
 
-    __slots__ = ("_encoded", "_origin")
+    __slots__ = ("_cache",)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._encoded: tuple[str, bytes] | None = None
-        self._origin: CachedResponse | None = None
+        # [the second of the Date in them, the bytes], shared with the twins of `for_write`.
+        self._cache: list = [-1, b""]
 
     def for_write(self, write_group) -> "CachedResponse":
         """The same answer to one request whose write `write_group` carries (sharing this
@@ -562,17 +552,17 @@ class CachedResponse(Response):
         twin.headers = self.headers
         twin.after_commit = self.after_commit
         twin.write_group = write_group
-        twin._encoded = None
-        twin._origin = self
+        twin._cache = self._cache
         return twin
 
     def encoded(self) -> bytes:
-        if self._origin is not None:
-            return self._origin.encoded()
-        date = _dates.get()
-        if self._encoded is None or self._encoded[0] != date:
-            self._encoded = (date, _encode(self, False, False))
-        return self._encoded[1]
+        """The bytes of the answer to a keep-alive HTTP/1.1 request."""
+        cache = self._cache
+        second = int(time.time())
+        if cache[0] != second:
+            cache[1] = _encode(self, False, False)
+            cache[0] = second
+        return cache[1]
 
 
 def encode_response(response: Response, close: bool, http10: bool = False) -> bytes:
@@ -757,14 +747,17 @@ class ConnectionState:
             requests.append(request)
         return requests
 
-    def answer_now(self, request: Request) -> "tuple[bytes, bool, bool | CommitWait]":
-        """The encoded answer to an inline request, whether the connection closes after it,
-        and whether it may go out only after the router's commit: False, True, or the
-        response's write group, whose failure replaces it with `refused(request)`."""
+    def answer_inline(self, request: Request) -> "tuple[bytes, bool, bool | CommitWait] | None":
+        """The encoded inline answer to a request (`RequestRouter.respond_inline`), whether
+        the connection closes after it, and whether it may go out only after the router's
+        commit: False, True, or the response's write group, whose failure replaces it with
+        `refused(request)`. None when a task must answer it."""
         try:
-            response = self.router.respond(request)
+            response = self.router.respond_inline(request)
         except Exception as error:
             response = self._internal_error(error)
+        if response is None:
+            return None
         encoded, close = self._encode(request, response)
         return encoded, close, self.router.waits_for_commit(response)
 
@@ -795,7 +788,10 @@ class ConnectionState:
 
     def _encode(self, request: Request, response: Response) -> tuple[bytes, bool]:
         close = not request.keep_alive
-        encoded = encode_response(response, close, request.http10)
+        if type(response) is CachedResponse and not close and not request.http10:
+            encoded = response.encoded()
+        else:
+            encoded = _encode(response, close, request.http10)
         if request.method == "HEAD" and response.body:
             # A response to HEAD has no body (RFC 9110 §9.3.2), as Go's net/http writes it;
             # sent anyway, it would be read as the next response.

@@ -35,15 +35,15 @@ async def serve(router: Router, nursery, errors: list) -> Callable[[], Awaitable
 @pytest.fixture
 async def server(nursery):
     """A router with an inline echo, a route that waits until released, a failing handler
-    and a route whose inline check itself fails."""
+    and a route whose answer the router itself fails to judge."""
     release = trio.Event()
     errors: list[BaseException] = []
 
     class Routes(Router):
-        def answers_inline(self, request: Request) -> bool:
-            if request.path == "/broken-router":
+        def waits_for_commit(self, response: Response):
+            if response.body == b"/broken-router":
                 raise RuntimeError("router bug")
-            return super().answers_inline(request)
+            return super().waits_for_commit(response)
 
     router = Routes()
 
