@@ -1,7 +1,8 @@
 """HTTP publish throughput of our nsqd: `POST /pub` and `POST /mpub` over keep-alive connections.
 
     .venv/bin/python -m bench.http_pub [--connections 32] [--duration 5] [--runs 3] [--quick]
-                                       [--client auto|wrk|python] [--append-results]
+                                       [--client auto|wrk|python] [--pub-only]
+                                       [--append-results]
 
 Every run starts a fresh nsqd (subprocess, port 0, temporary data dir, nsqd's defaults
 otherwise: `--mem-queue-size` 10,000, so the topic, which has no channel, overflows to its
@@ -385,6 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=200, help="message body bytes")
     parser.add_argument("--batch", type=int, default=100, help="messages per /mpub")
     parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto")
+    parser.add_argument("--pub-only", action="store_true", help="only /pub, not /mpub")
     parser.add_argument("--wrk-threads", type=int, default=1)
     parser.add_argument(
         "--processes",
@@ -422,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
         f" client {client}" + (f" ({args.processes} processes)" if client == "python" else ""),
     )
     figures = []
-    for workload in workloads(args.size, args.batch):
+    for workload in workloads(args.size, args.batch)[: 1 if args.pub_only else None]:
         figure = Figure(workload, client, args.connections)
         for _ in range(runs):
             sample = one_run(workload, client, args, context)
