@@ -982,6 +982,9 @@ class HTTPAPI:
             await self.nsqd.clean_logs(partitions, greedy=True)
         except OSError as error:
             raise HTTPError(500, str(error)) from None
+        if any(topic.deleted for topic in partitions):
+            # `/topic/delete` removed it meanwhile: gone, as it would have been a moment earlier.
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
         return v1_response(200)
 
     async def topic_clean_unused(self, request: Request) -> Response:

@@ -339,13 +339,21 @@ class NSQD:
                 days = topic.retention_days or options.retention_days
                 keep = float(options.retention_size_per_day * max(days, 1))
                 older_than = time.time() - days * 86400
+            if topic.deleted:
+                continue
             try:
                 removed += await topic.queue.clean(
                     keep_bytes=keep,
                     older_than=older_than,
                     move_delayed=not topic.is_cluster_follower,
                 )
-            except OSError as error:
+            except Exception as error:
+                if topic.deleted:
+                    # `/topic/delete` closed and removed it while it was being cleaned (its
+                    # index, its files): nothing is left to clean.
+                    continue
+                if not isinstance(error, OSError):
+                    raise
                 # Its new start could not be written (a full disk): nothing of it was
                 # removed, the next run tries again, the other partitions go on.
                 self.log.error(

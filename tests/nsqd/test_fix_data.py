@@ -3,7 +3,8 @@ retention has run, with old groups gone bad on its disk (zeroed blocks, as a cra
 disk leaves them, the index intact). With no other replica to copy from, a corrupt tail is
 cut off and a corrupt group inside the log is skipped exactly: its channel reads everything
 else, and the partition takes and delivers publishes as before. Real nsqd processes,
-`--log-topic=lt`, channel `c`; the race with `/topic/delete` on an in-process nsqd."""
+`--log-topic=lt`, channel `c`; the races of fixdata, greedyclean and retention with
+`/topic/delete` on an in-process nsqd."""
 
 import dataclasses
 
@@ -136,3 +137,57 @@ async def test_fixdata_on_a_topic_deleted_while_its_files_are_read_is_topic_not_
     [error] = outcome
     assert isinstance(error, HTTPError)
     assert (error.status, error.message) == (404, "TOPIC_NOT_FOUND")
+
+
+async def test_greedyclean_of_a_topic_deleted_while_it_waits_is_topic_not_found(
+    nsqd_options, nursery
+):
+    """`/topic/greedyclean` waits for a producer snapshot being written (the periodic sync's)
+    before it removes anything; a `/topic/delete` meanwhile makes it Go's 404
+    TOPIC_NOT_FOUND, not a 500 for a log it can no longer clean."""
+    server = NSQD(dataclasses.replace(nsqd_options, log_topic=["lt"]))
+    await nursery.start(server.serve)
+    topic = server.get_topic("lt")
+    topic.get_channel("c")
+    topic.publish([b"kept"])
+    await server.storage.commit()
+    api = HTTPAPI(server)
+    request = Request("POST", b"/topic/greedyclean?topic=lt", {}, b"")
+    outcome: list = []
+
+    async def greedy_clean() -> None:
+        try:
+            outcome.append(await api.topic_greedyclean(request))
+        except HTTPError as error:
+            outcome.append(error)
+
+    async with topic.queue._snapshot_writing:
+        nursery.start_soon(greedy_clean)
+        await trio.testing.wait_all_tasks_blocked()
+        server.delete_topic("lt")
+    await wait_until(lambda: outcome)
+    [error] = outcome
+    assert isinstance(error, HTTPError)
+    assert (error.status, error.message) == (404, "TOPIC_NOT_FOUND")
+
+
+async def test_retention_goes_on_past_a_topic_deleted_while_it_is_cleaned(nsqd_options, nursery):
+    """The retention timer's run (`NSQD.clean_logs`) over a log topic that `/topic/delete`
+    removes while its clean waits: the run ends as usual, and the daemon serves on (a closed
+    index's error escaping it would end nsqd)."""
+    server = NSQD(dataclasses.replace(nsqd_options, log_topic=["lt"]))
+    await nursery.start(server.serve)
+    topic = server.get_topic("lt")
+    topic.get_channel("c")
+    removed: list[int] = []
+
+    async def retention_run() -> None:
+        removed.append(await server.clean_logs())
+
+    async with topic.queue._snapshot_writing:
+        nursery.start_soon(retention_run)
+        await trio.testing.wait_all_tasks_blocked()
+        server.delete_topic("lt")
+    await wait_until(lambda: removed)
+    assert removed == [0]
+    assert server.get_topic("lt") is not topic
