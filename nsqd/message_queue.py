@@ -270,9 +270,7 @@ class BufferedDiskQueue:
         try:
             # A strict publish that memory keeps nothing of may have its write made when the
             # HTTP poller's pass ends (Storage.deferring_writes): a failure then refuses it.
-            self.storage.write_to_backend(
-                self.backend, overflow, self._failure, self._failure_args, strict and room <= 0
-            )
+            self._write(overflow, deferrable=strict and room <= 0)
         except BackendWriteError as error:
             if strict:
                 raise

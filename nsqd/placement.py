@@ -81,13 +81,7 @@ class SingleNodePlacement:
         return None
 
     def refusal(self, topic: "Topic", operation: Operation) -> str | None:
-        nsqd = self.nsqd
-        # `write_disabled` is None on most nodes: one test before the call.
-        if (
-            operation is Operation.PUBLISH
-            and nsqd.write_disabled
-            and nsqd.write_disabled_for(topic)
-        ):
+        if operation is Operation.PUBLISH and self.nsqd.write_disabled_for(topic):
             return NOT_LEADER
         return None
 

@@ -332,6 +332,8 @@ class NSQD:
         removed = 0
         failed: OSError | None = None
         for topic in partitions if partitions is not None else self.all_partitions():
+            if topic.deleted:
+                continue
             if greedy:
                 keep, older_than = -1.0, math.inf
             else:
@@ -339,8 +341,6 @@ class NSQD:
                 days = topic.retention_days or options.retention_days
                 keep = float(options.retention_size_per_day * max(days, 1))
                 older_than = time.time() - days * 86400
-            if topic.deleted:
-                continue
             try:
                 removed += await topic.queue.clean(
                     keep_bytes=keep,

@@ -788,10 +788,7 @@ class ConnectionState:
 
     def _encode(self, request: Request, response: Response) -> tuple[bytes, bool]:
         close = not request.keep_alive
-        if type(response) is CachedResponse and not close and not request.http10:
-            encoded = response.encoded()
-        else:
-            encoded = _encode(response, close, request.http10)
+        encoded = encode_response(response, close, request.http10)
         if request.method == "HEAD" and response.body:
             # A response to HEAD has no body (RFC 9110 §9.3.2), as Go's net/http writes it;
             # sent anyway, it would be read as the next response.
