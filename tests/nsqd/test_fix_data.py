@@ -103,32 +103,43 @@ def test_fixdata_cuts_a_corrupt_tail_and_skips_a_corrupt_group_of_an_aged_log(tm
         daemon.stop()
 
 
+async def serving_log_topic(nsqd_options, nursery):
+    """An in-process nsqd whose log topic `lt` has channel `c` and one message written."""
+    server = NSQD(dataclasses.replace(nsqd_options, log_topic=["lt"]))
+    await nursery.start(server.serve)
+    topic = server.get_topic("lt")
+    topic.get_channel("c")
+    topic.publish([b"kept"])
+    await server.storage.commit()
+    return server, topic
+
+
+def answer_into(outcome: list, handler, request: Request):
+    """A task that puts the handler's answer to `request`, or its HTTPError, in `outcome`."""
+
+    async def answer() -> None:
+        try:
+            outcome.append(await handler(request))
+        except HTTPError as error:
+            outcome.append(error)
+
+    return answer
+
+
 async def test_fixdata_on_a_topic_deleted_while_its_files_are_read_is_topic_not_found(
     nsqd_options, nursery
 ):
     """The check reads the log's files in a thread; a `/topic/delete` that removes them first
     makes fixdata Go's 404 TOPIC_NOT_FOUND, not a 500 (the HTTP fuzz found the race)."""
-    server = NSQD(dataclasses.replace(nsqd_options, log_topic=["lt"]))
-    await nursery.start(server.serve)
-    topic = server.get_topic("lt")
-    topic.publish([b"kept"])
-    await server.storage.commit()
-    api = HTTPAPI(server)
+    server, _topic = await serving_log_topic(nsqd_options, nursery)
     request = Request("POST", b"/topic/fixdata?topic=lt", {}, b"")
     outcome: list = []
-
-    async def fix_data() -> None:
-        try:
-            outcome.append(await api.topic_fix_data(request))
-        except HTTPError as error:
-            outcome.append(error)
-
     threads = trio.to_thread.current_default_thread_limiter()
     # The check waits for a thread while the topic is deleted, then reads no files.
     async with threads:
         saved, threads.total_tokens = threads.total_tokens, 1
         try:
-            nursery.start_soon(fix_data)
+            nursery.start_soon(answer_into(outcome, HTTPAPI(server).topic_fix_data, request))
             await trio.testing.wait_all_tasks_blocked()
             server.delete_topic("lt")
         finally:
@@ -145,24 +156,11 @@ async def test_greedyclean_of_a_topic_deleted_while_it_waits_is_topic_not_found(
     """`/topic/greedyclean` waits for a producer snapshot being written (the periodic sync's)
     before it removes anything; a `/topic/delete` meanwhile makes it Go's 404
     TOPIC_NOT_FOUND, not a 500 for a log it can no longer clean."""
-    server = NSQD(dataclasses.replace(nsqd_options, log_topic=["lt"]))
-    await nursery.start(server.serve)
-    topic = server.get_topic("lt")
-    topic.get_channel("c")
-    topic.publish([b"kept"])
-    await server.storage.commit()
-    api = HTTPAPI(server)
+    server, topic = await serving_log_topic(nsqd_options, nursery)
     request = Request("POST", b"/topic/greedyclean?topic=lt", {}, b"")
     outcome: list = []
-
-    async def greedy_clean() -> None:
-        try:
-            outcome.append(await api.topic_greedyclean(request))
-        except HTTPError as error:
-            outcome.append(error)
-
     async with topic.queue._snapshot_writing:
-        nursery.start_soon(greedy_clean)
+        nursery.start_soon(answer_into(outcome, HTTPAPI(server).topic_greedyclean, request))
         await trio.testing.wait_all_tasks_blocked()
         server.delete_topic("lt")
     await wait_until(lambda: outcome)
@@ -175,10 +173,7 @@ async def test_retention_goes_on_past_a_topic_deleted_while_it_is_cleaned(nsqd_o
     """The retention timer's run (`NSQD.clean_logs`) over a log topic that `/topic/delete`
     removes while its clean waits: the run ends as usual, and the daemon serves on (a closed
     index's error escaping it would end nsqd)."""
-    server = NSQD(dataclasses.replace(nsqd_options, log_topic=["lt"]))
-    await nursery.start(server.serve)
-    topic = server.get_topic("lt")
-    topic.get_channel("c")
+    server, topic = await serving_log_topic(nsqd_options, nursery)
     removed: list[int] = []
 
     async def retention_run() -> None:
