@@ -302,8 +302,6 @@ class ConsumerGroup:
         self._share_max_in_flight()
 
     def _send(self, consumer: Consumer, action) -> None:
-        # receive() leaves tiny socket timeouts behind; commands get a real one.
-        consumer.sock.settimeout(10.0)
         try:
             action(consumer)
         except OSError as error:

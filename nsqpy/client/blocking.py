@@ -6,9 +6,11 @@ and sends FIN/REQ/TOUCH, answering heartbeats on the way, and a few HTTP helpers
 and nsqlookupd's APIs. Everything is plain sockets, usable from threads or Spark executors.
 """
 
+import contextlib
 import http.client
 import io
 import json
+import select
 import socket
 import ssl
 import threading
@@ -47,6 +49,7 @@ from nsqpy.common.frame import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecode
 from nsqpy.common.message import decode_message
 
 HEARTBEAT = b"_heartbeat_"
+RECEIVE_SIZE = 256 * 1024
 
 
 class NSQError(Exception):
@@ -111,10 +114,19 @@ class Connection:
         host, port = split_address(address)
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # The reading thread's wait for bytes (the descriptor outlives the TLS wrap); poll,
+        # not select, which refuses descriptors above 1023.
+        self._readable = select.poll()
+        self._readable.register(self.sock, select.POLLIN)
         self.decoder = FrameDecoder()
         self.frames: deque = deque()
         # FIN from one thread and the heartbeat's NOP from the reading one must not interleave.
         self._send_lock = threading.Lock()
+        # OpenSSL runs one call at a time on a connection: a read in one thread while another
+        # writes races on the connection's state, and the reader can take a write for the
+        # peer's close. Over TLS, reads and writes take turns; the reader waits for bytes
+        # outside the lock. Plain sockets read and write at once.
+        self._tls_lock: threading.Lock | contextlib.nullcontext = contextlib.nullcontext()
         self.auth_reply: dict | None = None
         settings = {
             "client_id": client_id or socket.gethostname().split(".")[0],
@@ -142,6 +154,7 @@ class Connection:
             context = self.security.context()
             assert context is not None  # tls_v1 makes one
             self.sock = context.wrap_socket(self.sock, server_hostname=host)
+            self._tls_lock = threading.Lock()
             self.read_response()  # nsqd's OK, the first frame over TLS
         secret = auth_to_send(self.address, self.identify_reply, self.security.auth_secret)
         if secret is not None:
@@ -149,17 +162,20 @@ class Connection:
             self.auth_reply = json.loads(self.read_response())
 
     def send(self, data: bytes) -> None:
-        with self._send_lock:
+        with self._send_lock, self._tls_lock:
             self.sock.sendall(data)
 
     def read_frame(self, timeout: float | None = None):
-        """The next frame (heartbeats are answered and skipped); None on timeout."""
+        """The next frame (heartbeats are answered and skipped); None on timeout (0 reads
+        only what is there). One thread reads; any may send meanwhile. None waits as long as
+        the socket's timeout."""
+        if timeout is None:
+            timeout = self.sock.gettimeout()
+        deadline = None if timeout is None else time.monotonic() + timeout
         while not self.frames:
-            self.sock.settimeout(timeout if timeout is not None else self.sock.gettimeout())
-            try:
-                data = receive_available(self.sock, 256 * 1024)
-            except (TimeoutError, BlockingIOError, ssl.SSLWantReadError):
-                return None  # timeout 0 is a non-blocking read
+            data = self._receive(deadline)
+            if data is None:
+                return None
             if not data:
                 raise ConnectionError(f"nsqd {self.address} closed the connection")
             for frame in self.decoder.receive_data(data):
@@ -168,6 +184,43 @@ class Connection:
                 else:
                     self.frames.append(frame)
         return self.frames.popleft()
+
+    def _receive(self, deadline: float | None) -> bytes | None:
+        """The bytes that came, b"" at the connection's end, None at `deadline`. The recv
+        runs once the socket is readable, so it leaves the socket's timeout alone (a send from
+        another thread goes by it) and holds the TLS turn only briefly."""
+        sock = self.sock
+        while True:
+            if isinstance(sock, ssl.SSLSocket):
+                with self._tls_lock:
+                    if sock.pending():
+                        return receive_available(sock, RECEIVE_SIZE)
+            if deadline is None:
+                readable = self._readable.poll()
+            else:
+                readable = self._readable.poll(max(0.0, deadline - time.monotonic()) * 1000)
+            if not readable:
+                return None
+            if not isinstance(sock, ssl.SSLSocket):
+                return sock.recv(RECEIVE_SIZE)
+            with self._tls_lock:
+                data = self._receive_decrypted()
+            if data is not None:
+                return data
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+
+    def _receive_decrypted(self) -> bytes | None:
+        """What the TLS records that came decrypt to; None while a record is still partial.
+        Called in the TLS turn."""
+        blocking = self.sock.gettimeout()
+        self.sock.settimeout(0.0)
+        try:
+            return receive_available(self.sock, RECEIVE_SIZE)
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return None
+        finally:
+            self.sock.settimeout(blocking)
 
     def read_response(self) -> bytes:
         """The next response frame's data; NSQError for an error frame."""

@@ -180,21 +180,16 @@ def _read_reply(connection: Connection, timeout: float) -> bytes:
     """The next response frame's data within `timeout` (heartbeats answered on the way);
     NSQError for an error frame, TimeoutError when nsqd does not answer."""
     deadline = time.monotonic() + timeout
-    # read_frame leaves its timeout on the socket, which sends from other threads would get.
-    socket_timeout = connection.sock.gettimeout()
-    try:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"nsqd {connection.address} did not answer within {timeout:g}s")
-            frame = connection.read_frame(timeout=remaining)
-            if frame is None or frame.frame_type == FRAME_TYPE_MESSAGE:
-                continue
-            if frame.frame_type == FRAME_TYPE_ERROR:
-                raise NSQError(frame.data.decode("utf-8", "replace"))
-            return frame.data
-    finally:
-        connection.sock.settimeout(socket_timeout)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"nsqd {connection.address} did not answer within {timeout:g}s")
+        frame = connection.read_frame(timeout=remaining)
+        if frame is None or frame.frame_type == FRAME_TYPE_MESSAGE:
+            continue
+        if frame.frame_type == FRAME_TYPE_ERROR:
+            raise NSQError(frame.data.decode("utf-8", "replace"))
+        return frame.data
 
 
 # -- producer ---------------------------------------------------------------------------------

@@ -3,14 +3,23 @@ unproven: TLS required with a client certificate signed by its CA, AUTH, and eve
 but /ping and /info behind AUTH (`--http-auth-required`). The clients take go-nsq's option
 names (nsqpy.client.security.Security; the tools' `--consumer-opt`/`--producer-opt`)."""
 
+import threading
 import urllib.error
 from collections.abc import Iterator
 
 import pytest
 
-from nsqpy.client.blocking import Consumer, NSQError, Producer, http_json, http_request
+from nsqpy.client.blocking import (
+    Connection,
+    Consumer,
+    NSQError,
+    Producer,
+    http_json,
+    http_request,
+)
 from nsqpy.client.security import Security, SecurityMismatch
 from nsqpy.client.smart import SmartConsumer, SmartProducer
+from nsqpy.common.command import NOP, encode_pub
 from tests.harness import start_nsqlookupd
 from tests.security.support import Certificates, running_nsqd
 from tests.support.auth_server import AuthServer, answering
@@ -94,6 +103,36 @@ def test_the_blocking_client_publishes_and_consumes_over_tls_with_auth(strict_ns
             True,
             "pipeline",
         )
+
+
+def test_a_tls_connection_read_in_one_thread_takes_sends_from_another(strict_nsqd, certs):
+    """OpenSSL runs one call at a time on a connection. A read racing a send from another
+    thread took the send for nsqd's close (the smart consumer lost a subscription so, right
+    after its RDY): over TLS the reader and the senders take turns."""
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    with Connection(strict_nsqd.addresses["TCP"], security=security(certs)) as connection:
+
+        def read_until_stopped() -> None:
+            try:
+                while not stop.is_set():
+                    connection.read_frame(timeout=0)
+            except BaseException as error:  # the test's verdict, below
+                errors.append(error)
+
+        reader = threading.Thread(target=read_until_stopped)
+        reader.start()
+        try:
+            for _ in range(30_000):
+                connection.send(NOP)
+                if errors:
+                    break
+        finally:
+            stop.set()
+            reader.join()
+        assert errors == []
+        connection.send(encode_pub("turns", b"after"))
+        assert connection.read_response() == b"OK"
 
 
 @pytest.mark.parametrize(
