@@ -10,7 +10,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
@@ -646,18 +646,24 @@ class HTTPAPI:
         for topic in topics:
             self._placed(topic, Operation.CHANGE_CHANNELS)
         for topic in topics:
+            if topic.deleted:
+                continue
             version = topic.channels_version
             topic.get_channel(channel_name)
             if topic.channels_version != version:
                 await topic.replication.channels_changed()
+        _not_deleted_meanwhile(topics)
         return v1_response(200)
 
     async def channel_delete(self, request: Request) -> Response:
         found = self._led_channels(request)
         for topic, channel in found:
+            if topic.deleted:
+                continue
             topic.delete_channel(channel.name)
             # A cluster's followers drop it before the answer, as they take a new one.
             await topic.replication.channels_changed()
+        _not_deleted_meanwhile(topic for topic, _channel in found)
         return v1_response(200)
 
     def channel_empty(self, request: Request) -> Response:
@@ -866,6 +872,8 @@ class HTTPAPI:
         """Change each channel a control route names, logged with `done`; a cluster leader's
         followers take it before the answer, and `nsqd.dat` keeps it."""
         for topic, channel in found:
+            if topic.deleted:
+                continue
             change(channel)
             self.nsqd.log.info(
                 "TOPIC(%s) partition %d channel %s: %s by %s",
@@ -877,6 +885,7 @@ class HTTPAPI:
             )
             await topic.replication.channels_changed()
         await self.nsqd.persist_metadata()
+        _not_deleted_meanwhile(topic for topic, _channel in found)
         return v1_response(200)
 
     # -- Youzan -------------------------------------------------------------------------------
@@ -963,15 +972,20 @@ class HTTPAPI:
         except ValueError as error:
             raise HTTPError(400, str(error)) from None
         for topic, channel in found:
+            if topic.deleted:
+                continue
             try:
                 channel.seek(kind, value)
             except (ValueError, OSError) as error:
+                if topic.deleted:
+                    continue
                 raise HTTPError(500, str(error)) from None
             self.nsqd.log.info(
                 "set the channel offset of %s:%s: %s:%d", topic.full_name, channel.name, kind, value
             )
             # A cluster leader's followers move the cursor too before the answer.
             await topic.replication.channels_changed()
+        _not_deleted_meanwhile(topic for topic, _channel in found)
         return v1_response(200)
 
     async def topic_greedyclean(self, request: Request) -> Response:
@@ -982,9 +996,7 @@ class HTTPAPI:
             await self.nsqd.clean_logs(partitions, greedy=True)
         except OSError as error:
             raise HTTPError(500, str(error)) from None
-        if any(topic.deleted for topic in partitions):
-            # `/topic/delete` removed it meanwhile: gone, as it would have been a moment earlier.
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        _not_deleted_meanwhile(partitions)
         return v1_response(200)
 
     async def topic_clean_unused(self, request: Request) -> Response:
@@ -1355,6 +1367,14 @@ class TLSRequiredRouter:
         # Go writes this body by hand, spaces and all, and sets no Content-Type.
         body = f'{{"message": "TLS_REQUIRED", "https_port": {port}}}'.encode()
         return Response(403, body, [NSQ_V1_HEADER, ("Content-Type", TEXT_CONTENT_TYPE)])
+
+
+def _not_deleted_meanwhile(partitions: Iterable["Topic"]) -> None:
+    """A route that awaits per partition (a cluster's followers told, a clean) skips a
+    partition `/topic/delete` removed meanwhile, and says Go's 404 TOPIC_NOT_FOUND for it: gone,
+    as it would have been a moment earlier, where its closed files gave a 500."""
+    if any(topic.deleted for topic in partitions):
+        raise HTTPError(404, "TOPIC_NOT_FOUND")
 
 
 def _any_partition(params: dict[str, list[str]]) -> int:

@@ -3,22 +3,14 @@ retention has run, with old groups gone bad on its disk (zeroed blocks, as a cra
 disk leaves them, the index intact). With no other replica to copy from, a corrupt tail is
 cut off and a corrupt group inside the log is skipped exactly: its channel reads everything
 else, and the partition takes and delivers publishes as before. Real nsqd processes,
-`--log-topic=lt`, channel `c`; the races of fixdata, greedyclean and retention with
-`/topic/delete` on an in-process nsqd."""
-
-import dataclasses
-
-import trio
-import trio.testing
+`--log-topic=lt`, channel `c`. Its race with `/topic/delete` is in
+tests/nsqd/test_deletion_races.py."""
 
 from nsqpy.common.command import encode_mpub
-from nsqpy.daemon.http_server import HTTPError, Request
-from nsqpy.nsqd.http_api import HTTPAPI
-from nsqpy.nsqd.server import NSQD
 from nsqpy.partition_log.view import LogView
 from tests.harness import V2Connection, http_request, start_nsqd
 from tests.nsqd.log_topic_client import FLAGS, channel_stats, create_channel, subscribe
-from tests.support.polling import poll, wait_until
+from tests.support.polling import poll
 
 ARGS = (*FLAGS, "--max-bytes-per-file=2048")
 
@@ -101,88 +93,3 @@ def test_fixdata_cuts_a_corrupt_tail_and_skips_a_corrupt_group_of_an_aged_log(tm
         connection.close()
     finally:
         daemon.stop()
-
-
-async def serving_log_topic(nsqd_options, nursery):
-    """An in-process nsqd whose log topic `lt` has channel `c` and one message written."""
-    server = NSQD(dataclasses.replace(nsqd_options, log_topic=["lt"]))
-    await nursery.start(server.serve)
-    topic = server.get_topic("lt")
-    topic.get_channel("c")
-    topic.publish([b"kept"])
-    await server.storage.commit()
-    return server, topic
-
-
-def answer_into(outcome: list, handler, request: Request):
-    """A task that puts the handler's answer to `request`, or its HTTPError, in `outcome`."""
-
-    async def answer() -> None:
-        try:
-            outcome.append(await handler(request))
-        except HTTPError as error:
-            outcome.append(error)
-
-    return answer
-
-
-async def test_fixdata_on_a_topic_deleted_while_its_files_are_read_is_topic_not_found(
-    nsqd_options, nursery
-):
-    """The check reads the log's files in a thread; a `/topic/delete` that removes them first
-    makes fixdata Go's 404 TOPIC_NOT_FOUND, not a 500 (the HTTP fuzz found the race)."""
-    server, _topic = await serving_log_topic(nsqd_options, nursery)
-    request = Request("POST", b"/topic/fixdata?topic=lt", {}, b"")
-    outcome: list = []
-    threads = trio.to_thread.current_default_thread_limiter()
-    # The check waits for a thread while the topic is deleted, then reads no files.
-    async with threads:
-        saved, threads.total_tokens = threads.total_tokens, 1
-        try:
-            nursery.start_soon(answer_into(outcome, HTTPAPI(server).topic_fix_data, request))
-            await trio.testing.wait_all_tasks_blocked()
-            server.delete_topic("lt")
-        finally:
-            threads.total_tokens = saved
-    await wait_until(lambda: outcome)
-    [error] = outcome
-    assert isinstance(error, HTTPError)
-    assert (error.status, error.message) == (404, "TOPIC_NOT_FOUND")
-
-
-async def test_greedyclean_of_a_topic_deleted_while_it_waits_is_topic_not_found(
-    nsqd_options, nursery
-):
-    """`/topic/greedyclean` waits for a producer snapshot being written (the periodic sync's)
-    before it removes anything; a `/topic/delete` meanwhile makes it Go's 404
-    TOPIC_NOT_FOUND, not a 500 for a log it can no longer clean."""
-    server, topic = await serving_log_topic(nsqd_options, nursery)
-    request = Request("POST", b"/topic/greedyclean?topic=lt", {}, b"")
-    outcome: list = []
-    async with topic.queue._snapshot_writing:
-        nursery.start_soon(answer_into(outcome, HTTPAPI(server).topic_greedyclean, request))
-        await trio.testing.wait_all_tasks_blocked()
-        server.delete_topic("lt")
-    await wait_until(lambda: outcome)
-    [error] = outcome
-    assert isinstance(error, HTTPError)
-    assert (error.status, error.message) == (404, "TOPIC_NOT_FOUND")
-
-
-async def test_retention_goes_on_past_a_topic_deleted_while_it_is_cleaned(nsqd_options, nursery):
-    """The retention timer's run (`NSQD.clean_logs`) over a log topic that `/topic/delete`
-    removes while its clean waits: the run ends as usual, and the daemon serves on (a closed
-    index's error escaping it would end nsqd)."""
-    server, topic = await serving_log_topic(nsqd_options, nursery)
-    removed: list[int] = []
-
-    async def retention_run() -> None:
-        removed.append(await server.clean_logs())
-
-    async with topic.queue._snapshot_writing:
-        nursery.start_soon(retention_run)
-        await trio.testing.wait_all_tasks_blocked()
-        server.delete_topic("lt")
-    await wait_until(lambda: removed)
-    assert removed == [0]
-    assert server.get_topic("lt") is not topic
