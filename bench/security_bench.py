@@ -2,7 +2,7 @@
 TLS+snappy.
 
     .venv/bin/python -m bench.security_bench [--count 200000] [--runs 3] [--quick]
-                                             [--modes plain,tls]
+                                             [--modes plain,tls] [--client blocking]
 
 Every run starts a fresh nsqd (subprocess, temporary data dir, port 0, ``--mem-queue-size``
 above ``--count`` so every message stays in memory, a trustme certificate for TLS) and stops it
@@ -18,6 +18,10 @@ median (min–max) of ``--runs`` runs; nsqd's CPU seconds over the timed window 
 /proc/<pid>/stat (CPU/wall 1.0 = one saturated core), the consumer's from
 time.process_time(), so one can tell which side limits a mode; CPU µs per message is the
 figure that survives a busy machine.
+
+`--client blocking` consumes with `nsqpy.client.blocking.Consumer` instead (plain and TLS
+only): `receive` and `finish` a message at a time, as a program on the blocking client does,
+so its read path's cost shows in the client's CPU.
 """
 
 import argparse
@@ -48,6 +52,8 @@ from bench._support import (
     runs_of,
     spread,
 )
+from nsqpy.client.blocking import Consumer
+from nsqpy.client.security import Security
 from nsqpy.common.command import (
     MAGIC_V2,
     NOP,
@@ -225,6 +231,22 @@ def consume(port: int, features: dict, ca: str, count: int, rdy: int) -> tuple[f
     return wall, cpu
 
 
+def consume_blocking(
+    port: int, features: dict, ca: str, count: int, rdy: int
+) -> tuple[float, float]:
+    """`consume` with the blocking client: a message received and finished at a time."""
+    security = Security(tls_v1=bool(features.get("tls_v1")), tls_root_ca_file=ca)
+    start = time.monotonic()
+    cpu = time.process_time()
+    with Consumer(f"127.0.0.1:{port}", TOPIC, CHANNEL, max_in_flight=rdy, security=security) as c:
+        for _ in range(count):
+            message = c.receive(timeout=10)
+            if message is None:
+                raise RuntimeError("no message within 10 s")
+            message.finish()
+    return time.monotonic() - start, time.process_time() - cpu
+
+
 # -- runs ------------------------------------------------------------------------------------
 
 
@@ -248,7 +270,8 @@ def run(mode: str, args, certs: Certificates) -> Sample:
     with Nsqd(flags, https=True) as nsqd:
         fill(nsqd.port, args.count, args.size)
         window = Window(nsqd)
-        wall, client_cpu = consume(nsqd.port, MODES[mode], certs.ca, args.count, args.rdy)
+        client = consume_blocking if args.client == "blocking" else consume
+        wall, client_cpu = client(nsqd.port, MODES[mode], certs.ca, args.count, args.rdy)
         window.close()
     return Sample(
         args.count / wall,
@@ -266,6 +289,7 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--rdy", type=int, default=2500)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--client", choices=("raw", "blocking"), default="raw")
     add_common_arguments(parser)
     args = parser.parse_args()
     runs = runs_of(args)
@@ -273,10 +297,12 @@ def main() -> int:
     for mode in modes:
         if mode not in MODES:
             parser.error(f"unknown mode {mode}; known: {', '.join(MODES)}")
+        if args.client == "blocking" and mode not in ("plain", "tls"):
+            parser.error(f"the blocking client speaks plain and tls, not {mode}")
     started = time.monotonic()
     banner(
         "security_bench",
-        f"{args.count:,} messages of {args.size} B, RDY {args.rdy}, 1 consumer,"
+        f"{args.count:,} messages of {args.size} B, RDY {args.rdy}, 1 {args.client} consumer,"
         f" median (min–max) of {runs} run(s)",
     )
     print(
