@@ -32,6 +32,7 @@ from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.idle_reads import RECEIVE_SIZE
 from nsqpy.nsqd.protocol_v2 import ProtocolV2, only_nops
 from nsqpy.nsqd.tls import connection_details
+from nsqpy.nsqd.tls_stream import TLSStream
 from nsqpy.nsqd.worker_hops import WorkerHops
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ class V2Connection:
         # The descriptor `_send` writes to directly while the connection is a plain socket
         # (-1 once TLS or compression wraps it).
         self._fd = stream.socket.fileno() if type(stream) is trio.SocketStream else -1
+        # The TLS stream `_send` writes to directly once TLS alone wraps the socket.
+        self._tls: TLSStream | None = None
         self._cancel_scope = trio.CancelScope()
         # The connection's timers (`nsqd/heartbeats.py`): when the clock calls it next, when
         # the command being read must have arrived (Go's read deadline: two heartbeat
@@ -326,24 +329,28 @@ class V2Connection:
             await self.stream.send_all(upgrade.before + encode_response(negotiated.reply))
             stream = self.stream
             leftover = self.protocol.parser.take_buffered()
-            if leftover:
-                stream = PrefixedStream(stream, leftover)
             try:
                 if negotiated.tls:
                     # Negotiated only when nsqd has a TLS context (`tls_available`).
                     assert self.nsqd.tls_context is not None
-                    ssl_stream = trio.SSLStream(stream, self.nsqd.tls_context, server_side=True)
+                    ssl_stream = self._tls_stream(leftover)
+                    leftover = b""
                     with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
                         await ssl_stream.do_handshake()
                     client.tls = True
-                    details = connection_details(ssl_stream)
+                    handshaken = (
+                        ssl_stream.ssl_object if isinstance(ssl_stream, TLSStream) else ssl_stream
+                    )
+                    details = connection_details(handshaken)
                     client.tls_version = details["tls_version"]
                     client.tls_cipher_suite = details["tls_cipher_suite"]
                     client.tls_negotiated_protocol = details["tls_negotiated_protocol"]
                     client.tls_negotiated_protocol_is_mutual = True
-                    client.tls_common_name = peer_common_name(ssl_stream)
+                    client.tls_common_name = peer_common_name(handshaken)
                     stream = ssl_stream
                     await stream.send_all(OK_FRAME)
+                elif leftover:
+                    stream = PrefixedStream(stream, leftover)
                 if negotiated.snappy:
                     stream = CompressedStream.snappy(stream)
                     client.snappy = True
@@ -357,6 +364,18 @@ class V2Connection:
                 raise ProtocolError("E_IDENTIFY_FAILED", f"IDENTIFY failed {error}") from None
             finally:
                 self.stream = stream
+                # The shortcut writes only to a TLS stream nothing is layered on.
+                self._tls = stream if type(stream) is TLSStream else None
+
+    def _tls_stream(self, prefix: bytes) -> TLSStream | trio.SSLStream:
+        """The TLS layer over the client's socket (`prefix`: its first TLS bytes, read with
+        the IDENTIFY); trio's over any other stream."""
+        context = self.nsqd.tls_context
+        assert context is not None
+        if type(self.stream) is trio.SocketStream:
+            return TLSStream(self.stream.socket, context, prefix)
+        stream = PrefixedStream(self.stream, prefix) if prefix else self.stream
+        return trio.SSLStream(stream, context, server_side=True)
 
     # -- sends --------------------------------------------------------------------------------
 
@@ -378,6 +397,16 @@ class V2Connection:
             if sent == len(data):
                 return
             data = data[sent:]
+        elif self._tls is not None and not self._send_lock.locked():
+            # The same over TLS: encrypted and written at once; what the socket does not take
+            # waits in the stream, and goes first with the send below.
+            try:
+                if self._tls.send_now(data):
+                    return
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._cancel_scope.cancel()
+                return
+            data = b""
         client = self.client
         try:
             async with self._send_lock:
