@@ -81,7 +81,7 @@ class TLSStream(trio.abc.Stream):
             raise trio.ClosedResourceError("the TLS stream is closed")
         parked = False
         while True:
-            data = self._decrypted()
+            data = self._decrypted(max_bytes or RECEIVE_SIZE)
             if self._outgoing.pending:
                 await self._flush()  # what reading produced (a TLS 1.3 key update's answer)
             if data is not None:
@@ -110,13 +110,15 @@ class TLSStream(trio.abc.Stream):
 
     # -- bytes in -----------------------------------------------------------------------------
 
-    def _decrypted(self) -> bytes | None:
-        """What the whole records in the incoming buffer decrypt to, b"" after a
-        close_notify, None when no whole record is there."""
+    def _decrypted(self, max_bytes: int) -> bytes | None:
+        """What the whole records in the incoming buffer decrypt to, up to `max_bytes` (the
+        rest waits inside the TLS layer), b"" after a close_notify, None when no whole record
+        is there."""
         pieces = []
+        room = max_bytes
         try:
-            while True:
-                piece = self.ssl_object.read(RECEIVE_SIZE)
+            while room > 0:
+                piece = self.ssl_object.read(room)
                 if not piece:
                     if self._incoming.eof:
                         # OpenSSL reads the end of the bytes as an end without close_notify.
@@ -124,6 +126,7 @@ class TLSStream(trio.abc.Stream):
                     self._close_notified = True  # the client's close_notify
                     break
                 pieces.append(piece)
+                room -= len(piece)
         except ssl.SSLWantReadError:
             pass
         except ssl.SSLError as error:

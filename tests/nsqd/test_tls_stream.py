@@ -7,6 +7,7 @@ import ssl
 
 import pytest
 import trio
+import trio.testing
 import trustme
 
 from nsqpy.nsqd.tls_stream import TLSStream
@@ -60,6 +61,15 @@ async def test_a_burst_of_records_is_one_receive(nursery):
         await client.send_all(fin)
     await trio.testing.wait_all_tasks_blocked()
     assert await server.receive_some() == b"".join(fins)
+
+
+async def test_a_receive_gives_at_most_max_bytes_and_keeps_the_rest(nursery):
+    server, client = await connected(nursery)
+    for record in (b"a" * 10, b"b" * 10, b"c" * 10):
+        await client.send_all(record)
+    await trio.testing.wait_all_tasks_blocked()
+    assert await server.receive_some(15) == b"a" * 10 + b"b" * 5
+    assert await server.receive_some() == b"b" * 5 + b"c" * 10
 
 
 async def test_a_send_larger_than_the_socket_buffer_arrives_whole(nursery):
