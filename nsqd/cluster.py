@@ -1246,8 +1246,12 @@ class ClusterNode:
         async with trio.open_nursery() as pushing:
             for follower in info.followers():
                 pushing.start_soon(push, follower)
-        topic.replicated_channels = version
         if not failed:
+            # A follower that missed them (not reached, or its copy of the partition not made
+            # yet) takes the channels with the partition's next write (`replicated_channels`
+            # stays behind), not only at the next `--sync-timeout`: a leader that dies first
+            # would leave a new leader without them, and their consumers would start at the end.
+            topic.replicated_channels = version
             for name, channel in topic.channels.items():
                 cursor = _cursor(channel)
                 if cursor.finished_delayed:
