@@ -25,6 +25,7 @@ from nsqpy.common.errors import ProtocolError
 from nsqpy.common.frame import HEARTBEAT_FRAME, OK_FRAME, encode_response
 from nsqpy.daemon.auth import AuthError, ip_of, query_any
 from nsqpy.daemon.net import peer_common_name
+from nsqpy.daemon.tls_stream import TLSStream
 from nsqpy.nsqd import effects
 from nsqpy.nsqd.compression import CompressedStream, PrefixedStream
 from nsqpy.nsqd.effects import BatchDone, Commit
@@ -32,7 +33,6 @@ from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.idle_reads import RECEIVE_SIZE
 from nsqpy.nsqd.protocol_v2 import ProtocolV2, only_nops
 from nsqpy.nsqd.tls import connection_details
-from nsqpy.nsqd.tls_stream import TLSStream
 from nsqpy.nsqd.worker_hops import WorkerHops
 
 if TYPE_CHECKING:

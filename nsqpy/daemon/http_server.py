@@ -23,6 +23,7 @@ import trio
 
 from nsqpy.common.goformat import go_json
 from nsqpy.daemon.net import accept_forever, peer_address, peer_common_name
+from nsqpy.daemon.tls_stream import TLSStream
 
 if TYPE_CHECKING:
     from nsqpy.daemon.http_access import HTTPAccess, Need, NeedOf
@@ -926,15 +927,14 @@ async def serve_http(
         connection: trio.abc.Stream = stream
         common_name = None
         if tls_context is not None:
-            connection = trio.SSLStream(
-                stream, tls_context, server_side=True, https_compatible=True
-            )
+            tls = TLSStream(stream.socket, tls_context, https_compatible=True)
             try:
-                await connection.do_handshake()
+                await tls.do_handshake()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 await stream.aclose()
                 return
-            common_name = peer_common_name(connection)
+            connection = tls
+            common_name = peer_common_name(tls.ssl_object)
         await serve_http_connection(
             connection,
             router,

@@ -1,5 +1,5 @@
-"""A client's TLS connection: the stdlib's `ssl.SSLObject` over two memory BIOs, on the socket
-trio accepted.
+"""TLS on a socket trio accepted: the stdlib's `ssl.SSLObject` over two memory BIOs, for nsqd's
+client connections and the daemons' HTTPS.
 
 `trio.SSLStream` does the same job for any transport, and pays for it on each call: a send
 takes its locks, encrypts, then goes through trio's socket wrappers and their scheduler round
@@ -25,11 +25,19 @@ RECEIVE_SIZE = 256 * 1024
 class TLSStream(trio.abc.Stream):
     """The server side of TLS on a connected, non-blocking socket. `prefix` is what was read
     from the socket before the upgrade (the client's first TLS bytes, sent with IDENTIFY).
-    One task receives at a time and one sends at a time (the connection's send lock)."""
+    One task receives at a time and one sends at a time (the connection's send lock).
+    `https_compatible`, as trio.SSLStream's: a connection that ends without close_notify
+    ends the stream (b""), as HTTPS clients close, instead of breaking it."""
 
     def __init__(
-        self, sock: trio.socket.SocketType, context: ssl.SSLContext, prefix: bytes
+        self,
+        sock: trio.socket.SocketType,
+        context: ssl.SSLContext,
+        prefix: bytes = b"",
+        *,
+        https_compatible: bool = False,
     ) -> None:
+        self._https_compatible = https_compatible
         self._socket = sock
         self._fd = sock.fileno()
         self._incoming = ssl.MemoryBIO()
@@ -90,7 +98,7 @@ class TLSStream(trio.abc.Stream):
                     await trio.lowlevel.checkpoint()
                 return data
             if self._incoming.eof:
-                raise trio.BrokenResourceError("TLS: the connection ended")
+                return self._ended()
             parked |= await self._receive_records()
 
     async def wait_send_all_might_not_block(self) -> None:
@@ -114,7 +122,7 @@ class TLSStream(trio.abc.Stream):
         """What the whole records in the incoming buffer decrypt to, up to `max_bytes` (the
         rest waits inside the TLS layer), b"" after a close_notify, None when no whole record
         is there."""
-        pieces = []
+        pieces: list[bytes] = []
         room = max_bytes
         try:
             while room > 0:
@@ -122,19 +130,28 @@ class TLSStream(trio.abc.Stream):
                 if not piece:
                     if self._incoming.eof:
                         # OpenSSL reads the end of the bytes as an end without close_notify.
-                        raise trio.BrokenResourceError("TLS: the connection ended")
+                        return b"".join(pieces) or self._ended()
                     self._close_notified = True  # the client's close_notify
                     break
                 pieces.append(piece)
                 room -= len(piece)
         except ssl.SSLWantReadError:
             pass
+        except ssl.SSLEOFError:
+            # The connection ended inside a record.
+            return b"".join(pieces) or self._ended()
         except ssl.SSLError as error:
-            # A bad record, or the end of the connection inside one (SSLEOFError).
             raise trio.BrokenResourceError(f"TLS: {error}") from error
         if pieces:
             return b"".join(pieces)
         return b"" if self._close_notified else None
+
+    def _ended(self) -> bytes:
+        """The connection ended without close_notify: the end of an HTTPS stream, else a
+        broken one."""
+        if self._https_compatible:
+            return b""
+        raise trio.BrokenResourceError("TLS: the connection ended without close_notify")
 
     async def _receive_records(self) -> bool:
         """Read what the socket has into the incoming buffer, waiting until it has something

@@ -1,4 +1,4 @@
-"""nsqd's TLS stream for client connections (`nsqd/tls_stream.py`) over a socket pair, with
+"""The daemons' TLS stream (`nsqpy/daemon/tls_stream.py`) over a socket pair, with
 trio's own SSLStream as the client: the handshake (also from bytes read before the upgrade),
 a burst of records taken in one receive, a send larger than the socket buffer, and both ways
 a connection ends."""
@@ -10,7 +10,7 @@ import trio
 import trio.testing
 import trustme
 
-from nsqpy.nsqd.tls_stream import TLSStream
+from nsqpy.daemon.tls_stream import TLSStream
 
 CA = trustme.CA()
 SERVER_CERTIFICATE = CA.issue_cert("localhost")
@@ -24,9 +24,12 @@ def contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
     return server, client
 
 
-async def connected(nursery, *, prefix_size: int = 0) -> tuple[TLSStream, trio.SSLStream]:
-    """nsqd's side and the client's, handshaken; `prefix_size` bytes of the client's hello are
-    read off the socket first and handed over as the prefix, as IDENTIFY leaves them."""
+async def connected(
+    nursery, *, prefix_size: int = 0, https_compatible: bool = False
+) -> tuple[TLSStream, trio.SSLStream]:
+    """The daemon's side and the client's, handshaken; `prefix_size` bytes of the client's
+    hello are read off the socket first and handed over as the prefix, as IDENTIFY leaves
+    them."""
     server_context, client_context = contexts()
     server_socket, client_socket = trio.socket.socketpair()
     client = trio.SSLStream(
@@ -36,7 +39,7 @@ async def connected(nursery, *, prefix_size: int = 0) -> tuple[TLSStream, trio.S
     prefix = b""
     while len(prefix) < prefix_size:
         prefix += await server_socket.recv(prefix_size - len(prefix))
-    server = TLSStream(server_socket, server_context, prefix)
+    server = TLSStream(server_socket, server_context, prefix, https_compatible=https_compatible)
     await server.do_handshake()
     # nsqd's OK after the upgrade; reading it, the client takes the session tickets too.
     await server.send_all(b"OK")
@@ -119,6 +122,15 @@ async def test_a_connection_ended_without_close_notify_is_broken(nursery):
     await client.transport_stream.aclose()
     with pytest.raises(trio.BrokenResourceError):
         await server.receive_some()
+
+
+async def test_over_https_a_bare_end_is_the_end_of_the_stream(nursery):
+    """HTTPS clients close without close_notify (as trio.SSLStream's https_compatible)."""
+    server, client = await connected(nursery, https_compatible=True)
+    await client.send_all(b"GET /ping HTTP/1.1\r\n\r\n")
+    await client.transport_stream.aclose()
+    assert await server.receive_some() == b"GET /ping HTTP/1.1\r\n\r\n"
+    assert await server.receive_some() == b""
 
 
 async def test_a_client_that_refuses_the_certificate_breaks_the_handshake(nursery):
