@@ -226,7 +226,7 @@ class Nsqd:
             stderr=subprocess.PIPE,
             text=True,
         )
-        wanted = {"TCP", "HTTP"}
+        wanted = {"TCP", "HTTP", *(["HTTPS"] if https else [])}
         addresses: dict[str, str] = {}
         deadline = time.monotonic() + 30
         for line in self.process.stderr:
@@ -241,6 +241,7 @@ class Nsqd:
             raise RuntimeError("nsqd did not start:\n" + "\n".join(self.lines))
         self.tcp_port = int(addresses["TCP"].rsplit(":", 1)[1])
         self.http_port = int(addresses["HTTP"].rsplit(":", 1)[1])
+        self.https_port = int(addresses["HTTPS"].rsplit(":", 1)[1]) if https else None
         threading.Thread(target=self._drain, daemon=True).start()
 
     def _drain(self) -> None:

@@ -1,7 +1,7 @@
 """HTTP publish throughput of our nsqd: `POST /pub` and `POST /mpub` over keep-alive connections.
 
     .venv/bin/python -m bench.http_pub [--connections 32] [--duration 5] [--runs 3] [--quick]
-                                       [--client auto|wrk|python] [--pub-only]
+                                       [--client auto|wrk|python] [--pub-only] [--https]
                                        [--append-results]
 
 Every run starts a fresh nsqd (subprocess, port 0, temporary data dir, nsqd's defaults
@@ -27,6 +27,9 @@ topic's message_count from `/stats` is checked against the requests that got `20
 `--auth` runs nsqd with `--auth-http-address` (an auth server in this process granting
 `publish` and `subscribe` for an hour) and `--http-auth-required`: every request carries
 `Authorization: Bearer`, and nsqd asks the auth server once per client address and TTL.
+
+`--https` sends the requests to nsqd's HTTPS port (`--tls-cert` and `--tls-key` of a trustme
+certificate; wrk speaks TLS 1.3 to it): a request's cost with its TLS records.
 """
 
 import argparse
@@ -170,7 +173,9 @@ def run_wrk(nsqd: Nsqd, workload: Workload, args) -> Sample:
             "--latency",
             "-s",
             script_path,
-            f"http://127.0.0.1:{nsqd.http_port}{workload.path}",
+            f"https://127.0.0.1:{nsqd.https_port}{workload.path}"
+            if args.https
+            else f"http://127.0.0.1:{nsqd.http_port}{workload.path}",
         ]
         children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         window = Window(nsqd)
@@ -318,6 +323,17 @@ class _AuthHandler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def server_certificate(directory: str) -> list[str]:
+    """nsqd's flags for a trustme certificate written to `directory`."""
+    import trustme
+
+    certificate = trustme.CA().issue_cert("127.0.0.1", "localhost")
+    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    certificate.cert_chain_pems[0].write_to_path(cert)
+    certificate.private_key_pem.write_to_path(key)
+    return [f"--tls-cert={cert}", f"--tls-key={key}"]
+
+
 def start_auth_server() -> int:
     """An auth server in a thread of this process, granting `publish` (and `subscribe`, for
     the benchmark's reads of /stats) on every topic; its port."""
@@ -331,7 +347,7 @@ def start_auth_server() -> int:
 
 def one_run(workload: Workload, client: str, args, context) -> Sample:
     headers = {"Authorization": f"Bearer {AUTH_SECRET}"} if args.auth else None
-    with Nsqd(args.nsqd_arg, headers=headers) as nsqd:  # a fresh one per run
+    with Nsqd(args.nsqd_arg, headers=headers, https=args.https) as nsqd:  # fresh each run
         if client == "wrk":
             sample = run_wrk(nsqd, workload, args)
         else:
@@ -400,10 +416,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--auth", action="store_true", help="every request authorized by an auth server"
     )
+    parser.add_argument("--https", action="store_true", help="to nsqd's HTTPS port (wrk)")
     parser.add_argument("--append-results", action="store_true", help="append to RESULTS.md")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     runs = runs_of(args)
+    if args.https:
+        if args.client == "python" or args.auth:
+            parser.error("--https takes wrk")
+        args.client = "wrk"
+        args.nsqd_arg += server_certificate(tempfile.mkdtemp(prefix="nsqpy-bench-certs-"))
     if args.auth:
         if args.client == "wrk":
             parser.error("--auth takes the Python client")
