@@ -463,7 +463,11 @@ def _header_table_in_bulk(headers: pa.Array) -> _HeaderTable | None:
         present = column.is_valid().to_numpy(zero_copy_only=False)
         rows = np.flatnonzero(present)
         if ordered:
-            places = pc.find_substring(text, json.dumps(key, ensure_ascii=False))
+            # Where the key is written as one, after `{` or `,`: its quoted text alone may
+            # also be inside an earlier value (`"\""` holds `""`), where no quote follows a
+            # `{` or a `,` unescaped.
+            written = re.escape(json.dumps(key, ensure_ascii=False))
+            places = pc.find_substring_regex(text, f"[{{,]{_SPACE}{written}{_SPACE}:")
             places = places.to_numpy(zero_copy_only=False)
             if ((places >= 0) != present).any():
                 return None  # a key its JSON writes with escapes
