@@ -30,6 +30,7 @@ import pytest
 from tests.harness import DaemonProcess, V2Connection, start_nsqd, start_nsqlookupd
 from tests.support.http import get_json, post, request
 from tests.support.polling import poll
+from tests.support.ports import restartable_port
 
 TOPIC = "faults"
 RATE = 300  # messages published a second, in all, alternating between the two nsqds
@@ -40,13 +41,6 @@ REGISTER_DEADLINE = 30.0
 DELIVERY_DEADLINE = 60.0
 CONSUMER_DEADLINE = 30.0
 SEED = 10
-
-
-def free_port() -> int:
-    """A port nothing listens on, for a lookupd that starts later."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def lookup_state(http_port: int) -> tuple[set[int], set[str], set[int]] | None:
@@ -531,7 +525,9 @@ def test_unreachable_lookupd_at_startup_does_not_block_nsqd(tmp_path):
     """nsqd is given one nsqlookupd that is not running yet (connection refused) and one that
     accepts but never answers. It serves PUB and SUB at once, and registers with the first
     as soon as it is started, whatever the silent one does."""
-    tcp_port, http_port = free_port(), free_port()
+    # The ports of a lookupd that starts later: outside the kernel's ephemeral range, where
+    # a connection of another test could take one meanwhile (one did).
+    tcp_port, http_port = restartable_port(), restartable_port()
     silent = SilentLookupd()
     nsqd = lookupd = None
     try:
