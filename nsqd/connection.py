@@ -331,23 +331,22 @@ class V2Connection:
             leftover = self.protocol.parser.take_buffered()
             try:
                 if negotiated.tls:
-                    # Negotiated only when nsqd has a TLS context (`tls_available`).
+                    # Negotiated only when nsqd has a TLS context (`tls_available`), and first,
+                    # on the accepted socket (`leftover`: the client's first TLS bytes).
                     assert self.nsqd.tls_context is not None
-                    ssl_stream = self._tls_stream(leftover)
+                    assert isinstance(stream, trio.SocketStream)
+                    tls = TLSStream(stream.socket, self.nsqd.tls_context, leftover)
                     leftover = b""
                     with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
-                        await ssl_stream.do_handshake()
+                        await tls.do_handshake()
                     client.tls = True
-                    handshaken = (
-                        ssl_stream.ssl_object if isinstance(ssl_stream, TLSStream) else ssl_stream
-                    )
-                    details = connection_details(handshaken)
+                    details = connection_details(tls.ssl_object)
                     client.tls_version = details["tls_version"]
                     client.tls_cipher_suite = details["tls_cipher_suite"]
                     client.tls_negotiated_protocol = details["tls_negotiated_protocol"]
                     client.tls_negotiated_protocol_is_mutual = True
-                    client.tls_common_name = peer_common_name(handshaken)
-                    stream = ssl_stream
+                    client.tls_common_name = peer_common_name(tls.ssl_object)
+                    stream = tls
                     await stream.send_all(OK_FRAME)
                 elif leftover:
                     stream = PrefixedStream(stream, leftover)
@@ -366,16 +365,6 @@ class V2Connection:
                 self.stream = stream
                 # The shortcut writes only to a TLS stream nothing is layered on.
                 self._tls = stream if type(stream) is TLSStream else None
-
-    def _tls_stream(self, prefix: bytes) -> TLSStream | trio.SSLStream:
-        """The TLS layer over the client's socket (`prefix`: its first TLS bytes, read with
-        the IDENTIFY); trio's over any other stream."""
-        context = self.nsqd.tls_context
-        assert context is not None
-        if type(self.stream) is trio.SocketStream:
-            return TLSStream(self.stream.socket, context, prefix)
-        stream = PrefixedStream(self.stream, prefix) if prefix else self.stream
-        return trio.SSLStream(stream, context, server_side=True)
 
     # -- sends --------------------------------------------------------------------------------
 

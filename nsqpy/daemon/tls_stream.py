@@ -63,7 +63,7 @@ class TLSStream(trio.abc.Stream):
                 continue
             except ssl.SSLError as error:
                 # What OpenSSL says of the refusal (an alert) goes to the client first.
-                await self._flush_quietly()
+                self._flush_quietly()
                 raise trio.BrokenResourceError(f"TLS handshake failed: {error}") from error
             await self._flush()
             return
@@ -78,8 +78,7 @@ class TLSStream(trio.abc.Stream):
         """Encrypt `data` and write what the socket takes, without waiting: True when all of
         it went. What is left goes first with the next `send_all`, which waits for it."""
         self._encrypt(data)
-        self._unsent += self._outgoing.read()
-        return self._draining is None and self._write_now()
+        return self._write_encrypted()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         """Every whole record's bytes that came; b"" once the client said close_notify.
@@ -112,7 +111,7 @@ class TLSStream(trio.abc.Stream):
             self.ssl_object.unwrap()
         except (ssl.SSLError, ValueError):
             pass  # a close_notify is a courtesy here: the socket closes either way
-        await self._flush_quietly()
+        self._flush_quietly()
         self._socket.close()
         await trio.lowlevel.checkpoint()
 
@@ -184,14 +183,19 @@ class TLSStream(trio.abc.Stream):
         except ssl.SSLError as error:
             raise trio.BrokenResourceError(f"TLS: {error}") from error
 
+    def _write_encrypted(self) -> bool:
+        """Queue what OpenSSL has encrypted behind the unsent bytes and write what the socket
+        takes now, unless a task waits for the socket (it writes these too, in order): True
+        when nothing is left."""
+        self._unsent += self._outgoing.read()
+        return self._draining is None and self._write_now()
+
     async def _flush(self) -> None:
         """Write what OpenSSL has encrypted; wait only for what the socket does not take."""
-        self._unsent += self._outgoing.read()
-        if self._draining is not None:
-            # Another task waits for the socket: it writes these bytes too, in order.
-            await self._draining.wait()
+        if self._write_encrypted():
             return
-        if self._write_now():
+        if self._draining is not None:
+            await self._draining.wait()
             return
         self._draining = draining = trio.Event()
         try:
@@ -217,7 +221,7 @@ class TLSStream(trio.abc.Stream):
         self._unsent = unsent[sent:]
         return not self._unsent
 
-    async def _flush_quietly(self) -> None:
+    def _flush_quietly(self) -> None:
         """Write what the socket takes now, at an end where a broken socket is no news."""
         try:
             self._unsent += self._outgoing.read()
