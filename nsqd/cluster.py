@@ -209,6 +209,17 @@ def _writer(topic: "Topic") -> LogWriter:
     return _log_queue(topic).writer
 
 
+def _refused(reached: set[str], code: str, text: str) -> "ClusterWriteError":
+    """A write that cannot be acknowledged. A follower has it, or may (`reached`): refused,
+    it may still be stored (by one that leads next), and its publishers are told so. One
+    that could not be reached, refused it, or closed the link (it died) has nothing it could
+    lead with: a follower that comes back catches up from the leader, which cuts what it
+    does not hold."""
+    error = ClusterWriteError(code, text)
+    error.maybe_stored = bool(reached)
+    return error
+
+
 class ClusterWriteError(WriteRefused):
     """A replicated write that could not be made: `code` is Youzan's error for the publisher."""
 
@@ -338,6 +349,17 @@ class ClusterNode:
             len(answer.get("left", [])),
             f"; kept: {answer['kept']}" if answer.get("kept") else "",
         )
+
+    def control_plane(self) -> dict | None:
+        """The `control_plane` object of `/stats`: what this node knows of etcd, the master
+        and its own lease, and what is wrong now, since when (None outside a cluster, and
+        until the node joined it)."""
+        if self.session is None:
+            return None
+        view = self.session.health.to_json()
+        view["node"] = self.node_id
+        view["registered"] = bool(self.session.lease) and not self.session.health.lease_lost.holds
+        return view
 
     def refuses_to_create(self, name: str) -> bool:
         """Whether a client's classic command may not create topic `name` here: in a cluster,
@@ -671,51 +693,47 @@ class ClusterNode:
         # and the follower fell silent (frozen, cut off), so it may still write them.
         reached: set[str] = set()
         replica = _held(topic)
-        try:
-            while True:
-                info = replica.info
-                if not replica.is_leader:
-                    raise ClusterWriteError("E_FAILED_ON_NOT_LEADER", "no longer the leader")
-                if len(info.isr) <= info.replica // 2:
-                    # The master dropped members meanwhile (or they left): no majority.
-                    raise ClusterWriteError(
-                        "E_FAILED_ON_NOT_WRITABLE",
-                        f"the ISR ({len(info.isr)} of {info.replica}) is no majority",
+        while True:
+            info = replica.info
+            if not replica.is_leader:
+                raise _refused(reached, "E_FAILED_ON_NOT_LEADER", "no longer the leader")
+            if len(info.isr) <= info.replica // 2:
+                # The master dropped members meanwhile (or they left): no majority.
+                raise _refused(
+                    reached,
+                    "E_FAILED_ON_NOT_WRITABLE",
+                    f"the ISR ({len(info.isr)} of {info.replica}) is no majority",
+                )
+            missing = [follower for follower in replica.followers() if follower not in have]
+            if not missing:
+                return
+            failed: dict[str, Exception] = {}
+            version = topic.channels_version
+            changed = version != topic.replicated_channels
+            channels = self._channel_positions(topic) if changed else None
+            async with trio.open_nursery() as sending:
+                for follower in missing:
+                    sending.start_soon(
+                        self._replicate_to,
+                        follower,
+                        topic,
+                        info,
+                        writes,
+                        failed,
+                        reached,
+                        channels,
+                        delays,
                     )
-                missing = [follower for follower in replica.followers() if follower not in have]
-                if not missing:
-                    return
-                failed: dict[str, Exception] = {}
-                version = topic.channels_version
-                changed = version != topic.replicated_channels
-                channels = self._channel_positions(topic) if changed else None
-                async with trio.open_nursery() as sending:
-                    for follower in missing:
-                        sending.start_soon(
-                            self._replicate_to,
-                            follower,
-                            topic,
-                            info,
-                            writes,
-                            failed,
-                            reached,
-                            channels,
-                            delays,
-                        )
-                have.update(follower for follower in missing if follower not in failed)
-                if not failed:
-                    if channels is not None:
-                        topic.replicated_channels = version
-                    continue
+            have.update(follower for follower in missing if follower not in failed)
+            if not failed:
+                if channels is not None:
+                    topic.replicated_channels = version
+                continue
+            try:
                 await self._drop_failed(topic, info, failed)
-        except ClusterWriteError as error:
-            # A follower has the writes, or may: refused, they may still be stored (by one that
-            # leads next), and their publishers are told so. One that could not be reached,
-            # refused them, or closed the link (it died) has nothing it could lead with:
-            # a follower that comes back catches up from the leader, which cuts what it does
-            # not hold.
-            error.maybe_stored = bool(reached)
-            raise
+            except ClusterWriteError as error:
+                error.maybe_stored = bool(reached)
+                raise
 
     async def _drop_failed(
         self, topic: "Topic", info: ReplicaInfo, failed: dict[str, Exception]

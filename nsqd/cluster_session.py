@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from nsqpy.common.cluster_meta import ReplicaInfo, TopicsView
+from nsqpy.control_plane import ControlPlaneHealth, keep_running
 from nsqpy.etcd import (
     EtcdAuthError,
     EtcdError,
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("nsqd")
 MASTER_TIMEOUT = 5.0
+# How often every etcd member is asked for itself (for `/stats`).
+ETCD_CHECK_INTERVAL = 2.0
+# How long a registration that failed waits before the next try.
+REGISTER_RETRY_DELAY = 0.5
 
 
 class ClusterSession:
@@ -55,10 +60,19 @@ class ClusterSession:
         # follows the topics and applies what its own partitions are told.
         self.registers = node.nsqd.worker is None or node.nsqd.worker.index == 0
         self._nursery: trio.Nursery | None = None
+        # The revision the watch of the topics goes on from.
+        self._topics_from = 0
         # Metadata this node could not apply, said once each.
         self._refused: set[tuple[str, int, str]] = set()
         # The cluster's topics have been read from etcd at least once.
         self.loaded = False
+        # etcd's answers, the master, this node's lease: logged once a change, and in
+        # `/stats` while they last.
+        self.health = ControlPlaneHealth(
+            self.client.health, self.nsqd.log, lease_holder="this nsqd"
+        )
+        # Why this node is not registered now (logged once a change).
+        self._register_problem = ""
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with self.client:
@@ -70,21 +84,23 @@ class ClusterSession:
                     await release_lease(self.client, self.lease)
 
     async def _run(self, task_status) -> None:
+        log = self.nsqd.log
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            while self.registers:
-                try:
-                    await self._register()
-                    break
-                except EtcdError as error:
-                    # etcd may start after nsqd (a whole cluster started at once).
-                    self.nsqd.log.error("CLUSTER: cannot register with etcd yet - %s", error)
-                    await trio.sleep(0.5)
-            revision = await self._load()
+            # A refused password ends the start (EtcdAuthError, one line); etcd away does not:
+            # it may start after nsqd (a whole cluster started at once).
+            while self.registers and not await self._try_register(refused_password_ends=True):
+                await trio.sleep(REGISTER_RETRY_DELAY)
+            await self._load()
+            # Each loop outlives whatever escapes it (docs/design.md §14: no daemon exits over
+            # its coordination): logged, and started again.
             if self.registers:
-                nursery.start_soon(self._keep_registered)
-            nursery.start_soon(self._watch_topics, revision + 1)
-            nursery.start_soon(self._watch_master)
+                nursery.start_soon(
+                    keep_running, "the node's registration", self._keep_registered, log
+                )
+            nursery.start_soon(keep_running, "following the topics", self._watch_topics, log)
+            nursery.start_soon(keep_running, "following the master", self._watch_master, log)
+            nursery.start_soon(keep_running, "checking etcd", self._check_etcd, log)
             task_status.started()
 
     # -- membership --------------------------------------------------------------------------
@@ -97,31 +113,62 @@ class ClusterSession:
         self.nsqd.log.info(
             "CLUSTER: node %s registered (lease %x, %d s)", self.node.node_id, self.lease, self.ttl
         )
+        self.health.lease_lost.end(f"registered again on lease {self.lease:x}")
+
+    async def _try_register(self, *, refused_password_ends: bool = False) -> bool:
+        """One registration; whether it was made. Why it was not is logged once a change of
+        reason (etcd's own outage is etcd's health's line)."""
+        try:
+            await self._register()
+        except EtcdAuthError as error:
+            if refused_password_ends:
+                raise
+            self._cannot_register(str(error))
+            return False
+        except EtcdError as error:
+            self._cannot_register(
+                type(error).__name__ if not self.client.health.reachable else str(error)
+            )
+            return False
+        if self._register_problem:
+            self._register_problem = ""
+        return True
+
+    def _cannot_register(self, why: str) -> None:
+        if why != self._register_problem:
+            self._register_problem = why
+            if self.client.health.reachable:
+                self.nsqd.log.error("CLUSTER: cannot register - %s; trying again", why)
 
     async def _keep_registered(self) -> None:
+        """Keep the node's lease alive; when it is lost (etcd revoked it, or this node could
+        not refresh it in time: frozen, cut off), register again on a new one, as a node the
+        master may have moved partitions off (the watch brings the news), until it is made."""
         while True:
             try:
                 await keep_lease_alive(self.client, self.lease, self.ttl)
             except LeaseLost as error:
-                # Frozen or cut off past the TTL: the master has moved this node's partitions
-                # (the watch brings the news). Join again as a node that leads nothing.
-                self.nsqd.log.error("CLUSTER: %s; registering again", error)
-            while True:
-                try:
-                    await self._register()
-                    # What changed while this node was away may have passed its watch by.
-                    await self._load()
-                    break
-                except (EtcdError, EtcdAuthError) as error:
-                    self.nsqd.log.error("CLUSTER: cannot register - %s", error)
-                    await trio.sleep(0.5)
+                self.health.lease_lost.begin(str(error))
+            except (EtcdError, EtcdAuthError) as error:
+                self.health.lease_lost.begin(f"its refresh failed - {error}")
+            while not await self._try_register():
+                await trio.sleep(REGISTER_RETRY_DELAY)
+            # What changed while this node was away may have passed its watch by.
+            await self._load()
+
+    async def _check_etcd(self) -> None:
+        """Every etcd member asked for itself now and then, for `/stats`: the calls go to
+        the member that answered last, so a member gone would otherwise stay unnoticed."""
+        while True:
+            await self.client.check_members()
+            await trio.sleep(ETCD_CHECK_INTERVAL)
 
     # -- following the topics ----------------------------------------------------------------
 
     async def _load(self) -> int:
         kvs, revision = await self.client.read_prefix(
             self.keys.topics,
-            lambda error: self.nsqd.log.error("CLUSTER: cannot read the topics - %s", error),
+            lambda error: None,  # etcd's health says it, once an outage
         )
         # A load after the lease was lost starts again from what etcd holds now.
         self.metas.clear()
@@ -132,6 +179,7 @@ class ClusterSession:
             self._apply(topic, partition)
         self._forget_deleted_topics()
         self.loaded = True
+        self._topics_from = revision + 1
         return revision
 
     def _forget_deleted_topics(self) -> None:
@@ -183,16 +231,19 @@ class ClusterSession:
         if self._take(key, data, int(revision)) is not None:
             self._apply(topic, partition)
 
-    async def _watch_topics(self, revision: int) -> None:
+    async def _watch_topics(self) -> None:
+        """Every change of the topics, from where the last read or event left off
+        (`keep_running` starts it again from there)."""
         await self.client.follow_prefix(
             self.keys.topics,
-            revision,
+            self._topics_from,
             self._take_event,
             self._load,
-            lambda error: self.nsqd.log.error("CLUSTER: watching the topics - %s", error),
+            lambda error: None,  # etcd's health says it, once an outage
         )
 
     def _take_event(self, event: WatchEvent) -> None:
+        self._topics_from = max(self._topics_from, event.kv.mod_revision + 1)
         value = event.value
         changed = self._take(event.kv.key, value, event.kv.mod_revision)
         if changed is not None:
@@ -243,15 +294,15 @@ class ClusterSession:
                 async with self.client.watch_prefix(key, current + 1) as watch:
                     async for event in watch:
                         self._take_master(event.value)
-            except EtcdError as error:
-                self.nsqd.log.error("CLUSTER: watching the master - %s", error)
-                await trio.sleep(0.5)
+            except (EtcdError, EtcdAuthError):
+                await trio.sleep(REGISTER_RETRY_DELAY)  # etcd's health says it, once an outage
 
     def _take_master(self, value: bytes | None) -> None:
         try:
             self.master = json.loads(value) if value else None
         except ValueError:
             self.master = None
+        self.health.master_changed(self.master)
 
     def _master_address(self) -> str | None:
         master = self.master

@@ -514,6 +514,11 @@ class HTTPAPI:
         if memory is not None:
             document["memory"] = memory
         document["producers"] = producers
+        control_plane = nsqd.cluster.control_plane()
+        if control_plane is not None:
+            # nsqpy's (after Go's fields): etcd, the master, this node's lease, and what is
+            # wrong with them now, since when.
+            document["control_plane"] = control_plane
         return v1_response(200, document)
 
     # -- topics ---------------------------------------------------------------------------

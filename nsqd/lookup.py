@@ -29,6 +29,7 @@ from nsqpy.common.lookup_protocol import (
 )
 from nsqpy.common.version import VERSION
 from nsqpy.daemon.http_get import get_json
+from nsqpy.daemon.log import first_error
 from nsqpy.nsqd.wakeup import Wakeup
 
 if TYPE_CHECKING:
@@ -87,12 +88,13 @@ class LookupPeer:
         delay = 0.1
         with self.cancel_scope:
             while True:
+                # `except*`: the session's idle wait is a nursery, whose errors come grouped.
                 try:
                     await self._session()
-                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
-                    log.error("LOOKUPD(%s): error - %s", self.address, error)
-                except (LookupResponseError, ValueError, trio.TooSlowError) as error:
-                    log.error("LOOKUPD(%s): bad response - %s", self.address, error)
+                except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as group:
+                    log.error("LOOKUPD(%s): error - %s", self.address, first_error(group))
+                except* (LookupResponseError, ValueError, trio.TooSlowError) as group:
+                    log.error("LOOKUPD(%s): bad response - %s", self.address, first_error(group))
                 finally:
                     registered = self.connected
                     self.connected = False

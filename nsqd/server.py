@@ -21,7 +21,7 @@ from nsqpy.common.frame import FRAME_TYPE_ERROR, encode_frame
 from nsqpy.common.names import is_ephemeral, is_valid_name
 from nsqpy.common.version import VERSION
 from nsqpy.daemon.http_server import RequestRouter, serve_http
-from nsqpy.daemon.log import keep_printable
+from nsqpy.daemon.log import first_error, keep_printable
 from nsqpy.daemon.net import accept_forever, format_address, open_listener, peer_address
 from nsqpy.nsqd.channel import Channel
 from nsqpy.nsqd.client import Client, number_client_ids
@@ -203,15 +203,18 @@ class NSQD:
         timeout = (
             self.options.http_client_connect_timeout + self.options.http_client_request_timeout
         )
+        channels: list[str] = []
+        # `except*`: the lookupds are asked side by side, in a nursery.
         try:
             channels = await topic_channels(addresses, topic.name, timeout)
-        except LookupChannelsError as error:
+        except* LookupChannelsError as group:
+            error = first_error(group)
             self.log.warning(
                 "failed to query nsqlookupd for channels to pre-create for topic %s - %s",
                 topic.name,
                 error,
             )
-            channels = error.channels
+            channels = getattr(error, "channels", [])
         try:
             if not topic.deleted:
                 for name in channels:

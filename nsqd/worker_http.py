@@ -322,7 +322,22 @@ class WorkerRouter:
         if memory is not None:
             document["memory"] = memory
         document["producers"] = producers
+        control_plane = _control_plane(documents)
+        if control_plane is not None:
+            document["control_plane"] = control_plane
         return v1_response(200, document)
+
+
+def _control_plane(documents: list[dict]) -> dict | None:
+    """The node's control plane: worker 0's (it holds the node's registration and lease),
+    with what any other worker finds wrong (each reaches etcd with a client of its own)."""
+    views = [document["control_plane"] for document in documents if document.get("control_plane")]
+    if not views:
+        return None
+    node = dict(views[0])
+    node["problems"] = list(dict.fromkeys(p for view in views for p in view["problems"]))
+    node["healthy"] = not node["problems"]
+    return node
 
 
 def _merged(documents: list[dict], key: str) -> list | None:

@@ -162,6 +162,7 @@ class HTTPAPI:
         router.add("POST", "/cluster/node/leave", self.node_leave)
         router.add("POST", "/cluster/leader/resign", self.leader_resign)
         router.add("GET", "/cluster/stats", self.cluster_stats)
+        router.add("GET", "/stats", self.stats)
         # Youzan's operations (docs/operations.md, "Operating a replicated cluster").
         router.add("POST", "/topic/partition/expand", self.partition_expand)
         router.add("POST", "/topic/partition/move", self.partition_move)
@@ -569,6 +570,20 @@ class HTTPAPI:
             raise HTTPError(500, f"E_ETCD {error}") from None
         return v1_response(200, json.loads(info.to_json()))
 
+    def stats(self, request: Request) -> Response:
+        """nsqpy's own (Go's nsqlookupd has no `/stats`): the version and, in a cluster,
+        the control plane as this nsqlookupd sees it (`control_plane`: what is wrong and
+        since when) and whether it is the master."""
+        coordinator = self.lookupd.coordinator
+        return v1_response(
+            200,
+            {
+                "version": VERSION,
+                "is_master": coordinator.is_master if coordinator is not None else False,
+                "control_plane": coordinator.control_plane() if coordinator is not None else None,
+            },
+        )
+
     def cluster_stats(self, request: Request) -> Response:
         """The cluster as this nsqlookupd sees it: Youzan's `stable`, `node_stat_list` (each
         node's leader and node load factors) and `topn_topics` (`?topn=N`), and beside them
@@ -656,6 +671,9 @@ class HTTPAPI:
                     "endpoints": coordinator.client.endpoints,
                     "error": coordinator.etcd_error,
                 },
+                # What is wrong with the control plane while it lasts: etcd unreachable, no
+                # master, this nsqlookupd's lease lost, nodes whose lease was lost.
+                "control_plane": coordinator.control_plane(),
                 "upgrading": state.upgrading,
                 "removing_nodes": sorted(removing),
                 "removed_nodes": removed,

@@ -21,12 +21,17 @@ is plain functions and `ResponseParser`, with no I/O, so it is tested without a 
 `EtcdClient` does the I/O.
 
 Failover: a call tries the endpoints in turn, starting with the one that last answered, each
-with an equal share of what is left of the call's `timeout`; it raises `EtcdUnavailable`
-naming every endpoint and what failed when none answered. A request that may have reached
-etcd is sent again to the next endpoint only when doing it twice is harmless (a read, a put
-or delete of the same thing, a lease refresh); a transaction (`create`, `replace`,
-`delete_if`) is sent again only when it surely was not sent (the connection could not be
-made), since etcd may have applied it and a second try would then report a lost compare.
+attempt bounded by `attempt_timeout` (a member that answers nothing in that time, paused,
+partitioned or stuck, is left for the next) and all of them by the call's `timeout`; round
+after round until then, and `EtcdUnavailable` naming every endpoint and what failed when none
+answered. A request that may have reached etcd is sent again only when doing it twice is
+harmless (a read, a put or delete of the same thing, a lease refresh, or a transaction whose
+caller reads its own outcome back: `txn(resend=True)`, `campaign`); `create`, `replace` and
+`delete_if` are sent again only when they surely were not sent (the connection could not be
+made), since etcd may have applied them and a second try would then report a lost compare.
+
+`EtcdClient.health` says whether etcd answers, since when, and each endpoint's last failure,
+for the daemons' stats and their one log line per change (an outage begins, an outage ends).
 """
 
 import base64
@@ -35,6 +40,7 @@ import json
 import os
 import select
 import ssl
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -45,7 +51,9 @@ import trio
 from nsqpy.common.http_response import ResponseParser
 
 __all__ = [
+    "Compare",
     "EtcdClient",
+    "EtcdHealth",
     "EtcdCompacted",
     "EtcdAuthError",
     "EtcdError",
@@ -68,6 +76,17 @@ WATCH_RETRY_DELAY = 0.05
 WATCH_RETRY_MAX_DELAY = 1.0
 # keep_lease_alive retries a refresh that found no endpoint this often, until the TTL is over.
 LEASE_RETRY_DELAY = 0.2
+# How long one attempt on one endpoint may take before the next endpoint is tried. A healthy
+# member answers in milliseconds (a write waits for its fsync and a majority's); one that
+# answers nothing for a second is paused, cut off or without a leader, and the call moves on.
+ATTEMPT_TIMEOUT = 1.0
+# A watch whose stream was silent this long asks its member whether it still answers (a
+# linearizable read: a member paused, or cut off from the majority, cannot serve one), and
+# moves to another member when it does not: a quiet prefix and a dead member look the same
+# on the stream alone.
+WATCH_PROBE_INTERVAL = 1.0
+# etcd's default --max-txn-ops: the most compares, and the most operations, of one transaction.
+MAX_TXN_OPS = 128
 
 # gRPC status codes that matter here (google.golang.org/grpc/codes).
 GRPC_INVALID_ARGUMENT = 3
@@ -204,6 +223,61 @@ def txn_request(
     return {"compare": [compare], "success": [then]}
 
 
+@dataclass(frozen=True, slots=True)
+class Compare:
+    """One compare of a transaction: the key's `target` ("CREATE", "MOD", "VERSION" or
+    "LEASE") revision, version or lease EQUAL to `value` (0 for CREATE: the key is absent)."""
+
+    key: str
+    target: Literal["CREATE", "MOD", "VERSION", "LEASE"]
+    value: int
+
+    def to_json(self) -> dict[str, str]:
+        field = {
+            "CREATE": "create_revision",
+            "MOD": "mod_revision",
+            "VERSION": "version",
+            "LEASE": "lease",
+        }[self.target]
+        return {
+            "key": b64(encode_key(self.key)),
+            "target": self.target,
+            "result": "EQUAL",
+            field: str(self.value),
+        }
+
+
+def put_op(key: str, value: bytes | str, *, lease: int = 0) -> dict[str, Any]:
+    return {"request_put": put_request(key, value, lease=lease)}
+
+
+def range_op(key: str) -> dict[str, Any]:
+    return {"request_range": key_range(key)}
+
+
+def delete_op(key: str) -> dict[str, Any]:
+    return {"request_delete_range": key_range(key)}
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    """A transaction's outcome: whether every compare held, the store revision after it (a
+    key it wrote has it as its mod revision), and what each operation of the branch that ran
+    answered (for a range, its keys: `ranges`)."""
+
+    succeeded: bool
+    revision: int
+    responses: list[dict[str, Any]]
+
+    def ranges(self) -> list[list[KeyValue]]:
+        """The keys each range operation of the branch that ran read, in order."""
+        found = []
+        for response in self.responses:
+            if "response_range" in response:
+                found.append([decode_kv(kv) for kv in response["response_range"].get("kvs", ())])
+        return found
+
+
 def watch_request(prefix: str, start_revision: int) -> dict[str, Any]:
     create: dict[str, Any] = key_range(prefix, prefix=True)
     if start_revision > 0:
@@ -255,6 +329,11 @@ def decode_txn(answer: dict[str, Any]) -> tuple[bool, int]:
     """A TxnResponse: whether the compare held, and the store revision after it (the mod
     revision of a key the transaction wrote)."""
     return bool(answer.get("succeeded", False)), header_revision(answer)
+
+
+def decode_txn_result(answer: dict[str, Any]) -> TxnResult:
+    succeeded, revision = decode_txn(answer)
+    return TxnResult(succeeded, revision, list(answer.get("responses", ())))
 
 
 def decode_watch(result: dict[str, Any]) -> WatchMessage:
@@ -428,6 +507,79 @@ async def _read_answer(stream: trio.abc.Stream, parser: ResponseParser) -> None:
         parser.feed(data)
 
 
+class EtcdHealth:
+    """Whether etcd answers this client: since when (wall-clock seconds, for the stats an
+    operator reads; `trio.current_time()` for the daemon's own rules), the error that began
+    an outage, and each endpoint's last failure (a member of three gone while the others
+    answer). `on_change(health)` is called once each time an outage begins or ends, where a
+    daemon logs one line."""
+
+    def __init__(self, endpoints: list[str]) -> None:
+        self.reachable = True
+        # When it last changed: trio's clock, and the wall clock.
+        self.changed_at = 0.0
+        self.changed_wall = time.time()
+        self.error = ""
+        self.answered_once = False
+        # Endpoint URL -> (wall time of its first failure in a row, the last error), for the
+        # endpoints that failed their last attempt.
+        self.failing: dict[str, tuple[float, str]] = {}
+        self.endpoints = endpoints
+        # The endpoint of the member the others follow, as the last `check_members` found.
+        self.leader_endpoint = ""
+        self.on_change: Callable[[EtcdHealth], None] | None = None
+
+    def answered(self, endpoint: str) -> None:
+        self.failing.pop(endpoint, None)
+        self.answered_once = True
+        if not self.reachable:
+            self._change(True, "")
+
+    def endpoint_failed(self, endpoint: str, error: str) -> None:
+        since = self.failing.get(endpoint, (time.time(), ""))[0]
+        self.failing[endpoint] = (since, error)
+
+    def failed(self, error: str) -> None:
+        """No endpoint answered a call."""
+        if self.reachable:
+            self._change(False, error)
+
+    def answering_for(self) -> float:
+        """Seconds etcd has answered since its last outage (trio's clock); 0 while it does
+        not."""
+        return trio.current_time() - self.changed_at if self.reachable else 0.0
+
+    def _change(self, reachable: bool, error: str) -> None:
+        self.reachable = reachable
+        self.error = error
+        try:
+            self.changed_at = trio.current_time()
+        except RuntimeError:  # outside a trio run (a test of the record alone)
+            self.changed_at = 0.0
+        self.changed_wall = time.time()
+        if self.on_change is not None:
+            self.on_change(self)
+
+    def to_json(self) -> dict[str, Any]:
+        """For `/stats` and `/cluster/stats`."""
+        return {
+            "reachable": self.reachable,
+            "endpoints": self.endpoints,
+            "error": self.error,
+            "unreachable_since": None if self.reachable else iso_time(self.changed_wall),
+            "leader_endpoint": self.leader_endpoint,
+            "failing_endpoints": [
+                {"endpoint": url, "since": iso_time(since), "error": error}
+                for url, (since, error) in sorted(self.failing.items())
+            ],
+        }
+
+
+def iso_time(wall: float) -> str:
+    """A wall-clock time as RFC 3339 in UTC, to the second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
+
+
 class EtcdClient:
     """An etcd v3 client over the JSON gateway of one or more endpoints of one cluster.
 
@@ -441,6 +593,7 @@ class EtcdClient:
         endpoints: list[str],
         *,
         timeout: float = 5.0,
+        attempt_timeout: float = ATTEMPT_TIMEOUT,
         ssl_context: ssl.SSLContext | None = None,
         username: str = "",
         password: str = "",
@@ -454,6 +607,8 @@ class EtcdClient:
             raise ValueError("etcd client needs at least one endpoint")
         self._endpoints = [_parse_endpoint(url) for url in endpoints]
         self.timeout = timeout
+        self.attempt_timeout = attempt_timeout
+        self.health = EtcdHealth(self.endpoints)
         self._ssl_context = ssl_context
         self._username = username
         self._password = password
@@ -521,6 +676,44 @@ class EtcdClient:
     async def _txn(self, body: dict[str, Any]) -> int:
         succeeded, revision = decode_txn(await self._call("/kv/txn", body, resend=False))
         return revision if succeeded else 0
+
+    async def txn(
+        self,
+        compares: list[Compare],
+        success: list[dict[str, Any]],
+        failure: list[dict[str, Any]] = (),  # type: ignore[assignment]
+        *,
+        resend: bool = False,
+    ) -> TxnResult:
+        """A transaction: if every compare holds, the `success` operations (`put_op`,
+        `range_op`, `delete_op`), else the `failure` ones; at most MAX_TXN_OPS compares and
+        as many operations a branch (etcd's limit). With `resend`, one sent to a member
+        that did not answer is sent to the next: only for a caller that tells from the
+        answer whether an earlier try was applied (its compares fail then; a range in
+        `failure` shows what the keys hold)."""
+        body: dict[str, Any] = {"compare": [compare.to_json() for compare in compares]}
+        if success:
+            body["success"] = list(success)
+        if failure:
+            body["failure"] = list(failure)
+        return decode_txn_result(await self._call("/kv/txn", body, resend=resend))
+
+    async def campaign(self, key: str, value: bytes | str, lease: int) -> int:
+        """Create `key` on `lease` unless it exists (an election): the key's create revision
+        when this lease holds it (created now, or by an earlier try whose answer was lost),
+        0 when another lease does."""
+        result = await self.txn(
+            [Compare(key, "CREATE", 0)],
+            [put_op(key, value, lease=lease)],
+            [range_op(key)],
+            resend=True,
+        )
+        if result.succeeded:
+            return result.revision
+        held = result.ranges()[0] if result.ranges() else []
+        if held and held[0].lease == lease:
+            return held[0].create_revision
+        return 0
 
     # --- leases
 
@@ -593,6 +786,41 @@ class EtcdClient:
         revision order: `async with client.watch_prefix(p, rev) as watch: async for event
         in watch: ...`. See `Watch`."""
         return Watch(self, prefix, start_revision)
+
+    async def check_members(self) -> None:
+        """Ask every endpoint for its member's status, side by side, each within
+        `attempt_timeout`: `health` then says which members do not answer (calls go to the
+        one that answered last, so a member gone would otherwise stay unnoticed) and which
+        leads."""
+        leaders: dict[str, int] = {}
+        members: dict[int, str] = {}
+
+        async def ask(endpoint: _Endpoint) -> None:
+            token = await self.token() if self._username else ""
+            request = encode_request(
+                endpoint.authority, API_PREFIX + "/maintenance/status", {}, token
+            )
+            with trio.move_on_after(self.attempt_timeout):
+                try:
+                    connection = await self._connect(endpoint)
+                    answer = await self._exchange(endpoint, connection, request, False)
+                except (EtcdError, *_CONNECTION_ERRORS) as error:
+                    self.health.endpoint_failed(endpoint.url, str(error) or type(error).__name__)
+                    return
+                self.health.failing.pop(endpoint.url, None)
+                leaders[endpoint.url] = int(answer.get("leader", 0))
+                members[int(answer.get("header", {}).get("member_id", 0))] = endpoint.url
+                return
+            self.health.endpoint_failed(endpoint.url, "stopped answering")
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for endpoint in self._endpoints:
+                    nursery.start_soon(ask, endpoint)
+        except* EtcdAuthError:
+            pass  # said by the calls that need a token
+        agreed = set(leaders.values())
+        self.health.leader_endpoint = members.get(agreed.pop(), "") if len(agreed) == 1 else ""
 
     async def aclose(self) -> None:
         """Close the pooled connections; the client cannot be used afterwards."""
@@ -667,41 +895,88 @@ class EtcdClient:
         if self._closed:
             raise trio.ClosedResourceError("etcd client is closed")
         path = API_PREFIX + method
-        failures = []
+        failures: list[str] = []
         deadline = trio.current_time() + self.timeout
-        order = self._order()
-        for attempt, index in enumerate(order):
+        count = len(self._endpoints)
+        attempt = 0
+        # Endpoints that refused the connection in the round under way: a round of refusals
+        # only (nothing listens anywhere) ends the call at once, as no answer can come.
+        refused = 0
+        while True:
+            index = (self._preferred + attempt) % count
+            if attempt and attempt % count == 0:
+                if refused == count:
+                    break
+                refused = 0
+            attempt += 1
+            left = deadline - trio.current_time()
+            if left <= 0:
+                break
             endpoint = self._endpoints[index]
-            share = max(deadline - trio.current_time(), 0) / (len(order) - attempt)
+            # One endpoint and a request that may not be sent twice: nothing to move on to,
+            # so the attempt may take the whole call's time.
+            budget = min(left, self.attempt_timeout) if count > 1 or resend else left
             request = encode_request(endpoint.authority, path, body, token)
             sent = False
-            with trio.move_on_after(share):
+            with trio.move_on_after(budget):
                 try:
                     connection = await self._connect(endpoint)
                     sent = True
                     answer = await self._exchange(endpoint, connection, request, stream)
                 except _NotSent as error:
-                    failures.append(f"{endpoint.url} {error}")
+                    self._endpoint_failed(endpoint, str(error), failures)
+                    refused += 1
                     continue
+                except EtcdError as error:
+                    if isinstance(error, EtcdUnavailable):
+                        reason = str(error)
+                        self._endpoint_failed(endpoint, reason, failures)
+                        if not resend:
+                            raise self._unavailable(
+                                f"etcd {endpoint.url} {path}: {reason}; etcd may have applied it"
+                            ) from None
+                        await self._pause_between_rounds(attempt, count, deadline)
+                        continue
+                    # A refusal is an answer: etcd is there.
+                    self._preferred = index
+                    self.health.answered(endpoint.url)
+                    raise
                 except _CONNECTION_ERRORS as error:
                     reason = str(error) or type(error).__name__
+                    self._endpoint_failed(endpoint, reason, failures)
                     if not resend:
-                        raise EtcdUnavailable(
+                        raise self._unavailable(
                             f"etcd {endpoint.url} {path}: {reason}; etcd may have applied it"
                         ) from None
-                    failures.append(f"{endpoint.url} {reason}")
+                    await self._pause_between_rounds(attempt, count, deadline)
                     continue
                 self._preferred = index
+                self.health.answered(endpoint.url)
                 return answer
+            reason = f"no answer within {budget:.3g} s"
+            self._endpoint_failed(endpoint, reason, failures)
             if sent and not resend:
-                raise EtcdUnavailable(
-                    f"etcd {endpoint.url} {path}: no answer within {share:.3g} s; "
-                    "etcd may have applied it"
+                raise self._unavailable(
+                    f"etcd {endpoint.url} {path}: {reason}; etcd may have applied it"
                 )
-            failures.append(f"{endpoint.url} no answer within {share:.3g} s")
-        raise EtcdUnavailable(
-            f"no etcd endpoint answered {path} (timeout {self.timeout:g} s): " + "; ".join(failures)
+        raise self._unavailable(
+            f"no etcd endpoint answered {path} (timeout {self.timeout:g} s): "
+            + _each_endpoint(failures)
         )
+
+    def _endpoint_failed(self, endpoint: _Endpoint, reason: str, failures: list[str]) -> None:
+        failures.append(f"{endpoint.url} {reason}")
+        self.health.endpoint_failed(endpoint.url, reason)
+
+    def _unavailable(self, text: str) -> "EtcdUnavailable":
+        self.health.failed(text)
+        return EtcdUnavailable(text)
+
+    async def _pause_between_rounds(self, attempt: int, count: int, deadline: float) -> None:
+        """After a round of endpoints that all refused at once (etcd restarting), a breath
+        before the next, rather than a busy loop until the deadline."""
+        if attempt % count == 0:
+            await trio.sleep(min(LEASE_RETRY_DELAY, max(deadline - trio.current_time(), 0)))
 
     async def _exchange(
         self, endpoint: _Endpoint, connection: trio.abc.Stream, request: bytes, stream: bool
@@ -734,10 +1009,11 @@ class Watch:
 
     It opens on the first iteration (or `open`), with the client's failover and timeout:
     EtcdUnavailable when no endpoint answers. Once open, it survives a dropped connection
-    (etcd restarted, killed, a member gone): it re-opens from the revision after the last
-    event it received, on whichever endpoint answers, retrying every 50 ms doubling to 1 s
-    until one does, so no event is lost or repeated. A paused or black-holed etcd keeps the
-    connection open and the watch waits, as it would for a quiet prefix. It ends only by
+    (etcd restarted, killed, a member gone) and a member that stops answering (paused, stuck,
+    cut off from the majority: after `WATCH_PROBE_INTERVAL` of silence it asks the member for
+    a read, and leaves it when none comes): it re-opens from the revision after the last
+    event it received, on the next endpoint that answers, retrying every 50 ms doubling to 1 s
+    until one does, so no event is lost or repeated. It ends only by
     cancellation or by an error: EtcdCompacted when its revision was compacted away,
     EtcdError when etcd cancels it otherwise. `revision` is the revision the next event will
     be at or after.
@@ -758,6 +1034,8 @@ class Watch:
         self._token_refused = False
         # A create request is out and not yet confirmed.
         self._creating = False
+        # The endpoint the watch is open on (or was, last).
+        self._index = client._preferred
 
     async def __aenter__(self) -> "Watch":
         return self
@@ -793,28 +1071,50 @@ class Watch:
                     self._opened = True
                     return
             self._drop()
-        failures = []
-        deadline = trio.current_time() + self._client.timeout
-        order = self._client._order()
-        for attempt, index in enumerate(order):
-            endpoint = self._client._endpoints[index]
-            share = max(deadline - trio.current_time(), 0) / (len(order) - attempt)
-            with trio.move_on_after(share):
-                try:
-                    await self._open_on(endpoint)
-                except _CONNECTION_ERRORS as error:
-                    self._drop()
-                    failures.append(f"{endpoint.url} {error}")
-                    continue
+        client = self._client
+        failures: list[str] = []
+        deadline = trio.current_time() + client.timeout
+        count = len(client._endpoints)
+        attempt = refused = 0
+        while (left := deadline - trio.current_time()) > 0:
+            index = (client._preferred + attempt) % count
+            attempt += 1
+            outcome = await self._try_open(index, min(left, client.attempt_timeout), failures)
+            if outcome == "opened":
                 self._opened = True
-                self._client._preferred = index
                 return
-            self._drop()
-            failures.append(f"{endpoint.url} no answer within {share:.3g} s")
-        raise EtcdUnavailable(
+            refused += outcome == "refused"
+            if attempt % count == 0:
+                if refused == count:
+                    break  # nothing listens anywhere: no answer can come
+                refused = 0
+                await trio.sleep(min(LEASE_RETRY_DELAY, max(deadline - trio.current_time(), 0)))
+        raise client._unavailable(
             f"no etcd endpoint opened a watch on {self.prefix!r} "
-            f"(timeout {self._client.timeout:g} s): " + "; ".join(failures)
+            f"(timeout {client.timeout:g} s): " + _each_endpoint(failures)
         )
+
+    async def _try_open(
+        self, index: int, budget: float, failures: list[str]
+    ) -> Literal["opened", "refused", "failed"]:
+        """Open the watch on endpoint `index` within `budget` seconds: "opened", or what
+        failed is added to `failures` ("refused": the connection was refused)."""
+        client = self._client
+        endpoint = client._endpoints[index]
+        with trio.move_on_after(budget):
+            try:
+                await self._open_on(endpoint)
+            except _CONNECTION_ERRORS as error:
+                self._drop()
+                client._endpoint_failed(endpoint, str(error), failures)
+                return "refused" if isinstance(error, _NotSent) else "failed"
+            self._index = index
+            client._preferred = index
+            client.health.answered(endpoint.url)
+            return "opened"
+        self._drop()
+        client._endpoint_failed(endpoint, f"no answer within {budget:.3g} s", failures)
+        return "failed"
 
     async def aclose(self) -> None:
         """Stop watching and close the connection."""
@@ -867,19 +1167,25 @@ class Watch:
             await self._reopen()
 
     async def _reopen(self) -> None:
+        """Open the watch again from its revision, the endpoint it was on last (it failed),
+        until one answers: a member stopped or cut off is left for the others at once."""
+        client = self._client
+        count = len(client._endpoints)
         delay = WATCH_RETRY_DELAY
+        failures: list[str] = []
         while True:
-            for index in self._client._order():
-                endpoint = self._client._endpoints[index]
-                with trio.move_on_after(self._client.timeout):
-                    try:
-                        await self._open_on(endpoint)
-                    except (*_CONNECTION_ERRORS, EtcdAuthError):
-                        # A refused password after a restart of etcd is waited out too.
-                        continue
-                    self._client._preferred = index
-                    return
-            self._drop()
+            for step in range(1, count + 1):
+                index = (self._index + step) % count
+                try:
+                    if await self._try_open(index, client.attempt_timeout, failures) == "opened":
+                        return
+                except EtcdAuthError:
+                    # A refused password after a restart of etcd is waited out too.
+                    self._drop()
+            client.health.failed(
+                f"no etcd endpoint reopened the watch on {self.prefix!r}: "
+                + _each_endpoint(failures[-count:])
+            )
             await trio.sleep(delay)
             delay = min(delay * 2, WATCH_RETRY_MAX_DELAY)
 
@@ -911,13 +1217,44 @@ class Watch:
                 if self._parser.status != 200:
                     decode_answer(self._parser.status, self._parser.take_body())
                 raise _NoAnswer("watch stream ended")
-            data = await connection.receive_some(RECEIVE_SIZE)
+            data = None
+            with trio.move_on_after(WATCH_PROBE_INTERVAL):
+                data = await connection.receive_some(RECEIVE_SIZE)
+            if data is None:
+                if self._opened:
+                    await self._probe()
+                continue
             if not data:
                 raise _NoAnswer("connection closed")
             self._parser.feed(data)
             if self._parser.status == 200:
                 self._lines.extend(self._splitter.feed(self._parser.take_body()))
         return decode_watch(decode_stream_line(self._lines.popleft()))
+
+    async def _probe(self) -> None:
+        """The stream was silent: ask its member for a linearizable read of the prefix (one
+        it cannot serve while paused, stuck or cut off from the majority); _NoAnswer when it
+        does not answer one in `attempt_timeout`, so the watch moves to another member."""
+        client = self._client
+        endpoint = client._endpoints[self._index]
+        body = {**key_range(self.prefix, prefix=True), "count_only": True}
+        token = await client.token() if client._username else ""
+        request = encode_request(endpoint.authority, API_PREFIX + "/kv/range", body, token)
+        with trio.move_on_after(client.attempt_timeout):
+            try:
+                connection = await client._connect(endpoint)
+                await client._exchange(endpoint, connection, request, False)
+            except EtcdError as error:
+                if not isinstance(error, EtcdUnavailable):
+                    return  # it answers, if only to refuse
+                client.health.endpoint_failed(endpoint.url, str(error))
+                raise _NoAnswer(f"{endpoint.url} does not serve reads: {error}") from None
+            except _CONNECTION_ERRORS as error:
+                client.health.endpoint_failed(endpoint.url, str(error))
+                raise _NoAnswer(f"{endpoint.url} stopped answering: {error}") from None
+            return
+        client.health.endpoint_failed(endpoint.url, "stopped answering")
+        raise _NoAnswer(f"{endpoint.url} answered no read within {client.attempt_timeout:g} s")
 
     def _drop(self) -> None:
         if self._connection is not None:
@@ -927,6 +1264,16 @@ class Watch:
         self._splitter = LineSplitter()
         self._lines.clear()
         self._creating = False
+
+
+def _each_endpoint(failures: list[str]) -> str:
+    """What failed, the last failure of each endpoint once ("<url> <reason>" each)."""
+    last: dict[str, str] = {}
+    for failure in failures:
+        url, _, reason = failure.partition(" ")
+        last.pop(url, None)
+        last[url] = reason
+    return "; ".join(f"{url} {reason}" for url, reason in last.items())
 
 
 def _token_refused(error: EtcdError) -> bool:

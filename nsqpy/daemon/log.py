@@ -114,3 +114,11 @@ def setup_logger(name: str, prefix: str, level: str, stream=None) -> logging.Log
     logger.setLevel(LOG_LEVELS[level])
     logger.propagate = False
     return keep_printable(logger)
+
+
+def first_error(group: BaseException) -> BaseException:
+    """The first error of what an `except*` caught (a group, maybe of groups), for one log
+    line; an error that is no group is itself."""
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group

@@ -8,7 +8,7 @@ import trustme
 
 from nsqpy.etcd import EtcdClient
 from tests.cluster.cluster_tls import write_identity
-from tests.cluster.etcd_server import EtcdServer
+from tests.cluster.etcd_server import EtcdCluster, EtcdServer
 
 
 @pytest.fixture
@@ -16,6 +16,13 @@ def etcd_server(tmp_path) -> Iterator[EtcdServer]:
     """A running etcd with its data and log in the test's `tmp_path`; killed afterwards."""
     with EtcdServer(tmp_path / "etcd") as server:
         yield server
+
+
+@pytest.fixture
+def etcd_cluster(tmp_path) -> Iterator[EtcdCluster]:
+    """Three etcd members, one cluster, as production runs etcd; killed afterwards."""
+    with EtcdCluster(tmp_path / "etcd-cluster") as cluster:
+        yield cluster
 
 
 @pytest.fixture

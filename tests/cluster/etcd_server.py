@@ -30,6 +30,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import trio
+
+from nsqpy.etcd import WatchEvent
 from tests.support.ports import restartable_port
 
 ETCD = "/usr/bin/etcd"
@@ -41,6 +44,13 @@ POLL_INTERVAL = 0.02
 # short one only makes restarts fast (~0.2 s instead of ~1.5 s).
 HEARTBEAT_INTERVAL_MS = 25
 ELECTION_TIMEOUT_MS = 250
+# The members of a 3-member cluster (`EtcdCluster`) do miss each other: a member stopped or
+# killed is noticed after the election timeout, which also bounds how long the cluster goes
+# without a leader. Shorter than etcd's default (100 / 1000 ms) so that tests of a leader's
+# loss run in seconds, long enough that two cores under a whole test suite rarely starve a
+# leader into a needless election (etcd's guide: election timeout >= 10 x the heartbeat).
+CLUSTER_HEARTBEAT_INTERVAL_MS = 50
+CLUSTER_ELECTION_TIMEOUT_MS = 600
 
 
 def free_port() -> int:
@@ -63,10 +73,16 @@ class EtcdServer:
         *,
         name: str = "test",
         tls: "EtcdTLS | None" = None,
+        cluster: "EtcdCluster | None" = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         # With `tls`: clients reach it over HTTPS and must present a certificate its CA
         # signed (etcd's --client-cert-auth).
         self.tls = tls
+        # A member of `cluster` (its ports chosen by the cluster), or a cluster of its own.
+        self.cluster = cluster
+        # etcd flags of the test's own (`--auth-token-ttl=1`).
+        self.extra_args = extra_args
         self._owns_directory = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="etcd-test-"))
         self.name = name
@@ -119,6 +135,11 @@ class EtcdServer:
         if self.running:
             raise RuntimeError(f"etcd is already running on {self.client_url}")
         first = self.client_port == 0
+        if self.cluster is not None:
+            # The cluster chose the ports and waits for its members together: one member
+            # answers only once a majority runs.
+            self._spawn()
+            return self
         for attempt in range(START_ATTEMPTS if first else 1):
             if first:
                 self.client_port, self.peer_port = free_port(), free_port()
@@ -157,7 +178,10 @@ class EtcdServer:
     def restart(self, timeout: float = 15.0) -> "EtcdServer":
         """Stop (if running), then start again on the same data directory and ports."""
         self.stop()
-        return self.start(timeout)
+        self.start(timeout)
+        if self.cluster is not None:
+            self.cluster.wait_ready(timeout)
+        return self
 
     def pause(self) -> None:
         """SIGSTOP: etcd keeps its sockets but answers nothing, as a hung or partitioned
@@ -200,6 +224,18 @@ class EtcdServer:
     def _spawn(self) -> None:
         client = self.client_url
         peer = f"http://127.0.0.1:{self.peer_port}"
+        initial_cluster = f"{self.name}={peer}"
+        timing = [
+            f"--heartbeat-interval={HEARTBEAT_INTERVAL_MS}",
+            f"--election-timeout={ELECTION_TIMEOUT_MS}",
+        ]
+        if self.cluster is not None:
+            initial_cluster = self.cluster.initial_cluster
+            timing = [
+                f"--heartbeat-interval={CLUSTER_HEARTBEAT_INTERVAL_MS}",
+                f"--election-timeout={CLUSTER_ELECTION_TIMEOUT_MS}",
+                f"--initial-cluster-token={self.cluster.token}",
+            ]
         tls = []
         if self.tls is not None:
             tls = [
@@ -219,9 +255,9 @@ class EtcdServer:
                     f"--advertise-client-urls={client}",
                     f"--listen-peer-urls={peer}",
                     f"--initial-advertise-peer-urls={peer}",
-                    f"--initial-cluster={self.name}={peer}",
-                    f"--heartbeat-interval={HEARTBEAT_INTERVAL_MS}",
-                    f"--election-timeout={ELECTION_TIMEOUT_MS}",
+                    f"--initial-cluster={initial_cluster}",
+                    *timing,
+                    *self.extra_args,
                     "--logger=zap",
                     "--log-outputs=stderr",
                     "--log-level=warn",
@@ -270,6 +306,15 @@ class EtcdServer:
         )
         assert status == 200, answer
 
+    def member_status(self) -> dict | None:
+        """etcd's own status of this member (`/v3/maintenance/status`): its ID (`header`'s
+        `member_id`) and the leader's (`leader`); None when it does not answer."""
+        try:
+            status, answer = self._post("/v3/maintenance/status", {})
+        except OSError:
+            return None
+        return answer if status == 200 else None
+
     def _answers(self) -> bool:
         try:
             status, answer = self._post("/v3/kv/range", {"key": base64.b64encode(b"\0").decode()})
@@ -308,6 +353,16 @@ class EtcdTLS:
     client_cert: str
     client_key: str
 
+    def daemon_flags(self, password: str, user: str = "root") -> tuple[str, ...]:
+        """A daemon's flags for this etcd: its client certificate, the CA, and etcd's user."""
+        return (
+            f"-cluster-leadership-tls-cert={self.client_cert}",
+            f"-cluster-leadership-tls-key={self.client_key}",
+            f"-cluster-leadership-tls-root-ca-file={self.ca}",
+            f"-cluster-leadership-username={user}",
+            f"-cluster-leadership-password={password}",
+        )
+
     def client_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=self.ca)
         context.load_cert_chain(self.client_cert, self.client_key)
@@ -335,6 +390,134 @@ class EtcdTLS:
         client.cert_chain_pems[0].write_to_path(files["client_cert"])
         client.private_key_pem.write_to_path(files["client_key"])
         return cls(**{name: str(path) for name, path in files.items()})
+
+
+def summary(events: list[WatchEvent]) -> list[tuple[str, str, bytes]]:
+    """A watch's events as (kind, key, value), for comparing."""
+    return [(event.kind, event.kv.key, event.kv.value) for event in events]
+
+
+async def take(watch, count: int) -> list[WatchEvent]:
+    """The next `count` events of `watch` (within 5 s)."""
+    with trio.fail_after(5):
+        return [await anext(watch) for _ in range(count)]
+
+
+class EtcdCluster:
+    """Three (or `size`) etcd members on 127.0.0.1, one cluster: the control plane's etcd as
+    production runs it, and what a test can do to its members one at a time (`members[i]`:
+    pause, kill, restart, as for `EtcdServer`) or all at once.
+
+    Every member's ports are chosen before the first starts (each member names the others'
+    peer URLs), outside the ephemeral range; a first start that loses a port to another
+    process is tried again on new ones. `client_urls` is every member's, comma-separated, as
+    the daemons' `--cluster-leadership-addresses` take them.
+    """
+
+    def __init__(self, directory: str | os.PathLike | None = None, *, size: int = 3) -> None:
+        self._owns_directory = directory is None
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="etcd-cluster-"))
+        self.token = f"nsqpy-test-{os.getpid()}-{id(self)}"
+        self.members = [
+            EtcdServer(self.directory / f"member{index}", name=f"member{index}", cluster=self)
+            for index in range(size)
+        ]
+
+    def __enter__(self) -> "EtcdCluster":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def initial_cluster(self) -> str:
+        return ",".join(
+            f"{member.name}=http://127.0.0.1:{member.peer_port}" for member in self.members
+        )
+
+    @property
+    def client_urls(self) -> str:
+        return ",".join(member.client_url for member in self.members)
+
+    # What a daemon's --cluster-leadership-addresses takes, as for one EtcdServer.
+    client_url = client_urls
+
+    def start(self, timeout: float = 20.0) -> "EtcdCluster":
+        for attempt in range(START_ATTEMPTS):
+            for member in self.members:
+                member.client_port, member.peer_port = free_port(), free_port()
+            for member in self.members:
+                member.start()
+            try:
+                self.wait_ready(timeout)
+                return self
+            except _PortTaken:
+                for member in self.members:
+                    member.kill()
+                    shutil.rmtree(member.directory, ignore_errors=True)
+                if attempt == START_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        """Until every running member answers a linearizable read (so the cluster has a
+        leader, and each running member knows it)."""
+        deadline = time.monotonic() + timeout
+        for member in self.members:
+            if member.process is None or member.paused:
+                continue
+            member.wait_ready(max(deadline - time.monotonic(), 0.1))
+
+    def leader(self, timeout: float = 20.0) -> EtcdServer:
+        """The member the running members agree leads, once they do."""
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = {}
+            for member in self.members:
+                if member.running and not member.paused:
+                    status = member.member_status()
+                    if status is not None:
+                        seen[member.name] = (
+                            int(status["header"]["member_id"]),
+                            int(status["leader"]),
+                        )
+            leaders = {leader for _own, leader in seen.values()}
+            if len(leaders) == 1 and seen:
+                (leader,) = leaders
+                for member in self.members:
+                    if member.name in seen and seen[member.name][0] == leader:
+                        return member
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the etcd members do not agree on a leader: {seen}")
+            time.sleep(POLL_INTERVAL)
+
+    def pause_all(self) -> None:
+        for member in self.members:
+            member.pause()
+
+    def resume_all(self) -> None:
+        for member in self.members:
+            member.resume()
+
+    def kill_all(self) -> None:
+        for member in self.members:
+            member.kill()
+
+    def start_all(self, timeout: float = 20.0) -> None:
+        """Start every member that is not running (after `kill_all`), then wait for them."""
+        for member in self.members:
+            if not member.running:
+                member.start()
+        self.wait_ready(timeout)
+
+    def close(self) -> None:
+        for member in self.members:
+            member.kill()
+        if self._owns_directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def log_tails(self, lines: int = 15) -> str:
+        return "\n".join(f"{member.name}:\n{member.log_tail(lines)}" for member in self.members)
 
 
 class _PortTaken(RuntimeError):

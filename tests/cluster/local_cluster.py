@@ -156,6 +156,7 @@ class LocalCluster:
         node_args: dict[int, tuple[str, ...]] | None = None,
         lookupd_args: tuple[str, ...] = (),
         etcd_urls: dict[int, str] | None = None,
+        lookupd_etcd_urls: dict[int, str] | None = None,
         rpc_proxies: bool = False,
         disks: dict[int, str] | None = None,
         credential: str = "",
@@ -176,16 +177,23 @@ class LocalCluster:
         # A node's own flags besides `nsqd_args`, by node index.
         self.node_args = node_args or {}
         self.lookupds: list[DaemonProcess] = []
+        # nsqlookupds a test froze (SIGSTOP): asked nothing until they run again.
+        self.paused_lookupds: set[int] = set()
         for index in range(lookupds):
             directory = root / f"lookupd{index}"
             directory.mkdir(parents=True, exist_ok=True)
+            # Ports a restart can take again (the nsqds name them): below the ephemeral range.
             self.lookupds.append(
                 start_nsqlookupd(
                     "-broadcast-address=127.0.0.1",
-                    f"-cluster-leadership-addresses={etcd.client_url}",
+                    # Its own way to etcd (a black-holing proxy), or etcd's.
+                    "-cluster-leadership-addresses="
+                    + (lookupd_etcd_urls or {}).get(index, etcd.client_url),
                     f"-cluster-id={self.cluster_id}",
                     f"-cluster-node-ttl={ttl}s",
                     *lookupd_args,
+                    tcp_port=restartable_port(),
+                    http_port=restartable_port(),
                     cwd=directory,
                 )
             )
@@ -215,8 +223,8 @@ class LocalCluster:
                 if node.running:
                     node.resume()
                 node.kill()
-        for lookupd in self.lookupds:
-            lookupd.kill()
+        for index in range(len(self.lookupds)):
+            self.kill_lookupd(index)
         for node in self.nodes:
             if node.rpc_proxy is not None:
                 node.rpc_proxy.close()
@@ -231,7 +239,37 @@ class LocalCluster:
 
     # -- nsqlookupd -----------------------------------------------------------------------------
 
-    def lookupd_http(self, method: str, target: str, index: int = 0) -> HTTPReply:
+    def kill_lookupd(self, index: int) -> None:
+        self.resume_lookupd(index)
+        self.lookupds[index].kill()
+
+    def restart_lookupd(self, index: int) -> None:
+        """Start an nsqlookupd the test killed again, on the ports it had."""
+        # Its arguments name the ports it was given at first.
+        self.lookupds[index].launch().wait_listening(wait_for=("TCP", "HTTP"))
+
+    def pause_lookupd(self, index: int) -> None:
+        os.kill(self.lookupds[index].process.pid, signal.SIGSTOP)
+        self.paused_lookupds.add(index)
+
+    def resume_lookupd(self, index: int) -> None:
+        if index in self.paused_lookupds:
+            os.kill(self.lookupds[index].process.pid, signal.SIGCONT)
+            self.paused_lookupds.discard(index)
+
+    def live_lookupds(self) -> list[int]:
+        """The nsqlookupds running and not frozen."""
+        return [
+            index
+            for index, lookupd in enumerate(self.lookupds)
+            if lookupd.process.poll() is None and index not in self.paused_lookupds
+        ]
+
+    def lookupd_http(self, method: str, target: str, index: int | None = None) -> HTTPReply:
+        """A request to nsqlookupd `index`, or to the first one running (and not frozen)."""
+        if index is None:
+            live = self.live_lookupds()
+            index = live[0] if live else 0
         lookupd = self.lookupds[index]
         # No test stops an nsqlookupd it asks: one that exited is a failure of its own, named
         # with its last lines rather than as a refused connection.
@@ -241,7 +279,23 @@ class LocalCluster:
             raise AssertionError(f"nsqlookupd {index} exited ({exit_code}), last lines:\n{last}")
         return request(lookupd.port("HTTP"), method, target, None, self.headers)
 
-    def stats(self, index: int = 0) -> dict:
+    def stats(self, index: int | None = None) -> dict:
+        """`/cluster/stats` of nsqlookupd `index`; by default the master's (the first running
+        one's when none is): a standby cut off from etcd holds an older view."""
+        if index is not None:
+            return self._stats_of(index)
+        first = None
+        for live in self.live_lookupds():
+            try:
+                stats = self._stats_of(live)
+            except OSError:
+                continue  # stopped meanwhile
+            if stats.get("is_master"):
+                return stats
+            first = first or stats
+        return first if first is not None else self._stats_of(0)
+
+    def _stats_of(self, index: int) -> dict:
         reply = self.lookupd_http("GET", "/cluster/stats", index)
         assert reply.status == 200, reply
         return json.loads(reply.body)
@@ -281,9 +335,17 @@ class LocalCluster:
         return "\n".join(lines)
 
     def master(self) -> DaemonProcess | None:
-        for index, lookupd in enumerate(self.lookupds):
-            if lookupd.process.poll() is None and self.stats(index).get("is_master"):
-                return lookupd
+        index = self.master_index()
+        return self.lookupds[index] if index is not None else None
+
+    def master_index(self) -> int | None:
+        """The running nsqlookupd that says it is the master."""
+        for index in self.live_lookupds():
+            try:
+                if self.stats(index).get("is_master"):
+                    return index
+            except OSError:
+                continue  # stopped meanwhile
         return None
 
     def master_http(self, method: str, target: str) -> HTTPReply:

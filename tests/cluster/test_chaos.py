@@ -19,7 +19,6 @@ rounds.
 """
 
 import json
-import re
 import threading
 import time
 from collections import Counter
@@ -32,17 +31,14 @@ from nsqpy.client.smart import SmartClientError, SmartProducer
 from nsqpy.common.command import encode_rdy
 from nsqpy.common.frame import FRAME_TYPE_MESSAGE
 from nsqpy.common.message import decode_message
-from nsqpy.partition_log import Record
-from nsqpy.partition_log.records import SIZE, decode_flagged_record
 from tests.cluster.aging import replace_disk
 from tests.cluster.local_cluster import LocalCluster
 from tests.cluster.proxy import BlackholeProxy
-from tests.cluster.traffic import check_replicas_identical
+from tests.cluster.traffic import check_replicas_identical, stored_bodies
 from tests.harness import V2Connection
 from tests.support.polling import poll
 
 TOPICS = {"r2": 2, "r3": 3}
-SEGMENT_NAME = re.compile(r"\.diskqueue\.\d{6,9}\.dat$")
 
 
 # The topic whose consumer subscribes with SUB_ORDERED: its first deliveries must come in
@@ -152,24 +148,6 @@ def log_files(node, topic: str) -> dict[str, bytes]:
         for path in sorted((node.data_path / topic).iterdir())
         if path.name.endswith(".commit.log") or ".diskqueue.0" in path.name
     }
-
-
-def stored_bodies(files: dict[str, bytes]) -> Counter:
-    """How many times each body is stored in a partition's log segments."""
-    bodies: Counter = Counter()
-    for name in sorted(files):
-        if not SEGMENT_NAME.search(name):
-            continue  # the index, a rolled segment's range
-        data = files[name]
-        at = 0
-        while at + 4 <= len(data):
-            (size,) = SIZE.unpack_from(data, at)
-            record = data[at + 4 : at + 4 + size]
-            if size == 0 or len(record) < size:
-                break  # the end of what is written
-            bodies[decode_flagged_record(record, 0, 0, Record).body] += 1
-            at += 4 + size
-    return bodies
 
 
 def settle_and_check(cluster: LocalCluster, workload: Workload) -> dict:

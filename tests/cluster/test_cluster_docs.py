@@ -109,7 +109,7 @@ def test_the_operations_walkthrough_runs_as_written(runner):
 
 
 def test_the_readmes_failover_demo_runs_as_written(runner):
-    [demo] = blocks("README.md", "## A replicated cluster")
+    demo, control_plane, publish = blocks("README.md", "## A replicated cluster")
     runner.run(demo)
     killed_port = str(4152 + runner.offset)
     # Typed by hand the demo takes longer than the node lease (3 s); run as a script it may not.
@@ -134,3 +134,24 @@ def test_the_readmes_failover_demo_runs_as_written(runner):
         " --topic=orders --channel=billing -n 2000 | sort -n | uniq | wc -l"
     )
     assert runner.run(tail).strip() == "2000"
+    # The control plane's part: the master nsqlookupd and an etcd member killed.
+    runner.run(control_plane)
+    standby = f"127.0.0.1:{4163 + runner.offset}"
+    poll(lambda: cluster_stats(standby).get("is_master"), "the standby the master", timeout=10)
+    problems = cluster_stats(standby)["control_plane"]["problems"]
+    assert any(f"127.0.0.1:{2379 + runner.offset}" in problem for problem in problems), problems
+    runner.run(publish)
+    runner.type("restart nsqlookupd 1")
+    runner.type("restart etcd 1")
+    first = f"127.0.0.1:{4161 + runner.offset}"
+    poll(
+        lambda: (
+            cluster_stats(first).get("master") == cluster_stats(standby).get("master")
+            and cluster_stats(standby)["control_plane"]["healthy"]
+        ),
+        "nsqlookupd 1 and the etcd member back",
+        timeout=30,
+    )
+    # The channel gave the first 2,000 to the first reader: the next 1,000 are what is left.
+    tail = tail.replace("127.0.0.1:4161", "127.0.0.1:4163").replace("-n 2000", "-n 1000")
+    assert runner.run(tail).strip() == "1000"

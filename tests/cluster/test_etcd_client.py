@@ -34,7 +34,7 @@ from nsqpy.etcd import (
     txn_request,
     watch_request,
 )
-from tests.cluster.etcd_server import EtcdServer, free_port
+from tests.cluster.etcd_server import EtcdServer, free_port, summary, take
 from tests.support.polling import wait_until
 
 # Answers as etcd 3.4's gateway wrote them (int64 as strings, zero fields left out).
@@ -307,15 +307,6 @@ async def test_keep_lease_alive_gives_up_when_its_own_process_did_not_run_for_a_
 
 
 # --- watch ----------------------------------------------------------------------------------
-
-
-def summary(events: list[WatchEvent]) -> list[tuple[str, str, bytes]]:
-    return [(event.kind, event.kv.key, event.kv.value) for event in events]
-
-
-async def take(watch, count: int) -> list[WatchEvent]:
-    with trio.fail_after(5):
-        return [await anext(watch) for _ in range(count)]
 
 
 async def test_watch_from_a_revision_sees_puts_and_deletes_in_order(etcd):

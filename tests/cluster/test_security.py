@@ -140,19 +140,9 @@ def secure_etcd(tmp_path):
         yield etcd, tls
 
 
-def etcd_flags(tls: EtcdTLS, password: str) -> tuple[str, ...]:
-    return (
-        f"-cluster-leadership-tls-cert={tls.client_cert}",
-        f"-cluster-leadership-tls-key={tls.client_key}",
-        f"-cluster-leadership-tls-root-ca-file={tls.ca}",
-        "-cluster-leadership-username=root",
-        f"-cluster-leadership-password={password}",
-    )
-
-
 def test_a_cluster_on_an_etcd_with_tls_and_auth(tmp_path, secure_etcd):
     etcd, tls = secure_etcd
-    flags = etcd_flags(tls, "s3cret")
+    flags = tls.daemon_flags("s3cret")
     with LocalCluster(tmp_path, etcd, nsqd_args=flags, lookupd_args=flags) as cluster:
         cluster.create_topic("t", 1, 3)
         publish_some(cluster, 10)
@@ -169,7 +159,7 @@ def test_a_wrong_etcd_password_fails_the_start_with_one_line(tmp_path, secure_et
         "-tcp-address=127.0.0.1:0",
         "-http-address=127.0.0.1:0",
         f"-cluster-leadership-addresses={etcd.client_url}",
-        *etcd_flags(tls, "wrong"),
+        *tls.daemon_flags("wrong"),
     ]
     if daemon == "nsqd":
         args += [f"-data-path={tmp_path}", "-rpc-port=127.0.0.1:0"]

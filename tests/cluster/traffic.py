@@ -4,6 +4,7 @@ nothing acknowledged lost, every replica of every partition byte-identical, and 
 write gap each partition saw."""
 
 import json
+import re
 import struct
 import threading
 import time
@@ -14,6 +15,8 @@ from nsqpy.client.blocking import NSQError
 from nsqpy.client.smart import SmartClientError, SmartConsumer, SmartProducer
 from nsqpy.common.command import encode_command, encode_rdy
 from nsqpy.common.frame import FRAME_TYPE_ERROR
+from nsqpy.partition_log import Record
+from nsqpy.partition_log.records import SIZE, decode_flagged_record
 from tests.cluster.local_cluster import LocalCluster
 from tests.harness import V2Connection
 from tests.support.polling import poll
@@ -332,3 +335,24 @@ def publish(cluster, topic: str, body: bytes, deadline: float = 20.0) -> float:
                 pass
         time.sleep(0.05)
     raise AssertionError(f"could not publish {body!r} within {deadline} s")
+
+
+SEGMENT_NAME = re.compile(r"\.diskqueue\.\d{6,9}\.dat$")
+
+
+def stored_bodies(files: dict[str, bytes]) -> Counter:
+    """How many times each body is stored in a partition's log segments."""
+    bodies: Counter = Counter()
+    for name in sorted(files):
+        if not SEGMENT_NAME.search(name):
+            continue  # the index, a rolled segment's range
+        data = files[name]
+        at = 0
+        while at + 4 <= len(data):
+            (size,) = SIZE.unpack_from(data, at)
+            record = data[at + 4 : at + 4 + size]
+            if size == 0 or len(record) < size:
+                break  # the end of what is written
+            bodies[decode_flagged_record(record, 0, 0, Record).body] += 1
+            at += 4 + size
+    return bodies

@@ -709,3 +709,40 @@ def test_a_replicated_clusters_operations_in_the_browser(replicated, browser):
     assert browser.find_element(By.CSS_SELECTOR, f'{row} [data-flag="removed"]').text == (
         "removed: may be stopped"
     )
+
+
+def test_the_nodes_page_says_what_is_wrong_with_the_control_plane(replicated, browser):
+    """A node frozen past its lease, then etcd stopped: the Nodes page lists each as its
+    master nsqlookupd sees it, while it lasts, and says healthy once it is over."""
+    local = replicated.local
+    local.create_topic("cp", 1, 3)
+
+    def problems() -> list[str]:
+        browser.get(f"{replicated.url}/nodes")
+        found = browser.find_elements(By.CSS_SELECTOR, "#cluster-control-plane [data-problem]")
+        return [element.text for element in found]
+
+    assert problems() == []
+    assert browser.find_element(By.ID, "cluster-control-plane").text == "healthy"
+    frozen = local.nodes[2]
+    frozen.pause()
+    try:
+        listed = poll(
+            lambda: [problem for problem in problems() if frozen.node_id in problem],
+            "the frozen node on the Nodes page",
+        )
+        assert listed[0].startswith(f"degraded node {frozen.node_id}: its lease is lost"), listed
+    finally:
+        frozen.resume()
+    poll(lambda: not problems(), "the control plane healthy again")
+    local.etcd.pause()
+    try:
+        listed = poll(
+            lambda: [problem for problem in problems() if "etcd unreachable since" in problem],
+            "etcd unreachable on the Nodes page",
+        )
+        assert listed[0].startswith("degraded etcd unreachable since "), listed
+    finally:
+        local.etcd.resume()
+    poll(lambda: not problems(), "the control plane healthy again")
+    assert browser.find_element(By.ID, "cluster-control-plane").text == "healthy"

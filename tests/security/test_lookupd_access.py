@@ -32,6 +32,7 @@ ROUTES = {
     ("GET", "/nodes"): "open",
     ("GET", "/listlookup"): "open",
     ("GET", "/cluster/stats"): "open",
+    ("GET", "/stats"): "open",
     ("POST", "/topic/create"): "admin",
     ("POST", "/topic/delete"): "admin",
     ("POST", "/topic/tombstone"): "admin",

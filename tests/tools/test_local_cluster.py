@@ -105,9 +105,12 @@ def test_make_run_keeps_its_data_in_one_place_across_restarts(tmp_path) -> None:
         assert second.wait(30) == 0
 
 
-def test_the_replicated_cluster_command_starts_etcd_nsqlookupd_three_nsqds_and_nsqadmin(tmp_path):
-    """`make run-cluster`: every daemon's flags are ones it takes, the nsqds have ports and data
-    paths of their own and all join the same cluster through the same etcd."""
+def test_the_replicated_cluster_command_starts_three_etcds_two_lookupds_three_nsqds_nsqadmin(
+    tmp_path,
+):
+    """`make run-cluster`: every daemon's flags are ones it takes, the etcd members form one
+    cluster, the nsqds have ports and data paths of their own, all join the same cluster
+    through every etcd member, and the nsqds and nsqadmin know both nsqlookupds."""
     from nsqpy.nsqadmin.options import build_flags as nsqadmin_flags
     from nsqpy.nsqd.options import build_flags as nsqd_flags
     from nsqpy.nsqd.options import options_from_values
@@ -116,79 +119,137 @@ def test_the_replicated_cluster_command_starts_etcd_nsqlookupd_three_nsqds_and_n
 
     daemons = replicated_daemons(tmp_path, "/usr/bin/etcd")
     names = [os.path.basename(name) for name, _args, _url in daemons]
-    assert names == ["etcd", "nsqlookupd", "nsqd", "nsqd", "nsqd", "nsqadmin"]
+    assert names == [*["etcd"] * 3, *["nsqlookupd"] * 2, *["nsqd"] * 3, "nsqadmin"]
+    members = [dict(arg.lstrip("-").split("=", 1) for arg in args) for _n, args, _u in daemons[:3]]
+    assert len({member["initial-cluster"] for member in members}) == 1
+    assert {member["name"] for member in members} == {
+        pair.split("=")[0] for pair in members[0]["initial-cluster"].split(",")
+    }
+    endpoints = ",".join(member["advertise-client-urls"] for member in members)
     parsers = {"nsqd": nsqd_flags, "nsqlookupd": nsqlookupd_flags, "nsqadmin": nsqadmin_flags}
-    nsqds = []
-    for name, args, _url in daemons[1:]:
+    nsqds, lookupds = [], []
+    for name, args, _url in daemons[3:]:
         values = parsers[name]().parse(args).values
         if name == "nsqd":
             nsqds.append(options_from_values(values))
+        elif name == "nsqlookupd":
+            lookupds.append(values)
+        else:
+            assert len(values["lookupd_http_address"]) == 2
     assert len({(o.tcp_address, o.http_address, o.rpc_port, o.data_path) for o in nsqds}) == 3
-    assert {o.cluster_leadership_addresses for o in nsqds} == {"http://127.0.0.1:2379"}
+    assert {o.cluster_leadership_addresses for o in nsqds} == {endpoints}
+    assert {v["cluster_leadership_addresses"] for v in lookupds} == {endpoints}
     assert len({o.node_id for o in nsqds}) == 3
+    assert all(len(o.lookupd_tcp_address) == 2 for o in nsqds)
+
+
+class ClusterRunner:
+    """`python -m nsqpy.tools.local_cluster --replicated` at a free port offset, its output
+    read line by line."""
+
+    def __init__(self, data: Path, *extra: str) -> None:
+        self.offset = free_cluster_port_offset()
+        args = ["-m", "nsqpy.tools.local_cluster", "--replicated", f"--port-offset={self.offset}"]
+        self.process = subprocess.Popen(
+            [sys.executable, *args, *extra],
+            cwd=Path(__file__).parents[2],
+            env={**os.environ, "NSQPY_DATA": str(data)},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def port(self, documented: int) -> int:
+        return documented + self.offset
+
+    def expect(self, text: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                break
+            self.seen.append(line)
+            if text in line:
+                return line
+        raise AssertionError(f"no {text!r} in the runner's output:\n" + "\n".join(self.seen))
+
+    def command(self, line: str) -> None:
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def stop(self) -> int:
+        os.killpg(self.process.pid, signal.SIGINT)
+        return self.process.wait(60)
 
 
 @pytest.mark.parametrize("restart", ["--restart-after=1", "on request"])
 def test_the_replicated_cluster_outlives_a_killed_nsqd_and_restarts_it(tmp_path, restart):
     """`make run-cluster`: kill -9 of an nsqd leaves the rest running; the runner says so and
     starts it again, by itself after `--restart-after` or on `restart <n>`."""
-    offset = free_cluster_port_offset()
-    args = ["-m", "nsqpy.tools.local_cluster", "--replicated", f"--port-offset={offset}"]
-    if restart.startswith("--"):
-        args.append(restart)
-    runner = subprocess.Popen(
-        [sys.executable, *args],
-        cwd=Path(__file__).parents[2],
-        env={**os.environ, "NSQPY_DATA": str(tmp_path)},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    seen: list[str] = []
-
-    def pump() -> None:
-        for line in runner.stdout:
-            lines.put(line.rstrip("\n"))
-
-    threading.Thread(target=pump, daemon=True).start()
-
-    def expect(text: str, timeout: float = 30.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
-            except queue.Empty:
-                break
-            seen.append(line)
-            if text in line:
-                return line
-        raise AssertionError(f"no {text!r} in the runner's output:\n" + "\n".join(seen))
-
-    lookupd = f"127.0.0.1:{4161 + offset}"
+    runner = ClusterRunner(tmp_path, *([restart] if restart.startswith("--") else []))
+    lookupd = f"127.0.0.1:{runner.port(4161)}"
     try:
-        expect("Ctrl-C stops everything")
+        runner.expect("Ctrl-C stops everything")
         poll(
             lambda: len(cluster_stats(lookupd).get("nsqd_nodes", [])) == 3,
             "three nsqds in the cluster",
             timeout=30,
         )
-        os.kill(pid_listening(4152 + offset), signal.SIGKILL)
-        line = expect("nsqd 2 (tcp://127.0.0.1:")
+        os.kill(pid_listening(runner.port(4152)), signal.SIGKILL)
+        line = runner.expect("nsqd 2 (tcp://127.0.0.1:")
         assert "killed by SIGKILL; the cluster goes on without it" in line
         if not restart.startswith("--"):
-            runner.stdin.write("restart 2\n")
-            runner.stdin.flush()
-        expect("nsqd 2 started again")
+            runner.command("restart 2")
+        runner.expect("nsqd 2 started again")
         poll(
             lambda: len(cluster_stats(lookupd).get("nsqd_nodes", [])) == 3,
             "the restarted nsqd back in the cluster",
             timeout=30,
         )
-        assert runner.poll() is None
+        assert runner.process.poll() is None
     finally:
-        os.killpg(runner.pid, signal.SIGINT)
-        status = runner.wait(60)
-    assert status == 0, "\n".join(seen)
+        status = runner.stop()
+    assert status == 0, "\n".join(runner.seen)
+
+
+def test_the_replicated_cluster_outlives_an_etcd_member_and_its_master_nsqlookupd(tmp_path):
+    """`make run-cluster`: nsqlookupd 1 is the master at start, nsqlookupd 2 its standby; an
+    etcd member and the master killed (kill -9), the standby is master, and `restart etcd 1`
+    and `restart nsqlookupd 1` start them again."""
+    runner = ClusterRunner(tmp_path)
+    first, second = f"127.0.0.1:{runner.port(4161)}", f"127.0.0.1:{runner.port(4163)}"
+    try:
+        runner.expect("Ctrl-C stops everything")
+        poll(lambda: cluster_stats(first).get("is_master"), "nsqlookupd 1 the master")
+        poll(lambda: len(cluster_stats(second).get("nsqd_nodes", [])) == 3, "three nsqds")
+        os.kill(pid_listening(runner.port(2379)), signal.SIGKILL)
+        assert "killed by SIGKILL" in runner.expect("etcd 1 (http://127.0.0.1:")
+        os.kill(pid_listening(runner.port(4161)), signal.SIGKILL)
+        assert "killed by SIGKILL" in runner.expect("nsqlookupd 1 (http://127.0.0.1:")
+        poll(lambda: cluster_stats(second).get("is_master"), "the standby the master")
+        runner.command("restart etcd 1")
+        runner.expect("etcd 1 started again")
+        runner.command("restart nsqlookupd 1")
+        runner.expect("nsqlookupd 1 started again")
+        poll(
+            lambda: (
+                cluster_stats(first).get("master") == cluster_stats(second).get("master")
+                and cluster_stats(first).get("control_plane", {}).get("healthy")
+            ),
+            "nsqlookupd 1 back, following the master, every etcd member answering",
+            timeout=30,
+        )
+        assert runner.process.poll() is None
+    finally:
+        status = runner.stop()
+    assert status == 0, "\n".join(runner.seen)
