@@ -14,8 +14,11 @@ master and a standby), three nsqds in cluster mode (`--cluster-node-ttl`, 3 s by
   follower refuses at once). The node leading the most partitions is killed
   (SIGKILL); for each partition the time from the kill to the first publish *sent after it*
   that is acknowledged: for the partitions it led (their failover) and for those it followed
-  (their leader drops it from the ISR). Printed: first / median / last of each, and the
-  ratio of the last to the smallest N's last (same run).
+  (their leader drops it from the ISR); and when the node's key went from etcd (its lease
+  ran out: two to three seconds after the kill, by where in its refresh cycle the lease
+  was), so that the election is seen apart from the lease. Printed: first / median / last of
+  each, also counted from the key's end, and the ratio of the last to the smallest N's last
+  (same run).
 * **`--master-then-node`**: a topic of 10 partitions; the master nsqlookupd is killed, then
   (0.5 s later) the node leading the most partitions; the figure is the longest write gap of
   any partition it led, from the node's kill: the standby becomes master within the lease and
@@ -23,6 +26,7 @@ master and a standby), three nsqds in cluster mode (`--cluster-node-ttl`, 3 s by
 """
 
 import argparse
+import base64
 import json
 import os
 import shutil
@@ -58,7 +62,7 @@ class ScaleCluster:
             raise SystemExit("etcd not found: `make etcd` installs Debian's etcd-server")
         self.root = root
         client, peer = free_port(), free_port()
-        url = f"http://127.0.0.1:{client}"
+        url = self.etcd_url = f"http://127.0.0.1:{client}"
         self.etcd = Process(
             [
                 etcd, "--name=bench", f"--data-dir={root / 'etcd'}",
@@ -148,6 +152,17 @@ class ScaleCluster:
                 found[(entry["topic"], entry["partition"])] = int(entry["leader"].split(":")[2])
         return found
 
+    def node_id_of_port(self, port: int) -> str:
+        return next(node["id"] for node in self.stats()["nodes"] if node["tcp_port"] == port)
+
+    def node_key_exists(self, node_id: str) -> bool:
+        """Whether etcd still holds the node's key (its lease has not run out)."""
+        key = f"/NSQMetaData/bench/NsqdNodes/Node-{node_id}".encode()
+        body = json.dumps({"key": base64.b64encode(key).decode(), "count_only": True}).encode()
+        request = urllib.request.Request(f"{self.etcd_url}/v3/kv/range", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return int(json.loads(response.read()).get("count", 0)) > 0
+
     def node_of_port(self, port: int) -> Process:
         return next(node for node in self.nodes if node.ports["TCP"] == port)
 
@@ -226,6 +241,8 @@ class Probes:
         self.recovered: dict[tuple[str, int], float] = {}
         self.done = trio.Event()
         self.killed_event = trio.Event()
+        # Seconds from the kill until the node's key was gone from etcd.
+        self.detected = float("nan")
 
     def killed(self, port: int) -> None:
         self.kill_at = trio.current_time()
@@ -258,19 +275,30 @@ class Probes:
             publisher.close()
 
 
-async def measure_failover(cluster: ScaleCluster, victim: Process, keys) -> dict:
+async def watch_key(cluster: ScaleCluster, node_id: str, probes: "Probes") -> None:
+    """When the killed node's key goes from etcd (its lease ran out), as seconds after the
+    kill, in `probes.detected`."""
+    while await trio.to_thread.run_sync(cluster.node_key_exists, node_id):
+        await trio.sleep(0.01)
+    assert probes.kill_at is not None
+    probes.detected = trio.current_time() - probes.kill_at
+
+
+async def measure_failover(cluster: ScaleCluster, victim: Process, keys) -> "Probes":
     probes = Probes(cluster, keys)
+    node_id = cluster.node_id_of_port(victim.ports["TCP"])
     async with trio.open_nursery() as nursery:
         for key in keys:
             nursery.start_soon(probes.probe, key)
         await trio.sleep(2.0)  # every prober connected and publishing
         probes.killed(victim.ports["TCP"])
         victim.kill()
+        nursery.start_soon(watch_key, cluster, node_id, probes)
         with trio.move_on_after(120):
             await probes.done.wait()
         probes.done.set()
         nursery.cancel_scope.cancel()
-    return probes.recovered
+    return probes
 
 
 def summary(values: list[float]) -> str:
@@ -301,10 +329,12 @@ def failover_at(root: Path, total: int, ttl: float) -> dict:
         victim = cluster.node_of_port(victim_port)
         led = [key for key, port in leaders.items() if port == victim_port]
         followed = [key for key, port in leaders.items() if port != victim_port]
-        recovered = trio.run(measure_failover, cluster, victim, led + followed)
+        probes = trio.run(measure_failover, cluster, victim, led + followed)
+        recovered = probes.recovered
         master_log = [line for line in cluster.master().lines if "one pass" in line]
         return {
             "total": total,
+            "detected": probes.detected,
             "led": len(led),
             "led_times": [recovered[key] for key in led if key in recovered],
             "followed_times": [recovered[key] for key in followed if key in recovered],
@@ -410,9 +440,12 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 shutil.rmtree(root, ignore_errors=True)
             lasts[total] = max(result["led_times"], default=float("nan"))
+            detected = result["detected"]
+            after = [seconds - detected for seconds in result["led_times"]]
             print(
                 f"  run {run + 1}, {total} partitions, {result['led']} led by the killed node:"
-                f" led {summary(result['led_times'])};"
+                f" key gone {detected:.2f} s after the kill;"
+                f" led {summary(result['led_times'])} ({summary(after)} after the key went);"
                 f" followed {summary(result['followed_times'])}"
                 + (f"; {result['missing']} never writable" if result["missing"] else "")
                 + (f"\n    master: {result['master_log'][0]}" if result["master_log"] else ""),
@@ -428,7 +461,11 @@ def main(argv: list[str] | None = None) -> None:
                             "s",
                             [max(times)],
                             [load],
-                            notes={"first": min(times), "median": statistics.median(times)},
+                            notes={
+                                "first": min(times),
+                                "median": statistics.median(times),
+                                "key_gone_after": detected,
+                            },
                         )
                     )
         smallest = totals[0]

@@ -89,22 +89,23 @@ async def test_a_lease_outlives_the_loss_of_its_etcd_leader_and_a_paused_followe
     etcd-io/etcd#15247, fixed in 3.4.28; the daemons take that as a lost lease and register
     again, tests/cluster/test_control_plane.py.)"""
     async with client_of(etcd_cluster, attempt_timeout=0.4) as client:
-        lease = await client.grant_lease(2)
+        # The daemons' default lease (3 s): a refresh may have to wait out the election.
+        lease = await client.grant_lease(3)
         await client.put("held", "yes", lease=lease)
         async with trio.open_nursery() as nursery:
-            await nursery.start(keep_lease_alive, client, lease, 2)
+            await nursery.start(keep_lease_alive, client, lease, 3)
             for fault in ("kill", "pause a follower", "kill"):
                 leader = await trio.to_thread.run_sync(etcd_cluster.leader)
                 if fault == "kill":
                     preferring(client, leader, etcd_cluster)
                     leader.kill()
-                    await trio.sleep(3)  # past the TTL: the lease lives only if refreshed
+                    await trio.sleep(4)  # past the TTL: the lease lives only if refreshed
                     await trio.to_thread.run_sync(leader.restart)
                 else:
                     follower = next(m for m in etcd_cluster.members if m is not leader)
                     preferring(client, follower, etcd_cluster)
                     follower.pause()
-                    await trio.sleep(3)
+                    await trio.sleep(4)
                     follower.resume()
                 assert (await client.get("held")).lease == lease, fault
             nursery.cancel_scope.cancel()
