@@ -107,7 +107,18 @@ class ReplicaInfoWrites:
             self._wakeup = trio.Event()
             while self._pending:
                 batch = self._take_batch()
-                await self._commit(batch)
+                try:
+                    await self._commit(batch)
+                except BaseException:
+                    # Cancelled with the master's work (its lease lost): whoever waits for
+                    # these hears so; etcd may still apply the transaction, which the fence
+                    # makes harmless once another master's key is there.
+                    for write in batch:
+                        if not write.done.is_set():
+                            write.finish(
+                                error=NotMaster("this nsqlookupd stopped being the master")
+                            )
+                    raise
 
     def _take_batch(self) -> list[_Write]:
         """The first pending writes that fit in one transaction: distinct keys (etcd refuses

@@ -306,6 +306,23 @@ class EtcdServer:
         )
         assert status == 200, answer
 
+    def leases_under(self, prefix: str) -> list[int]:
+        """The leases the keys under `prefix` are on."""
+        raw = prefix.encode()
+        end = raw[:-1] + bytes([raw[-1] + 1])
+        status, answer = self._post(
+            "/v3/kv/range",
+            {"key": base64.b64encode(raw).decode(), "range_end": base64.b64encode(end).decode()},
+        )
+        assert status == 200, answer
+        return [int(kv["lease"]) for kv in answer.get("kvs", []) if kv.get("lease")]
+
+    def revoke(self, lease: int) -> None:
+        """Revoke a lease, as etcd itself does when it expires (or, on 3.4.23, when a paused
+        leader runs again: etcd-io/etcd#15247)."""
+        status, answer = self._post("/v3/lease/revoke", {"ID": str(lease)})
+        assert status == 200, answer
+
     def member_status(self) -> dict | None:
         """etcd's own status of this member (`/v3/maintenance/status`): its ID (`header`'s
         `member_id`) and the leader's (`leader`); None when it does not answer."""

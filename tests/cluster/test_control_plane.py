@@ -132,6 +132,44 @@ def test_a_standby_is_master_within_the_lease_and_a_second(tmp_path, etcd_server
             proxy.close()
 
 
+def test_every_nodes_lease_revoked_at_once_moves_no_partition(tmp_path, etcd_server):
+    """etcd 3.4.23 revokes every lease when a paused leader runs again (etcd-io/etcd#15247):
+    every node's key goes at once while every node lives. The master asks the nodes (they
+    answer), each registers again on its next refresh, and no partition moves; the nodes say
+    they lost their lease and got it back."""
+    with LocalCluster(tmp_path, etcd_server, ttl=LEASE) as cluster:
+        cluster.create_writable_topic("t", 3, 3)
+
+        def placement() -> dict:
+            return {
+                (entry["topic"], entry["partition"]): (
+                    entry["leader"],
+                    sorted(entry["isr"]),
+                    entry["write_epoch"],
+                )
+                for entry in cluster.stats()["partitions"]
+            }
+
+        before = placement()
+        passes = cluster.stats()["control_plane"]["elections"]["passes"]
+        leases = etcd_server.leases_under("/NSQMetaData/test/NsqdNodes/")
+        assert len(leases) == 3
+        for lease in leases:
+            etcd_server.revoke(lease)
+        poll(
+            lambda: (
+                len(set(etcd_server.leases_under("/NSQMetaData/test/NsqdNodes/")) - set(leases))
+                == 3
+            ),
+            "every node registered again on a new lease",
+        )
+        assert placement() == before
+        assert cluster.stats()["control_plane"]["elections"]["passes"] == passes
+        for node in cluster.nodes:
+            assert lines_with(node.process, "this nsqd's etcd lease lost -"), node.process.log
+            assert lines_with(node.process, "lease lost no more"), node.process.log
+
+
 def test_a_degraded_control_plane_says_so_while_it_lasts(tmp_path, etcd_server):
     """etcd unreachable, no master nsqlookupd, a node whose lease is lost: each in nsqd's
     and nsqlookupd's `/stats` and in `/cluster/stats` while it lasts, gone once it is over."""
