@@ -60,14 +60,17 @@ class NodeAbsences:
 
     async def gone(self, nodes: set[str], now: float) -> set[str]:
         """Which of `nodes` (not registered now) may be taken for gone: those that do not
-        answer a ping (asked side by side, at most once a check), those absent for a TTL,
-        and those this nsqlookupd never saw registered (their key went before it looked)."""
+        answer a ping (asked side by side; one that answered is asked again at most every
+        `PING_TIMEOUT`), those absent for a TTL, and those this nsqlookupd never saw
+        registered (their key went before it looked)."""
         gone = set()
         asking = []
         for node in nodes:
             absence = self._absent.get(node)
             if absence is None or absence.last_known is None or now - absence.since >= self.ttl:
                 gone.add(node)
+            elif absence.answered and now - absence.pinged_at < PING_TIMEOUT:
+                continue  # it answered a moment ago (a check runs on every change)
             else:
                 asking.append((node, absence))
         if asking:

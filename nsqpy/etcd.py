@@ -927,21 +927,7 @@ class EtcdClient:
                     self._endpoint_failed(endpoint, str(error), failures)
                     refused += 1
                     continue
-                except EtcdError as error:
-                    if isinstance(error, EtcdUnavailable):
-                        reason = str(error)
-                        self._endpoint_failed(endpoint, reason, failures)
-                        if not resend:
-                            raise self._unavailable(
-                                f"etcd {endpoint.url} {path}: {reason}; etcd may have applied it"
-                            ) from None
-                        await self._pause_between_rounds(attempt, count, deadline)
-                        continue
-                    # A refusal is an answer: etcd is there.
-                    self._preferred = index
-                    self.health.answered(endpoint.url)
-                    raise
-                except _CONNECTION_ERRORS as error:
+                except _CONNECTION_ERRORS as error:  # EtcdUnavailable among them
                     reason = str(error) or type(error).__name__
                     self._endpoint_failed(endpoint, reason, failures)
                     if not resend:
@@ -950,6 +936,11 @@ class EtcdClient:
                         ) from None
                     await self._pause_between_rounds(attempt, count, deadline)
                     continue
+                except EtcdError:
+                    # A refusal is an answer: etcd is there.
+                    self._preferred = index
+                    self.health.answered(endpoint.url)
+                    raise
                 self._preferred = index
                 self.health.answered(endpoint.url)
                 return answer

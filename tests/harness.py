@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import IO
 
 from nsqpy.common.command import MAGIC_V2
 from nsqpy.common.frame import FRAME_TYPE_MESSAGE, Frame, FrameDecoder
@@ -294,6 +295,31 @@ def free_cluster_port_offset() -> int:
     }
     # Below the ephemeral range: nsqd 2 of the README's demo restarts on its ports.
     return port_offset(ports)
+
+
+def start_cluster_runner(
+    data: Path, offset: int, *extra: str, stdout: int | IO[str] = subprocess.PIPE
+) -> subprocess.Popen:
+    """`make run-cluster`'s runner (`python -m nsqpy.tools.local_cluster --replicated`), its
+    documented ports moved by `offset` and its data in `data`, in a session of its own (so a
+    SIGINT to its group stops it as Ctrl-C would); commands go to its standard input."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nsqpy.tools.local_cluster",
+            "--replicated",
+            f"--port-offset={offset}",
+            *extra,
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "NSQPY_DATA": str(data)},
+        stdin=subprocess.PIPE,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def cluster_stats(lookupd: str) -> dict:

@@ -8,12 +8,11 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.harness import cluster_stats, free_cluster_port_offset
+from tests.harness import cluster_stats, free_cluster_port_offset, start_cluster_runner
 from tests.support.polling import poll
 
 REPO = Path(__file__).parents[2]
@@ -41,17 +40,7 @@ class Runner:
         # test failed.
         self.log_path = data / "runner.log"
         self._log = open(self.log_path, "w")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "nsqpy.tools.local_cluster", "--replicated"]
-            + [f"--port-offset={self.offset}"],
-            cwd=REPO,
-            env={**os.environ, "NSQPY_DATA": str(data)},
-            stdin=subprocess.PIPE,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+        self.process = start_cluster_runner(data, self.offset, stdout=self._log)
         self.lookupd = f"127.0.0.1:{4161 + self.offset}"
         poll(lambda: len(self.stats().get("nsqd_nodes", [])) == 3, "three nsqds", timeout=30)
         poll(lambda: self.stats().get("is_master"), "a master nsqlookupd", timeout=30)

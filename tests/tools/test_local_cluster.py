@@ -19,6 +19,7 @@ from tests.harness import (
     cluster_stats,
     free_cluster_port_offset,
     pid_listening,
+    start_cluster_runner,
     start_nsqd,
 )
 from tests.nsqd.support import consume_all, numbered, publish
@@ -149,17 +150,7 @@ class ClusterRunner:
 
     def __init__(self, data: Path, *extra: str) -> None:
         self.offset = free_cluster_port_offset()
-        args = ["-m", "nsqpy.tools.local_cluster", "--replicated", f"--port-offset={self.offset}"]
-        self.process = subprocess.Popen(
-            [sys.executable, *args, *extra],
-            cwd=Path(__file__).parents[2],
-            env={**os.environ, "NSQPY_DATA": str(data)},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+        self.process = start_cluster_runner(data, self.offset, *extra)
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
