@@ -52,6 +52,9 @@ class Client:
         self.msg_timeout = options.msg_timeout
         self.sample_rate = 0
         self.tls = False
+        # Whether a TLS-requiring nsqd still waits for this client's upgrade (the interpreter
+        # sets it): until then, nothing but IDENTIFY.
+        self.tls_gate = False
         self.tls_cipher_suite = ""
         self.tls_version = ""
         self.tls_negotiated_protocol = ""

@@ -16,6 +16,7 @@ publish (`nsqd/worker_hops.py`).
 import math
 import os
 import socket
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -48,6 +49,13 @@ CLOSE_TIMEOUT = 1.0
 REFUSED_LINGER = 1.0
 
 
+# Every connection object alive (`/debug/connections`): one a client holds open, or one that
+# ended and something still holds. Reference counting frees a connection the moment it ends
+# (nothing of it is a cycle: tests/nsqd/test_connection_lifetime.py), so a count above the open
+# connections is a leak to look for.
+LIVE_CONNECTIONS: "weakref.WeakSet[V2Connection]" = weakref.WeakSet()
+
+
 class V2Connection:
     def __init__(
         self,
@@ -58,6 +66,7 @@ class V2Connection:
     ) -> None:
         self.nsqd = nsqd
         self.stream = stream
+        LIVE_CONNECTIONS.add(self)
         # `--workers` (`nsqd/worker_hops.py`): a connection handed over by another worker, and
         # its moves and forwarded publishes to the others.
         self.handoff = handoff

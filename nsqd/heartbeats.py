@@ -4,8 +4,8 @@ deadline passes.
 A connection that waited with a timeout of its own (a cancel scope around each read, another
 around the pump's wait) paid for trio's deadline bookkeeping at every command, and for a
 Cancelled exception at every heartbeat: with thousands of idle clients that was most of
-nsqd's work. Instead one task keeps the connections in lists by the tick they are due at (a
-heap of ticks, one live entry per connection), and calls each when its tick comes
+nsqd's work. Instead one task keeps the connections in sets by the tick they are due at (a
+heap of ticks, one entry per connection), and calls each when its tick comes
 (`ConnectionTimers.timers_due`): the connection writes its heartbeat then and there when it
 can (a plain socket, no send under way), wakes its pump when it cannot, and ends itself when
 its read deadline passed. One pass handles every connection that is due, without a task
@@ -47,25 +47,31 @@ def _slot(when: float) -> int:
 
 class HeartbeatClock:
     def __init__(self) -> None:
-        # Connections by the tick they are due at, and a heap of those ticks. A booking only
-        # appends to a tick's list: no object per booking that the cyclic GC would promote
-        # and scan (10,000 connections book 10,000 times a second).
-        self._slots: dict[int, list[ConnectionTimers]] = {}
+        # Connections by the tick they are due at (each tick's an insertion-ordered set: a
+        # dict of None), and a heap of those ticks. A booking adds an entry to a tick's set:
+        # no object per booking that the cyclic GC would promote and scan (10,000 connections
+        # book 10,000 times a second); and a connection that ends or moves to another tick
+        # leaves its set at once, so the clock holds no connection that ended (a closed
+        # connection kept until its tick, a heartbeat interval later, was most of nsqd's
+        # memory under clients that connect and close by the thousand).
+        self._slots: dict[int, dict[ConnectionTimers, None]] = {}
         self._ticks: list[int] = []
         self._changed = Wakeup()
 
     def book(self, connection: ConnectionTimers, when: float) -> None:
-        """Call `connection` at `when` if that is earlier than it was due. An entry a later
-        booking replaced stays in its tick's list until the tick and is then skipped."""
-        if not when < connection.timers_at:
+        """Call `connection` at `when` if that is earlier than it was due."""
+        due = connection.timers_at
+        if not when < due:
             return
+        if due != math.inf:
+            self._leave(connection, due)
         connection.timers_at = when
         slot = _slot(when)
         entries = self._slots.get(slot)
         if entries is not None:
-            entries.append(connection)
+            entries[connection] = None
             return
-        self._slots[slot] = [connection]
+        self._slots[slot] = {connection: None}
         ticks = self._ticks
         earliest = ticks[0] if ticks else None
         heapq.heappush(ticks, slot)
@@ -73,8 +79,22 @@ class HeartbeatClock:
             self._changed.set()
 
     def forget(self, connection: ConnectionTimers) -> None:
-        """The connection ended: its entries are skipped when they come up."""
+        """The connection ended: it leaves the clock now."""
+        due = connection.timers_at
         connection.timers_at = -math.inf
+        if due != math.inf and due != -math.inf:
+            self._leave(connection, due)
+
+    def _leave(self, connection: ConnectionTimers, due: float) -> None:
+        # A tick being called was taken out of `_slots` first: what it calls may book or end
+        # connections of that tick without changing the set it goes through.
+        entries = self._slots.get(_slot(due))
+        if entries is not None:
+            entries.pop(connection, None)
+
+    def booked(self) -> int:
+        """How many connections the clock holds (the tests' and the stats' count)."""
+        return sum(len(entries) for entries in self._slots.values())
 
     async def run(self) -> None:
         slots = self._slots
@@ -90,7 +110,7 @@ class HeartbeatClock:
                 for connection in slots.pop(slot):
                     when = connection.timers_at
                     if when == -inf or when == inf or _slot(when) != slot:
-                        continue  # ended, or booked again for another tick
+                        continue  # ended, or booked again, while this tick was called
                     if called == PASS_SLICE:
                         # Let the others run between slices: a /ping does not wait for a pass.
                         called = 0

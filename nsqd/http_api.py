@@ -42,6 +42,7 @@ from nsqpy.daemon.http_server import query_params as _query
 from nsqpy.daemon.log import parse_log_level, youzan_log_level
 from nsqpy.nsqd import dead_letters
 from nsqpy.nsqd.cluster import ClusterWriteError, NotLedHere
+from nsqpy.nsqd.connection import LIVE_CONNECTIONS
 from nsqpy.nsqd.data_fix import fix_partition
 from nsqpy.nsqd.ext_header import (
     TRACE_ID_KEY,
@@ -141,6 +142,7 @@ EVERY_OTHER_ROUTE = {
     ("GET", "/config/*"): ("admin", "node"),
     ("PUT", "/config/*"): ("admin", "node"),
     ("POST", "/debug/freememory"): ("admin", "node"),
+    ("GET", "/debug/connections"): ("subscribe", "node"),
     ("POST", "/loglevel/set"): ("admin", "node"),
     ("POST", "/disable/write"): ("admin", "node"),
 }
@@ -243,6 +245,7 @@ class HTTPAPI:
         router.add("GET", "/config/*", self.config)
         router.add("PUT", "/config/*", self.config)
         router.add("POST", "/debug/freememory", self.free_memory)
+        router.add("GET", "/debug/connections", self.debug_connections)
         router.add("GET", "/metrics", self.metrics)
         router.add("POST", "/pubtrace", self.pubtrace, max_body=lambda: options().max_msg_size)
         router.add("POST", "/pub_ext", self.pub_ext, max_body=lambda: options().max_msg_size)
@@ -1336,6 +1339,13 @@ class HTTPAPI:
     def metrics(self, request: Request) -> Response:
         body = render_metrics(self.nsqd).encode()
         return Response(200, body, [("Content-Type", METRICS_CONTENT_TYPE)])
+
+    def debug_connections(self, request: Request) -> Response:
+        """nsqpy's: the clients connected, and the connection objects alive (clients' and
+        another worker's forwarded ones, not the links between workers). Once every client
+        has gone, both are 0: a connection's end frees it."""
+        alive = sum(1 for connection in LIVE_CONNECTIONS if not connection.protocol.internal)
+        return v1_response(200, {"clients": len(self.nsqd.clients), "connections": alive})
 
     def free_memory(self, request: Request) -> Response:
         gc.collect()

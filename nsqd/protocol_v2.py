@@ -20,6 +20,7 @@ into the client by `nsqd/identify.py`; every publish goes through `nsqd/publish.
 
 import json
 from collections.abc import Callable, Generator, Iterable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from nsqpy.common.command import NOP
@@ -149,11 +150,17 @@ class ProtocolV2:
         # closing.
         self.refused = False
         self.commands_run = 0
+        # Until the connection is on TLS, a TLS-requiring nsqd takes nothing but IDENTIFY.
+        self.client.tls_gate = (
+            options.tls_required != "false" and nsqd.tls_context is not None and not internal
+        )
         self.parser = CommandParser(
             max_msg_size=options.max_msg_size,
             max_body_size=options.max_body_size,
             max_req_timeout_ms=int(options.max_req_timeout * 1000),
-            before_body=self._check_body_command,
+            # The client's, not a method of this interpreter: a parser holding one would make
+            # a cycle, which only the collector frees (a connection's end frees it at once).
+            before_body=partial(check_body_command, self.client),
         )
         # The replies of the batch being run, and where the log publishes among them wait for
         # their group's write: (reply index, group, label, error code).
@@ -164,40 +171,17 @@ class ProtocolV2:
         # Classic until the client shows it speaks Youzan's (`become_youzan`).
         self.dialect: ClassicDialect | YouzanDialect = CLASSIC
         self.youzan = YouzanCommands(self)
-        # Each returns the reply (None: none), or a Negotiated upgrade; AUTH and the
-        # authorized wrappers are generators of effects (`_effectful_commands`).
-        self._handlers: dict[bytes, Callable[[Any], Any]] = {
-            b"FIN": self.fin,
-            b"RDY": self.rdy,
-            b"REQ": self.req,
-            b"PUB": self.pub,
-            b"MPUB": self.mpub,
-            b"DPUB": self.dpub,
-            # nsqpy's idempotent publishes (docs/protocol.md §3.10).
-            b"PUB_SEQ": self.pub_seq,
-            b"MPUB_SEQ": self.mpub_seq,
-            b"NOP": self.nop,
-            b"TOUCH": self.touch,
-            b"SUB": self.sub,
-            b"CLS": self.cls,
-            b"AUTH": self.auth,
-            b"IDENTIFY": self.identify,
-            # Youzan's commands (docs/protocol.md §3.1).
-            **self.youzan.handlers(),
-        }
-        self._effectful_commands = {b"AUTH"}
-        self._handlers_unchecked = dict(self._handlers)
+        # The command table (`HANDLERS`, shared by every connection: bound methods kept on
+        # the interpreter would make it a cycle), and the commands that yield effects.
         if nsqd.auth_enabled and not internal:
-            for name in SUBSCRIBE_COMMANDS:
-                self._handlers[name] = self.sub_authorized
-            for name in PUBLISH_COMMANDS:
-                self._handlers[name] = self.pub_authorized
-            self._handlers[b"INTERNAL_CREATE_TOPIC"] = self.pub_authorized
-            self._effectful_commands |= TOPIC_COMMANDS
-        # Until the connection is on TLS, a TLS-requiring nsqd takes nothing but IDENTIFY.
-        self.tls_gate = (
-            options.tls_required != "false" and nsqd.tls_context is not None and not internal
-        )
+            self._handlers, self._effectful_commands = AUTHORIZED_HANDLERS, AUTHORIZED_EFFECTFUL
+        else:
+            self._handlers, self._effectful_commands = HANDLERS, EFFECTFUL
+
+    @property
+    def tls_gate(self) -> bool:
+        """Whether the connection must upgrade to TLS before anything but IDENTIFY."""
+        return self.client.tls_gate
 
     # -- bytes in -----------------------------------------------------------------------------
 
@@ -240,7 +224,7 @@ class ProtocolV2:
             forwarded = False
             while True:
                 try:
-                    if client.state == STATE_SUBSCRIBED and not self.tls_gate:
+                    if client.state == STATE_SUBSCRIBED and not client.tls_gate:
                         fin_ids = parser.take_fin_run()
                         if fin_ids:
                             self._finish_run(fin_ids, replies)
@@ -250,8 +234,8 @@ class ProtocolV2:
                         break
                     self.commands_run += 1
                     name = command.name
-                    if self.tls_gate:
-                        self._enforce_tls_policy(name)
+                    if client.tls_gate:
+                        enforce_tls_policy(client, name)
                     if name in TOPIC_COMMANDS and command.args:
                         owner = placement.worker_for(
                             command.args[0], named_partition(name, command.args)
@@ -278,9 +262,9 @@ class ProtocolV2:
                     if handler is None:
                         raise ProtocolError("E_INVALID", f"invalid command {go_text(name)}")
                     if name in self._effectful_commands:
-                        reply = yield from handler(command)
+                        reply = yield from handler(self, command)
                     else:
-                        reply = handler(command)
+                        reply = handler(self, command)
                     if type(reply) is Negotiated:
                         before = b"".join(replies)
                         replies.clear()
@@ -434,23 +418,6 @@ class ProtocolV2:
 
     # -- state checks ---------------------------------------------------------------------
 
-    def _enforce_tls_policy(self, name: bytes) -> None:
-        if self.client.tls:
-            self.tls_gate = False
-        elif name != b"IDENTIFY":
-            raise ProtocolError(
-                "E_INVALID", f"cannot {go_text(name)} in current state (TLS required)"
-            )
-
-    def _check_body_command(self, name: bytes) -> None:
-        """Go checks the TLS policy and IDENTIFY's and AUTH's state before reading bodies."""
-        if self.tls_gate:
-            self._enforce_tls_policy(name)
-        if name == b"IDENTIFY" and self.client.state != STATE_INIT:
-            raise ProtocolError("E_INVALID", "cannot IDENTIFY in current state")
-        if name == b"AUTH" and self.client.state != STATE_INIT:
-            raise ProtocolError("E_INVALID", "cannot AUTH in current state")
-
     def _require_message_state(self, label: str) -> None:
         if self.client.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
             raise ProtocolError("E_INVALID", f"cannot {label} in current state")
@@ -540,11 +507,11 @@ class ProtocolV2:
     def sub_authorized(self, command) -> CommandSteps:
         topic_name, channel_name = self.sub_names(command)
         yield from self.check_auth("SUB", topic_name, channel_name)
-        return self._handlers_unchecked[command.name](command)
+        return HANDLERS[command.name](self, command)
 
     def pub_authorized(self, command) -> CommandSteps:
         yield from self.authorize(command)
-        return self._handlers_unchecked[command.name](command)
+        return HANDLERS[command.name](self, command)
 
     def authorize(self, command) -> Generator[Effect, Any, None]:
         """Go's CheckAuth for a publish or Youzan's INTERNAL_CREATE_TOPIC, whether it runs
@@ -852,3 +819,64 @@ def only_nops(data: bytes | bytearray) -> bool:
     """Whether `data` is whole NOPs and nothing else."""
     count, rest = divmod(len(data), len(NOP))
     return not rest and data == NOP * count
+
+
+def enforce_tls_policy(client: Client, name: bytes) -> None:
+    """Before TLS a TLS-requiring nsqd takes IDENTIFY alone; on TLS the gate opens."""
+    if client.tls:
+        client.tls_gate = False
+    elif name != b"IDENTIFY":
+        raise ProtocolError("E_INVALID", f"cannot {go_text(name)} in current state (TLS required)")
+
+
+def check_body_command(client: Client, name: bytes) -> None:
+    """Go checks the TLS policy and IDENTIFY's and AUTH's state before reading bodies."""
+    if client.tls_gate:
+        enforce_tls_policy(client, name)
+    if name == b"IDENTIFY" and client.state != STATE_INIT:
+        raise ProtocolError("E_INVALID", "cannot IDENTIFY in current state")
+    if name == b"AUTH" and client.state != STATE_INIT:
+        raise ProtocolError("E_INVALID", "cannot AUTH in current state")
+
+
+Handler = Callable[[ProtocolV2, Any], Any]
+
+
+def _youzan(command: Callable[[YouzanCommands, Any], Any]) -> Handler:
+    """A Youzan command (docs/protocol.md §3.1) as the interpreter's table calls it."""
+
+    def handler(protocol: ProtocolV2, received: Any) -> Any:
+        return command(protocol.youzan, received)
+
+    return handler
+
+
+# Each returns the reply (None: none), or a Negotiated upgrade; AUTH and the authorized
+# wrappers are generators of effects (`EFFECTFUL`, `AUTHORIZED_EFFECTFUL`).
+HANDLERS: dict[bytes, Handler] = {
+    b"FIN": ProtocolV2.fin,
+    b"RDY": ProtocolV2.rdy,
+    b"REQ": ProtocolV2.req,
+    b"PUB": ProtocolV2.pub,
+    b"MPUB": ProtocolV2.mpub,
+    b"DPUB": ProtocolV2.dpub,
+    # nsqpy's idempotent publishes (docs/protocol.md §3.10).
+    b"PUB_SEQ": ProtocolV2.pub_seq,
+    b"MPUB_SEQ": ProtocolV2.mpub_seq,
+    b"NOP": ProtocolV2.nop,
+    b"TOUCH": ProtocolV2.touch,
+    b"SUB": ProtocolV2.sub,
+    b"CLS": ProtocolV2.cls,
+    b"AUTH": ProtocolV2.auth,
+    b"IDENTIFY": ProtocolV2.identify,
+    **{name: _youzan(command) for name, command in YouzanCommands.HANDLERS.items()},
+}
+EFFECTFUL = frozenset({b"AUTH"})
+# With `--auth-http-address`, subscribes and publishes ask the auth server first.
+AUTHORIZED_HANDLERS: dict[bytes, Handler] = {
+    **HANDLERS,
+    **dict.fromkeys(SUBSCRIBE_COMMANDS, ProtocolV2.sub_authorized),
+    **dict.fromkeys(PUBLISH_COMMANDS, ProtocolV2.pub_authorized),
+    b"INTERNAL_CREATE_TOPIC": ProtocolV2.pub_authorized,
+}
+AUTHORIZED_EFFECTFUL = EFFECTFUL | TOPIC_COMMANDS

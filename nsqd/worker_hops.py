@@ -12,6 +12,7 @@ compression state are this process's).
 
 import dataclasses
 import json
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -37,7 +38,9 @@ _SENDER_FEATURES = ("tls_v1", "snappy", "deflate", "deflate_level")
 
 class WorkerHops:
     def __init__(self, connection: "V2Connection") -> None:
-        self.connection = connection
+        # A weak reference: the connection holds this object, and a strong one back would make
+        # the pair a cycle, which only the collector frees.
+        self.connection = weakref.proxy(connection)
         # Where the connection moves once its batch is answered: (owner, handoff, relayed).
         self.moving: tuple[int, Handoff, bool] | None = None
         # The batch's publishes sent to other workers: (reply index, command, answer).

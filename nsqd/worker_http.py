@@ -49,7 +49,7 @@ _EVERY_WORKER = (
     ("POST", "/topic/cleanunused"),
 )
 # Node-wide answers without a topic, each worker's joined (`WorkerRouter._collected`).
-_COLLECTED = ("/serverstats", "/message/historystats", "/cluster/partitions")
+_COLLECTED = ("/serverstats", "/message/historystats", "/cluster/partitions", "/debug/connections")
 _BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
 # How many request lines' routes a worker keeps (`WorkerRouter._route`).
 _ROUTES_KEPT = 10_000
@@ -266,6 +266,10 @@ class WorkerRouter:
                 (d["health"] for d in documents if d["health"] != "OK"), self.nsqd.health
             )
             return v1_response(200, document)
+        if request.path == "/debug/connections":
+            return v1_response(
+                200, {key: sum(d[key] for d in documents) for key in ("clients", "connections")}
+            )
         if request.path == "/cluster/partitions":
             document = dict(documents[0])
             reports = _merged(documents, "partitions") or []

@@ -75,6 +75,8 @@ async def accept_forever(listener, handler, nursery, log, kind: str) -> None:
             await trio.sleep(0.05)
             continue
         nursery.start_soon(handler, stream)
+        # Not kept while the next accept waits: a closed connection's stream goes with it.
+        del stream
 
 
 def listening_socket(address: str, backlog: int = 1024) -> socket.socket:

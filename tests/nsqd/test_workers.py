@@ -728,3 +728,29 @@ def test_youzans_internal_create_topic_makes_each_partition_on_its_worker(nsqd):
         worker: {p for p in range(4) if owner_of("made", p, WORKERS) == worker}
         for worker in range(WORKERS)
     }
+
+
+def test_closed_connections_leave_no_connection_object_on_any_worker(tmp_path, certs):
+    """Consumers of ephemeral channels and producers, plain, TLS, snappy and deflate, on
+    topics of both workers (so that some move to the other worker, their socket handed over,
+    and some publishes are forwarded), each closed cleanly or reset: once every client has
+    gone, no worker holds a connection object of one (`/debug/connections`). The workers run
+    with nsqd's collector thresholds, under which a cycle would wait for many more
+    allocations than these connections make (tests/nsqd/test_connection_lifetime.py holds
+    one process to it with the collector off)."""
+    from tests.nsqd.connection_churn import churn
+
+    daemon = start_nsqd(
+        tmp_path, f"-workers={WORKERS}", *certs.tls_flags(), wait_for=("TCP", "HTTP", "HTTPS")
+    )
+    try:
+        port = int(tcp(daemon).rsplit(":", 1)[1])
+        churn(port, certs, topics_on_both(4, prefix="life"), rounds=3)
+
+        def counted() -> dict:
+            return get_json(daemon.addresses["HTTP"], "/debug/connections")
+
+        poll(lambda: counted()["clients"] == 0, lambda: f"every client gone: {counted()}")
+        assert counted() == {"clients": 0, "connections": 0}
+    finally:
+        assert daemon.stop() == 0, daemon.log

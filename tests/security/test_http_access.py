@@ -54,6 +54,7 @@ ROUTES = {
     ("GET", "/stats"): ("open", "subscribe"),
     ("GET", "/metrics"): ("open", "subscribe"),
     ("GET", "/serverstats"): ("open", "subscribe"),
+    ("GET", "/debug/connections"): ("open", "subscribe"),
     ("GET", "/coordinator/stats"): ("open", "subscribe"),
     ("GET", "/message/historystats"): ("open", "subscribe"),
     ("POST", "/topic/delete"): ("open", "admin"),

@@ -1,0 +1,130 @@
+"""A connection's end frees it (docs/design.md §3.6): with Python's cycle collector off, every
+object of a closed connection (the connection, its interpreter and their parts, its client,
+its streams, an ephemeral channel it was the last consumer of) is gone once nsqd has seen the
+end, and the heartbeat clock holds nothing of it. Reference counting alone frees them: nothing
+of a connection may hold a cycle, since nsqd's collector thresholds (`gc.set_threshold(100_000,
+50, 100)`, for `/ping` at 10,000 connections) let a full collection wait for long.
+
+Plain, TLS, snappy and deflate connections, one that AUTHs, a consumer (subscribed to an
+ephemeral channel, a message in flight) and a producer; each ended cleanly (CLS, or a plain
+close for a producer) and by a reset. The clients are tests/nsqd/connection_churn.py's,
+in a thread; nsqd runs in the test's event loop, so the test can hold
+weak references to its objects.
+"""
+
+import dataclasses
+import gc
+import weakref
+from functools import partial
+
+import pytest
+import trio
+
+from nsqpy.nsqd.connection import V2Connection
+from tests.nsqd.connection_churn import consumer_and_producer, end_client
+from tests.security.support import Certificates, make_certificates
+from tests.support.auth_server import answering
+from tests.support.nsqd import tcp_port
+from tests.support.polling import wait_until
+
+KINDS = ["plain", "tls", "snappy", "deflate", "auth"]
+SECRET = "lifetime"
+CLIENT_ID = "lifetime"
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory) -> Certificates:
+    return make_certificates(tmp_path_factory.mktemp("certificates"))
+
+
+@pytest.fixture(scope="module")
+def auth_server():
+    allow_all = {"topic": ".*", "channels": [".*"], "permissions": ["subscribe", "publish"]}
+    with answering({SECRET: {"ttl": 3600, "authorizations": [allow_all]}}) as server:
+        yield server
+
+
+@pytest.fixture
+def nsqd_options(nsqd_options, request, certificates, auth_server):
+    kind = request.node.callspec.params["kind"]
+    if kind == "tls":
+        return dataclasses.replace(
+            nsqd_options, tls_cert=certificates.server_cert, tls_key=certificates.server_key
+        )
+    if kind == "auth":
+        return dataclasses.replace(
+            nsqd_options, auth_http_address=[f"127.0.0.1:{auth_server.port}"]
+        )
+    return nsqd_options
+
+
+def the_connection(role: str) -> V2Connection | None:
+    """nsqd's connection of the test's client, once it is the only one (found among the
+    objects Python tracks); a consumer's is the subscribed one."""
+    found = [
+        o
+        for o in gc.get_objects()
+        if type(o) is V2Connection and o.client.client_id == CLIENT_ID and not o.protocol.internal
+    ]
+    if len(found) != 1 or (role == "consumer") != (found[0].client.channel is not None):
+        return None
+    return found[0]
+
+
+def parts_of(connection: V2Connection) -> dict[str, object]:
+    """What a connection is made of, by name: what must go with it."""
+    protocol = connection.protocol
+    parts = {
+        "connection": connection,
+        "interpreter": protocol,
+        "client": connection.client,
+        "parser": protocol.parser,
+        "youzan commands": protocol.youzan,
+        "worker hops": connection.hops,
+        "stream": connection.stream,
+    }
+    if connection._tls is not None:
+        parts["tls stream"] = connection._tls
+    if connection.client.channel is not None:
+        parts["ephemeral channel"] = connection.client.channel
+    return parts
+
+
+@pytest.mark.parametrize("end", ["clean", "reset"])
+@pytest.mark.parametrize("role", ["consumer", "producer"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_closed_connections_objects_are_freed_at_once(nsqd, certificates, kind, role, end):
+    port = tcp_port(nsqd)
+    connection_kind, secret = kind_and_secret(kind)
+    gc.collect()
+    gc.disable()
+    try:
+        opening = partial(consumer_and_producer, port, connection_kind, certificates, secret=secret)
+        consumer, producer = await trio.to_thread.run_sync(opening)
+        # The other one goes first, with its objects.
+        other, other_role = (producer, "producer") if role == "consumer" else (consumer, "consumer")
+        await trio.to_thread.run_sync(end_client, other, other_role, "clean")
+        client = consumer if role == "consumer" else producer
+        connection = await wait_until(
+            lambda: the_connection(role), f"the {role}'s connection alone"
+        )
+        assert connection.timers_at < float("inf")  # booked on the heartbeat clock
+        references = {name: weakref.ref(part) for name, part in parts_of(connection).items()}
+        del connection
+        await trio.to_thread.run_sync(end_client, client, role, end)
+
+        def alive() -> list[str]:
+            return [name for name, reference in references.items() if reference() is not None]
+
+        await wait_until(
+            lambda: not alive(),
+            lambda: f"{kind} {role}, {end} end: still alive with the collector off: {alive()}",
+        )
+        assert nsqd.heartbeats.booked() == 0
+    finally:
+        gc.enable()
+
+
+def kind_and_secret(kind: str) -> tuple[str, bytes | None]:
+    """The connection's kind and the secret it AUTHs with (an AUTHing one is plain)."""
+    return ("plain", SECRET.encode()) if kind == "auth" else (kind, None)
