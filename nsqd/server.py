@@ -163,7 +163,7 @@ class NSQD:
             self._nursery.start_soon(topic.pump)
             if not partitioned and not self._metadata_loading:
                 self._precreate_channels(topic)
-        self.topology_changed()
+        self.topology_changed(stored=not topic.ephemeral)
         if not topic.is_cluster_follower:
             self.lookup_peers.notify("REGISTER", name, None, partition)
         return topic
@@ -238,14 +238,16 @@ class NSQD:
             if partition is None
             else [partition]
         )
+        stored = False
         for number in doomed:
             topic = self.registry.remove(name, number)
             if topic is None:
                 continue
             self.log.info("TOPIC(%s): deleting", name)
             topic.delete()
+            stored = stored or not topic.ephemeral
             self.lookup_peers.notify("UNREGISTER", name, None, number)
-        self.topology_changed()
+        self.topology_changed(stored=stored)
 
     def registrations(self) -> list[tuple[str, str | None, int]]:
         """What nsqlookupd must know: each channel, or the partition alone when it has none."""
@@ -262,10 +264,13 @@ class NSQD:
     def all_channels(self) -> list[Channel]:
         return [c for topic in self.all_partitions() for c in topic.channels.values()]
 
-    def topology_changed(self) -> None:
-        """A topic or channel came, went, paused or unpaused: persist and rescan."""
+    def topology_changed(self, *, stored: bool = True) -> None:
+        """A topic or channel came, went, paused or unpaused: rescan, and persist unless it
+        changed nothing `nsqd.dat` holds (`stored` False: an ephemeral topic or channel,
+        which it never holds; rewriting it for each one that clients make and drop by the
+        thousand was most of nsqd's work under such churn)."""
         self.queue_scanner.refresh_needed = True
-        if not self._metadata_loading:
+        if stored and not self._metadata_loading:
             self._metadata_wakeup.set()
 
     # -- options and health -------------------------------------------------------------------

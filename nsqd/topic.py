@@ -58,8 +58,9 @@ class TopicHost(Protocol):
     @property
     def lookup_peers(self) -> Registrar: ...
 
-    def topology_changed(self) -> None:
-        """A topic or channel came, went, paused or unpaused."""
+    def topology_changed(self, *, stored: bool = True) -> None:
+        """A topic or channel came, went, paused or unpaused (`stored`: a change `nsqd.dat`
+        holds)."""
 
     def delete_topic(self, name: str, partition: int | None = None) -> None: ...
 
@@ -318,7 +319,7 @@ class Topic:
             self.channels[name] = channel
             self.channels_version += 1
             self.nsqd.log.info("TOPIC(%s): new channel(%s)", self.name, name)
-            self.nsqd.topology_changed()
+            self.nsqd.topology_changed(stored=not (self.ephemeral or channel.ephemeral))
             if not self.is_cluster_follower:
                 self.nsqd.lookup_peers.notify("REGISTER", self.name, name, self.partition)
             self._pump_wakeup.set()
@@ -331,7 +332,7 @@ class Topic:
         self.channels_version += 1
         self.nsqd.log.info("TOPIC(%s): deleting channel %s", self.name, name)
         channel.delete()
-        self.nsqd.topology_changed()
+        self.nsqd.topology_changed(stored=not (self.ephemeral or channel.ephemeral))
         if not self.is_cluster_follower:
             self.nsqd.lookup_peers.notify("UNREGISTER", self.name, name, self.partition)
         # Go deletes an ephemeral topic when its last channel goes.

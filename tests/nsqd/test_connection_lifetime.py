@@ -20,8 +20,10 @@ from functools import partial
 import pytest
 import trio
 
+from nsqpy.nsqd import server
 from nsqpy.nsqd.connection import V2Connection
 from tests.nsqd.connection_churn import consumer_and_producer, end_client
+from tests.nsqd.wire import Wire
 from tests.security.support import Certificates, make_certificates
 from tests.support.auth_server import answering
 from tests.support.nsqd import tcp_port
@@ -46,7 +48,8 @@ def auth_server():
 
 @pytest.fixture
 def nsqd_options(nsqd_options, request, certificates, auth_server):
-    kind = request.node.callspec.params["kind"]
+    callspec = getattr(request.node, "callspec", None)
+    kind = callspec.params.get("kind", "plain") if callspec is not None else "plain"
     if kind == "tls":
         return dataclasses.replace(
             nsqd_options, tls_cert=certificates.server_cert, tls_key=certificates.server_key
@@ -128,3 +131,30 @@ async def test_a_closed_connections_objects_are_freed_at_once(nsqd, certificates
 def kind_and_secret(kind: str) -> tuple[str, bytes | None]:
     """The connection's kind and the secret it AUTHs with (an AUTHing one is plain)."""
     return ("plain", SECRET.encode()) if kind == "auth" else (kind, None)
+
+
+async def test_ephemeral_channels_that_come_and_go_write_no_metadata(nsqd, monkeypatch):
+    """`nsqd.dat` holds no ephemeral topic or channel, so one that comes and goes writes
+    nothing (rewriting the file for each was most of nsqd's work under such churn); a stored
+    channel made afterwards is written."""
+
+    writes: list[str] = []
+    real = server.write_metadata
+
+    def counted(data_path: str, encoded: bytes) -> None:
+        writes.append(data_path)
+        real(data_path, encoded)
+
+    monkeypatch.setattr(server, "write_metadata", counted)
+    topic = nsqd.get_topic("churn")  # a stored topic first, and its own write
+    await wait_until(lambda: writes, "the topic's write")
+    await wait_until(lambda: not nsqd._metadata_lock.locked(), "the write done")
+    writes.clear()
+    for _ in range(30):
+        wire = await Wire.connect(nsqd)
+        await wire.subscribe("churn", "gone#ephemeral")
+        await wire.aclose()
+        await wait_until(lambda: "gone#ephemeral" not in topic.channels, "the channel gone")
+    assert writes == []
+    topic.get_channel("kept")
+    await wait_until(lambda: writes, "the stored channel's write")

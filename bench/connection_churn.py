@@ -1,0 +1,173 @@
+"""Clients that connect and close by the thousand: connections a second, and whether nsqd's
+memory stays flat.
+
+    .venv/bin/python -m bench.connection_churn [--seconds 60] [--runs 1]
+        [--reference ../go/nsqd] [--mode sub|pub] [--nsqd-args=-workers=2]
+
+One client process makes one connection after another, each `IDENTIFY`, then `SUB t
+c#ephemeral` and `RDY 1` (`--mode sub`, as a consumer that comes and goes) or one `PUB t`
+(`--mode pub`, a PHP producer's connection per publish), then closes without CLS; for
+`--seconds`. nsqd's RSS is read every second. Figures: connections a second, RSS at the start
+and at the end, and its growth a minute over the second half of the run (after start-up's
+own). With `--reference`, Go's nsqd (or another tree's) runs the same workload right after,
+in the same invocation.
+"""
+
+import argparse
+import json
+import multiprocessing
+import os
+import socket
+import struct
+import sys
+import time
+
+from bench._support import (
+    MIB,
+    NSQD_ARGS,
+    REFERENCE_NSQD,
+    Nsqd,
+    Record,
+    Report,
+    add_common_arguments,
+    banner,
+    runs_of,
+)
+from nsqpy.common.command import MAGIC_V2, encode_identify, encode_pub, encode_rdy, encode_sub
+
+IDENTIFY = encode_identify(
+    {"client_id": "churn", "feature_negotiation": True, "heartbeat_interval": 30000}
+)
+
+
+def _read_frame(sock: socket.socket) -> bytes:
+    header = b""
+    while len(header) < 4:
+        chunk = sock.recv(4 - len(header))
+        if not chunk:
+            raise ConnectionError("closed")
+        header += chunk
+    (size,) = struct.unpack(">i", header)
+    body = b""
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        if not chunk:
+            raise ConnectionError("closed")
+        body += chunk
+    return body
+
+
+def churn(port: int, seconds: float, mode: str, results) -> None:
+    """The client process: connections one after another until `seconds` have passed."""
+    commands = [MAGIC_V2 + IDENTIFY]
+    if mode == "sub":
+        after = [encode_sub("t", "c#ephemeral"), encode_rdy(1)]
+        answers = 1
+    else:
+        after = [encode_pub("t", b"x" * 100)]
+        answers = 1
+    deadline = time.monotonic() + seconds
+    count = failed = 0
+    started = time.monotonic()
+    while time.monotonic() < deadline:
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.sendall(commands[0])
+            _read_frame(sock)  # IDENTIFY's answer
+            sock.sendall(b"".join(after))
+            for _ in range(answers):
+                _read_frame(sock)
+            count += 1
+        except OSError:
+            failed += 1  # closed before its answers (counted apart)
+        finally:
+            sock.close()
+    results.put((count, failed, time.monotonic() - started))
+
+
+def run_once(seconds: float, mode: str, extra: list[str]) -> dict:
+    with Nsqd(extra) as nsqd:
+        context = multiprocessing.get_context("spawn")
+        results = context.Queue()
+        client = context.Process(target=churn, args=(nsqd.tcp_port, seconds, mode, results))
+        started = time.monotonic()
+        cpu_before = nsqd.cpu_seconds()
+        client.start()
+        samples: list[tuple[float, int]] = []
+        while client.is_alive():
+            samples.append((time.monotonic() - started, nsqd.memory()["VmRSS"]))
+            client.join(1.0)
+        count, failed, elapsed = results.get(timeout=30)
+        cpu = nsqd.cpu_seconds() - cpu_before
+        nsqd.check_alive()
+    half = [sample for sample in samples if sample[0] >= seconds / 2]
+    growth = 0.0
+    if len(half) >= 2:
+        (t0, r0), (t1, r1) = half[0], half[-1]
+        growth = (r1 - r0) / MIB / max(t1 - t0, 1e-9) * 60
+    return {
+        "connections_per_s": count / elapsed,
+        "connections": count,
+        "closed_early": failed,
+        "rss_start_mib": samples[0][1] / MIB if samples else 0.0,
+        "rss_end_mib": samples[-1][1] / MIB if samples else 0.0,
+        "rss_peak_mib": max(rss for _t, rss in samples) / MIB if samples else 0.0,
+        "rss_growth_mib_per_min": growth,
+        "cpu_us_per_connection": cpu / count * 1e6 if count else 0.0,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--mode", choices=("sub", "pub"), default="sub")
+    parser.add_argument("--reference", default="", help="another nsqd to run the same workload")
+    add_common_arguments(parser, runs=1)
+    args = parser.parse_args(argv)
+    runs = runs_of(args)
+    banner(
+        "connection churn (bench.connection_churn)",
+        f"{args.mode}: one client, a connection after another, {args.seconds:g} s; {runs} run(s)",
+    )
+    report = Report(args.json)
+    servers = [("nsqpy", "")]
+    if args.reference:
+        servers.append(("reference", os.path.abspath(args.reference)))
+    figures: dict[str, list[dict]] = {name: [] for name, _path in servers}
+    for _run in range(runs):
+        for name, path in servers:
+            if path:
+                os.environ[REFERENCE_NSQD] = path
+            else:
+                os.environ.pop(REFERENCE_NSQD, None)
+            result = run_once(args.seconds, args.mode, [])
+            figures[name].append(result)
+            print(
+                f"  {name}: {json.dumps({k: round(v, 1) for k, v in result.items()})}", flush=True
+            )
+    os.environ.pop(REFERENCE_NSQD, None)
+    load = [os.getloadavg()[0]] * runs
+    extra = os.environ.get(NSQD_ARGS, "")
+    for name, results in figures.items():
+        label = f"{name}{' ' + extra if extra and name == 'nsqpy' else ''}"
+        for key, unit in (
+            ("connections_per_s", "conn/s"),
+            ("rss_growth_mib_per_min", "MiB/min"),
+            ("rss_end_mib", "MiB"),
+            ("cpu_us_per_connection", "µs"),
+        ):
+            report.add(
+                Record(
+                    "connection_churn",
+                    f"{args.mode} churn {args.seconds:g} s, {label}: {key}",
+                    unit,
+                    [result[key] for result in results],
+                    load,
+                )
+            )
+    report.write()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
