@@ -256,6 +256,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              body="The new value", ok="config",
              errors={400: ("INVALID_OPTION", "INVALID_VALUE"), 413: ("INVALID_VALUE",)}),
     Endpoint("POST", "/debug/freememory", "Run a garbage collection"),
+    Endpoint(
+        "GET", "/debug/connections",
+        "Client connections served and connection objects still alive (every worker's)",
+        ok="json",
+    ),
     Endpoint("GET", "/metrics", "Prometheus text format", ok="text"),
     Endpoint(
         "POST", "/pubtrace", "Youzan: publish with a trace id; JSON reply with id and offset",

@@ -11,11 +11,11 @@ import zlib
 import trio
 
 
-class PrefixedStream(trio.abc.Stream):
+class PrefixedStream(trio.abc.HalfCloseableStream):
     """A stream that first returns bytes already read from under it (pipelined data that
     arrived with the IDENTIFY which switched the protocol)."""
 
-    def __init__(self, stream: trio.abc.Stream, prefix: bytes) -> None:
+    def __init__(self, stream: trio.abc.HalfCloseableStream, prefix: bytes) -> None:
         self.stream = stream
         self._prefix = prefix
 
@@ -31,18 +31,21 @@ class PrefixedStream(trio.abc.Stream):
     async def wait_send_all_might_not_block(self) -> None:
         await self.stream.wait_send_all_might_not_block()
 
+    async def send_eof(self) -> None:
+        await self.stream.send_eof()
+
     async def aclose(self) -> None:
         await self.stream.aclose()
 
 
-class CompressedStream(trio.abc.Stream):
-    def __init__(self, stream: trio.abc.Stream, compress, decompress) -> None:
+class CompressedStream(trio.abc.HalfCloseableStream):
+    def __init__(self, stream: trio.abc.HalfCloseableStream, compress, decompress) -> None:
         self.stream = stream
         self._compress = compress
         self._decompress = decompress
 
     @classmethod
-    def snappy(cls, stream: trio.abc.Stream) -> "CompressedStream":
+    def snappy(cls, stream: trio.abc.HalfCloseableStream) -> "CompressedStream":
         # Imported on the first snappy connection: python-snappy's codec (cramjam) is 1.7 MiB
         # resident that an nsqd whose clients never ask for it does not carry.
         import snappy
@@ -52,7 +55,7 @@ class CompressedStream(trio.abc.Stream):
         return cls(stream, compressor.add_chunk, decompressor.decompress)
 
     @classmethod
-    def deflate(cls, stream: trio.abc.Stream, level: int) -> "CompressedStream":
+    def deflate(cls, stream: trio.abc.HalfCloseableStream, level: int) -> "CompressedStream":
         compressor = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
         decompressor = zlib.decompressobj(-zlib.MAX_WBITS)
 
@@ -78,6 +81,11 @@ class CompressedStream(trio.abc.Stream):
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        """Nothing more goes to the peer: every send is flushed as it goes, so this ends the
+        writes of the stream under it."""
+        await self.stream.send_eof()
 
     async def aclose(self) -> None:
         await self.stream.aclose()

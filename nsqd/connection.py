@@ -15,7 +15,6 @@ publish (`nsqd/worker_hops.py`).
 
 import math
 import os
-import socket
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -60,12 +59,13 @@ class V2Connection:
     def __init__(
         self,
         nsqd: "NSQD",
-        stream: trio.abc.Stream,
+        stream: trio.SocketStream,
         remote_address: str,
         handoff: Handoff | None = None,
     ) -> None:
         self.nsqd = nsqd
-        self.stream = stream
+        # The accepted socket, then what TLS and compression layer on it.
+        self.stream: trio.abc.HalfCloseableStream = stream
         LIVE_CONNECTIONS.add(self)
         # `--workers` (`nsqd/worker_hops.py`): a connection handed over by another worker, and
         # its moves and forwarded publishes to the others.
@@ -84,6 +84,8 @@ class V2Connection:
         # The descriptor `_send` writes to directly while the connection is a plain socket
         # (-1 once TLS or compression wraps it).
         self._fd = stream.socket.fileno() if type(stream) is trio.SocketStream else -1
+        # The accepted socket, under whatever TLS or compression wraps it later.
+        self._socket = stream.socket
         # The TLS stream `_send` writes to directly once TLS alone wraps the socket.
         self._tls: TLSStream | None = None
         self._cancel_scope = trio.CancelScope()
@@ -141,17 +143,22 @@ class V2Connection:
             client.channel.remove_client(client)
 
     async def _discard_input(self) -> None:
-        """Read and drop what the client sends until it closes: its error reply reaches it
-        instead of a reset. A plain TCP client is told at once that nothing more comes."""
-        if isinstance(self.stream, trio.SocketStream):
-            try:
-                self.stream.socket.shutdown(socket.SHUT_WR)
-            except OSError:
-                return
+        """After a fatal error: tell the client at once that nothing more comes (the error
+        frame went out, then the write side ends: TLS's close_notify, then the socket's),
+        and read and drop what it still sends until it closes, so its error reply reaches it
+        instead of a reset. Youzan's go-nsq checks that such a connection is gone within a
+        second, over TLS, snappy and deflate as over plain TCP."""
         try:
-            while await self.stream.receive_some(RECEIVE_SIZE):
+            # A socket's, a TLS stream's (close_notify, then its socket's), a compressed
+            # stream's (its stream's, under it).
+            await self.stream.send_eof()
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        try:
+            # The socket's bytes, not the stream's: after a close_notify nothing is decrypted.
+            while await self._socket.recv(RECEIVE_SIZE):
                 pass
-        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+        except OSError:
             pass
 
     async def _replay(self, handoff: Handoff) -> bool:

@@ -15,6 +15,7 @@ handshake, the records and the certificates are OpenSSL's, through the ssl modul
 """
 
 import os
+import socket
 import ssl
 
 import trio
@@ -22,7 +23,7 @@ import trio
 RECEIVE_SIZE = 256 * 1024
 
 
-class TLSStream(trio.abc.Stream):
+class TLSStream(trio.abc.HalfCloseableStream):
     """The server side of TLS on a connected, non-blocking socket. `prefix` is what was read
     from the socket before the upgrade (the client's first TLS bytes, sent with IDENTIFY).
     One task receives at a time and one sends at a time (the connection's send lock).
@@ -102,6 +103,18 @@ class TLSStream(trio.abc.Stream):
 
     async def wait_send_all_might_not_block(self) -> None:
         await trio.lowlevel.wait_writable(self._fd)
+
+    async def send_eof(self) -> None:
+        """Nothing more goes to the peer: a close_notify, then the socket's write side ends;
+        what the peer still sends can be read (and dropped) from the socket."""
+        try:
+            self.ssl_object.unwrap()
+        except ssl.SSLWantReadError:
+            pass  # the close_notify is written: the peer's own may come later, or never
+        except (ssl.SSLError, ValueError):
+            pass
+        await self._flush()
+        self._socket.shutdown(socket.SHUT_WR)
 
     async def aclose(self) -> None:
         if self._closed:

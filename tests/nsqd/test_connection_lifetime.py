@@ -22,7 +22,7 @@ import trio
 
 from nsqpy.nsqd import server
 from nsqpy.nsqd.connection import V2Connection
-from tests.nsqd.connection_churn import consumer_and_producer, end_client
+from tests.nsqd.connection_churn import consumer_and_producer, end_client, open_client
 from tests.nsqd.wire import Wire
 from tests.security.support import Certificates, make_certificates
 from tests.support.auth_server import answering
@@ -158,3 +158,25 @@ async def test_ephemeral_channels_that_come_and_go_write_no_metadata(nsqd, monke
     assert writes == []
     topic.get_channel("kept")
     await wait_until(lambda: writes, "the stored channel's write")
+
+
+@pytest.mark.parametrize("kind", ["plain", "tls", "snappy", "deflate"])
+async def test_a_fatal_error_ends_the_connection_at_once_on_every_stream(
+    nsqd, certificates, kind, monkeypatch
+):
+    """After a fatal error nsqd sends the error, ends its writes (over TLS a close_notify,
+    then the socket's; under compression, the stream's under it) and drops what the client
+    still sends for up to the linger: the client sees the end at once, on every stream
+    (Youzan's go-nsq checks it within a second over TLS, snappy and deflate). The linger is
+    set to a minute here: only an end sent at once reaches the client in time."""
+    from nsqpy.nsqd import connection as module
+
+    monkeypatch.setattr(module, "REFUSED_LINGER", 60.0)
+    port = tcp_port(nsqd)
+
+    def refused() -> None:
+        client = open_client(port, kind, "producer", certificates)  # reads time out in 10 s
+        client.send(b"BOGUS\n")
+        client.expect_error("E_INVALID invalid command BOGUS")
+
+    await trio.to_thread.run_sync(refused)
