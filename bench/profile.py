@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from bench import fanout, http_pub, latency, pub_sub
+from bench import fanout, http_pub, latency, pub_sub, topic_creation
 from bench._profiling import Profiler, summarize
 from bench._support import PROFILES, Nsqd, banner, process_counters
 
@@ -91,6 +91,12 @@ def _latency(nsqd, context, options, _prepared) -> str:
     return f"{variant.label}: p50 {sample.p50 * 1e3:.2f} ms, p99 {sample.p99 * 1e3:.2f} ms"
 
 
+def _topics(_nsqd, _context, options, _prepared) -> str:
+    topics = max(100, options.count // 500)
+    result = topic_creation.create_all(_nsqd, topics)
+    return f"{topics:,} topics x 2 channels in {result['seconds']:.1f} s"
+
+
 IN_MEMORY = ["-mem-queue-size=1000000"]
 ON_DISK = ["-mem-queue-size=0"]
 WORKLOADS = {
@@ -101,6 +107,7 @@ WORKLOADS = {
     "fanout": Workload("1 publisher, 4 channels x 1 consumer", IN_MEMORY, _fanout),
     "http-pub": Workload("HTTP /pub, 32 connections, nsqd defaults", [], _http(0)),
     "http-mpub": Workload("HTTP /mpub of 100, 32 connections, nsqd defaults", [], _http(1)),
+    "topics": Workload("HTTP topic and 2 channel creates, --count/500 topics", [], _topics),
     "latency": Workload("100 msgs/s, RDY 100, nsqd defaults", [], _latency),
     "memory": Workload("TCP publish x4 with nsqd defaults (overflow to disk)", [], _publish(4)),
     "disk-publish": Workload("TCP publish, 1 connection, --mem-queue-size=0", ON_DISK, _publish(1)),

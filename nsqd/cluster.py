@@ -628,7 +628,7 @@ class ClusterNode:
         if meta.sync_every and meta.sync_every != topic.sync_every:
             topic.sync_every = meta.sync_every
             _log(topic).sync_every = max(1, meta.sync_every)
-            self.nsqd.topology_changed()
+            self.nsqd.topology_changed(topic)
         topic.retention_days = meta.retention_day
         topic.channel_auto_create = not meta.disable_channel_auto_create
 

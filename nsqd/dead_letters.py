@@ -62,7 +62,7 @@ def topic_name(channel: "Channel") -> str:
         tail = f"-{number}{_SUFFIX}"
         name, number = stem[: MAX_NAME_LENGTH - len(tail)] + tail, number + 1
     channel.dead_letter_topic = name
-    channel.nsqd.topology_changed()
+    channel.nsqd.topology_changed(channel.topic)
     return name
 
 

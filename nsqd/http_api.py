@@ -20,7 +20,7 @@ import trio
 from nsqpy.common.command_parser import parse_http_mpub_body
 from nsqpy.common.consume_offset import parse_consume_offset
 from nsqpy.common.errors import ProtocolError
-from nsqpy.common.goformat import go_atoi, go_parse_int
+from nsqpy.common.goformat import GoNumbers, go_atoi, go_parse_int
 from nsqpy.common.names import is_valid_name
 from nsqpy.common.version import VERSION
 from nsqpy.daemon.http_access import HTTPAccess, NeedOf, cluster_route_needs, need_of
@@ -508,6 +508,10 @@ class HTTPAPI:
         memory = memory_stats() if include_mem else None
         if not json_format:
             return v1_response(200, text_report(nsqd, topics, producers, memory, nsqd.health))
+        if topics is not None and _quantiles_as_go(nsqd.options.e2e_processing_latency_percentile):
+            # Its only floats are those quantiles (nsqd/e2e.py writes whole ones as ints):
+            # no walk through thousands of topics for a float to rewrite.
+            topics = GoNumbers(topics)
         document = {
             "version": VERSION,
             "health": nsqd.health,
@@ -758,10 +762,9 @@ class HTTPAPI:
                 raise HTTPError(400, "INVALID_ARG_MAX_ATTEMPTS") from None
             if not 0 <= limit <= MAX_ATTEMPTS:
                 raise HTTPError(400, "INVALID_ARG_MAX_ATTEMPTS")
-        for _topic, channel in found:
+        for topic, channel in found:
             channel.max_attempts = limit
-        self.nsqd.topology_changed()
-        await self.nsqd.persist_metadata()
+            self.nsqd.topology_changed(topic, stored=not channel.ephemeral)
         return v1_response(200)
 
     def channel_replay_dead_letters(self, request: Request) -> Response:
@@ -781,12 +784,14 @@ class HTTPAPI:
         return v1_response(200)
 
     async def channel_pause(self, request: Request) -> Response:
-        for _topic, channel in self._existing_channels(request):
+        for topic, channel in self._existing_channels(request):
             if request.path.endswith("/unpause"):
                 channel.unpause()
             else:
                 channel.pause()
-        self.nsqd.topology_changed()
+            self.nsqd.topology_changed(topic, stored=not channel.ephemeral)
+        # Written whole before the answer, as Go's handlers do: a Go nsqd given this data
+        # directory after a kill -9 sees the pause too.
         await self.nsqd.persist_metadata()
         return v1_response(200)
 
@@ -891,8 +896,8 @@ class HTTPAPI:
                 done,
                 request.remote,
             )
+            self.nsqd.topology_changed(topic, stored=not channel.ephemeral)
             await topic.replication.channels_changed()
-        await self.nsqd.persist_metadata()
         _not_deleted_meanwhile(topic for topic, _channel in found)
         return v1_response(200)
 
@@ -1524,3 +1529,8 @@ def _message_id_param(params: dict[str, list[str]]) -> bytes:
     if len(text) != 16 or not all(c in "0123456789abcdef" for c in text):
         raise HTTPError(400, "INVALID_REQUEST")
     return text.encode()
+
+
+def _quantiles_as_go(quantiles: list[float]) -> bool:
+    """Whether Python writes each of these floats as Go does (no exponent form)."""
+    return all(1e-6 <= quantile < 1e21 for quantile in quantiles)

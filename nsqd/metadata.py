@@ -96,26 +96,43 @@ def metadata_path(data_path: str) -> str:
     return os.path.join(data_path, METADATA_FILE_NAME)
 
 
+def encode_topic(topic: TopicMetadata) -> dict:
+    """A topic's entry in nsqd.dat (and in a journal line, `nsqd/metadata_journal.py`)."""
+    entry = {
+        "name": topic.name,
+        "paused": topic.paused,
+        "channels": [c.encode() for c in topic.channels],
+    }
+    if topic.partition is not None:
+        entry.update(
+            partition=topic.partition,
+            ordered=topic.ordered,
+            ext=topic.ext,
+            next_offset=topic.next_offset,
+        )
+        if topic.sync_every:
+            entry["syncdisk"] = topic.sync_every
+    return entry
+
+
 def encode_metadata(topics: list[TopicMetadata], version: str) -> bytes:
-    entries = []
-    for topic in topics:
-        entry = {
-            "name": topic.name,
-            "paused": topic.paused,
-            "channels": [c.encode() for c in topic.channels],
-        }
-        if topic.partition is not None:
-            entry.update(
-                partition=topic.partition,
-                ordered=topic.ordered,
-                ext=topic.ext,
-                next_offset=topic.next_offset,
-            )
-            if topic.sync_every:
-                entry["syncdisk"] = topic.sync_every
-        entries.append(entry)
-    document = {"topics": entries, "version": version}
+    document = {"topics": [encode_topic(topic) for topic in topics], "version": version}
     return json.dumps(document, separators=(",", ":")).encode()
+
+
+def decode_topic(topic: dict) -> TopicMetadata:
+    """A topic's entry as `encode_topic` writes it; ValueError, TypeError, KeyError or
+    AttributeError for one Go's json.Unmarshal would refuse."""
+    channels = [ChannelMetadata.decode(c) for c in topic.get("channels") or []]
+    entry = TopicMetadata(_name(topic), bool(topic.get("paused", False)), channels)
+    partition = topic.get("partition")
+    if partition is not None:
+        entry.partition = int(partition)
+        entry.ordered = bool(topic.get("ordered", False))
+        entry.ext = bool(topic.get("ext", False))
+        entry.next_offset = int(topic.get("next_offset", 0))
+        entry.sync_every = int(topic.get("syncdisk", 0))
+    return entry
 
 
 def decode_metadata(raw: bytes, path: str) -> list[TopicMetadata]:
@@ -126,19 +143,7 @@ def decode_metadata(raw: bytes, path: str) -> list[TopicMetadata]:
         document = json.loads(raw)
         if not isinstance(document, dict):
             raise TypeError(f"cannot unmarshal {type(document).__name__} into Go value")
-        topics = []
-        for topic in document.get("topics") or []:
-            channels = [ChannelMetadata.decode(c) for c in topic.get("channels") or []]
-            entry = TopicMetadata(_name(topic), bool(topic.get("paused", False)), channels)
-            partition = topic.get("partition")
-            if partition is not None:
-                entry.partition = int(partition)
-                entry.ordered = bool(topic.get("ordered", False))
-                entry.ext = bool(topic.get("ext", False))
-                entry.next_offset = int(topic.get("next_offset", 0))
-                entry.sync_every = int(topic.get("syncdisk", 0))
-            topics.append(entry)
-        return topics
+        return [decode_topic(topic) for topic in document.get("topics") or []]
     except (ValueError, TypeError, KeyError, AttributeError) as error:
         raise MetadataError(f"failed to parse metadata in {path} - {error}") from None
 

@@ -19,7 +19,6 @@ import trio
 
 from nsqpy.common.frame import FRAME_TYPE_ERROR, encode_frame
 from nsqpy.common.names import is_ephemeral, is_valid_name
-from nsqpy.common.version import VERSION
 from nsqpy.daemon.http_server import RequestRouter, serve_http
 from nsqpy.daemon.log import first_error, keep_printable
 from nsqpy.daemon.net import accept_forever, format_address, open_listener, peer_address
@@ -33,15 +32,6 @@ from nsqpy.nsqd.heartbeats import HeartbeatClock
 from nsqpy.nsqd.http_api import HTTPAPI, TLSRequiredRouter
 from nsqpy.nsqd.idle_reads import IdleReads, polls_idle_reads
 from nsqpy.nsqd.lookup import LookupChannelsError, LookupPeers, topic_channels
-from nsqpy.nsqd.metadata import (
-    ChannelMetadata,
-    MetadataError,
-    TopicMetadata,
-    encode_metadata,
-    read_metadata,
-    recover_metadata,
-    write_metadata,
-)
 from nsqpy.nsqd.options import Options, build_flags
 from nsqpy.nsqd.placement import placement_for
 from nsqpy.nsqd.queue_scan import QueueScanner
@@ -52,7 +42,7 @@ from nsqpy.nsqd.storage import Storage
 from nsqpy.nsqd.tls import server_context
 from nsqpy.nsqd.topic import Topic
 from nsqpy.nsqd.topic_registry import TopicRegistry
-from nsqpy.nsqd.wakeup import Wakeup
+from nsqpy.nsqd.topology_store import TopologyStore
 from nsqpy.nsqd.worker import Worker, WorkerLookup
 from nsqpy.nsqd.worker_http import WorkerRouter
 
@@ -97,9 +87,8 @@ class NSQD:
         self.https_address: str | None = None
         gc_pauses.install()
         self._connections: set[V2Connection] = set()
-        self._metadata_wakeup = Wakeup()
-        self._metadata_lock = trio.Lock()
-        self._metadata_loading = False
+        # nsqd.dat and its journal (`nsqd/topology_store.py`).
+        self.topology = TopologyStore(self)
         self._shutdown = trio.Event()
         self._nursery: trio.Nursery | None = None
 
@@ -161,9 +150,9 @@ class NSQD:
             self.log.info("TOPIC(%s): created", name)
         if self._nursery is not None:
             self._nursery.start_soon(topic.pump)
-            if not partitioned and not self._metadata_loading:
+            if not partitioned and not self.topology.loading:
                 self._precreate_channels(topic)
-        self.topology_changed(stored=not topic.ephemeral)
+        self.topology_changed(topic)
         if not topic.is_cluster_follower:
             self.lookup_peers.notify("REGISTER", name, None, partition)
         return topic
@@ -238,16 +227,14 @@ class NSQD:
             if partition is None
             else [partition]
         )
-        stored = False
         for number in doomed:
             topic = self.registry.remove(name, number)
             if topic is None:
                 continue
             self.log.info("TOPIC(%s): deleting", name)
             topic.delete()
-            stored = stored or not topic.ephemeral
+            self.topology_changed(topic)
             self.lookup_peers.notify("UNREGISTER", name, None, number)
-        self.topology_changed(stored=stored)
 
     def registrations(self) -> list[tuple[str, str | None, int]]:
         """What nsqlookupd must know: each channel, or the partition alone when it has none."""
@@ -264,14 +251,13 @@ class NSQD:
     def all_channels(self) -> list[Channel]:
         return [c for topic in self.all_partitions() for c in topic.channels.values()]
 
-    def topology_changed(self, *, stored: bool = True) -> None:
-        """A topic or channel came, went, paused or unpaused: rescan, and persist unless it
-        changed nothing `nsqd.dat` holds (`stored` False: an ephemeral topic or channel,
-        which it never holds; rewriting it for each one that clients make and drop by the
-        thousand was most of nsqd's work under such churn)."""
+    def topology_changed(self, topic: Topic, *, stored: bool = True) -> None:
+        """A topic partition or one of its channels came, went, paused or unpaused: rescan,
+        and keep it unless it changed nothing `nsqd.dat` holds (`stored` False: an ephemeral
+        channel; an ephemeral topic is never held)."""
         self.queue_scanner.refresh_needed = True
-        if stored and not self._metadata_loading:
-            self._metadata_wakeup.set()
+        if stored and not topic.ephemeral:
+            self.topology.changed(topic)
 
     # -- options and health -------------------------------------------------------------------
 
@@ -402,77 +388,21 @@ class NSQD:
                     self.log.error("TOPIC(%s): failed to sync - %s", topic.name, error)
                     self.storage.health.sync_done(f"TOPIC({topic.name}) failed to sync - {error}")
 
-    def metadata(self) -> bytes:
-        return encode_metadata(self.metadata_topics(), VERSION)
-
-    def metadata_topics(self) -> list[TopicMetadata]:
-        topics = []
-        for topic in self.all_partitions():
-            if topic.ephemeral:
-                continue
-            channels = [
-                ChannelMetadata(
-                    c.name,
-                    c.paused,
-                    c.max_attempts,
-                    c.dead_letter_topic,
-                    c.skipped,
-                    c.in_order,
-                    c.rate_limit_kb,
-                    dict(c.client_limits),
-                )
-                for c in topic.channels.values()
-                if not c.ephemeral
-            ]
-            entry = TopicMetadata(topic.name, topic.paused, channels)
-            if topic.partitioned:
-                entry.partition = topic.partition
-                entry.ordered = topic.ordered
-                entry.sync_every = topic.sync_every
-                entry.ext = topic.ext
-                entry.next_offset = topic.queue.next_offset
-            topics.append(entry)
-        return topics
-
     async def persist_metadata(self) -> None:
-        """Write `nsqd.dat` now (HTTP pause/unpause do, as Go's handlers do). One writer at a
-        time, snapshot taken inside the lock, so an older snapshot never lands last (Go holds
-        the nsqd lock around PersistMetadata)."""
-        async with self._metadata_lock:
-            if self.worker is not None:
-                own = self.metadata_topics()
-                await trio.to_thread.run_sync(self.worker.write_metadata_share, self.data_path, own)
-                return
-            encoded = self.metadata()
-            await trio.to_thread.run_sync(write_metadata, self.data_path, encoded)
-
-    async def _metadata_writer(self) -> None:
-        while True:
-            await self._metadata_wakeup.wait()
-            try:
-                await self.persist_metadata()
-            except OSError as error:
-                # A full disk: keep the old nsqd.dat, say so, and try again shortly.
-                self.log.error("NSQ: failed to persist metadata - %s", error)
-                self.storage.health.sync_done(f"failed to persist metadata - {error}")
-                await trio.sleep(self.options.sync_timeout)
-                self._metadata_wakeup.set()
-            else:
-                self.storage.health.sync_done(None)
+        """Write `nsqd.dat` now (HTTP pause and unpause do, as Go's handlers do)."""
+        await self.topology.persist()
 
     def load_metadata(self) -> None:
-        """Recreate the topics and channels of `nsqd.dat`; their diskqueues reopen with them.
+        """Recreate the topics and channels of `nsqd.dat` and of its journal; their queues
+        reopen with them.
 
         An unreadable or corrupt `nsqd.dat` never stops nsqd (Go nsqd refuses to start): it
         is set aside as `nsqd.dat.corrupt`, the topics and channels are found again from
         their diskqueue files (unpaused: the pause flags were only in the lost file), and a
         fresh `nsqd.dat` is written once nsqd runs.
         """
-        try:
-            topics = read_metadata(self.data_path)
-        except MetadataError as error:
-            topics = self._recover_metadata(error)
-        self._metadata_loading = True
+        topics = self.topology.read()
+        self.topology.loading = True
         try:
             for topic_meta in topics:
                 if self.worker is not None and not self.worker.owns(
@@ -514,14 +444,7 @@ class NSQD:
                         channel.set_rate_limit(channel_meta.rate_limit_kb)
                     channel.client_limits = dict(channel_meta.client_limits)
         finally:
-            self._metadata_loading = False
-
-    def _recover_metadata(self, error: MetadataError) -> list[TopicMetadata]:
-        """The topic list rebuilt from the diskqueue files, after one ERROR line."""
-        topics = recover_metadata(self.data_path, error, self.log)
-        # The metadata writer puts a fresh nsqd.dat in its place as soon as nsqd runs.
-        self._metadata_wakeup.set()
-        return topics
+            self.topology.loading = False
 
     # -- life -------------------------------------------------------------------------------
 
@@ -612,7 +535,7 @@ class NSQD:
                     nursery.start_soon(self.heartbeats.run)
                     if self.idle_reads is not None:
                         nursery.start_soon(self.idle_reads.run)
-                    nursery.start_soon(self._metadata_writer)
+                    nursery.start_soon(self.topology.run)
                     nursery.start_soon(self._sync_timer)
                     nursery.start_soon(self._retention_timer)
                     nursery.start_soon(self._hour_timer)
@@ -728,8 +651,10 @@ class NSQD:
         try:
             await self.persist_metadata()
         except OSError as error:
-            # The previous nsqd.dat stays; a full disk must not turn a clean exit into a crash.
+            # The previous nsqd.dat and the journal stay; a full disk must not turn a clean
+            # exit into a crash.
             self.log.error("NSQ: failed to persist metadata - %s", error)
+        self.topology.close()
 
 
 _FLAGS = build_flags()

@@ -32,6 +32,7 @@ from nsqpy.nsqd.metadata import (
     write_metadata,
 )
 from nsqpy.nsqd.options import Options, worker_count
+from nsqpy.nsqd.topology_store import fold_journals
 from nsqpy.nsqd.worker import (
     WORKER_ENVIRONMENT,
     WorkerSetup,
@@ -100,11 +101,14 @@ class Supervisor:
         options = self.options
         prepare_data_path(self.data_path)
         try:
-            read_metadata(self.data_path)
+            topics = read_metadata(self.data_path)
         except MetadataError as error:
             # Recovered once, here, before any worker reads it.
             topics = recover_metadata(self.data_path, error, self.log)
             write_metadata(self.data_path, encode_metadata(topics, VERSION))
+        # The journals of a run that ended without writing nsqd.dat (a kill -9), folded in
+        # before any worker starts one of its own: each worker's then names only its topics.
+        fold_journals(self.data_path, topics, self.log)
         tcp = await open_listener(options.tcp_address)
         http = await open_listener(options.http_address)
         https = None

@@ -58,9 +58,9 @@ class TopicHost(Protocol):
     @property
     def lookup_peers(self) -> Registrar: ...
 
-    def topology_changed(self, *, stored: bool = True) -> None:
-        """A topic or channel came, went, paused or unpaused (`stored`: a change `nsqd.dat`
-        holds)."""
+    def topology_changed(self, topic: "Topic", *, stored: bool = True) -> None:
+        """A topic partition or one of its channels came, went, paused or unpaused (`stored`:
+        a change `nsqd.dat` holds)."""
 
     def delete_topic(self, name: str, partition: int | None = None) -> None: ...
 
@@ -319,7 +319,7 @@ class Topic:
             self.channels[name] = channel
             self.channels_version += 1
             self.nsqd.log.info("TOPIC(%s): new channel(%s)", self.name, name)
-            self.nsqd.topology_changed(stored=not (self.ephemeral or channel.ephemeral))
+            self.nsqd.topology_changed(self, stored=not channel.ephemeral)
             if not self.is_cluster_follower:
                 self.nsqd.lookup_peers.notify("REGISTER", self.name, name, self.partition)
             self._pump_wakeup.set()
@@ -332,7 +332,7 @@ class Topic:
         self.channels_version += 1
         self.nsqd.log.info("TOPIC(%s): deleting channel %s", self.name, name)
         channel.delete()
-        self.nsqd.topology_changed(stored=not (self.ephemeral or channel.ephemeral))
+        self.nsqd.topology_changed(self, stored=not channel.ephemeral)
         if not self.is_cluster_follower:
             self.nsqd.lookup_peers.notify("UNREGISTER", self.name, name, self.partition)
         # Go deletes an ephemeral topic when its last channel goes.
@@ -343,11 +343,11 @@ class Topic:
 
     def pause(self) -> None:
         self.paused = True
-        self.nsqd.topology_changed()
+        self.nsqd.topology_changed(self)
 
     def unpause(self) -> None:
         self.paused = False
-        self.nsqd.topology_changed()
+        self.nsqd.topology_changed(self)
         self._pump_wakeup.set()
         # Channels reading a log themselves stopped while the topic was paused.
         for channel in self.channels.values():

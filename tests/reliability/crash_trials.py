@@ -15,13 +15,11 @@ Every message body is `<number>:<filler>` with a filler derived from the number,
 delivered body that was corrupted or never sent is caught too.
 
 With `churn`, a third thread creates and deletes topics and channels over HTTP the whole time,
-so nsqd.dat is rewritten constantly, and pauses or unpauses a marker topic now and then. As
-in Go nsqd, a topic or channel create/delete is persisted by a background writer after the
-answer, but `/topic/pause` and `/topic/unpause` write nsqd.dat before they answer `200`, and
-every write is a snapshot of the whole current state. So what is provable after a kill: every
-topic and channel whose create or delete was answered before the last answered pause is as
-that answer left it, and the marker's paused flag is the last answered one. Changes answered
-after the last answered pause (or unanswered) may or may not be there.
+so nsqd.dat is rewritten constantly, and pauses or unpauses a marker topic now and then. Each
+such change is journaled before its `200` (nsqd/metadata_journal.py), so what is provable
+after a kill is every answer: each topic and channel is as the last answered create or delete
+left it, and the marker's paused flag is the last answered one. Only the request in flight
+when nsqd died may or may not have taken effect.
 """
 
 import functools
@@ -379,9 +377,9 @@ class ChurnThread(threading.Thread):
     """Creates and deletes topics and channels over HTTP until nsqd goes away, pausing or
     unpausing the marker topic now and then: nsqd.dat is rewritten all the time.
 
-    `known` is the state the answered requests left; `uncertain` holds every key changed by
-    a request answered after the last answered pause, or not answered: only the others are
-    provable after a kill (see the module docstring)."""
+    `known` is the state the answered requests left; `uncertain` holds the keys of the
+    request nsqd did not answer: every other one is provable after a kill (see the module
+    docstring)."""
 
     def __init__(
         self,
@@ -458,9 +456,8 @@ class ChurnThread(threading.Thread):
                 assert status == 200, f"{path}: {status}"
                 self.known.update(after)
                 self.ops += 1
-                if "pause" in path:
-                    # nsqd.dat now holds every change answered so far.
-                    self.uncertain.clear()
+                # Journaled before the answer: it survives the kill.
+                self.uncertain.difference_update(keys)
                 if self.kill_after_ops is not None and self.ops >= self.kill_after_ops:
                     self.kill_now.set()
         except BaseException as error:  # noqa: BLE001 - reported by the runner

@@ -15,8 +15,8 @@ What each scenario proves, over a chain of seeded trials on one data directory:
 * a queue file roll every few messages (`--max-bytes-per-file=1024`): no acknowledged loss.
 * topics and channels created and deleted over HTTP all along, so nsqd.dat is rewritten
   constantly: every restart succeeds, no acknowledged message of the durable topic is lost,
-  and every topic, channel and pause flag whose state was answered before the last answered
-  pause (which writes nsqd.dat before answering) is as answered.
+  and every topic, channel and pause flag is as its last answer left it (each change is
+  journaled before its answer).
 
 The figures are printed at the end of the session (`crash trials:` lines); seeds are fixed,
 and NSQPY_CRASH_SEED picks another one.
