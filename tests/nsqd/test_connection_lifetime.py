@@ -20,8 +20,8 @@ from functools import partial
 import pytest
 import trio
 
-from nsqpy.nsqd import server
 from nsqpy.nsqd.connection import V2Connection
+from nsqpy.nsqd.metadata_journal import journal_files
 from tests.nsqd.connection_churn import consumer_and_producer, end_client, open_client
 from tests.nsqd.wire import Wire
 from tests.security.support import Certificates, make_certificates
@@ -135,20 +135,21 @@ def kind_and_secret(kind: str) -> tuple[str, bytes | None]:
 
 async def test_ephemeral_channels_that_come_and_go_write_no_metadata(nsqd, monkeypatch):
     """`nsqd.dat` holds no ephemeral topic or channel, so one that comes and goes writes
-    nothing (rewriting the file for each was most of nsqd's work under such churn); a stored
-    channel made afterwards is written."""
+    nothing, neither the file nor a journal line (rewriting the file for each was most of
+    nsqd's work under such churn); a stored channel made afterwards is written."""
+    from nsqpy.nsqd import topology_store
 
     writes: list[str] = []
-    real = server.write_metadata
+    real = topology_store.write_metadata
 
     def counted(data_path: str, encoded: bytes) -> None:
         writes.append(data_path)
         real(data_path, encoded)
 
-    monkeypatch.setattr(server, "write_metadata", counted)
+    monkeypatch.setattr(topology_store, "write_metadata", counted)
+    data_path = nsqd.options.data_path
     topic = nsqd.get_topic("churn")  # a stored topic first, and its own write
-    await wait_until(lambda: writes, "the topic's write")
-    await wait_until(lambda: not nsqd._metadata_lock.locked(), "the write done")
+    await wait_until(lambda: writes and not journal_files(data_path), "the topic's write")
     writes.clear()
     for _ in range(30):
         wire = await Wire.connect(nsqd)
@@ -156,6 +157,7 @@ async def test_ephemeral_channels_that_come_and_go_write_no_metadata(nsqd, monke
         await wire.aclose()
         await wait_until(lambda: "gone#ephemeral" not in topic.channels, "the channel gone")
     assert writes == []
+    assert journal_files(data_path) == []
     topic.get_channel("kept")
     await wait_until(lambda: writes, "the stored channel's write")
 

@@ -19,9 +19,9 @@ from nsqpy.nsqd.metadata import (
 from nsqpy.nsqd.metadata_journal import MetadataJournal, apply_journals, journal_files
 from nsqpy.nsqd.worker import owner_of
 from tests.harness import start_nsqd
-from tests.nsqd.test_workers import WORKERS, topics_on_both, worker_pids
 from tests.support.http import get_json, post
 from tests.support.polling import poll
+from tests.support.workers import WORKERS, topics_on_both, worker_pids
 
 LOG = logging.getLogger("test")
 

@@ -26,19 +26,7 @@ from tests.harness import BIN, V2Connection, start_nsqd, start_nsqlookupd
 from tests.security.support import Certificates, make_certificates
 from tests.support.http import get_json, post, request
 from tests.support.polling import poll
-
-WORKERS = 2
-
-
-def topics_on_both(count: int, prefix: str = "w") -> list[str]:
-    """`count` topic names, half owned by each worker."""
-    owned: dict[int, list[str]] = {0: [], 1: []}
-    index = 0
-    while min(len(names) for names in owned.values()) < count // 2:
-        name = f"{prefix}{index}"
-        owned[owner_of(name, 0, WORKERS)].append(name)
-        index += 1
-    return [name for pair in zip(owned[0], owned[1], strict=False) for name in pair][:count]
+from tests.support.workers import WORKERS, topics_on_both, worker_pids
 
 
 @pytest.fixture(scope="module")
@@ -71,15 +59,6 @@ def consume(daemon, topic: str, count: int, channel: str = "ch") -> list[bytes]:
             bodies.append(message.body)
             consumer.finish(message.id)
         return bodies
-
-
-def worker_pids(daemon) -> list[int]:
-    pid = daemon.process.pid
-    children = []
-    for thread in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{thread}/children") as listed:
-            children += [int(child) for child in listed.read().split()]
-    return children
 
 
 def test_every_topic_is_served_whichever_worker_accepts(nsqd):
