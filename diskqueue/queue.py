@@ -390,27 +390,63 @@ class DiskQueue:
 
     # -- writing --------------------------------------------------------------------------
 
-    def _write_framed(self, records: Sequence[bytes], lengths: list[int], nbytes: int) -> None:
-        """Write ``records`` (all bound for the current write file) with one ``os.write``."""
-        parts: list[bytes] = [b""] * (2 * len(records))
-        parts[0::2] = map(_pack_header, lengths)
-        parts[1::2] = records
-        buf = b"".join(parts)
+    def put_framed(self, data: bytes, ends: list[int], start: int, stop: int, largest: int) -> None:
+        """Append records `start` to `stop` of `data`, records already framed (`[4 size]
+        [record]` each, record i ending at `ends[i]`, none larger than `largest`): the
+        records of a batch many queues take, framed once for all of them. Written as
+        `put_many` writes, one ``os.write`` per data file it lands in."""
+        if stop <= start:
+            return
+        if largest > self.max_msg_size:
+            raise MessageSizeError(largest, self.min_msg_size, self.max_msg_size)
+        if self._closed:
+            raise QueueClosedError(self.name)
+        begin = ends[start - 1] if start else 0
+        view = memoryview(data)
+        pos = self._write_pos
+        max_bytes = self.max_bytes_per_file
+        if pos + ends[stop - 1] - begin <= max_bytes:
+            self._write_bytes(view[begin : ends[stop - 1]], stop - start)
+        else:
+            # writeOne's roll rule record by record, as put_many applies it.
+            first = start
+            for index in range(start, stop):
+                previous = ends[index - 1] if index else 0
+                total = ends[index] - previous
+                if pos > 0 and pos + total > max_bytes:
+                    if index > first:
+                        self._write_bytes(view[begin:previous], index - first)
+                    self._roll()
+                    pos = 0
+                    first, begin = index, previous
+                pos += total
+            self._write_bytes(view[begin : ends[stop - 1]], stop - first)
+        if self._ops_left <= 0 and self.auto_sync:
+            self.sync()
+
+    def _write_bytes(self, buf: bytes | memoryview, count: int) -> None:
+        """`count` framed records, all bound for the current write file, in one write."""
+        nbytes = len(buf)
         fd = self._write_fd
         if fd is None:
             fd = self._open_write_file()
         try:
             written = os.write(fd, buf)
-            if written < nbytes:
-                view = memoryview(buf)
-                while written < nbytes:
-                    written += os.write(fd, view[written:])
+            while written < nbytes:
+                written += os.write(fd, buf[written:])
         except OSError:
             self._abort_write()
             raise
         self._write_pos += nbytes
-        self._depth += len(records)
-        self._ops_left -= len(records)
+        self._depth += count
+        self._ops_left -= count
+
+    def _write_framed(self, records: Sequence[bytes], lengths: list[int], nbytes: int) -> None:
+        """Write ``records`` (all bound for the current write file) with one ``os.write``."""
+        parts: list[bytes] = [b""] * (2 * len(records))
+        parts[0::2] = map(_pack_header, lengths)
+        parts[1::2] = records
+        self._write_bytes(b"".join(parts), len(records))
 
     def _open_write_file(self) -> int:
         # go-diskqueue writeOne: O_RDWR|O_CREATE, 0600, then seek to writePos.

@@ -43,6 +43,9 @@ class DroppingQueue:
     def put_many(self, records: Iterable[bytes]) -> None:
         pass
 
+    def put_framed(self, data: bytes, ends: list[int], start: int, stop: int, largest: int) -> None:
+        pass
+
     def get_many(self, max_count: int) -> list[bytes]:
         return []
 

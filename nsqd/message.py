@@ -12,6 +12,8 @@ from nsqpy.common.message import MESSAGE_HEADER_SIZE
 RECORD_OVERHEAD = 4 + MESSAGE_HEADER_SIZE
 
 _RECORD_HEADER = struct.Struct(">qH16s")
+# A diskqueue's framing of a fresh message's record: [4 size][8 ts][2 attempts = 0][16 id].
+_FRAMED_HEADER = struct.Struct(">iqH16s")
 
 
 class Message:
@@ -97,7 +99,7 @@ class MessageBatch:
     overflow to the diskqueue are made on the way to it. Each channel queues a batch of its
     own over the same lists (`view`): taking from one leaves the others where they are."""
 
-    __slots__ = ("ids", "bodies", "timestamp", "start", "offset")
+    __slots__ = ("ids", "bodies", "timestamp", "start", "offset", "_framed")
 
     def __init__(
         self, ids: list[bytes], bodies: list[bytes], timestamp: int, offset: int = 0
@@ -107,6 +109,8 @@ class MessageBatch:
         self.timestamp = timestamp
         self.start = 0  # the first message not taken yet
         self.offset = offset  # its record's position (Message.offset)
+        # The batch's diskqueue records, made once for every channel's view (`framed`).
+        self._framed: list[FramedRecords | None] = [None]
 
     def __len__(self) -> int:
         return len(self.bodies) - self.start
@@ -115,7 +119,17 @@ class MessageBatch:
         """The messages not taken yet, as another channel's batch."""
         other = MessageBatch(self.ids, self.bodies, self.timestamp, self.offset)
         other.start = self.start
+        other._framed = self._framed
         return other
+
+    def framed(self) -> "FramedRecords":
+        """Every message of the batch as a diskqueue writes it, framed: made by the first
+        channel whose copy overflows to its diskqueue, shared by the rest (with a hundred
+        channels, one encoding of the batch instead of a hundred)."""
+        framed = self._framed[0]
+        if framed is None:
+            framed = self._framed[0] = FramedRecords(self.ids, self.bodies, self.timestamp)
+        return framed
 
     def take(self, count: int) -> list[Message]:
         """The next `count` (or all that are left) as Messages."""
@@ -136,3 +150,29 @@ class MessageBatch:
 
     def __repr__(self) -> str:
         return f"MessageBatch({len(self)} of {len(self.bodies)} left)"
+
+
+class FramedRecords:
+    """A batch of fresh messages as a diskqueue's records, framed (`[4 size][record]` each,
+    attempts 0), in one bytes object with where each record ends; any run of them is a slice
+    a diskqueue writes as it is (`DiskQueue.put_framed`)."""
+
+    __slots__ = ("data", "ends", "largest")
+
+    def __init__(self, ids: list[bytes], bodies: list[bytes], timestamp: int) -> None:
+        pack = _FRAMED_HEADER.pack
+        header_size = MESSAGE_HEADER_SIZE
+        parts: list[bytes] = [b""] * (2 * len(bodies))
+        parts[0::2] = [
+            pack(header_size + len(body), timestamp, 0, message_id)
+            for message_id, body in zip(ids, bodies, strict=True)
+        ]
+        parts[1::2] = bodies
+        self.data = b"".join(parts)
+        ends = []
+        position = 0
+        for body in bodies:
+            position += RECORD_OVERHEAD + len(body)
+            ends.append(position)
+        self.ends = ends
+        self.largest = header_size + max(map(len, bodies), default=0)

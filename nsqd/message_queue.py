@@ -263,6 +263,8 @@ class BufferedDiskQueue:
             self.memory_count += count
             return None
         if isinstance(messages, MessageBatch):
+            if not (strict and room <= 0 and self.storage.deferring):
+                return self._append_batch(messages, room, strict=strict)
             # As Messages, the batch itself left as it was (the publisher counts it).
             messages = messages.view().take(count)
         # The overflow first, so a failed write leaves nothing half-kept in memory.
@@ -280,6 +282,28 @@ class BufferedDiskQueue:
         if room > 0:
             memory.extend(messages[:room])
             self.memory_count += room
+        return None
+
+    def _append_batch(
+        self, batch: MessageBatch, room: int, *, strict: bool
+    ) -> BackendWriteError | None:
+        """`append` of a batch memory cannot hold all of: what overflows written as the
+        batch's shared records (framed once for all the channels that take it), the rest
+        kept in memory as Messages; the batch itself left as it was."""
+        kept = max(room, 0)
+        try:
+            self.storage.write_framed_to_backend(
+                self.backend, batch, batch.start + kept, self._failure, self._failure_args
+            )
+        except BackendWriteError as error:
+            if strict:
+                raise
+            self.memory.append(batch.view())
+            self.memory_count += len(batch)
+            return error
+        if kept:
+            self.memory.extend(batch.view().take(kept))
+            self.memory_count += kept
         return None
 
     def put_back(self, messages: list[Message], *, first: bool = False) -> None:

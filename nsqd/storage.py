@@ -30,7 +30,7 @@ from nsqpy.diskqueue import DiskQueue
 from nsqpy.nsqd.backend import BackendWriteError, DroppingQueue, open_backend, write_error
 from nsqpy.nsqd.health import Health
 from nsqpy.nsqd.log_writer import LogWriter, WriteGroup
-from nsqpy.nsqd.message import Message
+from nsqpy.nsqd.message import Message, MessageBatch
 from nsqpy.nsqd.message_queue import BufferedTopicQueue, LogTopicQueue, TopicQueue
 from nsqpy.nsqd.options import Options
 from nsqpy.partition_log import PartitionLog, ProducerMark, log_exists
@@ -177,6 +177,30 @@ class Storage:
         self.health.write_done(None)
         if isinstance(backend, DiskQueue):
             self._written_backends.add(backend)
+
+    def write_framed_to_backend(
+        self,
+        backend: DiskQueue | DroppingQueue,
+        batch: MessageBatch,
+        start: int,
+        failure: str,
+        args: tuple,
+    ) -> None:
+        """`write_to_backend` for a batch's messages from `start` on: its records framed
+        once for every queue that writes them (`MessageBatch.framed`)."""
+        framed = batch.framed()
+        try:
+            backend.put_framed(framed.data, framed.ends, start, len(framed.ends), framed.largest)
+        except OSError as os_error:
+            self._write_failed(write_error(backend, os_error), failure, *args)
+        self.health.write_done(None)
+        if isinstance(backend, DiskQueue):
+            self._written_backends.add(backend)
+
+    @property
+    def deferring(self) -> bool:
+        """Inside `deferring_writes`: a deferrable write waits for the pass to end."""
+        return self._deferring
 
     @contextmanager
     def deferring_writes(self) -> Iterator[None]:

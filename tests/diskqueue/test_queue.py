@@ -1,5 +1,6 @@
 """DiskQueue unit tests: order, depth, rolling, size limits, empty/delete/close, syncing."""
 
+import itertools
 import os
 import shutil
 import struct
@@ -119,6 +120,31 @@ def test_put_many_lays_out_files_exactly_like_put(tmp_path: Path) -> None:
     for name in data_files(one):
         assert (one / name).read_bytes() == (many / name).read_bytes()
     assert meta_text(one) == meta_text(many)
+
+
+def test_put_framed_lays_out_files_exactly_like_put(tmp_path: Path) -> None:
+    """Records framed once (a batch many channels take) land as `put` would put them, rolls
+    included, from any first record on."""
+    records = [bytes([i % 251]) * (1 + (i * 37) % 90) for i in range(300)]
+    framed = b"".join(struct.pack(">i", len(r)) + r for r in records)
+    ends = list(itertools.accumulate(4 + len(r) for r in records))
+    largest = max(map(len, records))
+    one, framed_dir = tmp_path / "one", tmp_path / "framed"
+    one.mkdir()
+    framed_dir.mkdir()
+    q1 = open_queue(one, max_bytes_per_file=500)
+    for r in records[3:]:
+        q1.put(r)
+    q1.close()
+    q2 = open_queue(framed_dir, max_bytes_per_file=500)
+    q2.put_framed(framed, ends, 3, 10, largest)
+    q2.put_framed(framed, ends, 10, 10, largest)  # nothing
+    q2.put_framed(framed, ends, 10, 300, largest)
+    q2.close()
+    assert data_files(one) == data_files(framed_dir)
+    for name in data_files(one):
+        assert (one / name).read_bytes() == (framed_dir / name).read_bytes()
+    assert meta_text(one) == meta_text(framed_dir)
 
 
 def test_sizes_outside_bounds_are_refused_with_go_text(tmp_path: Path) -> None:

@@ -443,6 +443,31 @@ async def test_channel_overflows_to_its_diskqueue(nsqd):
     assert channel.depth == 0 and channel.backend_depth == 0
 
 
+@with_options(mem_queue_size=10)
+async def test_every_channel_of_an_mpub_that_overflows_delivers_the_same_messages(nsqd):
+    """An MPUB's records are framed once for every channel that writes them: each channel,
+    whatever memory it had left, delivers every message, with the same ID, timestamp and
+    body, in the order published."""
+    wires = [await consumer(nsqd, "t", f"c{n}", rdy=0) for n in range(3)]
+    topic = nsqd.topics["t"]
+    await publish(nsqd, "t", bodies_of(5), batch=5)  # c0..c2 keep these in memory
+    await wires[1].send(encode_rdy(5))
+    await drain(wires[1], 5)  # c1 has room again
+    await wires[1].send(encode_rdy(0))
+    (client,) = topic.channels["c1"].clients.values()
+    await wait_until(lambda: client.ready_count == 0, "c1 takes no more")
+    bodies = bodies_of(400)
+    await publish(nsqd, "t", bodies, batch=100)
+    assert [topic.channels[f"c{n}"].depth for n in range(3)] == [405, 400, 405]
+    seen = []
+    for wire in wires:
+        await wire.send(encode_rdy(500))
+        received = await drain(wire, 405 if wire is not wires[1] else 400, timeout=30)
+        seen.append([(m.id, m.timestamp, m.body) for m in received][-400:])
+    assert [body for _id, _ts, body in seen[0]] == bodies
+    assert seen[0] == seen[1] == seen[2]
+
+
 @with_options(mem_queue_size=0)
 async def test_mem_queue_size_zero_sends_everything_through_disk(nsqd):
     wire = await consumer(nsqd, "t", "c", rdy=0)
