@@ -20,6 +20,7 @@ from nsqpy.common.names import is_ephemeral
 from nsqpy.nsqd import dead_letters
 from nsqpy.nsqd.backend import BackendWriteError
 from nsqpy.nsqd.cursor_queue import CursorQueue
+from nsqpy.nsqd.deferred_queue import DeferredQueue
 from nsqpy.nsqd.delivery import FIFO, ORDERED
 from nsqpy.nsqd.e2e import LatencyStream, merged_result
 from nsqpy.nsqd.inflight import DeadlineQueue
@@ -61,7 +62,9 @@ class Channel:
         self.nsqd = nsqd
         self.ephemeral = is_ephemeral(name)
         self.in_flight = DeadlineQueue()
-        self.deferred = DeadlineQueue()
+        # Deferred messages as compact entries (`nsqd/deferred_queue.py`), unless a delay
+        # queue takes them (below: it moves them by identity).
+        self.deferred: DeadlineQueue | DeferredQueue = DeferredQueue()
         # What waits to be delivered (`nsqd/message_queue.py`), from the topic's engine: Go's
         # memory and diskqueue, or a cursor into the partition's log.
         self.queue: MessageQueue = topic.queue.open_channel_queue(
@@ -76,6 +79,7 @@ class Channel:
         self.cursor: CursorQueue | None = None
         if isinstance(self.queue, CursorQueue) and self.queue.delay_queue is not None:
             self.cursor = self.queue
+            self.deferred = DeadlineQueue()
             self.queue.on_window_full = self._move_deferred_to_end
             self.queue.on_moved = self._moved
             self.queue.on_move_failed = self._move_failed

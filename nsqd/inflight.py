@@ -23,7 +23,9 @@ class DeadlineQueue:
 
     def __init__(self) -> None:
         self._by_id: dict[bytes, Message] = {}
-        self._heap: list[tuple[float, int, tuple[Message, ...]]] = []
+        # (deadline, order, a pump batch's messages as a tuple, or one message alone: a REQ's,
+        # a TOUCH's, without a tuple of its own)
+        self._heap: list[tuple[float, int, tuple[Message, ...] | Message]] = []
         self._order = itertools.count()
         self._references = 0  # messages referenced from the heap, live or stale
 
@@ -40,7 +42,11 @@ class DeadlineQueue:
         return self._by_id.get(message_id)
 
     def push(self, message: Message, deadline: float) -> None:
-        self.push_batch((message,), deadline)
+        message.deadline = deadline
+        self._by_id[message.id] = message
+        heapq.heappush(self._heap, (deadline, next(self._order), message))
+        self._references += 1
+        self._rebuild_if_stale()
 
     def push_batch(self, messages: tuple[Message, ...] | list[Message], deadline: float) -> None:
         """Many messages with one deadline: one heap entry (a pump batch, docs/design.md §3.4)."""
@@ -50,7 +56,11 @@ class DeadlineQueue:
             by_id[message.id] = message
         heapq.heappush(self._heap, (deadline, next(self._order), tuple(messages)))
         self._references += len(messages)
-        if self._references > _MIN_REFERENCES_FOR_REBUILD and self._references > 2 * len(by_id):
+        self._rebuild_if_stale()
+
+    def _rebuild_if_stale(self) -> None:
+        references = self._references
+        if references > _MIN_REFERENCES_FOR_REBUILD and references > 2 * len(self._by_id):
             self._rebuild()
 
     def reschedule(self, message: Message, deadline: float) -> None:
@@ -66,7 +76,8 @@ class DeadlineQueue:
         by_id = self._by_id
         due: list[Message] = []
         while heap and heap[0][0] <= now:
-            deadline, _order, messages = heapq.heappop(heap)
+            deadline, _order, held = heapq.heappop(heap)
+            messages = (held,) if isinstance(held, Message) else held
             self._references -= len(messages)
             for message in messages:
                 if message.deadline == deadline and by_id.get(message.id) is message:

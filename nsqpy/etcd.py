@@ -1324,6 +1324,9 @@ async def keep_lease_alive(
             expires = sent + remaining
             next_refresh = sent + ttl / 3
             continue
+        # Nothing answered for as long as the lease lasts: etcd is away, whether or not an
+        # attempt of its own ran out first (its timeout may be longer than what was left).
+        client.health.failed(f"no answer within the lease's TTL of {ttl:g} s")
         raise LeaseLost(f"etcd lease {lease}: no refresh succeeded within its TTL of {ttl:g} s")
 
 

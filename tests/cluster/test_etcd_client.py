@@ -286,12 +286,16 @@ async def test_keep_lease_alive_raises_when_the_lease_is_revoked(etcd):
 
 
 async def test_keep_lease_alive_gives_up_when_etcd_answers_nothing_for_a_ttl(etcd, etcd_server):
+    """And says etcd is unreachable: the refresh's own attempt (1 s) outlasts what is left
+    of a 1 s lease, so no attempt of its own ran out to say it."""
     lease = await etcd.grant_lease(1)
     try:
         with trio.fail_after(5), pytest.RaisesGroup(pytest.RaisesExc(LeaseLost, match="within")):
             async with trio.open_nursery() as nursery:
                 await nursery.start(keep_lease_alive, etcd, lease, 1)
                 etcd_server.pause()
+        assert not etcd.health.reachable
+        assert "lease's TTL" in etcd.health.error
     finally:
         etcd_server.resume()
 
