@@ -10,8 +10,11 @@ poller").
 Routes that may wait (their handlers are coroutine functions: a call out over the network, a
 lock) are answered off the poller: the connection leaves the epoll set, a task answers its
 requests and writes, and the connection comes back. A client that does not read its answers
-is handled the same way (the task waits until it can write). TLS connections keep a task of
-their own.
+is handled the same way (the task waits until it can write).
+
+HTTPS connections are served the same way once their handshake is done (by a task of their
+own): the poller reads the socket and has the connection's `TLSStream` decrypt what came and
+encrypt the answers, which it writes as it writes a plain connection's (`ConnectionState.tls`).
 
 Within a pass, a publish that overflows to a diskqueue has its write put off (the router's
 `write_pass`): each diskqueue gets one write for all of the pass's publishes when the pass
@@ -38,6 +41,7 @@ from nsqpy.daemon.http_server import (
     RequestRouter,
     _send_all_fd,
 )
+from nsqpy.daemon.tls_stream import TLSStream
 
 # How long a connection the server closes may still send (and have it dropped): Go's
 # rstAvoidanceDelay.
@@ -77,6 +81,28 @@ class HTTPPoller:
     def add(self, stream: trio.SocketStream, remote: str) -> None:
         sock = stream.socket
         state = ConnectionState(self._router, self._max_body_size, remote, self._on_error)
+        self._watch(sock, state)
+
+    def add_tls(
+        self, stream: trio.SocketStream, tls: TLSStream, remote: str, common_name: str | None
+    ) -> None:
+        """An HTTPS connection whose handshake is done: served like a plain one, through
+        `tls`. What came with the handshake is answered by a task first."""
+        state = ConnectionState(self._router, self._max_body_size, remote, self._on_error)
+        state.common_name = common_name
+        state.tls = tls
+        sock = stream.socket
+        buffered, ended = tls.decrypt_now(None)
+        if ended and not buffered:
+            sock.close()
+            return
+        if buffered:
+            final = state.feed(buffered)
+            requests = state.take_requests()
+            self._nursery.start_soon(
+                self._answer_off_poller, sock, state, [], requests, final, ended
+            )
+            return
         self._watch(sock, state)
 
     def adopt(self, sock: socket.socket, remote: str, pending: bytes) -> None:
@@ -145,7 +171,20 @@ class HTTPPoller:
             return
         except OSError:
             data = b""
-        if not data:
+        tls = state.tls
+        if tls is not None:
+            # What came decrypted: nothing yet while a record is incomplete. A connection
+            # that ended is reported readable again, and closed then, once its last
+            # requests are answered.
+            try:
+                data, ended = tls.decrypt_now(data)
+            except trio.BrokenResourceError:
+                data, ended = b"", True
+            if not data:
+                if ended:
+                    self._close(fd)
+                return
+        elif not data:
             self._close(fd)
             return
         final = state.feed(data)
@@ -182,7 +221,7 @@ class HTTPPoller:
             held.append((fd, state, out, final, close, groups))
             return
         if requests:
-            if self._mover is not None and not out and final is None:
+            if self._mover is not None and not out and final is None and tls is None:
                 move = self._mover(requests[0])
                 if move is not None and not state.events.in_message:
                     sock, _state = self._unwatch(fd)
@@ -202,19 +241,17 @@ class HTTPPoller:
             close = True
         if out:
             data = out[0] if len(out) == 1 else b"".join(out)
-            try:
-                sent = os.write(fd, data)
-            except BlockingIOError:
-                sent = 0
-            except OSError:
+            state = self._connections[fd][1]
+            rest = _write_now(fd, state, data)
+            if rest is None:
                 self._close(fd)
                 return
-            if sent < len(data):
-                self._hand_over(fd, [data[sent:]], [], None, close=close)
+            if rest:
+                self._hand_over(fd, rest, [], None, close=close)
                 return
         if close:
-            sock, _state = self._unwatch(fd)
-            self._nursery.start_soon(_close_after_answer, sock)
+            sock, state = self._unwatch(fd)
+            self._nursery.start_soon(_close_after_answer, sock, state.tls)
 
     def _answer_held(self, held: list[tuple], committing: list[tuple]) -> None:
         """The answers of a pass that waited for its writes (made as the pass ended): sent,
@@ -257,17 +294,14 @@ class HTTPPoller:
                 # The common case, a publish and nothing after it: write the answers now and
                 # give the connection back, without a task.
                 data = out[0] if len(out) == 1 else b"".join(out)
-                try:
-                    sent = os.write(sock.fileno(), data)
-                except BlockingIOError:
-                    sent = 0
-                except OSError:
+                rest = _write_now(sock.fileno(), state, data)
+                if rest is None:
                     sock.close()
                     continue
-                if sent == len(data):
+                if not rest:
                     self._watch(sock, state)
                     continue
-                out = [data[sent:]]
+                out = rest
             self._nursery.start_soon(
                 self._answer_off_poller, sock, state, out, requests, final, close
             )
@@ -281,23 +315,24 @@ class HTTPPoller:
         connection back to the poller, or close it."""
         fd = sock.fileno()
         try:
-            # What was answered already goes out before anything waits.
-            if out and not await _send_all_fd(fd, b"".join(out)):
+            # What was answered already goes out before anything waits (over TLS, what the
+            # stream holds encrypted too).
+            if (out or state.tls is not None) and not await _send_all(fd, state, b"".join(out)):
                 close = True
             for request in requests:
                 if close:
                     break
                 answer, close = await state.answer(request)
-                if not await _send_all_fd(fd, answer):
+                if not await _send_all(fd, state, answer):
                     close = True
             if final is not None and not close:
-                await _send_all_fd(fd, final)
+                await _send_all(fd, state, final)
                 close = True
         except BaseException:
             sock.close()
             raise
         if close:
-            await _close_after_answer(sock)
+            await _close_after_answer(sock, state.tls)
         else:
             self._watch(sock, state)
 
@@ -310,13 +345,48 @@ async def _move(sock, move, pending: bytes) -> None:
         sock.close()
 
 
-async def _close_after_answer(sock) -> None:
+def _write_now(fd: int, state: ConnectionState, data: bytes) -> list[bytes] | None:
+    """Write what the socket takes of `data` now: None when the connection broke, else what
+    a task must still write ([] for nothing; over TLS the rest waits encrypted in the
+    stream, and [b""] says a task must flush it)."""
+    tls = state.tls
+    if tls is not None:
+        try:
+            return [] if tls.send_now(data) else [b""]
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return None
+    try:
+        sent = os.write(fd, data)
+    except BlockingIOError:
+        sent = 0
+    except OSError:
+        return None
+    return [] if sent == len(data) else [data[sent:]]
+
+
+async def _send_all(fd: int, state: ConnectionState, data: bytes) -> bool:
+    """Write all of `data` (over TLS, encrypted, after what the stream still holds), waiting
+    whenever the client is not reading; False when the connection broke."""
+    tls = state.tls
+    if tls is None:
+        return await _send_all_fd(fd, data)
+    try:
+        await tls.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return False
+    return True
+
+
+async def _close_after_answer(sock, tls: TLSStream | None = None) -> None:
     """Go's closeWriteAndWait: closing with unread input makes the kernel send a reset, which
     can destroy the end of our answer before the client has read it (a client that sent more
-    after a request we refused, say). Send FIN first, read and drop what comes (up to a
-    limit) for a moment, then close."""
+    after a request we refused, say). Send FIN first (over TLS, a close_notify before it),
+    read and drop what comes (up to a limit) for a moment, then close."""
     try:
-        sock.shutdown(socket.SHUT_WR)
+        if tls is not None:
+            await tls.send_eof()
+        else:
+            sock.shutdown(socket.SHUT_WR)
         with trio.move_on_after(LINGER_SECONDS):
             dropped = 0
             while dropped < LINGER_MAX_BYTES:
@@ -326,7 +396,7 @@ async def _close_after_answer(sock) -> None:
                 dropped += len(data)
             # A client still streaming: stop reading (as Go does) until the delay is over.
             await trio.sleep_forever()
-    except OSError:
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
         pass
     finally:
         sock.close()

@@ -692,7 +692,7 @@ class ConnectionState:
     """One HTTP connection without its I/O: bytes in, complete requests out, and their
     answers as bytes. The per-connection task and the HTTP poller both drive it."""
 
-    __slots__ = ("router", "remote", "common_name", "on_error", "events", "parser")
+    __slots__ = ("router", "remote", "common_name", "on_error", "events", "parser", "tls")
 
     def __init__(
         self,
@@ -710,6 +710,8 @@ class ConnectionState:
         self.events = _ParserEvents(max_body_size, router)
         self.parser = httptools.HttpRequestParser(self.events)
         self.events.parser = self.parser
+        # The connection's TLS while the HTTP poller serves it over HTTPS; None otherwise.
+        self.tls: TLSStream | None = None
 
     def feed(self, data: bytes | bytearray) -> bytes | None:
         """Parse `data`. Returns the last answer to send (after answering the requests that
@@ -913,7 +915,8 @@ async def serve_http(
         log.error("HTTP: internal error - %r", error, exc_info=error)
 
     poller = None
-    if tls_context is None and polls_plain_sockets():
+    if polls_plain_sockets():
+        # HTTPS too, once each connection's handshake is done.
         poller = HTTPPoller(router, nursery, max_body_size, log_error, mover)
         nursery.start_soon(poller.run)
         if on_poller is not None:
@@ -921,7 +924,7 @@ async def serve_http(
 
     async def serve(stream: trio.SocketStream) -> None:
         remote = peer_address(stream, unknown="")
-        if poller is not None and isinstance(stream, trio.SocketStream):
+        if poller is not None and tls_context is None and isinstance(stream, trio.SocketStream):
             poller.add(stream, remote)
             return
         connection: trio.abc.Stream = stream
@@ -935,6 +938,9 @@ async def serve_http(
                 return
             connection = tls
             common_name = peer_common_name(tls.ssl_object)
+            if poller is not None:
+                poller.add_tls(stream, tls, remote, common_name)
+                return
         await serve_http_connection(
             connection,
             router,

@@ -101,6 +101,39 @@ class TLSStream(trio.abc.HalfCloseableStream):
                 return self._ended()
             parked |= await self._receive_records()
 
+    def decrypt_now(self, raw: bytes | None) -> tuple[bytes, bool]:
+        """For a caller that reads the socket itself (the HTTP poller): `raw`, what it read
+        (b"" at the connection's end, None for nothing new), taken in; every whole record's
+        bytes that are there now, and whether the connection ended (close_notify, or its
+        end: HTTPS's way). What reading produced for the peer (a TLS 1.3 key update's
+        answer) is written as it can."""
+        if raw:
+            self._incoming.write(raw)
+        elif raw is not None:
+            self._incoming.write_eof()
+        pieces: list[bytes] = []
+        ended = False
+        while True:
+            try:
+                data = self._decrypted(RECEIVE_SIZE)
+            except trio.BrokenResourceError:
+                ended = True
+                break
+            if data is None:
+                break
+            if not data:
+                ended = True
+                break
+            pieces.append(data)
+        if self._outgoing.pending:
+            self.send_now(b"")
+        return b"".join(pieces), ended or self._incoming.eof
+
+    @property
+    def sends_pending(self) -> bool:
+        """Encrypted bytes the socket has not taken yet."""
+        return bool(self._unsent)
+
     async def wait_send_all_might_not_block(self) -> None:
         await trio.lowlevel.wait_writable(self._fd)
 
