@@ -10,10 +10,14 @@ class ResponseParser:
     `complete` at its end. Bytes that are not HTTP raise `error` (ValueError unless the
     caller names its own)."""
 
-    __slots__ = ("_parser", "_error", "status", "complete", "keep_alive", "_body")
+    __slots__ = ("_parser", "_callbacks", "_error", "status", "complete", "keep_alive", "_body")
 
     def __init__(self, error: type[Exception] = ValueError) -> None:
-        self._parser = httptools.HttpResponseParser(self)
+        # The parser holds its callbacks, and they reach back only while it feeds them: a
+        # parser and its owner that held each other would wait for the cycle collector
+        # after every answer (the etcd client makes one an answer, for months).
+        self._callbacks = _Callbacks()
+        self._parser = httptools.HttpResponseParser(self._callbacks)
         self._error = error
         self.status = 0
         self.complete = False
@@ -21,23 +25,40 @@ class ResponseParser:
         self._body = bytearray()
 
     def feed(self, data: bytes | bytearray) -> None:
+        self._callbacks.owner = self
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as error:
             raise self._error(f"bad HTTP answer: {error}") from None
+        finally:
+            self._callbacks.owner = None
 
     def take_body(self) -> bytes:
         body = bytes(self._body)
         self._body.clear()
         return body
 
-    # httptools callbacks
+
+class _Callbacks:
+    """httptools' callbacks for a `ResponseParser`, which is `owner` while it feeds."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self) -> None:
+        self.owner: ResponseParser | None = None
+
     def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
+        owner = self.owner
+        assert owner is not None  # called inside `feed`
+        owner.status = owner._parser.get_status_code()
 
     def on_body(self, body: bytes) -> None:
-        self._body += body
+        owner = self.owner
+        assert owner is not None
+        owner._body += body
 
     def on_message_complete(self) -> None:
-        self.complete = True
-        self.keep_alive = self._parser.should_keep_alive()
+        owner = self.owner
+        assert owner is not None
+        owner.complete = True
+        owner.keep_alive = owner._parser.should_keep_alive()

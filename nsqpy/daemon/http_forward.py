@@ -82,6 +82,9 @@ class HTTPForwarder:
         except BaseException:
             await stream.aclose()
             raise
+        finally:
+            # The parser holds the answer's callbacks: without this they hold each other.
+            answer.parser = None
         if answer.keep_alive:
             self._idle.setdefault(address, []).append(stream)
         else:

@@ -611,7 +611,9 @@ class _ParserEvents:
         self.max_body = max_body
         self.router = router
         self.completed: list[tuple[str, bytes, dict[str, str], bytes, bool, bool]] = []
-        # Set right after: the parser is made with these callbacks.
+        # The parser feeding these callbacks, only while it feeds them
+        # (`ConnectionState.feed`): held longer, the two would hold each other, and every
+        # closed connection would wait for the cycle collector.
         self.parser: httptools.HttpRequestParser = None  # type: ignore[assignment]
         self._url = b""
         self._headers: dict[str, str] = {}
@@ -709,7 +711,6 @@ class ConnectionState:
         self.on_error = on_error
         self.events = _ParserEvents(max_body_size, router)
         self.parser = httptools.HttpRequestParser(self.events)
-        self.events.parser = self.parser
         # The connection's TLS while the HTTP poller serves it over HTTPS; None otherwise.
         self.tls: TLSStream | None = None
 
@@ -718,6 +719,7 @@ class ConnectionState:
         completed before it) when the connection cannot go on: a request that does not
         parse, or headers past the limit; None otherwise."""
         events = self.events
+        events.parser = self.parser
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -727,6 +729,8 @@ class ConnectionState:
                 return _HEADERS_TOO_LARGE
             if not isinstance(error.__context__, _AnswerEarly):
                 return encode_response(_BAD_REQUEST, True)
+        finally:
+            events.parser = None  # type: ignore[assignment]
         if events.in_headers:
             events.header_bytes += len(data)
             if events.header_bytes > MAX_HEADER_BYTES:
