@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -469,6 +469,66 @@ class Report:
         if self.path:
             with open(self.path, "w") as out:
                 json.dump([asdict(record) for record in self.records], out, indent=1)
+
+
+def against_reference(
+    reference: str, runs: int, run_once: Callable[[], dict], label: str = ""
+) -> dict[str, list[dict]]:
+    """`run_once()` `runs` times on our nsqd and, with `reference` (another nsqd's path: Go's,
+    or another tree's console script), as often on that one, each right after ours in this
+    invocation; every result printed as it comes. The results by server: "nsqpy" (with the
+    flags of NSQPY_BENCH_NSQD_ARGS in its label, `server_label`) and "reference"."""
+    servers = [("nsqpy", "")]
+    if reference:
+        servers.append(("reference", os.path.abspath(reference)))
+    figures: dict[str, list[dict]] = {name: [] for name, _path in servers}
+    try:
+        for _run in range(runs):
+            for name, path in servers:
+                if path:
+                    os.environ[REFERENCE_NSQD] = path
+                else:
+                    os.environ.pop(REFERENCE_NSQD, None)
+                result = run_once()
+                figures[name].append(result)
+                shown = {
+                    key: round(value, 2) if isinstance(value, float) else value
+                    for key, value in result.items()
+                }
+                print(f"  {label}{name}: {json.dumps(shown)}", flush=True)
+    finally:
+        os.environ.pop(REFERENCE_NSQD, None)
+    return figures
+
+
+def server_label(name: str) -> str:
+    """ "nsqpy" with the flags NSQPY_BENCH_NSQD_ARGS gives it; another server's name as it is."""
+    extra = os.environ.get(NSQD_ARGS, "")
+    return f"{name} {extra}" if extra and name == "nsqpy" else name
+
+
+def add_figures(
+    report: Report,
+    bench: str,
+    title: Callable[[str, str], str],
+    figures: dict[str, list[dict]],
+    fields: Sequence[tuple[str, str]],
+) -> None:
+    """A Record for each server and each (key, unit) of `fields`, named `title(label, key)`."""
+    for name, results in figures.items():
+        load = [os.getloadavg()[0]] * len(results)
+        for key, unit in fields:
+            values = [float(result[key]) for result in results]
+            report.add(Record(bench, title(server_label(name), key), unit, values, load))
+
+
+def http_post(port: int, path: str) -> None:
+    """POST `path` to nsqd's HTTP port on 127.0.0.1; an error status raises."""
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        reply.read()
 
 
 def add_rates(report: Report, bench: str, name: str, samples: list) -> None:

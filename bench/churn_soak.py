@@ -22,9 +22,7 @@ after, in the same invocation.
 """
 
 import argparse
-import json
 import multiprocessing
-import os
 import selectors
 import socket
 import statistics
@@ -36,13 +34,13 @@ import urllib.request
 
 from bench._support import (
     MIB,
-    NSQD_ARGS,
-    REFERENCE_NSQD,
     Nsqd,
-    Record,
     Report,
     add_common_arguments,
+    add_figures,
+    against_reference,
     banner,
+    http_post,
     runs_of,
 )
 from nsqpy.common.command import (
@@ -110,12 +108,6 @@ def _connect(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
-
-
-def _post(http_port: int, path: str) -> None:
-    request = urllib.request.Request(f"http://127.0.0.1:{http_port}{path}", method="POST")
-    with urllib.request.urlopen(request, timeout=30) as reply:
-        reply.read()
 
 
 def _count_error(counts: dict, data: bytes) -> None:
@@ -283,7 +275,7 @@ def lifecycle(port: int, http_port: int, stop, results) -> None:
         begun = time.monotonic()
         topic = f"life{number}"
         number += 1
-        _post(http_port, f"/topic/create?topic={topic}")
+        http_post(http_port, f"/topic/create?topic={topic}")
         sock = _connect(port)
         sock.settimeout(10)
         frames = Frames(sock)
@@ -306,7 +298,7 @@ def lifecycle(port: int, http_port: int, stop, results) -> None:
             counts["broken"] = counts.get("broken", 0) + 1
         finally:
             sock.close()
-        _post(http_port, f"/topic/delete?topic={topic}")
+        http_post(http_port, f"/topic/delete?topic={topic}")
         counts["topics"] += 1
         time.sleep(max(0.0, begun + 1 - time.monotonic()))
     results.put(("lifecycle", counts))
@@ -328,7 +320,7 @@ def run_once(minutes: float) -> dict:
     seconds = minutes * 60
     with Nsqd() as nsqd:
         for index in range(STEADY_TOPICS):
-            _post(nsqd.http_port, f"/topic/create?topic=s{index}")
+            http_post(nsqd.http_port, f"/topic/create?topic=s{index}")
         context = multiprocessing.get_context("spawn")
         stop = context.Event()
         results = context.Queue()
@@ -414,44 +406,20 @@ def main(argv: list[str] | None = None) -> None:
         " connections/s, a topic made and deleted each second",
     )
     report = Report(args.json)
-    servers = [("nsqpy", "")]
-    if args.reference:
-        servers.append(("reference", os.path.abspath(args.reference)))
-    extra = os.environ.get(NSQD_ARGS, "")
-    figures: dict[str, list[dict]] = {name: [] for name, _path in servers}
-    for _run in range(runs):
-        for name, path in servers:
-            if path:
-                os.environ[REFERENCE_NSQD] = path
-            else:
-                os.environ.pop(REFERENCE_NSQD, None)
-            result = run_once(args.minutes)
-            figures[name].append(result)
-            shown = {
-                key: round(value, 2) if isinstance(value, float) else value
-                for key, value in result.items()
-            }
-            print(f"  {name}: {json.dumps(shown)}", flush=True)
-    os.environ.pop(REFERENCE_NSQD, None)
-    load = [os.getloadavg()[0]] * runs
-    for name, results in figures.items():
-        label = f"{name}{' ' + extra if extra and name == 'nsqpy' else ''}"
-        for key, unit in (
+    figures = against_reference(args.reference, runs, lambda: run_once(args.minutes))
+    add_figures(
+        report,
+        "churn_soak",
+        lambda label, key: f"soak {args.minutes:g} min, {label}: {key}",
+        figures,
+        (
             ("rss_growth_mib_per_min", "MiB/min"),
             ("rss_end_mib", "MiB"),
             ("cpu_us_per_operation", "µs"),
             ("stats_ms_median", "ms"),
             ("lost", "msgs"),
-        ):
-            report.add(
-                Record(
-                    "churn_soak",
-                    f"soak {args.minutes:g} min, {label}: {key}",
-                    unit,
-                    [float(result[key]) for result in results],
-                    load,
-                )
-            )
+        ),
+    )
     report.write()
 
 

@@ -14,9 +14,7 @@ in the same invocation.
 """
 
 import argparse
-import json
 import multiprocessing
-import os
 import socket
 import struct
 import sys
@@ -24,12 +22,11 @@ import time
 
 from bench._support import (
     MIB,
-    NSQD_ARGS,
-    REFERENCE_NSQD,
     Nsqd,
-    Record,
     Report,
     add_common_arguments,
+    add_figures,
+    against_reference,
     banner,
     runs_of,
 )
@@ -131,41 +128,19 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.mode}: one client, a connection after another, {args.seconds:g} s; {runs} run(s)",
     )
     report = Report(args.json)
-    servers = [("nsqpy", "")]
-    if args.reference:
-        servers.append(("reference", os.path.abspath(args.reference)))
-    figures: dict[str, list[dict]] = {name: [] for name, _path in servers}
-    for _run in range(runs):
-        for name, path in servers:
-            if path:
-                os.environ[REFERENCE_NSQD] = path
-            else:
-                os.environ.pop(REFERENCE_NSQD, None)
-            result = run_once(args.seconds, args.mode, [])
-            figures[name].append(result)
-            print(
-                f"  {name}: {json.dumps({k: round(v, 1) for k, v in result.items()})}", flush=True
-            )
-    os.environ.pop(REFERENCE_NSQD, None)
-    load = [os.getloadavg()[0]] * runs
-    extra = os.environ.get(NSQD_ARGS, "")
-    for name, results in figures.items():
-        label = f"{name}{' ' + extra if extra and name == 'nsqpy' else ''}"
-        for key, unit in (
+    figures = against_reference(args.reference, runs, lambda: run_once(args.seconds, args.mode, []))
+    add_figures(
+        report,
+        "connection_churn",
+        lambda label, key: f"{args.mode} churn {args.seconds:g} s, {label}: {key}",
+        figures,
+        (
             ("connections_per_s", "conn/s"),
             ("rss_growth_mib_per_min", "MiB/min"),
             ("rss_end_mib", "MiB"),
             ("cpu_us_per_connection", "µs"),
-        ):
-            report.add(
-                Record(
-                    "connection_churn",
-                    f"{args.mode} churn {args.seconds:g} s, {label}: {key}",
-                    unit,
-                    [result[key] for result in results],
-                    load,
-                )
-            )
+        ),
+    )
     report.write()
 
 

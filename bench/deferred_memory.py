@@ -11,20 +11,18 @@ after, in the same invocation.
 """
 
 import argparse
-import json
-import os
 import socket
 import sys
 import time
-import urllib.request
 
 from bench._support import (
-    REFERENCE_NSQD,
     Nsqd,
-    Record,
     Report,
     add_common_arguments,
+    add_figures,
+    against_reference,
     banner,
+    http_post,
     runs_of,
 )
 from nsqpy.common.command import MAGIC_V2, encode_dpub
@@ -45,10 +43,7 @@ def _acknowledge(sock: socket.socket, count: int) -> None:
 def run_once(count: int) -> dict:
     with Nsqd(["-mem-queue-size=1000000"]) as nsqd:
         for path in ("/topic/create?topic=t", "/channel/create?topic=t&channel=c"):
-            request = urllib.request.Request(
-                f"http://127.0.0.1:{nsqd.http_port}{path}", method="POST"
-            )
-            urllib.request.urlopen(request, timeout=30).read()
+            http_post(nsqd.http_port, path)
         sock = socket.create_connection(("127.0.0.1", nsqd.tcp_port))
         sock.sendall(MAGIC_V2)
         batch = encode_dpub("t", 3_600_000, BODY) * BATCH
@@ -78,31 +73,14 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.count:,} DPUBs of 100 B, an hour's delay, one channel; {runs} run(s)",
     )
     report = Report(args.json)
-    servers = [("nsqpy", "")]
-    if args.reference:
-        servers.append(("reference", os.path.abspath(args.reference)))
-    figures: dict[str, list[dict]] = {name: [] for name, _path in servers}
-    for _run in range(runs):
-        for name, path in servers:
-            if path:
-                os.environ[REFERENCE_NSQD] = path
-            else:
-                os.environ.pop(REFERENCE_NSQD, None)
-            result = run_once(args.count)
-            figures[name].append(result)
-            print(f"  {name}: {json.dumps({k: round(v, 1) for k, v in result.items()})}")
-    os.environ.pop(REFERENCE_NSQD, None)
-    load = [os.getloadavg()[0]] * runs
-    for name, results in figures.items():
-        report.add(
-            Record(
-                "deferred_memory",
-                f"deferred message, {name}: bytes beyond its body",
-                "B",
-                [result["bytes_beyond_body"] for result in results],
-                load,
-            )
-        )
+    figures = against_reference(args.reference, runs, lambda: run_once(args.count))
+    add_figures(
+        report,
+        "deferred_memory",
+        lambda label, _key: f"deferred message, {label}: bytes beyond its body",
+        figures,
+        (("bytes_beyond_body", "B"),),
+    )
     report.write()
 
 

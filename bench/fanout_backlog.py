@@ -13,23 +13,20 @@ invocation.
 """
 
 import argparse
-import json
-import os
 import socket
 import struct
 import sys
 import time
-import urllib.request
 
 from bench._support import (
     MIB,
-    NSQD_ARGS,
-    REFERENCE_NSQD,
     Nsqd,
-    Record,
     Report,
     add_common_arguments,
+    add_figures,
+    against_reference,
     banner,
+    http_post,
     runs_of,
 )
 from nsqpy.common.command import MAGIC_V2, encode_mpub
@@ -37,12 +34,6 @@ from nsqpy.common.command import MAGIC_V2, encode_mpub
 TOPIC = "fan"
 BATCH = 100
 IN_FLIGHT = 8
-
-
-def _post(port: int, path: str) -> None:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST")
-    with urllib.request.urlopen(request, timeout=30) as reply:
-        reply.read()
 
 
 def _read_answers(sock: socket.socket, buffer: bytearray, count: int) -> None:
@@ -68,9 +59,9 @@ def _depths(nsqd: Nsqd) -> list[int]:
 
 def run_once(channels: int, count: int) -> dict:
     with Nsqd() as nsqd:
-        _post(nsqd.http_port, f"/topic/create?topic={TOPIC}")
+        http_post(nsqd.http_port, f"/topic/create?topic={TOPIC}")
         for index in range(channels):
-            _post(nsqd.http_port, f"/channel/create?topic={TOPIC}&channel=c{index}")
+            http_post(nsqd.http_port, f"/channel/create?topic={TOPIC}&channel=c{index}")
         command = encode_mpub(TOPIC, [b"x" * 100] * BATCH)
         batches = count // BATCH
         sock = socket.create_connection(("127.0.0.1", nsqd.tcp_port))
@@ -116,40 +107,21 @@ def main(argv: list[str] | None = None) -> None:
         f" consumed; {runs} run(s)",
     )
     report = Report(args.json)
-    servers = [("nsqpy", "")]
-    if args.reference:
-        servers.append(("reference", os.path.abspath(args.reference)))
-    extra = os.environ.get(NSQD_ARGS, "")
     for size in sizes:
-        figures: dict[str, list[dict]] = {name: [] for name, _path in servers}
-        for _run in range(runs):
-            for name, path in servers:
-                if path:
-                    os.environ[REFERENCE_NSQD] = path
-                else:
-                    os.environ.pop(REFERENCE_NSQD, None)
-                result = run_once(size, args.count)
-                figures[name].append(result)
-                rounded = {key: round(value, 1) for key, value in result.items()}
-                print(f"  C={size} {name}: {json.dumps(rounded)}", flush=True)
-        os.environ.pop(REFERENCE_NSQD, None)
-        load = [os.getloadavg()[0]] * runs
-        for name, results in figures.items():
-            label = f"{name}{' ' + extra if extra and name == 'nsqpy' else ''}"
-            for key, unit in (
+        figures = against_reference(
+            args.reference, runs, lambda size=size: run_once(size, args.count), label=f"C={size} "
+        )
+        add_figures(
+            report,
+            "fanout_backlog",
+            lambda label, key, size=size: f"C={size}, {label}: {key}",
+            figures,
+            (
                 ("publish_msgs_per_s", "msgs/s"),
                 ("end_to_end_msgs_per_s", "msgs/s"),
                 ("rss_mib", "MiB"),
-            ):
-                report.add(
-                    Record(
-                        "fanout_backlog",
-                        f"C={size}, {label}: {key}",
-                        unit,
-                        [result[key] for result in results],
-                        load,
-                    )
-                )
+            ),
+        )
     report.write()
 
 

@@ -14,19 +14,17 @@ invocation.
 import argparse
 import http.client
 import json
-import os
 import statistics
 import sys
 import time
 
 from bench._support import (
     MIB,
-    NSQD_ARGS,
-    REFERENCE_NSQD,
     Nsqd,
-    Record,
     Report,
     add_common_arguments,
+    add_figures,
+    against_reference,
     banner,
     runs_of,
 )
@@ -90,36 +88,19 @@ def main(argv: list[str] | None = None) -> None:
         f"N topics x {len(CHANNELS)} channels over HTTP, N = {args.topics}; {runs} run(s)",
     )
     report = Report(args.json)
-    servers = [("nsqpy", "")]
-    if args.reference:
-        servers.append(("reference", os.path.abspath(args.reference)))
-    extra = os.environ.get(NSQD_ARGS, "")
     for size in sizes:
-        figures: dict[str, list[dict]] = {name: [] for name, _path in servers}
-        for _run in range(runs):
-            for name, path in servers:
-                if path:
-                    os.environ[REFERENCE_NSQD] = path
-                else:
-                    os.environ.pop(REFERENCE_NSQD, None)
-                result = run_once(size)
-                figures[name].append(result)
-                rounded = {key: round(value, 2) for key, value in result.items()}
-                print(f"  N={size} {name}: {json.dumps(rounded)}", flush=True)
-        os.environ.pop(REFERENCE_NSQD, None)
-        load = [os.getloadavg()[0]] * runs
-        for name, results in figures.items():
-            label = f"{name}{' ' + extra if extra and name == 'nsqpy' else ''}"
-            for key, unit in (("seconds", "s"), ("stats_ms", "ms"), ("rss_mib", "MiB")):
-                report.add(
-                    Record(
-                        "topic_creation",
-                        f"{size} topics x {len(CHANNELS)} channels, {label}: {key}",
-                        unit,
-                        [result[key] for result in results],
-                        load,
-                    )
-                )
+        figures = against_reference(
+            args.reference, runs, lambda size=size: run_once(size), label=f"N={size} "
+        )
+        add_figures(
+            report,
+            "topic_creation",
+            lambda label, key, size=size: (
+                f"{size} topics x {len(CHANNELS)} channels, {label}: {key}"
+            ),
+            figures,
+            (("seconds", "s"), ("stats_ms", "ms"), ("rss_mib", "MiB")),
+        )
     report.write()
 
 
