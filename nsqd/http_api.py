@@ -23,6 +23,7 @@ from nsqpy.common.errors import ProtocolError
 from nsqpy.common.goformat import GoNumbers, go_atoi, go_parse_int
 from nsqpy.common.names import is_valid_name
 from nsqpy.common.version import VERSION
+from nsqpy.daemon.free_memory import release_free_memory
 from nsqpy.daemon.http_access import HTTPAccess, NeedOf, cluster_route_needs, need_of
 from nsqpy.daemon.http_server import (
     JSON_CONTENT_TYPE,
@@ -1353,7 +1354,9 @@ class HTTPAPI:
         return v1_response(200, {"clients": len(self.nsqd.clients), "connections": alive})
 
     def free_memory(self, request: Request) -> Response:
+        """Go's debug.FreeOSMemory: a full collection, then the free pages back to the system."""
         gc.collect()
+        release_free_memory()
         return v1_response(200)
 
 

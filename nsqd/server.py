@@ -19,6 +19,7 @@ import trio
 
 from nsqpy.common.frame import FRAME_TYPE_ERROR, encode_frame
 from nsqpy.common.names import is_ephemeral, is_valid_name
+from nsqpy.daemon.free_memory import scavenge_forever
 from nsqpy.daemon.http_server import RequestRouter, serve_http
 from nsqpy.daemon.log import first_error, keep_printable
 from nsqpy.daemon.net import accept_forever, format_address, open_listener, peer_address
@@ -536,6 +537,7 @@ class NSQD:
                     if self.idle_reads is not None:
                         nursery.start_soon(self.idle_reads.run)
                     nursery.start_soon(self.topology.run)
+                    nursery.start_soon(scavenge_forever)
                     nursery.start_soon(self._sync_timer)
                     nursery.start_soon(self._retention_timer)
                     nursery.start_soon(self._hour_timer)

@@ -10,6 +10,7 @@ from collections import Counter
 import trio
 
 from nsqpy.common.http_response import ResponseParser
+from nsqpy.daemon.free_memory import release_free_memory
 from nsqpy.daemon.http_forward import HTTPForwarder
 from nsqpy.daemon.http_server import Request
 
@@ -79,3 +80,22 @@ def test_a_parsed_answer_leaves_nothing():
         assert _alive("ResponseParser", "_Callbacks", "HttpResponseParser") - before == Counter()
     finally:
         gc.enable()
+
+
+def _rss_mib() -> int:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS"))
+    return int(line.split()[1]) // 1024
+
+
+def test_freed_heap_pages_go_back_to_the_system():
+    """What CPython frees between live blocks stays in glibc's heap until `malloc_trim`, as
+    the `--workers=2` soak's growth did: `release_free_memory` (every minute, and in
+    `/debug/freememory`) gives it back."""
+    blocks = [bytes(1000) + bytes([number % 256]) for number in range(40_000)]  # ~40 MiB
+    kept = blocks[::16]  # one live block in sixteen keeps the pages in the heap
+    del blocks
+    before = _rss_mib()
+    assert release_free_memory()
+    assert _rss_mib() <= before - 15
+    assert len(kept) == 2500
