@@ -23,7 +23,7 @@ import itertools
 import logging
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from types import TracebackType
 
 from nsqpy.diskqueue.errors import MessageSizeError, QueueClosedError
@@ -213,30 +213,18 @@ class DiskQueue:
         if self._closed:
             raise QueueClosedError(self.name)
         count = len(lengths)
-        nbytes = sum(lengths) + RECORD_HEADER_SIZE * count
-        pos = self._write_pos
-        max_bytes = self.max_bytes_per_file
-        if pos + nbytes <= max_bytes:
+        parts: list[bytes] = [b""] * (2 * count)
+        parts[0::2] = map(_pack_header, lengths)
+        parts[1::2] = records
+        data = b"".join(parts)
+        if self._write_pos + len(data) <= self.max_bytes_per_file:
             # The whole batch fits in the current file: no record can trigger a roll.
-            self._write_framed(records, lengths, nbytes)
-        else:
-            # Apply writeOne's roll rule record by record, writing each file's share at once.
-            start = 0
-            segment_bytes = 0
-            for i, size in enumerate(lengths):
-                total = size + RECORD_HEADER_SIZE
-                if pos > 0 and pos + total > max_bytes:
-                    if i > start:
-                        self._write_framed(records[start:i], lengths[start:i], segment_bytes)
-                    self._roll()
-                    pos = 0
-                    start = i
-                    segment_bytes = 0
-                pos += total
-                segment_bytes += total
-            self._write_framed(records[start:], lengths[start:], segment_bytes)
-        if self._ops_left <= 0 and self.auto_sync:
-            self.sync()
+            self._write_bytes(data, count)
+            if self._ops_left <= 0 and self.auto_sync:
+                self.sync()
+            return
+        ends = list(itertools.accumulate(length + RECORD_HEADER_SIZE for length in lengths))
+        self.put_framed(data, ends, 0, count, max(lengths))
 
     def get(self) -> bytes | None:
         """Remove and return the oldest record, or None when the queue is empty.
@@ -394,7 +382,8 @@ class DiskQueue:
         """Append records `start` to `stop` of `data`, records already framed (`[4 size]
         [record]` each, record i ending at `ends[i]`, none larger than `largest`): the
         records of a batch many queues take, framed once for all of them. Written as
-        `put_many` writes, one ``os.write`` per data file it lands in."""
+        `put_many` writes them (it frames its records and comes here when they roll), one
+        ``os.write`` per data file they land in."""
         if stop <= start:
             return
         if largest > self.max_msg_size:
@@ -408,7 +397,7 @@ class DiskQueue:
         if pos + ends[stop - 1] - begin <= max_bytes:
             self._write_bytes(view[begin : ends[stop - 1]], stop - start)
         else:
-            # writeOne's roll rule record by record, as put_many applies it.
+            # writeOne's roll rule record by record (`put_many` comes here too).
             first = start
             for index in range(start, stop):
                 previous = ends[index - 1] if index else 0
@@ -440,13 +429,6 @@ class DiskQueue:
         self._write_pos += nbytes
         self._depth += count
         self._ops_left -= count
-
-    def _write_framed(self, records: Sequence[bytes], lengths: list[int], nbytes: int) -> None:
-        """Write ``records`` (all bound for the current write file) with one ``os.write``."""
-        parts: list[bytes] = [b""] * (2 * len(records))
-        parts[0::2] = map(_pack_header, lengths)
-        parts[1::2] = records
-        self._write_bytes(b"".join(parts), len(records))
 
     def _open_write_file(self) -> int:
         # go-diskqueue writeOne: O_RDWR|O_CREATE, 0600, then seek to writePos.

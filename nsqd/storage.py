@@ -170,13 +170,7 @@ class Storage:
             deferred.publishes += 1
             self._last_deferred = deferred
             return
-        try:
-            backend.put_many(list(map(Message.to_record, messages)))
-        except OSError as os_error:
-            self._write_failed(write_error(backend, os_error), failure, *args)
-        self.health.write_done(None)
-        if isinstance(backend, DiskQueue):
-            self._written_backends.add(backend)
+        self._put(backend, failure, args, backend.put_many, list(map(Message.to_record, messages)))
 
     def write_framed_to_backend(
         self,
@@ -189,8 +183,26 @@ class Storage:
         """`write_to_backend` for a batch's messages from `start` on: its records framed
         once for every queue that writes them (`MessageBatch.framed`)."""
         framed = batch.framed()
+        put = backend.put_framed
+        self._put(
+            backend,
+            failure,
+            args,
+            put,
+            framed.data,
+            framed.ends,
+            start,
+            len(framed.ends),
+            framed.largest,
+        )
+
+    def _put(
+        self, backend: DiskQueue | DroppingQueue, failure: str, args: tuple, put, *what
+    ) -> None:
+        """`put(*what)` on `backend`, then health OK and the queue in the next commit's; a
+        failed write logged as `failure % args`, health NOK, BackendWriteError raised."""
         try:
-            backend.put_framed(framed.data, framed.ends, start, len(framed.ends), framed.largest)
+            put(*what)
         except OSError as os_error:
             self._write_failed(write_error(backend, os_error), failure, *args)
         self.health.write_done(None)

@@ -129,11 +129,6 @@ class TLSStream(trio.abc.HalfCloseableStream):
             self.send_now(b"")
         return b"".join(pieces), ended or self._incoming.eof
 
-    @property
-    def sends_pending(self) -> bool:
-        """Encrypted bytes the socket has not taken yet."""
-        return bool(self._unsent)
-
     async def wait_send_all_might_not_block(self) -> None:
         await trio.lowlevel.wait_writable(self._fd)
 

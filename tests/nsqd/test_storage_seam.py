@@ -77,11 +77,11 @@ class CountingDiskQueue(DiskQueue):
         self.writes = 0
         self.full = False
 
-    def _write_framed(self, records, lengths, nbytes) -> None:
+    def _write_bytes(self, buf, count) -> None:
         self.writes += 1
         if self.full:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        super()._write_framed(records, lengths, nbytes)
+        super()._write_bytes(buf, count)
 
 
 def counting(server: NSQD, name: str) -> BufferedDiskQueue:
