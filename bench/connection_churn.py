@@ -83,19 +83,25 @@ def churn(port: int, seconds: float, mode: str, results) -> None:
     results.put((count, failed, time.monotonic() - started))
 
 
+def drive(nsqd, seconds: float, mode: str, samples: list[tuple[float, int]]):
+    """The client process against a running nsqd, its RSS put in `samples` every second;
+    (connections, closed early, seconds)."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    client = context.Process(target=churn, args=(nsqd.tcp_port, seconds, mode, results))
+    started = time.monotonic()
+    client.start()
+    while client.is_alive():
+        samples.append((time.monotonic() - started, nsqd.memory()["VmRSS"]))
+        client.join(1.0)
+    return results.get(timeout=30)
+
+
 def run_once(seconds: float, mode: str, extra: list[str]) -> dict:
+    samples: list[tuple[float, int]] = []
     with Nsqd(extra) as nsqd:
-        context = multiprocessing.get_context("spawn")
-        results = context.Queue()
-        client = context.Process(target=churn, args=(nsqd.tcp_port, seconds, mode, results))
-        started = time.monotonic()
         cpu_before = nsqd.cpu_seconds()
-        client.start()
-        samples: list[tuple[float, int]] = []
-        while client.is_alive():
-            samples.append((time.monotonic() - started, nsqd.memory()["VmRSS"]))
-            client.join(1.0)
-        count, failed, elapsed = results.get(timeout=30)
+        count, failed, elapsed = drive(nsqd, seconds, mode, samples)
         cpu = nsqd.cpu_seconds() - cpu_before
         nsqd.check_alive()
     half = [sample for sample in samples if sample[0] >= seconds / 2]

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from bench import fanout, http_pub, latency, pub_sub, topic_creation
+from bench import connection_churn, fanout, http_pub, latency, pub_sub, topic_creation
 from bench._profiling import Profiler, summarize
 from bench._support import PROFILES, Nsqd, banner, process_counters
 
@@ -97,6 +97,14 @@ def _topics(_nsqd, _context, options, _prepared) -> str:
     return f"{topics:,} topics x 2 channels in {result['seconds']:.1f} s"
 
 
+def _churn(mode: str):
+    def run(nsqd, _context, options, _prepared) -> str:
+        count, _failed, elapsed = connection_churn.drive(nsqd, options.duration, mode, [])
+        return f"{count / elapsed:,.0f} connections/s ({mode})"
+
+    return run
+
+
 IN_MEMORY = ["-mem-queue-size=1000000"]
 ON_DISK = ["-mem-queue-size=0"]
 WORKLOADS = {
@@ -108,6 +116,8 @@ WORKLOADS = {
     "http-pub": Workload("HTTP /pub, 32 connections, nsqd defaults", [], _http(0)),
     "http-mpub": Workload("HTTP /mpub of 100, 32 connections, nsqd defaults", [], _http(1)),
     "topics": Workload("HTTP topic and 2 channel creates, --count/500 topics", [], _topics),
+    "churn-sub": Workload("connect, IDENTIFY, SUB ephemeral, RDY 1, close", [], _churn("sub")),
+    "churn-pub": Workload("connect, IDENTIFY, PUB, close", [], _churn("pub")),
     "latency": Workload("100 msgs/s, RDY 100, nsqd defaults", [], _latency),
     "memory": Workload("TCP publish x4 with nsqd defaults (overflow to disk)", [], _publish(4)),
     "disk-publish": Workload("TCP publish, 1 connection, --mem-queue-size=0", ON_DISK, _publish(1)),

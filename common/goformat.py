@@ -134,10 +134,7 @@ def go_json(value: Any, *, sort_keys: bool = False) -> bytes:
     try:
         data = orjson.dumps(normalized, option=_ORJSON_SORTED if sort_keys else _ORJSON)
     except TypeError:
-        text = json.dumps(
-            normalized, sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False
-        )
-        return _escaped(text.translate(_GO_STRING_ESCAPES))
+        return _escaped(_encode_slowly(value, sort_keys))
     for raw, escape in _GO_BYTE_ESCAPES:
         if raw in data:
             data = data.replace(raw, escape)
@@ -179,6 +176,9 @@ class GoNumbers(list):
 _NOT_FLOAT = frozenset({str, int, bool, type(None), GoNumbers})
 
 
+_EXACT_INTEGERS = float(2**53)
+
+
 def _go_numbers(value: Any) -> tuple[Any, bool]:
     """`value` with every whole float turned into an int, as Go writes them; the same object
     when nothing changed. False when a float needs Go's exponent form, which `json` cannot
@@ -186,10 +186,14 @@ def _go_numbers(value: Any) -> tuple[Any, bool]:
     kind = type(value)
     if kind is float:
         negative_zero = value == 0 and math.copysign(1.0, value) < 0
-        if value.is_integer() and abs(value) < 1e21 and not negative_zero:
-            return int(value), True
         magnitude = abs(value)
-        return value, not (magnitude < 1e-6 or magnitude >= 1e21 or math.isnan(value))
+        # Past 2**53 a whole float's exact integer is not Go's shortest digits padded with
+        # zeros (4.277868496852601e+16 is Go's 42778684968526010).
+        if value.is_integer() and magnitude < _EXACT_INTEGERS and not negative_zero:
+            return int(value), True
+        # Below 1e-4 orjson (as Python's repr) writes an exponent, where Go's goes only below
+        # 1e-6: 1.5e-05 is Go's 0.000015.
+        return value, not (magnitude < 1e-4 or magnitude >= _EXACT_INTEGERS or math.isnan(value))
     if kind in _NOT_FLOAT:
         return value, True
     if isinstance(value, dict):
@@ -220,9 +224,10 @@ def _go_numbers(value: Any) -> tuple[Any, bool]:
 
 
 def _encode_slowly(value: Any, sort_keys: bool) -> str:
-    """The whole value written piece by piece, for the rare float Go writes with an exponent."""
+    """The whole value written piece by piece, for the rare float Go and orjson write
+    differently (below 1e-4, from 2**53)."""
     if isinstance(value, dict):
-        keys = sorted(value) if sort_keys else list(value)
+        keys = sorted(value, key=str) if sort_keys else list(value)  # Go sorts keys as text
         inner = ",".join(
             json.dumps(str(k), ensure_ascii=False).translate(_GO_STRING_ESCAPES)
             + ":"

@@ -252,6 +252,10 @@ class V2Connection:
                     data = await self.stream.receive_some(RECEIVE_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return
+            if self.client.closed_by_server:
+                # Go closes the connection there and then: what the client sent meanwhile
+                # (FINs of a deleted channel's messages) meets a closed socket, not refusals.
+                return
             idle = data[:4] == NOP and only_nops(data)
             if not data:
                 reply = protocol.receive_eof()
@@ -299,7 +303,7 @@ class V2Connection:
             except (ProtocolError, AuthError) as raised:
                 outcome, error = None, raised
         replies = protocol.replies()
-        if replies and not self._muted:
+        if replies and not self._muted and not self.client.closed_by_server:
             await self._send(replies)
         if protocol.commands_run != commands_run:
             self._arm_read_deadline()  # a command completed: the next one gets a fresh deadline

@@ -9,6 +9,7 @@ is blocked, a message it was going to send is already in flight on the server an
 socket buffer, so checking both is exact, with no sleeping.
 """
 
+import os
 import random
 
 import pytest
@@ -494,3 +495,22 @@ async def test_requeued_messages_go_through_disk_too(nsqd):
     await wire.send(encode_rdy(1))
     again = await wire.read_message()
     assert (again.id, again.body, again.attempts) == (message.id, b"x", 2)
+
+
+@pytest.mark.parametrize("deleted", ["topic", "channel"])
+async def test_fins_a_consumer_sent_as_its_channel_went_meet_a_closed_connection(nsqd, deleted):
+    """Go closes a deleted channel's consumers there and then: the FINs they had sent are never
+    answered `E_FIN_FAILED ... not in flight`, the connection just ends (a topic made, used and
+    deleted while its consumer finished messages made the churn soak's refused FINs)."""
+    wire = await consumer(nsqd, "t", "c", rdy=10)
+    nsqd.get_topic("t").publish([b"m%d" % number for number in range(10)])
+    await nsqd.storage.commit()
+    messages = await wire.read_messages(10)
+    # The FINs are in nsqd's socket, unread, when the channel goes: written without yielding.
+    fins = b"".join(encode_fin(message.id) for message in messages)
+    assert os.write(wire.stream.socket.fileno(), fins) == len(fins)
+    if deleted == "topic":
+        nsqd.delete_topic("t")
+    else:
+        nsqd.get_topic("t").delete_channel("c")
+    await wire.expect_closed()
