@@ -299,10 +299,17 @@ def lifecycle(port: int, http_port: int, stop, results) -> None:
                 elif kind == FRAME_ERROR:
                     _count_error(counts, data)
             counts["delivered"] += received
-            # The topic goes while its consumer still finishes its last messages: Go closes
-            # the connection, so what the consumer sent meanwhile is never refused.
+            # The topic goes while its consumer still finishes its last messages (the delete
+            # sent first): Go closes the connection, so those FINs are never refused.
+            deletion = socket.create_connection(("127.0.0.1", http_port))
+            deletion.sendall(
+                f"POST /topic/delete?topic={topic} HTTP/1.1\r\nHost: nsqd\r\n"
+                "Content-Length: 0\r\nConnection: close\r\n\r\n".encode()
+            )
             sock.sendall(b"".join(last_fins))
-            http_post(http_port, f"/topic/delete?topic={topic}")
+            while deletion.recv(4096):
+                pass
+            deletion.close()
             while True:
                 kind, data = frames.next()
                 if kind == FRAME_ERROR:

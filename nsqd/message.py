@@ -152,6 +152,40 @@ class MessageBatch:
         return f"MessageBatch({len(self)} of {len(self.bodies)} left)"
 
 
+def records_as_runs(records: list[bytes]) -> "list[list[Message] | MessageBatch]":
+    """A topic diskqueue's records as the topic's pump hands them to the channels: each run
+    of fresh ones with one timestamp (an MPUB's) as a MessageBatch, which every channel shares
+    and which is framed once for all their diskqueues; the others as Messages."""
+    runs: list[list[Message] | MessageBatch] = []
+    unpack = _RECORD_HEADER.unpack_from
+    ids: list[bytes] = []
+    bodies: list[bytes] = []
+    run_timestamp = None
+    for record in records:
+        timestamp, attempts, message_id = unpack(record)
+        if attempts == 0 and timestamp == run_timestamp:
+            ids.append(message_id)
+            bodies.append(record[MESSAGE_HEADER_SIZE:])
+            continue
+        _end_run(runs, ids, bodies, run_timestamp)
+        if attempts:
+            runs.append([Message(message_id, record[MESSAGE_HEADER_SIZE:], timestamp, attempts)])
+            ids, bodies, run_timestamp = [], [], None
+        else:
+            ids, bodies, run_timestamp = [message_id], [record[MESSAGE_HEADER_SIZE:]], timestamp
+    _end_run(runs, ids, bodies, run_timestamp)
+    return runs
+
+
+def _end_run(runs: list, ids: list[bytes], bodies: list[bytes], timestamp: int | None) -> None:
+    if timestamp is None:
+        return
+    if len(bodies) == 1:
+        runs.append([Message(ids[0], bodies[0], timestamp)])
+    else:
+        runs.append(MessageBatch(ids, bodies, timestamp))
+
+
 class FramedRecords:
     """A batch of fresh messages as a diskqueue's records, framed (`[4 size][record]` each,
     attempts 0), in one bytes object with where each record ends; any run of them is a slice

@@ -26,7 +26,7 @@ from nsqpy.nsqd.cursor_queue import CursorQueue
 from nsqpy.nsqd.delay_queue import DelayedRecord, DelayQueue
 from nsqpy.nsqd.idempotence import ProducerSequences
 from nsqpy.nsqd.log_writer import LogWriter
-from nsqpy.nsqd.message import RECORD_OVERHEAD, Message, MessageBatch
+from nsqpy.nsqd.message import RECORD_OVERHEAD, Message, MessageBatch, records_as_runs
 from nsqpy.partition_log import (
     PartitionLog,
     Position,
@@ -202,6 +202,16 @@ class TopicQueue(MessageQueue, Protocol):
         queue): the topic's pump then calls `write_moves`."""
 
     async def write_moves(self) -> None: ...
+
+    def take_runs(self, max_count: int) -> "list[list[Message] | MessageBatch]":
+        """About `max_count` of the backlog for the topic's pump, in order: an MPUB's
+        messages as one MessageBatch (from memory whole, from the diskqueue rebuilt), which
+        the channels share; the others as lists of Messages."""
+
+    async def runs_moved(self) -> None:
+        """The channels took what `take_runs` gave: once `--sync-every` is reached, their
+        diskqueues are synced, then the topic's, whose read position then says so (a crash
+        makes the pump move again at most one turn's messages)."""
 
 
 class BufferedDiskQueue:
@@ -475,6 +485,35 @@ class BufferedTopicQueue(BufferedDiskQueue):
 
     async def write_moves(self) -> None:
         pass  # a diskqueue topic's channels keep their delays in memory
+
+    def take_runs(self, max_count: int) -> "list[list[Message] | MessageBatch]":
+        memory = self.memory
+        runs: list[list[Message] | MessageBatch] = []
+        singles: list[Message] = []
+        wanted = max_count
+        while wanted > 0 and memory:
+            item = memory.popleft()
+            if isinstance(item, MessageBatch):
+                if singles:
+                    runs.append(singles)
+                    singles = []
+                runs.append(item)
+            else:
+                singles.append(item)
+            count = len(item) if isinstance(item, MessageBatch) else 1
+            self.memory_count -= count
+            wanted -= count
+        if singles:
+            runs.append(singles)
+        if wanted > 0 and self.backend.depth:
+            runs += records_as_runs(self.backend.get_many(wanted))
+        return runs
+
+    async def runs_moved(self) -> None:
+        backend = self.backend
+        if not isinstance(backend, DroppingQueue) and backend.sync_due:  # an ephemeral one: none
+            await self.storage.commit()  # the channels' copies first
+            await self.storage.sync_backend(backend)
 
 
 class LogTopicQueue:
@@ -852,6 +891,12 @@ class LogTopicQueue:
 
     def take(self, max_count: int) -> list[Message]:
         return []
+
+    def take_runs(self, max_count: int) -> "list[list[Message] | MessageBatch]":
+        return []
+
+    async def runs_moved(self) -> None:
+        pass
 
     def acknowledge(self, message: Message) -> None:
         pass

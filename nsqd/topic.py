@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 import trio
+import trio.testing
 
 from nsqpy.common.names import is_ephemeral
 from nsqpy.nsqd.channel import Channel
@@ -28,8 +29,17 @@ if TYPE_CHECKING:
     from nsqpy.nsqd.storage import Storage
     from nsqpy.nsqd.topic_registry import TopicRegistry
 
-# How many backlog messages the pump moves before letting other tasks run.
+# How many backlog messages the pump moves before letting other tasks run, and how many
+# copies of them at most (fewer messages a turn with many channels; an MPUB's batch goes whole).
 _PUMP_BATCH = 1024
+_PUMP_COPIES = 4096
+# From this many channels a plain publish is answered once the topic holds it, and the pump
+# copies it to the channels after (Go's way for any number): the publisher pays one write,
+# not one a channel. Below it the channels take it before the answer, with no extra hop.
+FAN_OUT_AFTER_ANSWER_FROM = 16
+# Such a pump goes when nsqd has nothing else to do, so that publishers are answered first,
+# but waits for that at most this long (seconds) under a load that never pauses.
+_PUMP_LONGEST_WAIT = 0.01
 
 
 class Registrar(Protocol):
@@ -193,7 +203,13 @@ class Topic:
         if queue.accept(messages, body_bytes):
             # Kept for the channels by the queue (a log's open group): counted once written.
             return messages
-        if self.channels and not self.paused and self.started and not self.has_backlog():
+        if (
+            self.channels
+            and not self.paused
+            and self.started
+            and not self.has_backlog()
+            and (len(self.channels) < FAN_OUT_AFTER_ANSWER_FROM or not plain)
+        ):
             self._fan_out(messages, strict=True)
         else:
             self._store(messages)
@@ -299,10 +315,22 @@ class Topic:
             if self.queue.moves_pending:
                 await self.queue.write_moves()
             elif self.channels and not self.paused and self.started and self.has_backlog():
-                self._fan_out(self.queue.take(_PUMP_BATCH))
-                await trio.lowlevel.checkpoint()
+                count = min(_PUMP_BATCH, max(1, _PUMP_COPIES // len(self.channels)))
+                for run in self.queue.take_runs(count):
+                    self._fan_out(run)
+                await self.queue.runs_moved()
+                await self._next_turn()
             else:
                 await self._pump_wakeup.wait()
+
+    async def _next_turn(self) -> None:
+        """Between two batches of the pump: the others run first; with many channels, the
+        pump waits for nsqd to be idle (at most `_PUMP_LONGEST_WAIT`)."""
+        if len(self.channels) < FAN_OUT_AFTER_ANSWER_FROM:
+            await trio.lowlevel.checkpoint()
+            return
+        with trio.move_on_after(_PUMP_LONGEST_WAIT):
+            await trio.testing.wait_all_tasks_blocked()
 
     def start(self) -> None:
         """Let the messages flow to the channels (Go's topic.Start)."""

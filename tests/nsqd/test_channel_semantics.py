@@ -24,6 +24,7 @@ from nsqpy.common.command import (
     encode_rdy,
     encode_req,
 )
+from nsqpy.nsqd.topic import FAN_OUT_AFTER_ANSWER_FROM
 from tests.nsqd.wire import Wire, close_all_wires, consumer, override_options, with_options
 from tests.support.polling import wait_until
 
@@ -514,3 +515,37 @@ async def test_fins_a_consumer_sent_as_its_channel_went_meet_a_closed_connection
     else:
         nsqd.get_topic("t").delete_channel("c")
     await wire.expect_closed()
+
+
+@with_options(mem_queue_size=3)
+async def test_a_topic_with_many_channels_answers_first_and_every_channel_gets_all_in_order(
+    nsqd,
+):
+    """From FAN_OUT_AFTER_ANSWER_FROM channels a publish is answered once the topic holds it
+    (its memory, past `--mem-queue-size` its diskqueue) and the topic's pump copies it to the
+    channels after, as Go's does: every channel delivers every message once, in the order
+    published, PUBs and MPUBs mixed, through the topic's diskqueue and their own."""
+    topic = nsqd.get_topic("t")
+    names = [f"c{number}" for number in range(FAN_OUT_AFTER_ANSWER_FROM)]
+    for name in names:
+        topic.get_channel(name)
+    producer = await Wire.connect(nsqd)
+    bodies = [b"m%d" % number for number in range(40)]
+    commands = [
+        encode_pub("t", bodies[0]),
+        encode_mpub("t", bodies[1:11]),
+        encode_pub("t", bodies[11]),
+        encode_mpub("t", bodies[12:40]),
+    ]
+    await producer.send(*commands)
+    for _ in commands:
+        await producer.expect_ok()
+    for name in (names[0], names[-1]):
+        wire = await consumer(nsqd, "t", name, rdy=100)
+        messages = await wire.read_messages(40)
+        assert [message.body for message in messages] == bodies
+        assert {message.attempts for message in messages} == {1}
+        assert len({message.id for message in messages}) == 40
+    await trio.testing.wait_all_tasks_blocked()
+    assert topic.depth == 0
+    assert all(topic.channels[name].message_count == 40 for name in names)

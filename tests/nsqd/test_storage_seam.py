@@ -21,7 +21,7 @@ from nsqpy.nsqd.client import Client
 from nsqpy.nsqd.delivery import FIFO, ORDERED
 from nsqpy.nsqd.dialect import CLASSIC, YouzanDialect, message_key
 from nsqpy.nsqd.identify import decode_identify, negotiate
-from nsqpy.nsqd.message import RECORD_OVERHEAD, Message, MessageBatch
+from nsqpy.nsqd.message import RECORD_OVERHEAD, Message, MessageBatch, records_as_runs
 from nsqpy.nsqd.message_queue import BufferedDiskQueue
 from nsqpy.nsqd.server import NSQD
 
@@ -424,3 +424,32 @@ def test_an_out_of_range_identify_setting_is_refused_with_go_text(server):
     data = decode_identify(b'{"sample_rate":100}')
     with pytest.raises(ProtocolError, match=r"IDENTIFY sample rate \(100\) is invalid"):
         negotiate(client, data, server.options, tls_available=False, auth_required=False)
+
+
+def test_a_topics_diskqueue_records_come_back_as_the_publishes_they_were():
+    """The topic's pump reads its diskqueue as runs: an MPUB's fresh records (one timestamp)
+    as one MessageBatch the channels share, anything else (a lone one, a requeued one with
+    attempts) as Messages, in the order written."""
+    records = [
+        Message(b"%016d" % number, b"body%d" % number, timestamp, attempts).to_record()
+        for number, timestamp, attempts in [
+            (0, 5, 0),
+            (1, 5, 0),
+            (2, 5, 0),
+            (3, 6, 0),
+            (4, 6, 2),
+            (5, 7, 0),
+            (6, 7, 0),
+        ]
+    ]
+    runs = records_as_runs(records)
+    kinds = [type(run).__name__ for run in runs]
+    assert kinds == ["MessageBatch", "list", "list", "MessageBatch"]
+    taken = [run.take(len(run)) if isinstance(run, MessageBatch) else run for run in runs]
+    assert [[(m.id, m.body, m.timestamp, m.attempts) for m in run] for run in taken] == [
+        [(b"%016d" % n, b"body%d" % n, 5, 0) for n in (0, 1, 2)],
+        [(b"%016d" % 3, b"body3", 6, 0)],
+        [(b"%016d" % 4, b"body4", 6, 2)],
+        [(b"%016d" % n, b"body%d" % n, 7, 0) for n in (5, 6)],
+    ]
+    assert records_as_runs([]) == []

@@ -11,6 +11,8 @@ milliseconds and every deadline can be asserted to the queue-scan interval. Two 
   the frame read.
 """
 
+import time
+
 import pytest
 import trio
 
@@ -24,6 +26,7 @@ from nsqpy.common.command import (
     encode_touch,
 )
 from nsqpy.nsqd.client import Client
+from nsqpy.nsqd.message import Message
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.server import NSQD
 from tests.nsqd.wire import Wire, close_all_wires, consumer, override_options, with_options
@@ -44,16 +47,19 @@ async def close_connections():
 
 
 def in_flight_message(server: NSQD, timeout: float, *, channels: int = 1):
-    """Publish one message to `channels` ephemeral channels and put each copy in flight."""
+    """One message in `channels` ephemeral channels, each copy put in flight. (Put in each
+    channel here: from FAN_OUT_AFTER_ANSWER_FROM channels a publish reaches them through the
+    topic's pump, which this nsqd, never served, does not run.)"""
     topic = server.get_topic("t#ephemeral")
     names = [f"c{i}#ephemeral" for i in range(channels)]
     for name in names:
         topic.get_channel(name)
-    topic.publish([b"x"])
+    published = Message(topic.queue.next_id(), b"x", time.time_ns())
     now = trio.current_time()
     copies = []
     for name in names:
         channel = topic.channels[name]
+        channel.put_messages([published.copy()], now)
         (message,) = channel.take(1)
         channel.start_in_flight([message], 1, timeout, now)
         copies.append((channel, message))
