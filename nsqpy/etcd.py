@@ -44,7 +44,7 @@ import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import trio
 
@@ -448,6 +448,37 @@ def _parse_endpoint(url: str) -> _Endpoint:
     )
 
 
+class EtcdNetwork(Protocol):
+    """How the client reaches etcd's members: TCP (and TLS) in production (`SOCKETS`); the
+    etcd model's in-memory streams under a simulation (`nsqpy/etcd_model.py`)."""
+
+    async def connect(
+        self, endpoint: "_Endpoint", ssl_context: ssl.SSLContext | None
+    ) -> trio.abc.Stream:
+        """A new connection to `endpoint`; `_NotSent` when none can be made."""
+
+    def dropped(self, stream: trio.abc.Stream) -> bool:
+        """Whether an idle pooled connection was closed by the other side."""
+
+    def close(self, stream: trio.abc.Stream) -> None:
+        """Close at once, without a checkpoint (inside a cancelled scope too)."""
+
+
+class SocketNetwork:
+    """etcd over TCP, and TLS for https:// endpoints."""
+
+    async def connect(
+        self, endpoint: "_Endpoint", ssl_context: ssl.SSLContext | None
+    ) -> trio.abc.Stream:
+        return await _open_connection(endpoint, ssl_context)
+
+    def dropped(self, stream: trio.abc.Stream) -> bool:
+        return _dropped(stream)
+
+    def close(self, stream: trio.abc.Stream) -> None:
+        _close(stream)
+
+
 def _socket_of(stream: trio.abc.Stream) -> trio.socket.SocketType:
     if isinstance(stream, trio.SSLStream):
         stream = stream.transport_stream
@@ -505,6 +536,9 @@ async def _read_answer(stream: trio.abc.Stream, parser: ResponseParser) -> None:
         if not data:
             raise _NoAnswer("connection closed before the answer")
         parser.feed(data)
+
+
+SOCKETS = SocketNetwork()
 
 
 class EtcdHealth:
@@ -597,12 +631,14 @@ class EtcdClient:
         ssl_context: ssl.SSLContext | None = None,
         username: str = "",
         password: str = "",
+        network: EtcdNetwork = SOCKETS,
     ) -> None:
         """`endpoints`: URLs like "http://127.0.0.1:2379" of members of one cluster;
         https:// ones are reached over TLS with `ssl_context` (the CA to trust, a client
         certificate for etcd's `--client-cert-auth`). With `username`, every call carries a
         token etcd gave for it and `password` (etcd's auth), renewed when etcd refuses it;
-        EtcdAuthError when etcd refuses the password."""
+        EtcdAuthError when etcd refuses the password. `network`: how members are reached
+        (TCP; the etcd model's streams in a simulation)."""
         if not endpoints:
             raise ValueError("etcd client needs at least one endpoint")
         self._endpoints = [_parse_endpoint(url) for url in endpoints]
@@ -610,6 +646,7 @@ class EtcdClient:
         self.attempt_timeout = attempt_timeout
         self.health = EtcdHealth(self.endpoints)
         self._ssl_context = ssl_context
+        self.network = network
         self._username = username
         self._password = password
         self._token = ""
@@ -827,7 +864,7 @@ class EtcdClient:
         self._closed = True
         for endpoint in self._endpoints:
             while endpoint.idle:
-                _close(endpoint.idle.pop())
+                self.network.close(endpoint.idle.pop())
         await trio.lowlevel.checkpoint()
 
     # --- transport
@@ -840,10 +877,10 @@ class EtcdClient:
     async def _connect(self, endpoint: _Endpoint) -> trio.abc.Stream:
         while endpoint.idle:
             stream = endpoint.idle.pop()
-            if not _dropped(stream):
+            if not self.network.dropped(stream):
                 return stream
-            _close(stream)
-        return await _open_connection(endpoint, self._ssl_context)
+            self.network.close(stream)
+        return await self.network.connect(endpoint, self._ssl_context)
 
     async def token(self, *, renew: bool = False) -> str:
         """The auth token calls carry ("" without a user): asked for once, and again with
@@ -979,12 +1016,12 @@ class EtcdClient:
             await connection.send_all(request)
             await _read_answer(connection, parser)
         except BaseException:
-            _close(connection)
+            self.network.close(connection)
             raise
         if parser.keep_alive and len(endpoint.idle) < MAX_IDLE_CONNECTIONS and not self._closed:
             endpoint.idle.append(connection)
         else:
-            _close(connection)
+            self.network.close(connection)
         body = parser.take_body()
         if stream and parser.status == 200:
             lines = LineSplitter().feed(body + b"\n")
@@ -1120,7 +1157,7 @@ class Watch:
         # (or gives one back to) the pool.
         client = self._client
         token = await client.token(renew=self._token_refused)
-        connection = self._connection = await _open_connection(endpoint, client._ssl_context)
+        connection = self._connection = await client.network.connect(endpoint, client._ssl_context)
         body = watch_request(self.prefix, self.revision)
         await connection.send_all(
             encode_request(endpoint.authority, API_PREFIX + "/watch", body, token)
@@ -1249,7 +1286,7 @@ class Watch:
 
     def _drop(self) -> None:
         if self._connection is not None:
-            _close(self._connection)
+            self._client.network.close(self._connection)
             self._connection = None
         self._parser = ResponseParser(EtcdError)
         self._splitter = LineSplitter()

@@ -34,8 +34,33 @@ from nsqpy.etcd import (
     txn_request,
     watch_request,
 )
+from nsqpy.etcd_model import EtcdModel
+from nsqpy.etcd_model_network import ModelNetwork
 from tests.cluster.etcd_server import EtcdServer, free_port, summary, take
 from tests.support.polling import wait_until
+
+# The shortest lease of the test etcd (3/2 of its 250 ms election timeout, rounded up).
+TEST_ETCD_MINIMUM_TTL = 1
+
+
+@pytest.fixture
+async def etcd(request, nursery):
+    """An EtcdClient on a real etcd, or (`on_etcd_and_its_model`) on the etcd model over
+    its in-memory network: the same client, the same assertions."""
+    if getattr(request, "param", "etcd") == "model":
+        network = ModelNetwork(EtcdModel(minimum_ttl=TEST_ETCD_MINIMUM_TTL), nursery)
+        await nursery.start(network.run)
+        async with EtcdClient(["http://etcd-model:2379"], network=network) as client:
+            yield client
+        return
+    server = request.getfixturevalue("etcd_server")
+    async with EtcdClient([server.client_url]) as client:
+        yield client
+
+
+# A test of the client's semantics alone runs on real etcd and on the model (which
+# tests/cluster/test_etcd_model_contract.py holds to etcd request by request).
+on_etcd_and_its_model = pytest.mark.parametrize("etcd", ["etcd", "model"], indirect=True)
 
 # Answers as etcd 3.4's gateway wrote them (int64 as strings, zero fields left out).
 HEADER = {"cluster_id": "324952591200643719", "member_id": "3319814642761637952"}
@@ -189,6 +214,7 @@ def test_response_parser_reads_a_chunked_answer_with_a_trailer_byte_by_byte():
 # --- keys -----------------------------------------------------------------------------------
 
 
+@on_etcd_and_its_model
 async def test_put_get_and_delete(etcd):
     first = await etcd.put("k", "one")
     kv = await etcd.get("k")
@@ -202,6 +228,7 @@ async def test_put_get_and_delete(etcd):
     assert await etcd.get("k") is None
 
 
+@on_etcd_and_its_model
 async def test_prefixes(etcd):
     await etcd.put("nodes/b", "2")
     await etcd.put("nodes/a", "1")
@@ -215,6 +242,7 @@ async def test_prefixes(etcd):
     assert (await etcd.get("nodes0")).value == b"not under nodes/"
 
 
+@on_etcd_and_its_model
 async def test_create_only_if_absent(etcd):
     revision = await etcd.create("leader", "node-1")
     assert revision
@@ -223,6 +251,7 @@ async def test_create_only_if_absent(etcd):
     assert (kv.value, kv.create_revision, kv.mod_revision) == (b"node-1", revision, revision)
 
 
+@on_etcd_and_its_model
 async def test_replace_is_compare_and_swap_on_mod_revision(etcd):
     first = await etcd.put("replica", "epoch 1")
     second = await etcd.replace("replica", "epoch 2", first)
@@ -233,6 +262,7 @@ async def test_replace_is_compare_and_swap_on_mod_revision(etcd):
     assert await etcd.get("missing") is None
 
 
+@on_etcd_and_its_model
 async def test_delete_if_is_compare_and_delete_on_mod_revision(etcd):
     first = await etcd.put("session", "a")
     second = await etcd.put("session", "b")
@@ -246,6 +276,7 @@ async def test_delete_if_is_compare_and_delete_on_mod_revision(etcd):
 # --- leases ---------------------------------------------------------------------------------
 
 
+@on_etcd_and_its_model
 async def test_lease_keys_go_with_a_revoke(etcd):
     lease = await etcd.grant_lease(30)
     await etcd.put("nodes/1", "info", lease=lease)
@@ -257,6 +288,7 @@ async def test_lease_keys_go_with_a_revoke(etcd):
     await etcd.revoke(lease)  # already gone: no error
 
 
+@on_etcd_and_its_model
 async def test_kept_alive_lease_outlives_its_ttl_and_expires_once_let_go(etcd):
     lease = await etcd.grant_lease(1)
     await etcd.put("nodes/1", "info", lease=lease)
@@ -275,6 +307,7 @@ async def test_kept_alive_lease_outlives_its_ttl_and_expires_once_let_go(etcd):
             await trio.sleep(0.05)
 
 
+@on_etcd_and_its_model
 async def test_keep_lease_alive_raises_when_the_lease_is_revoked(etcd):
     lease = await etcd.grant_lease(1)
     with trio.fail_after(5), pytest.RaisesGroup(pytest.RaisesExc(LeaseLost, match="is gone")):
@@ -313,6 +346,7 @@ async def test_keep_lease_alive_gives_up_when_its_own_process_did_not_run_for_a_
 # --- watch ----------------------------------------------------------------------------------
 
 
+@on_etcd_and_its_model
 async def test_watch_from_a_revision_sees_puts_and_deletes_in_order(etcd):
     await etcd.put("w/before", "not seen")
     _, revision = await etcd.get_prefix("w/")
@@ -374,6 +408,7 @@ async def test_watch_misses_and_repeats_nothing_across_a_restart_while_iterating
     assert [event.kv.version for event in seen] == [1, 2, 3, 4]
 
 
+@on_etcd_and_its_model
 async def test_watch_is_cancellable_and_closes_its_connection(etcd):
     async with etcd.watch_prefix("quiet/", 0) as watch:
         # Opened first: "from now" is when etcd created it (a wait cancelled before that
@@ -556,3 +591,25 @@ async def test_read_prefix_asks_again_until_etcd_answers_and_says_why_each_time(
         kvs, read_at = await client.read_prefix("rp/", failed)
         assert [(kv.key, kv.value) for kv in kvs] == [("rp/a", b"1")] and read_at >= revision
     assert len(failures) == 2
+
+
+async def test_the_model_keeps_and_expires_leases_on_a_virtual_clock(nursery, autojump_clock):
+    """Under a simulation's clock the production client and the model take no real time: a
+    60 s lease kept alive for ten virtual minutes keeps its key, and let go, the key is gone
+    within 60 s, seen by a watch as a DELETE at the revision after the put."""
+    network = ModelNetwork(EtcdModel(), nursery)
+    await nursery.start(network.run)
+    async with EtcdClient(["http://etcd-model:2379"], network=network) as client:
+        lease = await client.grant_lease(60)
+        put = await client.put("nodes/1", "info", lease=lease)
+        with trio.move_on_after(600):
+            await keep_lease_alive(client, lease, 60)
+        assert await client.get("nodes/1") is not None
+        let_go = trio.current_time()
+        async with client.watch_prefix("nodes/", put + 1) as watch:
+            with trio.fail_after(120):
+                gone = await anext(watch)
+        assert summary([gone]) == [("DELETE", "nodes/1", b"")]
+        assert gone.kv.mod_revision == put + 1
+        # Within a TTL of its last refresh (one every 20 s while it was kept).
+        assert 0 < trio.current_time() - let_go <= 60

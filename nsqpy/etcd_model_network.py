@@ -1,0 +1,156 @@
+"""The etcd model (`nsqpy/etcd_model.py`) reached as the daemons' etcd client reaches etcd:
+an `EtcdNetwork` whose every connection is an in-memory stream pair, the far end served here
+with the gateway's HTTP (keep-alive answers, a watch's chunked stream), on trio's clock.
+
+So the production `EtcdClient`, its HTTP codec, pooling, failover and watch included, runs
+unchanged on the model in one trio run, under a virtual clock when the run has one. Leases
+expire on that clock: a task of the network revokes each at its deadline, as etcd's leader
+does, and the watches see the deletions.
+"""
+
+import json
+import math
+from http import HTTPStatus
+from typing import Any
+
+import httptools
+import trio
+import trio.testing
+
+from nsqpy.etcd import EtcdNetwork, _Endpoint, _NotSent
+from nsqpy.etcd_model import EtcdModel, ModelWatch
+
+__all__ = ["ModelNetwork"]
+
+RECEIVE_SIZE = 64 * 1024
+
+
+class ModelNetwork(EtcdNetwork):
+    """Connections to `model` served in `nursery` (which also runs the lease clock: start
+    it with `nursery.start(network.run)`). `reachable`: the endpoint URLs that answer; a
+    connection to any other is refused, as by a member that is down."""
+
+    def __init__(self, model: EtcdModel, nursery: trio.Nursery) -> None:
+        self.model = model
+        self.nursery = nursery
+        self.reachable: set[str] | None = None
+        self._changed = trio.Event()
+        self._ended: set[int] = set()
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Revoke each lease when its deadline comes; for ever."""
+        task_status.started()
+        while True:
+            deadline = self.model.next_deadline()
+            with trio.move_on_at(deadline if deadline is not None else math.inf):
+                await self._changed.wait()
+            self.model.advance(trio.current_time())
+            self._wake()
+
+    # -- EtcdNetwork ----------------------------------------------------------------------
+
+    async def connect(self, endpoint: _Endpoint, ssl_context: Any) -> trio.abc.Stream:
+        await trio.lowlevel.checkpoint()
+        if self.reachable is not None and endpoint.url not in self.reachable:
+            raise _NotSent("connect failed: Connection refused")
+        client, server = trio.testing.memory_stream_pair()
+        self.nursery.start_soon(self._serve, server, id(client))
+        return client
+
+    def dropped(self, stream: trio.abc.Stream) -> bool:
+        return id(stream) in self._ended
+
+    def close(self, stream: trio.abc.Stream) -> None:
+        assert isinstance(stream, trio.StapledStream)
+        stream.send_stream.close()
+        stream.receive_stream.close()
+        self._ended.discard(id(stream))
+
+    # -- the far end ------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _serve(self, stream: trio.StapledStream, client_id: int) -> None:
+        requests: list[tuple[str, bytes]] = []
+        parser = httptools.HttpRequestParser(_Requests(requests))
+        try:
+            while True:
+                data = await stream.receive_some(RECEIVE_SIZE)
+                if not data:
+                    return
+                parser.feed_data(data)
+                while requests:
+                    path, body = requests.pop(0)
+                    document = json.loads(body) if body else {}
+                    if path == "/v3/watch":
+                        await self._stream_watch(stream, document)
+                        return
+                    status, answer = self.model.handle(path, document, trio.current_time())
+                    self._wake()
+                    await stream.send_all(_response(status, answer))
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, httptools.HttpParserError):
+            pass
+        finally:
+            self._ended.add(client_id)
+            await stream.aclose()
+
+    async def _stream_watch(self, stream: trio.StapledStream, document: dict) -> None:
+        watch = self.model.watch(document, trio.current_time())
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._until_closed, stream, nursery.cancel_scope)
+                await self._send_messages(stream, watch)
+        finally:
+            self.model.close_watch(watch)
+
+    async def _send_messages(self, stream: trio.StapledStream, watch: ModelWatch) -> None:
+        while True:
+            changed = self._changed
+            for message in watch.take():
+                line = json.dumps({"result": message}).encode() + b"\n"
+                await stream.send_all(b"%x\r\n%s\r\n" % (len(line), line))
+            if watch.canceled:
+                await stream.send_all(b"0\r\n\r\n")
+                return
+            await changed.wait()
+
+    @staticmethod
+    async def _until_closed(stream: trio.StapledStream, scope: trio.CancelScope) -> None:
+        while await stream.receive_some(RECEIVE_SIZE):
+            pass
+        scope.cancel()
+
+
+class _Requests:
+    """httptools' callbacks: each complete request's path and body."""
+
+    def __init__(self, requests: list[tuple[str, bytes]]) -> None:
+        self.requests = requests
+        self.path = ""
+        self.body: list[bytes] = []
+
+    def on_url(self, url: bytes) -> None:
+        self.path = httptools.parse_url(url).path.decode()
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.requests.append((self.path, b"".join(self.body)))
+        self.body = []
+
+
+def _response(status: int, answer: dict[str, Any]) -> bytes:
+    body = json.dumps(answer).encode()
+    reason = HTTPStatus(status).phrase
+    return (
+        b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        % (status, reason.encode(), len(body))
+        + body
+    )
