@@ -27,15 +27,31 @@ RECEIVE_SIZE = 64 * 1024
 
 class ModelNetwork(EtcdNetwork):
     """Connections to `model` served in `nursery` (which also runs the lease clock: start
-    it with `nursery.start(network.run)`). `reachable`: the endpoint URLs that answer; a
-    connection to any other is refused, as by a member that is down."""
+    it with `nursery.start(network.run)`). Every endpoint URL is a member of the one model.
+
+    Faults, by endpoint URL: `refuse` one (a member down: connections refused, the ones open
+    closed), `pause` one (a member stopped: connections accepted, nothing answered, as under
+    SIGSTOP) and `resume` it."""
 
     def __init__(self, model: EtcdModel, nursery: trio.Nursery) -> None:
         self.model = model
         self.nursery = nursery
-        self.reachable: set[str] | None = None
+        self.refused: set[str] = set()
+        self.paused: set[str] = set()
         self._changed = trio.Event()
         self._ended: set[int] = set()
+
+    def refuse(self, endpoint: str) -> None:
+        self.refused.add(endpoint)
+        self._wake()
+
+    def pause(self, endpoint: str) -> None:
+        self.paused.add(endpoint)
+
+    def resume(self, endpoint: str) -> None:
+        self.refused.discard(endpoint)
+        self.paused.discard(endpoint)
+        self._wake()
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Revoke each lease when its deadline comes; for ever."""
@@ -51,10 +67,10 @@ class ModelNetwork(EtcdNetwork):
 
     async def connect(self, endpoint: _Endpoint, ssl_context: Any) -> trio.abc.Stream:
         await trio.lowlevel.checkpoint()
-        if self.reachable is not None and endpoint.url not in self.reachable:
+        if endpoint.url in self.refused:
             raise _NotSent("connect failed: Connection refused")
         client, server = trio.testing.memory_stream_pair()
-        self.nursery.start_soon(self._serve, server, id(client))
+        self.nursery.start_soon(self._serve, server, id(client), endpoint.url)
         return client
 
     def dropped(self, stream: trio.abc.Stream) -> bool:
@@ -72,31 +88,46 @@ class ModelNetwork(EtcdNetwork):
         self._changed.set()
         self._changed = trio.Event()
 
-    async def _serve(self, stream: trio.StapledStream, client_id: int) -> None:
-        requests: list[tuple[str, bytes]] = []
-        parser = httptools.HttpRequestParser(_Requests(requests))
+    async def _serve(self, stream: trio.StapledStream, client_id: int, endpoint: str) -> None:
         try:
-            while True:
-                data = await stream.receive_some(RECEIVE_SIZE)
-                if not data:
-                    return
-                parser.feed_data(data)
-                while requests:
-                    path, body = requests.pop(0)
-                    document = json.loads(body) if body else {}
-                    if path == "/v3/watch":
-                        await self._stream_watch(stream, document)
-                        return
-                    status, answer = self.model.handle(path, document, trio.current_time())
-                    self._wake()
-                    await stream.send_all(_response(status, answer))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._close_when_refused, endpoint, nursery.cancel_scope)
+                await self._answer(stream, endpoint)
+                nursery.cancel_scope.cancel()
         except* (trio.BrokenResourceError, trio.ClosedResourceError, httptools.HttpParserError):
             pass
         finally:
             self._ended.add(client_id)
             await stream.aclose()
 
-    async def _stream_watch(self, stream: trio.StapledStream, document: dict) -> None:
+    async def _answer(self, stream: trio.StapledStream, endpoint: str) -> None:
+        requests: list[tuple[str, bytes]] = []
+        parser = httptools.HttpRequestParser(_Requests(requests))
+        while True:
+            data = await stream.receive_some(RECEIVE_SIZE)
+            if not data:
+                return
+            parser.feed_data(data)
+            while requests:
+                while endpoint in self.paused:
+                    await self._changed.wait()
+                path, body = requests.pop(0)
+                document = json.loads(body) if body else {}
+                if path == "/v3/watch":
+                    await self._stream_watch(stream, document, endpoint)
+                    return
+                status, answer = self.model.handle(path, document, trio.current_time())
+                self._wake()
+                await stream.send_all(_response(status, answer))
+
+    async def _close_when_refused(self, endpoint: str, scope: trio.CancelScope) -> None:
+        while endpoint not in self.refused:
+            await self._changed.wait()
+        scope.cancel()
+
+    async def _stream_watch(
+        self, stream: trio.StapledStream, document: dict, endpoint: str
+    ) -> None:
         watch = self.model.watch(document, trio.current_time())
         await stream.send_all(
             b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -105,14 +136,16 @@ class ModelNetwork(EtcdNetwork):
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._until_closed, stream, nursery.cancel_scope)
-                await self._send_messages(stream, watch)
+                await self._send_messages(stream, watch, endpoint)
         finally:
             self.model.close_watch(watch)
 
-    async def _send_messages(self, stream: trio.StapledStream, watch: ModelWatch) -> None:
+    async def _send_messages(
+        self, stream: trio.StapledStream, watch: ModelWatch, endpoint: str
+    ) -> None:
         while True:
             changed = self._changed
-            for message in watch.take():
+            for message in [] if endpoint in self.paused else watch.take():
                 line = json.dumps({"result": message}).encode() + b"\n"
                 await stream.send_all(b"%x\r\n%s\r\n" % (len(line), line))
             if watch.canceled:

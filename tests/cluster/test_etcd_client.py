@@ -613,3 +613,48 @@ async def test_the_model_keeps_and_expires_leases_on_a_virtual_clock(nursery, au
         assert gone.kv.mod_revision == put + 1
         # Within a TTL of its last refresh (one every 20 s while it was kept).
         assert 0 < trio.current_time() - let_go <= 60
+
+
+async def model_members(nursery, count: int) -> tuple[ModelNetwork, list[str]]:
+    """The etcd model reached at `count` member URLs, its lease clock running."""
+    network = ModelNetwork(EtcdModel(minimum_ttl=TEST_ETCD_MINIMUM_TTL), nursery)
+    await nursery.start(network.run)
+    return network, [f"http://etcd-{number}:2379" for number in range(count)]
+
+
+async def test_on_the_model_a_member_down_or_paused_is_left_for_the_next(nursery, autojump_clock):
+    """The client's failover on a virtual clock: a member refusing connections is passed at
+    once; a paused one (connections accepted, nothing answered) after `attempt_timeout`;
+    each said in the health, and the member answers again once resumed."""
+    network, members = await model_members(nursery, 2)
+    async with EtcdClient(members, attempt_timeout=1.0, network=network) as client:
+        await client.put("k", "1")
+        network.refuse(members[0])
+        started = trio.current_time()
+        await client.put("k", "2")
+        assert trio.current_time() - started < 0.5
+        assert members[0] in client.health.failing
+        network.resume(members[0])
+        network.pause(members[1])  # the member that answered last, tried first
+        started = trio.current_time()
+        assert (await client.get("k")).value == b"2"
+        assert 1.0 <= trio.current_time() - started < 1.5
+        assert "no answer within" in client.health.failing[members[1]][1]
+        network.resume(members[1])
+
+
+async def test_on_the_model_a_watch_leaves_a_paused_member(nursery, autojump_clock):
+    """A watch whose member stops answering asks it for a read after a silent second, gets
+    none, and goes on from its revision on another member: nothing missed or repeated."""
+    network, members = await model_members(nursery, 2)
+    async with EtcdClient(members, attempt_timeout=1.0, network=network) as client:
+        async with client.watch_prefix("w/", 0) as watch:
+            await watch.open()
+            await client.put("w/1", "a")
+            assert summary([await anext(watch)]) == [("PUT", "w/1", b"a")]
+            network.pause(members[0])
+            await client.put("w/2", "b")  # after a timeout, on the other member
+            with trio.fail_after(10):
+                event = await anext(watch)
+            assert summary([event]) == [("PUT", "w/2", b"b")]
+            network.resume(members[0])
