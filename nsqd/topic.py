@@ -13,7 +13,6 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 import trio
-import trio.testing
 
 from nsqpy.common.names import is_ephemeral
 from nsqpy.nsqd.channel import Channel
@@ -40,6 +39,14 @@ FAN_OUT_AFTER_ANSWER_FROM = 16
 # Such a pump goes when nsqd has nothing else to do, so that publishers are answered first,
 # but waits for that at most this long (seconds) under a load that never pauses.
 _PUMP_LONGEST_WAIT = 0.01
+# After a turn that failed (a bug), the pump tries again this much later (seconds).
+_PUMP_PAUSE_AFTER_ERROR = 1.0
+# How many passes of the scheduler in a row with nothing else to run make nsqd idle for such
+# a pump (some tens of µs: fewer let a pump in between a pipelining publisher's MPUBs; with
+# 100 channels MPUB ran at 216k msgs/s with 2, 310k with 4, 405k with 8).
+_QUIET_PASSES = 8
+# How many pumps of this trio run are letting the rest go first (`Topic._next_turn`).
+_YIELDING_PUMPS: trio.lowlevel.RunVar[int] = trio.lowlevel.RunVar("yielding_pumps", default=0)
 
 
 class Registrar(Protocol):
@@ -312,25 +319,47 @@ class Topic:
         """Move the topic's backlog into its channels whenever it has channels and runs, and
         write what its channels move to the end of their delay (a log topic's)."""
         while not self.deleted:
-            if self.queue.moves_pending:
-                await self.queue.write_moves()
-            elif self.channels and not self.paused and self.started and self.has_backlog():
-                count = min(_PUMP_BATCH, max(1, _PUMP_COPIES // len(self.channels)))
-                for run in self.queue.take_runs(count):
-                    self._fan_out(run)
-                await self.queue.runs_moved()
-                await self._next_turn()
-            else:
-                await self._pump_wakeup.wait()
+            try:
+                await self._pump_turn()
+            except Exception:
+                # A bug costs this topic the turn's messages (those channels that had not
+                # taken them yet), never the daemon and every other topic's messages with it.
+                self.nsqd.log.exception("TOPIC(%s): internal error in its pump", self.name)
+                await trio.sleep(_PUMP_PAUSE_AFTER_ERROR)
+
+    async def _pump_turn(self) -> None:
+        if self.queue.moves_pending:
+            await self.queue.write_moves()
+        elif self.channels and not self.paused and self.started and self.has_backlog():
+            count = min(_PUMP_BATCH, max(1, _PUMP_COPIES // len(self.channels)))
+            for run in self.queue.take_runs(count):
+                self._fan_out(run)
+            await self.queue.runs_moved()
+            await self._next_turn()
+        else:
+            await self._pump_wakeup.wait()
 
     async def _next_turn(self) -> None:
         """Between two batches of the pump: the others run first; with many channels, the
-        pump waits for nsqd to be idle (at most `_PUMP_LONGEST_WAIT`)."""
+        pump waits until nothing but such pumps is ready to run (publishers answered, their
+        next publish read), for at most `_PUMP_LONGEST_WAIT`."""
+        await trio.lowlevel.checkpoint()
         if len(self.channels) < FAN_OUT_AFTER_ANSWER_FROM:
-            await trio.lowlevel.checkpoint()
             return
-        with trio.move_on_after(_PUMP_LONGEST_WAIT):
-            await trio.testing.wait_all_tasks_blocked()
+        deadline = trio.current_time() + _PUMP_LONGEST_WAIT
+        _YIELDING_PUMPS.set(_YIELDING_PUMPS.get() + 1)
+        try:
+            # A checkpoint lets every ready task run a step and polls the sockets. What is
+            # counted ready is what runs after this pass (the rest of this pass runs before
+            # the next checkpoint returns): quiet counts in a row mean nothing but the
+            # yielding pumps is left to run, and no socket has brought more.
+            quiet = 0
+            while quiet < _QUIET_PASSES and trio.current_time() < deadline:
+                await trio.lowlevel.checkpoint()
+                others = trio.lowlevel.current_statistics().tasks_runnable
+                quiet = quiet + 1 if others < _YIELDING_PUMPS.get() else 0
+        finally:
+            _YIELDING_PUMPS.set(_YIELDING_PUMPS.get() - 1)
 
     def start(self) -> None:
         """Let the messages flow to the channels (Go's topic.Start)."""

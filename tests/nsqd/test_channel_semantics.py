@@ -549,3 +549,35 @@ async def test_a_topic_with_many_channels_answers_first_and_every_channel_gets_a
     await trio.testing.wait_all_tasks_blocked()
     assert topic.depth == 0
     assert all(topic.channels[name].message_count == 40 for name in names)
+
+
+async def test_a_failing_pump_turn_is_logged_and_the_topic_goes_on(nsqd, caplog, autojump_clock):
+    """A bug in a turn of the topic's pump (here one channel's copy raising once) is logged
+    with its traceback, costs that turn's copy in that channel only, and the pump goes on a
+    second later: the daemon, the topic and its other channels keep working."""
+    topic = nsqd.get_topic("t")
+    names = [f"c{number}" for number in range(FAN_OUT_AFTER_ANSWER_FROM)]
+    for name in names:
+        topic.get_channel(name)
+    broken = topic.channels[names[-1]]
+    failures = []
+
+    def fail_once(messages, now, *, strict=False):
+        if not failures:
+            failures.append(messages)
+            raise RuntimeError("a bug in a channel's copy")
+        return type(broken).put_messages(broken, messages, now, strict=strict)
+
+    broken.put_messages = fail_once
+    producer = await Wire.connect(nsqd)
+    await producer.send(encode_pub("t", b"first"))
+    await producer.expect_ok()
+    await wait_until(lambda: failures, timeout=10)
+    assert "TOPIC(t): internal error in its pump" in caplog.text
+    assert "a bug in a channel's copy" in caplog.text
+    await producer.send(encode_pub("t", b"second"))
+    await producer.expect_ok()
+    first_channel = await consumer(nsqd, "t", names[0], rdy=10)
+    assert [m.body for m in await first_channel.read_messages(2)] == [b"first", b"second"]
+    last_channel = await consumer(nsqd, "t", names[-1], rdy=10)
+    assert [m.body for m in await last_channel.read_messages(1, timeout=30)] == [b"second"]
