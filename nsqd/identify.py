@@ -11,6 +11,7 @@ import re
 from typing import TYPE_CHECKING
 
 from nsqpy.common.errors import ProtocolError
+from nsqpy.common.goformat import go_json
 from nsqpy.common.version import VERSION
 
 if TYPE_CHECKING:
@@ -213,7 +214,7 @@ def negotiate(
         # client that asks, so every other answer stays Go's.
         reply["idempotent_publish"] = True
     return Negotiated(
-        json.dumps(reply, separators=(",", ":")).encode(),
+        go_json(reply),  # Go's json.Marshal: a desired_tag's <, > and & escaped, as Go does
         tls,
         snappy,
         deflate_level if deflate else 0,
