@@ -164,17 +164,23 @@ class TLSStream(trio.abc.HalfCloseableStream):
         is there."""
         pieces: list[bytes] = []
         room = max_bytes
+        ssl_object = self.ssl_object
+        incoming = self._incoming
         try:
             while room > 0:
-                piece = self.ssl_object.read(room)
+                piece = ssl_object.read(room)
                 if not piece:
-                    if self._incoming.eof:
+                    if incoming.eof:
                         # OpenSSL reads the end of the bytes as an end without close_notify.
                         return b"".join(pieces) or self._ended()
                     self._close_notified = True  # the client's close_notify
                     break
                 pieces.append(piece)
                 room -= len(piece)
+                if not incoming.pending and not ssl_object.pending() and not incoming.eof:
+                    # Every byte taken and nothing decrypted waiting: another read would
+                    # only raise SSLWantReadError (a request's worth of time on HTTPS).
+                    break
         except ssl.SSLWantReadError:
             pass
         except ssl.SSLEOFError:
