@@ -471,8 +471,28 @@ class Report:
                 json.dump([asdict(record) for record in self.records], out, indent=1)
 
 
-def against_reference(
-    reference: str, runs: int, run_once: Callable[[], dict], label: str = ""
+def record_against_reference(
+    report: Report,
+    bench: str,
+    args: argparse.Namespace,
+    run_once: Callable[[], dict],
+    title: Callable[[str, str], str],
+    fields: Sequence[tuple[str, str]],
+    label: str = "",
+) -> None:
+    """`run_once()` on our nsqd and, with `args.reference` (`add_common_arguments(...,
+    reference=True)`), on that one right after, `runs_of(args)` times; a Record for each
+    server and each (key, unit) of `fields`, named `title(server label, key)`."""
+    figures = _against_reference(args.reference, runs_of(args), run_once, label)
+    for name, results in figures.items():
+        load = [os.getloadavg()[0]] * len(results)
+        for key, unit in fields:
+            values = [float(result[key]) for result in results]
+            report.add(Record(bench, title(server_label(name), key), unit, values, load))
+
+
+def _against_reference(
+    reference: str, runs: int, run_once: Callable[[], dict], label: str
 ) -> dict[str, list[dict]]:
     """`run_once()` `runs` times on our nsqd and, with `reference` (another nsqd's path: Go's,
     or another tree's console script), as often on that one, each right after ours in this
@@ -507,21 +527,6 @@ def server_label(name: str) -> str:
     return f"{name} {extra}" if extra and name == "nsqpy" else name
 
 
-def add_figures(
-    report: Report,
-    bench: str,
-    title: Callable[[str, str], str],
-    figures: dict[str, list[dict]],
-    fields: Sequence[tuple[str, str]],
-) -> None:
-    """A Record for each server and each (key, unit) of `fields`, named `title(label, key)`."""
-    for name, results in figures.items():
-        load = [os.getloadavg()[0]] * len(results)
-        for key, unit in fields:
-            values = [float(result[key]) for result in results]
-            report.add(Record(bench, title(server_label(name), key), unit, values, load))
-
-
 def http_post(port: int, path: str) -> None:
     """POST `path` to nsqd's HTTP port on 127.0.0.1; an error status raises."""
     import urllib.request
@@ -548,7 +553,13 @@ def read_records(path: str) -> list[Record]:
         return [Record(**item) for item in json.load(data)]
 
 
-def add_common_arguments(parser: argparse.ArgumentParser, runs: int = 3) -> None:
+def add_common_arguments(
+    parser: argparse.ArgumentParser, runs: int = 3, *, reference: bool = False
+) -> None:
+    """--runs, --quick and --json; with `reference`, --reference too (for
+    `record_against_reference`)."""
+    if reference:
+        parser.add_argument("--reference", default="", help="another nsqd to run the same workload")
     parser.add_argument("--runs", type=int, default=runs, help="runs per figure (median)")
     parser.add_argument("--quick", action="store_true", help="one run per figure")
     parser.add_argument("--json", default=None, help="write the figures as JSON to this file")

@@ -38,11 +38,9 @@ from bench._support import (
     Nsqd,
     Report,
     add_common_arguments,
-    add_figures,
-    against_reference,
     banner,
     http_post,
-    runs_of,
+    record_against_reference,
 )
 from nsqpy.common.command import (
     MAGIC_V2,
@@ -415,22 +413,20 @@ def run_once(minutes: float) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--reference", default="", help="another nsqd to run the same workload")
-    add_common_arguments(parser, runs=1)
+    add_common_arguments(parser, runs=1, reference=True)
     args = parser.parse_args(argv)
-    runs = runs_of(args)
     banner(
         "churn soak (bench.churn_soak)",
         f"{args.minutes:g} min: {STEADY_RATE} msgs/s on {STEADY_TOPICS} topics, {CHURN_RATE}"
         " connections/s, a topic made and deleted each second",
     )
     report = Report(args.json)
-    figures = against_reference(args.reference, runs, lambda: run_once(args.minutes))
-    add_figures(
+    record_against_reference(
         report,
         "churn_soak",
+        args,
+        lambda: run_once(args.minutes),
         lambda label, key: f"soak {args.minutes:g} min, {label}: {key}",
-        figures,
         (
             ("rss_growth_mib_per_min", "MiB/min"),
             ("rss_end_mib", "MiB"),

@@ -25,9 +25,8 @@ from bench._support import (
     Nsqd,
     Report,
     add_common_arguments,
-    add_figures,
-    against_reference,
     banner,
+    record_against_reference,
     runs_of,
 )
 from nsqpy.common.command import MAGIC_V2, encode_identify, encode_pub, encode_rdy, encode_sub
@@ -125,8 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--mode", choices=("sub", "pub"), default="sub")
-    parser.add_argument("--reference", default="", help="another nsqd to run the same workload")
-    add_common_arguments(parser, runs=1)
+    add_common_arguments(parser, runs=1, reference=True)
     args = parser.parse_args(argv)
     runs = runs_of(args)
     banner(
@@ -134,12 +132,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.mode}: one client, a connection after another, {args.seconds:g} s; {runs} run(s)",
     )
     report = Report(args.json)
-    figures = against_reference(args.reference, runs, lambda: run_once(args.seconds, args.mode, []))
-    add_figures(
+    record_against_reference(
         report,
         "connection_churn",
+        args,
+        lambda: run_once(args.seconds, args.mode, []),
         lambda label, key: f"{args.mode} churn {args.seconds:g} s, {label}: {key}",
-        figures,
         (
             ("connections_per_s", "conn/s"),
             ("rss_growth_mib_per_min", "MiB/min"),

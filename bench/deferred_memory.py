@@ -19,10 +19,9 @@ from bench._support import (
     Nsqd,
     Report,
     add_common_arguments,
-    add_figures,
-    against_reference,
     banner,
     http_post,
+    record_against_reference,
     runs_of,
 )
 from nsqpy.common.command import MAGIC_V2, encode_dpub
@@ -64,8 +63,7 @@ def run_once(count: int) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=100_000)
-    parser.add_argument("--reference", default="", help="another nsqd to run the same workload")
-    add_common_arguments(parser, runs=1)
+    add_common_arguments(parser, runs=1, reference=True)
     args = parser.parse_args(argv)
     runs = runs_of(args)
     banner(
@@ -73,12 +71,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.count:,} DPUBs of 100 B, an hour's delay, one channel; {runs} run(s)",
     )
     report = Report(args.json)
-    figures = against_reference(args.reference, runs, lambda: run_once(args.count))
-    add_figures(
+    record_against_reference(
         report,
         "deferred_memory",
+        args,
+        lambda: run_once(args.count),
         lambda label, _key: f"deferred message, {label}: bytes beyond its body",
-        figures,
         (("bytes_beyond_body", "B"),),
     )
     report.write()

@@ -23,10 +23,9 @@ from bench._support import (
     Nsqd,
     Report,
     add_common_arguments,
-    add_figures,
-    against_reference,
     banner,
     http_post,
+    record_against_reference,
     runs_of,
 )
 from nsqpy.common.command import MAGIC_V2, encode_mpub
@@ -96,8 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--channels", default="1,10,100", help="comma-separated counts")
     parser.add_argument("--count", type=int, default=200_000)
-    parser.add_argument("--reference", default="", help="another nsqd to run the same workload")
-    add_common_arguments(parser, runs=1)
+    add_common_arguments(parser, runs=1, reference=True)
     args = parser.parse_args(argv)
     runs = runs_of(args)
     sizes = [int(size) for size in args.channels.split(",")]
@@ -108,19 +106,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     report = Report(args.json)
     for size in sizes:
-        figures = against_reference(
-            args.reference, runs, lambda size=size: run_once(size, args.count), label=f"C={size} "
-        )
-        add_figures(
+        record_against_reference(
             report,
             "fanout_backlog",
+            args,
+            lambda size=size: run_once(size, args.count),
             lambda label, key, size=size: f"C={size}, {label}: {key}",
-            figures,
             (
                 ("publish_msgs_per_s", "msgs/s"),
                 ("end_to_end_msgs_per_s", "msgs/s"),
                 ("rss_mib", "MiB"),
             ),
+            label=f"C={size} ",
         )
     report.write()
 

@@ -23,9 +23,8 @@ from bench._support import (
     Nsqd,
     Report,
     add_common_arguments,
-    add_figures,
-    against_reference,
     banner,
+    record_against_reference,
     runs_of,
 )
 
@@ -78,8 +77,7 @@ def run_once(topics: int) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topics", default="100,1000,5000", help="comma-separated sizes")
-    parser.add_argument("--reference", default="", help="another nsqd to run the same workload")
-    add_common_arguments(parser, runs=1)
+    add_common_arguments(parser, runs=1, reference=True)
     args = parser.parse_args(argv)
     runs = runs_of(args)
     sizes = [int(size) for size in args.topics.split(",")]
@@ -89,17 +87,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     report = Report(args.json)
     for size in sizes:
-        figures = against_reference(
-            args.reference, runs, lambda size=size: run_once(size), label=f"N={size} "
-        )
-        add_figures(
+        record_against_reference(
             report,
             "topic_creation",
+            args,
+            lambda size=size: run_once(size),
             lambda label, key, size=size: (
                 f"{size} topics x {len(CHANNELS)} channels, {label}: {key}"
             ),
-            figures,
             (("seconds", "s"), ("stats_ms", "ms"), ("rss_mib", "MiB")),
+            label=f"N={size} ",
         )
     report.write()
 
