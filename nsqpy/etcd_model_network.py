@@ -10,19 +10,21 @@ does, and the watches see the deletions.
 
 import json
 import math
-from http import HTTPStatus
 from typing import Any
 
 import httptools
 import trio
 import trio.testing
 
+from nsqpy.daemon.http_server import Response, encode_response
 from nsqpy.etcd import EtcdNetwork, _Endpoint, _NotSent
 from nsqpy.etcd_model import EtcdModel, ModelWatch
 
 __all__ = ["ModelNetwork"]
 
 RECEIVE_SIZE = 64 * 1024
+# What etcd's gateway says of its answers.
+_JSON_HEADERS = [("Content-Type", "application/json")]
 
 
 class ModelNetwork(EtcdNetwork):
@@ -118,7 +120,8 @@ class ModelNetwork(EtcdNetwork):
                     return
                 status, answer = self.model.handle(path, document, trio.current_time())
                 self._wake()
-                await stream.send_all(_response(status, answer))
+                response = Response(status, json.dumps(answer).encode(), _JSON_HEADERS)
+                await stream.send_all(encode_response(response, close=False))
 
     async def _close_when_refused(self, endpoint: str, scope: trio.CancelScope) -> None:
         while endpoint not in self.refused:
@@ -177,13 +180,3 @@ class _Requests:
     def on_message_complete(self) -> None:
         self.requests.append((self.path, b"".join(self.body)))
         self.body = []
-
-
-def _response(status: int, answer: dict[str, Any]) -> bytes:
-    body = json.dumps(answer).encode()
-    reason = HTTPStatus(status).phrase
-    return (
-        b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-        % (status, reason.encode(), len(body))
-        + body
-    )
