@@ -498,9 +498,10 @@ class BufferedTopicQueue(BufferedDiskQueue):
                     runs.append(singles)
                     singles = []
                 runs.append(item)
+                count = len(item)
             else:
                 singles.append(item)
-            count = len(item) if isinstance(item, MessageBatch) else 1
+                count = 1
             self.memory_count -= count
             wanted -= count
         if singles:

@@ -183,12 +183,11 @@ class Storage:
         """`write_to_backend` for a batch's messages from `start` on: its records framed
         once for every queue that writes them (`MessageBatch.framed`)."""
         framed = batch.framed()
-        put = backend.put_framed
         self._put(
             backend,
             failure,
             args,
-            put,
+            backend.put_framed,
             framed.data,
             framed.ends,
             start,
