@@ -13,6 +13,7 @@ from nsqpy.nsqd.wakeup import Wakeup
 if TYPE_CHECKING:
     from nsqpy.daemon.auth import AuthState
     from nsqpy.nsqd.channel import Channel
+    from nsqpy.nsqd.connection_poller import PolledWakeup
     from nsqpy.nsqd.options import Options
 
 # Go's connection states and their numbers (docs/protocol.md §1.5); Go's Disconnected (1) and
@@ -82,8 +83,9 @@ class Client:
         self.requeue_count = 0
         self.pub_counts: dict[str, int] = {}
         self.connect_time = time.time()
-        # Set whenever something may let the message pump send: messages, RDY, FIN, close.
-        self.wakeup = Wakeup()
+        # Set whenever something may let the message pump send: messages, RDY, FIN, close
+        # (the connection poller's pump task's while the poller serves the connection).
+        self.wakeup: Wakeup | PolledWakeup = Wakeup()
 
     def wake(self) -> None:
         """What a channel tells its consumer: messages may be there for it now."""

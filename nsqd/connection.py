@@ -15,7 +15,10 @@ publish (`nsqd/worker_hops.py`).
 
 import math
 import os
+import socket
 import weakref
+from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -28,11 +31,13 @@ from nsqpy.daemon.net import peer_common_name
 from nsqpy.daemon.tls_stream import TLSStream
 from nsqpy.nsqd import effects
 from nsqpy.nsqd.compression import CompressedStream, PrefixedStream
+from nsqpy.nsqd.connection_poller import ConnectionPoller, PolledWakeup
 from nsqpy.nsqd.effects import BatchDone, Commit
 from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.idle_reads import RECEIVE_SIZE
 from nsqpy.nsqd.protocol_v2 import ProtocolV2, only_nops
 from nsqpy.nsqd.tls import connection_details
+from nsqpy.nsqd.wakeup import Wakeup
 from nsqpy.nsqd.worker_hops import WorkerHops
 
 if TYPE_CHECKING:
@@ -55,17 +60,29 @@ REFUSED_LINGER = 1.0
 LIVE_CONNECTIONS: "weakref.WeakSet[V2Connection]" = weakref.WeakSet()
 
 
+# What a connection's tasks do first when the poller hands it over (`V2Connection.promote`):
+# finish what the poller began; False: the connection is to close.
+Resume = Callable[[], Awaitable[bool]]
+
+
 class V2Connection:
+    # trio's stream on the accepted socket, then what TLS and compression layer on that:
+    # made when the connection gets tasks of its own (`run`); a polled one has none.
+    stream: trio.abc.HalfCloseableStream
+
     def __init__(
         self,
         nsqd: "NSQD",
-        stream: trio.SocketStream,
+        sock: socket.socket,
         remote_address: str,
         handoff: Handoff | None = None,
     ) -> None:
         self.nsqd = nsqd
-        # The accepted socket, then what TLS and compression layer on it.
-        self.stream: trio.abc.HalfCloseableStream = stream
+        # The accepted socket (non-blocking), and trio's on it once the connection has tasks
+        # of its own; until then the connection poller serves it (`nsqd/connection_poller.py`).
+        self._socket = sock
+        self._raw: trio.socket.SocketType | None = None
+        self._poller: ConnectionPoller | None = None
         LIVE_CONNECTIONS.add(self)
         # `--workers` (`nsqd/worker_hops.py`): a connection handed over by another worker, and
         # its moves and forwarded publishes to the others.
@@ -83,9 +100,7 @@ class V2Connection:
         self._send_lock = trio.Lock()
         # The descriptor `_send` writes to directly while the connection is a plain socket
         # (-1 once TLS or compression wraps it).
-        self._fd = stream.socket.fileno() if type(stream) is trio.SocketStream else -1
-        # The accepted socket, under whatever TLS or compression wraps it later.
-        self._socket = stream.socket
+        self._fd = sock.fileno()
         # The TLS stream `_send` writes to directly once TLS alone wraps the socket.
         self._tls: TLSStream | None = None
         self._cancel_scope = trio.CancelScope()
@@ -98,22 +113,35 @@ class V2Connection:
         self._last_heartbeat = 0.0
         self._owed = b""
 
-    # -- connection life ----------------------------------------------------------------------
-
-    async def run(self) -> None:
-        """Serve the connection until it ends, from the protocol magic on."""
-        client = self.client
-        protocol = self.protocol
-        if not protocol.internal:
-            self.nsqd.add_client(client)
+    def begin(self) -> None:
+        """From the protocol magic on: one of nsqd's clients, its timers running."""
+        if not self.protocol.internal:
+            self.nsqd.add_client(self.client)
         self._last_heartbeat = trio.current_time()
         self._arm_read_deadline()
+
+    # -- connection life ----------------------------------------------------------------------
+
+    async def run(self, resume: Resume | None = None) -> None:
+        """Serve the connection with tasks of its own until it ends: from the protocol magic
+        on, or (`resume`) from where the poller handed it over."""
+        protocol = self.protocol
+        self._raw = trio.socket.from_stdlib_socket(self._socket)
+        self.stream = trio.SocketStream(self._raw)
+        if resume is None:
+            self.begin()
         relay: trio.SocketStream | None = None
         try:
             with self._cancel_scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._message_pump)
-                    if self.handoff is None or await self._replay(self.handoff):
+                    if resume is not None:
+                        go_on = await resume()
+                    elif self.handoff is not None:
+                        go_on = await self._replay(self.handoff)
+                    else:
+                        go_on = True
+                    if go_on:
                         await self._read_loop()
                     nursery.cancel_scope.cancel()
                 if protocol.refused:
@@ -156,7 +184,8 @@ class V2Connection:
             return
         try:
             # The socket's bytes, not the stream's: after a close_notify nothing is decrypted.
-            while await self._socket.recv(RECEIVE_SIZE):
+            assert self._raw is not None
+            while await self._raw.recv(RECEIVE_SIZE):
                 pass
         except OSError:
             pass
@@ -179,7 +208,149 @@ class V2Connection:
 
     def close(self) -> None:
         """Server-side close (shutdown, channel deleted)."""
-        self._cancel_scope.cancel()
+        self._end()
+
+    def _end(self) -> None:
+        """End the connection: its tasks' cancel scope, or a polled one here and now."""
+        poller = self._poller
+        if poller is None:
+            self._cancel_scope.cancel()
+            return
+        self._poller = None
+        poller.forget(self._fd)
+        self._leave()
+        self._socket.close()
+        self.nsqd.connection_ended(self)
+
+    # -- served by the connection poller ------------------------------------------------------
+
+    def start_polled(self, poller: ConnectionPoller) -> None:
+        """Begin, served by `poller` until anything would wait (`promote`)."""
+        self._poller = poller
+        self.client.wakeup = PolledWakeup(self, poller)
+        self.begin()
+        poller.watch(self, self._fd)
+
+    def promote(self, resume: Resume) -> None:
+        """Leave the poller for tasks of the connection's own, for the rest of its life; they
+        run `resume` first."""
+        poller = self._poller
+        assert poller is not None
+        self._poller = None
+        poller.forget(self._fd)
+        # The pump task looks once, whatever woke the poller's meanwhile.
+        self.client.wakeup = Wakeup()
+        self.client.wakeup.set()
+        self.nsqd.serve_promoted(self, resume)
+
+    def failed(self) -> None:
+        """A bug serving a polled connection: it costs that connection alone."""
+        self.nsqd.log.exception(
+            "PROTOCOL(V2): [%s] internal error, closing the connection",
+            self.client.remote_address,
+        )
+        if self._poller is not None:
+            self._end()
+
+    def read_polled(self) -> None:
+        """The poller's call, the socket readable: run the complete commands and send their
+        replies, as `_read_loop` and `_run_commands` would, or hand the connection over."""
+        try:
+            data = os.read(self._fd, RECEIVE_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._end()
+            return
+        client = self.client
+        protocol = self.protocol
+        if client.closed_by_server:
+            self._end()
+            return
+        if not data:
+            reply = protocol.receive_eof()
+            if reply is not None:
+                self._write_polled(reply)
+            self._end()
+            return
+        if data[:4] == NOP and self.absorb_nops(data):
+            return
+        protocol.receive_data(data)
+        commands_run = protocol.commands_run
+        effect = self._batches.send(None)
+        storage = self.nsqd.storage
+        if type(effect) is not BatchDone or (effect.commit and storage.commit_due()):
+            if storage.commit_due():
+                # The batch's fsyncs begin now, before any other task runs, as a task's own
+                # commit would begin them: their metadata is taken as the publishes left it
+                # (a topic's pump may move more before the connection's task runs).
+                self.nsqd.finish_commit(storage.begin_commit())
+            self.promote(partial(self._run_commands, effect, commands_run))
+            return
+        keep_open = effect.keep_open and not client.closed_by_server
+        replies = protocol.replies()
+        unsent = b""
+        if replies and not client.closed_by_server:
+            written = self._write_polled(replies)
+            if written is None:
+                return
+            unsent = written
+        if protocol.commands_run != commands_run:
+            self._arm_read_deadline()
+        if unsent or (not keep_open and protocol.refused):
+            # The rest waits for the socket, or the client's input is drained before the
+            # close: in the connection's tasks.
+            self.promote(partial(self._finish_send, unsent, keep_open))
+        elif not keep_open:
+            self._end()
+
+    def pump_polled(self) -> None:
+        """The poller's pump task's call, the client woken: one round of `_message_pump`."""
+        if self._poller is None:
+            return
+        pieces, held_for = self.protocol.deliveries()
+        if pieces is None:
+            if self.client.closed_by_server:
+                self._end()
+            elif held_for or self._owed:
+                self.promote(partial(self._finish_send, b"", True))
+            return
+        frames_left = iter(pieces)
+        for frames in frames_left:
+            unsent = self._write_polled(frames)
+            if unsent is None:
+                return
+            if unsent:
+                # The other pieces are encoded as they are sent: one output buffer at a time.
+                self.promote(partial(self._finish_send, unsent, True, frames_left))
+                return
+        # More may be let out: another round after the other woken consumers'.
+        self.client.wakeup.set()
+
+    def _write_polled(self, data: bytes) -> bytes | None:
+        """Write what the socket takes now; what it did not (None: the connection ended)."""
+        if self._owed:
+            data, self._owed = self._owed + data, b""
+        try:
+            sent = os.write(self._fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._end()
+            return None
+        return data[sent:] if sent < len(data) else b""
+
+    async def _finish_send(
+        self, unsent: bytes, keep_open: bool, pieces: Iterable[bytes] = ()
+    ) -> bool:
+        """A promoted connection's first step: send what the socket did not take, and the
+        pieces of the delivery it was part of."""
+        if unsent or self._owed:
+            await self._send(unsent)
+        for frames in pieces:
+            await self._send(frames)
+            del frames
+        return keep_open and not self.client.closed_by_server
 
     # -- timers -------------------------------------------------------------------------------
 
@@ -204,7 +375,7 @@ class V2Connection:
         send is under way, else by waking the pump. Returns when to be called next."""
         if now >= self._read_deadline:
             self.nsqd.log.error("[%s] IOLoop error - read deadline exceeded", self.client)
-            self._cancel_scope.cancel()
+            self._end()
             return math.inf
         interval = self.client.heartbeat_interval
         if interval <= 0:
@@ -227,7 +398,7 @@ class V2Connection:
         except BlockingIOError:
             sent = 0
         except OSError:
-            self._cancel_scope.cancel()
+            self._end()
             return
         if sent < len(HEARTBEAT_FRAME):
             self._owed = HEARTBEAT_FRAME[sent:]
@@ -274,20 +445,25 @@ class V2Connection:
         self._arm_read_deadline()
         return True
 
-    async def _run_commands(self) -> bool:
+    async def _run_commands(
+        self, effect: effects.Effect | None = None, commands_run: int | None = None
+    ) -> bool:
         """Run every complete command, doing the effects they ask for, then send all replies
-        at once. False: close."""
+        at once. False: close. `effect`: the batch began (by the poller) and asked for it;
+        `commands_run`: the count before it."""
         protocol = self.protocol
-        commands_run = protocol.commands_run
+        if commands_run is None:
+            commands_run = protocol.commands_run
         batches = self._batches
         commit = self.nsqd.storage.commit
         outcome: Any = None
         error: Exception | None = None
         while True:
-            if error is None:
-                effect = batches.send(outcome)
-            else:
-                effect, error = batches.throw(error), None
+            if effect is None:
+                if error is None:
+                    effect = batches.send(outcome)
+                else:
+                    effect, error = batches.throw(error), None
             if isinstance(effect, BatchDone):
                 if effect.commit:
                     await commit()
@@ -296,12 +472,13 @@ class V2Connection:
                 # A log publish's batch: its commit is done here, as the commit of the other
                 # batches is, rather than through `_perform`.
                 await commit(effect.groups)
-                outcome = None
+                outcome = effect = None
                 continue
             try:
                 outcome = await self._perform(effect)
             except (ProtocolError, AuthError) as raised:
                 outcome, error = None, raised
+            effect = None
         replies = protocol.replies()
         if replies and not self._muted and not self.client.closed_by_server:
             await self._send(replies)
@@ -432,6 +609,9 @@ class V2Connection:
     async def _message_pump(self) -> None:
         client = self.client
         deliveries = self.protocol.deliveries
+        # The connection's own from its first task on (`promote` gives it one).
+        wakeup = client.wakeup
+        assert isinstance(wakeup, Wakeup)
         while True:
             pieces, held_for = deliveries()
             if pieces is not None:
@@ -457,6 +637,6 @@ class V2Connection:
                 continue
             if held_for:
                 with trio.move_on_after(held_for):
-                    await client.wakeup.wait()
+                    await wakeup.wait()
                 continue
-            await client.wakeup.wait()
+            await wakeup.wait()

@@ -602,7 +602,7 @@ class ProtocolV2:
             )
         version = topic.channels_version
         channel = topic.get_channel(channel_name)
-        if topic.channels_version != version:
+        if topic.channels_version != version and topic.replication.info is not None:
             # A new channel: a cluster partition's followers get it before the OK.
             self._new_channels.append(topic)
         try:

@@ -26,7 +26,8 @@ from nsqpy.daemon.net import accept_forever, format_address, open_listener, peer
 from nsqpy.nsqd.channel import Channel
 from nsqpy.nsqd.client import Client, number_client_ids
 from nsqpy.nsqd.cluster import ClusterNode, NotLedHere
-from nsqpy.nsqd.connection import V2Connection
+from nsqpy.nsqd.connection import Resume, V2Connection
+from nsqpy.nsqd.connection_poller import ConnectionPoller, polls_connections
 from nsqpy.nsqd.data_path import prepare_data_path
 from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.heartbeats import HeartbeatClock
@@ -39,7 +40,7 @@ from nsqpy.nsqd.queue_scan import QueueScanner
 from nsqpy.nsqd.replication import Replication
 from nsqpy.nsqd.stats import gc_pauses
 from nsqpy.nsqd.statsd import StatsdPusher
-from nsqpy.nsqd.storage import Storage
+from nsqpy.nsqd.storage import Storage, Wait, wait_for_all
 from nsqpy.nsqd.tls import server_context
 from nsqpy.nsqd.topic import Topic
 from nsqpy.nsqd.topic_registry import TopicRegistry
@@ -88,6 +89,8 @@ class NSQD:
         self.https_address: str | None = None
         gc_pauses.install()
         self._connections: set[V2Connection] = set()
+        # Accepts and serves the plain V2 connections (`nsqd/connection_poller.py`).
+        self.connection_poller: ConnectionPoller | None = None
         # nsqd.dat and its journal (`nsqd/topology_store.py`).
         self.topology = TopologyStore(self)
         self._shutdown = trio.Event()
@@ -506,9 +509,15 @@ class NSQD:
                         )
                         private = format_address(private_listener.socket.getsockname())
                         await nursery.start(worker.run, self, self._handle_handed, private)
-                    listener_nursery.start_soon(
-                        accept_forever, tcp_listener, self._handle_connection, nursery, log, "TCP"
-                    )
+                    if polls_connections():
+                        poller = ConnectionPoller(self, tcp_listener.socket, nursery)
+                        self.connection_poller = poller
+                        listener_nursery.start_soon(poller.run)
+                        nursery.start_soon(poller.run_pumps)
+                    else:
+                        listener_nursery.start_soon(
+                            accept_forever, tcp_listener, self._accept_stream, nursery, log, "TCP"
+                        )
                     listener_nursery.start_soon(
                         partial(
                             serve_http,
@@ -571,20 +580,62 @@ class NSQD:
         self.exiting = True
         self._shutdown.set()
 
-    async def _handle_connection(self, stream: trio.SocketStream) -> None:
-        peer = peer_address(stream)
+    def accept_connection(self, sock: socket.socket, peer: str) -> V2Connection | None:
+        """A V2 connection accepted (`sock` non-blocking): served by the connection poller (and
+        returned), or where there is none by tasks of its own."""
         self.log.info("TCP: new client(%s)", peer)
+        nursery = self._nursery
+        assert nursery is not None  # accepting starts once nsqd runs
         if len(self._connections) >= self.options.max_conn_for_client:
-            await self._refuse_connection(stream, peer)
-            return
-        await self._serve_connection(V2Connection(self, stream, peer))
-        self.log.info("PROTOCOL(V2): [%s] exiting ioloop", peer)
+            nursery.start_soon(self._refuse_connection, sock, peer)
+            return None
+        connection = V2Connection(self, sock, peer)
+        self._connections.add(connection)
+        poller = self.connection_poller
+        if poller is None:
+            nursery.start_soon(self._serve_connection, connection)
+            return None
+        connection.start_polled(poller)
+        return connection
 
-    async def _refuse_connection(self, stream: trio.SocketStream, peer: str) -> None:
+    async def _accept_stream(self, stream: trio.SocketStream) -> None:
+        """Where there is no connection poller: trio's accepted stream, its socket served."""
+        peer = peer_address(stream)
+        raw = stream.socket
+        sock = socket.socket(raw.family, raw.type, raw.proto, fileno=raw.detach())
+        sock.setblocking(False)
+        self.accept_connection(sock, peer)
+
+    def serve_promoted(self, connection: V2Connection, resume: Resume) -> None:
+        """A polled connection that must wait for something: its own tasks from now on."""
+        assert self._nursery is not None
+        self._nursery.start_soon(self._serve_connection, connection, resume)
+
+    def finish_commit(self, waits: list[Wait]) -> None:
+        """Wait, in a task of nsqd's, for what a commit begun by the connection poller began
+        (`Storage.begin_commit`); the publishes it commits are answered by their connection's
+        own commit, which waits for these."""
+        assert self._nursery is not None
+        self._nursery.start_soon(self._finish_commit, waits)
+
+    async def _finish_commit(self, waits: list[Wait]) -> None:
+        try:
+            await wait_for_all(waits)
+        except* Exception as failed:
+            # The fsyncs' failures are the health's already (a queue deleted meanwhile).
+            self.log.error("NSQ: a commit failed - %s", first_error(failed))
+
+    def connection_ended(self, connection: V2Connection) -> None:
+        self._connections.discard(connection)
+        if connection.handoff is None:
+            self.log.info("PROTOCOL(V2): [%s] exiting ioloop", connection.client.remote_address)
+
+    async def _refuse_connection(self, sock: socket.socket, peer: str) -> None:
         """Youzan's --max-conn-for-client: after the client's magic, an error frame, closed.
         (Closing before reading what the client sent could reset the connection and lose
         the frame.)"""
         self.log.warning("PROTOCOL(V2) too much clients: %s", peer)
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
         with trio.move_on_after(5):
             try:
                 await stream.receive_some(4)
@@ -600,13 +651,15 @@ class NSQD:
         if handoff.rpc:
             await self.cluster.peers.serve_handed(sock, handoff)
             return
-        stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-        await self._serve_connection(V2Connection(self, stream, handoff.remote_address, handoff))
+        sock.setblocking(False)
+        await self._serve_connection(V2Connection(self, sock, handoff.remote_address, handoff))
 
-    async def _serve_connection(self, connection: V2Connection) -> None:
+    async def _serve_connection(
+        self, connection: V2Connection, resume: Resume | None = None
+    ) -> None:
         self._connections.add(connection)
         try:
-            await connection.run()
+            await connection.run(resume)
         except Exception:
             # A bug must cost one connection, never the daemon and everyone else on it.
             self.log.exception(
@@ -614,7 +667,7 @@ class NSQD:
                 connection.client.remote_address,
             )
         finally:
-            self._connections.discard(connection)
+            self.connection_ended(connection)
 
     async def _listener(self, kind: str, address: str) -> trio.SocketListener:
         inherited = self.worker.listener_socket(kind) if self.worker is not None else None

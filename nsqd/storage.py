@@ -60,6 +60,20 @@ class DeferredWrite:
         self.error: Exception | None = None
 
 
+# What a commit waits for: a group's write, a diskqueue's fsync, another commit's fsync.
+Wait = Callable[[], Awaitable[object]]
+
+
+async def wait_for_all(waits: list[Wait]) -> None:
+    """Wait for each of `waits`, side by side: one slow disk flush does not queue the rest."""
+    if len(waits) == 1:
+        await waits[0]()
+    elif waits:
+        async with trio.open_nursery() as syncs:
+            for wait in waits:
+                syncs.start_soon(wait)
+
+
 class Storage:
     """The storage engines of one nsqd, and the writes not yet made durable."""
 
@@ -297,11 +311,20 @@ class Storage:
         until `groups` (the log publishes being answered) are done (`nsqd/log_writer.py`),
         and fsync every diskqueue whose `--sync-every` count is reached. fsyncs run in worker
         threads so the event loop never waits on the disk."""
+        await wait_for_all(self.begin_commit(groups))
+
+    def begin_commit(self, groups: Iterable[WriteGroup] = ()) -> list[Wait]:
+        """What `commit` does at once, before any other task runs: the open groups written,
+        and each diskqueue sync due begun, its metadata taken now (a topic's read position
+        as it was when the publishes being committed were written, before its pump moved
+        more to channels whose copies are not synced yet); what is left to wait for. Every
+        sync begun must be waited for (`wait_for_all`): the commits of other tasks wait for
+        it until it is done."""
         if self._written_logs:
             writers, self._written_logs = self._written_logs, set()
             for writer in writers:
                 writer.write_now()
-        waits: list[Callable[[], Awaitable[object]]] = [
+        waits: list[Wait] = [
             partial(group.writer.wait, group) for group in {g for g in groups if not g.done}
         ]
         if self._queue_syncs:
@@ -312,28 +335,38 @@ class Storage:
             backends, self._written_backends = self._written_backends, set()
             for backend in backends:
                 if backend.sync_due:
-                    waits.append(partial(self._commit_sync, backend))
-        if len(waits) == 1:
-            await waits[0]()
-        elif waits:
-            # Side by side: one slow disk flush does not queue the rest.
-            async with trio.open_nursery() as syncs:
-                for wait in waits:
-                    syncs.start_soon(wait)
+                    waits.append(self._begin_sync(backend))
+        return waits
 
-    async def _commit_sync(self, backend: DiskQueue) -> None:
-        """A diskqueue fsync publishes wait for: the commits of other tasks wait for it too."""
+    def _begin_sync(self, backend: DiskQueue) -> Wait:
+        """A diskqueue fsync publishes wait for, its metadata taken now: the commits of other
+        tasks wait for it too."""
         done = trio.Event()
         self._queue_syncs.add(done)
         try:
-            await self.sync_backend(backend)
-        finally:
-            self._queue_syncs.discard(done)
-            done.set()
+            job: Callable[[], bool] | Exception = backend.prepare_sync()
+        except Exception as error:  # a queue closed meanwhile: the waiter raises it
+            job = error
+
+        async def finish() -> None:
+            try:
+                if isinstance(job, Exception):
+                    raise job
+                await self._run_sync_job(backend, job)
+            finally:
+                self._queue_syncs.discard(done)
+                done.set()
+
+        return finish
 
     async def sync_backend(self, backend: "DiskQueue | PartitionLog | CursorQueue") -> None:
         """Run one sync job off the loop; a failure (the job logs it) makes health NOK."""
-        ok = await trio.to_thread.run_sync(backend.prepare_sync())
+        await self._run_sync_job(backend, backend.prepare_sync())
+
+    async def _run_sync_job(
+        self, backend: "DiskQueue | PartitionLog | CursorQueue", job: Callable[[], bool]
+    ) -> None:
+        ok = await trio.to_thread.run_sync(job)
         if ok:
             self.health.sync_done(None)
             return

@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 
 from nsqpy.common.goformat import go_text
-from nsqpy.daemon.log import parse_flag_log_level, setup_logger, youzan_log_level
+from nsqpy.daemon.log import parse_flag_log_level, pass_of, setup_logger, youzan_log_level
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.server import NSQD
 from tests.cluster.etcd_server import free_port
@@ -102,3 +102,30 @@ def _ping(port: int) -> bytes | None:
             return response.read()
     except OSError:
         return None
+
+
+def test_the_lines_of_a_pass_go_out_together_in_order():
+    """Inside a poller's pass (`pass_of`) the daemon's lines wait for its end and go out
+    with one write, in the order they were logged; outside one, each at once."""
+    writes: list[str] = []
+
+    class Recorded(io.StringIO):
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return super().write(text)
+
+    stream = Recorded()
+    log = setup_logger("nsqd.test_log_pass", "[nsqd] ", "info", stream=stream)
+    log.info("before")
+    with pass_of(log):
+        log.info("one")
+        log.error("two")
+        assert stream.getvalue().count("\n") == 1
+    log.info("after")
+    assert [line.rsplit(": ", 1)[1] for line in stream.getvalue().splitlines()] == [
+        "before",
+        "one",
+        "two",
+        "after",
+    ]
+    assert len(writes) == 3

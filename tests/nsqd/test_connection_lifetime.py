@@ -84,8 +84,12 @@ def parts_of(connection: V2Connection) -> dict[str, object]:
         "parser": protocol.parser,
         "youzan commands": protocol.youzan,
         "worker hops": connection.hops,
-        "stream": connection.stream,
+        "socket": connection._socket,
     }
+    # trio's stream, once the connection has tasks of its own (a polled one has none).
+    stream = vars(connection).get("stream")
+    if stream is not None:
+        parts["stream"] = stream
     if connection._tls is not None:
         parts["tls stream"] = connection._tls
     if connection.client.channel is not None:
