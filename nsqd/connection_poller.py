@@ -47,6 +47,14 @@ def polls_connections() -> bool:
     return hasattr(select, "epoll")
 
 
+def _read(connection: "V2Connection") -> None:
+    """Serve what came on `connection`: a bug there costs that connection alone."""
+    try:
+        connection.read_polled()
+    except Exception:
+        connection.failed()
+
+
 class PolledWakeup:
     """A polled consumer's `Client.wakeup`: its channel, a RDY or a FIN may let messages out,
     so the poller's pump task sends them. A weak reference, not the connection: the client
@@ -132,12 +140,8 @@ class ConnectionPoller:
                             self._accept(log)
                             continue
                         connection = connections.get(fd)
-                        if connection is None:
-                            continue
-                        try:
-                            connection.read_polled()
-                        except Exception:
-                            connection.failed()
+                        if connection is not None:
+                            _read(connection)
                         # Not kept while the poller waits: an ended connection goes at once.
                         del connection
                 # A busy client's next bytes often come while the other tasks run: look
@@ -182,10 +186,7 @@ class ConnectionPoller:
                 continue
             # A client sends its first commands as it connects: they are often here already,
             # and read now they cost no wakeup of their own.
-            try:
-                connection.read_polled()
-            except Exception:
-                connection.failed()
+            _read(connection)
             del connection
 
     async def _accept_again(self) -> None:
