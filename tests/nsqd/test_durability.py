@@ -484,21 +484,18 @@ def test_kill_9_loses_no_acknowledged_publish(tmp_path, with_channel, command):
         daemon.kill()
 
 
-def channel_depths(daemon: DaemonProcess, topic: str) -> dict[str, int]:
+def depths_of(daemon: DaemonProcess, topic: str) -> tuple[int, dict[str, int]]:
+    """The topic's depth and its channels', from one `/stats` (two requests would let the
+    topic's pump move a turn between them)."""
     url = f"http://127.0.0.1:{daemon.port('HTTP')}/stats?format=json&topic={topic}"
     with urllib.request.urlopen(url, timeout=10) as response:
         stats = json.load(response)
-    return {
+    channels = {
         channel["channel_name"]: channel["depth"]
         for found in stats["topics"]
         for channel in found["channels"]
     }
-
-
-def topic_depth(daemon: DaemonProcess, topic: str) -> int:
-    url = f"http://127.0.0.1:{daemon.port('HTTP')}/stats?format=json&topic={topic}"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return sum(found["depth"] for found in json.load(response)["topics"])
+    return sum(found["depth"] for found in stats["topics"]), channels
 
 
 def test_kill_9_loses_nothing_a_topic_with_many_channels_acknowledged(tmp_path):
@@ -526,14 +523,15 @@ def test_kill_9_loses_nothing_a_topic_with_many_channels_acknowledged(tmp_path):
         daemon = start_nsqd(tmp_path, *flags)
 
         def moved() -> dict[str, int] | None:
-            depths = channel_depths(daemon, "t")
-            settled = topic_depth(daemon, "t") == 0 and set(depths) == set(channels)
-            return depths if settled else None
+            topic, depths = depths_of(daemon, "t")
+            return depths if topic == 0 and set(depths) == set(channels) else None
 
-        depths = poll(moved, lambda: f"channel depths {channel_depths(daemon, 't')}")
-        assert len(set(depths.values())) == 1, depths  # every channel got the same
-        # Again at most what one turn of the pump moves between two syncs.
-        assert 5000 <= depths["c0"] <= 5000 + 4096 // len(channels) + 50, depths
+        depths = poll(moved, lambda: f"depths {depths_of(daemon, 't')}")
+        # Again at most what one turn of the pump moves between two syncs; a kill in the
+        # middle of a turn leaves some channels with its copies and others without, so the
+        # channels may differ by what the turn had copied.
+        for depth in depths.values():
+            assert 5000 <= depth <= 5000 + 4096 // len(channels) + 50, depths
         # One in flight at a time: a message moved twice has the same ID twice, and a copy
         # delivered while the other is in flight could not be finished apart from it.
         consumer = Consumer(daemon.port(), "t", "c0", ready=1)
