@@ -12,6 +12,7 @@ import json
 import os
 
 import pytest
+import trio
 
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.frame import encode_message_frames
@@ -453,3 +454,25 @@ def test_a_topics_diskqueue_records_come_back_as_the_publishes_they_were():
         [(b"%016d" % n, b"body%d" % n, 7, 0) for n in (5, 6)],
     ]
     assert records_as_runs([]) == []
+
+
+async def test_a_commit_that_finds_the_queues_taken_waits_for_their_fsyncs(nsqd_options):
+    """A commit takes the queues written since the last one and fsyncs them side by side; a
+    second commit that begins meanwhile finds nothing left to take and still returns only once
+    those fsyncs are done (and their metadata written): what it answers may be in them. Each
+    fsync is registered as the first commit begins, not when its own task first runs (trio
+    runs the two commits in either order; thirty tries see both)."""
+    server = NSQD(dataclasses.replace(nsqd_options, mem_queue_size=0, sync_every=1))
+    storage = server.storage
+    data_path = server.options.effective_data_path()
+    for attempt in range(30):
+        names = (f"first{attempt}", f"second{attempt}")
+        for name in names:
+            assert buffered(server, name).append(messages(server, name.encode())) is None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(storage.commit)
+            await trio.lowlevel.checkpoint()
+            await storage.commit()
+            for name in names:
+                path = os.path.join(data_path, f"{name}.diskqueue.meta.dat")
+                assert os.path.exists(path), f"try {attempt}: {name} answered before its fsync"
