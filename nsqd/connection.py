@@ -73,14 +73,15 @@ class V2Connection:
     def __init__(
         self,
         nsqd: "NSQD",
-        sock: socket.socket,
+        sock: socket.socket | int,
         remote_address: str,
         handoff: Handoff | None = None,
     ) -> None:
         self.nsqd = nsqd
         # The accepted socket (non-blocking), and trio's on it once the connection has tasks
-        # of its own; until then the connection poller serves it (`nsqd/connection_poller.py`).
-        self._socket = sock
+        # of its own; until then the connection poller serves it (`nsqd/connection_poller.py`)
+        # by its descriptor alone (`sock` an int: the socket object is made when it is needed).
+        self._socket: socket.socket | None = None if isinstance(sock, int) else sock
         self._raw: trio.socket.SocketType | None = None
         self._poller: ConnectionPoller | None = None
         LIVE_CONNECTIONS.add(self)
@@ -100,7 +101,7 @@ class V2Connection:
         self._send_lock = trio.Lock()
         # The descriptor `_send` writes to directly while the connection is a plain socket
         # (-1 once TLS or compression wraps it).
-        self._fd = sock.fileno()
+        self._fd = sock if isinstance(sock, int) else sock.fileno()
         # The TLS stream `_send` writes to directly once TLS alone wraps the socket.
         self._tls: TLSStream | None = None
         self._cancel_scope = trio.CancelScope()
@@ -126,6 +127,8 @@ class V2Connection:
         """Serve the connection with tasks of its own until it ends: from the protocol magic
         on, or (`resume`) from where the poller handed it over."""
         protocol = self.protocol
+        if self._socket is None:
+            self._socket = socket.socket(fileno=self._fd)
         self._raw = trio.socket.from_stdlib_socket(self._socket)
         self.stream = trio.SocketStream(self._raw)
         if resume is None:
@@ -219,7 +222,10 @@ class V2Connection:
         self._poller = None
         poller.forget(self._fd)
         self._leave()
-        self._socket.close()
+        if self._socket is not None:
+            self._socket.close()
+        else:
+            os.close(self._fd)
         self.nsqd.connection_ended(self)
 
     # -- served by the connection poller ------------------------------------------------------

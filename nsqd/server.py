@@ -580,9 +580,9 @@ class NSQD:
         self.exiting = True
         self._shutdown.set()
 
-    def accept_connection(self, sock: socket.socket, peer: str) -> V2Connection | None:
-        """A V2 connection accepted (`sock` non-blocking): served by the connection poller (and
-        returned), or where there is none by tasks of its own."""
+    def accept_connection(self, sock: socket.socket | int, peer: str) -> V2Connection | None:
+        """A V2 connection accepted (`sock` non-blocking, or its descriptor): served by the
+        connection poller (and returned), or where there is none by tasks of its own."""
         self.log.info("TCP: new client(%s)", peer)
         nursery = self._nursery
         assert nursery is not None  # accepting starts once nsqd runs
@@ -630,11 +630,13 @@ class NSQD:
         if connection.handoff is None:
             self.log.info("PROTOCOL(V2): [%s] exiting ioloop", connection.client.remote_address)
 
-    async def _refuse_connection(self, sock: socket.socket, peer: str) -> None:
+    async def _refuse_connection(self, sock: socket.socket | int, peer: str) -> None:
         """Youzan's --max-conn-for-client: after the client's magic, an error frame, closed.
         (Closing before reading what the client sent could reset the connection and lose
         the frame.)"""
         self.log.warning("PROTOCOL(V2) too much clients: %s", peer)
+        if isinstance(sock, int):
+            sock = socket.socket(fileno=sock)
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
         with trio.move_on_after(5):
             try:

@@ -52,7 +52,10 @@ def nsqd_options(nsqd_options, request, certificates, auth_server):
     kind = callspec.params.get("kind", "plain") if callspec is not None else "plain"
     if kind == "tls":
         return dataclasses.replace(
-            nsqd_options, tls_cert=certificates.server_cert, tls_key=certificates.server_key
+            nsqd_options,
+            tls_cert=certificates.server_cert,
+            tls_key=certificates.server_key,
+            https_address="127.0.0.1:0",
         )
     if kind == "auth":
         return dataclasses.replace(
@@ -84,8 +87,10 @@ def parts_of(connection: V2Connection) -> dict[str, object]:
         "parser": protocol.parser,
         "youzan commands": protocol.youzan,
         "worker hops": connection.hops,
-        "socket": connection._socket,
     }
+    # The socket object, once one was made (a polled connection has its descriptor alone).
+    if connection._socket is not None:
+        parts["socket"] = connection._socket
     # trio's stream, once the connection has tasks of its own (a polled one has none).
     stream = vars(connection).get("stream")
     if stream is not None:

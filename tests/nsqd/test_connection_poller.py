@@ -77,7 +77,10 @@ async def test_plain_producers_and_consumers_cost_no_task_of_their_own(nsqd):
 @pytest.fixture
 def nsqd_options(nsqd_options, certificates):
     return dataclasses.replace(
-        nsqd_options, tls_cert=certificates.server_cert, tls_key=certificates.server_key
+        nsqd_options,
+        tls_cert=certificates.server_cert,
+        tls_key=certificates.server_key,
+        https_address="127.0.0.1:0",
     )
 
 
