@@ -276,7 +276,7 @@ class V2Connection:
         if not data:
             reply = protocol.receive_eof()
             if reply is not None:
-                self._write_polled(reply)
+                self._write_now(reply)
             self._end()
             return
         if data[:4] == NOP and self.absorb_nops(data):
@@ -297,7 +297,7 @@ class V2Connection:
         replies = protocol.replies()
         unsent = b""
         if replies and not client.closed_by_server:
-            written = self._write_polled(replies)
+            written = self._write_now(replies)
             if written is None:
                 return
             unsent = written
@@ -323,7 +323,7 @@ class V2Connection:
             return
         frames_left = iter(pieces)
         for frames in frames_left:
-            unsent = self._write_polled(frames)
+            unsent = self._write_now(frames)
             if unsent is None:
                 return
             if unsent:
@@ -333,8 +333,9 @@ class V2Connection:
         # More may be let out: another round after the other woken consumers'.
         self.client.wakeup.set()
 
-    def _write_polled(self, data: bytes) -> bytes | None:
-        """Write what the socket takes now; what it did not (None: the connection ended)."""
+    def _write_now(self, data: bytes) -> bytes | None:
+        """Write what the plain socket takes now, what is owed first; what it did not take
+        (None: the connection ended)."""
         if self._owed:
             data, self._owed = self._owed + data, b""
         try:
@@ -399,15 +400,9 @@ class V2Connection:
     def _write_heartbeat(self) -> None:
         """Write a heartbeat at once; what the socket does not take is owed to the next send,
         which the pump is woken to make."""
-        try:
-            sent = os.write(self._fd, HEARTBEAT_FRAME)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            self._end()
-            return
-        if sent < len(HEARTBEAT_FRAME):
-            self._owed = HEARTBEAT_FRAME[sent:]
+        unsent = self._write_now(HEARTBEAT_FRAME)  # nothing is owed when the clock writes one
+        if unsent:
+            self._owed = unsent
             self.client.wakeup.set()
 
     # -- reads and commands -------------------------------------------------------------------
