@@ -284,13 +284,9 @@ class V2Connection:
         protocol.receive_data(data)
         commands_run = protocol.commands_run
         effect = self._batches.send(None)
-        storage = self.nsqd.storage
-        if type(effect) is not BatchDone or (effect.commit and storage.commit_due()):
-            if storage.commit_due():
-                # The batch's fsyncs begin now, before any other task runs, as a task's own
-                # commit would begin them: their metadata is taken as the publishes left it
-                # (a topic's pump may move more before the connection's task runs).
-                self.nsqd.finish_commit(storage.begin_commit())
+        if type(effect) is not BatchDone or (effect.commit and self.nsqd.storage.commit_due()):
+            # Its commit is the connection's task's: a commit another task begins meanwhile
+            # registers the fsyncs it takes, and this one waits for them (`Storage.commit`).
             self.promote(partial(self._run_commands, effect, commands_run))
             return
         keep_open = effect.keep_open and not client.closed_by_server

@@ -21,6 +21,7 @@ import os
 import select
 import socket
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -47,10 +48,11 @@ def polls_connections() -> bool:
     return hasattr(select, "epoll")
 
 
-def _read(connection: "V2Connection") -> None:
-    """Serve what came on `connection`: a bug there costs that connection alone."""
+def _serve(connection: "V2Connection", step: Callable[[], None]) -> None:
+    """One step of a polled connection (its read, its pump's round): a bug there costs that
+    connection alone."""
     try:
-        connection.read_polled()
+        step()
     except Exception:
         connection.failed()
 
@@ -141,7 +143,7 @@ class ConnectionPoller:
                             continue
                         connection = connections.get(fd)
                         if connection is not None:
-                            _read(connection)
+                            _serve(connection, connection.read_polled)
                         # Not kept while the poller waits: an ended connection goes at once.
                         del connection
                 # A busy client's next bytes often come while the other tasks run: look
@@ -160,12 +162,8 @@ class ConnectionPoller:
             woken, self._woken = self._woken, []
             for wakeup in woken:
                 connection = wakeup.take()
-                if connection is None:
-                    continue
-                try:
-                    connection.pump_polled()
-                except Exception:
-                    connection.failed()
+                if connection is not None:
+                    _serve(connection, connection.pump_polled)
                 del connection
 
     def _accept(self, log) -> None:
@@ -189,7 +187,7 @@ class ConnectionPoller:
                 continue
             # A client sends its first commands as it connects: they are often here already,
             # and read now they cost no wakeup of their own.
-            _read(connection)
+            _serve(connection, connection.read_polled)
             del connection
 
     async def _accept_again(self) -> None:

@@ -40,7 +40,7 @@ from nsqpy.nsqd.queue_scan import QueueScanner
 from nsqpy.nsqd.replication import Replication
 from nsqpy.nsqd.stats import gc_pauses
 from nsqpy.nsqd.statsd import StatsdPusher
-from nsqpy.nsqd.storage import Storage, Wait, wait_for_all
+from nsqpy.nsqd.storage import Storage
 from nsqpy.nsqd.tls import server_context
 from nsqpy.nsqd.topic import Topic
 from nsqpy.nsqd.topic_registry import TopicRegistry
@@ -610,20 +610,6 @@ class NSQD:
         """A polled connection that must wait for something: its own tasks from now on."""
         assert self._nursery is not None
         self._nursery.start_soon(self._serve_connection, connection, resume)
-
-    def finish_commit(self, waits: list[Wait]) -> None:
-        """Wait, in a task of nsqd's, for what a commit begun by the connection poller began
-        (`Storage.begin_commit`); the publishes it commits are answered by their connection's
-        own commit, which waits for these."""
-        assert self._nursery is not None
-        self._nursery.start_soon(self._finish_commit, waits)
-
-    async def _finish_commit(self, waits: list[Wait]) -> None:
-        try:
-            await wait_for_all(waits)
-        except* Exception as failed:
-            # The fsyncs' failures are the health's already (a queue deleted meanwhile).
-            self.log.error("NSQ: a commit failed - %s", first_error(failed))
 
     def connection_ended(self, connection: V2Connection) -> None:
         self._connections.discard(connection)

@@ -315,11 +315,9 @@ class Storage:
 
     def begin_commit(self, groups: Iterable[WriteGroup] = ()) -> list[Wait]:
         """What `commit` does at once, before any other task runs: the open groups written,
-        and each diskqueue sync due begun, its metadata taken now (a topic's read position
-        as it was when the publishes being committed were written, before its pump moved
-        more to channels whose copies are not synced yet); what is left to wait for. Every
-        sync begun must be waited for (`wait_for_all`): the commits of other tasks wait for
-        it until it is done."""
+        and each diskqueue sync due begun and registered, its metadata taken now, so that a
+        commit of another task that finds nothing left to take still waits for it; what is
+        left to wait for. Every sync begun must be waited for (`wait_for_all`)."""
         if self._written_logs:
             writers, self._written_logs = self._written_logs, set()
             for writer in writers:
