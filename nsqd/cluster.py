@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from nsqpy import network
 from nsqpy.common.cluster_meta import (
     ClusterKeys,
     NodeInfo,
@@ -57,7 +58,7 @@ from nsqpy.common.replication import (
     encode_frame,
     error_header,
 )
-from nsqpy.daemon.net import format_address
+from nsqpy.daemon.net import format_address, open_listener
 from nsqpy.nsqd.backend import write_error
 from nsqpy.nsqd.catch_up import PULL_MAX_BYTES, PULL_MAX_ENTRIES, CatchUps
 from nsqpy.nsqd.cursor_queue import CursorQueue
@@ -228,12 +229,17 @@ class ClusterWriteError(WriteRefused):
 CATCH_UP_WATCH_INTERVAL = 1.0
 
 
-async def open_rpc_listeners(options: "Options") -> list[trio.SocketListener]:
-    """The replication listeners `--rpc-port` names (`host:port`; without a host, the
-    broadcast address's)."""
+def rpc_listen_address(options: "Options") -> str:
+    """The replication listener's address `--rpc-port` names (`host:port`; without a host,
+    the broadcast address's)."""
     host, _, port = options.rpc_port.rpartition(":")
     host = host.strip("[]") or options.broadcast_address
-    return await trio.open_tcp_listeners(int(port), host=host)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def open_rpc_listeners(options: "Options") -> list[trio.SocketListener]:
+    """The replication listeners on sockets (the `--workers` supervisor binds them)."""
+    return [await open_listener(rpc_listen_address(options))]
 
 
 class ClusterNode:
@@ -274,17 +280,20 @@ class ClusterNode:
             if topic.partitioned and _replica_of(topic) is None:
                 _hold(self, topic, UNKNOWN_REPLICA)
         worker = nsqd.worker
-        listeners = worker.rpc_listeners() if worker is not None else []
+        listeners: list[trio.abc.Listener] = []
+        if worker is not None:
+            listeners.extend(worker.rpc_listeners())
         if not listeners:
-            listeners = await open_rpc_listeners(options)
+            listeners.append(await network.current().listen(rpc_listen_address(options)))
         # The node's ID carries the port its peers connect to, which a proxy may front.
-        self.rpc_port = options.broadcast_rpc_port or listeners[0].socket.getsockname()[1]
+        bound_host, bound_port = network.bound_address(listeners[0])
+        self.rpc_port = options.broadcast_rpc_port or bound_port
         self.node_id = node_id(
             options.broadcast_address, self.rpc_port, nsqd.tcp_port, options.node_id
         )
         # A worker serves the listener its supervisor bound (and logged).
         listening = nsqd.log.info if worker is None else nsqd.log.debug
-        listening("RPC: listening on %s", format_address(listeners[0].socket.getsockname()))
+        listening("RPC: listening on %s", format_address((bound_host, bound_port)))
         try:
             self.incarnation = data_incarnation(nsqd.data_path)
         except OSError as error:
@@ -1157,6 +1166,10 @@ class ClusterNode:
     # -- leader: answering followers --------------------------------------------------------
 
     def _answer_match(self, topic: "Topic", header: dict) -> dict:
+        # Only the leader's log is one a follower may cut its own back to: a node back on an
+        # empty disk that the info still names (it leads nothing) would walk a follower's
+        # log, which may hold the only copy of what was acknowledged, back to nothing.
+        _refuse_unless_leading(topic)
         log = _log(topic)
         matched = False
         if header.get("entry"):
@@ -1169,6 +1182,7 @@ class ClusterNode:
 
     def _answer_start(self, topic: "Topic") -> tuple[dict, bytes]:
         """Where this log starts, for a follower that starts over there (`CatchUps`)."""
+        _refuse_unless_leading(topic)
         log = _log(topic)
         snapshots = log.snapshot_files()
         boundary = log.entry_ending_at(log.start) if log.start.offset else None
@@ -1391,7 +1405,7 @@ class ClusterNode:
         # Read in a worker thread: megabytes for a catching-up follower must not hold up
         # this leader's publishes (`python -m bench.catch_up`).
         pieces = log.group_reads(entries)
-        return answer, await trio.to_thread.run_sync(read_pieces, pieces)
+        return answer, await network.current().run_sync(read_pieces, pieces)
 
     # -- follower: taking writes ------------------------------------------------------------
 
@@ -1699,6 +1713,11 @@ class ClusterNode:
         self.nsqd.log.warning(
             "RPC: %srefused a peer's %s - %s %s", where, OP_NAMES.get(op, op), code, text
         )
+
+
+def _refuse_unless_leading(topic: "Topic") -> None:
+    if not _held(topic).is_leader:
+        raise ReplicaRefusal(error_header("E_FAILED_ON_NOT_LEADER", "not the leader"))
 
 
 def _is_stale_leader(error: Exception) -> bool:

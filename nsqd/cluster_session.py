@@ -12,13 +12,12 @@ changes and elections need it.
 
 import json
 import logging
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import TYPE_CHECKING
 
 import trio
 
+from nsqpy import network
 from nsqpy.common.cluster_meta import ReplicaInfo, TopicsView
 from nsqpy.control_plane import ControlPlaneHealth, keep_running
 from nsqpy.etcd import (
@@ -48,7 +47,7 @@ class ClusterSession:
         self.node = node
         self.nsqd = node.nsqd
         options = self.nsqd.options
-        self.client = etcd_client(options)
+        self.client = etcd_client(options, network=network.current().etcd)
         self.keys = node.keys
         self.ttl = max(1, round(options.cluster_node_ttl))
         self.view = TopicsView(self.keys)
@@ -319,9 +318,7 @@ class ClusterSession:
             return None
         url = f"http://{address}{path}?{urllib.parse.urlencode(params)}"
         try:
-            return await trio.to_thread.run_sync(
-                _post_json, url, self.nsqd.options.cluster_secret, abandon_on_cancel=True
-            )
+            return await _post_json(url, self.nsqd.options.cluster_secret)
         except MasterRefusal as refusal:
             if refusals:
                 raise
@@ -419,10 +416,10 @@ class ClusterSession:
             }
         )
         try:
-            answer = await trio.to_thread.run_sync(
-                _post_json,
+            answer = await _post_json(
                 f"http://{address}/cluster/isr/join?{query}",
                 self.nsqd.options.cluster_secret,
+                abandon_on_cancel=False,
             )
         except MasterRefusal:
             raise
@@ -440,13 +437,15 @@ class ClusterSession:
         return answer is not None
 
 
-def _post_json(url: str, secret: str) -> dict:
+async def _post_json(url: str, secret: str, *, abandon_on_cancel: bool = True) -> dict:
     """POST to the master as the cluster's own caller (`--cluster-secret`, if any)."""
-    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
-    request = urllib.request.Request(url, method="POST", data=b"", headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=MASTER_TIMEOUT) as response:
-            body = response.read()
-    except urllib.error.HTTPError as error:
-        raise MasterRefusal(f"{error.code} {error.read()[:200]!r}") from None
-    return json.loads(body) if body else {}
+    answer = await network.current().request(
+        "POST",
+        url,
+        timeout=MASTER_TIMEOUT,
+        headers=network.bearer(secret),
+        abandon_on_cancel=abandon_on_cancel,
+    )
+    if answer.status >= 400:
+        raise MasterRefusal(f"{answer.status} {answer.body[:200]!r}")
+    return json.loads(answer.body) if answer.body else {}

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from nsqpy import network
 from nsqpy.common.lookup_protocol import (
     MAGIC_V1,
     LookupClientConnection,
@@ -28,7 +29,7 @@ from nsqpy.common.lookup_protocol import (
     encode_unregister,
 )
 from nsqpy.common.version import VERSION
-from nsqpy.daemon.http_get import get_json
+from nsqpy.daemon.http_get import NSQ_V1_ACCEPT
 from nsqpy.daemon.log import first_error
 from nsqpy.nsqd.wakeup import Wakeup
 
@@ -110,7 +111,7 @@ class LookupPeer:
         nsqd = self.nsqd
         host, _, port = self.address.rpartition(":")
         with trio.fail_after(CONNECT_TIMEOUT):
-            stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+            stream = await network.current().connect(host.strip("[]"), int(port))
         async with stream:
             decoder = LookupClientConnection()
             await stream.send_all(MAGIC_V1)
@@ -239,12 +240,12 @@ async def topic_channels(addresses: list[str], topic: str, timeout: float) -> li
     errors: list[str] = []
 
     async def ask(address: str) -> None:
+        url = f"http://{address}/channels?{urllib.parse.urlencode({'topic': topic})}"
         try:
-            found.update(
-                await trio.to_thread.run_sync(
-                    _get_channels, address, topic, timeout, abandon_on_cancel=True
-                )
+            answer = await network.current().request(
+                "GET", url, timeout=timeout, headers={"Accept": NSQ_V1_ACCEPT}
             )
+            found.update(_channels_of(answer))
         except (OSError, ValueError, TypeError, KeyError) as error:
             errors.append(f"{address}: {error}")
 
@@ -263,9 +264,10 @@ class LookupChannelsError(Exception):
         self.channels = channels
 
 
-def _get_channels(address: str, topic: str, timeout: float) -> list[str]:
-    url = f"http://{address}/channels?{urllib.parse.urlencode({'topic': topic})}"
-    _status, document = get_json(url, timeout)
+def _channels_of(answer: network.HTTPAnswer) -> list[str]:
+    if answer.status >= 400:
+        raise OSError(f"HTTP Error {answer.status}: {answer.body[:200]!r}")
+    document = json.loads(answer.body)
     # An nsqlookupd older than 1.0 wraps its answer in {"status_code", "data"}.
     if "data" in document and "channels" not in document:
         document = document["data"]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from nsqpy import network
 from nsqpy.common.guid import GUIDFactory
 from nsqpy.nsqd.backend import BackendWriteError, DroppingQueue
 from nsqpy.nsqd.cursor_queue import CursorQueue
@@ -930,7 +931,7 @@ class LogTopicQueue:
         async with self._snapshot_writing:
             snapshot = self.log.prepare_producer_snapshot()
             if snapshot is not None:
-                await trio.to_thread.run_sync(snapshot)
+                await network.current().run_sync(snapshot)
 
     def oldest_unconfirmed_ns(self) -> int:
         return 0  # a topic's: its channels' cursors say theirs

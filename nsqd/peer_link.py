@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from nsqpy import network
 from nsqpy.common.replication import (
     ERROR,
     REPLY,
@@ -108,7 +109,7 @@ class PeerLink:
         return frame
 
     async def _connect(self) -> trio.abc.Stream:
-        stream = await trio.open_tcp_stream(*self.address)
+        stream = await network.current().connect(*self.address)
         if self.ssl_context is None:
             return stream
         tls = trio.SSLStream(stream, self.ssl_context, server_hostname=self.address[0])

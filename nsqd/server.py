@@ -17,6 +17,7 @@ from functools import partial
 
 import trio
 
+from nsqpy import network
 from nsqpy.common.frame import FRAME_TYPE_ERROR, encode_frame
 from nsqpy.common.names import is_ephemeral, is_valid_name
 from nsqpy.daemon.free_memory import scavenge_forever
@@ -460,11 +461,11 @@ class NSQD:
         worker = self.worker
         # A worker serves the listeners its supervisor bound (and logged).
         listening = log.info if worker is None else log.debug
-        tcp_listener = await self._listener("TCP", options.tcp_address)
-        self.tcp_address = format_address(tcp_listener.socket.getsockname())
+        tcp_listener = await self._network_listener("TCP", options.tcp_address)
+        self.tcp_address = format_address(network.bound_address(tcp_listener))
         listening("TCP: listening on %s", self.tcp_address)
-        http_listener = await self._listener("HTTP", options.http_address)
-        self.http_address = format_address(http_listener.socket.getsockname())
+        http_listener = await self._network_listener("HTTP", options.http_address)
+        self.http_address = format_address(network.bound_address(http_listener))
         listening("HTTP: listening on %s", self.http_address)
         http_api = HTTPAPI(self)
         https_listener = None
@@ -509,7 +510,7 @@ class NSQD:
                         )
                         private = format_address(private_listener.socket.getsockname())
                         await nursery.start(worker.run, self, self._handle_handed, private)
-                    if polls_connections():
+                    if polls_connections() and isinstance(tcp_listener, trio.SocketListener):
                         poller = ConnectionPoller(self, tcp_listener.socket, nursery)
                         self.connection_poller = poller
                         listener_nursery.start_soon(poller.run)
@@ -598,10 +599,15 @@ class NSQD:
         connection.start_polled(poller)
         return connection
 
-    async def _accept_stream(self, stream: trio.SocketStream) -> None:
+    async def _accept_stream(self, stream: trio.abc.Stream) -> None:
         """Where there is no connection poller: trio's accepted stream, its socket served."""
         peer = peer_address(stream)
-        raw = stream.socket
+        raw = getattr(stream, "socket", None)
+        if raw is None:
+            # A V2 connection is served on its socket; a simulated network has none.
+            self.log.error("TCP: client(%s) is not on a socket: not served", peer)
+            await stream.aclose()
+            return
         sock = socket.socket(raw.family, raw.type, raw.proto, fileno=raw.detach())
         sock.setblocking(False)
         self.accept_connection(sock, peer)
@@ -663,6 +669,14 @@ class NSQD:
             return await open_listener(address)
         return trio.SocketListener(trio.socket.from_stdlib_socket(inherited))
 
+    async def _network_listener(self, kind: str, address: str) -> trio.abc.Listener:
+        """The TCP or HTTP listener on the daemon's network (`nsqpy/network.py`): sockets,
+        or a cluster simulator's, whose node IDs carry its ports."""
+        through = network.current()
+        if through is network.SOCKETS:
+            return await self._listener(kind, address)
+        return await through.listen(address)
+
     async def _close_connections(self) -> None:
         for connection in list(self._connections):
             connection.close()
@@ -689,7 +703,7 @@ class NSQD:
                     # exit stays clean (what was acknowledged was written before).
                     self.log.error("TOPIC(%s): failed to close - %s", topic.name, error)
 
-        await trio.to_thread.run_sync(close_all)
+        await network.current().run_sync(close_all)
         self.log.info("NSQ: persisting topic/channel metadata to %s", self.data_path)
         try:
             await self.persist_metadata()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from nsqpy import network
 from nsqpy.diskqueue import DiskQueue
 from nsqpy.nsqd.backend import BackendWriteError, DroppingQueue, open_backend, write_error
 from nsqpy.nsqd.health import Health
@@ -364,7 +365,7 @@ class Storage:
     async def _run_sync_job(
         self, backend: "DiskQueue | PartitionLog | CursorQueue", job: Callable[[], bool]
     ) -> None:
-        ok = await trio.to_thread.run_sync(job)
+        ok = await network.current().run_sync(job)
         if ok:
             self.health.sync_done(None)
             return

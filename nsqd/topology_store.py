@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from nsqpy import network
 from nsqpy.common.version import VERSION
 from nsqpy.nsqd.metadata import (
     ChannelMetadata,
@@ -144,9 +145,9 @@ class TopologyStore:
                 await trio.to_thread.run_sync(worker.write_metadata_share, self.data_path, own)
             else:
                 encoded = encode_metadata(own, VERSION)
-                await trio.to_thread.run_sync(write_metadata, self.data_path, encoded)
+                await network.current().run_sync(write_metadata, self.data_path, encoded)
             if held and self._journal is not None:
-                await trio.to_thread.run_sync(remove_files, held)
+                await network.current().run_sync(remove_files, held)
                 self._journal.written(held)
 
     async def run(self) -> None:

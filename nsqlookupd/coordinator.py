@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from nsqpy import network
 from nsqpy.common.cluster_meta import (
     ClusterKeys,
     ClusterState,
@@ -112,7 +113,7 @@ class Coordinator:
         self.lookupd = lookupd
         options = lookupd.options
         self.keys = ClusterKeys(options.cluster_leadership_root_dir, options.cluster_id)
-        self.client = etcd_client(options)
+        self.client = etcd_client(options, network=network.current().etcd)
         self.ttl = max(1, round(options.cluster_node_ttl))
         self.is_master = False
         self.master: dict | None = None

@@ -2,12 +2,10 @@
 and `/listlookup` (docs/protocol.md §5). Always the v1 form: no envelope, real status codes."""
 
 import json
-import urllib.request
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
-import trio
-
+from nsqpy import network
 from nsqpy.common.cluster_meta import TopicMeta, is_node_id
 from nsqpy.common.errors import NO_CHANNEL_FOR_WRITERS
 from nsqpy.common.names import cluster_topic_problem, is_valid_name
@@ -36,13 +34,14 @@ if TYPE_CHECKING:
 _HTTP_TIMEOUT = 5.0
 
 
-def _post(url: str, secret: str) -> None:
+async def _post(url: str, secret: str) -> None:
     """A standalone nsqlookupd's call of an nsqd, with the cluster secret when it has one
     (an nsqd run with --http-auth-required admits it)."""
-    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
-    request = urllib.request.Request(url, data=b"", method="POST", headers=headers)
-    with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT) as response:
-        response.read()
+    answer = await network.current().request(
+        "POST", url, timeout=_HTTP_TIMEOUT, headers=network.bearer(secret)
+    )
+    if answer.status >= 400:
+        raise OSError(f"HTTP Error {answer.status}: {answer.body[:200].decode(errors='replace')}")
 
 
 def _is_int(text: str) -> bool:
@@ -848,7 +847,7 @@ class HTTPAPI:
             )
             url = f"http://{peer.broadcast_address}:{peer.http_port}/topic/create?{query}"
             try:
-                await trio.to_thread.run_sync(_post, url, options.cluster_secret)
+                await _post(url, options.cluster_secret)
             except OSError as error:
                 message = f"creating partition {partition} on {peer.id} failed: {error}"
                 raise HTTPError(500, message) from None

@@ -16,12 +16,11 @@ from etcd only: it cannot hold its place, and its partitions move). A node that 
 given that TTL to register again, which a node that lost its lease does at its next refresh.
 """
 
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
 import trio
 
+from nsqpy import network
 from nsqpy.common.cluster_meta import NodeInfo
 
 PING_TIMEOUT = 0.5
@@ -87,22 +86,12 @@ class NodeAbsences:
         url = f"http://{node.ip}:{node.http_port}/ping"
         answered = False
         with trio.move_on_after(PING_TIMEOUT):
-            answered = await trio.to_thread.run_sync(
-                _ping, url, self.secret, abandon_on_cancel=True
-            )
+            try:
+                # Any answer counts (a `NOK` of a full disk is one).
+                await network.current().request(
+                    "GET", url, timeout=PING_TIMEOUT, headers=network.bearer(self.secret)
+                )
+                answered = True
+            except OSError:
+                pass
         absence.answered = answered
-
-
-def _ping(url: str, secret: str) -> bool:
-    """Whether the node's HTTP API answers at all (a `NOK` of a full disk is an answer)."""
-    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
-    try:
-        with urllib.request.urlopen(
-            urllib.request.Request(url, headers=headers), timeout=PING_TIMEOUT
-        ) as response:
-            response.read()
-            return True
-    except urllib.error.HTTPError:
-        return True
-    except OSError:
-        return False

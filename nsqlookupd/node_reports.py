@@ -4,18 +4,18 @@ writability and log end, and what the master derives from them: whether a follow
 up (a leader moves only to one that is), whether a leader refuses writes, and each partition's
 load (write rate, unconsumed and kept data) for Youzan's load factors.
 
-The calls to nsqd go through `call_node`, urllib in a worker thread as the coordinator's other
-calls: a few requests a second, each bounded by its timeout.
+The calls to nsqd go through `call_node`, on the daemon's network (`nsqpy/network.py`) as the
+coordinator's other calls: a few requests a second, each bounded by its timeout.
 """
 
 import json
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
+from http import HTTPStatus
 
 import trio
 
+from nsqpy import network
 from nsqpy.common.cluster_meta import NodeInfo
 from nsqpy.nsqlookupd.placement import PartitionKey, PartitionLoad
 
@@ -41,32 +41,30 @@ async def call_node(
     url = f"http://{node.ip}:{node.http_port}{path}" + (f"?{query}" if query else "")
     try:
         with trio.fail_after(timeout + 1):
-            return await trio.to_thread.run_sync(
-                _request, url, method, timeout, secret, abandon_on_cancel=True
+            answer = await network.current().request(
+                method, url, timeout=timeout, headers=network.bearer(secret)
             )
     except trio.TooSlowError:
         raise NodeCallError(0, f"{node.id}: no answer within {timeout:g} s") from None
-
-
-def _request(url: str, method: str, timeout: float, secret: str) -> dict:
-    data = b"" if method == "POST" else None
-    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
-    request = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            body = response.read()
-    except urllib.error.HTTPError as error:
-        try:
-            message = json.loads(error.read()).get("message", "")
-        except (ValueError, AttributeError):
-            message = error.reason
-        raise NodeCallError(error.code, str(message)) from None
     except (OSError, ValueError) as error:
         raise NodeCallError(0, str(error)) from None
+    if answer.status >= 400:
+        raise NodeCallError(answer.status, _error_message(answer))
     try:
-        return json.loads(body) if body else {}
+        return json.loads(answer.body) if answer.body else {}
     except ValueError as error:
         raise NodeCallError(0, f"not JSON: {error}") from None
+
+
+def _error_message(answer: network.HTTPAnswer) -> str:
+    """An error answer's `message` (nsqd's JSON), else its status's reason phrase."""
+    try:
+        return str(json.loads(answer.body).get("message", ""))
+    except (ValueError, AttributeError):
+        try:
+            return HTTPStatus(answer.status).phrase
+        except ValueError:
+            return ""
 
 
 @dataclass

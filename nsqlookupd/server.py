@@ -12,6 +12,7 @@ from functools import partial
 
 import trio
 
+from nsqpy import network
 from nsqpy.common.errors import ProtocolError
 from nsqpy.common.lookup_protocol import (
     OK,
@@ -24,7 +25,7 @@ from nsqpy.common.names import is_ephemeral
 from nsqpy.common.version import VERSION
 from nsqpy.daemon.http_server import serve_http
 from nsqpy.daemon.log import keep_printable
-from nsqpy.daemon.net import accept_forever, format_address, open_listener, peer_address
+from nsqpy.daemon.net import accept_forever, format_address, peer_address
 from nsqpy.nsqlookupd.options import Options
 from nsqpy.nsqlookupd.registry import ANY, PeerInfo, RegistrationDB
 
@@ -74,11 +75,13 @@ class NSQLookupd:
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         from nsqpy.nsqlookupd.http_api import HTTPAPI
 
-        tcp_listener = await open_listener(self.options.tcp_address)
-        self.tcp_address = format_address(tcp_listener.socket.getsockname())
+        # On the daemon's network (`nsqpy/network.py`): sockets, or a simulator's.
+        through = network.current()
+        tcp_listener = await through.listen(self.options.tcp_address)
+        self.tcp_address = format_address(network.bound_address(tcp_listener))
         self.log.info("TCP: listening on %s", self.tcp_address)
-        http_listener = await open_listener(self.options.http_address)
-        self.http_address = format_address(http_listener.socket.getsockname())
+        http_listener = await through.listen(self.options.http_address)
+        self.http_address = format_address(network.bound_address(http_listener))
         self.log.info("HTTP: listening on %s", self.http_address)
         http_api = HTTPAPI(self)
         try:

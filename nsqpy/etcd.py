@@ -1367,9 +1367,9 @@ async def keep_lease_alive(
         raise LeaseLost(f"etcd lease {lease}: no refresh succeeded within its TTL of {ttl:g} s")
 
 
-def etcd_client(options, *, timeout: float = 3.0) -> EtcdClient:
+def etcd_client(options, *, timeout: float = 3.0, network: EtcdNetwork = SOCKETS) -> EtcdClient:
     """The etcd client of a daemon's cluster options: its endpoints (a bare `host:port` is
-    plain HTTP), TLS files and credentials."""
+    plain HTTP), TLS files and credentials; `network`, how it reaches them."""
     endpoints = [a.strip() for a in options.cluster_leadership_addresses.split(",") if a.strip()]
     context = None
     if any(a.startswith("https://") for a in endpoints):
@@ -1386,4 +1386,5 @@ def etcd_client(options, *, timeout: float = 3.0) -> EtcdClient:
         ssl_context=context,
         username=options.cluster_leadership_username,
         password=options.cluster_leadership_password,
+        network=network,
     )

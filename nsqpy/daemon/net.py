@@ -28,10 +28,14 @@ def format_address(sockname) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def peer_address(stream: trio.SocketStream, unknown: str = "unknown") -> str:
-    """The address a connected stream's peer connects from; `unknown` once it is gone."""
+def peer_address(stream: trio.abc.Stream, unknown: str = "unknown") -> str:
+    """The address a connected stream's peer connects from; `unknown` once it is gone. A
+    stream without a socket (the cluster simulator's) says its peer as `remote_address`."""
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return getattr(stream, "remote_address", unknown)
     try:
-        return format_address(stream.socket.getpeername())
+        return format_address(sock.getpeername())
     except OSError:
         return unknown
 

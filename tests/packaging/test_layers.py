@@ -35,7 +35,8 @@ def imported(folder: str, packages: list[str]) -> set[str]:
     for module in [path] if path.suffix == ".py" else path.rglob("*.py"):
         for node in ast.walk(ast.parse(module.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
+                # `from nsqpy import network` imports `nsqpy.network`.
+                names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
             elif isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             else:
