@@ -113,6 +113,20 @@ class V2Connection:
         self._read_deadline = math.inf
         self._last_heartbeat = 0.0
         self._owed = b""
+        # A connection on a stream that is not a socket (the cluster simulator's network,
+        # `over_stream`): served through that stream alone.
+        self._given: trio.abc.HalfCloseableStream | None = None
+
+    @classmethod
+    def over_stream(
+        cls, nsqd: "NSQD", stream: trio.abc.HalfCloseableStream, remote_address: str
+    ) -> "V2Connection":
+        """A connection on `stream`, which has no socket under it: its reads, writes and
+        heartbeats go through the stream (the connection poller and the direct writes are
+        a socket's)."""
+        connection = cls(nsqd, -1, remote_address)
+        connection._given = stream
+        return connection
 
     def begin(self) -> None:
         """From the protocol magic on: one of nsqd's clients, its timers running."""
@@ -127,10 +141,13 @@ class V2Connection:
         """Serve the connection with tasks of its own until it ends: from the protocol magic
         on, or (`resume`) from where the poller handed it over."""
         protocol = self.protocol
-        if self._socket is None:
-            self._socket = socket.socket(fileno=self._fd)
-        self._raw = trio.socket.from_stdlib_socket(self._socket)
-        self.stream = trio.SocketStream(self._raw)
+        if self._given is not None:
+            self.stream = self._given
+        else:
+            if self._socket is None:
+                self._socket = socket.socket(fileno=self._fd)
+            self._raw = trio.socket.from_stdlib_socket(self._socket)
+            self.stream = trio.SocketStream(self._raw)
         if resume is None:
             self.begin()
         relay: trio.SocketStream | None = None
@@ -186,11 +203,15 @@ class V2Connection:
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             return
         try:
+            if self._raw is None:
+                # No socket under the stream: its own bytes.
+                while await self.stream.receive_some(RECEIVE_SIZE):
+                    pass
+                return
             # The socket's bytes, not the stream's: after a close_notify nothing is decrypted.
-            assert self._raw is not None
             while await self._raw.recv(RECEIVE_SIZE):
                 pass
-        except OSError:
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
 
     async def _replay(self, handoff: Handoff) -> bool:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsqpy.common.command import NOP
 from nsqpy.common.command_parser import CommandParser, is_partition, named_partition
-from nsqpy.common.errors import ProtocolError
+from nsqpy.common.errors import ProtocolError, refused_write_text
 from nsqpy.common.frame import (
     CLOSE_WAIT_FRAME,
     FRAME_TYPE_ERROR,
@@ -340,10 +340,10 @@ class ProtocolV2:
             error = group.error
             cluster_code = getattr(error, "code", None)
             text = f"{cluster_code} " if cluster_code else f"{code} {label} failed {error}"
-            if getattr(error, "maybe_stored", False):
+            if cluster_code and getattr(error, "maybe_stored", False):
                 # Youzan's clients read the code; nsqpy's idempotent ones keep the publish's
                 # sequences for its retry (docs/protocol.md §3.10).
-                text = f"{cluster_code} MAYBE_STORED sent to followers before the leader gave up"
+                text = refused_write_text(cluster_code, maybe_stored=True)
             self.nsqd.log.error("[%s] - %s", self.client, text)
             replies[index] = encode_error(text)
             if self.dialect.publish_errors_are_fatal and not self.internal:

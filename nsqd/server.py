@@ -602,12 +602,13 @@ class NSQD:
     async def _accept_stream(self, stream: trio.abc.Stream) -> None:
         """Where there is no connection poller: trio's accepted stream, its socket served."""
         peer = peer_address(stream)
-        raw = getattr(stream, "socket", None)
-        if raw is None:
-            # A V2 connection is served on its socket; a simulated network has none.
-            self.log.error("TCP: client(%s) is not on a socket: not served", peer)
-            await stream.aclose()
+        if not isinstance(stream, trio.SocketStream):
+            # A stream with no socket under it (the cluster simulator's network).
+            assert isinstance(stream, trio.abc.HalfCloseableStream)
+            self.log.info("TCP: new client(%s)", peer)
+            await self._serve_connection(V2Connection.over_stream(self, stream, peer))
             return
+        raw = stream.socket
         sock = socket.socket(raw.family, raw.type, raw.proto, fileno=raw.detach())
         sock.setblocking(False)
         self.accept_connection(sock, peer)

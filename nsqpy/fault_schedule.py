@@ -55,6 +55,8 @@ CONVERGE_SECONDS = 60.0
 class _Producer:
     partition: int
     acknowledged: list[bytes] = field(default_factory=list)
+    # Publishes refused without `MAYBE_STORED`: none may be stored.
+    refused: list[bytes] = field(default_factory=list)
     sent: int = 0
 
 
@@ -157,6 +159,10 @@ async def _produce(simulation: Simulation, producer: _Producer, rng: random.Rand
         status, answer = await simulation.http(node.host, node.nsqd.http_port, "POST", target, body)
         if status == 200 and answer == b"OK":
             producer.acknowledged.append(body)
+        elif status and b"MAYBE_STORED" not in answer:
+            # A refusal that says it stored nothing (docs/protocol.md §3.10).
+            simulation.note("schedule", f"REFUSED {body.decode()}: {status} {answer[:120]!r}")
+            producer.refused.append(body)
         # Otherwise (no answer, or a refusal: a leader deposed after its write reached a
         # follower refuses it, and the follower that leads next has it) the message may be
         # stored or not, as NSQ's at-least-once delivery allows; the checks ask nothing of
@@ -272,6 +278,12 @@ def _check(simulation: Simulation, producers: list[_Producer], unavailable: list
                 )
             if len(stored) != len(bodies):
                 failures.append(f"{where}: a message stored twice")
+            stored_refused = [body for body in producer.refused if body in stored]
+            if stored_refused:
+                failures.append(
+                    f"{where}: {len(stored_refused)} publish(es) refused as not stored are"
+                    f" stored (first {stored_refused[0]!r})"
+                )
             wanted = set(acknowledged)
             if [body for body in bodies if body in wanted] != [
                 b for b in acknowledged if b in stored

@@ -21,6 +21,7 @@ from urllib.parse import unquote_plus
 import httptools
 import trio
 
+from nsqpy.common.errors import refused_write_text
 from nsqpy.common.goformat import go_json
 from nsqpy.daemon.net import accept_forever, peer_address, peer_common_name
 from nsqpy.daemon.tls_stream import TLSStream
@@ -199,7 +200,9 @@ class Response:
 
 def refusal_response(error: Exception) -> Response:
     code = getattr(error, "code", None)
-    return v1_response(400, code) if isinstance(code, str) else v1_response(500, "INTERNAL_ERROR")
+    if not isinstance(code, str):
+        return v1_response(500, "INTERNAL_ERROR")
+    return v1_response(400, refused_write_text(code, getattr(error, "maybe_stored", False)))
 
 
 def v1_response(status: int, data=None) -> Response:

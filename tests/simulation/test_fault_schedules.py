@@ -9,7 +9,6 @@ workers share them); `-m slow` runs `SLOW_SCHEDULES` more.
 
 import pytest
 
-from nsqpy.common.cluster_meta import ReplicaInfo
 from nsqpy.fault_schedule import schedule
 from nsqpy.simulation import run_schedule
 
@@ -51,16 +50,6 @@ def test_a_seed_replays_its_schedule_bit_for_bit():
     assert any("CRASH" in line for line in trace), trace
     assert any("DISK LOST" in line for line in trace), trace
     assert any("ISOLATE" in line for line in trace), trace
-
-
-def test_the_schedules_find_a_replica_on_an_emptied_disk_elected(monkeypatch):
-    """With the incarnation check reverted (an ISR member back on an empty disk counted as
-    holding the data, the defect that elected a replica with 0 messages and lost 209 of 209
-    acknowledged), the default seeds fail."""
-    monkeypatch.setattr(ReplicaInfo, "proven", lambda self, node, incarnation: True)
-    failed = failed_seeds(range(0, 100))
-    assert failed
-    assert any("acknowledged missing" in text for texts in failed.values() for text in texts)
 
 
 @pytest.mark.slow
