@@ -1239,7 +1239,7 @@ class ClusterNode:
         `--sync-timeout`, and before a channel's creation or move (setoffset) is answered (a
         consumer that moves to a new leader finds its channel where it was)."""
         info = topic.replication.info
-        if info is None or info.leader != self.node_id or not info.followers():
+        if info is None or not info.followers() or not _pushes_channels(self, topic):
             return
         version = topic.channels_version
         emptied: dict[CursorQueue, int] = {}
@@ -1713,6 +1713,14 @@ class ClusterNode:
         self.nsqd.log.warning(
             "RPC: %srefused a peer's %s - %s %s", where, OP_NAMES.get(op, op), code, text
         )
+
+
+def _pushes_channels(node: ClusterNode, topic: "Topic") -> bool:
+    """Whether this node tells the followers its channels: as their leader, and not one the
+    info names but that lost the data (back on an empty disk). That one's channel set is
+    empty: the followers would delete theirs, one of which leads next, and its consumers
+    would start again at the log's end, past what was not yet delivered."""
+    return _held(topic).is_leader
 
 
 def _refuse_unless_leading(topic: "Topic") -> None:

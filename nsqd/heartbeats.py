@@ -45,6 +45,17 @@ def _slot(when: float) -> int:
     return math.ceil(when / RESOLUTION)
 
 
+def _tick_time(tick: int) -> float:
+    """The first time the clock's pass counts `tick` as come (`floor(now / RESOLUTION)`
+    reaches it). `tick * RESOLUTION` alone can fall a rounding short of it: woken then, the
+    pass would find the tick not yet due and sleep until that same time again, for ever on a
+    clock that does not move while every task waits (trio's MockClock)."""
+    at = tick * RESOLUTION
+    while math.floor(at / RESOLUTION) < tick:
+        at = math.nextafter(at, math.inf)
+    return at
+
+
 class HeartbeatClock:
     def __init__(self) -> None:
         # Connections by the tick they are due at (each tick's an insertion-ordered set: a
@@ -123,6 +134,6 @@ class HeartbeatClock:
                     if following < inf:
                         self.book(connection, following)
             # Sleep until the earliest tick, or until an earlier one is added.
-            wake = ticks[0] * RESOLUTION if ticks else inf
+            wake = _tick_time(ticks[0]) if ticks else inf
             with trio.move_on_at(wake):
                 await self._changed.wait()

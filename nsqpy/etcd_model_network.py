@@ -41,10 +41,14 @@ class ModelNetwork(EtcdNetwork):
         self.refused: set[str] = set()
         self.paused: set[str] = set()
         self._changed = trio.Event()
+        # Set when a member is refused, paused or resumed: what each connection's guard and
+        # a paused member's requests wait for (not every answer's change).
+        self._members_changed = trio.Event()
         self._ended: set[int] = set()
 
     def refuse(self, endpoint: str) -> None:
         self.refused.add(endpoint)
+        self._wake_members()
         self._wake()
 
     def pause(self, endpoint: str) -> None:
@@ -53,6 +57,7 @@ class ModelNetwork(EtcdNetwork):
     def resume(self, endpoint: str) -> None:
         self.refused.discard(endpoint)
         self.paused.discard(endpoint)
+        self._wake_members()
         self._wake()
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -90,6 +95,10 @@ class ModelNetwork(EtcdNetwork):
         self._changed.set()
         self._changed = trio.Event()
 
+    def _wake_members(self) -> None:
+        self._members_changed.set()
+        self._members_changed = trio.Event()
+
     async def _serve(self, stream: trio.StapledStream, client_id: int, endpoint: str) -> None:
         try:
             async with trio.open_nursery() as nursery:
@@ -112,7 +121,7 @@ class ModelNetwork(EtcdNetwork):
             parser.feed_data(data)
             while requests:
                 while endpoint in self.paused:
-                    await self._changed.wait()
+                    await self._members_changed.wait()
                 path, body = requests.pop(0)
                 document = json.loads(body) if body else {}
                 if path == "/v3/watch":
@@ -125,7 +134,7 @@ class ModelNetwork(EtcdNetwork):
 
     async def _close_when_refused(self, endpoint: str, scope: trio.CancelScope) -> None:
         while endpoint not in self.refused:
-            await self._changed.wait()
+            await self._members_changed.wait()
         scope.cancel()
 
     async def _stream_watch(

@@ -80,6 +80,9 @@ class _Pipe:
                     self.chunks.popleft()
                     return item
                 deadline = at
+            if deadline == math.inf:
+                await self.waiting.park()
+                continue
             with trio.move_on_at(deadline):
                 await self.waiting.park()
 
@@ -176,7 +179,7 @@ class SimulatedListener(trio.abc.Listener[trio.abc.Stream]):
 class SimulatedNetwork:
     """Every host's connections and listeners; `etcd`, how the hosts reach the etcd model."""
 
-    def __init__(self, etcd: EtcdNetwork, rng: random.Random, *, latency: float = 0.0005) -> None:
+    def __init__(self, etcd: EtcdNetwork, rng: random.Random, *, latency: float = 0.0) -> None:
         self.etcd = etcd
         self.rng = rng
         self.latency = latency

@@ -42,6 +42,9 @@ __all__ = ["Simulation", "run_schedule", "ScheduleFailure"]
 ETCD_URL = "http://etcd:2379"
 CLIENT_HOST = "10.0.1.1"
 TTL = 2.0
+# The most simulated time a schedule may take (one takes 8-15 s; its waits are bounded by
+# less than half of this).
+SCHEDULE_LIMIT = 300.0
 INCARNATION_FILE = "nsqd.incarnation"
 
 
@@ -62,9 +65,12 @@ class SimulatedNode:
     # Whether the node lost its disk once in this run (`Simulation.lose_disk`).
     disk_lost: bool = False
 
+    # Set while a crash is taking the daemon down (its shutdown code still running).
+    stopping: bool = False
+
     @property
     def running(self) -> bool:
-        return self.nsqd is not None
+        return self.nsqd is not None and not self.stopping
 
 
 @dataclass
@@ -77,9 +83,11 @@ class SimulatedLookupd:
     scope: trio.CancelScope | None = None
     stopped: trio.Event = field(default_factory=trio.Event)
 
+    stopping: bool = False
+
     @property
     def running(self) -> bool:
-        return self.lookupd is not None
+        return self.lookupd is not None and not self.stopping
 
 
 class _TraceHandler(logging.Handler):
@@ -110,6 +118,9 @@ class Simulation:
         self.root = root
         self.rng = rng
         self.trace: list[str] = []
+        # What the faults touched: (from, until, the hosts), for checks that excuse a loss
+        # only where a fault could cause it.
+        self.disturbed: list[tuple[float, float, frozenset[str]]] = []
         lease_ids = iter(range(0x7000, 0x7FFFFFFF))
         self.model = EtcdModel(lease_ids=lambda: next(lease_ids))
         self.etcd = ModelNetwork(self.model, nursery)
@@ -197,7 +208,7 @@ class Simulation:
             cluster_leadership_addresses=ETCD_URL,
             cluster_id="sim",
             cluster_node_ttl=TTL,
-            sync_timeout=0.2,
+            sync_timeout=1.0,
         )
         node.stopped = trio.Event()
         seed = self.rng.getrandbits(64)
@@ -226,25 +237,31 @@ class Simulation:
                     member.lookupd = None
                 member.stopped.set()
 
-    async def crash(self, member: SimulatedNode | SimulatedLookupd) -> None:
-        """The daemon's process ends at once: its connections reset, its tasks cancelled."""
+    async def crash(self, member: SimulatedNode | SimulatedLookupd) -> bool:
+        """The daemon's process ends at once: its connections reset, its tasks cancelled.
+        False when it was not running (or another crash is taking it down)."""
         if member.scope is None or not member.running:
-            return
+            return False
         self.note(member.host, "CRASH")
+        member.stopping = True
         # Cancelled first: a task parked on the network sees its cancellation, not the
         # network's end, as a killed process sees nothing.
         member.scope.cancel()
         self.network.crash(member.host)
         await member.stopped.wait()
         self.network.revive(member.host)
+        member.stopping = False
+        return True
 
-    async def lose_disk(self, node: SimulatedNode) -> None:
+    async def lose_disk(self, node: SimulatedNode) -> bool:
         """The node crashes and its data directory is gone: it starts again on an empty one
-        (a new incarnation)."""
-        await self.crash(node)
-        self.note(node.host, "DISK LOST")
+        (a new incarnation). False when it was not running."""
         node.disk_lost = True
+        if not await self.crash(node):
+            return False
+        self.note(node.host, "DISK LOST")
         shutil.rmtree(node.data_path)
+        return True
 
     # -- asking the daemons --------------------------------------------------------------
 
@@ -278,8 +295,15 @@ async def _main(seed: int, root: Path, schedule: Callable, result: dict) -> None
         logger.setLevel(logging.INFO)
         logger.propagate = False
         try:
-            await simulation.start()
-            result["failures"] = await schedule(simulation)
+            # A schedule waiting on something that never comes would spin for ever on the
+            # virtual clock (nothing due, nothing to run): this deadline ends it.
+            with trio.move_on_after(SCHEDULE_LIMIT) as limit:
+                await simulation.start()
+                result["failures"] = await schedule(simulation)
+            if limit.cancelled_caught:
+                raise ScheduleFailure(
+                    f"no end within {SCHEDULE_LIMIT:g} simulated s: a task waits for ever"
+                )
         except ScheduleFailure as failure:
             simulation.note("schedule", f"FAILED {failure}")
             result["failures"] = [str(failure)]

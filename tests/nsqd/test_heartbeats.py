@@ -4,7 +4,7 @@ import math
 
 import trio
 
-from nsqpy.nsqd.heartbeats import RESOLUTION, HeartbeatClock
+from nsqpy.nsqd.heartbeats import RESOLUTION, HeartbeatClock, _tick_time
 
 
 class Recorder:
@@ -91,3 +91,30 @@ async def test_a_forgotten_connection_is_not_called(autojump_clock):
         await trio.sleep(3)
         nursery.cancel_scope.cancel()
     assert connection.calls == []
+
+
+async def test_a_tick_whose_time_rounds_short_is_called_and_the_clock_moves_on(autojump_clock):
+    """Tick 43 is at 43 * 0.05 = 2.15 s, and 2.15 / 0.05 rounds to 42.99...: woken at exactly
+    2.15 the pass found tick 43 not yet due and slept until 2.15 again, for ever on a clock
+    that does not move while every task waits (the cluster simulator found it)."""
+    assert math.floor(43 * RESOLUTION / RESOLUTION) == 42
+    connection = Recorder()
+    with trio.fail_after(10):  # virtual seconds: a clock that spins never gets there
+        async with trio.open_nursery() as nursery:
+            clock = await _run_clock(nursery)
+            assert trio.current_time() == 0.0  # the mock clock starts at 0
+            clock.book(connection, 2.125)  # due on tick 43
+            while not connection.calls:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert len(connection.calls) == 1
+
+
+def test_every_ticks_wake_time_counts_the_tick_as_come():
+    """The time the clock sleeps until for a tick is one at which its pass finds it due."""
+    short = [
+        tick for tick in range(1, 100_000) if math.floor(tick * RESOLUTION / RESOLUTION) < tick
+    ]
+    assert short  # 43 among them: the multiplication alone falls short
+    assert all(math.floor(_tick_time(tick) / RESOLUTION) >= tick for tick in range(1, 100_000))
+    assert all(_tick_time(tick) - tick * RESOLUTION < 1e-9 for tick in short)

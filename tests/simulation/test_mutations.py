@@ -28,7 +28,7 @@ MUTATIONS = {
         ReplicaInfo,
         "proven",
         lambda self, node, incarnation: True,
-        [37, 65, 72],
+        [468, 524, 538],
         "acknowledged missing",
     ),
     # A node back on an empty disk that the info still names answering a follower's MATCH:
@@ -38,7 +38,7 @@ MUTATIONS = {
         cluster,
         "_refuse_unless_leading",
         lambda topic: None,
-        [72, 306],
+        [524, 538, 755],
         "on no replica",
     ),
     # HTTP refusals that dropped `MAYBE_STORED`: a publish refused as not stored was stored
@@ -47,7 +47,7 @@ MUTATIONS = {
         http_server,
         "refusal_response",
         old_refusal_response,
-        [201],
+        [704, 987],
         "refused as not stored are stored",
     ),
 }
