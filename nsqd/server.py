@@ -462,10 +462,10 @@ class NSQD:
         # A worker serves the listeners its supervisor bound (and logged).
         listening = log.info if worker is None else log.debug
         tcp_listener = await self._network_listener("TCP", options.tcp_address)
-        self.tcp_address = format_address(network.bound_address(tcp_listener))
+        self.tcp_address = network.listening_on(tcp_listener)
         listening("TCP: listening on %s", self.tcp_address)
         http_listener = await self._network_listener("HTTP", options.http_address)
-        self.http_address = format_address(network.bound_address(http_listener))
+        self.http_address = network.listening_on(http_listener)
         listening("HTTP: listening on %s", self.http_address)
         http_api = HTTPAPI(self)
         https_listener = None

@@ -25,7 +25,7 @@ from nsqpy.common.names import is_ephemeral
 from nsqpy.common.version import VERSION
 from nsqpy.daemon.http_server import serve_http
 from nsqpy.daemon.log import keep_printable
-from nsqpy.daemon.net import accept_forever, format_address, peer_address
+from nsqpy.daemon.net import accept_forever, peer_address
 from nsqpy.nsqlookupd.options import Options
 from nsqpy.nsqlookupd.registry import ANY, PeerInfo, RegistrationDB
 
@@ -78,10 +78,10 @@ class NSQLookupd:
         # On the daemon's network (`nsqpy/network.py`): sockets, or a simulator's.
         through = network.current()
         tcp_listener = await through.listen(self.options.tcp_address)
-        self.tcp_address = format_address(network.bound_address(tcp_listener))
+        self.tcp_address = network.listening_on(tcp_listener)
         self.log.info("TCP: listening on %s", self.tcp_address)
         http_listener = await through.listen(self.options.http_address)
-        self.http_address = format_address(network.bound_address(http_listener))
+        self.http_address = network.listening_on(http_listener)
         self.log.info("HTTP: listening on %s", self.http_address)
         http_api = HTTPAPI(self)
         try:

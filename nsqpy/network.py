@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import trio
 
-from nsqpy.daemon.net import open_listener
+from nsqpy.daemon.net import format_address, open_listener
 from nsqpy.etcd import SOCKETS as ETCD_SOCKETS
 from nsqpy.etcd import EtcdNetwork
 
@@ -59,6 +59,15 @@ class Network(Protocol):
         self, function: Callable[..., T], *args: Any, abandon_on_cancel: bool = False
     ) -> T:
         """`function(*args)`, blocking work (a file's write, a disk's read), off the loop."""
+
+
+def listening_on(listener: trio.abc.Listener) -> str:
+    """What `listener` took, as the daemons log it: `host:port`, or a unix socket's path."""
+    sock = getattr(listener, "socket", None)
+    if sock is not None:
+        return format_address(sock.getsockname())
+    host, port = listener.address  # type: ignore[attr-defined]
+    return format_address((host, port))
 
 
 def bound_address(listener: trio.abc.Listener) -> tuple[str, int]:
