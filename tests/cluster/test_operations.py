@@ -295,14 +295,27 @@ def test_meta_update_changes_replicas_and_settings(cluster):
             assert log_start(cluster.node(node_id), "t", partition) == start
     operate(cluster, "/topic/meta/update?topic=t&disable_channel_auto_create=true")
     leader = cluster.node(cluster.partition("t", 0)["leader"])
-    connection = V2Connection(leader.tcp_port)
+    # The master answers once etcd has the meta; the leader applies it from its watch a
+    # moment later (under load, after the answer).
+    # A SUB taken before then made its channel: each try asks for one not made yet.
+    tries = iter(range(1_000_000))
+    poll(
+        lambda: leader_refuses_a_new_channel(leader.tcp_port, f"other{next(tries)}"),
+        "the leader refusing an unregistered channel",
+    )
+
+
+def leader_refuses_a_new_channel(tcp_port: int, channel: str) -> bool:
+    connection = V2Connection(tcp_port)
     try:
-        connection.send(b"SUB t other 0\n")
-        assert connection.read_response().data == (
-            b"E_SUB_CHANNEL_NOT_REGISTERED channel is not registered under topic."
-        )
+        connection.send(f"SUB t {channel} 0\n".encode())
+        answer = connection.read_response().data
     finally:
         connection.close()
+    if answer == b"OK":
+        return False
+    assert answer == b"E_SUB_CHANNEL_NOT_REGISTERED channel is not registered under topic."
+    return True
     operate(cluster, "/topic/meta/update?topic=t&replicator=2")
     for partition in range(2):
         poll(
