@@ -33,8 +33,6 @@ class ProtocolError(Exception):
         return f"ProtocolError({self.text!r}, fatal={self.fatal})"
 
 
-# nsqlookupd's 404 message to `/lookup?access=w` when the topic's partitions have no channel
-# yet (Youzan's text; `--allow-write-with-nochannels` lifts the rule).
 def refused_write_text(code: str, maybe_stored: bool) -> str:
     """What a publisher hears of a cluster write given up: the code, and whether a follower
     may hold the write anyway (then it may lead next, docs/protocol.md §3.10), over TCP and
@@ -44,4 +42,6 @@ def refused_write_text(code: str, maybe_stored: bool) -> str:
     return code
 
 
+# nsqlookupd's 404 message to `/lookup?access=w` when the topic's partitions have no channel
+# yet (Youzan's text; `--allow-write-with-nochannels` lifts the rule).
 NO_CHANNEL_FOR_WRITERS = "Topic has no channel, should init at least one for the new topic"

@@ -58,7 +58,7 @@ from nsqpy.common.replication import (
     encode_frame,
     error_header,
 )
-from nsqpy.daemon.net import format_address, open_listener
+from nsqpy.daemon.net import open_listener
 from nsqpy.nsqd.backend import write_error
 from nsqpy.nsqd.catch_up import PULL_MAX_BYTES, PULL_MAX_ENTRIES, CatchUps
 from nsqpy.nsqd.cursor_queue import CursorQueue
@@ -286,14 +286,13 @@ class ClusterNode:
         if not listeners:
             listeners.append(await network.current().listen(rpc_listen_address(options)))
         # The node's ID carries the port its peers connect to, which a proxy may front.
-        bound_host, bound_port = network.bound_address(listeners[0])
-        self.rpc_port = options.broadcast_rpc_port or bound_port
+        self.rpc_port = options.broadcast_rpc_port or network.bound_address(listeners[0])[1]
         self.node_id = node_id(
             options.broadcast_address, self.rpc_port, nsqd.tcp_port, options.node_id
         )
         # A worker serves the listener its supervisor bound (and logged).
         listening = nsqd.log.info if worker is None else nsqd.log.debug
-        listening("RPC: listening on %s", format_address((bound_host, bound_port)))
+        listening("RPC: listening on %s", network.listening_on(listeners[0]))
         try:
             self.incarnation = data_incarnation(nsqd.data_path)
         except OSError as error:
@@ -1003,8 +1002,7 @@ class ClusterNode:
             # The master may have put it there before this node's watch said so.
             await self.session.reload(topic.name, topic.partition)
             info = replica.info
-        if not replica.is_leader:
-            raise ReplicaRefusal(error_header("E_FAILED_ON_NOT_LEADER", "not the leader"))
+        _refuse_unless_leading(topic)
         if node in info.isr and info.proven(node, incarnation):
             return {"info": info.to_json().decode(), "epoch": info.epoch}, b""
         if node not in info.catchup:
@@ -1051,8 +1049,7 @@ class ClusterNode:
             raise ReplicaRefusal(error_header("E_NOT_CLUSTER", "no cluster to join"))
         log = _log(topic)
         info = replica.info
-        if not replica.is_leader:
-            raise ReplicaRefusal(error_header("E_FAILED_ON_NOT_LEADER", "not the leader"))
+        _refuse_unless_leading(topic)
         if end.offset > log.written.offset or (end.offset and log.entry_ending_at(end) != last):
             raise ReplicaRefusal(
                 error_header(
@@ -1239,7 +1236,10 @@ class ClusterNode:
         `--sync-timeout`, and before a channel's creation or move (setoffset) is answered (a
         consumer that moves to a new leader finds its channel where it was)."""
         info = topic.replication.info
-        if info is None or not info.followers() or not _pushes_channels(self, topic):
+        # Not a node the info names but that lost the data (back on an empty disk): its channel
+        # set is empty, the followers would delete theirs, one of which leads next, and its
+        # consumers would start again at the log's end, past what was not yet delivered.
+        if info is None or not info.followers() or not _held(topic).is_leader:
             return
         version = topic.channels_version
         emptied: dict[CursorQueue, int] = {}
@@ -1715,15 +1715,9 @@ class ClusterNode:
         )
 
 
-def _pushes_channels(node: ClusterNode, topic: "Topic") -> bool:
-    """Whether this node tells the followers its channels: as their leader, and not one the
-    info names but that lost the data (back on an empty disk). That one's channel set is
-    empty: the followers would delete theirs, one of which leads next, and its consumers
-    would start again at the log's end, past what was not yet delivered."""
-    return _held(topic).is_leader
-
-
 def _refuse_unless_leading(topic: "Topic") -> None:
+    """Only the partition's leader answers this (a node the info names that lost the data
+    leads nothing)."""
     if not _held(topic).is_leader:
         raise ReplicaRefusal(error_header("E_FAILED_ON_NOT_LEADER", "not the leader"))
 

@@ -265,9 +265,7 @@ class LookupChannelsError(Exception):
 
 
 def _channels_of(answer: network.HTTPAnswer) -> list[str]:
-    if answer.status >= 400:
-        raise OSError(f"HTTP Error {answer.status}: {answer.body[:200]!r}")
-    document = json.loads(answer.body)
+    document = json.loads(answer.ok_body())
     # An nsqlookupd older than 1.0 wraps its answer in {"status_code", "data"}.
     if "data" in document and "channels" not in document:
         document = document["data"]

@@ -40,8 +40,7 @@ async def _post(url: str, secret: str) -> None:
     answer = await network.current().request(
         "POST", url, timeout=_HTTP_TIMEOUT, headers=network.bearer(secret)
     )
-    if answer.status >= 400:
-        raise OSError(f"HTTP Error {answer.status}: {answer.body[:200].decode(errors='replace')}")
+    answer.ok_body()
 
 
 def _is_int(text: str) -> bool:

@@ -28,7 +28,7 @@ on some replica, for an operator's unclean election. Checked then:
 """
 
 import random
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +43,6 @@ from nsqpy.simulated_clients import (
 from nsqpy.simulation import (
     CLIENT_HOST,
     ETCD_URL,
-    SimulatedLookupd,
     SimulatedNode,
     Simulation,
     run_schedule,
@@ -106,31 +105,24 @@ async def schedule(simulation: Simulation) -> list[str]:
         node = _leader_node(simulation, partition)
         return (node.host, node.nsqd.tcp_port) if node is not None and node.nsqd else None
 
+    def start_client(nursery: trio.Nursery, client: Callable, actor: Any) -> None:
+        """A V2 client on the client host, with a generator of its own from the seed."""
+        random_of_its_own = random.Random(rng.getrandbits(64))
+        nursery.start_soon(
+            client, simulation.client, actor, TOPIC, leader_address, random_of_its_own
+        )
+
     async with trio.open_nursery() as clients:
         clients.start_soon(_watch_leaders, simulation, run)
         for consumer in run.consumers:
-            clients.start_soon(
-                consume_forever,
-                simulation.client,
-                consumer,
-                TOPIC,
-                leader_address,
-                random.Random(rng.getrandbits(64)),
-            )
+            start_client(clients, consume_forever, consumer)
         async with trio.open_nursery() as nursery:
             for producer in run.producers:
                 nursery.start_soon(
                     _produce, simulation, producer, random.Random(rng.getrandbits(64))
                 )
             for idempotent in run.idempotent:
-                nursery.start_soon(
-                    publish_forever,
-                    simulation.client,
-                    idempotent,
-                    TOPIC,
-                    leader_address,
-                    random.Random(rng.getrandbits(64)),
-                )
+                start_client(nursery, publish_forever, idempotent)
             async with trio.open_nursery() as faults:
                 for _fault in range(rng.randint(1, FAULTS)):
                     faults.start_soon(_fault_task, simulation, random.Random(rng.getrandbits(64)))
@@ -240,11 +232,8 @@ def _leader_node(simulation: Simulation, partition: int) -> SimulatedNode | None
     info = master.infos.get((TOPIC, partition)) if master is not None else None
     if info is None or not info.leader:
         return None
-    host = info.leader.split(":")[0]
-    for node in simulation.nodes:
-        if node.host == host and node.running:
-            return node
-    return None
+    node = _node_of(simulation, info.leader)
+    return node if node.running else None
 
 
 def _unavailable(simulation: Simulation) -> list[int]:
@@ -375,7 +364,7 @@ async def _fault_task(simulation: Simulation, rng: random.Random) -> None:
         simulation.etcd.resume(ETCD_URL)
         note("schedule", "ETCD RESUME")
     else:
-        member = next((m for m in simulation.lookupds if _is_master(m)), None)
+        member = simulation.master_member()
         if member is not None and await simulation.crash(member):
             await trio.sleep(duration)
             await simulation.start_lookupd(member)
@@ -385,11 +374,6 @@ def _disturbed(simulation: Simulation, began: float, *hosts: str) -> None:
     """Note that `hosts` could not count on their links from `began` until now (a FIN they
     took or should have heard of meanwhile may be lost with a failover)."""
     simulation.disturbed.append((began, trio.current_time(), frozenset(hosts)))
-
-
-def _is_master(member: SimulatedLookupd) -> bool:
-    coordinator = member.lookupd.coordinator if member.lookupd is not None else None
-    return coordinator is not None and coordinator.is_master
 
 
 def _other_hosts(simulation: Simulation, node: SimulatedNode) -> list[str]:
@@ -417,29 +401,32 @@ def _check(simulation: Simulation, run: _Run, unavailable: list[int]) -> list[st
             continue
         info = master.infos[(TOPIC, partition)]
         for member in info.isr:
-            node = next(n for n in simulation.nodes if n.host == member.split(":")[0])
+            node = _node_of(simulation, member)
             bodies = _log_bodies(node, partition)
             simulation.note(
                 "schedule",
                 f"CHECK {TOPIC}/{partition} on {node.host}: {len(bodies)} stored,"
                 f" {len(acknowledged)} acknowledged",
             )
-            failures += _check_replica(f"{TOPIC}/{partition} on {node.host}", bodies, producer)
+            where = f"{TOPIC}/{partition} on {node.host}"
             failures += _check_replica(
-                f"{TOPIC}/{partition} on {node.host} (idempotent)",
-                bodies,
-                _Producer(partition, acknowledged=idempotent),
+                where, bodies, f"p{partition}-", producer.acknowledged, producer.refused
+            )
+            idempotent_prefix = f"{run.idempotent[partition].name}-"
+            failures += _check_replica(
+                f"{where} (idempotent)", bodies, idempotent_prefix, idempotent, []
             )
         failures += _check_consumer(simulation, run, partition)
         failures += _check_epochs(simulation, run, partition, info.leader)
     return failures
 
 
-def _check_replica(where: str, bodies: list[bytes], producer: _Producer) -> list[str]:
+def _check_replica(
+    where: str, bodies: list[bytes], prefix: str, acknowledged: list[bytes], refused: list[bytes]
+) -> list[str]:
+    """One producer's messages (their bodies start with `prefix`) in one replica's log."""
     failures = []
-    acknowledged = producer.acknowledged
-    prefix = acknowledged[0].split(b"-")[0] + b"-" if acknowledged else b""
-    own = [body for body in bodies if prefix and body.startswith(prefix)]
+    own = [body for body in bodies if body.startswith(prefix.encode())]
     stored = set(own)
     lost = [body for body in acknowledged if body not in stored]
     if lost:
@@ -449,7 +436,7 @@ def _check_replica(where: str, bodies: list[bytes], producer: _Producer) -> list
     if len(stored) != len(own):
         twice = next(body for body in own if own.count(body) > 1)
         failures.append(f"{where}: a message stored twice ({twice!r})")
-    stored_refused = [body for body in producer.refused if body in stored]
+    stored_refused = [body for body in refused if body in stored]
     if stored_refused:
         failures.append(
             f"{where}: {len(stored_refused)} publish(es) refused as not stored are stored"
@@ -545,9 +532,6 @@ def _log_bodies(node: SimulatedNode, partition: int) -> list[bytes]:
         return []
     log = node.nsqd.cluster.log_of(topic)
     return [message.body for message in log.read(log.start, 1 << 30, log.written.offset)]
-
-
-Schedule = Callable[[Simulation], Awaitable[list[str]]]
 
 
 def failures_of(seed: int) -> list[str]:

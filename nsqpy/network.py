@@ -33,6 +33,14 @@ class HTTPAnswer(NamedTuple):
     status: int
     body: bytes
 
+    def ok_body(self) -> bytes:
+        """The body of an answer that is not an error; OSError (as urllib's HTTPError was)
+        naming the status and the start of the body otherwise."""
+        if self.status >= 400:
+            text = self.body[:200].decode(errors="replace")
+            raise OSError(f"HTTP Error {self.status}: {text}")
+        return self.body
+
 
 class Network(Protocol):
     etcd: EtcdNetwork

@@ -53,41 +53,42 @@ class ScheduleFailure(AssertionError):
 
 
 @dataclass
-class SimulatedNode:
-    """An nsqd of the simulated cluster: its host, its disk, and its daemon while it runs."""
+class SimulatedDaemon:
+    """One daemon of the simulated cluster: its host, and its process while it runs."""
 
     index: int
     host: str
-    data_path: Path
-    nsqd: NSQD | None = None
+    daemon: Any = None
     scope: trio.CancelScope | None = None
     stopped: trio.Event = field(default_factory=trio.Event)
-    # Whether the node lost its disk once in this run (`Simulation.lose_disk`).
-    disk_lost: bool = False
-
     # Set while a crash is taking the daemon down (its shutdown code still running).
     stopping: bool = False
 
     @property
     def running(self) -> bool:
-        return self.nsqd is not None and not self.stopping
+        return self.daemon is not None and not self.stopping
 
 
 @dataclass
-class SimulatedLookupd:
-    """An nsqlookupd of the simulated cluster (each campaigns to be the master)."""
+class SimulatedNode(SimulatedDaemon):
+    """An nsqd of the simulated cluster, with its disk."""
 
-    index: int
-    host: str
-    lookupd: NSQLookupd | None = None
-    scope: trio.CancelScope | None = None
-    stopped: trio.Event = field(default_factory=trio.Event)
-
-    stopping: bool = False
+    data_path: Path = Path()
+    # Whether the node lost its disk once in this run (`Simulation.lose_disk`).
+    disk_lost: bool = False
 
     @property
-    def running(self) -> bool:
-        return self.lookupd is not None and not self.stopping
+    def nsqd(self) -> NSQD | None:
+        return self.daemon
+
+
+@dataclass
+class SimulatedLookupd(SimulatedDaemon):
+    """An nsqlookupd of the simulated cluster (each campaigns to be the master)."""
+
+    @property
+    def lookupd(self) -> NSQLookupd | None:
+        return self.daemon
 
 
 class _TraceHandler(logging.Handler):
@@ -130,7 +131,7 @@ class Simulation:
             SimulatedLookupd(index, f"10.0.0.{100 + index}") for index in range(lookupds)
         ]
         self.nodes = [
-            SimulatedNode(index, f"10.0.0.{index + 1}", root / f"nsqd{index}")
+            SimulatedNode(index, f"10.0.0.{index + 1}", data_path=root / f"nsqd{index}")
             for index in range(nodes)
         ]
 
@@ -155,22 +156,25 @@ class Simulation:
             30,
         )
 
-    def master(self) -> Any:
-        """The coordinator of the nsqlookupd that is the master now, or None."""
+    def master_member(self) -> SimulatedLookupd | None:
+        """The nsqlookupd that is the master now, or None."""
         for member in self.lookupds:
-            if member.lookupd is not None:
-                coordinator = member.lookupd.coordinator
-                if coordinator is not None and coordinator.is_master:
-                    return coordinator
+            lookupd = member.lookupd
+            if lookupd is not None and lookupd.coordinator is not None:
+                if lookupd.coordinator.is_master:
+                    return member
         return None
 
+    def master(self) -> Any:
+        """The master's coordinator, or None."""
+        member = self.master_member()
+        return member.lookupd.coordinator if member is not None and member.lookupd else None
+
     def master_http(self) -> tuple[str, int] | None:
-        for member in self.lookupds:
-            if member.lookupd is not None:
-                coordinator = member.lookupd.coordinator
-                if coordinator is not None and coordinator.is_master:
-                    return member.host, member.lookupd.http_port
-        return None
+        member = self.master_member()
+        if member is None or member.lookupd is None:
+            return None
+        return member.host, member.lookupd.http_port
 
     async def start_lookupd(self, member: SimulatedLookupd) -> None:
         options = LookupdOptions(
@@ -186,7 +190,7 @@ class Simulation:
         def make() -> NSQLookupd:
             return NSQLookupd(options, logging.getLogger(f"sim.nsqlookupd{member.index}"))
 
-        member.lookupd = await self.nursery.start(self._run_daemon, member, make)
+        member.daemon = await self.nursery.start(self._run_daemon, member, make)
         self.note(member.host, "STARTED")
 
     async def start_node(self, node: SimulatedNode) -> None:
@@ -218,10 +222,12 @@ class Simulation:
             nsqd.random.seed(seed)
             return nsqd
 
-        node.nsqd = await self.nursery.start(self._run_daemon, node, make)
+        node.daemon = await self.nursery.start(self._run_daemon, node, make)
         self.note(node.host, "STARTED")
 
-    async def _run_daemon(self, member: Any, make: Callable[[], Any], task_status) -> None:
+    async def _run_daemon(
+        self, member: SimulatedDaemon, make: Callable[[], Any], task_status
+    ) -> None:
         """Run the daemon `make` makes on `member`'s host until it stops or crashes."""
         with network.using(self.network.host(member.host)):
             daemon = make()
@@ -231,13 +237,10 @@ class Simulation:
                         await nursery.start(daemon.serve)
                         task_status.started(daemon)
             finally:
-                if isinstance(member, SimulatedNode):
-                    member.nsqd = None
-                else:
-                    member.lookupd = None
+                member.daemon = None
                 member.stopped.set()
 
-    async def crash(self, member: SimulatedNode | SimulatedLookupd) -> bool:
+    async def crash(self, member: SimulatedDaemon) -> bool:
         """The daemon's process ends at once: its connections reset, its tasks cancelled.
         False when it was not running (or another crash is taking it down)."""
         if member.scope is None or not member.running:
