@@ -226,6 +226,12 @@ class TopicMeta:
         )
 
 
+def same_disk_identity(incarnation: str) -> str:
+    """The data directory an incarnation (`NodeInfo.incarnation`) is a run of: a node that
+    stopped uncleanly starts a new run of the same directory, `<identity>-<run>`."""
+    return incarnation.partition("-")[0]
+
+
 @dataclass(frozen=True)
 class ReplicaInfo:
     """Who holds a partition. `epoch` is the etcd revision the info was written at (the

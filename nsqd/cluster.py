@@ -62,7 +62,7 @@ from nsqpy.daemon.net import open_listener
 from nsqpy.nsqd.backend import write_error
 from nsqpy.nsqd.catch_up import PULL_MAX_BYTES, PULL_MAX_ENTRIES, CatchUps
 from nsqpy.nsqd.cursor_queue import CursorQueue
-from nsqpy.nsqd.data_path import data_incarnation
+from nsqpy.nsqd.data_path import CLEAN_STOP_FILE, data_incarnation, stored_incarnation
 from nsqpy.nsqd.delay_queue import DelayedRecord
 from nsqpy.nsqd.log_writer import LogWriter, WriteRefused
 from nsqpy.nsqd.message import Message
@@ -294,7 +294,16 @@ class ClusterNode:
         listening = nsqd.log.info if worker is None else nsqd.log.debug
         listening("RPC: listening on %s", network.listening_on(listeners[0]))
         try:
-            self.incarnation = data_incarnation(nsqd.data_path)
+            before = stored_incarnation(nsqd.data_path)
+            # A worker's supervisor began the node's run (`nsqd/supervisor.py`).
+            self.incarnation = data_incarnation(nsqd.data_path, starting=worker is None)
+            if before is not None and self.incarnation != before:
+                nsqd.log.warning(
+                    "CLUSTER: the last stop was not clean (%s missing): this node is"
+                    " incarnation %s now, and proves nothing it holds until it caught up",
+                    CLEAN_STOP_FILE,
+                    self.incarnation,
+                )
         except OSError as error:
             # Unknown to every partition: this node holds nothing the ISR counts on until
             # it caught up and joined again, which is what a lost identity must mean.
@@ -312,6 +321,13 @@ class ClusterNode:
                 " --cluster-tls-cert, --cluster-tls-key and --cluster-tls-root-ca-file"
                 ' (docs/operations.md, "Securing a cluster")'
             )
+        try:
+            await self._serve_in_nursery(listeners, task_status)
+        finally:
+            # Closed: what fails from here (a write of the stop's last flush) starts nothing.
+            self.nursery = None
+
+    async def _serve_in_nursery(self, listeners: list, task_status) -> None:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             nursery.start_soon(partial(trio.serve_listeners, self.peers.serve, listeners))
@@ -483,6 +499,15 @@ class ClusterNode:
     def log_of(self, topic: "Topic") -> PartitionLog[Message]:
         return _log(topic)
 
+    def unsynced_logs(self) -> list[str]:
+        """The held partitions whose log failed a sync in this run (a full or failing disk):
+        writes they took may not be durable."""
+        return [
+            f"{topic.name}/{topic.partition}"
+            for topic in self.nsqd.all_partitions()
+            if _replica_of(topic) is not None and _log(topic).sync_error
+        ]
+
     def index_copied(self, topic: "Topic", data: bytes, first: Position) -> None:
         """Groups a catch-up copied: their delayed records go into the delay queue."""
         _log_queue(topic).index_raw(data, first)
@@ -575,7 +600,7 @@ class ClusterNode:
         if replica.lost and not was_lost:
             nsqd.log.error(
                 "TOPIC(%s) partition %d: this node is in the ISR, but its data directory is a"
-                " new incarnation (%s, the ISR counted on %s): it holds nothing acknowledged,"
+                " new incarnation (%s, the ISR counted on %s): it proves nothing it holds,"
                 " leads nothing and counts for no write until it caught up and joined again",
                 topic_name,
                 partition,

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from nsqpy import disk
 from nsqpy.nsqd.backend import BackendWriteError
 from nsqpy.nsqd.message import Message, MessageBatch
 from nsqpy.partition_log import META_MAGIC, LogCorruption, PartitionLog, Position, record_size
@@ -795,11 +796,7 @@ class CursorQueue:
 
 def _write(path: str, data: bytes, *, sync: bool) -> None:
     temporary = path + ".tmp"
-    with open(temporary, "wb") as file:
-        file.write(data)
-        if sync:
-            file.flush()
-            os.fsync(file.fileno())
+    disk.write_file(temporary, data, sync=sync)
     os.replace(temporary, path)
 
 

@@ -8,6 +8,10 @@ and says in words what is wrong.
 import errno
 import fcntl
 import os
+import random
+
+from nsqpy import disk
+from nsqpy.common.cluster_meta import same_disk_identity
 
 
 class DataPathError(Exception):
@@ -46,37 +50,80 @@ def _reason(error: OSError) -> str:
 
 # Where a data directory keeps its identity (nsqpy's; a Go nsqd ignores the file).
 INCARNATION_FILE = "nsqd.incarnation"
+# Written by a cluster node's clean stop once everything it wrote is fsynced, and removed as
+# it starts: a start that does not find it follows a crash, a kill -9 or a power loss.
+CLEAN_STOP_FILE = "nsqd.stopped"
 
 
-def data_incarnation(path: str) -> str:
-    """The data directory's identity, made (at random) the first time it is asked for and kept
-    in it: a cluster node's incarnation (docs/design.md §14). A directory that lost it (a new
-    disk, emptied, or the file unreadable) gets a new one, and with it counts as holding
-    none of the partitions' data it held before. OSError when it cannot be written.
+def data_incarnation(path: str, *, starting: bool = False) -> str:
+    """The data directory's incarnation (docs/design.md §14, "Incarnations"): its identity,
+    made (at random) the first time it is asked for and kept in it, and the run it is in.
+    A directory that lost it (a new disk, emptied, or the file unreadable) gets a new
+    identity, and with it counts as holding none of the partitions' data it held before.
+
+    `starting` (the node's process that starts, once): a start after a stop that was not
+    clean (no `CLEAN_STOP_FILE`) is a new run of the same identity, `<identity>-<run>`.
+    Such a stop may have cost the unsynced tail of every log (a power loss): the node holds
+    what it held, less perhaps its last writes, and counts as proving nothing until it
+    caught up and joined each ISR again. OSError when the file cannot be written.
 
     Read and made under a lock on the directory: the `--workers` of one node, starting side
-    by side, all find the one identity."""
+    by side, all find the one incarnation their supervisor made."""
     directory = os.open(path, os.O_RDONLY)
     try:
         fcntl.flock(directory, fcntl.LOCK_EX)
-        return _read_or_make_incarnation(os.path.join(path, INCARNATION_FILE))
+        file = os.path.join(path, INCARNATION_FILE)
+        incarnation = _read_incarnation(file)
+        if incarnation is None:
+            return _write_incarnation(file, os.urandom(16).hex())
+        if starting:
+            stopped = os.path.join(path, CLEAN_STOP_FILE)
+            try:
+                os.unlink(stopped)
+            except FileNotFoundError:
+                identity = same_disk_identity(incarnation)
+                return _write_incarnation(file, f"{identity}-{random.getrandbits(32):08x}")
+            os.fsync(directory)
+        return incarnation
     finally:
         os.close(directory)
 
 
-def _read_or_make_incarnation(file: str) -> str:
+def mark_clean_stop(path: str) -> None:
+    """Everything this node wrote is durable: its next start is not a new run. OSError when
+    the mark cannot be written (the next start then takes the stop for a crash)."""
+    disk.write_file(os.path.join(path, CLEAN_STOP_FILE), b"")
+    directory = os.open(path, os.O_RDONLY)
+    try:
+        disk.current().fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def stored_incarnation(path: str) -> str | None:
+    """The incarnation the data directory holds now; None when it holds none (or none that
+    can be read)."""
+    return _read_incarnation(os.path.join(path, INCARNATION_FILE))
+
+
+def _read_incarnation(file: str) -> str | None:
     try:
         with open(file, "rb") as handle:
             text = handle.read().decode("ascii").strip()
-        if len(text) == 32 and all(char in "0123456789abcdef" for char in text):
-            return text
     except (FileNotFoundError, UnicodeDecodeError):
-        pass
-    incarnation = os.urandom(16).hex()
+        return None
+    identity, _, run = text.partition("-")
+    if _is_hex(identity, 32) and (not run or _is_hex(run, 8)):
+        return text
+    return None
+
+
+def _is_hex(text: str, length: int) -> bool:
+    return len(text) == length and all(char in "0123456789abcdef" for char in text)
+
+
+def _write_incarnation(file: str, incarnation: str) -> str:
     temporary = f"{file}.tmp"
-    with open(temporary, "wb") as handle:
-        handle.write(incarnation.encode() + b"\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    disk.write_file(temporary, incarnation.encode() + b"\n")
     os.replace(temporary, file)
     return incarnation

@@ -13,6 +13,8 @@ import random
 import re
 from dataclasses import dataclass, field
 
+from nsqpy import disk
+
 METADATA_FILE_NAME = "nsqd.dat"
 
 
@@ -175,10 +177,11 @@ def write_metadata(data_path: str, encoded: bytes) -> None:
     try:
         # Owner-only from the moment it exists, as Go writes it (os.OpenFile(..., 0600)).
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with open(descriptor, "wb") as file:
-            file.write(encoded)
-            file.flush()
-            os.fsync(file.fileno())
+        try:
+            disk.write_all(descriptor, encoded)
+            disk.current().fsync(descriptor)
+        finally:
+            os.close(descriptor)
         os.replace(temporary, path)
     except BaseException:
         # A full disk must not leave a stray temporary file behind to fill it further.

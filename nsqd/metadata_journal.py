@@ -24,6 +24,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 
+from nsqpy import disk
 from nsqpy.nsqd.metadata import (
     METADATA_FILE_NAME,
     TopicMetadata,
@@ -145,7 +146,7 @@ class MetadataJournal:
                 self._descriptor = os.open(
                     self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
                 )
-            written = os.write(self._descriptor, line)
+            written = disk.current().write(self._descriptor, line)
             if written != len(line):
                 raise OSError(f"short write to {self.path} ({written} of {len(line)} bytes)")
         except OSError:

@@ -27,8 +27,9 @@ class PartitionReplica:
         # no publish until the new leader does.
         self.handing_over = False
         # The info names this node in the ISR, but in an incarnation that held the data
-        # before this one (a replaced or emptied disk): it holds nothing acknowledged, leads
-        # nothing and counts for nothing until it caught up and joined again.
+        # before this one (a replaced or emptied disk, or a run after an unclean stop that
+        # may have lost its unsynced writes): it proves nothing it holds, leads nothing and
+        # counts for nothing until it caught up and joined again.
         self.lost = False
         # The last write of this copy the disk refused (full, failing); "" once one works.
         self.disk_error = ""

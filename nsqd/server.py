@@ -29,7 +29,7 @@ from nsqpy.nsqd.client import Client, number_client_ids
 from nsqpy.nsqd.cluster import ClusterNode, NotLedHere
 from nsqpy.nsqd.connection import Resume, V2Connection
 from nsqpy.nsqd.connection_poller import ConnectionPoller, polls_connections
-from nsqpy.nsqd.data_path import prepare_data_path
+from nsqpy.nsqd.data_path import mark_clean_stop, prepare_data_path
 from nsqpy.nsqd.handoff import Handoff
 from nsqpy.nsqd.heartbeats import HeartbeatClock
 from nsqpy.nsqd.http_api import HTTPAPI, TLSRequiredRouter
@@ -695,7 +695,8 @@ class NSQD:
         if flushed:
             self.log.info("NSQ: flushed %d messages to disk", flushed)
 
-        def close_all() -> None:
+        def close_all() -> bool:
+            closed = True
             for topic in self.all_partitions():
                 try:
                     topic.close()
@@ -703,8 +704,11 @@ class NSQD:
                     # A disk that refuses the last writes: the rest still close, and the
                     # exit stays clean (what was acknowledged was written before).
                     self.log.error("TOPIC(%s): failed to close - %s", topic.name, error)
+                    closed = False
+            # A log that failed a sync in this run may hold writes never made durable.
+            return closed and not (self.cluster.enabled and self.cluster.unsynced_logs())
 
-        await network.current().run_sync(close_all)
+        durable = await network.current().run_sync(close_all)
         self.log.info("NSQ: persisting topic/channel metadata to %s", self.data_path)
         try:
             await self.persist_metadata()
@@ -712,7 +716,14 @@ class NSQD:
             # The previous nsqd.dat and the journal stay; a full disk must not turn a clean
             # exit into a crash.
             self.log.error("NSQ: failed to persist metadata - %s", error)
+            durable = False
         self.topology.close()
+        if durable and self.cluster.enabled and self.worker is None:
+            # A supervisor marks its node's stop once every worker's ended.
+            try:
+                mark_clean_stop(self.data_path)
+            except OSError as error:
+                self.log.error("NSQ: failed to mark the stop clean - %s", error)
 
 
 _FLAGS = build_flags()

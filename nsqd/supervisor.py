@@ -22,7 +22,14 @@ import trio
 from nsqpy.common.version import VERSION
 from nsqpy.daemon.net import format_address, open_listener
 from nsqpy.nsqd.cluster import open_rpc_listeners
-from nsqpy.nsqd.data_path import prepare_data_path
+from nsqpy.nsqd.data_path import (
+    CLEAN_STOP_FILE,
+    DataPathError,
+    data_incarnation,
+    mark_clean_stop,
+    prepare_data_path,
+    stored_incarnation,
+)
 from nsqpy.nsqd.lookup import LookupPeers
 from nsqpy.nsqd.metadata import (
     MetadataError,
@@ -76,6 +83,8 @@ class Supervisor:
         self._exiting = False
         # The workers sent SIGTERM since the stop began.
         self._stopped: set[int] = set()
+        # The workers that exited with status 0 once the stop began.
+        self._clean_exits = 0
         # When each worker last said anything (it beats every `BEAT_INTERVAL`).
         self._heard: dict[int, float] = {}
 
@@ -109,6 +118,23 @@ class Supervisor:
         # The journals of a run that ended without writing nsqd.dat (a kill -9), folded in
         # before any worker starts one of its own: each worker's then names only its topics.
         fold_journals(self.data_path, topics, self.log)
+        if options.cluster_leadership_addresses:
+            # The node's run begins here, once, for every worker (`data_incarnation`): a
+            # worker that read an incarnation this could not renew would prove what it holds.
+            try:
+                before = stored_incarnation(self.data_path)
+                incarnation = data_incarnation(self.data_path, starting=True)
+            except OSError as error:
+                raise DataPathError(
+                    f"--data-path {self.data_path}: cannot record its incarnation: {error}"
+                ) from None
+            if before is not None and incarnation != before:
+                self.log.warning(
+                    "CLUSTER: the last stop was not clean (%s missing): this node is"
+                    " incarnation %s now, and proves nothing it holds until it caught up",
+                    CLEAN_STOP_FILE,
+                    incarnation,
+                )
         tcp = await open_listener(options.tcp_address)
         http = await open_listener(options.http_address)
         https = None
@@ -146,6 +172,9 @@ class Supervisor:
                     await self._shutdown.wait()
                     services.cancel_scope.cancel()
                 self._stop_workers()
+            if options.cluster_leadership_addresses and self._clean_exits == self.count:
+                # Every worker stopped cleanly, its writes made durable.
+                mark_clean_stop(self.data_path)
         finally:
             for listener in (tcp, http, https, *rpc):
                 if listener is not None:
@@ -183,6 +212,7 @@ class Supervisor:
             started = trio.current_time()
             status = await self._run_worker(index, fds)
             if self._exiting:
+                self._clean_exits += status == 0
                 return
             if not self._all_ready.is_set():
                 # It said why (a corrupt file, a data path it cannot write): nsqd cannot start.

@@ -48,6 +48,7 @@ from nsqpy.common.cluster_meta import (
     ReplicaInfo,
     TopicMeta,
     TopicsView,
+    same_disk_identity,
 )
 from nsqpy.control_plane import ControlPlaneHealth, keep_running
 from nsqpy.daemon.log import first_error
@@ -703,6 +704,8 @@ class Coordinator:
                 for node in info.isr
                 if node != info.leader and node in self.nodes and node not in lost
             ]
+            if not candidates and not unwritable:
+                candidates = self._restarted_on_their_disks(info, lost)
             if candidates:
                 plans.append((key, info, candidates, lost))
             elif not unwritable:
@@ -729,14 +732,19 @@ class Coordinator:
                 for node in info.isr
                 if node != info.leader and (unwritable or node in self.nodes) and node not in lost
             )
+            if leader not in isr:
+                # Back on its disk after an unclean stop, the longest of its ISR: it leads
+                # in its new incarnation.
+                isr = (leader, *isr)
             dropped = [node for node in info.isr if node not in isr]
+            catchup = [*info.catchup, info.leader, *dropped]
             updated = replace(
                 info,
                 leader=leader,
                 isr=isr,
-                catchup=tuple(dict.fromkeys([*info.catchup, info.leader, *dropped])),
+                catchup=tuple(node for node in dict.fromkeys(catchup) if node != leader),
                 epoch_for_write=info.epoch_for_write + 1,
-            )
+            ).recording({leader: self.nodes[leader].incarnation})
             writes.append((key, info, updated, counts[leader][key], lost))
         written = await self.write_replica_infos(
             [(key, updated, info) for key, info, updated, _count, _lost in writes]
@@ -753,7 +761,7 @@ class Coordinator:
                 info.leader,
                 "refused writes"
                 if unwritable
-                else ("lost its data" if info.leader in lost else "gone"),
+                else ("is in a new incarnation" if info.leader in lost else "gone"),
                 updated.leader,
                 updated.epoch_for_write,
                 count,
@@ -796,6 +804,22 @@ class Coordinator:
                 asking.start_soon(ask, node)
         return counts
 
+    def _restarted_on_their_disks(self, info: ReplicaInfo, lost: set[str]) -> list[str]:
+        """Where no ISR member proves it holds every acknowledged message but each one runs
+        again: the members back on the disk the ISR counted on, in a new run of it (each
+        stopped uncleanly, which may have cost its unsynced writes). What none of them
+        kept no replica has, and waiting brings nothing more: the longest of them leads
+        (a lost disk is no such member: it holds nothing)."""
+        if any(node not in self.nodes for node in info.isr):
+            return []
+        return [
+            node
+            for node in info.isr
+            if node in lost
+            and same_disk_identity(info.incarnation_of(node))
+            == same_disk_identity(self.nodes[node].incarnation)
+        ]
+
     def _no_complete_replica(
         self, topic: str, partition: int, info: ReplicaInfo, lost: set[str]
     ) -> None:
@@ -805,7 +829,8 @@ class Coordinator:
         reason = (
             "no ISR member that holds every acknowledged message is alive"
             f" (gone: {','.join(gone) or 'none'};"
-            f" lost their data: {','.join(sorted(lost)) or 'none'}); waiting for one to come back"
+            f" in a new incarnation: {','.join(sorted(lost)) or 'none'}); waiting for one to"
+            " come back"
         )
         key = (topic, partition)
         if self.leaderless.get(key) != reason:

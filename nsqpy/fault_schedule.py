@@ -9,6 +9,9 @@ within `FAULT_WINDOW` seconds and lasting up to six (they may overlap):
 * a node crashes, and starts again on the same disk a moment later;
 * a node loses its disk: it starts again on an empty one (at most one a schedule: a cluster of
   three replicas keeps a message through one lost disk, not two);
+* a node loses power: it starts again on its disk as its last fsyncs left it (counted with
+  the lost disk: one damaged disk a schedule);
+* a node's disk is full for a while (writes fail with ENOSPC);
 * the master nsqlookupd crashes and starts again (the standby takes over meanwhile);
 * etcd stops answering for a while (as under SIGSTOP);
 * the link between two nodes is slow (each chunk waits up to half a second more, in order);
@@ -301,7 +304,17 @@ async def _produce(simulation: Simulation, producer: _Producer, rng: random.Rand
         producer.sent += 1
 
 
-FAULT_KINDS = ("crash", "lose disk", "isolate", "one way", "slow", "etcd pause", "master crash")
+FAULT_KINDS = (
+    "crash",
+    "lose disk",
+    "power loss",
+    "isolate",
+    "one way",
+    "slow",
+    "etcd pause",
+    "master crash",
+    "full disk",
+)
 
 
 async def _fault_task(simulation: Simulation, rng: random.Random) -> None:
@@ -315,13 +328,15 @@ async def _fault_task(simulation: Simulation, rng: random.Random) -> None:
     node = leader if leader is not None else rng.choice(simulation.nodes)
     network = simulation.network
     note = simulation.note
-    if kind in ("crash", "lose disk"):
-        if kind == "lose disk" and not any(n.disk_lost for n in simulation.nodes):
-            # One lost disk a schedule: an acknowledged message is on a majority of the
-            # replicas, and no cluster of three keeps what two lost disks held.
+    if kind in ("crash", "lose disk", "power loss"):
+        damaged = any(n.disk_lost for n in simulation.nodes)
+        if kind == "lose disk" and not damaged:
+            # One damaged disk a schedule (lost, or short of its unsynced writes): an
+            # acknowledged message is on a majority of the replicas, written but not
+            # necessarily synced, and no cluster of three keeps what two such disks held.
             crashed = await simulation.lose_disk(node)
         else:
-            crashed = await simulation.crash(node)
+            crashed = await simulation.crash(node, power_loss=kind == "power loss" and not damaged)
         if crashed:
             began = trio.current_time()
             await trio.sleep(duration)
@@ -357,6 +372,14 @@ async def _fault_task(simulation: Simulation, rng: random.Random) -> None:
         network.unslow(node.host, other.host)
         _disturbed(simulation, began, node.host, other.host)
         note("schedule", f"UNSLOW {node.host} <-> {other.host}")
+    elif kind == "full disk":
+        note("schedule", f"DISK FULL {node.host} for {duration:.3f} s")
+        node.disk.full = True
+        began = trio.current_time()
+        await trio.sleep(duration)
+        node.disk.full = False
+        _disturbed(simulation, began, node.host)
+        note("schedule", f"DISK FREED {node.host}")
     elif kind == "etcd pause":
         note("schedule", f"ETCD PAUSE for {duration:.3f} s")
         simulation.etcd.pause(ETCD_URL)

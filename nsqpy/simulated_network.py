@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import trio
 
 from nsqpy.common.http_response import ResponseParser
-from nsqpy.etcd import EtcdNetwork
+from nsqpy.etcd import EtcdNetwork, _Endpoint, _NotSent
 from nsqpy.network import HTTPAnswer
 
 __all__ = ["SimulatedNetwork", "HostNetwork"]
@@ -196,6 +196,8 @@ class SimulatedNetwork:
         # Hosts that crashed and have not started again: whatever of them still runs (its
         # shutdown code) reaches nobody.
         self.crashed: set[str] = set()
+        # Each host's connections to etcd (`HostEtcd`).
+        self._etcd_streams: dict[str, set[trio.abc.Stream]] = {}
 
     def host(self, address: str) -> "HostNetwork":
         return HostNetwork(self, address)
@@ -248,6 +250,11 @@ class SimulatedNetwork:
                 listener.close()
         for stream in self._streams.pop(host, set()):
             stream.reset()
+        for etcd_stream in self._etcd_streams.pop(host, set()):
+            # Its kernel closes the dead process's connections: etcd sees them end, and no
+            # request its shutdown code makes (a lease's revocation) gets there.
+            assert isinstance(etcd_stream, trio.StapledStream)
+            etcd_stream.send_stream.close()
 
     def revive(self, host: str) -> None:
         """The host starts again: listening as it did takes the ports it had (a restarted
@@ -294,13 +301,37 @@ class SimulatedNetwork:
         return client
 
 
+class HostEtcd:
+    """etcd as a host reaches it (`nsqpy.etcd.EtcdNetwork`): the etcd model's network, while
+    the host runs."""
+
+    def __init__(self, network: SimulatedNetwork, address: str) -> None:
+        self.network = network
+        self.address = address
+
+    async def connect(self, endpoint: _Endpoint, ssl_context: Any) -> trio.abc.Stream:
+        if self.address in self.network.crashed:
+            await trio.lowlevel.checkpoint()
+            raise _NotSent(f"connect failed: {self.address} is down")
+        stream = await self.network.etcd.connect(endpoint, ssl_context)
+        self.network._etcd_streams.setdefault(self.address, set()).add(stream)
+        return stream
+
+    def dropped(self, stream: trio.abc.Stream) -> bool:
+        return self.network.etcd.dropped(stream)
+
+    def close(self, stream: trio.abc.Stream) -> None:
+        self.network._etcd_streams.get(self.address, set()).discard(stream)
+        self.network.etcd.close(stream)
+
+
 class HostNetwork:
     """The network as a daemon on `address` has it (`nsqpy.network.Network`)."""
 
     def __init__(self, network: SimulatedNetwork, address: str) -> None:
         self.network = network
         self.address = address
-        self.etcd = network.etcd
+        self.etcd: EtcdNetwork = HostEtcd(network, address)
 
     async def listen(self, address: str) -> trio.abc.Listener[trio.abc.Stream]:
         _host, _, port = address.rpartition(":")

@@ -10,9 +10,10 @@ virtual clock) is the same for the same seed.
 
     trace, failures = run_schedule(seed, schedule)
 
-What it does not simulate yet: the disk (the nodes write real files under `root`; a crash
-lets a node's shutdown code run, so no unsynced write is lost), client connections over the
-V2 protocol (the producers publish over HTTP), more than one etcd member.
+Each node writes real files under `root` through a disk of its own
+(`nsqpy/simulated_disk.py`): a crash stops its writes at the instant it happens (what a
+cancelled task's shutdown code writes never arrives), a power loss takes back what was not
+fsynced, and a disk can fill. What it does not simulate yet: more than one etcd member.
 """
 
 import logging
@@ -28,13 +29,15 @@ from typing import Any
 import trio
 import trio.testing
 
-from nsqpy import network
+from nsqpy import disk, network
 from nsqpy.etcd_model import EtcdModel
 from nsqpy.etcd_model_network import ModelNetwork
+from nsqpy.nsqd.data_path import CLEAN_STOP_FILE, INCARNATION_FILE
 from nsqpy.nsqd.options import Options as NSQDOptions
 from nsqpy.nsqd.server import NSQD
 from nsqpy.nsqlookupd.options import Options as LookupdOptions
 from nsqpy.nsqlookupd.server import NSQLookupd
+from nsqpy.simulated_disk import SimulatedDisk
 from nsqpy.simulated_network import FIRST_PORT, SimulatedNetwork
 
 __all__ = ["Simulation", "run_schedule", "ScheduleFailure"]
@@ -45,7 +48,6 @@ TTL = 2.0
 # The most simulated time a schedule may take (one takes 8-15 s; its waits are bounded by
 # less than half of this).
 SCHEDULE_LIMIT = 300.0
-INCARNATION_FILE = "nsqd.incarnation"
 
 
 class ScheduleFailure(AssertionError):
@@ -74,7 +76,9 @@ class SimulatedNode(SimulatedDaemon):
     """An nsqd of the simulated cluster, with its disk."""
 
     data_path: Path = Path()
-    # Whether the node lost its disk once in this run (`Simulation.lose_disk`).
+    disk: SimulatedDisk = field(default_factory=lambda: SimulatedDisk(Path()))
+    # Whether the node lost its disk, or its unsynced writes, once in this run
+    # (`Simulation.lose_disk`, `Simulation.crash(power_loss=True)`).
     disk_lost: bool = False
 
     @property
@@ -131,7 +135,12 @@ class Simulation:
             SimulatedLookupd(index, f"10.0.0.{100 + index}") for index in range(lookupds)
         ]
         self.nodes = [
-            SimulatedNode(index, f"10.0.0.{index + 1}", data_path=root / f"nsqd{index}")
+            SimulatedNode(
+                index,
+                f"10.0.0.{index + 1}",
+                data_path=root / f"nsqd{index}",
+                disk=SimulatedDisk(root / f"nsqd{index}"),
+            )
             for index in range(nodes)
         ]
 
@@ -199,6 +208,9 @@ class Simulation:
         if not identity.exists():
             # The identity nsqd would make at random, made from the seed.
             identity.write_text(f"{self.rng.getrandbits(128):032x}\n")
+            # A new directory: its first start follows no crash.
+            (node.data_path / CLEAN_STOP_FILE).touch()
+        node.disk.start()
         options = NSQDOptions(
             tcp_address=f"{node.host}:0",
             http_address=f"{node.host}:0",
@@ -228,33 +240,57 @@ class Simulation:
     async def _run_daemon(
         self, member: SimulatedDaemon, make: Callable[[], Any], task_status
     ) -> None:
-        """Run the daemon `make` makes on `member`'s host until it stops or crashes."""
-        with network.using(self.network.host(member.host)):
+        """Run the daemon `make` makes on `member`'s host (and disk) until it stops or
+        crashes."""
+        own_disk = member.disk if isinstance(member, SimulatedNode) else disk.SYSTEM
+        with network.using(self.network.host(member.host)), disk.using(own_disk):
             daemon = make()
             try:
                 with trio.CancelScope() as member.scope:
                     async with trio.open_nursery() as nursery:
                         await nursery.start(daemon.serve)
                         task_status.started(daemon)
+            except Exception as error:
+                # What a crashed process's shutdown code raised (its disk and its links are
+                # gone) is no one's to see: a killed process ends with nothing.
+                if not member.stopping:
+                    raise
+                self.note(member.host, f"ENDED WITH {error!r}")
             finally:
                 member.daemon = None
                 member.stopped.set()
 
-    async def crash(self, member: SimulatedDaemon) -> bool:
-        """The daemon's process ends at once: its connections reset, its tasks cancelled.
-        False when it was not running (or another crash is taking it down)."""
+    async def crash(self, member: SimulatedDaemon, *, power_loss: bool = False) -> bool:
+        """The daemon's process ends at once: its connections reset, its tasks cancelled,
+        its disk taking nothing more. With `power_loss` (a node's) its machine ends too:
+        what its disk had not made durable is gone. False when it was not running (or
+        another crash is taking it down)."""
         if member.scope is None or not member.running:
             return False
-        self.note(member.host, "CRASH")
+        self.note(member.host, "POWER LOSS" if power_loss else "CRASH")
         member.stopping = True
+        if isinstance(member, SimulatedNode):
+            member.disk.crash()
+            # Damaged from this instant (a schedule counts its damaged disks).
+            member.disk_lost = member.disk_lost or power_loss
         # Cancelled first: a task parked on the network sees its cancellation, not the
         # network's end, as a killed process sees nothing.
         member.scope.cancel()
         self.network.crash(member.host)
         await member.stopped.wait()
+        if power_loss and isinstance(member, SimulatedNode):
+            for cut in member.disk.lose_unsynced():
+                self.note(member.host, f"UNSYNCED LOST {cut}")
         self.network.revive(member.host)
         member.stopping = False
         return True
+
+    async def stop(self, member: SimulatedDaemon) -> None:
+        """A clean stop (SIGTERM): the daemon's own shutdown, to its end."""
+        if member.daemon is not None:
+            member.daemon.shutdown()
+            await member.stopped.wait()
+            self.note(member.host, "STOPPED")
 
     async def lose_disk(self, node: SimulatedNode) -> bool:
         """The node crashes and its data directory is gone: it starts again on an empty one
@@ -289,14 +325,16 @@ class Simulation:
 
 async def _main(seed: int, root: Path, schedule: Callable, result: dict) -> None:
     rng = random.Random(seed)
-    logger = logging.getLogger("sim")
-    handler = None
+    # The daemons' loggers, and the one the partition logs' worker-thread jobs write to.
+    loggers = [logging.getLogger(name) for name in ("sim", "nsqpy.partition_log")]
     async with trio.open_nursery() as nursery:
         simulation = Simulation(nursery, root, rng)
         handler = _TraceHandler(simulation)
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+        kept = [(logger.level, logger.propagate) for logger in loggers]
+        for logger in loggers:
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
         try:
             # A schedule waiting on something that never comes would spin for ever on the
             # virtual clock (nothing due, nothing to run): this deadline ends it.
@@ -311,7 +349,10 @@ async def _main(seed: int, root: Path, schedule: Callable, result: dict) -> None
             simulation.note("schedule", f"FAILED {failure}")
             result["failures"] = [str(failure)]
         finally:
-            logger.removeHandler(handler)
+            for logger, (level, propagate) in zip(loggers, kept, strict=True):
+                logger.removeHandler(handler)
+                logger.setLevel(level)
+                logger.propagate = propagate
             result["trace"] = simulation.trace
             nursery.cancel_scope.cancel()
 

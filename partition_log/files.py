@@ -20,6 +20,8 @@
 import os
 import re
 
+from nsqpy import disk
+
 META_MAGIC = b"\xae\x83"
 
 
@@ -136,8 +138,5 @@ def log_exists(data_path: str, topic: str, partition: int) -> bool:
 
 def write_atomically(path: str, data: bytes) -> None:
     temporary = path + ".tmp"
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
+    disk.write_file(temporary, data)
     os.replace(temporary, path)

@@ -19,6 +19,7 @@ from binascii import hexlify, unhexlify
 from collections.abc import Callable
 from typing import Generic
 
+from nsqpy import disk
 from nsqpy.partition_log.files import META_MAGIC, LogFiles, write_atomically
 from nsqpy.partition_log.index import (
     DEFAULT_INDEX_ENTRIES_PER_FILE,
@@ -165,6 +166,8 @@ class PartitionLog(Generic[M]):
         self._snapshot_due = False
         # Why the last sync that failed did (for health).
         self.sync_error = ""
+        # Where its writes and fsyncs go: the node's disk (`nsqpy/disk.py`).
+        self._disk = disk.current()
         self._open()
 
     # -- file names ----------------------------------------------------------------------------
@@ -388,8 +391,8 @@ class PartitionLog(Generic[M]):
             written = 0
             view = memoryview(data)
             while written < len(data):
-                written += os.write(self._write_fd, view[written:])
-            if os.write(self._index_fd, ENTRY.pack(*entry)) != ENTRY.size:
+                written += self._disk.write(self._write_fd, view[written:])
+            if self._disk.write(self._index_fd, ENTRY.pack(*entry)) != ENTRY.size:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         except OSError:
             # Nothing of the group stays: neither its bytes nor a piece of its entry, or the
@@ -445,7 +448,7 @@ class PartitionLog(Generic[M]):
             raise
         try:
             write_segment_meta(self.files, segment, self.written.count)
-            os.fsync(self._write_fd)
+            self._disk.fsync(self._write_fd)
         except OSError as error:
             # Only a shortcut (opening counts the records without it) and an early fsync
             # (the next sync covers the segment again through its index and the writer
@@ -463,7 +466,7 @@ class PartitionLog(Generic[M]):
         """The active index file is full: it gets its number, and a new one is the active
         one. OSError when the disk refuses the new file: the write waits for it."""
         try:
-            os.fsync(self._index_fd)
+            self._disk.fsync(self._index_fd)
         except OSError as error:
             self.log.error("LOG(%s) index rolled unsynced - %s", self.name, error)
         following = self.index_path() + ".next"
@@ -514,8 +517,8 @@ class PartitionLog(Generic[M]):
 
         def job() -> bool:
             try:
-                os.fsync(data_fd)
-                os.fsync(index_fd)
+                self._disk.fsync(data_fd)
+                self._disk.fsync(index_fd)
                 with self._file_jobs:
                     if not self._deleted:
                         write_atomically(meta_path, meta + META_MAGIC)
@@ -677,7 +680,7 @@ class PartitionLog(Generic[M]):
         fd = os.open(self.segment_path(number), os.O_WRONLY)
         try:
             os.pwrite(fd, data, pos)
-            os.fsync(fd)
+            self._disk.fsync(fd)
         finally:
             os.close(fd)
         self._read_cache = None
@@ -992,9 +995,7 @@ class PartitionLog(Generic[M]):
                 }
             ).encode(),
         )
-        with open(files.index(), "wb") as file:
-            if boundary is not None:
-                file.write(ENTRY.pack(*boundary))
+        disk.write_file(files.index(), b"" if boundary is None else ENTRY.pack(*boundary))
         for offset, document in snapshots.items():
             if offset >= start.offset:
                 write_atomically(files.producer_snapshot(offset), document)
