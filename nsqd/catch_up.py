@@ -247,10 +247,10 @@ class CatchUps:
             progress.leader_end = Position(*reply.header["end"])
             entries = [tuple(entry) for entry in reply.header["entries"]]
             if not entries:
-                self.node.take_channels(topic, reply.header.get("channels", {}), move=True)
+                self.node.follower.take_channels(topic, reply.header.get("channels", {}), move=True)
                 return
             # The leader's channels first: a DPUB copied next goes into each one's delay queue.
-            self.node.take_channels(topic, reply.header.get("channels", {}), move=False)
+            self.node.follower.take_channels(topic, reply.header.get("channels", {}), move=False)
             data = reply.payload
             at = 0
             for entry in entries:
@@ -260,7 +260,7 @@ class CatchUps:
                 progress.copied_messages += entry[6]
                 progress.copied_bytes += entry[4]
             self.node.index_copied(topic, data, Position(entries[0][3], entries[0][5] - 1))
-            self.node.sync_soon(topic)
+            self.node.follower.sync_soon(topic)
 
     async def _start_over(self, topic: "Topic", link, base: dict, progress: Progress) -> None:
         progress.phase = "starting over"
@@ -320,5 +320,5 @@ class CatchUps:
         if joined is None or node.node_id not in joined.isr:
             return False
         if "delayed" in reply.header and not topic.deleted:
-            node.take_delayed_snapshot(topic, reply.header["delayed"], reply.payload)
+            node.follower.take_delayed_snapshot(topic, reply.header["delayed"], reply.payload)
         return True

@@ -29,7 +29,7 @@ from nsqpy.etcd import (
     keep_lease_alive,
     release_lease,
 )
-from nsqpy.nsqd.cluster import ClusterMetadataError, MasterRefusal
+from nsqpy.nsqd.cluster_partition import ClusterMetadataError, MasterRefusal
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.cluster import ClusterNode

@@ -78,7 +78,7 @@ async def fix_partition(nsqd: "NSQD", topic: "Topic", *, check_corrupt: bool) ->
         )
         copy = None
         if nsqd.cluster.enabled:
-            copy = await nsqd.cluster.copy_of_group(topic, fault.entry)
+            copy = await nsqd.cluster.sync.copy_of_group(topic, fault.entry)
         if copy is not None and not topic.deleted:
             log.repair_group(fault.entry, copy)
             fix.repaired += 1

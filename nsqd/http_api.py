@@ -42,7 +42,7 @@ from nsqpy.daemon.http_server import first_param as _first
 from nsqpy.daemon.http_server import query_params as _query
 from nsqpy.daemon.log import parse_log_level, youzan_log_level
 from nsqpy.nsqd import dead_letters
-from nsqpy.nsqd.cluster import ClusterWriteError, NotLedHere
+from nsqpy.nsqd.cluster_partition import ClusterWriteError, NotLedHere
 from nsqpy.nsqd.connection import LIVE_CONNECTIONS
 from nsqpy.nsqd.data_fix import fix_partition
 from nsqpy.nsqd.ext_header import (
@@ -1278,7 +1278,7 @@ class HTTPAPI:
         if not to:
             raise HTTPError(400, "MISSING_ARG_NODE")
         try:
-            end = await self.nsqd.cluster.hand_over(topic, to)
+            end = await self.nsqd.cluster.leader.hand_over(topic, to)
         except ClusterWriteError as error:
             raise HTTPError(400, f"{error.code} {error}") from None
         except trio.TooSlowError:

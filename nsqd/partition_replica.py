@@ -41,7 +41,7 @@ class PartitionReplica:
         # As the leader: followers admitted into the ISR whose entry the master has not
         # confirmed yet, with the info revision they were admitted at. Every write goes to
         # them too before it is acknowledged, until an info holds them or a later one shows
-        # the join cannot happen any more (`ClusterNode.settle_admissions`).
+        # the join cannot happen any more (`LeaderRole.settle_admissions`).
         self.admitting: dict[str, int] = {}
 
     @property
@@ -71,12 +71,12 @@ class PartitionReplica:
 
     def cursor_moved(self) -> None:
         # Youzan replicates an ordered channel's cursor on every FIN, and every other's on a
-        # timer; here every cursor goes at once, coalesced (`ClusterNode.cursor_moved`), so a
+        # timer; here every cursor goes at once, coalesced (`LeaderSync.cursor_moved`), so a
         # failover repeats little more than what was in flight.
-        self.node.cursor_moved(self.topic)
+        self.node.sync.cursor_moved(self.topic)
 
     async def channels_changed(self) -> None:
-        await self.node.push_channels(self.topic)
+        await self.node.sync.push_channels(self.topic)
 
     def describe(self) -> dict:
         return self.node.describe(self.topic)

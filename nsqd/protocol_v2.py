@@ -39,7 +39,7 @@ from nsqpy.common.names import is_valid_name
 from nsqpy.daemon.auth import AuthError
 from nsqpy.nsqd.channel import ChannelError
 from nsqpy.nsqd.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, Client
-from nsqpy.nsqd.cluster import NotLedHere
+from nsqpy.nsqd.cluster_partition import NotLedHere
 from nsqpy.nsqd.dialect import CLASSIC, ClassicDialect, YouzanDialect
 from nsqpy.nsqd.effects import (
     ANSWER_FORWARDED,

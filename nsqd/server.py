@@ -26,7 +26,8 @@ from nsqpy.daemon.log import first_error, keep_printable
 from nsqpy.daemon.net import accept_forever, format_address, open_listener, peer_address
 from nsqpy.nsqd.channel import Channel
 from nsqpy.nsqd.client import Client, number_client_ids
-from nsqpy.nsqd.cluster import ClusterNode, NotLedHere
+from nsqpy.nsqd.cluster import ClusterNode
+from nsqpy.nsqd.cluster_partition import NotLedHere
 from nsqpy.nsqd.connection import Resume, V2Connection
 from nsqpy.nsqd.connection_poller import ConnectionPoller, polls_connections
 from nsqpy.nsqd.data_path import mark_clean_stop, prepare_data_path

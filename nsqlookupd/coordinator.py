@@ -946,7 +946,7 @@ class Coordinator:
     async def leader_unwritable(
         self, topic: str, partition: int, node: str, *, epoch: int
     ) -> ReplicaInfo:
-        """A leader says it cannot replicate (`ClusterNode._restore_writes`): replaced now if
+        """A leader says it cannot replicate (`LeaderRole._restore_writes`): replaced now if
         a majority answers without it."""
         self.require_master()
         info = await self.current(topic, partition)
@@ -1346,7 +1346,7 @@ class Coordinator:
         self, topic: str, partition: int, node: str, incarnation: str, leader: str, epoch: int
     ) -> ReplicaInfo:
         """The partition's leader, holding its writes, admits `node` (caught up to its end in
-        `incarnation`) into the ISR (`ClusterNode._admit`): written only if the info is still
+        `incarnation`) into the ISR (`LeaderRole.admit`): written only if the info is still
         the one at revision `epoch`, so a join the leader gave up on can never land later."""
         self.require_master()
         info = await self.current(topic, partition)

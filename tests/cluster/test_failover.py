@@ -9,7 +9,7 @@ import pytest
 
 from nsqpy.common.command import encode_command, encode_dpub, encode_rdy
 from nsqpy.common.frame import FRAME_TYPE_ERROR
-from nsqpy.nsqd.cluster import untold_finished
+from nsqpy.nsqd.cluster_partition import untold_finished
 from tests.cluster.aging import AGED_NSQD_ARGS, age_topic, log_start
 from tests.cluster.local_cluster import LocalCluster
 from tests.cluster.traffic import check_replicas_identical, drain, publish, publish_numbered

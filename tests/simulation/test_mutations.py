@@ -13,7 +13,7 @@ import pytest
 from nsqpy.common.cluster_meta import ReplicaInfo
 from nsqpy.daemon import http_server
 from nsqpy.fault_schedule import schedule
-from nsqpy.nsqd import cluster
+from nsqpy.nsqd import cluster, leader_sync
 from nsqpy.simulation import run_schedule
 from tests.simulation.directed_schedules import a_refused_write_reaches_a_follower
 
@@ -26,18 +26,18 @@ def old_refusal_response(error):
     return http_server.v1_response(400, code)
 
 
-_answer_match = cluster.ClusterNode._answer_match
+answer_match = leader_sync.LeaderSync.answer_match
 
 
 def match_from_anyone(self, topic, header):
     """MATCH as it was answered before: by any node the info names, leading or not (the
     leadership check off for this call alone; the answer has no checkpoint in it)."""
-    refuse = cluster._refuse_unless_leading
-    cluster._refuse_unless_leading = lambda topic: None
+    refuse = leader_sync.refuse_unless_leading
+    leader_sync.refuse_unless_leading = lambda topic: None
     try:
-        return _answer_match(self, topic, header)
+        return answer_match(self, topic, header)
     finally:
-        cluster._refuse_unless_leading = refuse
+        leader_sync.refuse_unless_leading = refuse
 
 
 _data_incarnation = cluster.data_incarnation
@@ -49,13 +49,13 @@ def same_run_after_any_stop(path, starting=False):
     return _data_incarnation(path)
 
 
-_held = cluster._held
+held_replica = leader_sync.held_replica
 
 
 def held_pushing_when_named(topic):
     """The channel push's leadership test as it was: the info naming this node leader, the
-    data it proves or not (every other caller of `_held` gets the replica itself)."""
-    replica = _held(topic)
+    data it proves or not (every other caller of `held_replica` gets the replica itself)."""
+    replica = held_replica(topic)
     if sys._getframe(1).f_code.co_name == "push_channels":
         return SimpleNamespace(is_leader=replica.info.leader == replica.node.node_id)
     return replica
@@ -77,8 +77,8 @@ MUTATIONS = {
     # the follower walked its log, the only complete copy, back to nothing (found by the
     # simulator).
     "MATCH answered by a node that cannot lead": (
-        cluster.ClusterNode,
-        "_answer_match",
+        leader_sync.LeaderSync,
+        "answer_match",
         match_from_anyone,
         [755],
         "acknowledged missing",
@@ -97,8 +97,8 @@ MUTATIONS = {
     # its end: the followers cut their logs back to that end (found by the simulator: first
     # as emptied channels after a lost disk, then as this).
     "a channel push from a leader that proves nothing": (
-        cluster,
-        "_held",
+        leader_sync,
+        "held_replica",
         held_pushing_when_named,
         [468, 601],
         "acknowledged missing",
