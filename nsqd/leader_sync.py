@@ -50,8 +50,9 @@ class LeaderSync:
 
     def __init__(self, node: "ClusterNode") -> None:
         self.node = node
-        # Partitions whose channels' cursors moved: pushed to the followers at once.
-        self._moved: set = set()
+        # Partitions whose channels' cursors moved: pushed to the followers at once, in the
+        # order they moved (a dict: a set of topics would order them by their addresses).
+        self._moved: dict[Topic, None] = {}
         self._moved_wakeup = trio.Event()
 
     def answer_match(self, topic: "Topic", header: dict) -> dict:
@@ -311,14 +312,14 @@ class LeaderSync:
         delay): the followers learn it at once, not at the next `--sync-timeout`, so a new
         leader repeats little more than the messages in flight, and holds deferred ones until
         due. Pushes are coalesced: the moves of one round trip go in one push."""
-        self._moved.add(topic)
+        self._moved[topic] = None
         self._moved_wakeup.set()
 
     async def push_moved_cursors(self) -> None:
         while True:
             await self._moved_wakeup.wait()
             self._moved_wakeup = trio.Event()
-            moved, self._moved = self._moved, set()
+            moved, self._moved = self._moved, {}
             for topic in moved:
                 if not topic.deleted:
                     await self.push_channels(topic)

@@ -87,13 +87,14 @@ class Storage:
         # Publishes refused for a write the disk refused, by topic and partition (Youzan's
         # pub_failed_cnt; their sum is /serverstats' server_pub_failed).
         self.refused_publishes: Counter[tuple[str, int]] = Counter()
-        # Diskqueues written since the last commit.
-        self._written_backends: set[DiskQueue] = set()
+        # Diskqueues written since the last commit (dicts, not sets, here: their order is the
+        # order of the writes, not of the objects' addresses, so one run is like the next).
+        self._written_backends: dict[DiskQueue, None] = {}
         # Diskqueue fsyncs under way: a commit that finds its queues taken by another task's
         # commit waits for them (its writes may be in them).
-        self._queue_syncs: set[trio.Event] = set()
+        self._queue_syncs: dict[trio.Event, None] = {}
         # Partition logs appended to since the last commit: each writes its group then.
-        self._written_logs: set[LogWriter] = set()
+        self._written_logs: dict[LogWriter, None] = {}
         # Inside an HTTP poller pass: diskqueue overflow is written when it ends.
         self._deferring = False
         self._deferred: dict[DiskQueue, DeferredWrite] = {}
@@ -221,7 +222,7 @@ class Storage:
             self._write_failed(write_error(backend, os_error), failure, *args)
         self.health.write_done(None)
         if isinstance(backend, DiskQueue):
-            self._written_backends.add(backend)
+            self._written_backends[backend] = None
 
     @property
     def deferring(self) -> bool:
@@ -261,7 +262,7 @@ class Storage:
                 write.error = failed
             else:
                 self.health.write_done(None)
-                self._written_backends.add(backend)
+                self._written_backends[backend] = None
             write.done = True
 
     def take_deferred(self) -> DeferredWrite | None:
@@ -287,7 +288,7 @@ class Storage:
                 "TOPIC(%s) ERROR: failed to write message to log",
                 topic,
             )
-        self._written_logs.add(writer)
+        self._written_logs[writer] = None
         return group
 
     def refused(self, topic: str, partition: int, publishes: int = 1) -> None:
@@ -320,18 +321,19 @@ class Storage:
         commit of another task that finds nothing left to take still waits for it; what is
         left to wait for. Every sync begun must be waited for (`wait_for_all`)."""
         if self._written_logs:
-            writers, self._written_logs = self._written_logs, set()
+            writers, self._written_logs = self._written_logs, {}
             for writer in writers:
                 writer.write_now()
         waits: list[Wait] = [
-            partial(group.writer.wait, group) for group in {g for g in groups if not g.done}
+            partial(group.writer.wait, group)
+            for group in dict.fromkeys(g for g in groups if not g.done)
         ]
         if self._queue_syncs:
             # Another task's commit took the written queues and is syncing them: what this
             # task wrote may be among them, and is answered only once they are synced.
             waits.extend(event.wait for event in self._queue_syncs)
         if self._written_backends:
-            backends, self._written_backends = self._written_backends, set()
+            backends, self._written_backends = self._written_backends, {}
             for backend in backends:
                 if backend.sync_due:
                     waits.append(self._begin_sync(backend))
@@ -341,7 +343,7 @@ class Storage:
         """A diskqueue fsync publishes wait for, its metadata taken now: the commits of other
         tasks wait for it too."""
         done = trio.Event()
-        self._queue_syncs.add(done)
+        self._queue_syncs[done] = None
         try:
             job: Callable[[], bool] | Exception = backend.prepare_sync()
         except Exception as error:  # a queue closed meanwhile: the waiter raises it
@@ -353,7 +355,7 @@ class Storage:
                     raise job
                 await self._run_sync_job(backend, job)
             finally:
-                self._queue_syncs.discard(done)
+                self._queue_syncs.pop(done, None)
                 done.set()
 
         return finish
