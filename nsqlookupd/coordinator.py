@@ -33,8 +33,6 @@ The operators' requests (create, expand, move, remove a node, ...) are in
 
 import json
 import logging
-import time
-from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -48,7 +46,6 @@ from nsqpy.common.cluster_meta import (
     ReplicaInfo,
     TopicMeta,
     TopicsView,
-    same_disk_identity,
 )
 from nsqpy.control_plane import ControlPlaneHealth, keep_running
 from nsqpy.daemon.log import first_error
@@ -61,18 +58,17 @@ from nsqpy.etcd import (
     keep_lease_alive,
     release_lease,
 )
+from nsqpy.nsqlookupd.coordinator_error import CoordinatorError
+from nsqpy.nsqlookupd.elections import Elections
 from nsqpy.nsqlookupd.info_writes import NotMaster, ReplicaInfoWrites
 from nsqpy.nsqlookupd.node_absences import NodeAbsences
 from nsqpy.nsqlookupd.node_reports import NodeCallError, NodeReports, call_node
-from nsqpy.nsqlookupd.options import balance_window
 from nsqpy.nsqlookupd.placement import (
     Move,
-    new_replica_node,
-    next_leader_move,
-    next_replica_move,
     node_loads,
     partition_load_factor,
 )
+from nsqpy.nsqlookupd.replica_moves import ReplicaMoves
 
 if TYPE_CHECKING:
     from nsqpy.nsqlookupd.server import NSQLookupd
@@ -80,33 +76,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger("nsqlookupd")
 # The master checks every partition this often, besides on each node event.
 CHECK_INTERVAL = 1.0
-OFFSETS_TIMEOUT = 2.0
 # How often the master reads every node's partitions (others less often: only for stats).
 POLL_INTERVAL = 1.0
 FOLLOWER_POLL_INTERVAL = 5.0
-# A leader that refuses writes this long is replaced, when a majority answers without it.
-UNWRITABLE_GRACE = 3.0
-# How often the master looks for a balancing move.
-BALANCE_INTERVAL = 2.0
-# How long a moved replica may take to catch up (Youzan: 10 minutes).
-MOVE_TIMEOUT = 600.0
-# How long a leader takes to hand a partition over.
-HANDOVER_TIMEOUT = 5.0
 # How often every nsqlookupd checks that etcd answers (for /cluster/stats and nsqadmin).
 ETCD_CHECK_INTERVAL = 2.0
-# Top-N balance considers this many of the busiest partitions (Youzan's topicTopNLimit).
-TOPN_LIMIT = 100
 # A campaign that failed (etcd away, the lease lost) is made again after this.
 CAMPAIGN_RETRY_DELAY = 0.2
-
-
-class CoordinatorError(Exception):
-    """A request the coordinator refuses: `status` and Youzan-style `text` for HTTP."""
-
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(text)
-        self.status = status
-        self.text = text
 
 
 class Coordinator:
@@ -121,14 +97,12 @@ class Coordinator:
         self.lookupds: dict[str, dict] = {}
         self.state = ClusterState()
         # A replica's node that is gone -> when the master first saw it gone (trio's clock).
-        self._gone_since: dict[str, float] = {}
+        self.gone_since: dict[str, float] = {}
         self.nodes: dict[str, NodeInfo] = {}
         self.view = TopicsView(self.keys)
         self.metas = self.view.metas
         self.infos = self.view.infos
         self.reports = NodeReports()
-        # A partition whose leader refuses writes -> since when (trio's clock).
-        self._unwritable_since: dict[tuple[str, int], float] = {}
         # Partitions with no leader to elect, and why (`/cluster/stats`).
         self.leaderless: dict[tuple[str, int], str] = {}
         # Partitions a transfer or move is under way for: nothing else changes them meanwhile.
@@ -137,7 +111,6 @@ class Coordinator:
         self.balancing: Move | None = None
         self.balance_moves = 0
         self.balance_rounds = 0  # times balance looked for a move
-        self._announced_removed: set[str] = set()
         self._changed = trio.Event()
         # The revision the watch of the cluster goes on from.
         self._followed_to = 0
@@ -155,6 +128,9 @@ class Coordinator:
         # Elections made in one pass, and the partitions they elected (for the stats).
         self.election_passes = 0
         self.elected = 0
+        # The master's elections and ISR departures, and where it puts replicas.
+        self.elections = Elections(self)
+        self.moves = ReplicaMoves(self)
 
     @property
     def etcd_ok(self) -> bool:
@@ -493,7 +469,7 @@ class Coordinator:
     async def _coordinate(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.writes.run)
-            nursery.start_soon(self._balance_loop)
+            nursery.start_soon(self.moves.balance_loop)
             while True:
                 try:
                     await self.check()
@@ -517,8 +493,8 @@ class Coordinator:
         writes. A node whose key went is taken for gone only once it does not answer, or
         after a lease TTL (`nsqlookupd/node_absences.py`)."""
         now = trio.current_time()
-        for node in [node for node in self._gone_since if node in self.nodes]:
-            del self._gone_since[node]
+        for node in [node for node in self.gone_since if node in self.nodes]:
+            del self.gone_since[node]
         live = self.nodes
         absent = {
             node
@@ -536,7 +512,7 @@ class Coordinator:
                 continue
             for node in (*info.isr, *info.catchup):
                 if node not in live:
-                    self._gone_since.setdefault(node, now)
+                    self.gone_since.setdefault(node, now)
             lost = self.lost_members(info)
             if info.leader and (info.leader in gone or info.leader in lost):
                 elections.append((key, info))
@@ -545,341 +521,18 @@ class Coordinator:
             elif not any(node in absent for node in (info.leader, *info.isr)):
                 steady.append((key, info))
         if elections:
-            await self._elect_many(elections)
+            await self.elections.elect_many(elections)
         if leaves:
-            await self._leave_many(leaves)
+            await self.elections.leave_many(leaves)
         if not self.state.upgrading:
             for key, info in steady:
                 self.leaderless.pop(key, None)
                 current = self.infos.get(key)
                 if current is not None and current.epoch == info.epoch:
-                    await self._keep_replicas(*key, current, now)
-        await self._check_leader_health(now)
+                    await self.moves.keep_replicas(*key, current, now)
+        await self.elections.check_leader_health(now)
         if self.state.removing:
-            await self._finish_removals()
-
-    async def _finish_removals(self) -> None:
-        """A node being removed that holds nothing any more may be stopped, and stays on the
-        removal list (given nothing) until it leaves the cluster, as Youzan's "done" state:
-        balance would otherwise give the emptiest node replicas back before it is stopped."""
-        removed = self.removed_nodes()
-        for node in removed:
-            if node not in self._announced_removed:
-                self._announced_removed.add(node)
-                self.lookupd.log.info(
-                    "CLUSTER: %s holds no replica any more; it may be stopped", node
-                )
-        gone = [node for node in removed if node not in self.nodes]
-        if gone:
-            self._announced_removed.difference_update(gone)
-            await self.change_state(
-                removing=tuple(node for node in self.state.removing if node not in gone)
-            )
-
-    async def _keep_replicas(
-        self, topic: str, partition: int, info: ReplicaInfo, now: float
-    ) -> None:
-        """A replica on the least loaded node without one where the partition has fewer than
-        it should (counting neither nodes being removed nor nodes gone past
-        `--cluster-replace-dead-after`); the departing ones dropped once the new ones are in
-        the ISR; extra ones dropped (a lower replicator)."""
-        after = self.lookupd.options.cluster_replace_dead_after
-        removing = set(self.state.removing)
-        gone_long = {
-            node
-            for node in info.catchup
-            if node not in self.nodes and after > 0 and now - self._gone_since[node] >= after
-        }
-        departing = (removing | gone_long) & {*info.isr, *info.catchup}
-        if info.leader in removing and info.leader in self.nodes:
-            successor = self._successor(topic, partition, info, exclude=removing)
-            if successor is not None:
-                await self._try_transfer(topic, partition, successor, "its node is being removed")
-            return
-        staying = [
-            node for node in dict.fromkeys([*info.isr, *info.catchup]) if node not in departing
-        ]
-        if len(staying) < info.replica:
-            holders = {info.leader, *info.isr, *info.catchup}
-            node = new_replica_node(
-                topic,
-                self.eligible_nodes(),
-                self.infos,
-                exclude=holders,
-                loads=self.reports.loads(),
-            )
-            if node is None:
-                return
-            updated = replace(info, catchup=(*info.catchup, node))
-            if await self.write_replica_info(topic, partition, updated, info):
-                self.lookupd.log.info(
-                    "CLUSTER: %s/%d: a new replica on %s (%d of %d; departing: %s)",
-                    topic,
-                    partition,
-                    node,
-                    len(staying),
-                    info.replica,
-                    ",".join(sorted(departing)) or "none",
-                )
-            return
-        staying_isr = [node for node in info.isr if node not in departing]
-        if departing and len(staying_isr) >= info.replica:
-            await self._drop(topic, partition, info, sorted(departing), "replaced")
-            return
-        if len(staying) > info.replica:
-            extra = [node for node in info.catchup if node not in departing]
-            extra += sorted(
-                (node for node in info.followers() if node not in departing),
-                key=lambda node: -self._replica_count(node),
-            )
-            await self._drop(
-                topic, partition, info, extra[: len(staying) - info.replica], "too many replicas"
-            )
-
-    def _replica_count(self, node: str) -> int:
-        return sum(1 for info in self.infos.values() if info.holds(node))
-
-    async def _drop(
-        self, topic: str, partition: int, info: ReplicaInfo, nodes: list[str], why: str
-    ) -> bool:
-        """Drop follower or catch-up replicas (never the leader); they delete their copies."""
-        nodes = [node for node in nodes if node != info.leader]
-        if not nodes:
-            return False
-        updated = replace(
-            info,
-            isr=tuple(node for node in info.isr if node not in nodes),
-            catchup=tuple(node for node in info.catchup if node not in nodes),
-        )
-        if await self.write_replica_info(topic, partition, updated, info):
-            self.lookupd.log.info(
-                "CLUSTER: %s/%d: %s no longer hold it (%s)", topic, partition, ",".join(nodes), why
-            )
-            return True
-        return False
-
-    def _successor(self, topic: str, partition: int, info: ReplicaInfo, exclude=()) -> str | None:
-        """The caught-up ISR follower a planned transfer would go to: the one leading
-        fewest partitions."""
-        leaders = Counter(other.leader for other in self.infos.values())
-        candidates = [
-            node
-            for node in info.followers()
-            if node in self.nodes
-            and node not in exclude
-            and self.reports.caught_up((topic, partition), node)
-            and not (self.reports.of(node, (topic, partition)) or {}).get("disk_error")
-        ]
-        if not candidates:
-            return None
-        return min(candidates, key=lambda node: (leaders[node], node))
-
-    async def _elect(
-        self, topic: str, partition: int, info: ReplicaInfo, *, unwritable: bool = False
-    ) -> bool:
-        """`_elect_many` of one partition: whether it has a new leader."""
-        elected = await self._elect_many([((topic, partition), info)], unwritable=unwritable)
-        return (topic, partition) in elected
-
-    async def _elect_many(
-        self,
-        elections: list[tuple[tuple[str, int], ReplicaInfo]],
-        *,
-        unwritable: bool = False,
-    ) -> set[tuple[str, int]]:
-        """A new leader for each partition among its live ISR: the one with the most
-        messages, ties to the node leading fewest (counting the leaders this pass makes, so
-        a dead node's partitions spread). One pass whatever their number: each candidate
-        node is asked once for the ends of all its partitions, side by side, and the new
-        infos go out in as few transactions as fit (`nsqlookupd/info_writes.py`).
-        `unwritable`: the leaders are alive but cannot replicate; they go to the catch-up
-        list, and only a majority of the replicas answering without the leader may elect.
-        The partitions that have a new leader."""
-        started = trio.current_time()
-        plans = []
-        for key, info in elections:
-            lost = set(self.lost_members(info))
-            candidates = [
-                node
-                for node in info.isr
-                if node != info.leader and node in self.nodes and node not in lost
-            ]
-            if not candidates and not unwritable:
-                candidates = self._restarted_on_their_disks(info, lost)
-            if candidates:
-                plans.append((key, info, candidates, lost))
-            elif not unwritable:
-                # Only an ISR member in the incarnation the ISR counted on holds every
-                # acknowledged message: without one alive, the partition waits for one to
-                # come back (or for an operator's unclean election). A leader that is alive
-                # and only short of followers is no such case: it is the complete replica.
-                self._no_complete_replica(*key, info, lost)
-        if not plans:
-            return set()
-        counts = await self._ask_counts({node for _k, _i, nodes, _l in plans for node in nodes})
-        led = Counter(other.leader for other in self.infos.values())
-        writes = []
-        for key, info, candidates, lost in plans:
-            reachable = [node for node in candidates if key in counts.get(node, {})]
-            if not reachable or (unwritable and len(reachable) <= info.replica // 2):
-                continue
-            leader = max(reachable, key=lambda node: (counts[node][key], -led[node]))
-            led[leader] += 1
-            led[info.leader] -= 1
-            # The old leader, and members gone or in a new incarnation, catch up to come back.
-            isr = tuple(
-                node
-                for node in info.isr
-                if node != info.leader and (unwritable or node in self.nodes) and node not in lost
-            )
-            if leader not in isr:
-                # Back on its disk after an unclean stop, the longest of its ISR: it leads
-                # in its new incarnation.
-                isr = (leader, *isr)
-            dropped = [node for node in info.isr if node not in isr]
-            catchup = [*info.catchup, info.leader, *dropped]
-            updated = replace(
-                info,
-                leader=leader,
-                isr=isr,
-                catchup=tuple(node for node in dict.fromkeys(catchup) if node != leader),
-                epoch_for_write=info.epoch_for_write + 1,
-            ).recording({leader: self.nodes[leader].incarnation})
-            writes.append((key, info, updated, counts[leader][key], lost))
-        written = await self.write_replica_infos(
-            [(key, updated, info) for key, info, updated, _count, _lost in writes]
-        )
-        elected = set()
-        for (key, info, updated, count, lost), done in zip(writes, written, strict=True):
-            if not done:
-                continue
-            elected.add(key)
-            self.leaderless.pop(key, None)
-            self.lookupd.log.info(
-                "CLUSTER: %s/%d: leader %s %s, %s leads (write epoch %d, %d messages)",
-                *key,
-                info.leader,
-                "refused writes"
-                if unwritable
-                else ("is in a new incarnation" if info.leader in lost else "gone"),
-                updated.leader,
-                updated.epoch_for_write,
-                count,
-            )
-        if len(elections) > 1:
-            self.lookupd.log.info(
-                "CLUSTER: %d of %d partitions given a new leader in one pass, %.0f ms",
-                len(elected),
-                len(elections),
-                (trio.current_time() - started) * 1000,
-            )
-        self.election_passes += 1
-        self.elected += len(elected)
-        return elected
-
-    async def _ask_counts(self, nodes: set[str]) -> dict[str, dict[tuple[str, int], int]]:
-        """How many messages each of `nodes` holds of each of its partitions (one
-        `/cluster/partitions` call a node, side by side); a node that does not answer is
-        left out."""
-        counts: dict[str, dict[tuple[str, int], int]] = {}
-
-        async def ask(node_id: str) -> None:
-            node = self.nodes.get(node_id)
-            if node is None:
-                return
-            try:
-                answer = await self.call_node(node, "GET", "/cluster/partitions", OFFSETS_TIMEOUT)
-            except NodeCallError:
-                return
-            if node_id in self.nodes:
-                # Its report too: what a master that just took over has not polled yet.
-                self.reports.take(node_id, answer, trio.current_time())
-            counts[node_id] = {
-                (str(entry["topic"]), int(entry["partition"])): int(entry["end"][1])
-                for entry in answer.get("partitions") or []
-            }
-
-        async with trio.open_nursery() as asking:
-            for node in nodes:
-                asking.start_soon(ask, node)
-        return counts
-
-    def _restarted_on_their_disks(self, info: ReplicaInfo, lost: set[str]) -> list[str]:
-        """Where no ISR member proves it holds every acknowledged message but each one runs
-        again: the members back on the disk the ISR counted on, in a new run of it (each
-        stopped uncleanly, which may have cost its unsynced writes). What none of them
-        kept no replica has, and waiting brings nothing more: the longest of them leads
-        (a lost disk is no such member: it holds nothing)."""
-        if any(node not in self.nodes for node in info.isr):
-            return []
-        return [
-            node
-            for node in info.isr
-            if node in lost
-            and same_disk_identity(info.incarnation_of(node))
-            == same_disk_identity(self.nodes[node].incarnation)
-        ]
-
-    def _no_complete_replica(
-        self, topic: str, partition: int, info: ReplicaInfo, lost: set[str]
-    ) -> None:
-        """Say once (in the log, and in `/cluster/stats` until it changes) why a partition
-        whose leader is gone or lost its data has no leader to elect."""
-        gone = [node for node in info.isr if node not in self.nodes]
-        reason = (
-            "no ISR member that holds every acknowledged message is alive"
-            f" (gone: {','.join(gone) or 'none'};"
-            f" in a new incarnation: {','.join(sorted(lost)) or 'none'}); waiting for one to"
-            " come back"
-        )
-        key = (topic, partition)
-        if self.leaderless.get(key) != reason:
-            self.leaderless[key] = reason
-            self.lookupd.log.error("CLUSTER: %s/%d: unwritable: %s", topic, partition, reason)
-
-    async def _ask_count(self, node: str, topic: str, partition: int, counts: dict) -> None:
-        info = self.nodes.get(node)
-        if info is None:
-            return
-        try:
-            answer = await self.call_node(
-                info, "GET", "/partition/offsets", OFFSETS_TIMEOUT, topic=topic
-            )
-        except NodeCallError:
-            return
-        for entry in answer.get("partitions", []):
-            if int(entry.get("partition", -1)) == partition:
-                counts[node] = int(entry["end"]["count"])
-
-    async def _leave(
-        self, topic: str, partition: int, info: ReplicaInfo, nodes: list[str]
-    ) -> ReplicaInfo | None:
-        """`nodes` leave the partition's ISR for its catch-up list: the info that says so,
-        None when the partition changed meanwhile."""
-        (updated,) = await self._leave_many([((topic, partition), info, nodes)])
-        return updated
-
-    async def _leave_many(
-        self, leaves: list[tuple[tuple[str, int], ReplicaInfo, list[str]]]
-    ) -> list[ReplicaInfo | None]:
-        """`_leave` for many partitions, their infos written together."""
-        items = []
-        for key, info, nodes in leaves:
-            updated = replace(
-                info,
-                isr=tuple(node for node in info.isr if node not in nodes),
-                catchup=tuple(dict.fromkeys([*info.catchup, *nodes])),
-            )
-            items.append((key, updated, info))
-        written = await self.write_replica_infos(items)
-        results: list[ReplicaInfo | None] = []
-        for (key, _info, nodes), done in zip(leaves, written, strict=True):
-            if not done:
-                results.append(None)
-                continue
-            self.lookupd.log.info("CLUSTER: %s/%d: %s left the ISR", *key, ",".join(nodes))
-            results.append(self.infos.get(key))
-        return results
+            await self.moves.finish_removals()
 
     async def write_replica_info(
         self, topic: str, partition: int, updated: ReplicaInfo, previous: ReplicaInfo
@@ -921,355 +574,9 @@ class Coordinator:
         self.learn(kv.key, kv.value, kv.mod_revision)
         return self.infos[(topic, partition)]
 
-    # -- leaders that refuse writes -------------------------------------------------------------
-
-    async def _check_leader_health(self, now: float) -> None:
-        """Leaders whose nodes report them not writable (not while handing over) for
-        `UNWRITABLE_GRACE` are replaced: a leader that cannot replicate marks itself so and
-        tells no one if it cannot reach the master either."""
-        for key, info in sorted(self.infos.items()):
-            report = self.reports.of(info.leader, key)
-            if (
-                key in self.busy
-                or report is None
-                or report.get("role") != "leader"
-                or report.get("writable")
-                or report.get("handing_over")
-            ):
-                self._unwritable_since.pop(key, None)
-                continue
-            since = self._unwritable_since.setdefault(key, now)
-            if now - since >= UNWRITABLE_GRACE:
-                if await self._elect(*key, info, unwritable=True):
-                    self._unwritable_since.pop(key, None)
-
-    async def leader_unwritable(
-        self, topic: str, partition: int, node: str, *, epoch: int
-    ) -> ReplicaInfo:
-        """A leader says it cannot replicate (`LeaderRole._restore_writes`): replaced now if
-        a majority answers without it."""
-        self.require_master()
-        info = await self.current(topic, partition)
-        self._check_request(info, leader=node, epoch=epoch)
-        if (topic, partition) not in self.busy:
-            if await self._elect(topic, partition, info, unwritable=True):
-                self._unwritable_since.pop((topic, partition), None)
-        return self.infos[(topic, partition)]
-
-    async def leader_resign(
-        self, topic: str, partition: int, node: str, *, epoch: int
-    ) -> ReplicaInfo:
-        """A leader whose disk refuses writes hands the partition to a caught-up follower
-        whose disk does not (a planned transfer); CoordinatorError when there is none."""
-        self.require_master()
-        info = await self.current(topic, partition)
-        self._check_request(info, leader=node, epoch=epoch)
-        successor = self._successor(topic, partition, info, exclude={node})
-        if successor is None:
-            raise CoordinatorError(400, "E_NO_SUCCESSOR no caught-up follower can take it")
-        return await self.transfer_leader(topic, partition, successor, "its leader's disk fails")
-
-    async def unclean_election(self, topic: str, partition: int, node: str | None) -> ReplicaInfo:
-        """An operator's choice, as Kafka's unclean leader election: `node` (or the live
-        replica with the most messages) leads the partition even though it may lack
-        acknowledged messages, which are then lost; every other replica catches up from it,
-        cutting what it holds that the new leader does not. Only for a partition no complete
-        replica can lead (`leaderless`)."""
-        self.require_master()
-        key = (topic, partition)
-        info = await self.current(topic, partition)
-        lost = set(self.lost_members(info))
-        complete = [
-            member
-            for member in info.isr
-            if member in self.nodes and member not in lost and member != info.leader
-        ]
-        if info.leader in self.nodes and info.leader not in lost:
-            raise CoordinatorError(400, f"E_HAS_LEADER {info.leader} leads it and holds its data")
-        if complete:
-            raise CoordinatorError(
-                400, f"E_COMPLETE_REPLICA_ALIVE {','.join(complete)} can lead it without a loss"
-            )
-        holders = [
-            member
-            for member in dict.fromkeys([info.leader, *info.isr, *info.catchup])
-            if member in self.nodes
-        ]
-        if node is None:
-            counts: dict[str, int] = {}
-            async with trio.open_nursery() as asking:
-                for member in holders:
-                    asking.start_soon(self._ask_count, member, topic, partition, counts)
-            if not counts:
-                raise CoordinatorError(400, "E_NO_REPLICA no live replica answers")
-            node = max(counts, key=lambda member: counts[member])
-        elif node not in holders:
-            raise CoordinatorError(
-                400, f"E_NOT_LIVE {node} is no live replica of {topic}/{partition}"
-            )
-        if key in self.busy:
-            raise CoordinatorError(400, "another move of the partition is under way")
-        updated = replace(
-            info,
-            leader=node,
-            isr=(node,),
-            catchup=tuple(
-                member for member in dict.fromkeys([*info.isr, *info.catchup]) if member != node
-            ),
-            epoch_for_write=info.epoch_for_write + 1,
-            incarnations=(),
-        ).recording({node: self.nodes[node].incarnation})
-        if not await self.write_replica_info(topic, partition, updated, info):
-            raise CoordinatorError(409, "E_STALE_EPOCH the partition changed meanwhile")
-        self.leaderless.pop(key, None)
-        self.lookupd.log.error(
-            "CLUSTER: %s/%d: UNCLEAN ELECTION by an operator: %s leads (write epoch %d);"
-            " acknowledged messages it does not hold are lost, and the other replicas cut"
-            " what it lacks",
-            topic,
-            partition,
-            node,
-            updated.epoch_for_write,
-        )
-        return self.infos[key]
-
-    async def node_stopping(self, node: str, incarnation: str) -> dict:
-        """A node about to stop (a clean stop, SIGTERM): each partition it leads goes to a
-        caught-up follower by a planned hand-over, and it leaves every ISR it is in, all
-        partitions side by side, while it still serves. Partitions with no follower to take
-        over keep it as leader (its lease's revocation elects, if anyone can)."""
-        self.require_master()
-        live = self.nodes.get(node)
-        if live is None:
-            raise CoordinatorError(400, f"E_NOT_LIVE {node} is not a live node")
-        if incarnation != live.incarnation:
-            raise CoordinatorError(400, f"E_INCARNATION {node} is in another incarnation")
-        done: dict[str, list] = {"handed_over": [], "left": [], "kept": []}
-
-        async def move_off(topic: str, partition: int) -> None:
-            try:
-                info = await self.current(topic, partition)
-                if info.leader == node:
-                    successor = self._successor(topic, partition, info, exclude={node})
-                    if successor is None:
-                        done["kept"].append(f"{topic}/{partition}: no caught-up follower")
-                        return
-                    await self.transfer_leader(topic, partition, successor, "its node is stopping")
-                    done["handed_over"].append(f"{topic}/{partition}")
-                for _attempt in range(3):
-                    info = await self.current(topic, partition)
-                    if node not in info.followers():
-                        return
-                    if await self._leave(topic, partition, info, [node]) is not None:
-                        done["left"].append(f"{topic}/{partition}")
-                        return
-            except (CoordinatorError, EtcdError) as error:
-                done["kept"].append(f"{topic}/{partition}: {error}")
-
-        async with trio.open_nursery() as moving:
-            for (topic, partition), info in sorted(self.infos.items()):
-                if node in info.isr:
-                    moving.start_soon(move_off, topic, partition)
-        self.lookupd.log.info(
-            "CLUSTER: %s is stopping: %d leadership(s) handed over, %d ISR(s) left, kept: %s",
-            node,
-            len(done["handed_over"]),
-            len(done["left"]),
-            "; ".join(done["kept"]) or "none",
-        )
-        return done
-
     # -- planned leader transfer ---------------------------------------------------------------
 
-    async def transfer_leader(self, topic: str, partition: int, to: str, why: str) -> ReplicaInfo:
-        """Hand the partition's leadership to `to`, a live ISR follower: the leader drains
-        and hands over, `to` is checked to have its whole log, then named leader."""
-        key = (topic, partition)
-        if key in self.busy:
-            raise CoordinatorError(400, "another move of the partition is under way")
-        self.busy.add(key)
-        try:
-            return await self._transfer(topic, partition, to, why)
-        finally:
-            self.busy.discard(key)
-
-    async def _try_transfer(self, topic: str, partition: int, to: str, why: str) -> bool:
-        try:
-            await self.transfer_leader(topic, partition, to, why)
-        except (CoordinatorError, EtcdError) as error:
-            self.lookupd.log.warning(
-                "CLUSTER: %s/%d: moving the leader to %s failed - %s", topic, partition, to, error
-            )
-            return False
-        return True
-
-    async def _transfer(self, topic: str, partition: int, to: str, why: str) -> ReplicaInfo:
-        info = await self.current(topic, partition)
-        if info.leader == to:
-            return info
-        if to not in info.followers() or to not in self.nodes:
-            raise CoordinatorError(400, f"{to} is not a live ISR member of {topic}/{partition}")
-        leader = self.nodes.get(info.leader)
-        if leader is None:
-            raise CoordinatorError(400, f"the leader {info.leader} is not live")
-        started = trio.current_time()
-        try:
-            answer = await self.call_node(
-                leader,
-                "POST",
-                "/cluster/leader/handover",
-                HANDOVER_TIMEOUT,
-                topic=topic,
-                partition=partition,
-                to=to,
-            )
-        except NodeCallError as error:
-            raise CoordinatorError(400, f"the leader refused to hand over: {error}") from None
-        end = int(answer["end"][1])
-        counts: dict[str, int] = {}
-        await self._ask_count(to, topic, partition, counts)
-        if counts.get(to) != end:
-            # The leader takes publishes again after its own timeout.
-            raise CoordinatorError(
-                400, f"{to} has {counts.get(to)} messages, the leader {end}: not caught up"
-            )
-        updated = replace(info, leader=to, epoch_for_write=info.epoch_for_write + 1)
-        if not await self.write_replica_info(topic, partition, updated, info):
-            raise CoordinatorError(409, "E_CONFLICT the partition changed meanwhile")
-        self.lookupd.log.info(
-            "CLUSTER: %s/%d: leader moved from %s to %s (%s), write epoch %d, %.0f ms",
-            topic,
-            partition,
-            info.leader,
-            to,
-            why,
-            updated.epoch_for_write,
-            (trio.current_time() - started) * 1000,
-        )
-        return self.infos[(topic, partition)]
-
-    # -- moving replicas -----------------------------------------------------------------------
-
-    async def move_replica(
-        self,
-        topic: str,
-        partition: int,
-        source: str,
-        destination: str,
-        *,
-        move_leader: bool,
-        timeout: float = MOVE_TIMEOUT,
-    ) -> ReplicaInfo:
-        """Youzan's tryMoveTopicPartition: `destination` joins the catch-up list, catches up
-        and joins the ISR; then the leadership moves to it (`move_leader`, when `source`
-        leads) and `source` leaves. CoordinatorError with Youzan's texts."""
-        key = (topic, partition)
-        if key in self.busy:
-            raise CoordinatorError(400, "another balance is running, should wait")
-        self.busy.add(key)
-        try:
-            info = await self.current(topic, partition)
-            if destination not in info.isr:
-                if destination not in info.catchup:
-                    updated = replace(info, catchup=(*info.catchup, destination))
-                    if not await self.write_replica_info(topic, partition, updated, info):
-                        raise CoordinatorError(400, "catchup changed while wait moving")
-                self.lookupd.log.info(
-                    "CLUSTER: %s/%d: moving from %s to %s, %s catching up",
-                    topic,
-                    partition,
-                    source,
-                    destination,
-                    destination,
-                )
-                with trio.move_on_after(timeout) as waited:
-                    while True:
-                        moving = self.infos.get(key)
-                        if moving is None:
-                            raise CoordinatorError(400, "E_TOPIC_NOT_EXIST")
-                        if destination in moving.isr:
-                            break
-                        if destination not in moving.catchup:
-                            raise CoordinatorError(400, "catchup changed while wait moving")
-                        await self.wait_changed(1.0)
-                if waited.cancelled_caught:
-                    raise CoordinatorError(400, "timeout waiting move topic")
-            info = await self.current(topic, partition)
-            if info.leader == source:
-                if not move_leader:
-                    raise CoordinatorError(400, "can not move leader without moveleader param")
-                await self._transfer(topic, partition, destination, "moved")
-                info = await self.current(topic, partition)
-            if source in info.isr or source in info.catchup:
-                await self._drop(topic, partition, info, [source], f"moved to {destination}")
-            return self.infos[key]
-        finally:
-            self.busy.discard(key)
-
     # -- balance ---------------------------------------------------------------------------------
-
-    def balance_allowed(self) -> str | None:
-        """Why balancing does not run now, or None when it may."""
-        window = balance_window(self.lookupd.options)
-        if window is None:
-            return "switched off (--balance-interval=off)"
-        hour = time.localtime().tm_hour
-        if not window[0] <= hour <= window[1]:
-            return f"outside --balance-interval {window[0]},{window[1]}"
-        if not self.is_master:
-            return "not the master"
-        if not self.stable():
-            return "the cluster is not stable"
-        if any(node not in self.reports.reports for node in self.nodes):
-            return "waiting for every node's report"
-        return None
-
-    def next_balance_move(self) -> Move | None:
-        nodes = self.eligible_nodes()
-        infos = dict(self.infos)
-        loads = self.reports.loads()
-        groups = []
-        if self.state.topn_balance:
-            busiest = sorted(loads, key=lambda key: -partition_load_factor(loads[key]))[:TOPN_LIMIT]
-            groups.append([key for key in busiest if key in infos])
-
-        move = next_leader_move(nodes, infos, self.reports.caught_up, loads, groups)
-        if move is None:
-            move = next_replica_move(nodes, infos)
-        return move
-
-    async def _balance_loop(self) -> None:
-        while True:
-            await trio.sleep(BALANCE_INTERVAL)
-            if self.balance_allowed() is not None or self.balancing is not None:
-                continue
-            self.balance_rounds += 1
-            move = self.next_balance_move()
-            if move is None:
-                continue
-            self.balancing = move
-            try:
-                self.lookupd.log.info("CLUSTER: balancing: %s", move)
-                if move.leader:
-                    done = await self._try_transfer(
-                        move.topic, move.partition, move.destination, "balance"
-                    )
-                else:
-                    try:
-                        await self.move_replica(
-                            move.topic,
-                            move.partition,
-                            move.source,
-                            move.destination,
-                            move_leader=False,
-                        )
-                        done = True
-                    except (CoordinatorError, EtcdError) as error:
-                        self.lookupd.log.warning("CLUSTER: balancing %s failed - %s", move, error)
-                        done = False
-                self.balance_moves += done
-            finally:
-                self.balancing = None
 
     # -- reading the nodes ---------------------------------------------------------------------
 
@@ -1319,7 +626,7 @@ class Coordinator:
     # -- requests from nsqds ---------------------------------------------------------------------
 
     @staticmethod
-    def _check_request(info: ReplicaInfo, *, leader: str, epoch: int) -> None:
+    def check_request(info: ReplicaInfo, *, leader: str, epoch: int) -> None:
         """A node's request about a partition's replicas comes from its leader and acts on
         the info the master holds now (`epoch`, its revision); refused otherwise."""
         if leader != info.leader:
@@ -1333,11 +640,11 @@ class Coordinator:
         """The leader drops followers that cannot take its writes."""
         self.require_master()
         info = await self.current(topic, partition)
-        self._check_request(info, leader=leader, epoch=epoch)
+        self.check_request(info, leader=leader, epoch=epoch)
         leaving = [node for node in nodes if node in info.isr and node != info.leader]
         if not leaving:
             return info
-        updated = await self._leave(topic, partition, info, leaving)
+        updated = await self.elections.leave(topic, partition, info, leaving)
         if updated is None:
             raise CoordinatorError(409, "E_STALE_EPOCH the partition changed meanwhile")
         return updated
@@ -1358,7 +665,7 @@ class Coordinator:
             and leader == info.leader
         ):
             return info  # asked again: it is in
-        self._check_request(info, leader=leader, epoch=epoch)
+        self.check_request(info, leader=leader, epoch=epoch)
         if live is None:
             raise CoordinatorError(400, f"E_NOT_LIVE {node} is not a live node")
         if node not in info.catchup:

@@ -464,7 +464,7 @@ class HTTPAPI:
         topic, partition, nodes, epoch, _params = self._isr_params(request)
         coordinator = self._coordinator()
         return await self._isr_change(
-            coordinator.leader_unwritable(topic, partition, nodes[0], epoch=epoch)
+            coordinator.elections.leader_unwritable(topic, partition, nodes[0], epoch=epoch)
         )
 
     async def partition_elect(self, request: Request) -> Response:
@@ -491,7 +491,7 @@ class HTTPAPI:
         if node is not None and not is_node_id(node):
             raise HTTPError(400, "INVALID_ARG_NODE")
         return await self._isr_change(
-            coordinator.unclean_election(topic, int(partition_text), node)
+            coordinator.elections.unclean_election(topic, int(partition_text), node)
         )
 
     async def leader_resign(self, request: Request) -> Response:
@@ -499,7 +499,7 @@ class HTTPAPI:
         topic, partition, nodes, epoch, _params = self._isr_params(request)
         coordinator = self._coordinator()
         return await self._isr_change(
-            coordinator.leader_resign(topic, partition, nodes[0], epoch=epoch)
+            coordinator.elections.leader_resign(topic, partition, nodes[0], epoch=epoch)
         )
 
     async def node_leave(self, request: Request) -> Response:
@@ -510,7 +510,7 @@ class HTTPAPI:
         node = self._node_param(params, "node")
         incarnation = _first(params, "incarnation") or ""
         try:
-            done = await coordinator.node_stopping(node, incarnation)
+            done = await coordinator.moves.node_stopping(node, incarnation)
         except CoordinatorError as error:
             raise HTTPError(error.status, error.text) from None
         except EtcdError as error:
@@ -678,7 +678,7 @@ class HTTPAPI:
                 "tombstoned_lookupds": list(state.tombstoned_lookupds),
                 "topn_balance": state.topn_balance,
                 "balance": {
-                    "not_now": coordinator.balance_allowed(),
+                    "not_now": coordinator.moves.balance_allowed(),
                     "moving": str(coordinator.balancing) if coordinator.balancing else None,
                     "moves": coordinator.balance_moves,
                     "rounds": coordinator.balance_rounds,

@@ -180,7 +180,7 @@ class ClusterOperations:
         upgrade_ext: bool,
     ) -> None:
         """Youzan's ChangeTopicMetaParam. A new replicator reaches each partition's replica
-        info, and the master adds or drops replicas to match (`Coordinator._keep_replicas`)."""
+        info, and the master adds or drops replicas to match (`ReplicaMoves.keep_replicas`)."""
         coordinator = self.coordinator
         self._require_master()
         if not is_valid_name(topic):
@@ -267,7 +267,7 @@ class ClusterOperations:
             raise CoordinatorError(400, "the move destination is not found in cluster")
         if source not in coordinator.nodes:
             raise CoordinatorError(400, "the move source data is lost in cluster")
-        await coordinator.move_replica(
+        await coordinator.moves.move_replica(
             topic, partition, source, destination, move_leader=move_leader
         )
 

@@ -1,7 +1,7 @@
 """Where a cluster's partitions go and when they move (Youzan's data placement,
 `consistence/data_placement_mgr.go`): load factors, placing new partitions and replicas, and the
 one move at a time that balances leaders and replicas. Pure functions over the cluster's
-metadata and the load the master measured; `nsqlookupd/coordinator.py` carries the moves out.
+metadata and the load the master measured; `nsqlookupd/replica_moves.py` carries the moves out.
 
 * **Load factors**, Youzan's formulas: a node's *leader load factor* weighs what it leads,
   80 % by write rate (Youzan's write level, 1–100, from bytes published per hour), 10 % by data

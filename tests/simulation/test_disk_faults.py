@@ -12,7 +12,7 @@ import pytest
 from nsqpy import fault_schedule
 from nsqpy.fault_schedule import PARTITIONS, TOPIC, _converged, _leader_node, _log_bodies
 from nsqpy.nsqd.message_queue import LogTopicQueue
-from nsqpy.nsqlookupd import coordinator
+from nsqpy.nsqlookupd import elections
 from nsqpy.simulation import Simulation, run_schedule
 
 
@@ -76,7 +76,7 @@ def test_every_node_losing_power_at_once_leaves_no_partition_waiting_for_an_oper
 def test_without_the_longest_restarted_replica_leading_the_partition_waits(monkeypatch):
     """The rule proved: with it off, the partitions stay without a leader."""
     monkeypatch.setattr(
-        coordinator.Coordinator, "_restarted_on_their_disks", lambda self, info, lost: []
+        elections.Elections, "_restarted_on_their_disks", lambda self, info, lost: []
     )
     _trace, failures = run_schedule(0, every_node_loses_power)
     assert failures and "every partition led" in failures[0], failures
