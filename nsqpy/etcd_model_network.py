@@ -10,6 +10,7 @@ does, and the watches see the deletions.
 
 import json
 import math
+import weakref
 from typing import Any
 
 import httptools
@@ -19,6 +20,11 @@ import trio.testing
 from nsqpy.daemon.http_server import Response, encode_response
 from nsqpy.etcd import EtcdNetwork, _Endpoint, _NotSent
 from nsqpy.etcd_model import EtcdModel, ModelWatch
+
+# Set on a client's stream whose far end closed: marked on the stream itself, as an `id()`
+# kept in a set would be taken for another stream's once the first is gone and its address
+# used again.
+_ENDED = "_model_ended"
 
 __all__ = ["ModelNetwork"]
 
@@ -44,7 +50,6 @@ class ModelNetwork(EtcdNetwork):
         # Set when a member is refused, paused or resumed: what each connection's guard and
         # a paused member's requests wait for (not every answer's change).
         self._members_changed = trio.Event()
-        self._ended: set[int] = set()
 
     def refuse(self, endpoint: str) -> None:
         self.refused.add(endpoint)
@@ -77,17 +82,16 @@ class ModelNetwork(EtcdNetwork):
         if endpoint.url in self.refused:
             raise _NotSent("connect failed: Connection refused")
         client, server = trio.testing.memory_stream_pair()
-        self.nursery.start_soon(self._serve, server, id(client), endpoint.url)
+        self.nursery.start_soon(self._serve, server, weakref.ref(client), endpoint.url)
         return client
 
     def dropped(self, stream: trio.abc.Stream) -> bool:
-        return id(stream) in self._ended
+        return getattr(stream, _ENDED, False)
 
     def close(self, stream: trio.abc.Stream) -> None:
         assert isinstance(stream, trio.StapledStream)
         stream.send_stream.close()
         stream.receive_stream.close()
-        self._ended.discard(id(stream))
 
     # -- the far end ------------------------------------------------------------------------
 
@@ -99,7 +103,9 @@ class ModelNetwork(EtcdNetwork):
         self._members_changed.set()
         self._members_changed = trio.Event()
 
-    async def _serve(self, stream: trio.StapledStream, client_id: int, endpoint: str) -> None:
+    async def _serve(
+        self, stream: trio.StapledStream, client: "weakref.ref[trio.StapledStream]", endpoint: str
+    ) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._close_when_refused, endpoint, nursery.cancel_scope)
@@ -108,7 +114,9 @@ class ModelNetwork(EtcdNetwork):
         except* (trio.BrokenResourceError, trio.ClosedResourceError, httptools.HttpParserError):
             pass
         finally:
-            self._ended.add(client_id)
+            ended = client()
+            if ended is not None:
+                setattr(ended, _ENDED, True)
             await stream.aclose()
 
     async def _answer(self, stream: trio.StapledStream, endpoint: str) -> None:

@@ -191,13 +191,15 @@ class SimulatedNetwork:
         # Each cut of a direction counts: faults that overlap heal one at a time.
         self._cuts: Counter[tuple[str, str]] = Counter()
         self._healed = trio.lowlevel.ParkingLot()
-        self._streams: dict[str, set[SimulatedStream]] = {}
+        # Each host's streams, in the order they were made (a set would order a crash's resets,
+        # and the random delays they draw, by the objects' addresses).
+        self._streams: dict[str, dict[SimulatedStream, None]] = {}
         self._pipes: weakref.WeakSet[_Pipe] = weakref.WeakSet()
         # Hosts that crashed and have not started again: whatever of them still runs (its
         # shutdown code) reaches nobody.
         self.crashed: set[str] = set()
         # Each host's connections to etcd (`HostEtcd`).
-        self._etcd_streams: dict[str, set[trio.abc.Stream]] = {}
+        self._etcd_streams: dict[str, dict[trio.abc.Stream, None]] = {}
 
     def host(self, address: str) -> "HostNetwork":
         return HostNetwork(self, address)
@@ -248,9 +250,9 @@ class SimulatedNetwork:
         for address, listener in list(self.listeners.items()):
             if address[0] == host:
                 listener.close()
-        for stream in self._streams.pop(host, set()):
+        for stream in self._streams.pop(host, {}):
             stream.reset()
-        for etcd_stream in self._etcd_streams.pop(host, set()):
+        for etcd_stream in self._etcd_streams.pop(host, {}):
             # Its kernel closes the dead process's connections: etcd sees them end, and no
             # request its shutdown code makes (a lease's revocation) gets there.
             assert isinstance(etcd_stream, trio.StapledStream)
@@ -263,7 +265,7 @@ class SimulatedNetwork:
         self._next_port.pop(host, None)
 
     def forget(self, stream: SimulatedStream) -> None:
-        self._streams.get(stream.host, set()).discard(stream)
+        self._streams.get(stream.host, {}).pop(stream, None)
 
     # -- connections ---------------------------------------------------------------------
 
@@ -294,8 +296,8 @@ class SimulatedNetwork:
         client = SimulatedStream(back, there, f"{host}:{port}")
         server = SimulatedStream(there, back, f"{source}:{self._ephemeral}")
         client.peer, server.peer = server, client
-        self._streams.setdefault(source, set()).add(client)
-        self._streams.setdefault(host, set()).add(server)
+        self._streams.setdefault(source, {})[client] = None
+        self._streams.setdefault(host, {})[server] = None
         listener.pending.append(server)
         listener.waiting.unpark_all()
         return client
@@ -314,14 +316,14 @@ class HostEtcd:
             await trio.lowlevel.checkpoint()
             raise _NotSent(f"connect failed: {self.address} is down")
         stream = await self.network.etcd.connect(endpoint, ssl_context)
-        self.network._etcd_streams.setdefault(self.address, set()).add(stream)
+        self.network._etcd_streams.setdefault(self.address, {})[stream] = None
         return stream
 
     def dropped(self, stream: trio.abc.Stream) -> bool:
         return self.network.etcd.dropped(stream)
 
     def close(self, stream: trio.abc.Stream) -> None:
-        self.network._etcd_streams.get(self.address, set()).discard(stream)
+        self.network._etcd_streams.get(self.address, {}).pop(stream, None)
         self.network.etcd.close(stream)
 
 

@@ -8,6 +8,8 @@ workers share them); `-m slow` runs `SLOW_SCHEDULES` more.
 """
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -54,6 +56,17 @@ def test_a_seed_replays_its_schedule_bit_for_bit(seed):
     assert len(trace) > 100, trace
     faults = ("CRASH", "POWER LOSS", "DISK FULL", "ISOLATE", "DROP", "SLOW", "ETCD PAUSE")
     assert any(fault in line for line in trace for fault in faults), trace
+
+
+@pytest.mark.parametrize("seed", [17, 128, 129])
+def test_a_seed_replays_bit_for_bit_in_another_process(seed):
+    """What the replay command does: a new process, the same trace. These seeds differed now
+    and then from one process to the next while the storage's commit, a crash's resets and
+    the etcd model's ended connections were ordered or known by the objects' addresses."""
+    command = [sys.executable, "-m", "nsqpy.fault_schedule", "--seed", str(seed), "--trace"]
+    runs = [subprocess.run(command, capture_output=True, text=True, check=False) for _ in range(3)]
+    assert all(run.returncode == 0 for run in runs), [run.stdout[-500:] for run in runs]
+    assert runs[0].stdout == runs[1].stdout == runs[2].stdout
 
 
 @pytest.mark.slow
