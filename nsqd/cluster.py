@@ -59,7 +59,7 @@ from nsqpy.common.replication import (
 from nsqpy.daemon.net import open_listener
 from nsqpy.nsqd.backend import write_error
 from nsqpy.nsqd.catch_up import CatchUps
-from nsqpy.nsqd.data_path import CLEAN_STOP_FILE, data_incarnation, stored_incarnation
+from nsqpy.nsqd.data_path import data_incarnation
 from nsqpy.nsqd.message import Message
 from nsqpy.nsqd.partition_replica import UNKNOWN_REPLICA, PartitionReplica
 from nsqpy.nsqd.peer_link import PeerLink
@@ -166,16 +166,10 @@ class ClusterNode:
         listening = nsqd.log.info if worker is None else nsqd.log.debug
         listening("RPC: listening on %s", network.listening_on(listeners[0]))
         try:
-            before = stored_incarnation(nsqd.data_path)
             # A worker's supervisor began the node's run (`nsqd/supervisor.py`).
-            self.incarnation = data_incarnation(nsqd.data_path, starting=worker is None)
-            if before is not None and self.incarnation != before:
-                nsqd.log.warning(
-                    "CLUSTER: the last stop was not clean (%s missing): this node is"
-                    " incarnation %s now, and proves nothing it holds until it caught up",
-                    CLEAN_STOP_FILE,
-                    self.incarnation,
-                )
+            self.incarnation = data_incarnation(
+                nsqd.data_path, starting=worker is None, log=nsqd.log
+            )
         except OSError as error:
             # Unknown to every partition: this node holds nothing the ISR counts on until
             # it caught up and joined again, which is what a lost identity must mean.

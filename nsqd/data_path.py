@@ -7,6 +7,7 @@ and says in words what is wrong.
 
 import errno
 import fcntl
+import logging
 import os
 import random
 
@@ -55,7 +56,9 @@ INCARNATION_FILE = "nsqd.incarnation"
 CLEAN_STOP_FILE = "nsqd.stopped"
 
 
-def data_incarnation(path: str, *, starting: bool = False) -> str:
+def data_incarnation(
+    path: str, *, starting: bool = False, log: logging.Logger | None = None
+) -> str:
     """The data directory's incarnation (docs/design.md §14, "Incarnations"): its identity,
     made (at random) the first time it is asked for and kept in it, and the run it is in.
     A directory that lost it (a new disk, emptied, or the file unreadable) gets a new
@@ -65,7 +68,8 @@ def data_incarnation(path: str, *, starting: bool = False) -> str:
     clean (no `CLEAN_STOP_FILE`) is a new run of the same identity, `<identity>-<run>`.
     Such a stop may have cost the unsynced tail of every log (a power loss): the node holds
     what it held, less perhaps its last writes, and counts as proving nothing until it
-    caught up and joined each ISR again. OSError when the file cannot be written.
+    caught up and joined each ISR again; `log` is told when one begins. OSError when the
+    file cannot be written.
 
     Read and made under a lock on the directory: the `--workers` of one node, starting side
     by side, all find the one incarnation their supervisor made."""
@@ -82,8 +86,16 @@ def data_incarnation(path: str, *, starting: bool = False) -> str:
                 os.unlink(stopped)
             except FileNotFoundError:
                 identity = same_disk_identity(incarnation)
-                return _write_incarnation(file, f"{identity}-{random.getrandbits(32):08x}")
-            os.fsync(directory)
+                run = _write_incarnation(file, f"{identity}-{random.getrandbits(32):08x}")
+                if log is not None:
+                    log.warning(
+                        "CLUSTER: the last stop was not clean (%s missing): this node is"
+                        " incarnation %s now, and proves nothing it holds until it caught up",
+                        CLEAN_STOP_FILE,
+                        run,
+                    )
+                return run
+            disk.current().fsync(directory)
         return incarnation
     finally:
         os.close(directory)
@@ -98,12 +110,6 @@ def mark_clean_stop(path: str) -> None:
         disk.current().fsync(directory)
     finally:
         os.close(directory)
-
-
-def stored_incarnation(path: str) -> str | None:
-    """The incarnation the data directory holds now; None when it holds none (or none that
-    can be read)."""
-    return _read_incarnation(os.path.join(path, INCARNATION_FILE))
 
 
 def _read_incarnation(file: str) -> str | None:

@@ -23,12 +23,10 @@ from nsqpy.common.version import VERSION
 from nsqpy.daemon.net import format_address, open_listener
 from nsqpy.nsqd.cluster import open_rpc_listeners
 from nsqpy.nsqd.data_path import (
-    CLEAN_STOP_FILE,
     DataPathError,
     data_incarnation,
     mark_clean_stop,
     prepare_data_path,
-    stored_incarnation,
 )
 from nsqpy.nsqd.lookup import LookupPeers
 from nsqpy.nsqd.metadata import (
@@ -122,19 +120,11 @@ class Supervisor:
             # The node's run begins here, once, for every worker (`data_incarnation`): a
             # worker that read an incarnation this could not renew would prove what it holds.
             try:
-                before = stored_incarnation(self.data_path)
-                incarnation = data_incarnation(self.data_path, starting=True)
+                data_incarnation(self.data_path, starting=True, log=self.log)
             except OSError as error:
                 raise DataPathError(
                     f"--data-path {self.data_path}: cannot record its incarnation: {error}"
                 ) from None
-            if before is not None and incarnation != before:
-                self.log.warning(
-                    "CLUSTER: the last stop was not clean (%s missing): this node is"
-                    " incarnation %s now, and proves nothing it holds until it caught up",
-                    CLEAN_STOP_FILE,
-                    incarnation,
-                )
         tcp = await open_listener(options.tcp_address)
         http = await open_listener(options.http_address)
         https = None

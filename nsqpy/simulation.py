@@ -76,10 +76,13 @@ class SimulatedNode(SimulatedDaemon):
     """An nsqd of the simulated cluster, with its disk."""
 
     data_path: Path = Path()
-    disk: SimulatedDisk = field(default_factory=lambda: SimulatedDisk(Path()))
+    disk: SimulatedDisk = field(init=False)
     # Whether the node lost its disk, or its unsynced writes, once in this run
     # (`Simulation.lose_disk`, `Simulation.crash(power_loss=True)`).
     disk_lost: bool = False
+
+    def __post_init__(self) -> None:
+        self.disk = SimulatedDisk(self.data_path)
 
     @property
     def nsqd(self) -> NSQD | None:
@@ -139,7 +142,6 @@ class Simulation:
                 index,
                 f"10.0.0.{index + 1}",
                 data_path=root / f"nsqd{index}",
-                disk=SimulatedDisk(root / f"nsqd{index}"),
             )
             for index in range(nodes)
         ]
@@ -250,12 +252,12 @@ class Simulation:
                     async with trio.open_nursery() as nursery:
                         await nursery.start(daemon.serve)
                         task_status.started(daemon)
-            except Exception as error:
+            except* Exception as group:
                 # What a crashed process's shutdown code raised (its disk and its links are
                 # gone) is no one's to see: a killed process ends with nothing.
                 if not member.stopping:
                     raise
-                self.note(member.host, f"ENDED WITH {error!r}")
+                self.note(member.host, f"ENDED WITH {group!r}")
             finally:
                 member.daemon = None
                 member.stopped.set()

@@ -43,7 +43,7 @@ def match_from_anyone(self, topic, header):
 _data_incarnation = cluster.data_incarnation
 
 
-def same_run_after_any_stop(path, starting=False):
+def same_run_after_any_stop(path, starting=False, log=None):
     """The incarnation as it was kept before: the same after a crash or a power loss as after
     a clean stop."""
     return _data_incarnation(path)
