@@ -5,6 +5,8 @@ nothing it holds until it caught up: a complete replica leads meanwhile, and the
 the ISR again at its leader's end. A clean stop keeps the incarnation. With `--workers`, the
 supervisor begins and ends the node's run for its workers."""
 
+import json
+
 import pytest
 
 from nsqpy.nsqd.data_path import CLEAN_STOP_FILE, INCARNATION_FILE
@@ -19,6 +21,15 @@ def cluster(request, tmp_path, etcd_server):
     nsqd_args = ("-workers=2",) if request.param == "workers" else ()
     with LocalCluster(tmp_path, etcd_server, nsqd_args=nsqd_args) as running:
         yield running
+
+
+def _writable_on(node, topic: str, partition: int) -> bool:
+    """Whether `node` says it takes writes for the partition (`/partition/offsets`)."""
+    reply = node.http("GET", f"/partition/offsets?topic={topic}")
+    if reply.status != 200:
+        return False
+    entries = json.loads(reply.body)["partitions"]
+    return any(item["partition"] == partition and item.get("writable") for item in entries)
 
 
 def _incarnation(node) -> str:
@@ -70,9 +81,10 @@ def test_a_lone_replica_killed_and_restarted_leads_again_with_what_it_holds(clus
     acked = publish_batch(leader, "t", "before", 50)
     leader.kill()
     leader.start()
-    # Elected again in its new run: the info counts on that run (nothing `lost`).
+    # Elected again in its new run: the info counts on that run (nothing `lost`), and the
+    # node has applied it (with `-workers`, its worker a moment after the master wrote it).
     poll(
-        lambda: not cluster.partition("t", 0)["lost"] and cluster.node_leading("t", 0) is leader,
+        lambda: not cluster.partition("t", 0)["lost"] and _writable_on(leader, "t", 0),
         lambda: f"the lone replica leading again\n{cluster.describe()}",
     )
     acked |= publish_batch(leader, "t", "after", 10)
